@@ -1,0 +1,34 @@
+// Command line of `ddprun-store`: the store server on its own, for a
+// rendezvous endpoint that outlives any node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddprun/store/tcp_store_server.h"
+
+namespace ddprun::cli {
+
+// Documented exit codes of ddprun-store.
+constexpr int kExitOk = 0;
+constexpr int kExitInternal = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitListen = 3;
+
+struct StoreCliConfig {
+  store::TcpStoreServerOptions server;
+  std::string logLevel = "info";
+};
+
+// Parses "1048576", "64K", "8M", "1G" (binary units). Throws InvalidArgument.
+uint64_t parseByteSize(const std::string& text, const std::string& flag);
+
+// Parses argv. On --help/--version or a usage error it prints and returns
+// the exit code to use; otherwise returns -1 and fills `out`.
+int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out);
+
+// The whole program: parse, listen, serve until SIGINT/SIGTERM/SIGHUP.
+int runStoreCli(int argc, const char* const* argv);
+
+}  // namespace ddprun::cli

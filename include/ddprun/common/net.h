@@ -1,0 +1,39 @@
+// Address parsing and socket helpers shared by the store, rendezvous and
+// runtime. Pure functions here do no network I/O.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddprun::net {
+
+struct HostPort {
+  std::string host;  // without brackets; may be an IPv6 literal
+  uint16_t port = 0;
+};
+
+// Parses "host:port", "[v6addr]:port", "host" (port = defaultPort) and
+// "v6addr" (a bare IPv6 literal, port = defaultPort). Throws InvalidArgument
+// with a message naming the accepted forms.
+HostPort parseHostPort(const std::string& text, uint16_t defaultPort);
+
+// Parses a port number 0..65535. Throws InvalidArgument naming `what`.
+uint16_t parsePort(const std::string& text, const std::string& what = "port");
+
+// "host:port", with brackets around IPv6 literals.
+std::string formatHostPort(const std::string& host, uint16_t port);
+
+// Who is listening on TCP `port` (any address), found through /proc. Returns
+// e.g. "pid 4242 (python3)" or nullopt when it cannot be determined (another
+// user's process, another network namespace, not Linux).
+std::optional<std::string> findListeningProcess(uint16_t port);
+
+// Sets TCP_NODELAY; returns false on failure (never throws).
+bool setNoDelay(int fd);
+
+// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new soft
+// limit. A server with thousands of clients needs more than the default 1024.
+uint64_t raiseFileLimit();
+
+}  // namespace ddprun::net

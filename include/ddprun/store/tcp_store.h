@@ -1,0 +1,94 @@
+// Client of a c10d TCPStore server: ours (TcpStoreServer, ddprun-store) or
+// PyTorch's. Like PyTorch's client it prepends "/" to every key, so keys set
+// here are visible under the same name to PyTorch's TCPStore and vice versa.
+//
+// Thread-safe: requests on the one connection are serialised by a mutex.
+// After a failed request (IoError) the next call reconnects.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ddprun/common/clock.h"
+#include "ddprun/store/store.h"
+#include "ddprun/store/wire.h"
+
+namespace ddprun::store {
+
+enum class ClientDialect {
+  kAuto,    // v2 handshake (VALIDATE + PING); if the server hangs up, legacy
+  kV2,      // PyTorch >= 2.5 servers and ours
+  kLegacy,  // PyTorch <= 2.0 servers: no CANCEL_WAIT, APPEND or MULTI_*
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 29500;
+  Millis timeout = kDefaultTimeout;  // for every request and for get()/wait()
+  Millis connectTimeout{30'000};     // total time to keep retrying connect
+  Backoff::Options backoff{};        // between connect attempts
+  ClientDialect dialect = ClientDialect::kAuto;
+};
+
+class TcpStore : public Store {
+ public:
+  // Connects (retrying with backoff until connectTimeout) and handshakes.
+  // Throws TimeoutError naming the address when the server cannot be reached.
+  static std::unique_ptr<TcpStore> connect(const TcpStoreOptions& opts);
+  ~TcpStore() override;
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, std::string_view value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, std::string_view expected,
+                         std::string_view desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  using Store::wait;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  void append(const std::string& key, std::string_view value) override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
+
+  // v2-only commands (ddprun-store and recent PyTorch servers).
+  uint32_t ping(uint32_t nonce);
+  // Every key in the store whose wire name starts with "/", without it.
+  std::vector<std::string> listKeys();
+  void queuePush(const std::string& key, std::string_view value);
+  // Waits up to `timeout` for an element, then pops it.
+  std::string queuePop(const std::string& key, Millis timeout);
+  int64_t queueLen(const std::string& key);
+  // Counts arrivals at key; returns when worldSize clients have arrived.
+  void barrier(const std::string& key, int64_t worldSize, Millis timeout);
+
+  wire::Dialect dialect() const { return dialect_; }
+  std::string address() const;
+
+ private:
+  explicit TcpStore(TcpStoreOptions opts);
+  class Conn;
+  void ensureConnected();
+  void connectAndHandshake(Deadline deadline);
+  std::string roundTripPrefix() const;
+  void send(const wire::Request& r);
+  void waitLocked(const std::vector<std::string>& wireKeys, Millis timeout,
+                  const std::string& what);
+  template <typename F>
+  auto locked(F&& f);
+  void requireV2(const char* op) const;
+
+  TcpStoreOptions opts_;
+  wire::Dialect dialect_ = wire::Dialect::kV2;
+  std::unique_ptr<Conn> conn_;
+  std::mutex mu_;
+  std::string sendBuf_;
+};
+
+}  // namespace ddprun::store

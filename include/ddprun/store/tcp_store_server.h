@@ -1,0 +1,50 @@
+// The store server: Boost.Asio networking around ServerState.
+//
+// One io thread owns all state, so requests are applied in arrival order
+// without locks. Each connection speaks the PyTorch dialect it opened with
+// (1.13-style or >= 2.2). A connection that sends something malformed or over
+// a limit is closed and logged with its peer address; everyone else is
+// unaffected.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ddprun/store/server_state.h"
+
+namespace ddprun::store {
+
+struct TcpStoreServerOptions {
+  // Address to listen on. Empty: every address, IPv6 and IPv4 (dual stack),
+  // or IPv4 only where IPv6 is unavailable.
+  std::string host;
+  uint16_t port = 0;  // 0 picks a free port
+  ServerLimits limits;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds and starts serving on a background thread. Throws IoError whose
+  // message names the address and, for a port in use, the process holding it.
+  static std::unique_ptr<TcpStoreServer> start(const TcpStoreServerOptions& opts);
+  ~TcpStoreServer();  // stops
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const;
+  // The bound address, e.g. "[::]:29500" or "127.0.0.1:41234".
+  std::string address() const;
+  // Closes every connection and joins the io thread. Idempotent.
+  void stop();
+  // Thread-safe snapshot.
+  ServerStats stats() const;
+  size_t connections() const;
+
+ private:
+  class Impl;
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::store

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: installs dependencies, builds, runs every test via ctest.
+# Exits non-zero on any failure.
+#   DDPRUN_BUILD_DIR   build directory (default: build)
+#   DDPRUN_CUDA        AUTO|ON|OFF (default ON in CI, AUTO otherwise)
+#   extra arguments go to ctest (e.g. -R wire -L unit)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build=${DDPRUN_BUILD_DIR:-build}
+cuda=${DDPRUN_CUDA:-$([ "${CI:-}" = true ] && echo ON || echo AUTO)}
+
+scripts/setup.sh --tests
+cmake -S . -B "$build" -DDDPRUN_CUDA="$cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build" -j"$(nproc)"
+cd "$build"
+ctest --output-on-failure --timeout 900 "$@"

@@ -1,0 +1,124 @@
+#include "ddprun/cli/store_cli.h"
+
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/version.h"
+
+namespace ddprun::cli {
+
+uint64_t parseByteSize(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  uint64_t value = 0;
+  try {
+    if (text.empty() || text[0] == '-') throw std::invalid_argument("neg");
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid size '", text,
+                 "': expected a number of bytes, optionally with K, M or G");
+  }
+  std::string unit = text.substr(pos);
+  uint64_t mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") mult = 1ull << 10;
+  else if (unit == "M" || unit == "m" || unit == "MiB") mult = 1ull << 20;
+  else if (unit == "G" || unit == "g" || unit == "GiB") mult = 1ull << 30;
+  else if (!unit.empty())
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid size '", text,
+                 "': unknown unit '", unit, "' (use K, M or G)");
+  if (value == 0)
+    DDPRUN_THROW(InvalidArgument, flag, ": size must be greater than 0");
+  return value * mult;
+}
+
+int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
+  CLI::App app{
+      "ddprun-store: a c10d-compatible TCP key-value store server.\n"
+      "PyTorch TCPStore clients (1.13 and >= 2.2) and ddprun agents can use it."};
+  app.set_version_flag("--version", std::string(kVersion));
+  auto& opts = out.server;
+  auto& lim = opts.limits;
+  std::string port = "29500";
+  std::string keyBytes = std::to_string(lim.wire.maxKeyBytes);
+  std::string valueBytes = std::to_string(lim.wire.maxValueBytes);
+  std::string requestBytes = std::to_string(lim.wire.maxRequestBytes);
+  std::string memory = std::to_string(lim.maxMemoryBytes);
+  app.add_option("--host", opts.host,
+                 "Address to listen on (default: all IPv6 and IPv4 addresses)");
+  app.add_option("--port,-p", port, "TCP port; 0 picks a free one (default 29500)");
+  app.add_option("--max-key-bytes", keyBytes, "Largest key accepted (default 64K)");
+  app.add_option("--max-value-bytes", valueBytes,
+                 "Largest value accepted (default 64M)");
+  app.add_option("--max-request-bytes", requestBytes,
+                 "Largest request accepted, all fields together (default 128M)");
+  app.add_option("--max-keys-per-request", lim.wire.maxKeysPerRequest,
+                 "Most keys in one CHECK/WAIT/MULTI_* request (default 131072)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-memory", memory,
+                 "Most bytes of keys, values and queues held (default 1G)");
+  app.add_option("--max-connections", lim.maxConnections,
+                 "Most concurrent client connections (default 16384)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", out.logLevel, "debug, info, warning, error or off")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error", "off"}));
+  try {
+    app.parse(argc, argv);
+    opts.port = net::parsePort(port, "--port");
+    lim.wire.maxKeyBytes = parseByteSize(keyBytes, "--max-key-bytes");
+    lim.wire.maxValueBytes = parseByteSize(valueBytes, "--max-value-bytes");
+    lim.wire.maxRequestBytes = parseByteSize(requestBytes, "--max-request-bytes");
+    lim.maxMemoryBytes = parseByteSize(memory, "--max-memory");
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ddprun-store: error: " << e.what()
+              << "\nRun 'ddprun-store --help' for the accepted flags.\n";
+    return kExitUsage;
+  } catch (const InvalidArgument& e) {
+    std::cerr << "ddprun-store: error: " << e.message()
+              << "\nRun 'ddprun-store --help' for the accepted flags.\n";
+    return kExitUsage;
+  }
+  return -1;
+}
+
+int runStoreCli(int argc, const char* const* argv) {
+  setLogTag("ddprun-store");
+  StoreCliConfig cfg;
+  int rc = parseStoreCli(argc, argv, cfg);
+  if (rc >= 0) return rc;
+  setLogLevel(parseLogLevel(cfg.logLevel));
+  // Block the shutdown signals before any thread starts, then take them
+  // synchronously here: the io thread never sees them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::unique_ptr<store::TcpStoreServer> server;
+  try {
+    server = store::TcpStoreServer::start(cfg.server);
+  } catch (const IoError& e) {
+    std::cerr << "ddprun-store: error: " << e.message() << "\n";
+    return kExitListen;
+  }
+  std::printf("ddprun-store listening on %s\n", server->address().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  DDPRUN_INFO("received ", strsignal(sig), ", shutting down");
+  auto st = server->stats();
+  server->stop();
+  DDPRUN_INFO("served ", st.requests, " requests; ", st.keys, " keys held; ",
+              st.connectionsRejected, " connections closed for errors");
+  return kExitOk;
+}
+
+}  // namespace ddprun::cli

@@ -1,0 +1,135 @@
+#include "ddprun/common/net.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::net {
+
+uint16_t parsePort(const std::string& text, const std::string& what) {
+  unsigned value = 0;
+  auto [ptr, ec] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
+      value > 65535) {
+    DDPRUN_THROW(InvalidArgument, "invalid ", what, " '", text,
+                 "': expected an integer between 0 and 65535");
+  }
+  return static_cast<uint16_t>(value);
+}
+
+HostPort parseHostPort(const std::string& text, uint16_t defaultPort) {
+  const char* forms =
+      "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address";
+  if (text.empty()) DDPRUN_THROW(InvalidArgument, "empty address: ", forms);
+  HostPort hp{text, defaultPort};
+  if (text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos || close == 1)
+      DDPRUN_THROW(InvalidArgument, "invalid address '", text, "': ", forms);
+    hp.host = text.substr(1, close - 1);
+    std::string rest = text.substr(close + 1);
+    if (rest.empty()) return hp;
+    if (rest.front() != ':')
+      DDPRUN_THROW(InvalidArgument, "invalid address '", text, "': ", forms);
+    hp.port = parsePort(rest.substr(1), "port in address '" + text + "'");
+    return hp;
+  }
+  auto colon = text.find(':');
+  if (colon == std::string::npos) return hp;
+  if (text.find(':', colon + 1) != std::string::npos) return hp;  // bare IPv6
+  hp.host = text.substr(0, colon);
+  if (hp.host.empty())
+    DDPRUN_THROW(InvalidArgument, "invalid address '", text,
+                 "': missing host: ", forms);
+  hp.port = parsePort(text.substr(colon + 1), "port in address '" + text + "'");
+  return hp;
+}
+
+std::string formatHostPort(const std::string& host, uint16_t port) {
+  if (host.find(':') != std::string::npos)
+    return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+namespace {
+// Inodes of sockets in LISTEN state (st == 0A) on `port`, from one
+// /proc/net/tcp{,6} table.
+void listeningInodes(const char* table, uint16_t port, std::set<std::string>& out) {
+  std::ifstream in(table);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+    ls >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >>
+        inode;
+    auto colon = local.rfind(':');
+    if (colon == std::string::npos || st != "0A") continue;
+    if (std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+      out.insert(inode);
+  }
+}
+}  // namespace
+
+std::optional<std::string> findListeningProcess(uint16_t port) {
+  std::set<std::string> inodes;
+  listeningInodes("/proc/net/tcp", port, inodes);
+  listeningInodes("/proc/net/tcp6", port, inodes);
+  if (inodes.empty()) return std::nullopt;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return std::nullopt;
+  std::optional<std::string> found;
+  while (dirent* pe = readdir(proc)) {
+    std::string pid = pe->d_name;
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string fdDir = "/proc/" + pid + "/fd";
+    DIR* fds = opendir(fdDir.c_str());
+    if (fds == nullptr) continue;
+    while (dirent* fe = readdir(fds)) {
+      char target[128];
+      std::string link = fdDir + "/" + fe->d_name;
+      ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
+      if (n <= 0) continue;
+      std::string t(target, static_cast<size_t>(n));
+      if (t.rfind("socket:[", 0) != 0) continue;
+      if (inodes.count(t.substr(8, t.size() - 9)) == 0) continue;
+      std::string comm;
+      std::ifstream(("/proc/" + pid + "/comm").c_str()) >> comm;
+      found = "pid " + pid + " (" + comm + ")";
+      break;
+    }
+    closedir(fds);
+    if (found) break;
+  }
+  closedir(proc);
+  return found;
+}
+
+bool setNoDelay(int fd) {
+  int one = 1;
+  return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
+}
+
+uint64_t raiseFileLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur;
+}
+
+}  // namespace ddprun::net

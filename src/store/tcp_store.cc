@@ -1,0 +1,489 @@
+#include "ddprun/store/tcp_store.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+
+namespace ddprun::store {
+
+using wire::Command;
+
+// One TCP connection with deadline-bounded blocking I/O.
+class TcpStore::Conn {
+ public:
+  explicit Conn(int fd, std::string addr) : fd_(fd), addr_(std::move(addr)) {}
+  ~Conn() { ::close(fd_); }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Connects to the first address of host:port that accepts. Returns nullptr
+  // and sets `err` on failure; never throws for network errors.
+  static std::unique_ptr<Conn> open(const std::string& host, uint16_t port,
+                                    Deadline deadline, std::string& err) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (rc != 0) {
+      err = std::string("cannot resolve host '") + host + "': " + gai_strerror(rc);
+      return nullptr;
+    }
+    std::unique_ptr<Conn> conn;
+    for (addrinfo* ai = res; ai != nullptr && !conn; ai = ai->ai_next)
+      conn = tryOne(ai, deadline, err);
+    freeaddrinfo(res);
+    if (conn) conn->addr_ = net::formatHostPort(host, port);
+    return conn;
+  }
+
+  // Sends all bytes or throws IoError.
+  void sendAll(std::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        DDPRUN_THROW(IoError, "sending to the store at ", addr_, " failed: ",
+                     std::strerror(errno));
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  // Waits until readable. Returns false on timeout.
+  bool waitReadable(Millis timeout) {
+    Deadline d(timeout);
+    for (;;) {
+      pollfd p{fd_, POLLIN, 0};
+      int ms = static_cast<int>(std::min<int64_t>(d.remaining().count(), INT32_MAX));
+      int rc = ::poll(&p, 1, ms);
+      if (rc > 0) return true;
+      if (rc == 0) return false;
+      if (errno != EINTR)
+        DDPRUN_THROW(IoError, "poll on the store connection to ", addr_,
+                     " failed: ", std::strerror(errno));
+    }
+  }
+
+  // Reads exactly n bytes before the deadline.
+  void readExact(void* dst, size_t n, Deadline deadline, const char* what) {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      if (!waitReadable(deadline.remaining()))
+        DDPRUN_THROW(TimeoutError, "no reply from the store at ", addr_,
+                     " to ", what);
+      ssize_t got = ::recv(fd_, p, n, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got == 0)
+        DDPRUN_THROW(IoError, "the store at ", addr_,
+                     " closed the connection during ", what);
+      if (got < 0)
+        DDPRUN_THROW(IoError, "reading from the store at ", addr_, " failed: ",
+                     std::strerror(errno));
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+  }
+  template <typename T>
+  T read(Deadline d, const char* what) {
+    T v{};
+    readExact(&v, sizeof v, d, what);
+    return v;
+  }
+  std::string readBytes(Deadline d, const char* what) {
+    auto len = read<uint64_t>(d, what);
+    if (len > (1ull << 32))
+      DDPRUN_THROW(ProtocolError, "the store at ", addr_, " sent a ", len,
+                   "-byte value in reply to ", what);
+    std::string s(len, '\0');
+    readExact(s.data(), len, d, what);
+    return s;
+  }
+  const std::string& addr() const { return addr_; }
+
+ private:
+  static std::unique_ptr<Conn> tryOne(addrinfo* ai, Deadline deadline,
+                                      std::string& err) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      err = std::strerror(errno);
+      return nullptr;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      rc = ::poll(&p, 1, static_cast<int>(deadline.remaining().count()));
+      if (rc == 0) {
+        err = "connect timed out";
+        ::close(fd);
+        return nullptr;
+      }
+      int soerr = 0;
+      socklen_t len = sizeof soerr;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+      errno = soerr;
+      rc = soerr == 0 ? 0 : -1;
+    }
+    if (rc != 0) {
+      err = std::strerror(errno);
+      ::close(fd);
+      return nullptr;
+    }
+    fcntl(fd, F_SETFL, flags);
+    net::setNoDelay(fd);
+    return std::make_unique<Conn>(fd, "");
+  }
+
+  int fd_;
+  std::string addr_;
+};
+
+namespace {
+// Every public key goes on the wire with a leading "/", as PyTorch does.
+std::string wireKey(const std::string& key) { return "/" + key; }
+std::vector<std::string> wireKeys(const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(wireKey(k));
+  return out;
+}
+std::string joinKeys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < 8; ++i) s += (i ? ", " : "") + keys[i];
+  if (keys.size() > 8) s += ", ... (" + std::to_string(keys.size()) + " keys)";
+  return "[" + s + "]";
+}
+wire::Request request(Command c, std::vector<std::string> keys = {},
+                      std::vector<std::string> values = {}, int64_t number = 0) {
+  wire::Request r;
+  r.cmd = c;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.number = number;
+  return r;
+}
+}  // namespace
+
+TcpStore::TcpStore(TcpStoreOptions opts) : opts_(std::move(opts)) {
+  timeout_ = opts_.timeout;
+}
+TcpStore::~TcpStore() = default;
+
+std::string TcpStore::address() const {
+  return net::formatHostPort(opts_.host, opts_.port);
+}
+
+std::unique_ptr<TcpStore> TcpStore::connect(const TcpStoreOptions& opts) {
+  std::unique_ptr<TcpStore> s(new TcpStore(opts));
+  s->connectAndHandshake(Deadline(opts.connectTimeout));
+  return s;
+}
+
+void TcpStore::connectAndHandshake(Deadline deadline) {
+  Backoff backoff(opts_.backoff);
+  std::string lastErr = "no attempt made";
+  // Handshakes to try in order when the dialect is not fixed: a server of
+  // the other dialect hangs up on the first, and we move to the next.
+  std::vector<wire::Dialect> order;
+  if (opts_.dialect != ClientDialect::kLegacy) order.push_back(wire::Dialect::kV2);
+  if (opts_.dialect != ClientDialect::kV2) order.push_back(wire::Dialect::kLegacy);
+  size_t next = 0;
+  while (!deadline.expired()) {
+    conn_ = Conn::open(opts_.host, opts_.port, deadline, lastErr);
+    if (conn_) {
+      dialect_ = order[next];
+      try {
+        std::string hello;
+        wire::Request probe;
+        if (dialect_ == wire::Dialect::kV2) {
+          probe.cmd = Command::kValidate;
+          probe.u32 = wire::kValidationMagic;
+          wire::encodeRequest(dialect_, probe, hello);
+          probe.cmd = Command::kPing;
+          probe.u32 = static_cast<uint32_t>(::getpid());
+          wire::encodeRequest(dialect_, probe, hello);
+          conn_->sendAll(hello);
+          auto echo = conn_->read<uint32_t>(deadline, "the PING handshake");
+          if (echo != probe.u32)
+            DDPRUN_THROW(ProtocolError, "the store at ", address(),
+                         " echoed PING ", echo, " instead of ", probe.u32);
+        } else {
+          probe.cmd = Command::kGetNumKeys;
+          wire::encodeRequest(dialect_, probe, hello);
+          conn_->sendAll(hello);
+          conn_->read<int64_t>(deadline, "the legacy handshake");
+        }
+        return;
+      } catch (const IoError& e) {
+        // Hung up on our handshake: a server of another dialect.
+        lastErr = e.message();
+        conn_.reset();
+        if (next + 1 < order.size()) {
+          ++next;
+          continue;
+        }
+        next = 0;
+      } catch (const TimeoutError& e) {
+        lastErr = e.message();
+        conn_.reset();
+        break;
+      }
+    }
+    auto delay = std::min(backoff.next(), deadline.remaining());
+    std::this_thread::sleep_for(delay);
+  }
+  DDPRUN_THROW(TimeoutError, "could not connect to the store at ", address(),
+               " within ", opts_.connectTimeout.count(), " ms (last error: ",
+               lastErr,
+               "); check that the server is running and that host and port are "
+               "right");
+}
+
+void TcpStore::ensureConnected() {
+  if (!conn_) connectAndHandshake(Deadline(opts_.connectTimeout));
+}
+
+template <typename F>
+auto TcpStore::locked(F&& f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ensureConnected();
+  try {
+    return f(*conn_);
+  } catch (const IoError&) {
+    conn_.reset();  // reconnect on the next call
+    throw;
+  } catch (const ProtocolError&) {
+    conn_.reset();
+    throw;
+  }
+}
+
+void TcpStore::send(const wire::Request& r) {
+  sendBuf_.clear();
+  wire::encodeRequest(dialect_, r, sendBuf_);
+  conn_->sendAll(sendBuf_);
+}
+
+void TcpStore::requireV2(const char* op) const {
+  if (dialect_ != wire::Dialect::kV2)
+    DDPRUN_THROW(InvalidArgument, op, " needs a PyTorch >= 2.2 (or ddprun) store; ",
+                 address(), " speaks the ", wire::dialectName(dialect_), " dialect");
+}
+
+void TcpStore::set(const std::string& key, std::string_view value) {
+  locked([&](Conn&) {
+    send(request(Command::kSet, {wireKey(key)}, {std::string(value)}));
+    return 0;
+  });
+}
+
+std::string TcpStore::get(const std::string& key) {
+  return locked([&](Conn& c) {
+    waitLocked({wireKey(key)}, timeout_, "get");
+    send(request(Command::kGet, {wireKey(key)}));
+    return c.readBytes(Deadline(timeout_), "GET");
+  });
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  return locked([&](Conn& c) {
+    send(request(Command::kAdd, {wireKey(key)}, {}, delta));
+    return c.read<int64_t>(Deadline(timeout_), "ADD");
+  });
+}
+
+std::string TcpStore::compareSet(const std::string& key, std::string_view expected,
+                                 std::string_view desired) {
+  return locked([&](Conn& c) {
+    send(request(Command::kCompareSet, {wireKey(key)},
+                 {std::string(expected), std::string(desired)}));
+    return c.readBytes(Deadline(timeout_), "COMPARE_SET");
+  });
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  return locked([&](Conn& c) {
+    send(request(Command::kCheck, wireKeys(keys)));
+    return c.read<uint8_t>(Deadline(timeout_), "CHECK") == wire::kCheckReady;
+  });
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  locked([&](Conn&) {
+    waitLocked(wireKeys(keys), timeout, "wait");
+    return 0;
+  });
+}
+
+// Sends WAIT and blocks for STOP_WAITING. On timeout a v2 connection is
+// brought back in step with CANCEL_WAIT (the server may have sent
+// STOP_WAITING just before seeing it); a legacy one is dropped, since only
+// closing it clears the server's registration.
+void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
+                          const std::string& what) {
+  send(request(Command::kWait, keys));
+  if (conn_->waitReadable(timeout)) {
+    auto b = conn_->read<uint8_t>(Deadline(timeout_), "WAIT");
+    if (b != wire::kStopWaiting)
+      DDPRUN_THROW(ProtocolError, "unexpected reply ", int(b), " to WAIT from ",
+                   address());
+    return;
+  }
+  if (dialect_ == wire::Dialect::kV2) {
+    send(request(Command::kCancelWait));
+    Deadline d(timeout_);
+    auto b = conn_->read<uint8_t>(d, "CANCEL_WAIT");
+    if (b == wire::kStopWaiting) b = conn_->read<uint8_t>(d, "CANCEL_WAIT");
+    if (b != wire::kWaitCanceled)
+      DDPRUN_THROW(ProtocolError, "unexpected reply ", int(b),
+                   " to CANCEL_WAIT from ", address());
+  } else {
+    conn_.reset();
+    connectAndHandshake(Deadline(opts_.connectTimeout));
+  }
+  DDPRUN_THROW(TimeoutError, what, " timed out after ", timeout.count(),
+               " ms waiting for keys ", joinKeys(keys), " in the store at ",
+               address());
+}
+
+bool TcpStore::deleteKey(const std::string& key) {
+  return locked([&](Conn& c) {
+    send(request(Command::kDeleteKey, {wireKey(key)}));
+    return c.read<int64_t>(Deadline(timeout_), "DELETE_KEY") != 0;
+  });
+}
+
+int64_t TcpStore::numKeys() {
+  return locked([&](Conn& c) {
+    send(request(Command::kGetNumKeys));
+    return c.read<int64_t>(Deadline(timeout_), "GETNUMKEYS");
+  });
+}
+
+void TcpStore::append(const std::string& key, std::string_view value) {
+  requireV2("append");
+  locked([&](Conn&) {
+    send(request(Command::kAppend, {wireKey(key)}, {std::string(value)}));
+    return 0;
+  });
+}
+
+std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys) {
+  return locked([&](Conn& c) {
+    auto wk = wireKeys(keys);
+    waitLocked(wk, timeout_, "multiGet");
+    std::vector<std::string> out;
+    Deadline d(timeout_);
+    if (dialect_ == wire::Dialect::kLegacy) {
+      for (const auto& k : wk) {
+        send(request(Command::kGet, {k}));
+        out.push_back(c.readBytes(d, "GET"));
+      }
+      return out;
+    }
+    send(request(Command::kMultiGet, wk));
+    for (size_t i = 0; i < keys.size(); ++i) out.push_back(c.readBytes(d, "MULTI_GET"));
+    return out;
+  });
+}
+
+void TcpStore::multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) {
+  DDPRUN_CHECK(keys.size() == values.size(), "multiSet got ", keys.size(),
+               " keys but ", values.size(), " values");
+  locked([&](Conn&) {
+    if (dialect_ == wire::Dialect::kLegacy) {
+      for (size_t i = 0; i < keys.size(); ++i)
+        send(request(Command::kSet, {wireKey(keys[i])}, {values[i]}));
+    } else {
+      send(request(Command::kMultiSet, wireKeys(keys), values));
+    }
+    return 0;
+  });
+}
+
+uint32_t TcpStore::ping(uint32_t nonce) {
+  requireV2("ping");
+  return locked([&](Conn& c) {
+    wire::Request r = request(Command::kPing);
+    r.u32 = nonce;
+    send(r);
+    return c.read<uint32_t>(Deadline(timeout_), "PING");
+  });
+}
+
+std::vector<std::string> TcpStore::listKeys() {
+  requireV2("listKeys");
+  return locked([&](Conn& c) {
+    send(request(Command::kListKeys));
+    Deadline d(timeout_);
+    auto n = c.read<int64_t>(d, "LIST_KEYS");
+    std::vector<std::string> out;
+    for (int64_t i = 0; i < n; ++i) {
+      std::string k = c.readBytes(d, "LIST_KEYS");
+      if (!k.empty() && k[0] == '/') out.push_back(k.substr(1));
+    }
+    return out;
+  });
+}
+
+void TcpStore::queuePush(const std::string& key, std::string_view value) {
+  requireV2("queuePush");
+  locked([&](Conn&) {
+    send(request(Command::kQueuePush, {wireKey(key)}, {std::string(value)}));
+    return 0;
+  });
+}
+
+std::string TcpStore::queuePop(const std::string& key, Millis timeout) {
+  requireV2("queuePop");
+  return locked([&](Conn& c) {
+    waitLocked({wireKey(key)}, timeout, "queuePop");
+    send(request(Command::kQueuePop, {wireKey(key)}));
+    Deadline d(timeout_);
+    if (c.read<int64_t>(d, "QUEUE_POP") == 0)
+      DDPRUN_THROW(ProtocolError, "queue '", key, "' was empty after WAIT");
+    return c.readBytes(d, "QUEUE_POP");
+  });
+}
+
+int64_t TcpStore::queueLen(const std::string& key) {
+  requireV2("queueLen");
+  return locked([&](Conn& c) {
+    send(request(Command::kQueueLen, {wireKey(key)}));
+    return c.read<int64_t>(Deadline(timeout_), "QUEUE_LEN");
+  });
+}
+
+void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout) {
+  requireV2("barrier");
+  DDPRUN_CHECK(worldSize > 0, "barrier world size must be positive");
+  locked([&](Conn& c) {
+    send(request(Command::kBarrier, {wireKey(key)}, {}, worldSize));
+    if (c.waitReadable(timeout)) {
+      if (c.read<uint8_t>(Deadline(timeout_), "BARRIER") != wire::kStopWaiting)
+        DDPRUN_THROW(ProtocolError, "unexpected reply to BARRIER from ", address());
+      return 0;
+    }
+    send(request(Command::kCancelWait));
+    Deadline d(timeout_);
+    auto b = c.read<uint8_t>(d, "CANCEL_WAIT");
+    if (b == wire::kStopWaiting) b = c.read<uint8_t>(d, "CANCEL_WAIT");
+    DDPRUN_THROW(TimeoutError, "barrier '", key, "' timed out after ",
+                 timeout.count(), " ms waiting for ", worldSize,
+                 " arrivals in the store at ", address());
+  });
+}
+
+}  // namespace ddprun::store

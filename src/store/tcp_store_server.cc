@@ -1,0 +1,298 @@
+// <utility> must precede Boost 1.74's Asio under C++20 with g++ 12.
+#include <utility>
+
+#include "ddprun/store/tcp_store_server.h"
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+
+namespace ddprun::store {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+constexpr size_t kReadChunk = 64 * 1024;
+// Stop reading from a client while this much output waits for it: a client
+// that never reads its replies must not grow our memory without bound.
+constexpr size_t kOutputHighWater = 4 * 1024 * 1024;
+
+std::string endpointText(const tcp::endpoint& ep) {
+  return net::formatHostPort(ep.address().to_string(), ep.port());
+}
+}  // namespace
+
+class TcpStoreServer::Impl : public Outbox {
+ public:
+  explicit Impl(const TcpStoreServerOptions& opts)
+      : opts_(opts), state_(opts.limits, *this), acceptor_(io_) {}
+
+  void bind() {
+    net::raiseFileLimit();
+    std::vector<tcp::endpoint> candidates;
+    if (opts_.host.empty()) {
+      candidates.emplace_back(tcp::v6(), opts_.port);
+      candidates.emplace_back(tcp::v4(), opts_.port);
+    } else {
+      error_code ec;
+      auto addr = asio::ip::make_address(opts_.host, ec);
+      if (!ec) {
+        candidates.emplace_back(addr, opts_.port);
+      } else {
+        tcp::resolver resolver(io_);
+        auto results = resolver.resolve(opts_.host, std::to_string(opts_.port), ec);
+        if (ec)
+          DDPRUN_THROW(IoError, "cannot resolve listen host '", opts_.host,
+                       "': ", ec.message());
+        for (const auto& r : results) candidates.push_back(r.endpoint());
+      }
+    }
+    error_code ec;
+    std::string tried;
+    for (const auto& ep : candidates) {
+      if (tryBind(ep, ec)) return;
+      tried = endpointText(ep);
+      if (ec == asio::error::address_in_use) break;  // the v4 fallback would fail too
+    }
+    std::string msg = "cannot listen on " + tried + ": " + ec.message();
+    if (ec == asio::error::address_in_use) {
+      auto holder = net::findListeningProcess(opts_.port);
+      msg += holder ? " (held by " + *holder + ")" : "";
+      msg += "; choose another port (or 0 for a free one) or stop that process";
+    }
+    DDPRUN_THROW(IoError, msg);
+  }
+
+  void run() {
+    accept();
+    thread_ = std::thread([this] {
+      io_.run();
+    });
+  }
+
+  void stop() {
+    std::lock_guard<std::mutex> lock(stopMu_);
+    if (stopped_) return;
+    stopped_ = true;
+    asio::post(io_, [this] {
+      error_code ec;
+      acceptor_.close(ec);
+      for (auto& [id, s] : sessions_) s->socket.close(ec);
+      io_.stop();
+    });
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint16_t port() const { return bound_.port(); }
+  std::string address() const { return endpointText(bound_); }
+
+  ServerStats stats() const {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    return stats_;
+  }
+  size_t connections() const { return liveConnections_; }
+
+  // Outbox: the state machine appends replies here; flushed after each read.
+  std::string& bufferFor(ConnId id) override {
+    auto& s = sessions_.at(id);
+    if (!s->dirty) {
+      s->dirty = true;
+      dirty_.push_back(id);
+    }
+    return s->out;
+  }
+
+ private:
+  struct Session {
+    explicit Session(tcp::socket sock) : socket(std::move(sock)) {}
+    tcp::socket socket;
+    ConnId id = 0;
+    std::string peer;
+    std::array<char, kReadChunk> in{};
+    std::string out;      // replies not yet handed to the socket
+    std::string writing;  // replies being written
+    bool dirty = false;
+    bool readPaused = false;
+    bool closed = false;
+  };
+  using SessionPtr = std::shared_ptr<Session>;
+
+  bool tryBind(const tcp::endpoint& ep, error_code& ec) {
+    acceptor_.close(ec);
+    acceptor_.open(ep.protocol(), ec);
+    if (ec) return false;
+    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (ep.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+    acceptor_.bind(ep, ec);
+    if (ec) return false;
+    acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return false;
+    bound_ = acceptor_.local_endpoint(ec);
+    return !ec;
+  }
+
+  void accept() {
+    acceptor_.async_accept([this](error_code ec, tcp::socket sock) {
+      if (ec == asio::error::operation_aborted) return;
+      if (ec) {
+        // Out of descriptors and the like: log, back off, keep serving.
+        DDPRUN_WARN("accept failed: ", ec.message());
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(50));
+        timer->async_wait([this, timer](error_code) { accept(); });
+        return;
+      }
+      onAccept(std::move(sock));
+      accept();
+    });
+  }
+
+  void onAccept(tcp::socket sock) {
+    error_code ec;
+    auto peer = sock.remote_endpoint(ec);
+    std::string peerText = ec ? "unknown peer" : endpointText(peer);
+    if (sessions_.size() >= opts_.limits.maxConnections) {
+      DDPRUN_WARN("refusing connection from ", peerText, ": ",
+                  opts_.limits.maxConnections,
+                  " connections are open (raise --max-connections)");
+      bumpRejected();
+      sock.close(ec);
+      return;
+    }
+    sock.set_option(tcp::no_delay(true), ec);
+    auto s = std::make_shared<Session>(std::move(sock));
+    s->id = nextId_++;
+    s->peer = std::move(peerText);
+    sessions_[s->id] = s;
+    liveConnections_ = sessions_.size();
+    state_.open(s->id);
+    DDPRUN_DEBUG("connection ", s->id, " from ", s->peer);
+    read(s);
+  }
+
+  void read(const SessionPtr& s) {
+    s->socket.async_read_some(asio::buffer(s->in),
+                              [this, s](error_code ec, size_t n) {
+                                onRead(s, ec, n);
+                              });
+  }
+
+  void onRead(const SessionPtr& s, error_code ec, size_t n) {
+    if (s->closed) return;
+    if (ec) {
+      if (ec != asio::error::eof && ec != asio::error::connection_reset &&
+          ec != asio::error::operation_aborted)
+        DDPRUN_DEBUG("read from ", s->peer, " failed: ", ec.message());
+      close(s);
+      return;
+    }
+    std::string err = state_.receive(s->id, std::string_view(s->in.data(), n));
+    flushDirty();
+    if (!err.empty()) {
+      DDPRUN_WARN("closing connection from ", s->peer, ": ", err);
+      close(s);
+      return;
+    }
+    if (s->out.size() + s->writing.size() > kOutputHighWater) {
+      s->readPaused = true;  // resumed when the writes drain
+      return;
+    }
+    read(s);
+  }
+
+  void flushDirty() {
+    for (ConnId id : dirty_) {
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) continue;
+      it->second->dirty = false;
+      write(it->second);
+    }
+    dirty_.clear();
+    refreshStats();
+  }
+
+  void refreshStats() {
+    std::lock_guard<std::mutex> lock(statsMu_);
+    stats_ = state_.stats();
+    stats_.connectionsRejected += extraRejected_;
+  }
+
+  void write(const SessionPtr& s) {
+    if (s->closed || !s->writing.empty() || s->out.empty()) return;
+    s->writing.swap(s->out);
+    asio::async_write(s->socket, asio::buffer(s->writing),
+                      [this, s](error_code ec, size_t) {
+                        s->writing.clear();
+                        if (s->closed) return;
+                        if (ec) {
+                          close(s);
+                          return;
+                        }
+                        write(s);
+                        if (s->readPaused && s->out.size() < kOutputHighWater) {
+                          s->readPaused = false;
+                          read(s);
+                        }
+                      });
+  }
+
+  void close(const SessionPtr& s) {
+    if (s->closed) return;
+    s->closed = true;
+    error_code ec;
+    s->socket.shutdown(tcp::socket::shutdown_both, ec);
+    s->socket.close(ec);
+    state_.closed(s->id);
+    sessions_.erase(s->id);
+    liveConnections_ = sessions_.size();
+    refreshStats();
+  }
+
+  void bumpRejected() {
+    ++extraRejected_;
+    refreshStats();
+  }
+
+  TcpStoreServerOptions opts_;
+  asio::io_context io_;
+  ServerState state_;
+  tcp::acceptor acceptor_;
+  tcp::endpoint bound_;
+  std::thread thread_;
+  std::unordered_map<ConnId, SessionPtr> sessions_;
+  std::vector<ConnId> dirty_;
+  ConnId nextId_ = 1;
+  std::atomic<size_t> liveConnections_{0};
+  mutable std::mutex statsMu_;
+  ServerStats stats_;
+  uint64_t extraRejected_ = 0;
+  std::mutex stopMu_;
+  bool stopped_ = false;
+};
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreServer::~TcpStoreServer() { stop(); }
+
+std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOptions& opts) {
+  auto impl = std::make_unique<Impl>(opts);
+  impl->bind();
+  impl->run();
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+uint16_t TcpStoreServer::port() const { return impl_->port(); }
+std::string TcpStoreServer::address() const { return impl_->address(); }
+void TcpStoreServer::stop() { impl_->stop(); }
+ServerStats TcpStoreServer::stats() const { return impl_->stats(); }
+size_t TcpStoreServer::connections() const { return impl_->connections(); }
+
+}  // namespace ddprun::store
