@@ -64,10 +64,12 @@ class TcpStore::Conn {
     Deadline d(timeout);
     for (;;) {
       pollfd p{fd_, POLLIN, 0};
-      int ms = static_cast<int>(std::min<int64_t>(d.remaining().count(), INT32_MAX));
+      // Round up so that poll never returns before the deadline.
+      int ms = static_cast<int>(std::min<int64_t>(d.remaining().count() + 1, INT32_MAX));
       int rc = ::poll(&p, 1, ms);
       if (rc > 0) return true;
-      if (rc == 0) return false;
+      if (rc == 0 && d.expired()) return false;
+      if (rc == 0) continue;
       if (errno != EINTR)
         DDPRUN_THROW(IoError, "poll on the store connection to ", addr_,
                      " failed: ", std::strerror(errno));

@@ -1,1 +1,160 @@
+// The ddprun-store binary as users run it: flags, exit codes, signals.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "ddprun/store/tcp_store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+const std::string kStore = std::string(DDPRUN_BIN_DIR) + "/ddprun-store";
+
+// A child process with stdout and stderr captured through pipes.
+struct Child {
+  pid_t pid = -1;
+  int out = -1, err = -1;
+  std::string stdoutText, stderrText;
+
+  explicit Child(std::vector<std::string> args) {
+    int o[2], e[2];
+    EXPECT_EQ(pipe2(o, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(e, O_CLOEXEC), 0);
+    pid = fork();
+    if (pid == 0) {
+      dup2(o[1], 1);
+      dup2(e[1], 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(o[1]);
+    close(e[1]);
+    out = o[0];
+    err = e[0];
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    close(out);
+    close(err);
+  }
+  // Reads stdout until `pattern` matches or the timeout passes.
+  bool readUntil(const std::regex& pattern, std::smatch& m, std::chrono::milliseconds t) {
+    auto end = std::chrono::steady_clock::now() + t;
+    while (std::chrono::steady_clock::now() < end) {
+      if (std::regex_search(stdoutText, m, pattern)) return true;
+      pollfd p{out, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) {
+        char buf[512];
+        ssize_t n = read(out, buf, sizeof buf);
+        if (n <= 0) break;
+        stdoutText.append(buf, n);
+      }
+    }
+    return std::regex_search(stdoutText, m, pattern);
+  }
+  // Waits for exit (killing after the timeout); returns the wait status.
+  int wait(std::chrono::milliseconds t) {
+    auto end = std::chrono::steady_clock::now() + t;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    pid = -1;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(err, buf, sizeof buf)) > 0) stderrText.append(buf, n);
+    while ((n = read(out, buf, sizeof buf)) > 0) stdoutText.append(buf, n);
+    return status;
+  }
+};
+
+uint16_t startAndGetPort(Child& c) {
+  std::smatch m;
+  EXPECT_TRUE(c.readUntil(std::regex("listening on .*:([0-9]+)\n"), m, 5s))
+      << c.stdoutText;
+  return static_cast<uint16_t>(std::stoi(m[1]));
+}
+
+TEST(StoreCliBinary, ServesAndStopsCleanlyOnSigtermAndSigint) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    Child c({kStore, "--port", "0"});
+    uint16_t port = startAndGetPort(c);
+    ddprun::store::TcpStoreOptions o;
+    o.port = port;
+    auto s = ddprun::store::TcpStore::connect(o);
+    s->set("k", "v");
+    EXPECT_EQ(s->get("k"), "v");
+    kill(c.pid, sig);
+    int status = c.wait(5s);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_NE(c.stderrText.find("shutting down"), std::string::npos) << c.stderrText;
+  }
+}
+
+TEST(StoreCliBinary, PortInUseExitsThreeNamingAddressAndHolder) {
+  Child first({kStore, "--port", "0"});
+  uint16_t port = startAndGetPort(first);
+  Child second({kStore, "--port", std::to_string(port)});
+  int status = second.wait(5s);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_NE(second.stderrText.find(":" + std::to_string(port)), std::string::npos)
+      << second.stderrText;
+  EXPECT_NE(second.stderrText.find("pid " + std::to_string(first.pid)), std::string::npos)
+      << second.stderrText;
+  EXPECT_NE(second.stderrText.find("ddprun-store"), std::string::npos);
+}
+
+TEST(StoreCliBinary, InvalidFlagsExitTwoWithAHint) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--port", "70000"}, {"--nonsense"}, {"--max-value-bytes", "banana"}};
+  for (auto args : bad) {
+    args.insert(args.begin(), kStore);
+    Child c(args);
+    int status = c.wait(5s);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args[1];
+    EXPECT_NE(c.stderrText.find("error"), std::string::npos) << c.stderrText;
+    EXPECT_NE(c.stderrText.find("--help"), std::string::npos) << c.stderrText;
+  }
+}
+
+TEST(StoreCliBinary, HelpListsTheLimits) {
+  Child c({kStore, "--help"});
+  int status = c.wait(5s);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (const char* flag : {"--host", "--port", "--max-key-bytes", "--max-value-bytes",
+                           "--max-memory", "--max-connections"})
+    EXPECT_NE(c.stdoutText.find(flag), std::string::npos) << flag;
+}
+
+TEST(StoreCliBinary, UnresolvableHostExitsThree) {
+  Child c({kStore, "--host", "no-such-host.invalid", "--port", "0"});
+  int status = c.wait(10s);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_NE(c.stderrText.find("no-such-host.invalid"), std::string::npos) << c.stderrText;
+}
+
+}  // namespace

@@ -1,1 +1,255 @@
+// TcpStore client against TcpStoreServer over real sockets.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "ddprun/common/error.h"
+#include "ddprun/store/prefix_store.h"
+#include "ddprun/store/tcp_store.h"
+#include "ddprun/store/tcp_store_server.h"
+
+namespace ddprun::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+class TcpStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TcpStoreServerOptions opts;
+    opts.limits.wire.maxValueBytes = 1 << 20;
+    server_ = TcpStoreServer::start(opts);
+  }
+  std::unique_ptr<TcpStore> client(ClientDialect d = ClientDialect::kAuto,
+                                   std::string host = "127.0.0.1") {
+    TcpStoreOptions o;
+    o.host = host;
+    o.port = server_->port();
+    o.timeout = 10s;
+    o.connectTimeout = 5s;
+    o.dialect = d;
+    return TcpStore::connect(o);
+  }
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+TEST_F(TcpStoreTest, EveryCommandRoundTrips) {
+  auto s = client();
+  EXPECT_EQ(s->dialect(), wire::Dialect::kV2);
+  std::string bin("\0\xff\0", 3);
+  s->set("bin", bin);
+  EXPECT_EQ(s->get("bin"), bin);
+  s->set("empty", "");
+  EXPECT_EQ(s->get("empty"), "");
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -2), 3);
+  EXPECT_EQ(s->get("n"), "3");
+  EXPECT_EQ(s->compareSet("cas", "x", "y"), "x");
+  EXPECT_EQ(s->compareSet("cas", "", "y"), "y");
+  EXPECT_EQ(s->compareSet("cas", "y", "z"), "z");
+  EXPECT_TRUE(s->check({"bin", "n"}));
+  EXPECT_FALSE(s->check({"bin", "nope"}));
+  EXPECT_TRUE(s->deleteKey("empty"));
+  EXPECT_FALSE(s->deleteKey("empty"));
+  EXPECT_EQ(s->numKeys(), 3);
+  s->append("log", "a");
+  s->append("log", "bc");
+  EXPECT_EQ(s->get("log"), "abc");
+  s->multiSet({"m1", "m2"}, {"1", "2"});
+  EXPECT_EQ(s->multiGet({"m2", "m1"}), (std::vector<std::string>{"2", "1"}));
+  EXPECT_EQ(s->ping(77), 77u);
+  auto keys = s->listKeys();
+  EXPECT_EQ(keys.size(), 6u);
+  s->queuePush("q", "first");
+  s->queuePush("q", "second");
+  EXPECT_EQ(s->queueLen("q"), 2);
+  EXPECT_EQ(s->queuePop("q", 1s), "first");
+  EXPECT_EQ(s->queuePop("q", 1s), "second");
+  EXPECT_EQ(s->queueLen("q"), 0);
+}
+
+TEST_F(TcpStoreTest, WaitTimeoutLeavesConnectionUsable) {
+  for (auto d : {ClientDialect::kV2, ClientDialect::kLegacy}) {
+    auto s = client(d);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      s->wait({"never"}, 200ms);
+      FAIL() << "wait did not time out";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("/never"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("200 ms"), std::string::npos) << e.what();
+    }
+    auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_GE(took, 200ms);
+    EXPECT_LT(took, 3s);
+    s->set("after", "ok");
+    EXPECT_EQ(s->get("after"), "ok");
+    EXPECT_EQ(s->add("after-n", 1), d == ClientDialect::kV2 ? 1 : 2);
+  }
+}
+
+TEST_F(TcpStoreTest, GetBlocksUntilAnotherClientSets) {
+  auto a = client();
+  auto waiters = std::vector<std::future<std::string>>();
+  for (int i = 0; i < 4; ++i)
+    waiters.push_back(std::async(std::launch::async, [this] {
+      auto c = client();
+      return c->get("late");
+    }));
+  std::this_thread::sleep_for(100ms);
+  for (auto& w : waiters) EXPECT_EQ(w.wait_for(0s), std::future_status::timeout);
+  a->set("late", "value");
+  for (auto& w : waiters) EXPECT_EQ(w.get(), "value");
+}
+
+TEST_F(TcpStoreTest, BarrierReleasesAllArrivals) {
+  std::vector<std::future<void>> f;
+  for (int i = 0; i < 3; ++i)
+    f.push_back(std::async(std::launch::async, [this] { client()->barrier("b", 3, 5s); }));
+  for (auto& x : f) x.get();
+  auto s = client();
+  EXPECT_THROW(s->barrier("lonely", 2, 100ms), TimeoutError);
+  EXPECT_EQ(s->ping(1), 1u);  // still in step after the cancelled barrier
+}
+
+TEST_F(TcpStoreTest, LegacyDialectClientWorks) {
+  auto s = client(ClientDialect::kLegacy);
+  EXPECT_EQ(s->dialect(), wire::Dialect::kLegacy);
+  s->set("k", "v");
+  EXPECT_EQ(s->get("k"), "v");
+  s->multiSet({"a", "b"}, {"1", "2"});
+  EXPECT_EQ(s->multiGet({"a", "b"}), (std::vector<std::string>{"1", "2"}));
+  EXPECT_THROW(s->append("k", "x"), InvalidArgument);
+}
+
+TEST_F(TcpStoreTest, IPv6LoopbackReachesDualStackServer) {
+  if (server_->address().find('[') == std::string::npos)
+    GTEST_SKIP() << "IPv6 unavailable here: server bound " << server_->address();
+  auto s = client(ClientDialect::kAuto, "::1");
+  s->set("v6", "yes");
+  EXPECT_EQ(client()->get("v6"), "yes");
+}
+
+TEST_F(TcpStoreTest, PrefixStoreOverTcp) {
+  auto base = std::shared_ptr<TcpStore>(client());
+  PrefixStore p("/worker/attempt_1", base);
+  p.set("x", "1");
+  EXPECT_TRUE(base->check({"/worker/attempt_1/x"}));
+  EXPECT_EQ(p.get("x"), "1");
+}
+
+// Sends raw bytes on a fresh socket; returns true if the server closed it.
+bool serverClosesAfter(uint16_t port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return false;
+  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  ssize_t n = ::recv(fd, &c, 1, 0);
+  ::close(fd);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+TEST_F(TcpStoreTest, BadRequestsCloseOnlyTheirConnection) {
+  auto good = client();
+  good->set("before", "1");
+  EXPECT_TRUE(serverClosesAfter(server_->port(), "\xEE\xEE\xEE"));
+  std::string huge("\x01\x02\0\0\0\0\0\0\0/k", 11);
+  huge += std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);  // value length 2^63
+  EXPECT_TRUE(serverClosesAfter(server_->port(), std::string("\0\xCE\xF7\x85\x3C", 5) + huge));
+  EXPECT_EQ(good->get("before"), "1");
+  EXPECT_EQ(server_->stats().connectionsRejected, 2u);
+}
+
+TEST_F(TcpStoreTest, ValueOverLimitFailsThatClientOnly) {
+  auto s = client();
+  EXPECT_THROW(s->set("big", std::string(2 << 20, 'x')); s->numKeys(), IoError);
+  // The client reconnects on its next call; the server still serves.
+  s->set("small", "ok");
+  EXPECT_EQ(s->get("small"), "ok");
+}
+
+TEST(TcpStoreConnect, UnreachableServerTimesOutNamingTheAddress) {
+  // Find a port nobody listens on: bind, read the port, close.
+  auto tmp = TcpStoreServer::start({"127.0.0.1", 0, {}});
+  uint16_t port = tmp->port();
+  tmp.reset();
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connectTimeout = 600ms;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    TcpStore::connect(o);
+    FAIL() << "connected to a closed port";
+  } catch (const TimeoutError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Connection refused"), std::string::npos) << msg;
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 550ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST(TcpStoreConnect, ClientWaitsForALateServer) {
+  auto tmp = TcpStoreServer::start({"127.0.0.1", 0, {}});
+  uint16_t port = tmp->port();
+  tmp.reset();
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connectTimeout = 10s;
+  o.backoff.initial = Millis(20);
+  auto fut = std::async(std::launch::async, [&] { return TcpStore::connect(o); });
+  std::this_thread::sleep_for(300ms);
+  auto server = TcpStoreServer::start({"127.0.0.1", port, {}});
+  auto s = fut.get();
+  s->set("k", "v");
+  EXPECT_EQ(s->get("k"), "v");
+}
+
+TEST(TcpStoreServerBind, PortInUseNamesTheAddressAndHolder) {
+  auto first = TcpStoreServer::start({"", 0, {}});
+  try {
+    TcpStoreServer::start({"", first->port(), {}});
+    FAIL() << "second bind succeeded";
+  } catch (const IoError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(std::to_string(first->port())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("in use"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+  }
+}
+
+TEST(TcpStoreServerBind, ConnectionLimitRefusesExtraClients) {
+  TcpStoreServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.limits.maxConnections = 2;
+  auto server = TcpStoreServer::start(opts);
+  TcpStoreOptions o;
+  o.port = server->port();
+  o.connectTimeout = 700ms;
+  auto a = TcpStore::connect(o);
+  auto b = TcpStore::connect(o);
+  EXPECT_THROW(TcpStore::connect(o), TimeoutError);
+  a.reset();
+  // A slot frees when a client leaves.
+  std::this_thread::sleep_for(100ms);
+  o.connectTimeout = 3s;
+  EXPECT_NO_THROW(TcpStore::connect(o));
+}
+
+}  // namespace
+}  // namespace ddprun::store

@@ -1,1 +1,67 @@
+#include "ddprun/cli/store_cli.h"
+
 #include <gtest/gtest.h>
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::cli {
+namespace {
+
+int parse(std::vector<const char*> args, StoreCliConfig& cfg) {
+  args.insert(args.begin(), "ddprun-store");
+  return parseStoreCli(static_cast<int>(args.size()), args.data(), cfg);
+}
+
+TEST(StoreCli, ParsesByteSizes) {
+  EXPECT_EQ(parseByteSize("1024", "--x"), 1024u);
+  EXPECT_EQ(parseByteSize("64K", "--x"), 64u << 10);
+  EXPECT_EQ(parseByteSize("8M", "--x"), 8u << 20);
+  EXPECT_EQ(parseByteSize("2G", "--x"), 2ull << 30);
+  EXPECT_THROW(parseByteSize("", "--x"), InvalidArgument);
+  EXPECT_THROW(parseByteSize("0", "--x"), InvalidArgument);
+  EXPECT_THROW(parseByteSize("-5", "--x"), InvalidArgument);
+  EXPECT_THROW(parseByteSize("12X", "--x"), InvalidArgument);
+  EXPECT_THROW(parseByteSize("lots", "--x"), InvalidArgument);
+}
+
+TEST(StoreCli, DefaultsAndFlags) {
+  StoreCliConfig cfg;
+  EXPECT_EQ(parse({}, cfg), -1);
+  EXPECT_EQ(cfg.server.port, 29500);
+  EXPECT_EQ(cfg.server.host, "");
+  StoreCliConfig cfg2;
+  EXPECT_EQ(parse({"--host", "127.0.0.1", "--port", "0", "--max-value-bytes", "8M",
+                   "--max-key-bytes", "8K", "--max-connections", "10", "--max-memory",
+                   "1G", "--max-keys-per-request", "99", "--log-level", "debug"},
+                  cfg2),
+            -1);
+  EXPECT_EQ(cfg2.server.host, "127.0.0.1");
+  EXPECT_EQ(cfg2.server.port, 0);
+  EXPECT_EQ(cfg2.server.limits.wire.maxValueBytes, 8u << 20);
+  EXPECT_EQ(cfg2.server.limits.wire.maxKeyBytes, 8u << 10);
+  EXPECT_EQ(cfg2.server.limits.maxConnections, 10u);
+  EXPECT_EQ(cfg2.server.limits.maxMemoryBytes, 1ull << 30);
+  EXPECT_EQ(cfg2.server.limits.wire.maxKeysPerRequest, 99u);
+  EXPECT_EQ(cfg2.logLevel, "debug");
+}
+
+TEST(StoreCli, UsageErrorsExitTwo) {
+  const std::vector<std::vector<const char*>> bad = {
+      {"--port", "99999"},       {"--port", "abc"},
+      {"--bogus"},               {"--max-value-bytes", "0"},
+      {"--max-memory", "1T"},    {"--max-connections", "0"},
+      {"--log-level", "chatty"}, {"--max-keys-per-request", "-3"},
+      {"stray-positional"},
+  };
+  for (const auto& args : bad) {
+    StoreCliConfig cfg;
+    testing::internal::CaptureStderr();
+    int rc = parse(args, cfg);
+    std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rc, kExitUsage) << args[0];
+    EXPECT_NE(err.find("--help"), std::string::npos) << err;
+  }
+}
+
+}  // namespace
+}  // namespace ddprun::cli

@@ -1,1 +1,391 @@
+#include "ddprun/store/server_state.h"
+
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+namespace ddprun::store {
+namespace {
+
+using wire::Command;
+using wire::Dialect;
+
+class FakeOutbox : public Outbox {
+ public:
+  std::string& bufferFor(ConnId id) override { return out[id]; }
+  // Takes and clears what was sent to a connection.
+  std::string take(ConnId id) {
+    std::string s = std::move(out[id]);
+    out[id].clear();
+    return s;
+  }
+  std::map<ConnId, std::string> out;
+};
+
+std::string u8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
+std::string i64(int64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string bytes(std::string_view s) {
+  std::string out;
+  wire::Writer(out).bytes(s);
+  return out;
+}
+
+// A client connection talking to the state machine.
+class Client {
+ public:
+  Client(ServerState& s, FakeOutbox& o, ConnId id, Dialect d) : s_(s), o_(o), id_(id), d_(d) {
+    s_.open(id_);
+    if (d_ == Dialect::kV2) {
+      wire::Request v;
+      v.cmd = Command::kValidate;
+      v.u32 = wire::kValidationMagic;
+      EXPECT_EQ(send(v), "");
+    }
+  }
+  std::string send(const wire::Request& r) {
+    std::string b;
+    wire::encodeRequest(d_, r, b);
+    return s_.receive(id_, b);
+  }
+  std::string send(Command c, std::vector<std::string> keys = {},
+                   std::vector<std::string> values = {}, int64_t n = 0) {
+    wire::Request r;
+    r.cmd = c;
+    r.keys = std::move(keys);
+    r.values = std::move(values);
+    r.number = n;
+    return send(r);
+  }
+  std::string reply() { return o_.take(id_); }
+  ConnId id() const { return id_; }
+
+ private:
+  ServerState& s_;
+  FakeOutbox& o_;
+  ConnId id_;
+  Dialect d_;
+};
+
+class ServerStateTest : public ::testing::TestWithParam<Dialect> {
+ protected:
+  ServerStateTest() : state_(ServerLimits{}, outbox_) {}
+  Client client(ConnId id) { return Client(state_, outbox_, id, GetParam()); }
+  bool v2() const { return GetParam() == Dialect::kV2; }
+  FakeOutbox outbox_;
+  ServerState state_;
+};
+
+TEST_P(ServerStateTest, SetGetAndMissingKeyIsEmpty) {
+  auto c = client(1);
+  std::string bin("x\0y", 3);
+  EXPECT_EQ(c.send(Command::kSet, {"/k"}, {bin}), "");
+  EXPECT_EQ(c.reply(), "");  // SET has no reply
+  c.send(Command::kGet, {"/k"});
+  EXPECT_EQ(c.reply(), bytes(bin));
+  c.send(Command::kGet, {"/missing"});
+  EXPECT_EQ(c.reply(), bytes(""));
+}
+
+TEST_P(ServerStateTest, AddKeepsDecimalText) {
+  auto c = client(1);
+  c.send(Command::kAdd, {"init/"}, {}, 1);
+  EXPECT_EQ(c.reply(), i64(1));
+  c.send(Command::kAdd, {"init/"}, {}, -11);
+  EXPECT_EQ(c.reply(), i64(-10));
+  c.send(Command::kAdd, {"init/"}, {}, 0);
+  EXPECT_EQ(c.reply(), i64(-10));
+  c.send(Command::kGet, {"init/"});
+  EXPECT_EQ(c.reply(), bytes("-10"));
+  c.send(Command::kSet, {"/n"}, {"41"});
+  c.send(Command::kAdd, {"/n"}, {}, 1);
+  EXPECT_EQ(c.reply(), i64(42));
+}
+
+TEST_P(ServerStateTest, AddOnTextClosesOnlyThatConnection) {
+  auto a = client(1);
+  auto b = client(2);
+  a.send(Command::kSet, {"/t"}, {"not a number"});
+  std::string err = a.send(Command::kAdd, {"/t"}, {}, 1);
+  EXPECT_NE(err.find("not a decimal integer"), std::string::npos);
+  EXPECT_EQ(b.send(Command::kGet, {"/t"}), "");
+  EXPECT_EQ(b.reply(), bytes("not a number"));
+  EXPECT_EQ(state_.stats().connectionsRejected, 1u);
+}
+
+TEST_P(ServerStateTest, AddOverflowIsRejected) {
+  auto c = client(1);
+  c.send(Command::kSet, {"/big"}, {"9223372036854775807"});
+  EXPECT_NE(c.send(Command::kAdd, {"/big"}, {}, 1), "");
+}
+
+TEST_P(ServerStateTest, CompareSetFollowsPyTorchRules) {
+  auto c = client(1);
+  // Missing key, non-empty expected: nothing stored, expected returned.
+  c.send(Command::kCompareSet, {"/k"}, {"old", "new"});
+  EXPECT_EQ(c.reply(), bytes("old"));
+  c.send(Command::kCheck, {"/k"});
+  EXPECT_EQ(c.reply(), u8(wire::kCheckNotReady));
+  // Missing key, empty expected: desired stored and returned.
+  c.send(Command::kCompareSet, {"/k"}, {"", "first"});
+  EXPECT_EQ(c.reply(), bytes("first"));
+  // Present, mismatch: unchanged, current value returned.
+  c.send(Command::kCompareSet, {"/k"}, {"nope", "second"});
+  EXPECT_EQ(c.reply(), bytes("first"));
+  // Present, match: replaced.
+  c.send(Command::kCompareSet, {"/k"}, {"first", "second"});
+  EXPECT_EQ(c.reply(), bytes("second"));
+}
+
+TEST_P(ServerStateTest, WaitBlocksUntilEveryKeyIsWritten) {
+  auto waiter = client(1);
+  auto writer = client(2);
+  waiter.send(Command::kWait, {"/a", "/b"});
+  EXPECT_EQ(waiter.reply(), "");
+  writer.send(Command::kSet, {"/a"}, {"1"});
+  EXPECT_EQ(waiter.reply(), "");
+  writer.send(Command::kAdd, {"/b"}, {}, 1);
+  EXPECT_EQ(writer.reply(), i64(1));
+  EXPECT_EQ(waiter.reply(), u8(wire::kStopWaiting));
+  // Already present: immediate.
+  waiter.send(Command::kWait, {"/a", "/b"});
+  EXPECT_EQ(waiter.reply(), u8(wire::kStopWaiting));
+}
+
+TEST_P(ServerStateTest, OneSetWakesEveryWaiter) {
+  std::vector<Client> waiters;
+  for (ConnId id = 1; id <= 5; ++id) {
+    waiters.push_back(client(id));
+    waiters.back().send(Command::kWait, {"/go"});
+  }
+  auto writer = client(99);
+  writer.send(Command::kSet, {"/go"}, {""});
+  for (auto& w : waiters) EXPECT_EQ(w.reply(), u8(wire::kStopWaiting));
+}
+
+TEST_P(ServerStateTest, CompareSetWakesOnlyWhenItWrites) {
+  auto waiter = client(1);
+  auto writer = client(2);
+  waiter.send(Command::kWait, {"/k"});
+  writer.send(Command::kCompareSet, {"/k"}, {"x", "y"});  // nothing stored
+  writer.reply();
+  EXPECT_EQ(waiter.reply(), "");
+  writer.send(Command::kCompareSet, {"/k"}, {"", "y"});
+  writer.reply();
+  EXPECT_EQ(waiter.reply(), u8(wire::kStopWaiting));
+}
+
+TEST_P(ServerStateTest, DeleteAndNumKeys) {
+  auto c = client(1);
+  c.send(Command::kSet, {"/a"}, {"1"});
+  c.send(Command::kSet, {"/b"}, {"2"});
+  c.send(Command::kGetNumKeys);
+  EXPECT_EQ(c.reply(), i64(2));
+  c.send(Command::kDeleteKey, {"/a"});
+  EXPECT_EQ(c.reply(), i64(1));
+  c.send(Command::kDeleteKey, {"/a"});
+  EXPECT_EQ(c.reply(), i64(0));
+  c.send(Command::kGetNumKeys);
+  EXPECT_EQ(c.reply(), i64(1));
+}
+
+TEST_P(ServerStateTest, ClosedWaiterIsForgotten) {
+  auto waiter = client(1);
+  auto writer = client(2);
+  waiter.send(Command::kWait, {"/k"});
+  state_.closed(waiter.id());
+  outbox_.out.erase(waiter.id());
+  writer.send(Command::kSet, {"/k"}, {"v"});
+  EXPECT_EQ(outbox_.out.count(waiter.id()), 0u);  // nothing sent to the dead
+}
+
+TEST_P(ServerStateTest, ByteByByteEqualsAllAtOnce) {
+  // A burst of requests fed one byte at a time must give the same replies.
+  std::string stream;
+  auto enc = [&](Command c, std::vector<std::string> k, std::vector<std::string> v,
+                 int64_t n) {
+    wire::Request r;
+    r.cmd = c;
+    r.keys = std::move(k);
+    r.values = std::move(v);
+    r.number = n;
+    wire::encodeRequest(GetParam(), r, stream);
+  };
+  if (v2()) {
+    wire::Request v;
+    v.cmd = Command::kValidate;
+    v.u32 = wire::kValidationMagic;
+    wire::encodeRequest(Dialect::kV2, v, stream);
+  }
+  enc(Command::kSet, {"/a"}, {"hello"}, 0);
+  enc(Command::kAdd, {"/n"}, {}, 5);
+  enc(Command::kGet, {"/a"}, {}, 0);
+  enc(Command::kCompareSet, {"/a"}, {"hello", "bye"}, 0);
+  enc(Command::kCheck, {"/a", "/n"}, {}, 0);
+  enc(Command::kGetNumKeys, {}, {}, 0);
+
+  FakeOutbox o1, o2;
+  ServerState whole(ServerLimits{}, o1), bytewise(ServerLimits{}, o2);
+  whole.open(1);
+  bytewise.open(1);
+  ASSERT_EQ(whole.receive(1, stream), "");
+  for (char ch : stream) ASSERT_EQ(bytewise.receive(1, std::string_view(&ch, 1)), "");
+  EXPECT_EQ(o1.out[1], o2.out[1]);
+  EXPECT_EQ(o1.out[1], i64(5) + bytes("hello") + bytes("bye") +
+                           u8(wire::kCheckReady) + i64(2));
+  EXPECT_EQ(whole.dialectOf(1), GetParam());
+}
+
+TEST_P(ServerStateTest, MemoryLimitRefusesAndDeleteFrees) {
+  ServerLimits lim;
+  lim.maxMemoryBytes = 1000;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, GetParam());
+  EXPECT_EQ(c.send(Command::kSet, {"/a"}, {std::string(600, 'x')}), "");
+  auto err = c.send(Command::kSet, {"/b"}, {std::string(600, 'x')});
+  EXPECT_NE(err.find("memory limit"), std::string::npos);
+  Client c2(s, o, 2, GetParam());
+  c2.send(Command::kDeleteKey, {"/a"});
+  EXPECT_EQ(c2.reply(), i64(1));
+  EXPECT_EQ(s.stats().memoryBytes, 0u);
+  EXPECT_EQ(c2.send(Command::kSet, {"/b"}, {std::string(600, 'x')}), "");
+}
+
+TEST_P(ServerStateTest, GarbageClosesOnlyItsConnection) {
+  auto good = client(1);
+  state_.open(2);
+  std::string err = state_.receive(2, "\xEE garbage");
+  EXPECT_NE(err, "");
+  good.send(Command::kSet, {"/still"}, {"ok"});
+  good.send(Command::kGet, {"/still"});
+  EXPECT_EQ(good.reply(), bytes("ok"));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothDialects, ServerStateTest,
+                         ::testing::Values(Dialect::kLegacy, Dialect::kV2),
+                         [](const auto& info) {
+                           return info.param == Dialect::kV2 ? std::string("V2")
+                                                             : std::string("Legacy");
+                         });
+
+// Commands that only the >= 2.2 dialect has.
+class ServerStateV2Test : public ::testing::Test {
+ protected:
+  ServerStateV2Test() : state_(ServerLimits{}, outbox_) {}
+  Client client(ConnId id) { return Client(state_, outbox_, id, Dialect::kV2); }
+  FakeOutbox outbox_;
+  ServerState state_;
+};
+
+TEST_F(ServerStateV2Test, PingEchoesNonce) {
+  auto c = client(1);
+  wire::Request p;
+  p.cmd = Command::kPing;
+  p.u32 = 0xDEADBEEF;
+  c.send(p);
+  uint32_t v = 0xDEADBEEF;
+  EXPECT_EQ(c.reply(), std::string(reinterpret_cast<const char*>(&v), 4));
+}
+
+TEST_F(ServerStateV2Test, BadMagicIsRejected) {
+  state_.open(1);
+  // 00 + wrong magic reads as a legacy SET with an absurd key length.
+  std::string bytes("\0\x01\x02\x03\x04\0\0\0\0", 9);
+  EXPECT_NE(state_.receive(1, bytes), "");
+}
+
+TEST_F(ServerStateV2Test, AppendMultiGetMultiSetWake) {
+  auto waiter = client(1);
+  auto c = client(2);
+  waiter.send(Command::kWait, {"/m1", "/m2", "/ap"});
+  c.send(Command::kMultiSet, {"/m1", "/m2"}, {"1", "2"});
+  EXPECT_EQ(waiter.reply(), "");
+  c.send(Command::kAppend, {"/ap"}, {"x"});
+  EXPECT_EQ(waiter.reply(), u8(wire::kStopWaiting));
+  c.send(Command::kAppend, {"/ap"}, {"yz"});
+  c.send(Command::kMultiGet, {"/m1", "/ap", "/none"});
+  EXPECT_EQ(c.reply(), bytes("1") + bytes("xyz") + bytes(""));
+}
+
+TEST_F(ServerStateV2Test, CancelWaitAlwaysRepliesAndUnregisters) {
+  auto waiter = client(1);
+  auto writer = client(2);
+  waiter.send(Command::kCancelWait);
+  EXPECT_EQ(waiter.reply(), u8(wire::kWaitCanceled));
+  waiter.send(Command::kWait, {"/k"});
+  waiter.send(Command::kCancelWait);
+  EXPECT_EQ(waiter.reply(), u8(wire::kWaitCanceled));
+  writer.send(Command::kSet, {"/k"}, {"v"});
+  EXPECT_EQ(waiter.reply(), "");  // no stray STOP_WAITING after a cancel
+}
+
+TEST_F(ServerStateV2Test, QueuesPushPopLenAndWakeOne) {
+  auto w1 = client(1);
+  auto w2 = client(2);
+  auto c = client(3);
+  w1.send(Command::kWait, {"/q"});
+  w2.send(Command::kWait, {"/q"});
+  c.send(Command::kQueuePush, {"/q"}, {"a"});
+  EXPECT_EQ(w1.reply() + w2.reply(), u8(wire::kStopWaiting));  // exactly one woken
+  c.send(Command::kQueuePush, {"/q"}, {"b"});
+  c.send(Command::kQueueLen, {"/q"});
+  EXPECT_EQ(c.reply(), i64(2));
+  c.send(Command::kCheck, {"/q"});
+  EXPECT_EQ(c.reply(), u8(wire::kCheckReady));
+  c.send(Command::kQueuePop, {"/q"});
+  EXPECT_EQ(c.reply(), i64(2) + bytes("a"));
+  c.send(Command::kQueuePop, {"/q"});
+  EXPECT_EQ(c.reply(), i64(1) + bytes("b"));
+  c.send(Command::kQueuePop, {"/q"});
+  EXPECT_EQ(c.reply(), i64(0));
+  c.send(Command::kGetNumKeys);
+  EXPECT_EQ(c.reply(), i64(0));  // queues are not keys
+}
+
+TEST_F(ServerStateV2Test, ListKeys) {
+  auto c = client(1);
+  c.send(Command::kSet, {"/a"}, {"1"});
+  c.send(Command::kSet, {"init/"}, {"1"});
+  c.send(Command::kListKeys);
+  std::string r = c.reply();
+  ASSERT_GE(r.size(), 8u);
+  EXPECT_EQ(r.substr(0, 8), i64(2));
+  EXPECT_NE(r.find(bytes("/a")), std::string::npos);
+  EXPECT_NE(r.find(bytes("init/")), std::string::npos);
+}
+
+TEST_F(ServerStateV2Test, BarrierReleasesEveryoneWhenTheLastArrives) {
+  auto a = client(1);
+  auto b = client(2);
+  auto c = client(3);
+  a.send(Command::kBarrier, {"/bar"}, {}, 3);
+  b.send(Command::kBarrier, {"/bar"}, {}, 3);
+  EXPECT_EQ(a.reply(), "");
+  EXPECT_EQ(b.reply(), "");
+  c.send(Command::kBarrier, {"/bar"}, {}, 3);
+  EXPECT_EQ(a.reply(), u8(wire::kStopWaiting));
+  EXPECT_EQ(b.reply(), u8(wire::kStopWaiting));
+  EXPECT_EQ(c.reply(), u8(wire::kStopWaiting));
+  EXPECT_NE(c.send(Command::kBarrier, {"/bar"}, {}, 0), "");
+}
+
+TEST(ServerStateLegacy, WatchKeyPushesChanges) {
+  FakeOutbox o;
+  ServerState s(ServerLimits{}, o);
+  Client watcher(s, o, 1, Dialect::kLegacy);
+  Client c(s, o, 2, Dialect::kLegacy);
+  watcher.send(Command::kWatchKey, {"/w"});
+  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCallbackRegistered));
+  c.send(Command::kSet, {"/w"}, {"1"});
+  c.send(Command::kSet, {"/w"}, {"2"});
+  c.send(Command::kDeleteKey, {"/w"});
+  c.reply();
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyCreated) + bytes("/w") + bytes("") + bytes("1") +
+                u8(wire::kKeyUpdated) + bytes("/w") + bytes("1") + bytes("2") +
+                u8(wire::kKeyDeleted) + bytes("/w") + bytes("2") + bytes(""));
+}
+
+}  // namespace
+}  // namespace ddprun::store
