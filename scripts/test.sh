@@ -13,5 +13,13 @@ cuda=${DDPRUN_CUDA:-$([ "${CI:-}" = true ] && echo ON || echo AUTO)}
 scripts/setup.sh --tests
 cmake -S . -B "$build" -DDDPRUN_CUDA="$cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j"$(nproc)"
-cd "$build"
-ctest --output-on-failure --timeout 900 "$@"
+(cd "$build" && ctest --output-on-failure --timeout 900 "$@")
+
+# Second pass: unit and integration tests under AddressSanitizer + UBSan
+# (DDPRUN_SANITIZE_PASS=0 skips it).
+if [ "${DDPRUN_SANITIZE_PASS:-1}" = 1 ] && [ $# -eq 0 ]; then
+  asan=${build}-asan
+  cmake -S . -B "$asan" -DDDPRUN_SANITIZE=ON -DDDPRUN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+  cmake --build "$asan" -j"$(nproc)" --target unit_tests store_integration_tests ddprun-store
+  (cd "$asan" && ctest --output-on-failure --timeout 900 -L 'unit|integration')
+fi
