@@ -118,7 +118,6 @@ class TcpStoreServer::Impl : public Outbox {
     tcp::socket socket;
     ConnId id = 0;
     std::string peer;
-    std::array<char, kReadChunk> in{};
     std::string out;      // replies not yet handed to the socket
     std::string writing;  // replies being written
     bool dirty = false;
@@ -169,6 +168,7 @@ class TcpStoreServer::Impl : public Outbox {
       return;
     }
     sock.set_option(tcp::no_delay(true), ec);
+    sock.non_blocking(true, ec);
     auto s = std::make_shared<Session>(std::move(sock));
     s->id = nextId_++;
     s->peer = std::move(peerText);
@@ -179,15 +179,22 @@ class TcpStoreServer::Impl : public Outbox {
     read(s);
   }
 
+  // Reactor style: wait until the socket is readable, then read into the one
+  // shared buffer. An idle connection costs no read buffer, so thousands of
+  // clients fit in a few MiB.
   void read(const SessionPtr& s) {
-    s->socket.async_read_some(asio::buffer(s->in),
-                              [this, s](error_code ec, size_t n) {
-                                onRead(s, ec, n);
-                              });
+    s->socket.async_wait(tcp::socket::wait_read,
+                         [this, s](error_code ec) { onReadable(s, ec); });
   }
 
-  void onRead(const SessionPtr& s, error_code ec, size_t n) {
+  void onReadable(const SessionPtr& s, error_code ec) {
     if (s->closed) return;
+    size_t n = 0;
+    if (!ec) n = s->socket.read_some(asio::buffer(readBuf_), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      read(s);
+      return;
+    }
     if (ec) {
       if (ec != asio::error::eof && ec != asio::error::connection_reset &&
           ec != asio::error::operation_aborted)
@@ -195,7 +202,7 @@ class TcpStoreServer::Impl : public Outbox {
       close(s);
       return;
     }
-    std::string err = state_.receive(s->id, std::string_view(s->in.data(), n));
+    std::string err = state_.receive(s->id, std::string_view(readBuf_.data(), n));
     flushDirty();
     if (!err.empty()) {
       DDPRUN_WARN("closing connection from ", s->peer, ": ", err);
@@ -270,6 +277,7 @@ class TcpStoreServer::Impl : public Outbox {
   std::thread thread_;
   std::unordered_map<ConnId, SessionPtr> sessions_;
   std::vector<ConnId> dirty_;
+  std::vector<char> readBuf_ = std::vector<char>(kReadChunk);
   ConnId nextId_ = 1;
   std::atomic<size_t> liveConnections_{0};
   mutable std::mutex statsMu_;
