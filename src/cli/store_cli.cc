@@ -65,6 +65,12 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
   app.add_option("--max-connections", lim.maxConnections,
                  "Most concurrent client connections (default 16384)")
       ->check(CLI::PositiveNumber);
+  int64_t busyPollUs = opts.busyPoll.count();
+  app.add_option("--busy-poll-us", busyPollUs,
+                 "Keep polling this many microseconds after a request before sleeping; "
+                 "cuts round-trip latency, costs CPU only right after activity "
+                 "(default 100, 0 disables)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
   app.add_option("--log-level", out.logLevel, "debug, info, warning, error or off")
       ->check(CLI::IsMember({"debug", "info", "warning", "error", "off"}));
   try {
@@ -74,6 +80,7 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
     lim.wire.maxValueBytes = parseByteSize(valueBytes, "--max-value-bytes");
     lim.wire.maxRequestBytes = parseByteSize(requestBytes, "--max-request-bytes");
     lim.maxMemoryBytes = parseByteSize(memory, "--max-memory");
+    opts.busyPoll = std::chrono::microseconds(busyPollUs);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {

@@ -80,9 +80,10 @@ class TcpStore::Conn {
   void readExact(void* dst, size_t n, Deadline deadline, const char* what) {
     auto* p = static_cast<char*>(dst);
     while (n > 0) {
-      if (!waitReadable(deadline.remaining()))
-        DDPRUN_THROW(TimeoutError, "no reply from the store at ", addr_,
-                     " to ", what);
+      if (!waitReadable(deadline.remaining())) {
+        broken_ = true;  // a reply may still arrive: this stream is out of step
+        DDPRUN_THROW(TimeoutError, "no reply from the store at ", addr_, " to ", what);
+      }
       ssize_t got = ::recv(fd_, p, n, 0);
       if (got < 0 && errno == EINTR) continue;
       if (got == 0)
@@ -111,6 +112,7 @@ class TcpStore::Conn {
     return s;
   }
   const std::string& addr() const { return addr_; }
+  bool broken() const { return broken_; }
 
  private:
   static std::unique_ptr<Conn> tryOne(addrinfo* ai, Deadline deadline,
@@ -149,6 +151,7 @@ class TcpStore::Conn {
 
   int fd_;
   std::string addr_;
+  bool broken_ = false;
 };
 
 namespace {
@@ -267,6 +270,9 @@ auto TcpStore::locked(F&& f) {
     throw;
   } catch (const ProtocolError&) {
     conn_.reset();
+    throw;
+  } catch (const TimeoutError&) {
+    if (conn_ && conn_->broken()) conn_.reset();  // else a clean, cancelled wait
     throw;
   }
 }

@@ -75,9 +75,25 @@ class TcpStoreServer::Impl : public Outbox {
 
   void run() {
     accept();
-    thread_ = std::thread([this] {
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  // io_context::run(), but spinning on poll() for opts_.busyPoll after the
+  // last handler ran before blocking again (see TcpStoreServerOptions).
+  void loop() {
+    if (opts_.busyPoll.count() <= 0) {
       io_.run();
-    });
+      return;
+    }
+    auto lastWork = std::chrono::steady_clock::now();
+    while (!io_.stopped()) {
+      if (io_.poll() > 0) {
+        lastWork = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - lastWork > opts_.busyPoll) {
+        io_.run_one();  // sleeps until the next event
+        lastWork = std::chrono::steady_clock::now();
+      }
+    }
   }
 
   void stop() {

@@ -19,10 +19,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class TcpStoreTest : public ::testing::Test {
+// Every server test runs with busy polling on (the default) and off.
+class TcpStoreTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     TcpStoreServerOptions opts;
+    opts.busyPoll = std::chrono::microseconds(GetParam());
     opts.limits.wire.maxValueBytes = 1 << 20;
     server_ = TcpStoreServer::start(opts);
   }
@@ -39,7 +41,7 @@ class TcpStoreTest : public ::testing::Test {
   std::unique_ptr<TcpStoreServer> server_;
 };
 
-TEST_F(TcpStoreTest, EveryCommandRoundTrips) {
+TEST_P(TcpStoreTest, EveryCommandRoundTrips) {
   auto s = client();
   EXPECT_EQ(s->dialect(), wire::Dialect::kV2);
   std::string bin("\0\xff\0", 3);
@@ -74,7 +76,7 @@ TEST_F(TcpStoreTest, EveryCommandRoundTrips) {
   EXPECT_EQ(s->queueLen("q"), 0);
 }
 
-TEST_F(TcpStoreTest, WaitTimeoutLeavesConnectionUsable) {
+TEST_P(TcpStoreTest, WaitTimeoutLeavesConnectionUsable) {
   for (auto d : {ClientDialect::kV2, ClientDialect::kLegacy}) {
     auto s = client(d);
     auto t0 = std::chrono::steady_clock::now();
@@ -94,7 +96,7 @@ TEST_F(TcpStoreTest, WaitTimeoutLeavesConnectionUsable) {
   }
 }
 
-TEST_F(TcpStoreTest, GetBlocksUntilAnotherClientSets) {
+TEST_P(TcpStoreTest, GetBlocksUntilAnotherClientSets) {
   auto a = client();
   auto waiters = std::vector<std::future<std::string>>();
   for (int i = 0; i < 4; ++i)
@@ -108,7 +110,7 @@ TEST_F(TcpStoreTest, GetBlocksUntilAnotherClientSets) {
   for (auto& w : waiters) EXPECT_EQ(w.get(), "value");
 }
 
-TEST_F(TcpStoreTest, BarrierReleasesAllArrivals) {
+TEST_P(TcpStoreTest, BarrierReleasesAllArrivals) {
   std::vector<std::future<void>> f;
   for (int i = 0; i < 3; ++i)
     f.push_back(std::async(std::launch::async, [this] { client()->barrier("b", 3, 5s); }));
@@ -118,7 +120,7 @@ TEST_F(TcpStoreTest, BarrierReleasesAllArrivals) {
   EXPECT_EQ(s->ping(1), 1u);  // still in step after the cancelled barrier
 }
 
-TEST_F(TcpStoreTest, LegacyDialectClientWorks) {
+TEST_P(TcpStoreTest, LegacyDialectClientWorks) {
   auto s = client(ClientDialect::kLegacy);
   EXPECT_EQ(s->dialect(), wire::Dialect::kLegacy);
   s->set("k", "v");
@@ -128,7 +130,7 @@ TEST_F(TcpStoreTest, LegacyDialectClientWorks) {
   EXPECT_THROW(s->append("k", "x"), InvalidArgument);
 }
 
-TEST_F(TcpStoreTest, IPv6LoopbackReachesDualStackServer) {
+TEST_P(TcpStoreTest, IPv6LoopbackReachesDualStackServer) {
   if (server_->address().find('[') == std::string::npos)
     GTEST_SKIP() << "IPv6 unavailable here: server bound " << server_->address();
   auto s = client(ClientDialect::kAuto, "::1");
@@ -136,7 +138,7 @@ TEST_F(TcpStoreTest, IPv6LoopbackReachesDualStackServer) {
   EXPECT_EQ(client()->get("v6"), "yes");
 }
 
-TEST_F(TcpStoreTest, PrefixStoreOverTcp) {
+TEST_P(TcpStoreTest, PrefixStoreOverTcp) {
   auto base = std::shared_ptr<TcpStore>(client());
   PrefixStore p("/worker/attempt_1", base);
   p.set("x", "1");
@@ -161,7 +163,7 @@ bool serverClosesAfter(uint16_t port, const std::string& bytes) {
   return n == 0 || (n < 0 && errno == ECONNRESET);
 }
 
-TEST_F(TcpStoreTest, BadRequestsCloseOnlyTheirConnection) {
+TEST_P(TcpStoreTest, BadRequestsCloseOnlyTheirConnection) {
   auto good = client();
   good->set("before", "1");
   EXPECT_TRUE(serverClosesAfter(server_->port(), "\xEE\xEE\xEE"));
@@ -172,13 +174,18 @@ TEST_F(TcpStoreTest, BadRequestsCloseOnlyTheirConnection) {
   EXPECT_EQ(server_->stats().connectionsRejected, 2u);
 }
 
-TEST_F(TcpStoreTest, ValueOverLimitFailsThatClientOnly) {
+TEST_P(TcpStoreTest, ValueOverLimitFailsThatClientOnly) {
   auto s = client();
   EXPECT_THROW(s->set("big", std::string(2 << 20, 'x')); s->numKeys(), IoError);
   // The client reconnects on its next call; the server still serves.
   s->set("small", "ok");
   EXPECT_EQ(s->get("small"), "ok");
 }
+
+INSTANTIATE_TEST_SUITE_P(BusyPoll, TcpStoreTest, ::testing::Values(100, 0),
+                         [](const auto& info) {
+                           return "busyPoll" + std::to_string(info.param) + "us";
+                         });
 
 TEST(TcpStoreConnect, UnreachableServerTimesOutNamingTheAddress) {
   // Find a port nobody listens on: bind, read the port, close.

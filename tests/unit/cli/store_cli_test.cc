@@ -32,7 +32,7 @@ TEST(StoreCli, DefaultsAndFlags) {
   StoreCliConfig cfg2;
   EXPECT_EQ(parse({"--host", "127.0.0.1", "--port", "0", "--max-value-bytes", "8M",
                    "--max-key-bytes", "8K", "--max-connections", "10", "--max-memory",
-                   "1G", "--max-keys-per-request", "99", "--log-level", "debug"},
+                   "1G", "--max-keys-per-request", "99", "--log-level", "debug", "--busy-poll-us", "0"},
                   cfg2),
             -1);
   EXPECT_EQ(cfg2.server.host, "127.0.0.1");
@@ -43,6 +43,8 @@ TEST(StoreCli, DefaultsAndFlags) {
   EXPECT_EQ(cfg2.server.limits.maxMemoryBytes, 1ull << 30);
   EXPECT_EQ(cfg2.server.limits.wire.maxKeysPerRequest, 99u);
   EXPECT_EQ(cfg2.logLevel, "debug");
+  EXPECT_EQ(cfg2.server.busyPoll.count(), 0);
+  EXPECT_EQ(cfg.server.busyPoll.count(), 100);
 }
 
 TEST(StoreCli, UsageErrorsExitTwo) {
@@ -51,7 +53,7 @@ TEST(StoreCli, UsageErrorsExitTwo) {
       {"--bogus"},               {"--max-value-bytes", "0"},
       {"--max-memory", "1T"},    {"--max-connections", "0"},
       {"--log-level", "chatty"}, {"--max-keys-per-request", "-3"},
-      {"stray-positional"},
+      {"stray-positional"},      {"--busy-poll-us", "-1"},
   };
   for (const auto& args : bad) {
     StoreCliConfig cfg;
