@@ -131,6 +131,7 @@ def plot(results, path):
     colors = {"ddprun": "#2b8a3e", "torch-libuv": "#1c7ed6", "torch-legacy": "#868e96",
               "ddprun-nospin": "#94d82d"}
     # Python client ops/s
+    results["python_cases"] = [tuple(c) for c in results["python_cases"]]
     labels = ["%s x%d" % (op, p) for (op, p) in results["python_cases"]]
     w = 0.8 / len(servers)
     for i, s in enumerate(servers):
@@ -138,6 +139,7 @@ def plot(results, path):
         axes[0].bar([x + i * w for x in range(len(labels))], vals, w, label=s, color=colors[s])
     axes[0].set_xticks([x + w for x in range(len(labels))], labels, rotation=30)
     axes[0].set_ylabel("ops/s")
+    axes[0].set_yscale("log")
     axes[0].set_title("PyTorch Python client (ops/s, higher is better)")
     axes[0].legend()
     conns = results["loadgen_conns"]
@@ -163,7 +165,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer ops (smoke run)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the saved JSON")
     args = ap.parse_args()
+    if args.replot:
+        with open(os.path.join(args.out, "store_bench.json")) as f:
+            plot(json.load(f), os.path.join(args.out, "store_bench.png"))
+        return
     import torch
     n_py = 500 if args.quick else 5000
     cases = [("set", 1), ("get", 1), ("add", 1), ("get", 4), ("add", 4)]

@@ -1,0 +1,41 @@
+// Failure reports in torchrun's layout, with the culprit (the first real
+// failure) set apart from the victims (workers the agent stopped).
+#pragma once
+
+#include <ctime>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+struct WorkerFailure {
+  int globalRank = 0;
+  int localRank = 0;
+  int pid = 0;
+  int exitCode = 0;      // > 0 exit status, < 0 minus the terminating signal
+  std::time_t time = 0;  // when the failure was observed (or the error file says)
+  bool victim = false;   // stopped by the agent after another worker failed
+  std::string errorFile;         // path, empty if none was written
+  std::string message;           // from the error file
+  std::string traceback;         // from the error file
+  std::vector<std::string> stderrTail;  // last lines the worker wrote to stderr
+};
+
+// Reads a TORCHELASTIC_ERROR_FILE in either torchrun format:
+//   {"message": {"message": "...", "extraInfo": {"py_callstack": "...",
+//    "timestamp": "..."}}}   or   {"message": "...", "timestamp": ...}.
+// Fills message/traceback/time when present. Returns false if the file is
+// missing or unreadable (the failure is then reported without it).
+bool readErrorFile(const std::string& path, WorkerFailure& f);
+
+// The exit code text: "1" or "-9 (SIGKILL)".
+std::string describeExit(int exitCode);
+
+// The report printed when the restart budget is spent:
+//   ====...  <name> FAILED ... Root Cause (first observed failure): ...
+// `name` is the script/program; `host` is this node's name.
+std::string formatFailureSummary(const std::string& name, const std::string& host,
+                                 const std::vector<WorkerFailure>& failures);
+
+}  // namespace ddprun::agent

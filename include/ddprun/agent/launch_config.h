@@ -1,0 +1,77 @@
+// Everything one `ddprun` invocation asks for, validated: the torchrun flag
+// set (both spellings, PET_* fallback) turned into typed values.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+// Which worker streams go to files (redirect) or are also copied to the
+// console (tee): torchrun's Std values 0 none, 1 stdout, 2 stderr, 3 both.
+enum class Std : int { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+// A Std for every local rank, or per rank ("0:1,1:2"; unlisted ranks: none).
+struct StdSpec {
+  std::optional<Std> all;
+  std::map<int, Std> perRank;
+  Std forRank(int localRank) const;
+};
+
+enum class NprocKind { kCount, kCpu, kGpu, kAuto };
+
+struct LaunchConfig {
+  int minNodes = 1;
+  int maxNodes = 1;
+  NprocKind nprocKind = NprocKind::kCount;
+  int nprocPerNode = 1;  // kCount only; resolved later for cpu/gpu/auto
+  std::string rdzvBackend = "static";
+  std::string rdzvEndpoint;
+  std::string rdzvId = "none";
+  std::map<std::string, std::string> rdzvConf;
+  bool standalone = false;
+  int maxRestarts = 0;
+  double monitorInterval = 0.1;  // accepted for compatibility; exits are events
+  std::string startMethod = "spawn";
+  std::string eventLogHandler = "null";
+  std::string role = "default";
+  bool module = false;
+  bool noPython = false;
+  bool runPath = false;
+  std::string logDir;  // empty: a fresh temporary directory
+  StdSpec redirects;
+  StdSpec tee;
+  std::set<int> localRanksFilter;  // empty: every rank
+  std::vector<std::string> duplicateStdoutFilters;
+  std::vector<std::string> duplicateStderrFilters;
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  uint16_t masterPort = 29500;
+  std::string localAddr;
+  std::string logsSpecs;
+  std::string numaBinding;
+  std::vector<int> signalsToHandle;  // signal numbers
+  std::chrono::seconds shutdownTimeout{30};
+  bool virtualLocalRank = false;
+  std::string script;  // training script, module or program
+  std::vector<std::string> scriptArgs;
+};
+
+// Parsers for the flag values; each throws InvalidArgument whose message
+// names the flag and the accepted forms.
+void parseNnodes(const std::string& text, int& minNodes, int& maxNodes);
+void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count);
+StdSpec parseStdSpec(const std::string& text, const std::string& flag);
+std::set<int> parseLocalRanksFilter(const std::string& text);
+std::map<std::string, std::string> parseRdzvConf(const std::string& text);
+std::vector<int> parseSignals(const std::string& text);
+// Splits a comma list where ",," stands for a literal comma.
+std::vector<std::string> parseFilterList(const std::string& text);
+// The signal's name without "SIG" prefix handling: "SIGTERM" for 15.
+std::string signalName(int sig);
+
+}  // namespace ddprun::agent

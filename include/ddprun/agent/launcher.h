@@ -1,0 +1,42 @@
+// Starting worker processes. The agent talks to a Launcher so that restart
+// logic can be tested with a fake; PosixLauncher is the real one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/worker_spec.h"
+
+namespace ddprun::agent {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;
+  Env env;
+  int stdoutFd = -1;  // dup'ed onto the child's stdout; -1 inherits the agent's
+  int stderrFd = -1;
+};
+
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  // Starts a process; returns its pid. Throws IoError naming the program.
+  virtual int start(const ProcessSpec& spec) = 0;
+  // Sends a signal to the process group the process leads.
+  virtual void signalGroup(int pid, int sig) = 0;
+};
+
+// Boost.Process-based launcher. Each worker leads its own process group (so a
+// signal reaches everything it started) and has PR_SET_PDEATHSIG=SIGKILL, so
+// it dies with the agent even when the agent is SIGKILLed. Call from the one
+// thread that also reaps children (PDEATHSIG is tied to the forking thread).
+class PosixLauncher : public Launcher {
+ public:
+  int start(const ProcessSpec& spec) override;
+  void signalGroup(int pid, int sig) override;
+};
+
+// Number of CUDA devices, found through the driver library at run time
+// (dlopen of libcuda.so.1); 0 when there is no driver or no GPU.
+int countCudaDevices();
+
+}  // namespace ddprun::agent

@@ -1,0 +1,84 @@
+#include "ddprun/agent/failure.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace ddprun::agent {
+namespace {
+
+std::string writeTemp(const std::string& text) {
+  char path[] = "/tmp/ddprun_errfile_XXXXXX";
+  int fd = mkstemp(path);
+  ::close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ErrorFile, ReadsNestedTorchrunFormat) {
+  auto p = writeTemp(R"({"message": {"message": "ValueError: x", "extraInfo":
+      {"py_callstack": "Traceback\n  line", "timestamp": "1700000000"}}})");
+  WorkerFailure f;
+  ASSERT_TRUE(readErrorFile(p, f));
+  EXPECT_EQ(f.message, "ValueError: x");
+  EXPECT_EQ(f.traceback, "Traceback\n  line");
+  EXPECT_EQ(f.time, 1700000000);
+  EXPECT_EQ(f.errorFile, p);
+  std::remove(p.c_str());
+}
+
+TEST(ErrorFile, ReadsFlatFormatAndRejectsJunk) {
+  auto p = writeTemp(R"({"message": "RuntimeError: y", "timestamp": 1700000001})");
+  WorkerFailure f;
+  ASSERT_TRUE(readErrorFile(p, f));
+  EXPECT_EQ(f.message, "RuntimeError: y");
+  EXPECT_EQ(f.time, 1700000001);
+  std::remove(p.c_str());
+  auto junk = writeTemp("not json {");
+  WorkerFailure g;
+  EXPECT_FALSE(readErrorFile(junk, g));
+  EXPECT_FALSE(readErrorFile("/nonexistent/error.json", g));
+  std::remove(junk.c_str());
+}
+
+TEST(FailureSummary, CulpritIsTheEarliestRealFailureNotAVictim) {
+  WorkerFailure victim;
+  victim.globalRank = 0;
+  victim.localRank = 0;
+  victim.exitCode = -15;
+  victim.pid = 100;
+  victim.time = 10;  // observed earlier than the culprit's timestamp, still a victim
+  victim.victim = true;
+  WorkerFailure culprit;
+  culprit.globalRank = 3;
+  culprit.localRank = 3;
+  culprit.exitCode = 7;
+  culprit.pid = 103;
+  culprit.time = 20;
+  culprit.stderrTail = {"boom"};
+  std::string s = formatFailureSummary("train.py", "node1", {victim, culprit});
+  auto root = s.substr(s.find("Root Cause (first observed failure):"));
+  EXPECT_NE(root.find("rank      : 3 (local_rank: 3)"), std::string::npos) << s;
+  EXPECT_NE(root.find("exitcode  : 7 (pid: 103)"), std::string::npos) << s;
+  EXPECT_NE(root.find("boom"), std::string::npos) << s;
+  auto others = s.substr(s.find("Failures:"), s.find("Root Cause") - s.find("Failures:"));
+  EXPECT_NE(others.find("-15 (SIGTERM)"), std::string::npos) << s;
+  EXPECT_NE(others.find("Signal 15 (SIGTERM) received by PID 100"), std::string::npos) << s;
+  EXPECT_NE(s.find("train.py FAILED"), std::string::npos);
+  EXPECT_NE(s.find("host      : node1"), std::string::npos);
+  EXPECT_EQ(s.substr(0, 60), std::string(60, '='));
+}
+
+TEST(FailureSummary, SingleFailureSaysNoOthers) {
+  WorkerFailure f;
+  f.exitCode = -11;
+  std::string s = formatFailureSummary("prog", "h", {f});
+  EXPECT_NE(s.find("<NO_OTHER_FAILURES>"), std::string::npos);
+  EXPECT_NE(s.find("-11 (SIGSEGV)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun::agent
