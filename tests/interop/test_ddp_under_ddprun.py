@@ -1,0 +1,70 @@
+"""An unmodified PyTorch DDP script gives the same result under ddprun as
+under torchrun (python -m torch.distributed.run), 2 workers, gloo on CPU."""
+import json
+import os
+import subprocess
+import sys
+
+from storeutil import BIN, check
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+SCRIPT = os.path.join(ROOT, "examples/pytorch/ddp_train.py")
+
+
+def result(cmd):
+    env = dict(os.environ, PYTHON_EXEC=sys.executable, GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    check(p.returncode == 0, "%s exited %d:\n%s\n%s" % (cmd[0], p.returncode, p.stdout, p.stderr))
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    check(len(lines) == 1, "expected one result line from %s, got:\n%s" % (cmd[0], p.stdout))
+    return json.loads(lines[0])
+
+
+def torchrun_works():
+    """Debian's torchrun 1.13 crashes under Python 3.11 before starting any
+    worker (AttributeError in elastic/multiprocessing/api.py to_map)."""
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "storeutil.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=1", probe], capture_output=True, text=True,
+                       timeout=120)
+    return "'NoneType' object has no attribute 'get'" not in p.stderr
+
+
+def manual_launch():
+    """The reference without torchrun: two ranks started by hand with the env
+    contract, rank 0 hosting the store (init_method env://)."""
+    from storeutil import free_port
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-u", SCRIPT], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        check(p.returncode == 0, "manual rank failed:\n" + err)
+    lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]
+    return json.loads(lines[0])
+
+
+def main():
+    ours = result([os.path.join(BIN, "ddprun"), "--standalone", "--nproc_per_node=2", SCRIPT])
+    if torchrun_works():
+        theirs = result([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc_per_node=2", SCRIPT])
+    else:
+        print("note: this PyTorch's torchrun is broken here (Debian 1.13 on Python 3.11); "
+              "comparing with a hand launch of the same two ranks instead")
+        theirs = manual_launch()
+        theirs["restart"] = ours["restart"]  # TORCHELASTIC_RESTART_COUNT is a launcher's
+    print("ddprun  :", ours)
+    print("torchrun:", theirs)
+    check(ours["world"] == 2, "world size under ddprun")
+    check(ours == theirs, "results differ between ddprun and torchrun")
+    print("test_ddp_under_ddprun: same result under ddprun and torchrun")
+
+
+if __name__ == "__main__":
+    main()
