@@ -25,8 +25,10 @@ namespace {
 struct WorkerSetup : bp::extend::handler {
   pid_t parent;
   int out, err;
+  char** envp;  // prepared before fork: nothing is allocated in the child
   template <class Executor>
-  void on_exec_setup(Executor&) const {
+  void on_exec_setup(Executor& exec) const {
+    exec.env = envp;
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the agent died before prctl
@@ -41,8 +43,13 @@ struct WorkerSetup : bp::extend::handler {
 
 int PosixLauncher::start(const ProcessSpec& spec) {
   DDPRUN_CHECK(!spec.argv.empty(), "empty worker command");
-  bp::environment env;
-  for (const auto& [k, v] : spec.env) env[k] = v;
+  // The environment is handed to execve as a prepared array (Boost 1.74's
+  // bp::environment reads past string ends when looking keys up).
+  std::vector<std::string> envStrings;
+  std::vector<char*> envp;
+  for (const auto& [k, v] : spec.env) envStrings.push_back(k + "=" + v);
+  for (auto& e : envStrings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   std::string exe = spec.argv[0];
   if (exe.find('/') == std::string::npos) {
     auto path = spec.env.count("PATH") ? spec.env.at("PATH") : std::string("/usr/bin:/bin");
@@ -67,7 +74,8 @@ int PosixLauncher::start(const ProcessSpec& spec) {
   setup.parent = getpid();
   setup.out = spec.stdoutFd;
   setup.err = spec.stderrFd;
-  bp::child child(bp::exe = exe, bp::args = args, bp::env = env, setup, ec);
+  setup.envp = envp.data();
+  bp::child child(bp::exe = exe, bp::args = args, setup, ec);
   if (ec)
     DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "': ", ec.message());
   int pid = child.id();
