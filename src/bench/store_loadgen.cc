@@ -51,14 +51,11 @@ struct Config {
 
 std::string encode(Command c, std::vector<std::string> keys, std::vector<std::string> values = {},
                    int64_t number = 0, uint32_t u32 = 0) {
-  Request r;
-  r.cmd = c;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  r.u32 = u32;
   std::string out;
-  ddprun::store::wire::encodeRequest(Dialect::kV2, r, out);
+  ddprun::store::wire::encodeRequest(
+      Dialect::kV2,
+      ddprun::store::wire::makeRequest(c, std::move(keys), std::move(values), number, u32),
+      out);
   return out;
 }
 

@@ -169,14 +169,11 @@ std::string joinKeys(const std::vector<std::string>& keys) {
   if (keys.size() > 8) s += ", ... (" + std::to_string(keys.size()) + " keys)";
   return "[" + s + "]";
 }
+using wire::makeRequest;
+// Requests without a u32 field.
 wire::Request request(Command c, std::vector<std::string> keys = {},
                       std::vector<std::string> values = {}, int64_t number = 0) {
-  wire::Request r;
-  r.cmd = c;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  return r;
+  return makeRequest(c, std::move(keys), std::move(values), number);
 }
 }  // namespace
 

@@ -156,6 +156,17 @@ bool parseBody(Reader& in, Request& r) {
 }
 }  // namespace
 
+Request makeRequest(Command cmd, std::vector<std::string> keys,
+                    std::vector<std::string> values, int64_t number, uint32_t u32) {
+  Request r;
+  r.cmd = cmd;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.number = number;
+  r.u32 = u32;
+  return r;
+}
+
 const char* dialectName(Dialect d) {
   return d == Dialect::kLegacy ? "legacy (PyTorch <= 2.0)" : "v2 (PyTorch >= 2.2)";
 }

@@ -187,11 +187,13 @@ INSTANTIATE_TEST_SUITE_P(BusyPoll, TcpStoreTest, ::testing::Values(100, 0),
                            return "busyPoll" + std::to_string(info.param) + "us";
                          });
 
+// A port nobody listens on: bind one, read it, close it.
+uint16_t unusedPort() {
+  return TcpStoreServer::start({"127.0.0.1", 0, {}})->port();
+}
+
 TEST(TcpStoreConnect, UnreachableServerTimesOutNamingTheAddress) {
-  // Find a port nobody listens on: bind, read the port, close.
-  auto tmp = TcpStoreServer::start({"127.0.0.1", 0, {}});
-  uint16_t port = tmp->port();
-  tmp.reset();
+  uint16_t port = unusedPort();
   TcpStoreOptions o;
   o.host = "127.0.0.1";
   o.port = port;
@@ -211,9 +213,7 @@ TEST(TcpStoreConnect, UnreachableServerTimesOutNamingTheAddress) {
 }
 
 TEST(TcpStoreConnect, ClientWaitsForALateServer) {
-  auto tmp = TcpStoreServer::start({"127.0.0.1", 0, {}});
-  uint16_t port = tmp->port();
-  tmp.reset();
+  uint16_t port = unusedPort();
   TcpStoreOptions o;
   o.host = "127.0.0.1";
   o.port = port;

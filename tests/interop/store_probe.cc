@@ -26,20 +26,11 @@ int failures = 0;
     }                                                                     \
   } while (0)
 
-template <typename F>
-bool throwsTimeout(F&& f) {
+template <typename E, typename F>
+bool throws(F&& f) {
   try {
     f();
-  } catch (const ddprun::TimeoutError&) {
-    return true;
-  }
-  return false;
-}
-template <typename F>
-bool throwsInvalid(F&& f) {
-  try {
-    f();
-  } catch (const ddprun::InvalidArgument&) {
+  } catch (const E&) {
     return true;
   }
   return false;
@@ -90,7 +81,7 @@ int main(int argc, char** argv) {
     EXPECT(s->compareSet("cas", "wrong", "second") == "first");
     EXPECT(s->compareSet("cas", "first", "second") == "second");
     EXPECT(s->check({"bin", "cas"}));
-    EXPECT(throwsTimeout([&] { s->wait({"never_set"}, 300ms); }));
+    EXPECT(throws<ddprun::TimeoutError>([&] { s->wait({"never_set"}, 300ms); }));
     s->set("after_timeout", "still usable");
     EXPECT(s->get("after_timeout") == "still usable");
     EXPECT(s->deleteKey("empty"));
@@ -117,7 +108,7 @@ int main(int argc, char** argv) {
         EXPECT(ks.count("bin") && ks.count("counter") && ks.count("m1"));
       }
     } else {
-      EXPECT(throwsInvalid([&] { s->append("log", "x"); }));
+      EXPECT(throws<ddprun::InvalidArgument>([&] { s->append("log", "x"); }));
     }
     s->set("from_ddprun", "hello from ddprun");
   } catch (const std::exception& e) {

@@ -92,6 +92,11 @@ struct Request {
   uint32_t u32 = 0;
 };
 
+// Builds a request (shorthand for clients, tools and tests).
+Request makeRequest(Command cmd, std::vector<std::string> keys = {},
+                    std::vector<std::string> values = {}, int64_t number = 0,
+                    uint32_t u32 = 0);
+
 enum class ParseStatus { kNeedMore, kOk, kBad };
 
 struct ParseResult {

@@ -50,12 +50,7 @@ class Client {
   }
   std::string send(Command c, std::vector<std::string> keys = {},
                    std::vector<std::string> values = {}, int64_t n = 0) {
-    wire::Request r;
-    r.cmd = c;
-    r.keys = std::move(keys);
-    r.values = std::move(values);
-    r.number = n;
-    return send(r);
+    return send(wire::makeRequest(c, std::move(keys), std::move(values), n));
   }
   std::string reply() { return o_.take(id_); }
   ConnId id() const { return id_; }
@@ -204,12 +199,8 @@ TEST_P(ServerStateTest, ByteByByteEqualsAllAtOnce) {
   std::string stream;
   auto enc = [&](Command c, std::vector<std::string> k, std::vector<std::string> v,
                  int64_t n) {
-    wire::Request r;
-    r.cmd = c;
-    r.keys = std::move(k);
-    r.values = std::move(v);
-    r.number = n;
-    wire::encodeRequest(GetParam(), r, stream);
+    wire::encodeRequest(GetParam(), wire::makeRequest(c, std::move(k), std::move(v), n),
+                        stream);
   };
   if (v2()) {
     wire::Request v;

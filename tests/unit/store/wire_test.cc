@@ -10,44 +10,33 @@
 namespace ddprun::store::wire {
 namespace {
 
-Request make(Command c, std::vector<std::string> keys = {},
-             std::vector<std::string> values = {}, int64_t number = 0,
-             uint32_t u32 = 0) {
-  Request r;
-  r.cmd = c;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  r.u32 = u32;
-  return r;
-}
 
 // One request of every command, with awkward payloads (empty, NUL, "//").
 std::vector<Request> everyRequest() {
   std::string bin("a\0b", 3);
   return {
-      make(Command::kValidate, {}, {}, 0, kValidationMagic),
-      make(Command::kPing, {}, {}, 0, 4242),
-      make(Command::kSet, {"/k"}, {bin}),
-      make(Command::kSet, {"//worker/attempt_0/x"}, {""}),
-      make(Command::kCompareSet, {"/k"}, {"", "new"}),
-      make(Command::kGet, {"/k"}),
-      make(Command::kAdd, {"init/"}, {}, -7),
-      make(Command::kCheck, {"/a", "/b"}),
-      make(Command::kWait, {"/a"}),
-      make(Command::kWait, {}),
-      make(Command::kGetNumKeys),
-      make(Command::kDeleteKey, {"/k"}),
-      make(Command::kAppend, {"/k"}, {"tail"}),
-      make(Command::kMultiGet, {"/a", "/b", "/c"}),
-      make(Command::kMultiSet, {"/a", "/b"}, {"1", bin}),
-      make(Command::kCancelWait),
-      make(Command::kQueuePush, {"/q"}, {"v"}),
-      make(Command::kQueuePop, {"/q"}),
-      make(Command::kQueueLen, {"/q"}),
-      make(Command::kListKeys),
-      make(Command::kBarrier, {"/bar"}, {}, 8),
-      make(Command::kWatchKey, {"/w"}),
+      makeRequest(Command::kValidate, {}, {}, 0, kValidationMagic),
+      makeRequest(Command::kPing, {}, {}, 0, 4242),
+      makeRequest(Command::kSet, {"/k"}, {bin}),
+      makeRequest(Command::kSet, {"//worker/attempt_0/x"}, {""}),
+      makeRequest(Command::kCompareSet, {"/k"}, {"", "new"}),
+      makeRequest(Command::kGet, {"/k"}),
+      makeRequest(Command::kAdd, {"init/"}, {}, -7),
+      makeRequest(Command::kCheck, {"/a", "/b"}),
+      makeRequest(Command::kWait, {"/a"}),
+      makeRequest(Command::kWait, {}),
+      makeRequest(Command::kGetNumKeys),
+      makeRequest(Command::kDeleteKey, {"/k"}),
+      makeRequest(Command::kAppend, {"/k"}, {"tail"}),
+      makeRequest(Command::kMultiGet, {"/a", "/b", "/c"}),
+      makeRequest(Command::kMultiSet, {"/a", "/b"}, {"1", bin}),
+      makeRequest(Command::kCancelWait),
+      makeRequest(Command::kQueuePush, {"/q"}, {"v"}),
+      makeRequest(Command::kQueuePop, {"/q"}),
+      makeRequest(Command::kQueueLen, {"/q"}),
+      makeRequest(Command::kListKeys),
+      makeRequest(Command::kBarrier, {"/bar"}, {}, 8),
+      makeRequest(Command::kWatchKey, {"/w"}),
   };
 }
 
@@ -80,15 +69,15 @@ TEST(Wire, CommandBytesFollowEachDialect) {
 TEST(Wire, MatchesCapturedPyTorchBytes) {
   // PyTorch 2.6 start: VALIDATE, PING(pid), ADD("init/", 1).
   std::string v2;
-  encodeRequest(Dialect::kV2, make(Command::kValidate, {}, {}, 0, kValidationMagic), v2);
-  encodeRequest(Dialect::kV2, make(Command::kAdd, {"init/"}, {}, 1), v2);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kValidate, {}, {}, 0, kValidationMagic), v2);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kAdd, {"init/"}, {}, 1), v2);
   const unsigned char expectV2[] = {0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x04, 5, 0, 0, 0, 0,
                                     0,    0,    0,    'i',  'n',  'i',  't', '/', 1, 0,
                                     0,    0,    0,    0,    0,    0};
   EXPECT_EQ(v2, std::string(reinterpret_cast<const char*>(expectV2), sizeof expectV2));
   // PyTorch 1.13 capture: 03 05000000 00000000 'init/' 01000000 00000000.
   std::string legacy;
-  encodeRequest(Dialect::kLegacy, make(Command::kAdd, {"init/"}, {}, 1), legacy);
+  encodeRequest(Dialect::kLegacy, makeRequest(Command::kAdd, {"init/"}, {}, 1), legacy);
   EXPECT_EQ(legacy.substr(0, 9), std::string("\x03\x05\0\0\0\0\0\0\0", 9));
   EXPECT_EQ(legacy.size(), 1u + 8 + 5 + 8);
 }
@@ -130,9 +119,9 @@ TEST(Wire, EveryStrictPrefixNeedsMore) {
 
 TEST(Wire, ParsesOnlyTheFirstOfSeveralRequests) {
   std::string bytes;
-  encodeRequest(Dialect::kV2, make(Command::kSet, {"/a"}, {"1"}), bytes);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/a"}, {"1"}), bytes);
   size_t first = bytes.size();
-  encodeRequest(Dialect::kV2, make(Command::kGet, {"/a"}), bytes);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kGet, {"/a"}), bytes);
   Request out;
   auto res = parseRequest(Dialect::kV2, Limits{}, bytes, out);
   ASSERT_EQ(res.status, ParseStatus::kOk);
@@ -177,7 +166,7 @@ TEST(Wire, RejectsRequestsOverTheTotalLimit) {
   Limits limits;
   limits.maxRequestBytes = 10;
   std::string bytes;
-  encodeRequest(Dialect::kV2, make(Command::kMultiSet, {"/a", "/b"}, {"123456", "7890"}),
+  encodeRequest(Dialect::kV2, makeRequest(Command::kMultiSet, {"/a", "/b"}, {"123456", "7890"}),
                 bytes);
   Request out;
   EXPECT_EQ(parseRequest(Dialect::kV2, limits, bytes, out).status, ParseStatus::kBad);
@@ -206,7 +195,7 @@ TEST(Wire, DetectsDialectFromFirstBytes) {
 
 TEST(Wire, EncodingACommandMissingFromTheDialectThrows) {
   std::string out;
-  EXPECT_THROW(encodeRequest(Dialect::kLegacy, make(Command::kAppend, {"/k"}, {"v"}), out),
+  EXPECT_THROW(encodeRequest(Dialect::kLegacy, makeRequest(Command::kAppend, {"/k"}, {"v"}), out),
                InvalidArgument);
 }
 
