@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "ddprun/agent/worker_spec.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
+#include "ddprun/rendezvous/static_rendezvous.h"
 #include "ddprun/store/tcp_store_server.h"
 
 extern char** environ;
@@ -71,7 +73,8 @@ bool isExecutableFile(const std::string& path) {
 }  // namespace
 
 class Agent::Impl {
-  enum class State { kIdle, kHealthy, kStopping, kDone };
+  // kWaitingPeers: this node's workers all succeeded; other nodes still run.
+  enum class State { kIdle, kHealthy, kStopping, kWaitingPeers, kDone };
   enum class StopReason { kNone, kFailure, kSignal };
 
  public:
@@ -90,6 +93,22 @@ class Agent::Impl {
     for (int s : cfg_.signalsToHandle) sigs_.add(s);
     waitSignal();
     remaining_ = cfg_.maxRestarts;
+    if (cfg_.maxNodes > 1) {
+      try {
+        rendezvous::StaticOptions ro;
+        ro.masterAddr = cfg_.masterAddr;
+        ro.masterPort = cfg_.masterPort;
+        ro.nodeRank = cfg_.nodeRank;
+        ro.nnodes = cfg_.maxNodes;
+        ro.runId = cfg_.rdzvId;
+        if (cfg_.rdzvConf.count("timeout"))
+          ro.timeout = std::chrono::seconds(std::stoi(cfg_.rdzvConf.at("timeout")));
+        rdzv_ = rendezvous::StaticRendezvous::create(ro);
+      } catch (const std::exception& e) {
+        std::cerr << "ddprun: error: rendezvous: " << e.what() << "\n";
+        return kExitSetup;
+      }
+    }
     if (!startAttempt()) return exitCode_;
     io_.run();
     return exitCode_;
@@ -136,10 +155,27 @@ class Agent::Impl {
         break;
       }
     }
-    if (cfg_.maxNodes > 1 || (cfg_.rdzvBackend == "c10d" && !cfg_.standalone)) {
-      std::cerr << "ddprun: error: multi-node launches (--nnodes > 1, or --rdzv-backend=c10d "
-                   "without --standalone) are not supported yet in this version; run one "
-                   "node (--nnodes 1 or --standalone)\n";
+    if (cfg_.rdzvBackend == "c10d" && !cfg_.standalone) {
+      std::cerr << "ddprun: error: --rdzv-backend=c10d (elastic rendezvous) is not supported yet "
+                   "in this version; use the static rendezvous (--nnodes N --node-rank R "
+                   "--master-addr A --master-port P) or --standalone\n";
+      return kExitUsage;
+    }
+    if (cfg_.minNodes != cfg_.maxNodes) {
+      std::cerr << "ddprun: error: --nnodes " << cfg_.minNodes << ":" << cfg_.maxNodes
+                << " asks for an elastic range, which needs --rdzv-backend=c10d (not supported "
+                   "yet); give a fixed --nnodes N\n";
+      return kExitUsage;
+    }
+    if (cfg_.maxNodes > 1 && cfg_.standalone) {
+      std::cerr << "ddprun: error: --standalone is for one node; with --nnodes "
+                << cfg_.maxNodes << " give --node-rank, --master-addr and --master-port\n";
+      return kExitUsage;
+    }
+    if (cfg_.nodeRank >= cfg_.maxNodes) {
+      std::cerr << "ddprun: error: --node-rank " << cfg_.nodeRank
+                << " is out of range for --nnodes " << cfg_.maxNodes << " (0.."
+                << cfg_.maxNodes - 1 << ")\n";
       return kExitUsage;
     }
     if (cfg_.standalone && cfg_.rdzvId == "none") cfg_.rdzvId = "standalone_" + randomSuffix();
@@ -286,15 +322,7 @@ class Agent::Impl {
     }
     workers_.clear();
     try {
-      // A fresh store per attempt: no worker can read a key from an earlier one.
-      workerStore_.reset();
-      store::TcpStoreServerOptions so;
-      so.port = cfg_.standalone ? 0 : cfg_.masterPort;
-      workerStore_ = store::TcpStoreServer::start(so);
-      GroupInfo g;
-      g.worldSize = nproc_;
-      g.masterAddr = cfg_.standalone ? "127.0.0.1" : cfg_.masterAddr;
-      g.masterPort = workerStore_->port();
+      GroupInfo g = rendezvousRound();
       g.runId = cfg_.rdzvId;
       fs::path attemptDir = fs::path(runDir_) / ("attempt_" + std::to_string(restartCount_));
       fs::remove_all(attemptDir);
@@ -326,8 +354,8 @@ class Agent::Impl {
       }
       attemptStart_ = std::chrono::steady_clock::now();
       state_ = State::kHealthy;
-      DDPRUN_INFO("attempt ", restartCount_, ": started ", nproc_, " workers; store at ",
-                  workerStore_->address(), "; logs in ", attemptDir.string());
+      DDPRUN_INFO("attempt ", restartCount_, ": started ", nproc_, " workers; worker store at ",
+                  g.masterAddr, ":", g.masterPort, "; logs in ", attemptDir.string());
       return true;
     } catch (const std::exception& e) {
       std::cerr << "ddprun: error: " << e.what() << "\n";
@@ -335,6 +363,97 @@ class Agent::Impl {
       exitCode_ = kExitSetup;
       finish(kExitSetup);
       return false;
+    }
+  }
+
+  // Agrees on ranks and the worker store for this attempt. One node: a fresh
+  // store here (no worker can read a key from an earlier attempt); several:
+  // the round of the static rendezvous, and a watcher for its end.
+  GroupInfo rendezvousRound() {
+    GroupInfo g;
+    if (!rdzv_) {
+      workerStore_.reset();
+      store::TcpStoreServerOptions so;
+      so.port = cfg_.standalone ? 0 : cfg_.masterPort;
+      workerStore_ = store::TcpStoreServer::start(so);
+      g.worldSize = nproc_;
+      g.masterAddr = cfg_.standalone ? "127.0.0.1" : cfg_.masterAddr;
+      g.masterPort = workerStore_->port();
+      return g;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto info = rdzv_->join(restartCount_, nproc_);
+    event("rendezvous", {{"group_rank", info.groupRank}, {"world_size", info.worldSize},
+                         {"duration_s", std::chrono::duration<double>(
+                                            std::chrono::steady_clock::now() - t0).count()}});
+    g.groupRank = info.groupRank;
+    g.groupWorldSize = info.groupWorldSize;
+    g.baseRank = info.baseRank;
+    g.worldSize = info.worldSize;
+    g.masterAddr = info.workerStoreHost;
+    g.masterPort = info.workerStorePort;
+    baseRank_ = info.baseRank;
+    startWatcher(restartCount_);
+    return g;
+  }
+
+  // A thread blocks on the round's end key and hands the value to the io
+  // thread. It ends when the key is set (finish() makes sure it is).
+  void startWatcher(int round) {
+    joinWatcher();
+    watcher_ = std::thread([this, round, r = rdzv_.get()] {
+      for (;;) {
+        try {
+          std::string v = r->waitEnd(round);
+          asio::post(io_, [this, round, v] { onRoundEnd(round, v); });
+          return;
+        } catch (const TimeoutError&) {
+          continue;  // a long job: keep waiting
+        } catch (const std::exception&) {
+          // The agent store went away. Node 0 only leaves after the round
+          // ended, unless it crashed: let the io thread decide.
+          asio::post(io_, [this, round] { onRoundEnd(round, "lost"); });
+          return;
+        }
+      }
+    });
+  }
+
+  void joinWatcher() {
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  void onRoundEnd(int round, const std::string& value) {
+    if (round != restartCount_ || state_ == State::kDone) return;
+    if (value == "finished") {
+      if (state_ == State::kWaitingPeers) finish(kExitSuccess);
+      return;
+    }
+    if (value == "lost") {
+      if (state_ == State::kWaitingPeers) {
+        // Our workers succeeded; node 0 left after the round ended.
+        finish(kExitSuccess);
+        return;
+      }
+      value_ = "closed:0:the agent store on node 0 is gone";
+      onRoundEnd(round, value_);
+      return;
+    }
+    // "failed:<node>:<why>" (restart together) or "closed:<node>:<why>" (the
+    // job is over: stop and exit).
+    auto colon = value.find(':');
+    std::string kind = value.substr(0, colon);
+    std::string rest = colon == std::string::npos ? "" : value.substr(colon + 1);
+    if (rest.rfind(std::to_string(cfg_.nodeRank) + ":", 0) == 0) return;  // our own
+    peerFailure_ = rest;
+    peerClosed_ = kind == "closed";
+    DDPRUN_WARN("node ", peerFailure_, "; stopping this node's workers");
+    if (state_ == State::kHealthy) {
+      beginStop(SIGTERM, StopReason::kFailure);
+    } else if (state_ == State::kWaitingPeers) {
+      state_ = State::kStopping;
+      stopReason_ = StopReason::kFailure;
+      asio::post(io_, [this] { afterStopped(); });
     }
   }
 
@@ -381,10 +500,19 @@ class Agent::Impl {
       if (w->exitCode != 0) {
         DDPRUN_WARN("worker local_rank ", w->localRank, " (pid ", pid, ") failed with exit code ",
                     describeExit(w->exitCode), "; stopping the other workers");
+        if (rdzv_)  // with no restarts left the whole job ends: "closed"
+          announce("rank " + std::to_string(baseRank_ + w->localRank) + " exited with " +
+                       describeExit(w->exitCode),
+                   /*closed=*/remaining_ == 0);
         beginStop(SIGTERM, StopReason::kFailure);
       } else if (running() == 0) {
         event("succeeded");
-        finish(kExitSuccess);
+        if (!rdzv_) {
+          finish(kExitSuccess);
+          return;
+        }
+        state_ = State::kWaitingPeers;  // exit barrier: the round's end says when
+        announceSuccess();
         return;
       }
     }
@@ -394,10 +522,26 @@ class Agent::Impl {
     }
   }
 
+  void announce(const std::string& why, bool closed) {
+    try {
+      rdzv_->announceEnd(restartCount_, closed ? "closed" : "failed", why);
+    } catch (const std::exception& e) {
+      DDPRUN_WARN("could not tell the other nodes: ", e.what());
+    }
+  }
+
+  void announceSuccess() {
+    try {
+      rdzv_->announceSuccess(restartCount_);
+    } catch (const std::exception& e) {
+      DDPRUN_WARN("could not tell the other nodes: ", e.what());
+    }
+  }
+
   void recordFailure(const Worker& w) {
     if (w.exitCode == 0) return;
     WorkerFailure f;
-    f.globalRank = w.localRank;
+    f.globalRank = baseRank_ + w.localRank;
     f.localRank = w.localRank;
     f.pid = w.pid;
     f.exitCode = w.exitCode;
@@ -451,7 +595,7 @@ class Agent::Impl {
       finish(128 + stopSignal_);
       return;
     }
-    if (remaining_ > 0) {
+    if (remaining_ > 0 && !peerClosed_) {
       --remaining_;
       ++restartCount_;
       std::cerr << "ddprun: worker group failed; " << remaining_ + 1 << "/" << cfg_.maxRestarts
@@ -461,12 +605,19 @@ class Agent::Impl {
       return;
     }
     std::string name = cfg_.script;
-    std::cerr << formatFailureSummary(name, host_, failures_);
+    if (failures_.empty() || std::all_of(failures_.begin(), failures_.end(),
+                                         [](const WorkerFailure& f) { return f.victim; }))
+      std::cerr << "ddprun: the job failed on node " << peerFailure_
+                << "; this node's workers were stopped (see that node's report for the root "
+                   "cause)\n";
+    if (!failures_.empty()) std::cerr << formatFailureSummary(name, host_, failures_);
     event("failed");
     finish(kExitWorkersFailed);
   }
 
   void finish(int code) {
+    if (rdzv_ && code != kExitSuccess)
+      announce("node exiting with code " + std::to_string(code), /*closed=*/true);
     exitCode_ = code;
     state_ = State::kDone;
     error_code ec;
@@ -481,6 +632,7 @@ class Agent::Impl {
         }
     workerStore_.reset();
     io_.stop();
+    joinWatcher();  // the end key is set by now (finished, or announced above)
   }
 
   LaunchConfig cfg_;
@@ -498,6 +650,12 @@ class Agent::Impl {
   std::vector<std::unique_ptr<Worker>> retired_;  // earlier attempts'
   std::vector<WorkerFailure> failures_;
   std::chrono::steady_clock::time_point attemptStart_;
+  std::unique_ptr<rendezvous::StaticRendezvous> rdzv_;
+  std::thread watcher_;
+  std::string peerFailure_;
+  std::string value_;  // a synthesized round end
+  bool peerClosed_ = false;
+  int baseRank_ = 0;
   int restartCount_ = 0;
   int remaining_ = 0;
   int stopSignal_ = 0;

@@ -228,7 +228,9 @@ class AgentE2E(unittest.TestCase):
 
     def test_bad_invocations_exit_two_or_three(self):
         cases = [(["--nproc-per-node=0", "x"], 2), (["--bogus", "x"], 2), ([], 2),
-                 (["--nnodes=2", "x"], 2), (["--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "x"], 2),
+                 (["--nnodes=1:2", "x"], 2), (["--nnodes=2", "--node-rank=2", "x"], 2),
+                 (["--nnodes=2", "--standalone", "x"], 2),
+                 (["--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "x"], 2),
                  (["--log-dir=/proc/forbidden", "--standalone", "x"], 3)]
         for args, code in cases:
             p = self.run_ddprun(*args)
@@ -254,6 +256,96 @@ class AgentE2E(unittest.TestCase):
             self.assertIn("in use", p.stderr)
         finally:
             s.close()
+
+
+class StaticTwoNodes(unittest.TestCase):
+    """Two agents on this machine, --nnodes 2 --node-rank 0/1 (static rendezvous)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_2n_")
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+
+    def script(self, body):
+        path = os.path.join(self.tmp, "w_%d.sh" % len(os.listdir(self.tmp)))
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+        return path
+
+    def launch(self, worker, nprocs=(2, 1), extra=()):
+        procs = []
+        for node, n in enumerate(nprocs):
+            args = [DDPRUN, "--nnodes=2", "--node-rank=%d" % node, "--master-addr=127.0.0.1",
+                    "--master-port=%d" % self.port, "--nproc-per-node=%d" % n,
+                    "--rdzv-conf=timeout=30", *extra, worker]
+            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return procs
+
+    def finish(self, procs, timeout=60):
+        out = []
+        for p in procs:
+            o, e = p.communicate(timeout=timeout)
+            out.append((p.returncode, o, e))
+        return out
+
+    def test_heterogeneous_ranks_and_shared_worker_store(self):
+        w = self.script('env > "%s/env_$RANK"\n' % self.tmp)
+        res = self.finish(self.launch(w))
+        for rc, _, err in res:
+            self.assertEqual(rc, 0, err)
+        envs = []
+        for r in range(3):
+            lines = read(os.path.join(self.tmp, "env_%d" % r)).splitlines()
+            envs.append(dict(l.split("=", 1) for l in lines if "=" in l))
+        self.assertEqual([e["LOCAL_RANK"] for e in envs], ["0", "1", "0"])
+        self.assertEqual([e["GROUP_RANK"] for e in envs], ["0", "0", "1"])
+        self.assertEqual({e["WORLD_SIZE"] for e in envs}, {"3"})
+        self.assertEqual({e["GROUP_WORLD_SIZE"] for e in envs}, {"2"})
+        self.assertEqual([e["LOCAL_WORLD_SIZE"] for e in envs], ["2", "2", "1"])
+        ports = {e["MASTER_PORT"] for e in envs}
+        self.assertEqual(len(ports), 1)
+        self.assertNotEqual(ports.pop(), str(self.port))  # the round's worker store, not the agent store
+
+    def test_failure_on_one_node_restarts_both(self):
+        # Rank 2 fails once ranks 0 and 1 (the other node) are running.
+        w = self.script('d="%s"\n'
+                        'echo "$TORCHELASTIC_RESTART_COUNT" >> "$d/attempts_$RANK"\n'
+                        'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 2 ]; then\n'
+                        '  while [ ! -s "$d/attempts_0" ] || [ ! -s "$d/attempts_1" ]; do sleep 0.02; done\n'
+                        '  exit 5\n'
+                        'fi\n'
+                        '[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && sleep 30\n'
+                        'exit 0\n' % self.tmp)
+        t0 = time.time()
+        res = self.finish(self.launch(w, extra=["--max-restarts=1"]))
+        self.assertLess(time.time() - t0, 20)
+        for rc, _, err in res:
+            self.assertEqual(rc, 0, err)
+        for r in range(3):
+            self.assertEqual(read(os.path.join(self.tmp, "attempts_%d" % r)).split(), ["0", "1"])
+
+    def test_restarts_exhausted_fails_both_and_names_the_node(self):
+        w = self.script('[ "$RANK" = 2 ] && { echo "rank two broke" >&2; exit 9; }\nsleep 30\n')
+        res = self.finish(self.launch(w, extra=["--max-restarts=1"]))
+        (rc0, _, err0), (rc1, _, err1) = res
+        self.assertEqual(rc1, 1, err1)
+        self.assertIn("rank      : 2 (local_rank: 0)", err1.split("Root Cause")[1])
+        self.assertIn("rank two broke", err1)
+        self.assertEqual(rc0, 1, err0)
+        self.assertIn("the job failed on node 1", err0)
+
+    def test_signal_on_one_node_ends_the_job_everywhere(self):
+        w = self.script('echo $$ > "%s/pid_$RANK"\nwhile true; do sleep 0.05; done\n' % self.tmp)
+        procs = self.launch(w, nprocs=(1, 1))
+        self.assertTrue(wait_for(lambda: all(os.path.exists(os.path.join(self.tmp, "pid_%d" % r))
+                                             for r in range(2)), 20))
+        procs[0].send_signal(signal.SIGTERM)
+        (rc0, _, e0), (rc1, _, e1) = self.finish(procs, timeout=30)
+        self.assertEqual(rc0, 128 + signal.SIGTERM, e0)
+        self.assertEqual(rc1, 1, e1)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,29 @@ def manual_launch():
     return json.loads(lines[0])
 
 
+def two_nodes():
+    """Two agents on this machine (--nnodes 2 --node_rank 0/1), one worker each."""
+    from storeutil import free_port
+    port = free_port()
+    env = dict(os.environ, PYTHON_EXEC=sys.executable, GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([os.path.join(BIN, "ddprun"), "--nnodes=2", "--node_rank=%d" % n,
+                               "--master_addr=127.0.0.1", "--master_port=%d" % port,
+                               "--nproc_per_node=1", SCRIPT],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for n in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for n, (p, (out, err)) in enumerate(zip(procs, outs)):
+        check(p.returncode == 0, "node %d exited %d:\n%s" % (n, p.returncode, err))
+    lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]
+    check(len(lines) == 1, "expected one result line from node 0:\n" + outs[0][0])
+    return json.loads(lines[0])
+
+
 def main():
     ours = result([os.path.join(BIN, "ddprun"), "--standalone", "--nproc_per_node=2", SCRIPT])
+    nodes = two_nodes()
+    print("ddprun 2 nodes x 1:", nodes)
+    check(nodes == ours, "2-node static launch differs from the 1-node launch")
     if torchrun_works():
         theirs = result([sys.executable, "-m", "torch.distributed.run", "--standalone",
                          "--nproc_per_node=2", SCRIPT])
