@@ -89,7 +89,7 @@ class Agent::Impl {
   int run() {
     int rc = prepare();
     if (rc >= 0) return rc;
-    sigs_.add(SIGCHLD);
+    launcher_->watchExits(io_, [this](int pid, int status) { onExit(pid, status); });
     for (int s : cfg_.signalsToHandle) sigs_.add(s);
     waitSignal();
     remaining_ = cfg_.maxRestarts;
@@ -464,15 +464,9 @@ class Agent::Impl {
   void waitSignal() {
     sigs_.async_wait([this](error_code ec, int sig) {
       if (ec) return;
-      if (sig == SIGCHLD) reap();
-      else onSignal(sig);
+      onSignal(sig);
       if (state_ != State::kDone) waitSignal();
     });
-  }
-
-  void reap() {
-    int status = 0;
-    for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) onExit(pid, status);
   }
 
   Worker* find(int pid) {
@@ -622,6 +616,7 @@ class Agent::Impl {
     state_ = State::kDone;
     error_code ec;
     sigs_.cancel(ec);
+    launcher_->stopWatching();
     killTimer_.cancel();
     for (auto& w : workers_)
       for (Stream* s : {&w->out, &w->err})

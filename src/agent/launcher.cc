@@ -8,6 +8,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <boost/asio.hpp>
 #include <boost/process.hpp>
 #include <boost/process/extend.hpp>
 #include <cerrno>
@@ -40,6 +43,36 @@ struct WorkerSetup : bp::extend::handler {
   }
 };
 }  // namespace
+
+struct PosixLauncher::Watch {
+  explicit Watch(boost::asio::io_context& io) : sigchld(io, SIGCHLD) {}
+  boost::asio::signal_set sigchld;
+  ExitHandler onExit;
+};
+
+PosixLauncher::PosixLauncher() = default;
+PosixLauncher::~PosixLauncher() = default;
+
+void PosixLauncher::watchExits(boost::asio::io_context& io, ExitHandler onExit) {
+  watch_ = std::make_unique<Watch>(io);
+  watch_->onExit = std::move(onExit);
+  arm();
+}
+
+void PosixLauncher::arm() {
+  watch_->sigchld.async_wait([this](boost::system::error_code ec, int) {
+    if (ec) return;
+    int status = 0;
+    for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) watch_->onExit(pid, status);
+    arm();
+  });
+}
+
+void PosixLauncher::stopWatching() {
+  if (!watch_) return;
+  boost::system::error_code ec;
+  watch_->sigchld.cancel(ec);
+}
 
 int PosixLauncher::start(const ProcessSpec& spec) {
   DDPRUN_CHECK(!spec.argv.empty(), "empty worker command");

@@ -2,7 +2,8 @@
 // and restart the group on failure, forward signals, write logs and the
 // failure report.
 //
-// Event-driven: worker exits arrive as SIGCHLD and output as pipe reads, all
+// Event-driven: worker exits arrive from the Launcher (SIGCHLD for the real
+// one) and output as pipe reads, all
 // on one Asio io_context thread (the thread that calls run()). Not reusable:
 // one Agent runs one job.
 #pragma once
