@@ -122,6 +122,9 @@ class Agent::Impl {
     FILE* console = nullptr;  // where console copies go, or null
     std::string prefix;       // prepended to console lines
     std::deque<std::string>* tail = nullptr;
+    const std::vector<std::string>* filters = nullptr;  // --duplicate-*-filters
+    std::ofstream* duplicates = nullptr;                 // where matching lines go
+    std::string duplicatePrefix;
     std::string partial;
     std::array<char, 8192> buf{};
   };
@@ -130,6 +133,7 @@ class Agent::Impl {
     int pid = -1;
     bool running = false;
     int exitCode = 0;
+    std::chrono::steady_clock::time_point started;
     std::string errorFile;
     Stream out, err;
     std::deque<std::string> tail;
@@ -191,6 +195,10 @@ class Agent::Impl {
       runDir_ = (fs::path(base) / (cfg_.rdzvId + "_" + randomSuffix())).string();
       fs::create_directories(runDir_);
       events_.open(fs::path(runDir_) / "events.jsonl");
+      if (!cfg_.duplicateStdoutFilters.empty())
+        dupOut_.open(fs::path(runDir_) / "duplicate_stdout.log");
+      if (!cfg_.duplicateStderrFilters.empty())
+        dupErr_.open(fs::path(runDir_) / "duplicate_stderr.log");
       if (!events_) DDPRUN_THROW(IoError, "cannot write ", runDir_, "/events.jsonl");
     } catch (const std::exception& e) {
       std::cerr << "ddprun: error: cannot use log directory '" << cfg_.logDir
@@ -237,6 +245,13 @@ class Agent::Impl {
     bool redirect = has(cfg_.redirects), tee = has(cfg_.tee);
     bool shown = cfg_.localRanksFilter.empty() || cfg_.localRanksFilter.count(w.localRank);
     FILE* console = which == 1 ? stdout : stderr;
+    const auto& filters = which == 1 ? cfg_.duplicateStdoutFilters : cfg_.duplicateStderrFilters;
+    if (!filters.empty()) {
+      s.filters = &filters;
+      s.duplicates = which == 1 ? &dupOut_ : &dupErr_;
+      s.duplicatePrefix = prefixFor(w.localRank);
+      alwaysPipe = true;
+    }
     if (!redirect && !tee && !alwaysPipe) {
       if (shown) return -1;
       int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -251,7 +266,7 @@ class Agent::Impl {
         s.prefix = prefixFor(w.localRank);
       }
     } else if (shown) {
-      s.console = console;  // stderr passes through unchanged
+      s.console = console;  // passes through unchanged
     }
     if (which == 2) s.tail = &w.tail;
     s.pipe = std::make_unique<asio::posix::stream_descriptor>(io_, fds[0]);
@@ -292,6 +307,14 @@ class Agent::Impl {
       std::string out = s.prefix + std::string(line);
       std::fwrite(out.data(), 1, out.size(), s.console);
       std::fflush(s.console);
+    }
+    if (s.filters) {
+      for (const auto& f : *s.filters)
+        if (line.find(f) != std::string_view::npos) {
+          *s.duplicates << s.duplicatePrefix << line;
+          s.duplicates->flush();
+          break;
+        }
     }
     if (s.tail) {
       s.tail->emplace_back(line.substr(0, line.size() - 1));
@@ -349,6 +372,7 @@ class Agent::Impl {
         closeFd(spec.stdoutFd);
         closeFd(spec.stderrFd);
         w->running = true;
+        w->started = std::chrono::steady_clock::now();
         event("start", {{"local_rank", lr}, {"pid", w->pid}});
         workers_.push_back(std::move(w));
       }
@@ -488,7 +512,9 @@ class Agent::Impl {
     w->exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
     drain(w->out);
     drain(w->err);
-    event("exit", {{"local_rank", w->localRank}, {"pid", pid}, {"exit_code", w->exitCode}});
+    event("exit", {{"local_rank", w->localRank}, {"pid", pid}, {"exit_code", w->exitCode},
+                   {"duration_s", std::chrono::duration<double>(
+                                      std::chrono::steady_clock::now() - w->started).count()}});
     if (w->exitCode != 0 || state_ == State::kStopping) recordFailure(*w);
     if (state_ == State::kHealthy) {
       if (w->exitCode != 0) {
@@ -605,6 +631,10 @@ class Agent::Impl {
                 << "; this node's workers were stopped (see that node's report for the root "
                    "cause)\n";
     if (!failures_.empty()) std::cerr << formatFailureSummary(name, host_, failures_);
+    // Like torchrun: the root cause's error file becomes the agent's own.
+    auto own = agentEnv_.find("TORCHELASTIC_ERROR_FILE");
+    if (own != agentEnv_.end() && !own->second.empty() && !failures_.empty())
+      copyRootErrorFile(failures_, own->second);
     event("failed");
     finish(kExitWorkersFailed);
   }
@@ -640,6 +670,7 @@ class Agent::Impl {
   int nproc_ = 1;
   std::string runDir_;
   std::ofstream events_;
+  std::ofstream dupOut_, dupErr_;
   std::unique_ptr<store::TcpStoreServer> workerStore_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> retired_;  // earlier attempts'

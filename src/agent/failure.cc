@@ -63,6 +63,37 @@ std::string entry(size_t idx, const std::string& host, const WorkerFailure& f) {
 }
 }  // namespace
 
+// Failures ordered root cause first: real failures before victims, then by
+// time, then by local rank.
+std::vector<const WorkerFailure*> byCause(const std::vector<WorkerFailure>& failures) {
+  std::vector<const WorkerFailure*> order;
+  for (const auto& f : failures) order.push_back(&f);
+  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
+    if (a->victim != b->victim) return !a->victim;
+    if (a->time != b->time) return a->time < b->time;
+    return a->localRank < b->localRank;
+  });
+  return order;
+}
+
+const WorkerFailure* rootCause(const std::vector<WorkerFailure>& failures) {
+  auto order = byCause(failures);
+  return order.empty() ? nullptr : order.front();
+}
+
+bool copyRootErrorFile(const std::vector<WorkerFailure>& failures, const std::string& dest) {
+  const WorkerFailure* root = rootCause(failures);
+  if (root == nullptr || root->errorFile.empty()) return false;
+  std::ifstream in(root->errorFile);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  if (j.contains("message") && j["message"].is_object()) j["message"]["errorCode"] = root->exitCode;
+  else j["errorCode"] = root->exitCode;
+  std::ofstream out(dest);
+  out << j.dump();
+  return static_cast<bool>(out);
+}
+
 bool readErrorFile(const std::string& path, WorkerFailure& f) {
   std::ifstream in(path);
   if (!in) return false;
@@ -97,14 +128,7 @@ std::string describeExit(int exitCode) {
 
 std::string formatFailureSummary(const std::string& name, const std::string& host,
                                  const std::vector<WorkerFailure>& failures) {
-  // Root cause: the earliest real failure (not a victim); ties by local rank.
-  std::vector<const WorkerFailure*> order;
-  for (const auto& f : failures) order.push_back(&f);
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
-    if (a->victim != b->victim) return !a->victim;
-    if (a->time != b->time) return a->time < b->time;
-    return a->localRank < b->localRank;
-  });
+  std::vector<const WorkerFailure*> order = byCause(failures);
   std::string title = name + " FAILED";
   std::string root = order.empty() ? "" : entry(0, host, *order.front());
   std::string others;

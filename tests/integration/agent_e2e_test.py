@@ -136,6 +136,33 @@ class AgentE2E(unittest.TestCase):
         self.assertIn("Traceback (most recent call last):", root)
         self.assertIn("error.json", root)
 
+    def test_agent_error_file_duplicate_filters_and_exit_durations(self):
+        logdir = os.path.join(self.tmp, "logs")
+        own = os.path.join(self.tmp, "agent_error.json")
+        w = self.script('echo "loss=1.5 step=$LOCAL_RANK"\necho "noise"\n'
+                        '[ "$LOCAL_RANK" = 1 ] || exit 0\n'
+                        'echo \'{"message": {"message": "RuntimeError: r1", "extraInfo": '
+                        '{"py_callstack": "tb", "timestamp": "1"}}}\' > "$TORCHELASTIC_ERROR_FILE"\n'
+                        'exit 4\n')
+        p = self.run_ddprun("--standalone", "--nproc-per-node=2", "--log-dir", logdir,
+                            "--duplicate-stdout-filters=loss=", w,
+                            env={"TORCHELASTIC_ERROR_FILE": own})
+        self.assertEqual(p.returncode, 1, p.stderr)
+        import json
+        copied = json.loads(read(own))
+        self.assertEqual(copied["message"]["errorCode"], 4)
+        self.assertEqual(copied["message"]["message"], "RuntimeError: r1")
+        run = os.path.join(logdir, os.listdir(logdir)[0])
+        dup = read(os.path.join(run, "duplicate_stdout.log"))
+        self.assertIn("[default0]:loss=1.5 step=0", dup)
+        self.assertIn("[default1]:loss=1.5 step=1", dup)
+        self.assertNotIn("noise", dup)
+        self.assertIn("noise", p.stdout)  # the console still gets every line
+        events = [json.loads(l) for l in read(os.path.join(run, "events.jsonl")).splitlines()]
+        exits = [e for e in events if e["event"] == "exit"]
+        self.assertEqual(len(exits), 2)
+        self.assertTrue(all(e["duration_s"] >= 0 for e in exits))
+
     def test_sigterm_is_forwarded_and_exit_is_128_plus_signal(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             mark = os.path.join(self.tmp, "got_%d" % sig)

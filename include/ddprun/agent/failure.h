@@ -29,6 +29,15 @@ struct WorkerFailure {
 // missing or unreadable (the failure is then reported without it).
 bool readErrorFile(const std::string& path, WorkerFailure& f);
 
+// The root cause: the earliest failure that is not a victim (ties: lowest
+// local rank); a victim only if there is nothing else. Null if empty.
+const WorkerFailure* rootCause(const std::vector<WorkerFailure>& failures);
+
+// Copies the root cause's error file to `dest` with message.errorCode set to
+// its exit code, as torchrun does for its own TORCHELASTIC_ERROR_FILE.
+// Returns false when the root cause wrote no (readable) error file.
+bool copyRootErrorFile(const std::vector<WorkerFailure>& failures, const std::string& dest);
+
 // The exit code text: "1" or "-9 (SIGKILL)".
 std::string describeExit(int exitCode);
 

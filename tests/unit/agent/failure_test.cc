@@ -80,5 +80,26 @@ TEST(FailureSummary, SingleFailureSaysNoOthers) {
   EXPECT_NE(s.find("-11 (SIGSEGV)"), std::string::npos);
 }
 
+TEST(FailureSummary, RootErrorFileIsCopiedWithErrorCode) {
+  auto src = writeTemp(R"({"message": {"message": "E", "extraInfo": {"timestamp": "5"}}})");
+  WorkerFailure victim;
+  victim.victim = true;
+  victim.errorFile = "/nonexistent";
+  WorkerFailure root;
+  root.exitCode = 3;
+  root.errorFile = src;
+  EXPECT_EQ(rootCause({victim, root})->exitCode, 3);
+  auto dest = writeTemp("");
+  ASSERT_TRUE(copyRootErrorFile({victim, root}, dest));
+  std::ifstream in(dest);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"errorCode\":3"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"message\":\"E\""), std::string::npos) << text;
+  EXPECT_FALSE(copyRootErrorFile({victim}, dest));  // a victim's missing file
+  EXPECT_EQ(rootCause({}), nullptr);
+  std::remove(src.c_str());
+  std::remove(dest.c_str());
+}
+
 }  // namespace
 }  // namespace ddprun::agent
