@@ -661,8 +661,10 @@ class Agent::Impl {
   }
 
   LaunchConfig cfg_;
-  std::unique_ptr<Launcher> launcher_;
   asio::io_context io_;
+  // After io_: the launcher's exit watch is an I/O object of io_ and must be
+  // destroyed first.
+  std::unique_ptr<Launcher> launcher_;
   asio::signal_set sigs_;
   asio::steady_timer killTimer_;
   Env agentEnv_;
