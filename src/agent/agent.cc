@@ -376,7 +376,6 @@ class Agent::Impl {
         event("start", {{"local_rank", lr}, {"pid", w->pid}});
         workers_.push_back(std::move(w));
       }
-      attemptStart_ = std::chrono::steady_clock::now();
       state_ = State::kHealthy;
       DDPRUN_INFO("attempt ", restartCount_, ": started ", nproc_, " workers; worker store at ",
                   g.masterAddr, ":", g.masterPort, "; logs in ", attemptDir.string());
@@ -459,8 +458,7 @@ class Agent::Impl {
         finish(kExitSuccess);
         return;
       }
-      value_ = "closed:0:the agent store on node 0 is gone";
-      onRoundEnd(round, value_);
+      onRoundEnd(round, "closed:0:the agent store on node 0 is gone");
       return;
     }
     // "failed:<node>:<why>" (restart together) or "closed:<node>:<why>" (the
@@ -677,11 +675,9 @@ class Agent::Impl {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> retired_;  // earlier attempts'
   std::vector<WorkerFailure> failures_;
-  std::chrono::steady_clock::time_point attemptStart_;
   std::unique_ptr<rendezvous::StaticRendezvous> rdzv_;
   std::thread watcher_;
   std::string peerFailure_;
-  std::string value_;  // a synthesized round end
   bool peerClosed_ = false;
   int baseRank_ = 0;
   int restartCount_ = 0;

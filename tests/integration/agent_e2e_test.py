@@ -41,20 +41,24 @@ def wait_for(cond, timeout=10.0):
     return cond()
 
 
+def write_script(directory, body):
+    """An executable /bin/sh worker in `directory`, named uniquely."""
+    path = os.path.join(directory, "worker_%d.sh" % len(os.listdir(directory)))
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + body)
+    os.chmod(path, 0o755)
+    return path
+
+
 class AgentE2E(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ddprun_e2e_")
 
     def script(self, body):
-        path = os.path.join(self.tmp, "worker_%d.sh" % len(os.listdir(self.tmp)))
-        with open(path, "w") as f:
-            f.write("#!/bin/sh\n" + body)
-        os.chmod(path, 0o755)
-        return path
+        return write_script(self.tmp, body)
 
     def run_ddprun(self, *args, timeout=60, env=None):
         e = dict(os.environ, **(env or {}))
-        e.setdefault("DDPRUN_TEST", "1")
         return subprocess.run([DDPRUN, *args], capture_output=True, text=True, timeout=timeout, env=e)
 
     def test_env_contract_per_rank(self):
@@ -296,11 +300,7 @@ class StaticTwoNodes(unittest.TestCase):
             self.port = s.getsockname()[1]
 
     def script(self, body):
-        path = os.path.join(self.tmp, "w_%d.sh" % len(os.listdir(self.tmp)))
-        with open(path, "w") as f:
-            f.write("#!/bin/sh\n" + body)
-        os.chmod(path, 0o755)
-        return path
+        return write_script(self.tmp, body)
 
     def launch(self, worker, nprocs=(2, 1), extra=()):
         procs = []

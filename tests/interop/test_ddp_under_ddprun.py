@@ -81,7 +81,7 @@ def main():
         theirs = manual_launch()
         theirs["restart"] = ours["restart"]  # TORCHELASTIC_RESTART_COUNT is a launcher's
     print("ddprun  :", ours)
-    print("torchrun:", theirs)
+    print("reference:", theirs)
     check(ours["world"] == 2, "world size under ddprun")
     check(ours == theirs, "results differ between ddprun and torchrun")
     print("test_ddp_under_ddprun: same result under ddprun and torchrun")
