@@ -1,0 +1,43 @@
+// CUDA support of the runtime, usable from code compiled without nvcc.
+//
+// Collectives on Device::kCuda buffers pick a transport when first used:
+//   nccl   — every rank owns a different GPU (NCCL refuses duplicate GPUs);
+//   ipc    — ranks share GPUs on one host: CUDA IPC handles plus our own
+//            reduction kernels reading peers' device buffers;
+//   staged — anything else: copy to pinned host memory, run the host
+//            collective, copy back.
+// DDPRUN_CUDA_TRANSPORT=nccl|ipc|staged forces one. The device is
+// LOCAL_RANK modulo the number of visible GPUs (set before the first CUDA
+// collective; DDPRUN_CUDA_DEVICE overrides it).
+//
+// Built without CUDA, or on a machine without a GPU/driver, cudaDeviceCount()
+// is 0 and CUDA collectives throw InvalidArgument saying so.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ddprun::runtime {
+
+class ProcessGroup;
+
+// True when this library was built with CUDA.
+bool cudaBuilt();
+// Visible GPUs; 0 without CUDA, driver or device (never throws).
+int cudaDeviceCount();
+// The device the runtime uses for this process (LOCAL_RANK % count).
+int cudaSelectedDevice();
+// Name of the CUDA transport `pg` uses (initialising it if needed).
+std::string cudaTransportName(ProcessGroup& pg);
+
+// Minimal device-memory helpers for programs without CUDA headers. Throw
+// InvalidArgument without a GPU, IoError on a CUDA error.
+void* cudaAllocDevice(size_t bytes);
+void cudaFreeDevice(void* p);
+void cudaCopyToDevice(void* dst, const void* src, size_t bytes);
+void cudaCopyToHost(void* dst, const void* src, size_t bytes);
+void cudaSynchronize();
+// Elapsed-time helpers for benchmarks: a device-synchronised wall clock read.
+double cudaNowSeconds();
+
+}  // namespace ddprun::runtime

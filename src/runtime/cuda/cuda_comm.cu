@@ -1,0 +1,538 @@
+// CUDA transports. See include/ddprun/runtime/cuda.h for how one is chosen.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../shm/shm_comm.h"
+#include "cuda_comm.h"
+#include "ddprun/runtime/cuda.h"
+#include "ddprun/runtime/process_group.h"
+#include "ddprun/store/store.h"
+
+namespace ddprun::runtime {
+
+namespace {
+constexpr int kMaxIpcPeers = 16;
+constexpr size_t kIpcScratchBytes = size_t{32} << 20;
+
+#define CUDA_OK(call)                                                                  \
+  do {                                                                                 \
+    cudaError_t err_ = (call);                                                         \
+    if (err_ != cudaSuccess)                                                           \
+      DDPRUN_THROW(::ddprun::IoError, #call, ": ", cudaGetErrorString(err_));          \
+  } while (0)
+#define NCCL_OK(call)                                                                  \
+  do {                                                                                 \
+    ncclResult_t r_ = (call);                                                          \
+    if (r_ != ncclSuccess)                                                             \
+      DDPRUN_THROW(::ddprun::IoError, #call, ": ", ncclGetErrorString(r_));            \
+  } while (0)
+
+int envDevice() {
+  if (const char* v = std::getenv("DDPRUN_CUDA_DEVICE")) return std::atoi(v);
+  const char* lr = std::getenv("LOCAL_RANK");
+  const int n = cudaDeviceCount();
+  return n > 0 ? (lr ? std::atoi(lr) : 0) % n : 0;
+}
+
+void requireGpu() {
+  if (cudaDeviceCount() == 0)
+    DDPRUN_THROW(InvalidArgument,
+                 "a CUDA collective was issued but no CUDA GPU is visible on this machine "
+                 "(no device or no driver); use Device::kCpu buffers");
+}
+
+// Waits for the stream, failing with a timeout instead of hanging forever.
+void syncStream(cudaStream_t s, std::chrono::milliseconds timeout, const char* what) {
+  const Deadline deadline(timeout);
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady)
+      DDPRUN_THROW(IoError, what, ": CUDA error ", cudaGetErrorString(e));
+    if (deadline.expired())
+      DDPRUN_PEER_FAILURE(-1, true, what, ": the GPU work did not finish within ",
+                          timeout.count() / 1000.0, " s (a peer rank stalled or died)");
+    std::this_thread::yield();
+  }
+}
+
+// --------------------------------------------------------- reduction kernels
+struct PtrSet {
+  char* p[kMaxIpcPeers];
+};
+
+template <typename T>
+struct Conv {
+  using Acc = T;
+  __device__ static Acc load(T v) { return v; }
+  __device__ static T store(Acc v) { return v; }
+};
+template <>
+struct Conv<__half> {
+  using Acc = float;
+  __device__ static float load(__half v) { return __half2float(v); }
+  __device__ static __half store(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Conv<__nv_bfloat16> {
+  using Acc = float;
+  __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename Acc, ReduceOp Op>
+__device__ inline Acc combine(Acc a, Acc b) {
+  if constexpr (Op == ReduceOp::kMin) return b < a ? b : a;
+  if constexpr (Op == ReduceOp::kMax) return b > a ? b : a;
+  if constexpr (Op == ReduceOp::kProduct) {
+    if constexpr (sizeof(Acc) == 1) return static_cast<Acc>(a * b);
+    return a * b;
+  }
+  if constexpr (sizeof(Acc) == 1) return static_cast<Acc>(a + b);
+  return a + b;
+}
+
+// out_j[i] = op over k sources of src_k[i], for each of m destinations.
+// Reads each source once, writes each destination once.
+template <typename T, ReduceOp Op>
+__global__ void reduceKernel(PtrSet srcs, int k, PtrSet dsts, int m, size_t count, int avgDiv) {
+  using C = Conv<T>;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    auto acc = C::load(reinterpret_cast<const T*>(srcs.p[0])[i]);
+    for (int j = 1; j < k; ++j)
+      acc = combine<typename C::Acc, Op>(acc, C::load(reinterpret_cast<const T*>(srcs.p[j])[i]));
+    if (avgDiv > 1) acc = acc / static_cast<typename C::Acc>(avgDiv);
+    const T v = C::store(acc);
+    for (int j = 0; j < m; ++j) reinterpret_cast<T*>(dsts.p[j])[i] = v;
+  }
+}
+
+template <typename T>
+void launchTyped(ReduceOp op, const PtrSet& s, int k, const PtrSet& d, int m, size_t count,
+                 int avgDiv, cudaStream_t st) {
+  const int threads = 512;
+  const int blocks = static_cast<int>(std::min<size_t>((count + threads - 1) / threads, 132 * 8));
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      reduceKernel<T, ReduceOp::kSum><<<blocks, threads, 0, st>>>(s, k, d, m, count, avgDiv);
+      break;
+    case ReduceOp::kMin:
+      reduceKernel<T, ReduceOp::kMin><<<blocks, threads, 0, st>>>(s, k, d, m, count, 1);
+      break;
+    case ReduceOp::kMax:
+      reduceKernel<T, ReduceOp::kMax><<<blocks, threads, 0, st>>>(s, k, d, m, count, 1);
+      break;
+    case ReduceOp::kProduct:
+      reduceKernel<T, ReduceOp::kProduct><<<blocks, threads, 0, st>>>(s, k, d, m, count, 1);
+      break;
+  }
+}
+
+void launchReduce(DType t, ReduceOp op, const PtrSet& s, int k, const PtrSet& d, int m,
+                  size_t count, int avgDiv, cudaStream_t st) {
+  if (count == 0) return;
+  switch (t) {
+    case DType::kFloat32: launchTyped<float>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kFloat64: launchTyped<double>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kFloat16: launchTyped<__half>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kBFloat16: launchTyped<__nv_bfloat16>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kInt32: launchTyped<int32_t>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kInt64: launchTyped<long long>(op, s, k, d, m, count, avgDiv, st); break;
+    case DType::kUInt8: launchTyped<uint8_t>(op, s, k, d, m, count, avgDiv, st); break;
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------- NCCL
+ncclDataType_t ncclType(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+ncclRedOp_t ncclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return ncclProd;
+  }
+  return ncclSum;
+}
+
+class NcclComm : public CudaComm {
+ public:
+  NcclComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
+    ncclUniqueId id{};
+    if (pg.rank() == 0) NCCL_OK(ncclGetUniqueId(&id));
+    host_.broadcast(&id, sizeof(id), 0);
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
+  }
+  ~NcclComm() override {
+    if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return "nccl"; }
+  int size() const override { return pg_.size(); }
+  int me() const override { return pg_.rank(); }
+
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(op), comm_, stream_));
+    finish("allReduce");
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    finish("broadcast");
+  }
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    const bool equal = std::all_of(bytes.begin(), bytes.end(), [&](size_t b) { return b == bytes[0]; });
+    if (equal) {
+      NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
+    } else {  // unequal pieces: one broadcast per rank, fused in a group
+      NCCL_OK(ncclGroupStart());
+      size_t off = 0;
+      for (int r = 0; r < size(); ++r) {
+        char* dst = static_cast<char*>(out) + off;
+        NCCL_OK(ncclBroadcast(r == me() ? in : dst, dst, bytes[r], ncclUint8, r, comm_, stream_));
+        off += bytes[r];
+      }
+      NCCL_OK(ncclGroupEnd());
+    }
+    finish("allGather");
+  }
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(op), comm_, stream_));
+    finish("reduceScatter");
+  }
+  void barrier() override { host_.barrier(); }
+  void abort(int by) noexcept override {
+    aborted_ = true;
+    host_.abort(by);
+  }
+
+ private:
+  void finish(const char* what) {
+    const Deadline deadline(pg_.options().timeout);
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        DDPRUN_PEER_FAILURE(-1, false, what, ": NCCL reported ", ncclGetErrorString(async));
+      if (deadline.expired())
+        DDPRUN_PEER_FAILURE(-1, true, what, ": NCCL did not finish within ",
+                            pg_.options().timeout.count() / 1000.0, " s (a peer stalled or died)");
+      std::this_thread::yield();
+    }
+    CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+  ProcessGroup& pg_;
+  Comm& host_;
+  cudaStream_t stream_{};
+  ncclComm_t comm_{};
+  bool aborted_ = false;
+};
+
+// -------------------------------------------------------------------- IPC
+// Ranks sharing GPUs on one host: each rank exports a device scratch buffer;
+// every rank maps all peers' buffers. All-reduce per chunk: copy the chunk
+// into my scratch; host barrier; one kernel reduces my 1/n slice over all n
+// scratch buffers and writes the result into all n; host barrier; copy my
+// scratch out. Device traffic per rank: 2S (copy in) + S read + S write
+// (reduce) + 2S (copy out), i.e. ~6nS in HBM against the 2nS floor of
+// reading every input once and writing every output once.
+class IpcComm : public CudaComm {
+ public:
+  IpcComm(ProcessGroup& pg, ShmComm& shm) : pg_(pg), shm_(shm) {
+    const int n = shm.size();
+    if (n > kMaxIpcPeers)
+      DDPRUN_THROW(InvalidArgument, n, " ranks share this host's GPUs; the CUDA IPC path "
+                   "supports ", kMaxIpcPeers, " (set DDPRUN_CUDA_TRANSPORT=staged)");
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_OK(cudaMalloc(&mine_, kIpcScratchBytes));
+    cudaIpcMemHandle_t handle{};
+    CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
+    std::vector<cudaIpcMemHandle_t> all(n);
+    std::vector<size_t> bytes(n, sizeof(handle));
+    shm.allGather(&handle, all.data(), bytes);
+    peers_.assign(n, nullptr);
+    for (int j = 0; j < n; ++j) {
+      if (j == shm.me()) {
+        peers_[j] = static_cast<char*>(mine_);
+        continue;
+      }
+      void* p = nullptr;
+      CUDA_OK(cudaIpcOpenMemHandle(&p, all[j], cudaIpcMemLazyEnablePeerAccess));
+      peers_[j] = static_cast<char*>(p);
+    }
+    shm.barrier();
+  }
+  ~IpcComm() override {
+    for (int j = 0; j < static_cast<int>(peers_.size()); ++j)
+      if (j != shm_.me() && peers_[j]) cudaIpcCloseMemHandle(peers_[j]);
+    cudaFree(mine_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return "ipc"; }
+  int size() const override { return shm_.size(); }
+  int me() const override { return shm_.me(); }
+
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t es = dtypeSize(t);
+    const int n = size();
+    const size_t chunk = kIpcScratchBytes / es;
+    for (size_t e0 = 0; e0 < count; e0 += chunk) {
+      const size_t len = std::min(chunk, count - e0);
+      CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + e0 * es, len * es,
+                              cudaMemcpyDeviceToDevice, stream_));
+      step("allReduce");
+      const Partition part(len, n);
+      PtrSet s{}, d{};
+      for (int j = 0; j < n; ++j) s.p[j] = d.p[j] = peers_[j] + part.offset(me()) * es;
+      launchReduce(t, op, s, n, d, n, part.length(me()), op == ReduceOp::kAvg ? n : 1, stream_);
+      step("allReduce");
+      CUDA_OK(cudaMemcpyAsync(static_cast<char*>(out) + e0 * es, mine_, len * es,
+                              cudaMemcpyDeviceToDevice, stream_));
+    }
+    syncStream(stream_, pg_.options().timeout, "allReduce");
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    for (size_t off = 0; off < bytes; off += kIpcScratchBytes) {
+      const size_t len = std::min(kIpcScratchBytes, bytes - off);
+      if (me() == root)
+        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<char*>(buf) + off, len,
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("broadcast");
+      if (me() != root)
+        CUDA_OK(cudaMemcpyAsync(static_cast<char*>(buf) + off, peers_[root], len,
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("broadcast");
+    }
+  }
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    const int n = size();
+    std::vector<size_t> off(n + 1, 0);
+    for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
+    char* o = static_cast<char*>(out);
+    if (in != o + off[me()] && bytes[me()])
+      CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));
+    const size_t maxLen = *std::max_element(bytes.begin(), bytes.end());
+    for (size_t k0 = 0; k0 < maxLen; k0 += kIpcScratchBytes) {
+      if (bytes[me()] > k0)
+        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + k0,
+                                std::min(kIpcScratchBytes, bytes[me()] - k0),
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("allGather");
+      for (int j = 0; j < n; ++j)
+        if (j != me() && bytes[j] > k0)
+          CUDA_OK(cudaMemcpyAsync(o + off[j] + k0, peers_[j], std::min(kIpcScratchBytes, bytes[j] - k0),
+                                  cudaMemcpyDeviceToDevice, stream_));
+      step("allGather");
+    }
+    syncStream(stream_, pg_.options().timeout, "allGather");
+  }
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t es = dtypeSize(t);
+    const int n = size();
+    const size_t chunk = std::max<size_t>(1, kIpcScratchBytes / (n * es));
+    for (size_t e0 = 0; e0 < count; e0 += chunk) {
+      const size_t len = std::min(chunk, count - e0);
+      CUDA_OK(cudaMemcpy2DAsync(mine_, len * es, static_cast<const char*>(in) + e0 * es, count * es,
+                                len * es, n, cudaMemcpyDeviceToDevice, stream_));
+      step("reduceScatter");
+      PtrSet s{}, d{};
+      for (int j = 0; j < n; ++j) s.p[j] = peers_[j] + me() * len * es;
+      d.p[0] = static_cast<char*>(out) + e0 * es;
+      launchReduce(t, op, s, n, d, 1, len, op == ReduceOp::kAvg ? n : 1, stream_);
+      step("reduceScatter");
+    }
+    syncStream(stream_, pg_.options().timeout, "reduceScatter");
+  }
+  void barrier() override { shm_.barrier(); }
+  void abort(int by) noexcept override { shm_.abort(by); }
+
+ private:
+  // Finish this rank's GPU work, then meet the other ranks.
+  void step(const char* what) {
+    syncStream(stream_, pg_.options().timeout, what);
+    shm_.barrier();
+  }
+
+  ProcessGroup& pg_;
+  ShmComm& shm_;
+  cudaStream_t stream_{};
+  void* mine_ = nullptr;
+  std::vector<char*> peers_;
+};
+
+// ----------------------------------------------------------------- staged
+// Device -> pinned host, host collective, host -> device. Bytes over PCIe per
+// rank: S down + S up (2S / B_pcie_dir when the directions do not overlap).
+class StagedComm : public CudaComm {
+ public:
+  StagedComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~StagedComm() override {
+    if (pinned_) cudaFreeHost(pinned_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return "staged"; }
+  int size() const override { return host_.size(); }
+  int me() const override { return host_.me(); }
+
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t bytes = count * dtypeSize(t);
+    char* h = stage(in, bytes, bytes);
+    host_.allReduce(h, h, count, t, op);
+    unstage(out, h, bytes);
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    char* h = stage(me() == root ? buf : nullptr, bytes, bytes);
+    host_.broadcast(h, bytes, root);
+    if (me() != root) unstage(buf, h, bytes);
+  }
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    size_t total = 0, before = 0;
+    for (int j = 0; j < size(); ++j) {
+      if (j < me()) before += bytes[j];
+      total += bytes[j];
+    }
+    char* h = stage(nullptr, 0, total);
+    copy(h + before, in, bytes[me()], cudaMemcpyDeviceToHost);
+    host_.allGather(h + before, h, bytes);
+    unstage(out, h, total);
+  }
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t bytes = count * dtypeSize(t);
+    char* h = stage(in, bytes * size(), bytes * (size() + 1));
+    host_.reduceScatter(h, h + bytes * size(), count, t, op);
+    unstage(out, h + bytes * size(), bytes);
+  }
+  void barrier() override { host_.barrier(); }
+  void abort(int by) noexcept override { host_.abort(by); }
+
+ private:
+  char* stage(const void* dev, size_t bytes, size_t room) {
+    if (room > pinnedBytes_) {
+      if (pinned_) CUDA_OK(cudaFreeHost(pinned_));
+      pinned_ = nullptr;
+      CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), room, cudaHostAllocDefault));
+      pinnedBytes_ = room;
+    }
+    if (dev && bytes) copy(pinned_, dev, bytes, cudaMemcpyDeviceToHost);
+    return pinned_;
+  }
+  void unstage(void* dev, const char* h, size_t bytes) {
+    if (bytes) copy(dev, h, bytes, cudaMemcpyHostToDevice);
+  }
+  void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (!bytes) return;
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    syncStream(stream_, pg_.options().timeout, "staging copy");
+  }
+
+  ProcessGroup& pg_;
+  Comm& host_;
+  cudaStream_t stream_{};
+  char* pinned_ = nullptr;
+  size_t pinnedBytes_ = 0;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------- public API
+bool cudaBuilt() { return true; }
+
+int cudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device/driver" error
+    return 0;
+  }
+  return n;
+}
+
+int cudaSelectedDevice() { return envDevice(); }
+
+std::string cudaTransportName(ProcessGroup& pg) {
+  std::string name;
+  pg.enqueue("cudaTransportName", [&] { name = pg.cudaComm().name(); }).wait();
+  return name;
+}
+
+void* cudaAllocDevice(size_t bytes) {
+  requireGpu();
+  CUDA_OK(cudaSetDevice(envDevice()));
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  return p;
+}
+void cudaFreeDevice(void* p) {
+  if (p) cudaFree(p);
+}
+void cudaCopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void cudaCopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void cudaSynchronize() { CUDA_OK(cudaDeviceSynchronize()); }
+double cudaNowSeconds() {
+  CUDA_OK(cudaDeviceSynchronize());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Agreement: every rank contributes "hostId|busId"; NCCL when all differ,
+// IPC when everyone is on one host, else staged.
+std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* shm) {
+  requireGpu();
+  const int dev = envDevice();
+  CUDA_OK(cudaSetDevice(dev));
+  char bus[32] = {0};
+  CUDA_OK(cudaDeviceGetPCIBusId(bus, sizeof(bus), dev));
+  std::string ident = pg.options().hostId + "|" + bus;
+  ident.resize(128, '\0');
+  std::vector<char> all(128 * pg.size());
+  host.allGather(ident.data(), all.data(), std::vector<size_t>(pg.size(), 128));
+  std::vector<std::string> ids;
+  for (int r = 0; r < pg.size(); ++r) ids.emplace_back(all.data() + 128 * r);
+  std::vector<std::string> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  const bool oneHost = pg.topology().numHosts == 1;
+  std::string want = std::getenv("DDPRUN_CUDA_TRANSPORT") ? std::getenv("DDPRUN_CUDA_TRANSPORT") : "";
+  if (want.empty() || want == "auto") want = distinct ? "nccl" : (oneHost && shm ? "ipc" : "staged");
+  if (want == "nccl") return std::make_unique<NcclComm>(pg, host);
+  if (want == "ipc") {
+    if (!oneHost || !shm)
+      DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=ipc needs every rank on one host "
+                   "with the shared-memory transport");
+    return std::make_unique<IpcComm>(pg, *shm);
+  }
+  if (want == "staged") return std::make_unique<StagedComm>(pg, host);
+  DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT='", want,
+               "': expected auto, nccl, ipc or staged");
+}
+
+}  // namespace ddprun::runtime

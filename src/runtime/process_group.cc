@@ -1,0 +1,525 @@
+#include "ddprun/runtime/process_group.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "comm.h"
+#include "cuda/cuda_comm.h"
+#include "ddprun/common/log.h"
+#include "ddprun/store/prefix_store.h"
+#include "ddprun/store/tcp_store.h"
+#include "ddprun/store/tcp_store_server.h"
+#include "hier_comm.h"
+#include "shm/shm_comm.h"
+#include "tcp/tcp_ring.h"
+
+namespace ddprun::runtime {
+
+// ---------------------------------------------------------------- options
+namespace {
+const char* envOrNull(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int envInt(const char* name, int fallback, bool required) {
+  const char* v = envOrNull(name);
+  if (!v) {
+    if (required)
+      DDPRUN_THROW(InvalidArgument, name,
+                   " is not set: start this program with ddprun or torchrun, or set RANK, "
+                   "WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1'000'000)
+    DDPRUN_THROW(InvalidArgument, name, "='", v, "' is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+std::string readFirstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string defaultHostId() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + "/" + readFirstLine("/proc/sys/kernel/random/boot_id");
+}
+
+// The local address of the route to `host` (no packet is sent).
+std::string routeAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+      const void* a = ss.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
+      if (::inet_ntop(ss.ss_family, a, buf, sizeof(buf))) out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+std::string randomHex(int chars) {
+  std::random_device rd;
+  std::ostringstream os;
+  for (int i = 0; i < chars; ++i) os << "0123456789abcdef"[rd() % 16];
+  return os.str();
+}
+
+std::atomic<int> gGroupSeq{0};
+}  // namespace
+
+ProcessGroupOptions optionsFromEnv(ProcessGroupOptions o) {
+  if (const char* v = envOrNull("DDPRUN_COLLECTIVE_TIMEOUT")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (*end != '\0' || !(s > 0))
+      DDPRUN_THROW(InvalidArgument, "DDPRUN_COLLECTIVE_TIMEOUT='", v,
+                   "' is not a positive number of seconds");
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+  }
+  if (const char* v = envOrNull("DDPRUN_TRANSPORT")) {
+    try {
+      o.transport = parseTransport(v);
+    } catch (const InvalidArgument& e) {
+      DDPRUN_THROW(InvalidArgument, "DDPRUN_TRANSPORT: ", e.message());
+    }
+  }
+  if (const char* v = envOrNull("DDPRUN_HOST_ID")) o.hostId = v;
+  if (const char* v = envOrNull("DDPRUN_SOCKET_ADDR")) o.socketAddr = v;
+  if (envOrNull("DDPRUN_SHM_HEAP_MB"))
+    o.sharedHeapBytes = static_cast<size_t>(envInt("DDPRUN_SHM_HEAP_MB", 0, false)) << 20;
+  return o;
+}
+
+// ---------------------------------------------------------------- Work
+struct Work::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+void Work::wait() {
+  DDPRUN_CHECK(state_ != nullptr, "wait() on an empty Work");
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::completed() const {
+  if (!state_) return false;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+// ---------------------------------------------------------------- Impl
+class ProcessGroup::Impl {
+ public:
+  std::unique_ptr<store::TcpStoreServer> server;
+  std::shared_ptr<store::Store> store;  // prefixed
+  std::unique_ptr<TcpListener> listener;
+  std::unique_ptr<ShmComm> shm;
+  std::unique_ptr<TcpRing> ring;
+  std::unique_ptr<HierComm> hier;
+  Comm* comm = nullptr;
+  std::unique_ptr<CudaComm> cuda;
+
+  // Shared-heap allocator: free blocks by offset (first fit, coalescing).
+  std::mutex heapMu;
+  std::map<size_t, size_t> freeBlocks;
+  std::map<size_t, size_t> usedBlocks;
+  std::map<void*, bool> privateBlocks;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Task {
+    std::string name;
+    std::function<void()> fn;
+    std::shared_ptr<Work::State> state;
+  };
+  std::deque<Task> queue;
+  bool stopping = false;
+  std::exception_ptr broken;
+  std::thread thread;
+};
+
+ProcessGroup::ProcessGroup(ProcessGroupOptions opts)
+    : opts_(std::move(opts)), impl_(std::make_unique<Impl>()) {}
+
+ProcessGroup::~ProcessGroup() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // Tear down device state before the host transports it may use.
+  impl_->cuda.reset();
+  impl_->hier.reset();
+  impl_->ring.reset();
+  impl_->shm.reset();
+  for (auto& [p, _] : impl_->privateBlocks) std::free(p);
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::fromEnv(ProcessGroupOptions opts) {
+  const int size = envInt("WORLD_SIZE", 1, false);
+  const int rank = envInt("RANK", 0, size > 1);
+  if (rank >= size)
+    DDPRUN_THROW(InvalidArgument, "RANK=", rank, " is not below WORLD_SIZE=", size);
+  const char* addr = envOrNull("MASTER_ADDR");
+  const char* portText = envOrNull("MASTER_PORT");
+  std::shared_ptr<store::Store> st;
+  std::unique_ptr<store::TcpStoreServer> server;
+  if (size > 1 || (addr && portText)) {
+    if (!addr || !portText)
+      DDPRUN_THROW(InvalidArgument, addr ? "MASTER_PORT" : "MASTER_ADDR",
+                   " is not set: start this program with ddprun or torchrun, or set it "
+                   "(rank 0 hosts a store there)");
+    const uint16_t port = static_cast<uint16_t>(envInt("MASTER_PORT", 0, true));
+    const char* agent = envOrNull("TORCHELASTIC_USE_AGENT_STORE");
+    const bool useAgent = agent && (std::string(agent) == "True" || std::string(agent) == "1" ||
+                                    std::string(agent) == "true");
+    if (!useAgent && rank == 0) {
+      store::TcpStoreServerOptions so;
+      so.port = port;
+      server = store::TcpStoreServer::start(so);
+    }
+    store::TcpStoreOptions co;
+    co.host = addr;
+    co.port = port;
+    co.timeout = opts.timeout;
+    co.connectTimeout = std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::minutes(5));
+    st = store::TcpStore::connect(co);
+  }
+  if (opts.socketAddr.empty()) opts.socketAddr = addr ? routeAddress(addr) : "127.0.0.1";
+  const int restart = envInt("TORCHELASTIC_RESTART_COUNT", 0, false);
+  opts.prefix += "/attempt" + std::to_string(restart);
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(opts)));
+  pg->impl_->server = std::move(server);
+  pg->init(std::move(st), rank, size);
+  return pg;
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<store::Store> store, int rank,
+                                                   int size, ProcessGroupOptions opts) {
+  DDPRUN_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size);
+  DDPRUN_CHECK(store || size == 1, "a group of ", size, " ranks needs a store");
+  if (opts.socketAddr.empty()) opts.socketAddr = "127.0.0.1";
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(opts)));
+  pg->init(std::move(store), rank, size);
+  return pg;
+}
+
+// Rendezvous: publish "hostId \t addr \t port", read everyone's, derive the
+// topology, then connect the transports the topology calls for.
+void ProcessGroup::init(std::shared_ptr<store::Store> base, int rank, int size) {
+  Impl& m = *impl_;
+  if (opts_.hostId.empty()) opts_.hostId = defaultHostId();
+  topo_.rank = rank;
+  topo_.size = size;
+  const std::string prefix = opts_.prefix + "/g" + std::to_string(gGroupSeq++);
+  if (base) {
+    base->setTimeout(opts_.timeout);
+    m.store = std::make_shared<store::PrefixStore>(prefix, std::move(base));
+  }
+  std::vector<std::string> hostIds(size, opts_.hostId), hosts(size, opts_.socketAddr);
+  std::vector<uint16_t> ports(size, 0);
+  if (size > 1) {
+    m.listener = TcpListener::open(opts_.socketAddr);
+    m.store->set("rank/" + std::to_string(rank),
+                 opts_.hostId + "\t" + opts_.socketAddr + "\t" + std::to_string(m.listener->port()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back("rank/" + std::to_string(r));
+    const auto values = m.store->multiGet(keys);
+    for (int r = 0; r < size; ++r) {
+      const auto f = split(values[r], '\t');
+      if (f.size() != 3)
+        DDPRUN_THROW(ProtocolError, "rank ", r, " published a malformed address '", values[r],
+                     "' (another program using the same store prefix?)");
+      hostIds[r] = f[0];
+      hosts[r] = f[1];
+      ports[r] = static_cast<uint16_t>(std::stoi(f[2]));
+    }
+  }
+  // Hosts are numbered in the order of their lowest rank.
+  std::map<std::string, int> hostIndex;
+  topo_.hostOfRank.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    auto [it, fresh] = hostIndex.emplace(hostIds[r], static_cast<int>(hostIndex.size()));
+    if (fresh) topo_.ranksOfHost.emplace_back();
+    topo_.hostOfRank[r] = it->second;
+    topo_.ranksOfHost[it->second].push_back(r);
+  }
+  topo_.numHosts = static_cast<int>(topo_.ranksOfHost.size());
+  topo_.hostIndex = topo_.hostOfRank[rank];
+  const auto& locals = topo_.ranksOfHost[topo_.hostIndex];
+  topo_.localSize = static_cast<int>(locals.size());
+  topo_.localRank = static_cast<int>(std::find(locals.begin(), locals.end(), rank) - locals.begin());
+
+  transport_ = opts_.transport;
+  if (transport_ == Transport::kAuto) {
+    if (topo_.numHosts == 1)
+      transport_ = Transport::kShm;
+    else if (size == topo_.numHosts)
+      transport_ = Transport::kTcp;
+    else
+      transport_ = Transport::kHierarchical;
+  }
+  if (transport_ == Transport::kShm && topo_.numHosts > 1)
+    DDPRUN_THROW(InvalidArgument, "DDPRUN_TRANSPORT=shm but the ranks are on ", topo_.numHosts,
+                 " hosts; shared memory only works on one host (use auto, tcp or hier)");
+
+  const bool wantShm = size > 1 && (transport_ == Transport::kShm ||
+                                    (transport_ == Transport::kHierarchical && topo_.localSize > 1));
+  if (wantShm) {
+    CommContext ctx{locals, topo_.localRank, opts_.timeout};
+    const std::string key = "shm/" + std::to_string(topo_.hostIndex);
+    if (topo_.localRank == 0) {
+      const std::string name = "/ddprun." + randomHex(16) + "." + std::to_string(topo_.hostIndex);
+      const size_t room = ShmComm::freeShmBytes() / (2 * static_cast<size_t>(topo_.localSize));
+      const size_t heap = std::min(opts_.sharedHeapBytes, room);
+      m.shm = ShmComm::create(name, ctx, ShmComm::kDefaultSlotBytes, heap);
+      m.store->set(key, name);
+      std::vector<std::string> mapped;
+      for (int i = 1; i < topo_.localSize; ++i) mapped.push_back(key + "/mapped/" + std::to_string(i));
+      try {
+        if (!mapped.empty()) m.store->wait(mapped);
+      } catch (...) {
+        ShmComm::unlink(name);
+        throw;
+      }
+      ShmComm::unlink(name);  // everyone has it mapped: nothing can leak now
+    } else {
+      m.shm = ShmComm::open(m.store->get(key), ctx);
+      m.store->set(key + "/mapped/" + std::to_string(topo_.localRank), "1");
+    }
+  }
+
+  std::vector<int> ringRanks;
+  if (transport_ == Transport::kTcp || size == 1) {
+    for (int r = 0; r < size; ++r) ringRanks.push_back(r);
+  } else if (transport_ == Transport::kHierarchical && topo_.localRank == 0) {
+    for (const auto& h : topo_.ranksOfHost) ringRanks.push_back(h.front());
+  }
+  if (!ringRanks.empty()) {
+    std::vector<std::string> rh;
+    std::vector<uint16_t> rp;
+    for (int r : ringRanks) {
+      rh.push_back(hosts[r]);
+      rp.push_back(ports[r]);
+    }
+    const int me = static_cast<int>(std::find(ringRanks.begin(), ringRanks.end(), rank) - ringRanks.begin());
+    CommContext ctx{ringRanks, me, opts_.timeout};
+    m.ring = TcpRing::connect(ctx, m.listener.get(), rh, rp, 1);
+  }
+  if (transport_ == Transport::kHierarchical) {
+    m.hier = std::make_unique<HierComm>(topo_, m.shm.get(), m.ring.get());
+    m.comm = m.hier.get();
+  } else {
+    m.comm = transport_ == Transport::kShm && m.shm ? static_cast<Comm*>(m.shm.get())
+                                                    : static_cast<Comm*>(m.ring.get());
+  }
+  // Free blocks of the shared heap (64-byte granularity).
+  if (m.shm && m.shm->heapBytes() > 0) m.freeBlocks[0] = m.shm->heapBytes();
+  m.thread = std::thread([this] {
+    Impl& im = *impl_;
+    while (true) {
+      Impl::Task t;
+      {
+        std::unique_lock lock(im.mu);
+        im.cv.wait(lock, [&] { return im.stopping || !im.queue.empty(); });
+        if (im.queue.empty()) break;
+        t = std::move(im.queue.front());
+        im.queue.pop_front();
+      }
+      std::exception_ptr err = im.broken;
+      if (!err) {
+        try {
+          t.fn();
+        } catch (const PeerFailure& e) {
+          im.comm->abort(topo_.rank);
+          const std::string msg = t.name + " failed on rank " + std::to_string(topo_.rank) +
+                                  ": " + e.message() + diagnose(e.message(), e.peer());
+          DDPRUN_ERROR(msg);
+          err = e.timedOut() ? std::make_exception_ptr(TimeoutError(msg, e.file(), e.line()))
+                             : std::make_exception_ptr(IoError(msg, e.file(), e.line()));
+          im.broken = err;
+        } catch (const InvalidArgument&) {
+          err = std::current_exception();  // the caller's mistake; the group is intact
+        } catch (...) {
+          err = std::current_exception();
+          im.broken = err;
+          im.comm->abort(topo_.rank);
+        }
+      }
+      {
+        std::lock_guard lock(t.state->mu);
+        t.state->done = true;
+        t.state->error = err;
+      }
+      t.state->cv.notify_all();
+    }
+  });
+  DDPRUN_DEBUG(describe());
+}
+
+std::string ProcessGroup::describe() const {
+  std::ostringstream os;
+  os << "rank " << topo_.rank << "/" << topo_.size << " on host " << topo_.hostIndex << " of "
+     << topo_.numHosts << " (local " << topo_.localRank << "/" << topo_.localSize
+     << "), transport " << transportName(transport_);
+  return os.str();
+}
+
+Work ProcessGroup::enqueue(std::string name, std::function<void()> fn) {
+  auto state = std::make_shared<Work::State>();
+  {
+    std::lock_guard lock(impl_->mu);
+    DDPRUN_CHECK(!impl_->stopping, "the process group is being destroyed");
+    impl_->queue.push_back({std::move(name), std::move(fn), state});
+  }
+  impl_->cv.notify_one();
+  return Work(state);
+}
+
+Comm& ProcessGroup::comm() { return *impl_->comm; }
+store::Store& ProcessGroup::store() {
+  DDPRUN_CHECK(impl_->store != nullptr, "a single-rank group without a store");
+  return *impl_->store;
+}
+
+CudaComm& ProcessGroup::cudaComm() {
+  if (!impl_->cuda) impl_->cuda = makeCudaComm(*this, *impl_->comm, impl_->shm.get());
+  return *impl_->cuda;
+}
+
+// Every failing rank records what it saw; ranks that never record anything
+// within a short grace period are the dead or stalled ones.
+std::string ProcessGroup::diagnose(const std::string& what, int suspect) {
+  if (!impl_->store || topo_.size == 1) return "";
+  auto& st = *impl_->store;
+  try {
+    st.set("fault/" + std::to_string(topo_.rank), what);
+    const auto grace = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1500),
+                                                           opts_.timeout / 4);
+    const Deadline deadline(grace);
+    std::vector<int> silent;
+    do {
+      silent.clear();
+      for (int r = 0; r < topo_.size; ++r)
+        if (r != topo_.rank && !st.check({"fault/" + std::to_string(r)})) silent.push_back(r);
+      if (silent.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    } while (!deadline.expired());
+    // The rank hosting the store stays a little longer, so that ranks which
+    // noticed the failure later can still ask.
+    if (impl_->server) std::this_thread::sleep_for(grace);
+    if (silent.empty()) return "";
+    std::ostringstream os;
+    os << ". " << (silent.size() == 1 ? "Rank " : "Ranks ");
+    for (size_t i = 0; i < silent.size(); ++i) os << (i ? ", " : "") << silent[i];
+    os << (silent.size() == 1 ? " is the likely culprit: it" : " are the likely culprits: they")
+       << " reported no failure within " << grace.count() << " ms (dead, stalled or gone)";
+    if (std::find(silent.begin(), silent.end(), suspect) == silent.end() && suspect >= 0)
+      os << "; rank " << suspect << " only passed the failure on";
+    return os.str();
+  } catch (const std::exception& e) {
+    std::string out = suspect >= 0 ? ". Rank " + std::to_string(suspect) + " is the likely culprit" : "";
+    return out + " (the store is unreachable too, so other ranks could not be asked: " +
+           e.what() + ")";
+  }
+}
+
+void* ProcessGroup::allocShared(size_t bytes) {
+  Impl& m = *impl_;
+  bytes = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  std::lock_guard lock(m.heapMu);
+  if (!m.shm || m.shm->heapBytes() == 0) {
+    void* p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    m.privateBlocks[p] = true;
+    return p;
+  }
+  for (auto it = m.freeBlocks.begin(); it != m.freeBlocks.end(); ++it) {
+    if (it->second < bytes) continue;
+    const size_t off = it->first, len = it->second;
+    m.freeBlocks.erase(it);
+    if (len > bytes) m.freeBlocks[off + bytes] = len - bytes;
+    m.usedBlocks[off] = bytes;
+    return m.shm->heap(m.shm->me()) + off;
+  }
+  DDPRUN_THROW(InvalidArgument, "shared heap exhausted: ", bytes, " bytes wanted of ",
+               m.shm->heapBytes(), " per rank; raise DDPRUN_SHM_HEAP_MB (and the size of /dev/shm)");
+}
+
+void ProcessGroup::freeShared(void* p) {
+  Impl& m = *impl_;
+  if (!p) return;
+  std::lock_guard lock(m.heapMu);
+  if (m.privateBlocks.erase(p)) {
+    std::free(p);
+    return;
+  }
+  DDPRUN_CHECK(m.shm != nullptr, "freeShared of a pointer allocShared did not return");
+  const int64_t off64 = m.shm->heapOffset(p, 1);
+  DDPRUN_CHECK(off64 >= 0 && m.usedBlocks.count(static_cast<size_t>(off64)),
+               "freeShared of a pointer allocShared did not return");
+  size_t off = static_cast<size_t>(off64), len = m.usedBlocks[off];
+  m.usedBlocks.erase(off);
+  auto next = m.freeBlocks.lower_bound(off);
+  if (next != m.freeBlocks.end() && off + len == next->first) {
+    len += next->second;
+    next = m.freeBlocks.erase(next);
+  }
+  if (next != m.freeBlocks.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += len;
+      return;
+    }
+  }
+  m.freeBlocks[off] = len;
+}
+
+}  // namespace ddprun::runtime

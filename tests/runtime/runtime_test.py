@@ -1,0 +1,202 @@
+"""Collectives of ddprun_runtime run by real ranks.
+
+The correctness matrix (every dtype, op and size 0/1/7/4097/1M+3, in place and
+out of place, many operations in flight) runs as `coll_check` under ddprun for
+every world size 1..8 over shared memory, over TCP only, hierarchically across
+two simulated hosts (two ddprun agents with different DDPRUN_HOST_ID), and on
+shared-heap buffers. Fault tests start ranks by hand (rank 0 hosts the store,
+as under torchrun 1.x or Slurm), kill -9 or SIGSTOP one rank mid-collective,
+and assert that every other rank fails within the timeout naming it."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+DDPRUN = os.path.join(BIN, "ddprun")
+CHECK = os.path.join(BIN, "coll_check")
+# DDPRUN_RUNTIME_TEST_QUICK=1 trims the matrix (used by the sanitizer pass).
+QUICK = os.environ.get("DDPRUN_RUNTIME_TEST_QUICK") == "1"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with(**kv):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in kv.items()})
+    return env
+
+
+class Matrix(unittest.TestCase):
+    def run_check(self, nproc, transport="auto", extra=(), timeout=600, env=None):
+        args = [DDPRUN, "--nproc-per-node=%d" % nproc, "--master-port=%d" % free_port(),
+                "--no-python", CHECK, *extra]
+        if QUICK:
+            args += ["--sizes", "0,1,7,4097", "--dtypes", "float32,int64,bfloat16"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                           env=env_with(DDPRUN_TRANSPORT=transport, **(env or {})))
+        self.assertEqual(p.returncode, 0, "n=%d %s\n%s\n%s" % (nproc, transport, p.stdout, p.stderr))
+        passed = [l for l in p.stdout.splitlines() if "checks passed" in l]
+        self.assertEqual(len(passed), nproc, p.stdout)
+        return p.stdout
+
+    def test_shm_every_world_size(self):
+        for n in range(1, 9):
+            with self.subTest(n=n):
+                out = self.run_check(n)
+                self.assertIn("transport shm" if n > 1 else "checks passed", out)
+
+    def test_tcp_only(self):
+        for n in (2, 3, 5, 8):
+            with self.subTest(n=n):
+                self.assertIn("transport tcp", self.run_check(n, "tcp"))
+
+    def test_shared_heap_buffers(self):
+        # Buffers from allocShared: the in-place path that reads peers' memory.
+        for n in (2, 4):
+            with self.subTest(n=n):
+                self.run_check(n, extra=["--shared"])
+
+    def test_bad_transport_is_named(self):
+        p = subprocess.run([DDPRUN, "--nproc-per-node=2", "--master-port=%d" % free_port(),
+                            "--no-python", CHECK, "--sizes", "1"], capture_output=True, text=True,
+                           timeout=60, env=env_with(DDPRUN_TRANSPORT="rdma"))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("DDPRUN_TRANSPORT", p.stdout + p.stderr)
+
+    def test_cuda_matrix_or_plain_skip(self):
+        p = subprocess.run([DDPRUN, "--nproc-per-node=2", "--master-port=%d" % free_port(),
+                            "--no-python", CHECK, "--device", "cuda"],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        if "SKIPPED" in p.stdout:
+            print("\nCUDA collectives: SKIPPED (no CUDA GPU on this machine)", file=sys.stderr)
+        else:
+            self.assertEqual(p.stdout.count("checks passed"), 2, p.stdout)
+
+
+class TwoSimulatedHosts(unittest.TestCase):
+    """Two ddprun agents (static rendezvous on loopback), each claiming its own host."""
+
+    def launch(self, nprocs, transport, extra=()):
+        port = free_port()
+        procs = []
+        for node, n in enumerate(nprocs):
+            args = [DDPRUN, "--nnodes=%d" % len(nprocs), "--node-rank=%d" % node,
+                    "--master-addr=127.0.0.1", "--master-port=%d" % port,
+                    "--nproc-per-node=%d" % n, "--rdzv-conf=timeout=60", "--no-python", CHECK, *extra]
+            if QUICK:
+                args += ["--sizes", "0,1,7,4097", "--dtypes", "float32,int32"]
+            procs.append(subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=env_with(DDPRUN_HOST_ID="simhost-%d" % node, DDPRUN_TRANSPORT=transport)))
+        outs = [p.communicate(timeout=900) for p in procs]
+        for p, (o, e) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, o + e)
+        return "".join(o for o, _ in outs)
+
+    def test_hierarchical_two_by_two(self):
+        out = self.launch((2, 2), "auto")
+        self.assertEqual(out.count("checks passed"), 4, out)
+        self.assertIn("of 2 (local 1/2), transport hier", out)
+
+    def test_hierarchical_uneven_hosts(self):
+        out = self.launch((3, 1), "hier")
+        self.assertEqual(out.count("checks passed"), 4, out)
+
+    def test_one_rank_per_host_uses_the_ring(self):
+        out = self.launch((1, 1), "auto")
+        self.assertIn("transport tcp", out)
+
+
+class Faults(unittest.TestCase):
+    """Ranks started by hand; one is killed or stopped mid-collective."""
+
+    def start(self, n, transport, timeout_s, host_ids=None):
+        port = free_port()
+        self.procs, self.lines = [], [[] for _ in range(n)]
+        for r in range(n):
+            env = env_with(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, LOCAL_WORLD_SIZE=n,
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                           DDPRUN_TRANSPORT=transport, DDPRUN_COLLECTIVE_TIMEOUT=timeout_s)
+            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+            if host_ids:
+                env["DDPRUN_HOST_ID"] = host_ids[r]
+            p = subprocess.Popen([CHECK, "--loop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env)
+            self.procs.append(p)
+            threading.Thread(target=self.pump, args=(p, self.lines[r]), daemon=True).start()
+        end = time.time() + 60
+        while time.time() < end and not all(any(l.startswith("iter 3") for l in ls) for ls in self.lines):
+            time.sleep(0.02)
+        self.assertTrue(all(self.lines), "ranks did not start iterating")
+
+    @staticmethod
+    def pump(p, sink):
+        for line in p.stdout:
+            sink.append(line.strip())
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait()
+
+    def expect_others_fail(self, victim, within_s, words, any_words=()):
+        t0 = time.time()
+        errs = []
+        for r, p in enumerate(self.procs):
+            if r == victim:
+                continue
+            try:
+                p.wait(timeout=within_s)
+            except subprocess.TimeoutExpired:
+                self.fail("rank %d still running %.1f s after rank %d failed" % (r, within_s, victim))
+            err = p.stderr.read()
+            errs.append(err)
+            self.assertNotEqual(p.returncode, 0)
+            for w in words:
+                self.assertIn(w, err, "rank %d stderr:\n%s" % (r, err))
+        for w in any_words:
+            self.assertTrue(any(w in e for e in errs), "no rank said %r:\n%s" % (w, "".join(errs)))
+        return time.time() - t0
+
+    def kill_victim(self, transport, n=4, victim=1, host_ids=None):
+        self.start(n, transport, timeout_s=30, host_ids=host_ids)
+        self.procs[victim].send_signal(signal.SIGKILL)
+        took = self.expect_others_fail(victim, 25, ["Rank %d is the likely culprit" % victim])
+        print("\n%s: others failed %.2f s after kill -9 of rank %d" % (transport, took, victim),
+              file=sys.stderr)
+
+    def test_kill_shm(self):
+        self.kill_victim("shm")
+
+    def test_kill_tcp(self):
+        self.kill_victim("tcp")
+
+    def test_kill_hierarchical(self):
+        self.kill_victim("hier", host_ids=["a", "a", "b", "b"], victim=2)
+
+    def test_stall_times_out_naming_the_rank(self):
+        self.start(3, "tcp", timeout_s=3)
+        self.procs[2].send_signal(signal.SIGSTOP)
+        took = self.expect_others_fail(2, 20, ["Rank 2 is the likely culprit"], ["timed out"])
+        self.assertGreater(took, 1.0)  # the timeout, not an instant error
+
+    def test_stall_on_shared_memory(self):
+        self.start(3, "shm", timeout_s=3)
+        self.procs[1].send_signal(signal.SIGSTOP)
+        self.expect_others_fail(1, 20, ["Rank 1 is the likely culprit"], ["timed out"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,212 @@
+// Reduction kernels, 16-bit float conversions and small runtime helpers.
+#include "reduce.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/process_group.h"
+#include "shm/shm_comm.h"
+
+using namespace ddprun::runtime;
+
+TEST(HalfTest, KnownValuesRoundTrip) {
+  EXPECT_EQ(floatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(floatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(floatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(floatToHalf(1e6f), 0x7c00);                 // overflow -> inf
+  EXPECT_EQ(floatToHalf(5.9604645e-8f), 0x0001);        // smallest subnormal
+  EXPECT_EQ(floatToHalf(1.0f + 1.0f / 2048), 0x3c00);   // tie rounds to even
+  EXPECT_EQ(floatToHalf(1.0f + 3.0f / 2048), 0x3c02);   // tie rounds to even (up)
+  EXPECT_FLOAT_EQ(halfToFloat(0x3555), 0.33325195f);
+  EXPECT_TRUE(std::isnan(halfToFloat(floatToHalf(std::nanf("")))));
+  for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive half survives
+    ASSERT_EQ(floatToHalf(halfToFloat(static_cast<uint16_t>(h))), h) << h;
+}
+
+TEST(Bf16Test, RoundsToNearestEven) {
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_FLOAT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);
+  EXPECT_EQ(floatToBf16(bf16ToFloat(0x4049)), 0x4049);
+  float tie;  // 1 + 2^-8: exactly halfway between two bf16 values
+  tie = 1.0f + 1.0f / 256;
+  EXPECT_EQ(floatToBf16(tie), 0x3f80);
+}
+
+TEST(ReduceTest, EveryOpOnInt32WithAliasedDestination) {
+  std::vector<int32_t> a{1, -5, 7, 3}, b{4, 2, -7, 3}, c{-2, 2, 2, 0};
+  const void* srcs[3] = {a.data(), b.data(), c.data()};
+  std::vector<int32_t> out(4);
+  reduceN(DType::kInt32, ReduceOp::kSum, out.data(), srcs, 3, 4);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, -1, 2, 6}));
+  reduceN(DType::kInt32, ReduceOp::kMin, out.data(), srcs, 3, 4);
+  EXPECT_EQ(out, (std::vector<int32_t>{-2, -5, -7, 0}));
+  reduceN(DType::kInt32, ReduceOp::kMax, out.data(), srcs, 3, 4);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 2, 7, 3}));
+  reduceN(DType::kInt32, ReduceOp::kProduct, out.data(), srcs, 3, 4);
+  EXPECT_EQ(out, (std::vector<int32_t>{-8, -20, -98, 0}));
+  // dst aliases the first source
+  reduceN(DType::kInt32, ReduceOp::kSum, a.data(), srcs, 3, 4);
+  EXPECT_EQ(a, (std::vector<int32_t>{3, -1, 2, 6}));
+  divideBy(DType::kInt32, a.data(), 4, 2);
+  EXPECT_EQ(a, (std::vector<int32_t>{1, 0, 1, 3}));  // truncation toward zero
+}
+
+TEST(ReduceTest, UInt8AndInt64Wrap) {
+  std::vector<uint8_t> a{200, 16}, b{100, 16};
+  reduceInto(DType::kUInt8, ReduceOp::kSum, a.data(), b.data(), 2);
+  EXPECT_EQ(a[0], 44);
+  reduceInto(DType::kUInt8, ReduceOp::kProduct, a.data(), b.data(), 2);
+  EXPECT_EQ(a[1], 0);  // 32 * 16 = 512 wraps to 0
+  std::vector<int64_t> x{std::numeric_limits<int64_t>::max()}, y{1};
+  reduceInto(DType::kInt64, ReduceOp::kSum, x.data(), y.data(), 1);
+  EXPECT_EQ(x[0], std::numeric_limits<int64_t>::min());
+}
+
+TEST(ReduceTest, LongFloatVectorsAcrossBlocks) {
+  const size_t n = 10007;  // several 2048-element blocks plus a tail
+  std::vector<float> a(n), b(n);
+  std::vector<double> c(n), d(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = 0.5f * i;
+    b[i] = 1.0f;
+    c[i] = i;
+    d[i] = -2.0 * i;
+  }
+  reduceInto(DType::kFloat32, ReduceOp::kSum, a.data(), b.data(), n);
+  reduceInto(DType::kFloat64, ReduceOp::kMax, c.data(), d.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_FLOAT_EQ(a[i], 0.5f * i + 1.0f);
+    ASSERT_EQ(c[i], static_cast<double>(i));
+  }
+  divideBy(DType::kFloat32, b.data(), n, 4);
+  EXPECT_FLOAT_EQ(b[n - 1], 0.25f);
+}
+
+TEST(ReduceTest, SixteenBitFloatsAccumulateInFloat) {
+  // 2048 + 1 + 1 in fp16: pairwise in fp16 would lose both ones; the n-way
+  // reduce keeps them in the float accumulator and rounds once.
+  std::vector<uint16_t> a{floatToHalf(2048)}, b{floatToHalf(1)}, c{floatToHalf(1)};
+  const void* srcs[3] = {a.data(), b.data(), c.data()};
+  uint16_t out;
+  reduceN(DType::kFloat16, ReduceOp::kSum, &out, srcs, 3, 1);
+  EXPECT_EQ(halfToFloat(out), 2050.0f);
+  std::vector<uint16_t> p{floatToBf16(1.5f)}, q{floatToBf16(-4.0f)};
+  reduceInto(DType::kBFloat16, ReduceOp::kProduct, p.data(), q.data(), 1);
+  EXPECT_EQ(bf16ToFloat(p[0]), -6.0f);
+}
+
+TEST(PartitionTest, CoversEveryElementOnce) {
+  for (size_t count : {0u, 1u, 7u, 4097u})
+    for (int parts : {1, 2, 3, 8}) {
+      Partition p(count, parts);
+      EXPECT_EQ(p.offset(0), 0u);
+      EXPECT_EQ(p.offsets.back(), count);
+      for (int i = 0; i < parts; ++i) {
+        EXPECT_LE(p.length(i), count / parts + 1);
+        EXPECT_GE(p.length(i), count / parts);
+      }
+    }
+}
+
+TEST(NamesTest, ParseAndPrint) {
+  for (DType t : kAllDTypes) EXPECT_EQ(parseDType(dtypeName(t)), t);
+  for (ReduceOp op : kAllReduceOps) EXPECT_EQ(parseReduceOp(reduceOpName(op)), op);
+  EXPECT_EQ(parseDType("bf16"), DType::kBFloat16);
+  EXPECT_FALSE(parseDType("complex64").has_value());
+  EXPECT_EQ(parseTransport("hierarchical"), Transport::kHierarchical);
+  EXPECT_THROW(parseTransport("rdma"), ddprun::InvalidArgument);
+}
+
+TEST(OptionsTest, EnvironmentOverridesAndRejectsGarbage) {
+  setenv("DDPRUN_COLLECTIVE_TIMEOUT", "2.5", 1);
+  setenv("DDPRUN_TRANSPORT", "tcp", 1);
+  auto o = optionsFromEnv();
+  EXPECT_EQ(o.timeout.count(), 2500);
+  EXPECT_EQ(o.transport, Transport::kTcp);
+  setenv("DDPRUN_COLLECTIVE_TIMEOUT", "soon", 1);
+  try {
+    optionsFromEnv();
+    FAIL() << "expected InvalidArgument";
+  } catch (const ddprun::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("DDPRUN_COLLECTIVE_TIMEOUT"), std::string::npos);
+  }
+  unsetenv("DDPRUN_COLLECTIVE_TIMEOUT");
+  unsetenv("DDPRUN_TRANSPORT");
+}
+
+TEST(SingleRankTest, CollectivesAreCopiesAndWorkIsOrdered) {
+  ProcessGroupOptions o;
+  auto pg = ProcessGroup::create(nullptr, 0, 1, o);
+  std::vector<float> in{1, 2, 3}, out(3);
+  AllReduceOptions ar;
+  ar.input = in.data();
+  ar.output = out.data();
+  ar.count = 3;
+  ar.op = ReduceOp::kAvg;
+  Work w = allReduceAsync(*pg, ar);
+  barrier(*pg);  // issued after: completes after the all-reduce
+  EXPECT_TRUE(w.completed());
+  w.wait();
+  EXPECT_EQ(out, in);
+  AllReduceOptions bad;
+  bad.count = 4;  // null output
+  EXPECT_THROW(allReduce(*pg, bad), ddprun::InvalidArgument);
+  void* p = pg->allocShared(100);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  pg->freeShared(p);
+}
+
+// Two members of one segment, driven from two threads (no processes).
+TEST(ShmCommTest, TwoMembersAllReduceAndHeapPath) {
+  const std::string name = "/ddprun.unittest." + std::to_string(::getpid());
+  CommContext c0{{0, 1}, 0, std::chrono::milliseconds(5000)}, c1{{0, 1}, 1, c0.timeout};
+  auto a = ShmComm::create(name, c0, 4096, 1 << 20);
+  auto b = ShmComm::open(name, c1);
+  ShmComm::unlink(name);
+  const size_t n = 3000;  // > one 4 KiB slot of floats: several chunks
+  std::vector<float> x(n, 1.5f), y(n, 2.0f);
+  float* hx = reinterpret_cast<float*>(a->heap(0));
+  float* hy = reinterpret_cast<float*>(b->heap(1));
+  std::fill(hx, hx + n, 3.0f);
+  std::fill(hy, hy + n, 4.0f);
+  std::thread t([&] {
+    b->allReduce(y.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum);
+    b->allReduce(hy, hy, n, DType::kFloat32, ReduceOp::kMax);
+    b->barrier();
+  });
+  a->allReduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum);
+  a->allReduce(hx, hx, n, DType::kFloat32, ReduceOp::kMax);  // both in the heap: in place
+  a->barrier();
+  t.join();
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(x[i], 3.5f);
+    ASSERT_EQ(y[i], 3.5f);
+    ASSERT_EQ(hx[i], 4.0f);
+    ASSERT_EQ(hy[i], 4.0f);
+  }
+  EXPECT_EQ(a->heapOffset(hx, 16), 0);
+  EXPECT_EQ(a->heapOffset(x.data(), 16), -1);
+}
+
+TEST(ShmCommTest, StalledPeerTimesOutNamingIt) {
+  const std::string name = "/ddprun.unittest2." + std::to_string(::getpid());
+  CommContext c0{{0, 5}, 0, std::chrono::milliseconds(300)}, c1{{0, 5}, 1, c0.timeout};
+  auto a = ShmComm::create(name, c0, 4096, 0);
+  auto b = ShmComm::open(name, c1);  // never takes part
+  ShmComm::unlink(name);
+  try {
+    a->barrier();
+    FAIL() << "expected PeerFailure";
+  } catch (const PeerFailure& e) {
+    EXPECT_EQ(e.peer(), 5);
+    EXPECT_TRUE(e.timedOut());
+    EXPECT_NE(std::string(e.what()).find("rank(s) 5"), std::string::npos) << e.what();
+  }
+}
