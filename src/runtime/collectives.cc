@@ -10,8 +10,15 @@ namespace ddprun::runtime {
 
 namespace {
 Comm& commFor(ProcessGroup& pg, Device d) {
-  return d == Device::kCuda ? static_cast<Comm&>(pg.cudaComm()) : pg.comm();
+  if (d == Device::kCpu) return pg.comm();
+  cudaBindThread();  // inline operations run on the caller's thread
+  return pg.cudaComm();
 }
+
+struct Op {
+  std::string name;
+  std::function<void()> fn;
+};
 
 std::string label(const char* op, size_t count, DType t, Device d) {
   std::ostringstream os;
@@ -24,28 +31,26 @@ void checkBuffer(const void* p, size_t count, const char* what) {
 }
 }  // namespace
 
-Work allReduceAsync(ProcessGroup& pg, const AllReduceOptions& o) {
+static Op prepare_allReduce(ProcessGroup& pg, const AllReduceOptions& o) {
   checkBuffer(o.output, o.count, "AllReduceOptions::output");
   const AllReduceOptions c = o;
-  return pg.enqueue(label("allReduce", o.count, o.dtype, o.device), [&pg, c] {
+  return Op{label("allReduce", o.count, o.dtype, o.device), [&pg, c] {
     commFor(pg, c.device).allReduce(c.input ? c.input : c.output, c.output, c.count, c.dtype,
                                     c.op);
-  });
+  }};
 }
-void allReduce(ProcessGroup& pg, const AllReduceOptions& o) { allReduceAsync(pg, o).wait(); }
 
-Work broadcastAsync(ProcessGroup& pg, const BroadcastOptions& o) {
+static Op prepare_broadcast(ProcessGroup& pg, const BroadcastOptions& o) {
   checkBuffer(o.buffer, o.count, "BroadcastOptions::buffer");
   DDPRUN_CHECK(o.root >= 0 && o.root < pg.size(), "broadcast root ", o.root,
                " is not a rank of this group of ", pg.size());
   const BroadcastOptions c = o;
-  return pg.enqueue(label("broadcast", o.count, o.dtype, o.device), [&pg, c] {
+  return Op{label("broadcast", o.count, o.dtype, o.device), [&pg, c] {
     commFor(pg, c.device).broadcast(c.buffer, c.count * dtypeSize(c.dtype), c.root);
-  });
+  }};
 }
-void broadcast(ProcessGroup& pg, const BroadcastOptions& o) { broadcastAsync(pg, o).wait(); }
 
-Work allGatherAsync(ProcessGroup& pg, const AllGatherOptions& o) {
+static Op prepare_allGather(ProcessGroup& pg, const AllGatherOptions& o) {
   std::vector<size_t> counts = o.counts;
   if (counts.empty()) counts.assign(pg.size(), o.count);
   DDPRUN_CHECK(static_cast<int>(counts.size()) == pg.size(), "AllGatherOptions::counts has ",
@@ -61,28 +66,63 @@ Work allGatherAsync(ProcessGroup& pg, const AllGatherOptions& o) {
   for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * es;
   const Device dev = o.device;
   void* out = o.output;
-  return pg.enqueue(label("allGather", total, o.dtype, o.device),
+  return Op{label("allGather", total, o.dtype, o.device),
                     [&pg, in, out, bytes = std::move(bytes), dev] {
                       commFor(pg, dev).allGather(in, out, bytes);
-                    });
+                    }};
 }
-void allGather(ProcessGroup& pg, const AllGatherOptions& o) { allGatherAsync(pg, o).wait(); }
 
-Work reduceScatterAsync(ProcessGroup& pg, const ReduceScatterOptions& o) {
+static Op prepare_reduceScatter(ProcessGroup& pg, const ReduceScatterOptions& o) {
   checkBuffer(o.input, o.count, "ReduceScatterOptions::input");
   checkBuffer(o.output, o.count, "ReduceScatterOptions::output");
   const ReduceScatterOptions c = o;
-  return pg.enqueue(label("reduceScatter", o.count, o.dtype, o.device), [&pg, c] {
+  return Op{label("reduceScatter", o.count, o.dtype, o.device), [&pg, c] {
     commFor(pg, c.device).reduceScatter(c.input, c.output, c.count, c.dtype, c.op);
-  });
-}
-void reduceScatter(ProcessGroup& pg, const ReduceScatterOptions& o) {
-  reduceScatterAsync(pg, o).wait();
+  }};
 }
 
 Work barrierAsync(ProcessGroup& pg, const BarrierOptions&) {
   return pg.enqueue("barrier", [&pg] { pg.comm().barrier(); });
 }
-void barrier(ProcessGroup& pg, const BarrierOptions& o) { barrierAsync(pg, o).wait(); }
+void barrier(ProcessGroup& pg, const BarrierOptions&) {
+  pg.run("barrier", [&pg] { pg.comm().barrier(); }, true).wait();
+}
+
+
+Work allReduceAsync(ProcessGroup& pg, const AllReduceOptions& o) {
+  Op op = prepare_allReduce(pg, o);
+  return pg.enqueue(std::move(op.name), std::move(op.fn));
+}
+void allReduce(ProcessGroup& pg, const AllReduceOptions& o) {
+  Op op = prepare_allReduce(pg, o);
+  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+}
+
+Work broadcastAsync(ProcessGroup& pg, const BroadcastOptions& o) {
+  Op op = prepare_broadcast(pg, o);
+  return pg.enqueue(std::move(op.name), std::move(op.fn));
+}
+void broadcast(ProcessGroup& pg, const BroadcastOptions& o) {
+  Op op = prepare_broadcast(pg, o);
+  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+}
+
+Work allGatherAsync(ProcessGroup& pg, const AllGatherOptions& o) {
+  Op op = prepare_allGather(pg, o);
+  return pg.enqueue(std::move(op.name), std::move(op.fn));
+}
+void allGather(ProcessGroup& pg, const AllGatherOptions& o) {
+  Op op = prepare_allGather(pg, o);
+  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+}
+
+Work reduceScatterAsync(ProcessGroup& pg, const ReduceScatterOptions& o) {
+  Op op = prepare_reduceScatter(pg, o);
+  return pg.enqueue(std::move(op.name), std::move(op.fn));
+}
+void reduceScatter(ProcessGroup& pg, const ReduceScatterOptions& o) {
+  Op op = prepare_reduceScatter(pg, o);
+  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+}
 
 }  // namespace ddprun::runtime

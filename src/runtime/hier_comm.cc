@@ -38,7 +38,7 @@ void HierComm::broadcast(void* buf, size_t bytes, int root) {
       std::find(rootLocals.begin(), rootLocals.end(), root) - rootLocals.begin());
   if (topo_.hostIndex == rootHost && rootLocal != 0) localBroadcast(buf, bytes, rootLocal);
   if (ring_) ring_->broadcast(buf, bytes, rootHost);
-  if (topo_.hostIndex != rootHost) localBroadcast(buf, bytes, 0);
+  if (topo_.hostIndex != rootHost || rootLocal == 0) localBroadcast(buf, bytes, 0);
 }
 
 // Local all-gather into this host's blob, ring all-gather of host blobs

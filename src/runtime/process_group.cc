@@ -180,6 +180,7 @@ class ProcessGroup::Impl {
   };
   std::deque<Task> queue;
   bool stopping = false;
+  bool busy = false;  // an operation is executing (worker or inline)
   std::exception_ptr broken;
   std::thread thread;
 };
@@ -362,46 +363,60 @@ void ProcessGroup::init(std::shared_ptr<store::Store> base, int rank, int size) 
   }
   // Free blocks of the shared heap (64-byte granularity).
   if (m.shm && m.shm->heapBytes() > 0) m.freeBlocks[0] = m.shm->heapBytes();
-  m.thread = std::thread([this] {
-    Impl& im = *impl_;
-    while (true) {
-      Impl::Task t;
-      {
-        std::unique_lock lock(im.mu);
-        im.cv.wait(lock, [&] { return im.stopping || !im.queue.empty(); });
-        if (im.queue.empty()) break;
-        t = std::move(im.queue.front());
-        im.queue.pop_front();
-      }
-      std::exception_ptr err = im.broken;
-      if (!err) {
-        try {
-          t.fn();
-        } catch (const PeerFailure& e) {
-          im.comm->abort(topo_.rank);
-          const std::string msg = t.name + " failed on rank " + std::to_string(topo_.rank) +
-                                  ": " + e.message() + diagnose(e.message(), e.peer());
-          DDPRUN_ERROR(msg);
-          err = e.timedOut() ? std::make_exception_ptr(TimeoutError(msg, e.file(), e.line()))
-                             : std::make_exception_ptr(IoError(msg, e.file(), e.line()));
-          im.broken = err;
-        } catch (const InvalidArgument&) {
-          err = std::current_exception();  // the caller's mistake; the group is intact
-        } catch (...) {
-          err = std::current_exception();
-          im.broken = err;
-          im.comm->abort(topo_.rank);
-        }
-      }
-      {
-        std::lock_guard lock(t.state->mu);
-        t.state->done = true;
-        t.state->error = err;
-      }
-      t.state->cv.notify_all();
-    }
-  });
+  m.thread = std::thread([this] { workerLoop(); });
   DDPRUN_DEBUG(describe());
+}
+
+void ProcessGroup::workerLoop() {
+  Impl& im = *impl_;
+  while (true) {
+    Impl::Task t;
+    {
+      std::unique_lock lock(im.mu);
+      im.cv.wait(lock, [&] { return !im.busy && (im.stopping || !im.queue.empty()); });
+      if (im.queue.empty()) break;
+      t = std::move(im.queue.front());
+      im.queue.pop_front();
+      im.busy = true;
+    }
+    std::exception_ptr err = execute(t.name, t.fn);
+    {
+      std::lock_guard lock(im.mu);
+      im.busy = false;
+    }
+    im.cv.notify_all();
+    {
+      std::lock_guard lock(t.state->mu);
+      t.state->done = true;
+      t.state->error = err;
+    }
+    t.state->cv.notify_all();
+  }
+}
+
+// Runs one operation; a transport failure breaks the group for good (peers
+// are in an unknown state), a caller mistake does not.
+std::exception_ptr ProcessGroup::execute(const std::string& name, const std::function<void()>& fn) {
+  Impl& im = *impl_;
+  if (im.broken) return im.broken;
+  try {
+    fn();
+    return nullptr;
+  } catch (const PeerFailure& e) {
+    im.comm->abort(topo_.rank);
+    const std::string msg = name + " failed on rank " + std::to_string(topo_.rank) + ": " +
+                            e.message() + diagnose(e.message(), e.peer());
+    DDPRUN_ERROR(msg);
+    im.broken = e.timedOut() ? std::make_exception_ptr(TimeoutError(msg, e.file(), e.line()))
+                             : std::make_exception_ptr(IoError(msg, e.file(), e.line()));
+    return im.broken;
+  } catch (const InvalidArgument&) {
+    return std::current_exception();
+  } catch (...) {
+    im.broken = std::current_exception();
+    im.comm->abort(topo_.rank);
+    return im.broken;
+  }
 }
 
 std::string ProcessGroup::describe() const {
@@ -413,13 +428,30 @@ std::string ProcessGroup::describe() const {
 }
 
 Work ProcessGroup::enqueue(std::string name, std::function<void()> fn) {
+  return run(std::move(name), std::move(fn), false);
+}
+
+Work ProcessGroup::run(std::string name, std::function<void()> fn, bool inlineOk) {
   auto state = std::make_shared<Work::State>();
+  Impl& im = *impl_;
   {
-    std::lock_guard lock(impl_->mu);
-    DDPRUN_CHECK(!impl_->stopping, "the process group is being destroyed");
-    impl_->queue.push_back({std::move(name), std::move(fn), state});
+    std::unique_lock lock(im.mu);
+    DDPRUN_CHECK(!im.stopping, "the process group is being destroyed");
+    if (!inlineOk || im.busy || !im.queue.empty()) {
+      im.queue.push_back({std::move(name), std::move(fn), state});
+      lock.unlock();
+      im.cv.notify_all();
+      return Work(state);
+    }
+    im.busy = true;
   }
-  impl_->cv.notify_one();
+  state->error = execute(name, fn);
+  state->done = true;
+  {
+    std::lock_guard lock(im.mu);
+    im.busy = false;
+  }
+  im.cv.notify_all();  // the worker may have been handed work meanwhile
   return Work(state);
 }
 

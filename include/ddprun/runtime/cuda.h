@@ -36,6 +36,7 @@ void* cudaAllocDevice(size_t bytes);
 void cudaFreeDevice(void* p);
 void cudaCopyToDevice(void* dst, const void* src, size_t bytes);
 void cudaCopyToHost(void* dst, const void* src, size_t bytes);
+void cudaCopyOnDevice(void* dst, const void* src, size_t bytes);
 void cudaSynchronize();
 // Elapsed-time helpers for benchmarks: a device-synchronised wall clock read.
 double cudaNowSeconds();

@@ -132,9 +132,13 @@ class ProcessGroup {
   void* allocShared(size_t bytes);
   void freeShared(void* p);
 
-  // Runs `fn` on the group's thread after everything issued before it.
-  // Used by the collectives; `name` appears in error messages.
+  // Runs `fn` after everything issued before it. Used by the collectives;
+  // `name` appears in error messages. enqueue() always hands it to the
+  // group's thread; run() with inlineOk executes it on the calling thread
+  // when nothing is queued or running (blocking calls: no thread hand-off,
+  // which is most of a small collective's latency).
   Work enqueue(std::string name, std::function<void()> fn);
+  Work run(std::string name, std::function<void()> fn, bool inlineOk);
 
   // Internal: the transport objects (valid on the group's thread).
   Comm& comm();
@@ -148,6 +152,8 @@ class ProcessGroup {
   class Impl;
   explicit ProcessGroup(ProcessGroupOptions opts);
   void init(std::shared_ptr<store::Store> store, int rank, int size);
+  void workerLoop();
+  std::exception_ptr execute(const std::string& name, const std::function<void()>& fn);
 
   ProcessGroupOptions opts_;
   Topology topo_;

@@ -22,7 +22,19 @@ namespace ddprun::runtime {
 
 namespace {
 constexpr int kMaxIpcPeers = 16;
-constexpr size_t kIpcScratchBytes = size_t{32} << 20;
+// Per-rank device scratch for the IPC path (DDPRUN_CUDA_IPC_SCRATCH_MB). Big
+// chunks amortise the host barriers and GPU context switches per chunk.
+size_t ipcScratchBytes() {
+  const char* v = std::getenv("DDPRUN_CUDA_IPC_SCRATCH_MB");
+  return (v ? std::max<size_t>(1, std::strtoull(v, nullptr, 10)) : 256) << 20;
+}
+// Below this many bytes the IPC path stages through host shared memory
+// instead (DDPRUN_CUDA_IPC_MIN_BYTES): ranks sharing a GPU time-slice it, so
+// every GPU step costs a context switch, and small operations are all steps.
+size_t ipcMinBytes() {
+  const char* v = std::getenv("DDPRUN_CUDA_IPC_MIN_BYTES");
+  return v ? std::strtoull(v, nullptr, 10) : size_t{256} << 10;
+}
 
 #define CUDA_OK(call)                                                                  \
   do {                                                                                 \
@@ -185,7 +197,7 @@ class NcclComm : public CudaComm {
     ncclUniqueId id{};
     if (pg.rank() == 0) NCCL_OK(ncclGetUniqueId(&id));
     host_.broadcast(&id, sizeof(id), 0);
-    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreate(&stream_));
     NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
   }
   ~NcclComm() override {
@@ -253,145 +265,13 @@ class NcclComm : public CudaComm {
   bool aborted_ = false;
 };
 
-// -------------------------------------------------------------------- IPC
-// Ranks sharing GPUs on one host: each rank exports a device scratch buffer;
-// every rank maps all peers' buffers. All-reduce per chunk: copy the chunk
-// into my scratch; host barrier; one kernel reduces my 1/n slice over all n
-// scratch buffers and writes the result into all n; host barrier; copy my
-// scratch out. Device traffic per rank: 2S (copy in) + S read + S write
-// (reduce) + 2S (copy out), i.e. ~6nS in HBM against the 2nS floor of
-// reading every input once and writing every output once.
-class IpcComm : public CudaComm {
- public:
-  IpcComm(ProcessGroup& pg, ShmComm& shm) : pg_(pg), shm_(shm) {
-    const int n = shm.size();
-    if (n > kMaxIpcPeers)
-      DDPRUN_THROW(InvalidArgument, n, " ranks share this host's GPUs; the CUDA IPC path "
-                   "supports ", kMaxIpcPeers, " (set DDPRUN_CUDA_TRANSPORT=staged)");
-    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_OK(cudaMalloc(&mine_, kIpcScratchBytes));
-    cudaIpcMemHandle_t handle{};
-    CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
-    std::vector<cudaIpcMemHandle_t> all(n);
-    std::vector<size_t> bytes(n, sizeof(handle));
-    shm.allGather(&handle, all.data(), bytes);
-    peers_.assign(n, nullptr);
-    for (int j = 0; j < n; ++j) {
-      if (j == shm.me()) {
-        peers_[j] = static_cast<char*>(mine_);
-        continue;
-      }
-      void* p = nullptr;
-      CUDA_OK(cudaIpcOpenMemHandle(&p, all[j], cudaIpcMemLazyEnablePeerAccess));
-      peers_[j] = static_cast<char*>(p);
-    }
-    shm.barrier();
-  }
-  ~IpcComm() override {
-    for (int j = 0; j < static_cast<int>(peers_.size()); ++j)
-      if (j != shm_.me() && peers_[j]) cudaIpcCloseMemHandle(peers_[j]);
-    cudaFree(mine_);
-    cudaStreamDestroy(stream_);
-  }
-  std::string name() const override { return "ipc"; }
-  int size() const override { return shm_.size(); }
-  int me() const override { return shm_.me(); }
-
-  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    const size_t es = dtypeSize(t);
-    const int n = size();
-    const size_t chunk = kIpcScratchBytes / es;
-    for (size_t e0 = 0; e0 < count; e0 += chunk) {
-      const size_t len = std::min(chunk, count - e0);
-      CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + e0 * es, len * es,
-                              cudaMemcpyDeviceToDevice, stream_));
-      step("allReduce");
-      const Partition part(len, n);
-      PtrSet s{}, d{};
-      for (int j = 0; j < n; ++j) s.p[j] = d.p[j] = peers_[j] + part.offset(me()) * es;
-      launchReduce(t, op, s, n, d, n, part.length(me()), op == ReduceOp::kAvg ? n : 1, stream_);
-      step("allReduce");
-      CUDA_OK(cudaMemcpyAsync(static_cast<char*>(out) + e0 * es, mine_, len * es,
-                              cudaMemcpyDeviceToDevice, stream_));
-    }
-    syncStream(stream_, pg_.options().timeout, "allReduce");
-  }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    for (size_t off = 0; off < bytes; off += kIpcScratchBytes) {
-      const size_t len = std::min(kIpcScratchBytes, bytes - off);
-      if (me() == root)
-        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<char*>(buf) + off, len,
-                                cudaMemcpyDeviceToDevice, stream_));
-      step("broadcast");
-      if (me() != root)
-        CUDA_OK(cudaMemcpyAsync(static_cast<char*>(buf) + off, peers_[root], len,
-                                cudaMemcpyDeviceToDevice, stream_));
-      step("broadcast");
-    }
-  }
-  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
-    const int n = size();
-    std::vector<size_t> off(n + 1, 0);
-    for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
-    char* o = static_cast<char*>(out);
-    if (in != o + off[me()] && bytes[me()])
-      CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));
-    const size_t maxLen = *std::max_element(bytes.begin(), bytes.end());
-    for (size_t k0 = 0; k0 < maxLen; k0 += kIpcScratchBytes) {
-      if (bytes[me()] > k0)
-        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + k0,
-                                std::min(kIpcScratchBytes, bytes[me()] - k0),
-                                cudaMemcpyDeviceToDevice, stream_));
-      step("allGather");
-      for (int j = 0; j < n; ++j)
-        if (j != me() && bytes[j] > k0)
-          CUDA_OK(cudaMemcpyAsync(o + off[j] + k0, peers_[j], std::min(kIpcScratchBytes, bytes[j] - k0),
-                                  cudaMemcpyDeviceToDevice, stream_));
-      step("allGather");
-    }
-    syncStream(stream_, pg_.options().timeout, "allGather");
-  }
-  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    const size_t es = dtypeSize(t);
-    const int n = size();
-    const size_t chunk = std::max<size_t>(1, kIpcScratchBytes / (n * es));
-    for (size_t e0 = 0; e0 < count; e0 += chunk) {
-      const size_t len = std::min(chunk, count - e0);
-      CUDA_OK(cudaMemcpy2DAsync(mine_, len * es, static_cast<const char*>(in) + e0 * es, count * es,
-                                len * es, n, cudaMemcpyDeviceToDevice, stream_));
-      step("reduceScatter");
-      PtrSet s{}, d{};
-      for (int j = 0; j < n; ++j) s.p[j] = peers_[j] + me() * len * es;
-      d.p[0] = static_cast<char*>(out) + e0 * es;
-      launchReduce(t, op, s, n, d, 1, len, op == ReduceOp::kAvg ? n : 1, stream_);
-      step("reduceScatter");
-    }
-    syncStream(stream_, pg_.options().timeout, "reduceScatter");
-  }
-  void barrier() override { shm_.barrier(); }
-  void abort(int by) noexcept override { shm_.abort(by); }
-
- private:
-  // Finish this rank's GPU work, then meet the other ranks.
-  void step(const char* what) {
-    syncStream(stream_, pg_.options().timeout, what);
-    shm_.barrier();
-  }
-
-  ProcessGroup& pg_;
-  ShmComm& shm_;
-  cudaStream_t stream_{};
-  void* mine_ = nullptr;
-  std::vector<char*> peers_;
-};
-
 // ----------------------------------------------------------------- staged
 // Device -> pinned host, host collective, host -> device. Bytes over PCIe per
 // rank: S down + S up (2S / B_pcie_dir when the directions do not overlap).
 class StagedComm : public CudaComm {
  public:
   StagedComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
-    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreate(&stream_));
   }
   ~StagedComm() override {
     if (pinned_) cudaFreeHost(pinned_);
@@ -459,6 +339,149 @@ class StagedComm : public CudaComm {
   size_t pinnedBytes_ = 0;
 };
 
+
+// -------------------------------------------------------------------- IPC
+// Ranks sharing GPUs on one host: each rank exports a device scratch buffer;
+// every rank maps all peers' buffers. All-reduce per chunk: copy the chunk
+// into my scratch; host barrier; one kernel reduces my 1/n slice over all n
+// scratch buffers and writes the result into all n; host barrier; copy my
+// scratch out. Device traffic per rank: 2S (copy in) + S read + S write
+// (reduce) + 2S (copy out), i.e. ~6nS in HBM against the 2nS floor of
+// reading every input once and writing every output once.
+class IpcComm : public CudaComm {
+ public:
+  IpcComm(ProcessGroup& pg, ShmComm& shm, Comm& host)
+      : pg_(pg), shm_(shm), small_(pg, host), scratch_(ipcScratchBytes()), minBytes_(ipcMinBytes()) {
+    const int n = shm.size();
+    if (n > kMaxIpcPeers)
+      DDPRUN_THROW(InvalidArgument, n, " ranks share this host's GPUs; the CUDA IPC path "
+                   "supports ", kMaxIpcPeers, " (set DDPRUN_CUDA_TRANSPORT=staged)");
+    CUDA_OK(cudaStreamCreate(&stream_));
+    CUDA_OK(cudaMalloc(&mine_, scratch_));
+    cudaIpcMemHandle_t handle{};
+    CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
+    std::vector<cudaIpcMemHandle_t> all(n);
+    std::vector<size_t> bytes(n, sizeof(handle));
+    shm.allGather(&handle, all.data(), bytes);
+    peers_.assign(n, nullptr);
+    for (int j = 0; j < n; ++j) {
+      if (j == shm.me()) {
+        peers_[j] = static_cast<char*>(mine_);
+        continue;
+      }
+      void* p = nullptr;
+      CUDA_OK(cudaIpcOpenMemHandle(&p, all[j], cudaIpcMemLazyEnablePeerAccess));
+      peers_[j] = static_cast<char*>(p);
+    }
+    shm.barrier();
+  }
+  ~IpcComm() override {
+    for (int j = 0; j < static_cast<int>(peers_.size()); ++j)
+      if (j != shm_.me() && peers_[j]) cudaIpcCloseMemHandle(peers_[j]);
+    cudaFree(mine_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return "ipc"; }
+  int size() const override { return shm_.size(); }
+  int me() const override { return shm_.me(); }
+
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t es = dtypeSize(t);
+    if (count * es < minBytes_) return small_.allReduce(in, out, count, t, op);
+    const int n = size();
+    const size_t chunk = scratch_ / es;
+    for (size_t e0 = 0; e0 < count; e0 += chunk) {
+      const size_t len = std::min(chunk, count - e0);
+      CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + e0 * es, len * es,
+                              cudaMemcpyDeviceToDevice, stream_));
+      step("allReduce");
+      const Partition part(len, n);
+      PtrSet s{}, d{};
+      for (int j = 0; j < n; ++j) s.p[j] = d.p[j] = peers_[j] + part.offset(me()) * es;
+      launchReduce(t, op, s, n, d, n, part.length(me()), op == ReduceOp::kAvg ? n : 1, stream_);
+      step("allReduce");
+      CUDA_OK(cudaMemcpyAsync(static_cast<char*>(out) + e0 * es, mine_, len * es,
+                              cudaMemcpyDeviceToDevice, stream_));
+    }
+    syncStream(stream_, pg_.options().timeout, "allReduce");
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    if (bytes < minBytes_) return small_.broadcast(buf, bytes, root);
+    for (size_t off = 0; off < bytes; off += scratch_) {
+      const size_t len = std::min(scratch_, bytes - off);
+      if (me() == root)
+        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<char*>(buf) + off, len,
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("broadcast");
+      if (me() != root)
+        CUDA_OK(cudaMemcpyAsync(static_cast<char*>(buf) + off, peers_[root], len,
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("broadcast");
+    }
+  }
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    size_t total = 0;
+    for (size_t b : bytes) total += b;
+    if (total < minBytes_) return small_.allGather(in, out, bytes);
+    const int n = size();
+    std::vector<size_t> off(n + 1, 0);
+    for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
+    char* o = static_cast<char*>(out);
+    if (in != o + off[me()] && bytes[me()])
+      CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));
+    const size_t maxLen = *std::max_element(bytes.begin(), bytes.end());
+    for (size_t k0 = 0; k0 < maxLen; k0 += scratch_) {
+      if (bytes[me()] > k0)
+        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + k0,
+                                std::min(scratch_, bytes[me()] - k0),
+                                cudaMemcpyDeviceToDevice, stream_));
+      step("allGather");
+      for (int j = 0; j < n; ++j)
+        if (j != me() && bytes[j] > k0)
+          CUDA_OK(cudaMemcpyAsync(o + off[j] + k0, peers_[j], std::min(scratch_, bytes[j] - k0),
+                                  cudaMemcpyDeviceToDevice, stream_));
+      step("allGather");
+    }
+    syncStream(stream_, pg_.options().timeout, "allGather");
+  }
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
+    const size_t es = dtypeSize(t);
+    if (count * es * size() < minBytes_) return small_.reduceScatter(in, out, count, t, op);
+    const int n = size();
+    const size_t chunk = std::max<size_t>(1, scratch_ / (n * es));
+    for (size_t e0 = 0; e0 < count; e0 += chunk) {
+      const size_t len = std::min(chunk, count - e0);
+      CUDA_OK(cudaMemcpy2DAsync(mine_, len * es, static_cast<const char*>(in) + e0 * es, count * es,
+                                len * es, n, cudaMemcpyDeviceToDevice, stream_));
+      step("reduceScatter");
+      PtrSet s{}, d{};
+      for (int j = 0; j < n; ++j) s.p[j] = peers_[j] + me() * len * es;
+      d.p[0] = static_cast<char*>(out) + e0 * es;
+      launchReduce(t, op, s, n, d, 1, len, op == ReduceOp::kAvg ? n : 1, stream_);
+      step("reduceScatter");
+    }
+    syncStream(stream_, pg_.options().timeout, "reduceScatter");
+  }
+  void barrier() override { shm_.barrier(); }
+  void abort(int by) noexcept override { shm_.abort(by); }
+
+ private:
+  // Finish this rank's GPU work, then meet the other ranks.
+  void step(const char* what) {
+    syncStream(stream_, pg_.options().timeout, what);
+    shm_.barrier();
+  }
+
+  ProcessGroup& pg_;
+  ShmComm& shm_;
+  StagedComm small_;
+  size_t scratch_;
+  size_t minBytes_;
+  cudaStream_t stream_{};
+  void* mine_ = nullptr;
+  std::vector<char*> peers_;
+};
+
 }  // namespace
 
 // ------------------------------------------------------------- public API
@@ -474,6 +497,8 @@ int cudaDeviceCount() {
 }
 
 int cudaSelectedDevice() { return envDevice(); }
+
+void cudaBindThread() { CUDA_OK(cudaSetDevice(envDevice())); }
 
 std::string cudaTransportName(ProcessGroup& pg) {
   std::string name;
@@ -492,10 +517,15 @@ void cudaFreeDevice(void* p) {
   if (p) cudaFree(p);
 }
 void cudaCopyToDevice(void* dst, const void* src, size_t bytes) {
+  // From pageable memory cudaMemcpy may return before the DMA has landed.
   if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaStreamSynchronize(0));
 }
 void cudaCopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void cudaCopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
 void cudaSynchronize() { CUDA_OK(cudaDeviceSynchronize()); }
 double cudaNowSeconds() {
@@ -523,12 +553,18 @@ std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* sh
   const bool oneHost = pg.topology().numHosts == 1;
   std::string want = std::getenv("DDPRUN_CUDA_TRANSPORT") ? std::getenv("DDPRUN_CUDA_TRANSPORT") : "";
   if (want.empty() || want == "auto") want = distinct ? "nccl" : (oneHost && shm ? "ipc" : "staged");
-  if (want == "nccl") return std::make_unique<NcclComm>(pg, host);
+  if (want == "nccl") {
+    if (!distinct)
+      DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=nccl but ranks share a GPU (",
+                   ids[pg.rank()].substr(ids[pg.rank()].find('|') + 1),
+                   "), which NCCL refuses; leave DDPRUN_CUDA_TRANSPORT unset to use CUDA IPC");
+    return std::make_unique<NcclComm>(pg, host);
+  }
   if (want == "ipc") {
     if (!oneHost || !shm)
       DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=ipc needs every rank on one host "
                    "with the shared-memory transport");
-    return std::make_unique<IpcComm>(pg, *shm);
+    return std::make_unique<IpcComm>(pg, *shm, host);
   }
   if (want == "staged") return std::make_unique<StagedComm>(pg, host);
   DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT='", want,

@@ -21,4 +21,7 @@ class CudaComm : public Comm {
 // shm is this host's shared-memory comm when all ranks share one host.
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& hostComm, ShmComm* shm);
 
+// Makes the runtime's device current on the calling thread.
+void cudaBindThread();
+
 }  // namespace ddprun::runtime

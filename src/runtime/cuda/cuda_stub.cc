@@ -12,6 +12,7 @@ namespace {
 }  // namespace
 
 bool cudaBuilt() { return false; }
+void cudaBindThread() {}
 int cudaDeviceCount() { return 0; }
 int cudaSelectedDevice() { return 0; }
 std::string cudaTransportName(ProcessGroup&) { return "none"; }
@@ -19,6 +20,7 @@ void* cudaAllocDevice(size_t) { noCuda(); }
 void cudaFreeDevice(void*) {}
 void cudaCopyToDevice(void*, const void*, size_t) { noCuda(); }
 void cudaCopyToHost(void*, const void*, size_t) { noCuda(); }
+void cudaCopyOnDevice(void*, const void*, size_t) { noCuda(); }
 void cudaSynchronize() {}
 double cudaNowSeconds() { return 0; }
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup&, Comm&, ShmComm*) { noCuda(); }
