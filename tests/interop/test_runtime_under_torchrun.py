@@ -21,8 +21,9 @@ def free_port():
 
 
 def by_torchrun():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           "--master-port=%d" % free_port(), "--no-python", CHECK, *ARGS]
+    # underscore spellings: accepted by torchrun 1.13 and 2.x alike
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_port=%d" % free_port(), "--no_python", CHECK, *ARGS]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if "'NoneType' object has no attribute 'get'" in p.stderr:
         return None  # Debian's torchrun 1.13 on Python 3.11

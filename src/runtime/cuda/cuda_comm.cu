@@ -208,8 +208,12 @@ class NcclComm : public CudaComm {
   int size() const override { return pg_.size(); }
   int me() const override { return pg_.rank(); }
 
+  // kAvg is a sum plus our own division: NCCL 2.28's ncclAvg left the last
+  // element of an out-of-place 4097-float all-reduce unwritten on one rank
+  // (seen on an H100), and integer avg must truncate like the other paths.
   void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(op), comm_, stream_));
+    NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+    divide(op, out, count, t);
     finish("allReduce");
   }
   void broadcast(void* buf, size_t bytes, int root) override {
@@ -233,7 +237,8 @@ class NcclComm : public CudaComm {
     finish("allGather");
   }
   void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(op), comm_, stream_));
+    NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+    divide(op, out, count, t);
     finish("reduceScatter");
   }
   void barrier() override { host_.barrier(); }
@@ -243,6 +248,13 @@ class NcclComm : public CudaComm {
   }
 
  private:
+  static ReduceOp sumForAvg(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+  void divide(ReduceOp op, void* buf, size_t count, DType t) {
+    if (op != ReduceOp::kAvg || size() == 1) return;
+    PtrSet p{};
+    p.p[0] = static_cast<char*>(buf);
+    launchReduce(t, ReduceOp::kSum, p, 1, p, 1, count, size(), stream_);
+  }
   void finish(const char* what) {
     const Deadline deadline(pg_.options().timeout);
     while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
@@ -263,6 +275,38 @@ class NcclComm : public CudaComm {
   cudaStream_t stream_{};
   ncclComm_t comm_{};
   bool aborted_ = false;
+};
+
+// ------------------------------------------------------------------- self
+// A group of one: every collective is a device-to-device copy (or nothing).
+class SelfComm : public CudaComm {
+ public:
+  explicit SelfComm(ProcessGroup& pg) : pg_(pg) { CUDA_OK(cudaStreamCreate(&stream_)); }
+  ~SelfComm() override { cudaStreamDestroy(stream_); }
+  std::string name() const override { return "self"; }
+  int size() const override { return 1; }
+  int me() const override { return 0; }
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp) override {
+    copy(out, in, count * dtypeSize(t));
+  }
+  void broadcast(void*, size_t, int) override {}
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    copy(out, in, bytes[0]);
+  }
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp) override {
+    copy(out, in, count * dtypeSize(t));
+  }
+  void barrier() override { CUDA_OK(cudaStreamSynchronize(stream_)); }
+  void abort(int) noexcept override {}
+
+ private:
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (dst == src || bytes == 0) return;
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    syncStream(stream_, pg_.options().timeout, "copy");
+  }
+  ProcessGroup& pg_;
+  cudaStream_t stream_{};
 };
 
 // ----------------------------------------------------------------- staged
@@ -328,12 +372,18 @@ class StagedComm : public CudaComm {
   }
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     if (!bytes) return;
+    if (bytes <= kSyncCopyBytes && syncSmall_) {  // plain blocking copy: lowest latency
+      CUDA_OK(cudaMemcpy(dst, src, bytes, kind));
+      return;
+    }
     CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
     syncStream(stream_, pg_.options().timeout, "staging copy");
   }
 
+  static constexpr size_t kSyncCopyBytes = 64 * 1024;
   ProcessGroup& pg_;
   Comm& host_;
+  bool syncSmall_ = !std::getenv("DDPRUN_CUDA_ASYNC_SMALL_COPIES");
   cudaStream_t stream_{};
   char* pinned_ = nullptr;
   size_t pinnedBytes_ = 0;
@@ -552,7 +602,10 @@ std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* sh
   const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
   const bool oneHost = pg.topology().numHosts == 1;
   std::string want = std::getenv("DDPRUN_CUDA_TRANSPORT") ? std::getenv("DDPRUN_CUDA_TRANSPORT") : "";
-  if (want.empty() || want == "auto") want = distinct ? "nccl" : (oneHost && shm ? "ipc" : "staged");
+  if (want.empty() || want == "auto") {
+    if (pg.size() == 1) return std::make_unique<SelfComm>(pg);
+    want = distinct ? "nccl" : (oneHost && shm ? "ipc" : "staged");
+  }
   if (want == "nccl") {
     if (!distinct)
       DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=nccl but ranks share a GPU (",
