@@ -173,9 +173,10 @@ def plot(res, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="sizes up to 16 MiB only")
-    ap.add_argument("--replot", action="store_true")
+    ap.add_argument("--replot", nargs="?", const=os.path.join(DOCS, "allreduce_bench.json"),
+                    help="redraw the plot and table from a saved JSON (default docs/allreduce_bench.json)")
     a = ap.parse_args()
-    jpath = os.path.join(DOCS, "allreduce_bench.json")
+    jpath = a.replot or os.path.join(DOCS, "allreduce_bench.json")
     if a.replot:
         res = json.load(open(jpath))
     else:
@@ -191,7 +192,7 @@ def main():
         res["membw_after"] = membw()
         os.makedirs(DOCS, exist_ok=True)
         json.dump(res, open(jpath, "w"), indent=1)
-    plot(res, os.path.join(DOCS, "allreduce_bench.png"))
+    plot(res, os.path.splitext(jpath)[0] + ".png")
     print("memcpy: 1 thread %.2f GB/s, all threads %.2f GB/s" % (
         res["membw"]["copy_1thread_gbps"], res["membw"]["copy_allthreads_gbps"]))
     print(table(res))

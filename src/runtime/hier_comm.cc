@@ -22,7 +22,7 @@ void HierComm::allReduce(const void* in, void* out, size_t count, DType t, Reduc
   const ReduceOp stageOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   if (local_)
     local_->allReduce(in, out, count, t, stageOp);
-  else if (in != out)
+  else if (in != out && count)
     std::memcpy(out, in, count * dtypeSize(t));
   if (ring_) ring_->allReduce(out, out, count, t, stageOp);
   localBroadcast(out, count * dtypeSize(t), 0);
@@ -81,7 +81,7 @@ void HierComm::reduceScatter(const void* in, void* out, size_t count, DType t, R
   const size_t es = dtypeSize(t);
   std::vector<char> tmp(count * es * topo_.size);
   allReduce(in, tmp.data(), count * topo_.size, t, op);
-  std::memcpy(out, tmp.data() + topo_.rank * count * es, count * es);
+  if (count) std::memcpy(out, tmp.data() + topo_.rank * count * es, count * es);
 }
 
 void HierComm::barrier() {

@@ -29,11 +29,11 @@ size_t ipcScratchBytes() {
   return (v ? std::max<size_t>(1, std::strtoull(v, nullptr, 10)) : 256) << 20;
 }
 // Below this many bytes the IPC path stages through host shared memory
-// instead (DDPRUN_CUDA_IPC_MIN_BYTES): ranks sharing a GPU time-slice it, so
+// instead (DDPRUN_CUDA_IPC_MIN_BYTES; on an H100 staging won up to ~1 MiB): ranks sharing a GPU time-slice it, so
 // every GPU step costs a context switch, and small operations are all steps.
 size_t ipcMinBytes() {
   const char* v = std::getenv("DDPRUN_CUDA_IPC_MIN_BYTES");
-  return v ? std::strtoull(v, nullptr, 10) : size_t{256} << 10;
+  return v ? std::strtoull(v, nullptr, 10) : size_t{1} << 20;
 }
 
 #define CUDA_OK(call)                                                                  \

@@ -385,7 +385,7 @@ void ShmComm::reduceScatter(const void* in, void* out, size_t count, DType t, Re
   const int n = size(), me = ctx_.me;
   const char* src = static_cast<const char*>(in);
   if (n == 1) {
-    if (in != out) std::memmove(out, in, count * es);
+    if (in != out && count) std::memmove(out, in, count * es);
     return;
   }
   const size_t chunk = std::max<size_t>(1, slotBytes() / (n * es));

@@ -331,7 +331,7 @@ void TcpRing::allGather(const void* in, void* out, const std::vector<size_t>& by
 void TcpRing::reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) {
   const int n = size();
   if (n == 1) {
-    if (in != out) std::memmove(out, in, count * dtypeSize(t));
+    if (in != out && count) std::memmove(out, in, count * dtypeSize(t));
     return;
   }
   Partition part(0, n);
