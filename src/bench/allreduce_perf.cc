@@ -4,7 +4,8 @@
 //   ddprun --nproc_per_node=N --no_python allreduce_perf -b 8 -e 256M -f 2
 //
 //   -b/-e MIN/MAX bytes (K, M, G suffixes), -f FACTOR, -t dtype, -o op,
-//   -n iters, -w warmup, -c 0|1 (check results), -d cpu|cuda,
+//   -n iters (repeated until --min-time-ms, default 50, passed), -w warmup,
+//   -c 0|1 (check results), -d cpu|cuda,
 //   --shared 0|1 (cpu: buffers from allocShared, the in-place fast path;
 //   default 1), --json (one JSON object per size on stdout, rank 0 only),
 //   --membw (measure this machine's memcpy bandwidth instead, one JSON line).
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   std::string minS = "8", maxS = "64M", dtypeS = "float32", opS = "sum", devS = "cpu";
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, shared = 1;
+  double minTimeMs = 50;
   bool json = false, membw = false;
   app.add_option("-b,--minbytes", minS, "smallest size in bytes (K/M/G suffixes)");
   app.add_option("-e,--maxbytes", maxS, "largest size in bytes");
@@ -75,6 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("-t,--datatype", dtypeS, "float32|float64|float16|bfloat16|int32|int64|uint8");
   app.add_option("-o,--op", opS, "sum|avg|min|max|prod");
   app.add_option("-n,--iters", iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
+  app.add_option("--min-time-ms", minTimeMs, "repeat the -n batch until this much time passed")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("-w,--warmup_iters", warmup, "untimed iterations per size")->check(CLI::Range(0, 1000000));
   app.add_option("-c,--check", check, "verify results (0|1)");
   app.add_option("-d,--device", devS, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -154,12 +158,26 @@ int main(int argc, char** argv) {
       o.device = dev;
       for (int i = 0; i < warmup; ++i) allReduce(*pg, o);
       barrier(*pg);
-      // Throughput: n operations back to back; latency: each one timed alone.
+      // Throughput: batches of n operations back to back, repeated until
+      // minTimeMs passed (a batch of 20 tiny operations would mostly measure
+      // the wake-up of the group's idle thread); latency: each op alone.
       const double t0 = now();
-      Work last;
-      for (int i = 0; i < iters; ++i) last = allReduceAsync(*pg, o);
-      last.wait();
-      double t = (now() - t0) / iters;
+      long done = 0;
+      do {
+        Work last;
+        for (int i = 0; i < iters; ++i) last = allReduceAsync(*pg, o);
+        last.wait();
+        done += iters;
+        double elapsed[1] = {now() - t0};
+        AllReduceOptions agree;  // every rank must run the same number of batches
+        agree.output = elapsed;
+        agree.count = 1;
+        agree.dtype = DType::kFloat64;
+        agree.op = ReduceOp::kMax;
+        allReduce(*pg, agree);
+        if (elapsed[0] * 1e3 >= minTimeMs) break;
+      } while (true);
+      double t = (now() - t0) / done;
       std::vector<double> lat;
       for (int i = 0; i < std::min(iters, 50); ++i) {
         const double s = now();
