@@ -77,10 +77,10 @@ inline void combine<int64_t, ReduceOp::kAvg>(int64_t* __restrict acc,
 }
 
 template <typename T, typename Acc, typename Conv, ReduceOp Op>
-void reduceTyped(void* dstv, const void* const* srcsv, int k, size_t count) {
-  T* dst = static_cast<T*>(dstv);
-  if (k == 1) {
-    if (dstv != srcsv[0]) std::memmove(dstv, srcsv[0], count * sizeof(T));
+void reduceTyped(void* const* dstsv, int m, const void* const* srcsv, int k, size_t count,
+                 int divisor) {
+  if (k == 1 && m == 1 && divisor == 1) {
+    if (dstsv[0] != srcsv[0]) std::memmove(dstsv[0], srcsv[0], count * sizeof(T));
     return;
   }
   alignas(64) Acc acc[kBlock];
@@ -98,20 +98,33 @@ void reduceTyped(void* dstv, const void* const* srcsv, int k, size_t count) {
         combine<Acc, Op>(acc, tmp, n);
       }
     }
-    T* d = dst + base;
-    for (size_t i = 0; i < n; ++i) d[i] = Conv::store(acc[i]);
+    if (divisor != 1) {
+      const Acc d = static_cast<Acc>(divisor);
+      for (size_t i = 0; i < n; ++i) acc[i] = static_cast<Acc>(acc[i] / d);
+    }
+    for (int j = 0; j < m; ++j) {
+      T* d = static_cast<T*>(dstsv[j]) + base;
+      if constexpr (std::is_same_v<T, Acc>)
+        std::memcpy(d, acc, n * sizeof(T));
+      else
+        for (size_t i = 0; i < n; ++i) d[i] = Conv::store(acc[i]);
+    }
   }
 }
 
 template <typename T, typename Acc, typename Conv>
-void reduceOp(ReduceOp op, void* dst, const void* const* srcs, int k, size_t count) {
+void reduceOp(ReduceOp op, void* const* dsts, int m, const void* const* srcs, int k, size_t count,
+              int divisor) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return reduceTyped<T, Acc, Conv, ReduceOp::kSum>(dst, srcs, k, count);
-    case ReduceOp::kMin: return reduceTyped<T, Acc, Conv, ReduceOp::kMin>(dst, srcs, k, count);
-    case ReduceOp::kMax: return reduceTyped<T, Acc, Conv, ReduceOp::kMax>(dst, srcs, k, count);
+    case ReduceOp::kAvg:
+      return reduceTyped<T, Acc, Conv, ReduceOp::kSum>(dsts, m, srcs, k, count, divisor);
+    case ReduceOp::kMin:
+      return reduceTyped<T, Acc, Conv, ReduceOp::kMin>(dsts, m, srcs, k, count, divisor);
+    case ReduceOp::kMax:
+      return reduceTyped<T, Acc, Conv, ReduceOp::kMax>(dsts, m, srcs, k, count, divisor);
     case ReduceOp::kProduct:
-      return reduceTyped<T, Acc, Conv, ReduceOp::kProduct>(dst, srcs, k, count);
+      return reduceTyped<T, Acc, Conv, ReduceOp::kProduct>(dsts, m, srcs, k, count, divisor);
   }
 }
 
@@ -128,17 +141,23 @@ void divideTyped(void* dstv, size_t count, int divisor) {
 
 }  // namespace
 
-void reduceN(DType t, ReduceOp op, void* dst, const void* const* srcs, int k, size_t count) {
-  if (count == 0 || k <= 0) return;
+void reduceNTo(DType t, ReduceOp op, void* const* d, int m, const void* const* s, int k,
+               size_t c, int div) {
+  if (c == 0 || k <= 0 || m <= 0) return;
   switch (t) {
-    case DType::kFloat32: return reduceOp<float, float, Plain<float>>(op, dst, srcs, k, count);
-    case DType::kFloat64: return reduceOp<double, double, Plain<double>>(op, dst, srcs, k, count);
-    case DType::kFloat16: return reduceOp<uint16_t, float, Half>(op, dst, srcs, k, count);
-    case DType::kBFloat16: return reduceOp<uint16_t, float, Bf16>(op, dst, srcs, k, count);
-    case DType::kInt32: return reduceOp<int32_t, int32_t, Plain<int32_t>>(op, dst, srcs, k, count);
-    case DType::kInt64: return reduceOp<int64_t, int64_t, Plain<int64_t>>(op, dst, srcs, k, count);
-    case DType::kUInt8: return reduceOp<uint8_t, uint8_t, Plain<uint8_t>>(op, dst, srcs, k, count);
+    case DType::kFloat32: return reduceOp<float, float, Plain<float>>(op, d, m, s, k, c, div);
+    case DType::kFloat64: return reduceOp<double, double, Plain<double>>(op, d, m, s, k, c, div);
+    case DType::kFloat16: return reduceOp<uint16_t, float, Half>(op, d, m, s, k, c, div);
+    case DType::kBFloat16: return reduceOp<uint16_t, float, Bf16>(op, d, m, s, k, c, div);
+    case DType::kInt32: return reduceOp<int32_t, int32_t, Plain<int32_t>>(op, d, m, s, k, c, div);
+    case DType::kInt64: return reduceOp<int64_t, int64_t, Plain<int64_t>>(op, d, m, s, k, c, div);
+    case DType::kUInt8: return reduceOp<uint8_t, uint8_t, Plain<uint8_t>>(op, d, m, s, k, c, div);
   }
+}
+
+void reduceN(DType t, ReduceOp op, void* dst, const void* const* srcs, int k, size_t count) {
+  void* dsts[1] = {dst};
+  reduceNTo(t, op, dsts, 1, srcs, k, count, 1);
 }
 
 void divideBy(DType t, void* dst, size_t count, int divisor) {

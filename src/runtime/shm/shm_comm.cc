@@ -282,8 +282,8 @@ void ShmComm::allReduceSmall(const void* in, void* out, size_t count, DType t, R
   sync("allReduce");
   const void* srcs[kMaxMembers];
   for (int j = 0; j < size(); ++j) srcs[j] = slot(j, b);
-  reduceN(t, op, out, srcs, size(), count);
-  if (op == ReduceOp::kAvg) divideBy(t, out, count, size());
+  void* dsts[1] = {out};
+  reduceNTo(t, op, dsts, 1, srcs, size(), count, op == ReduceOp::kAvg ? size() : 1);
 }
 
 // Reduce-scatter + all-gather through shared memory, per chunk of up to one
@@ -330,11 +330,15 @@ void ShmComm::allReduce(const void* in, void* out, size_t count, DType t, Reduce
       srcs[j] = desc[j] >= 0 ? heap(j) + desc[j] + lo : slot(j, b) + lo;
       anyStaged |= desc[j] < 0;
     }
-    reduceN(t, op, dst + lo, srcs, n, mine);
-    if (op == ReduceOp::kAvg) divideBy(t, dst + lo, mine, n);
+    // One pass: reduce, divide (avg), store to my output, to every in-place
+    // peer's buffer and (if anyone staged) to my slot for their copy-out.
+    void* dsts[kMaxMembers + 1];
+    int m = 0;
+    dsts[m++] = dst + lo;
     for (int j = 0; j < n; ++j)
-      if (j != me && desc[j] >= 0) std::memcpy(heap(j) + desc[j] + lo, dst + lo, mine * es);
-    if (anyStaged) std::memcpy(slot(me, b) + lo, dst + lo, mine * es);
+      if (j != me && desc[j] >= 0) dsts[m++] = heap(j) + desc[j] + lo;
+    if (anyStaged) dsts[m++] = slot(me, b) + lo;
+    reduceNTo(t, op, dsts, m, srcs, n, mine, op == ReduceOp::kAvg ? n : 1);
     sync("allReduce");
     if (myOff < 0)
       for (int j = 0; j < n; ++j)
@@ -379,7 +383,9 @@ void ShmComm::allGather(const void* in, void* out, const std::vector<size_t>& by
 }
 
 // Each rank stages the n-1 blocks that others own; barrier; rank i reduces
-// block i from every slot (its own block straight from its input).
+// block i from every slot (its own block straight from its input). Per rank,
+// S = count: writes (n-1)S and reads (n-1)S staging, reads nS and writes S
+// reducing — the staged bound; the output is written once.
 void ShmComm::reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) {
   const size_t es = dtypeSize(t);
   const int n = size(), me = ctx_.me;
@@ -398,9 +404,8 @@ void ShmComm::reduceScatter(const void* in, void* out, size_t count, DType t, Re
     sync("reduceScatter");
     for (int j = 0; j < n; ++j)
       srcs[j] = j == me ? src + (me * count + e0) * es : slot(j, b) + me * len * es;
-    char* dst = static_cast<char*>(out) + e0 * es;
-    reduceN(t, op, dst, srcs, n, len);
-    if (op == ReduceOp::kAvg) divideBy(t, dst, len, n);
+    void* dsts[1] = {static_cast<char*>(out) + e0 * es};
+    reduceNTo(t, op, dsts, 1, srcs, n, len, op == ReduceOp::kAvg ? n : 1);
   }
 }
 
