@@ -1,4 +1,5 @@
 // CUDA transports. See include/ddprun/runtime/cuda.h for how one is chosen.
+#include <cuda.h>  // types only: driver calls go through cudaGetDriverEntryPoint
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -391,13 +394,36 @@ class StagedComm : public CudaComm {
 
 
 // -------------------------------------------------------------------- IPC
+// cuMemGetAddressRange through the runtime's driver entry point (no link to
+// libcuda, so binaries still start on machines without a driver).
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+AddressRangeFn addressRangeFn() {
+  static AddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<AddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<AddressRangeFn>(f);
+  }();
+  return fn;
+}
+
 // Ranks sharing GPUs on one host: each rank exports a device scratch buffer;
-// every rank maps all peers' buffers. All-reduce per chunk: copy the chunk
-// into my scratch; host barrier; one kernel reduces my 1/n slice over all n
-// scratch buffers and writes the result into all n; host barrier; copy my
-// scratch out. Device traffic per rank: 2S (copy in) + S read + S write
-// (reduce) + 2S (copy out), i.e. ~6nS in HBM against the 2nS floor of
-// reading every input once and writing every output once.
+// every rank maps all peers' buffers.
+//
+// All-reduce, direct (the default when every rank's buffers can be exported):
+// ranks exchange IPC handles of their input and output allocations (peers
+// cache the mappings); host barrier; one kernel per rank reduces its 1/n slice
+// reading all n inputs and writes it into all n outputs; host barrier. HBM
+// traffic: every input byte read once, every output byte written once — the
+// 2nS floor — and one GPU step per rank.
+// Chunked through scratch (fallback, and for the other collectives): copy the
+// chunk into my scratch; barrier; reduce my slice over all scratch buffers
+// into all of them; barrier; copy out: ~6nS.
 class IpcComm : public CudaComm {
  public:
   IpcComm(ProcessGroup& pg, ShmComm& shm, Comm& host)
@@ -426,6 +452,8 @@ class IpcComm : public CudaComm {
     shm.barrier();
   }
   ~IpcComm() override {
+    for (auto& [key, p] : mapped_) cudaIpcCloseMemHandle(p);
+    if (ready_) cudaEventDestroy(ready_);
     for (int j = 0; j < static_cast<int>(peers_.size()); ++j)
       if (j != shm_.me() && peers_[j]) cudaIpcCloseMemHandle(peers_[j]);
     cudaFree(mine_);
@@ -438,6 +466,7 @@ class IpcComm : public CudaComm {
   void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
     const size_t es = dtypeSize(t);
     if (count * es < minBytes_) return small_.allReduce(in, out, count, t, op);
+    if (direct_ && allReduceDirect(in, out, count, t, op)) return;
     const int n = size();
     const size_t chunk = scratch_ / es;
     for (size_t e0 = 0; e0 < count; e0 += chunk) {
@@ -516,6 +545,67 @@ class IpcComm : public CudaComm {
   void abort(int by) noexcept override { shm_.abort(by); }
 
  private:
+  struct DirectRecord {
+    cudaIpcMemHandle_t in, out;
+    uint64_t inOff, outOff;
+    int32_t ok, pad;
+  };
+  static bool exportPtr(const void* p, cudaIpcMemHandle_t* h, uint64_t* off) {
+    AddressRangeFn fn = addressRangeFn();
+    CUdeviceptr base = 0;
+    size_t bytes = 0;
+    if (!fn || fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+    if (cudaIpcGetMemHandle(h, reinterpret_cast<void*>(base)) != cudaSuccess) {
+      cudaGetLastError();  // e.g. memory from cudaMallocAsync pools: not exportable
+      return false;
+    }
+    *off = reinterpret_cast<uint64_t>(p) - base;
+    return true;
+  }
+  // Peer allocation mapped here; mappings are cached (buffers are reused
+  // every step) and the oldest closed beyond kMaxMapped.
+  char* mapPeer(const cudaIpcMemHandle_t& h) {
+    const std::string key(reinterpret_cast<const char*>(&h), sizeof(h));
+    if (auto it = mapped_.find(key); it != mapped_.end()) return it->second;
+    void* p = nullptr;
+    CUDA_OK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+    mapped_[key] = static_cast<char*>(p);
+    order_.push_back(key);
+    if (order_.size() > kMaxMapped) {
+      cudaIpcCloseMemHandle(mapped_[order_.front()]);
+      mapped_.erase(order_.front());
+      order_.pop_front();
+    }
+    return static_cast<char*>(p);
+  }
+  bool allReduceDirect(const void* in, void* out, size_t count, DType t, ReduceOp op) {
+    const int n = size();
+    DirectRecord mine{};
+    mine.ok = exportPtr(in, &mine.in, &mine.inOff) && exportPtr(out, &mine.out, &mine.outOff);
+    // Peers read my input from their own contexts: work queued before this
+    // call (on the default stream too: ours is a blocking stream) must be done.
+    if (!ready_) CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(ready_, stream_));
+    syncStream(stream_, pg_.options().timeout, "allReduce");
+    std::vector<DirectRecord> all(n);
+    shm_.allGather(&mine, all.data(), std::vector<size_t>(n, sizeof(DirectRecord)));
+    for (const auto& r : all)
+      if (!r.ok) return false;  // every rank sees the same records: all fall back
+    const size_t es = dtypeSize(t);
+    const Partition part(count, n);
+    const size_t lo = part.offset(me()) * es;
+    PtrSet s{}, d{};
+    for (int j = 0; j < n; ++j) {
+      const char* src = j == me() ? static_cast<const char*>(in) : mapPeer(all[j].in) + all[j].inOff;
+      char* dst = j == me() ? static_cast<char*>(out) : mapPeer(all[j].out) + all[j].outOff;
+      s.p[j] = const_cast<char*>(src) + lo;
+      d.p[j] = dst + lo;
+    }
+    launchReduce(t, op, s, n, d, n, part.length(me()), op == ReduceOp::kAvg ? n : 1, stream_);
+    step("allReduce");
+    return true;
+  }
+
   // Finish this rank's GPU work, then meet the other ranks.
   void step(const char* what) {
     syncStream(stream_, pg_.options().timeout, what);
@@ -524,9 +614,14 @@ class IpcComm : public CudaComm {
 
   ProcessGroup& pg_;
   ShmComm& shm_;
+  static constexpr size_t kMaxMapped = 64;
   StagedComm small_;
   size_t scratch_;
   size_t minBytes_;
+  bool direct_ = !std::getenv("DDPRUN_CUDA_IPC_NO_DIRECT");
+  cudaEvent_t ready_{};
+  std::map<std::string, char*> mapped_;
+  std::deque<std::string> order_;
   cudaStream_t stream_{};
   void* mine_ = nullptr;
   std::vector<char*> peers_;
