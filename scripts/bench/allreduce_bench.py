@@ -8,6 +8,8 @@ runs, interleaved per world size:
   - ours: `ddprun --nproc_per_node=N --no_python allreduce_perf --json`, with
     buffers in the shared heap (the in-place path) and with private buffers
     (staged through shared memory);
+  - ours with DDPRUN_TRANSPORT=tcp (the TCP ring over loopback, gloo's
+    transport, for a like-for-like comparison);
   - gloo: torch.distributed all_reduce on CPU tensors (torchrun of the same
     PyTorch), timed the same way (n back-to-back ops; p50 of single ops;
     slowest rank).
@@ -77,13 +79,14 @@ def parse_json_lines(text):
     return out
 
 
-def run_ours(n, sizes, shared):
+def run_ours(n, sizes, shared, transport="auto"):
     rows = []
+    env = dict(os.environ, DDPRUN_TRANSPORT=transport)
     for lo, hi, f in sizes:
         args = [os.path.join(BIN, "ddprun"), "--nproc-per-node=%d" % n, "--master-port=%d" % free_port(),
                 "--no-python", os.path.join(BIN, "allreduce_perf"), "-b", str(lo), "-e", str(hi),
                 "-f", str(f), "-n", "20", "-w", "5", "--shared", "1" if shared else "0", "--json"]
-        p = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        p = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
         if p.returncode != 0:
             sys.exit("allreduce_perf failed:\n" + p.stdout + p.stderr)
         rows += parse_json_lines(p.stdout)
@@ -122,15 +125,18 @@ def table(res):
         ours = {r["bytes"]: r for r in res["ours_shared"][str(n)]}
         priv = {r["bytes"]: r for r in res["ours_private"][str(n)]}
         gloo = {r["bytes"]: r for r in res["gloo"][str(n)]}
+        tcp = {r["bytes"]: r for r in res.get("ours_tcp", {}).get(str(n), [])}
         lines.append("\n**%d ranks** (float32 sum; time = mean of back-to-back ops, p50 = single op)\n" % n)
-        lines.append("| bytes | ours busbw GB/s | ours p50 us | ours private busbw | gloo busbw GB/s | gloo p50 us "
-                     "| busbw ours/gloo | p50 gloo/ours | % of mem floor |")
-        lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("| bytes | ours busbw GB/s | ours p50 us | ours private busbw | ours TCP ring busbw "
+                     "| gloo busbw GB/s | gloo p50 us | busbw ours/gloo | p50 gloo/ours | % of mem floor |")
+        lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for b in sorted(ours):
             o, g, p = ours[b], gloo.get(b), priv.get(b)
             fl = floor_us(n, b, bw)
-            lines.append("| %d | %.3f | %.1f | %s | %s | %s | %s | %s | %.0f%% |" % (
+            t = tcp.get(b)
+            lines.append("| %d | %.3f | %.1f | %s | %s | %s | %s | %s | %s | %.0f%% |" % (
                 b, o["busbw_gbps"], o["lat_p50_us"], "%.3f" % p["busbw_gbps"] if p else "-",
+                "%.3f" % t["busbw_gbps"] if t else "-",
                 "%.3f" % g["busbw_gbps"] if g else "-", "%.1f" % g["lat_p50_us"] if g else "-",
                 "%.1fx" % (o["busbw_gbps"] / g["busbw_gbps"]) if g and g["busbw_gbps"] > 0 else "-",
                 "%.1fx" % (g["lat_p50_us"] / o["lat_p50_us"]) if g else "-",
@@ -150,7 +156,10 @@ def plot(res, path):
     for n, style in zip(res["ranks"], ["-", "--"]):
         for key, label, color in [("ours_shared", "ddprun (shared heap)", "C0"),
                                   ("ours_private", "ddprun (private buffers)", "C2"),
+                                  ("ours_tcp", "ddprun (TCP ring, forced)", "C1"),
                                   ("gloo", "PyTorch gloo", "C3")]:
+            if str(n) not in res.get(key, {}):
+                continue
             rows = sorted(res[key][str(n)], key=lambda r: r["bytes"])
             xs = [r["bytes"] for r in rows]
             ax1.plot(xs, [r["busbw_gbps"] for r in rows], style, color=color, marker="o", ms=3,
@@ -182,13 +191,14 @@ def main():
     else:
         ranges = [(8, 16 << 20, 8)] + ([] if a.quick else [(64 << 20, 256 << 20, 4)])
         sizes = [8 * 8 ** k for k in range(9)] + ([] if a.quick else [64 << 20, 256 << 20])
-        res = {"ranks": [2, 4], "membw": membw(), "ours_shared": {}, "ours_private": {}, "gloo": {},
+        res = {"ranks": [2, 4], "membw": membw(), "ours_shared": {}, "ours_private": {}, "ours_tcp": {}, "gloo": {},
                "host": socket.gethostname(), "cpus": os.cpu_count()}
         for n in res["ranks"]:
             print("world size %d ..." % n, file=sys.stderr)
             res["ours_shared"][str(n)] = run_ours(n, ranges, True)
             res["gloo"][str(n)] = run_gloo(n, sizes)
             res["ours_private"][str(n)] = run_ours(n, ranges, False)
+            res["ours_tcp"][str(n)] = run_ours(n, ranges, False, "tcp")
         res["membw_after"] = membw()
         os.makedirs(DOCS, exist_ok=True)
         json.dump(res, open(jpath, "w"), indent=1)
