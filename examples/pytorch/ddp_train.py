@@ -7,6 +7,7 @@ the loss, all_gather for evaluation. Rank 0 prints one JSON line of results.
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,14 @@ def main():
                           "param_checksum": checksum,
                           "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT")}), flush=True)
     dist.destroy_process_group()
+    # Leave without interpreter finalisation: a gloo worker thread may still be
+    # dropping the last collective's tensors, which needs the GIL; during
+    # finalisation that thread is killed and PyTorch aborts ("terminate called
+    # without an active exception", backtrace in AsyncAllgatherWork's
+    # destructor). A PyTorch teardown race, seen under torchrun as well.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
