@@ -66,6 +66,7 @@ Env workerEnv(const LaunchConfig& cfg, const GroupInfo& group, int localRank,
   set("TORCHELASTIC_RUN_ID", group.runId);
   set("TORCHELASTIC_USE_AGENT_STORE", group.useAgentStore ? "True" : "False");
   set("TORCHELASTIC_ERROR_FILE", errorFile);
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signalsToHandleText);
   if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (cfg.virtualLocalRank) {
     // One device each: the parent's list element [local_rank], else the index.

@@ -81,6 +81,7 @@ void finish(const Raw& raw, const EnvLookup& env, agent::LaunchConfig& c) {
   c.duplicateStdoutFilters = agent::parseFilterList(raw.dupOut);
   c.duplicateStderrFilters = agent::parseFilterList(raw.dupErr);
   c.signalsToHandle = agent::parseSignals(raw.signals);
+  c.signalsToHandleText = raw.signals;
   std::string shutdown = raw.shutdownTimeout;
   if (shutdown.empty()) shutdown = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT").value_or("30");
   c.shutdownTimeout = std::chrono::seconds(toInt(shutdown, "--shutdown-timeout", 0));

@@ -55,6 +55,9 @@ struct LaunchConfig {
   std::string logsSpecs;
   std::string numaBinding;
   std::vector<int> signalsToHandle;  // signal numbers
+  // As given on the command line; exported to workers as
+  // TORCHELASTIC_SIGNALS_TO_HANDLE, like torchrun does.
+  std::string signalsToHandleText = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::chrono::seconds shutdownTimeout{30};
   bool virtualLocalRank = false;
   std::string script;  // training script, module or program
