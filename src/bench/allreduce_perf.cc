@@ -4,7 +4,7 @@
 //   ddprun --nproc_per_node=N --no_python allreduce_perf -b 8 -e 256M -f 2
 //
 //   -b/-e MIN/MAX bytes (K, M, G suffixes), -f FACTOR, -t dtype, -o op,
-//   -n iters (repeated until --min-time-ms, default 50, passed), -w warmup,
+//   -n iters (batches of n repeated to fill --min-time-ms, default 50), -w warmup,
 //   -c 0|1 (check results), -d cpu|cuda,
 //   --shared 0|1 (cpu: buffers from allocShared, the in-place fast path;
 //   default 1), --json (one JSON object per size on stdout, rank 0 only),
@@ -158,26 +158,30 @@ int main(int argc, char** argv) {
       o.device = dev;
       for (int i = 0; i < warmup; ++i) allReduce(*pg, o);
       barrier(*pg);
-      // Throughput: batches of n operations back to back, repeated until
-      // minTimeMs passed (a batch of 20 tiny operations would mostly measure
-      // the wake-up of the group's idle thread); latency: each op alone.
-      const double t0 = now();
-      long done = 0;
-      do {
+      // Throughput: batches of n operations back to back, as many as fill
+      // minTimeMs (a batch of 20 tiny operations would mostly measure the
+      // wake-up of the group's idle thread); latency: each op alone. A first,
+      // untimed batch sizes the run; ranks agree on the slowest estimate so
+      // they all run the same number of batches and nothing else is timed.
+      auto batch = [&] {
         Work last;
         for (int i = 0; i < iters; ++i) last = allReduceAsync(*pg, o);
         last.wait();
-        done += iters;
-        double elapsed[1] = {now() - t0};
-        AllReduceOptions agree;  // every rank must run the same number of batches
-        agree.output = elapsed;
-        agree.count = 1;
-        agree.dtype = DType::kFloat64;
-        agree.op = ReduceOp::kMax;
-        allReduce(*pg, agree);
-        if (elapsed[0] * 1e3 >= minTimeMs) break;
-      } while (true);
-      double t = (now() - t0) / done;
+      };
+      double probe[1] = {now()};
+      batch();
+      probe[0] = now() - probe[0];
+      AllReduceOptions agree;
+      agree.output = probe;
+      agree.count = 1;
+      agree.dtype = DType::kFloat64;
+      agree.op = ReduceOp::kMax;
+      allReduce(*pg, agree);
+      const long batches = std::max(1L, static_cast<long>(std::ceil(minTimeMs / 1e3 / probe[0])));
+      barrier(*pg);
+      const double t0 = now();
+      for (long b = 0; b < batches; ++b) batch();
+      double t = (now() - t0) / (batches * iters);
       std::vector<double> lat;
       for (int i = 0; i < std::min(iters, 50); ++i) {
         const double s = now();

@@ -89,40 +89,40 @@ void barrier(ProcessGroup& pg, const BarrierOptions&) {
 }
 
 
+namespace {
+// Async: the group's thread runs it. Blocking: run inline when the group is idle.
+template <typename Options>
+Work submit(ProcessGroup& pg, Op (*prepare)(ProcessGroup&, const Options&), const Options& o,
+            bool blocking) {
+  Op op = prepare(pg, o);
+  return blocking ? pg.run(std::move(op.name), std::move(op.fn), true)
+                  : pg.enqueue(std::move(op.name), std::move(op.fn));
+}
+}  // namespace
+
 Work allReduceAsync(ProcessGroup& pg, const AllReduceOptions& o) {
-  Op op = prepare_allReduce(pg, o);
-  return pg.enqueue(std::move(op.name), std::move(op.fn));
+  return submit(pg, prepare_allReduce, o, false);
 }
 void allReduce(ProcessGroup& pg, const AllReduceOptions& o) {
-  Op op = prepare_allReduce(pg, o);
-  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+  submit(pg, prepare_allReduce, o, true).wait();
 }
-
 Work broadcastAsync(ProcessGroup& pg, const BroadcastOptions& o) {
-  Op op = prepare_broadcast(pg, o);
-  return pg.enqueue(std::move(op.name), std::move(op.fn));
+  return submit(pg, prepare_broadcast, o, false);
 }
 void broadcast(ProcessGroup& pg, const BroadcastOptions& o) {
-  Op op = prepare_broadcast(pg, o);
-  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+  submit(pg, prepare_broadcast, o, true).wait();
 }
-
 Work allGatherAsync(ProcessGroup& pg, const AllGatherOptions& o) {
-  Op op = prepare_allGather(pg, o);
-  return pg.enqueue(std::move(op.name), std::move(op.fn));
+  return submit(pg, prepare_allGather, o, false);
 }
 void allGather(ProcessGroup& pg, const AllGatherOptions& o) {
-  Op op = prepare_allGather(pg, o);
-  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+  submit(pg, prepare_allGather, o, true).wait();
 }
-
 Work reduceScatterAsync(ProcessGroup& pg, const ReduceScatterOptions& o) {
-  Op op = prepare_reduceScatter(pg, o);
-  return pg.enqueue(std::move(op.name), std::move(op.fn));
+  return submit(pg, prepare_reduceScatter, o, false);
 }
 void reduceScatter(ProcessGroup& pg, const ReduceScatterOptions& o) {
-  Op op = prepare_reduceScatter(pg, o);
-  pg.run(std::move(op.name), std::move(op.fn), true).wait();
+  submit(pg, prepare_reduceScatter, o, true).wait();
 }
 
 }  // namespace ddprun::runtime

@@ -72,4 +72,8 @@ struct Partition {
   std::vector<size_t> offsets;  // parts + 1 entries
 };
 
+// Where each piece starts when pieces of `bytes[i]` lie back to back; one
+// extra entry holds the total.
+std::vector<size_t> prefixOffsets(const std::vector<size_t>& bytes);
+
 }  // namespace ddprun::runtime

@@ -49,8 +49,7 @@ void HierComm::allGather(const void* in, void* out, const std::vector<size_t>& b
   std::vector<size_t> blobBytes(hosts, 0);
   for (int h = 0; h < hosts; ++h)
     for (int r : topo_.ranksOfHost[h]) blobBytes[h] += bytes[r];
-  std::vector<size_t> blobOff(hosts + 1, 0);
-  for (int h = 0; h < hosts; ++h) blobOff[h + 1] = blobOff[h] + blobBytes[h];
+  const std::vector<size_t> blobOff = prefixOffsets(blobBytes);
   std::vector<char> all(blobOff[hosts]);
   char* mine = all.data() + blobOff[topo_.hostIndex];
   const auto& locals = topo_.ranksOfHost[topo_.hostIndex];
@@ -63,8 +62,7 @@ void HierComm::allGather(const void* in, void* out, const std::vector<size_t>& b
   }
   if (ring_) ring_->allGather(mine, all.data(), blobBytes);
   localBroadcast(all.data(), all.size(), 0);
-  std::vector<size_t> off(topo_.size + 1, 0);
-  for (int r = 0; r < topo_.size; ++r) off[r + 1] = off[r] + bytes[r];
+  const std::vector<size_t> off = prefixOffsets(bytes);
   for (int h = 0; h < hosts; ++h) {
     size_t pos = blobOff[h];
     for (int r : topo_.ranksOfHost[h]) {

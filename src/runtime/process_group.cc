@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -169,7 +170,7 @@ class ProcessGroup::Impl {
   std::mutex heapMu;
   std::map<size_t, size_t> freeBlocks;
   std::map<size_t, size_t> usedBlocks;
-  std::map<void*, bool> privateBlocks;
+  std::set<void*> privateBlocks;  // allocShared without a segment
 
   std::mutex mu;
   std::condition_variable cv;
@@ -200,7 +201,7 @@ ProcessGroup::~ProcessGroup() {
   impl_->hier.reset();
   impl_->ring.reset();
   impl_->shm.reset();
-  for (auto& [p, _] : impl_->privateBlocks) std::free(p);
+  for (void* p : impl_->privateBlocks) std::free(p);
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::fromEnv(ProcessGroupOptions opts) {
@@ -456,10 +457,6 @@ Work ProcessGroup::run(std::string name, std::function<void()> fn, bool inlineOk
 }
 
 Comm& ProcessGroup::comm() { return *impl_->comm; }
-store::Store& ProcessGroup::store() {
-  DDPRUN_CHECK(impl_->store != nullptr, "a single-rank group without a store");
-  return *impl_->store;
-}
 
 CudaComm& ProcessGroup::cudaComm() {
   if (!impl_->cuda) impl_->cuda = makeCudaComm(*this, *impl_->comm, impl_->shm.get());
@@ -510,7 +507,7 @@ void* ProcessGroup::allocShared(size_t bytes) {
   if (!m.shm || m.shm->heapBytes() == 0) {
     void* p = std::aligned_alloc(64, bytes);
     if (!p) throw std::bad_alloc();
-    m.privateBlocks[p] = true;
+    m.privateBlocks.insert(p);
     return p;
   }
   for (auto it = m.freeBlocks.begin(); it != m.freeBlocks.end(); ++it) {

@@ -143,7 +143,6 @@ class ProcessGroup {
   // Internal: the transport objects (valid on the group's thread).
   Comm& comm();
   CudaComm& cudaComm();  // created on first use
-  store::Store& store();
   // Explains a failure: asks the store which ranks are still answering and
   // returns a sentence naming the ones that are not.
   std::string diagnose(const std::string& what, int suspect);

@@ -52,11 +52,16 @@ size_t ipcMinBytes() {
       DDPRUN_THROW(::ddprun::IoError, #call, ": ", ncclGetErrorString(r_));            \
   } while (0)
 
+// Resolved once: every collective binds its thread to it (no driver query
+// on the hot path).
 int envDevice() {
-  if (const char* v = std::getenv("DDPRUN_CUDA_DEVICE")) return std::atoi(v);
-  const char* lr = std::getenv("LOCAL_RANK");
-  const int n = cudaDeviceCount();
-  return n > 0 ? (lr ? std::atoi(lr) : 0) % n : 0;
+  static const int dev = [] {
+    if (const char* v = std::getenv("DDPRUN_CUDA_DEVICE")) return std::atoi(v);
+    const char* lr = std::getenv("LOCAL_RANK");
+    const int n = cudaDeviceCount();
+    return n > 0 ? (lr ? std::atoi(lr) : 0) % n : 0;
+  }();
+  return dev;
 }
 
 void requireGpu() {
@@ -340,11 +345,8 @@ class StagedComm : public CudaComm {
     if (me() != root) unstage(buf, h, bytes);
   }
   void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
-    size_t total = 0, before = 0;
-    for (int j = 0; j < size(); ++j) {
-      if (j < me()) before += bytes[j];
-      total += bytes[j];
-    }
+    const std::vector<size_t> off = prefixOffsets(bytes);
+    const size_t before = off[me()], total = off.back();
     char* h = stage(nullptr, 0, total);
     copy(h + before, in, bytes[me()], cudaMemcpyDeviceToHost);
     host_.allGather(h + before, h, bytes);
@@ -375,18 +377,12 @@ class StagedComm : public CudaComm {
   }
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     if (!bytes) return;
-    if (bytes <= kSyncCopyBytes && syncSmall_) {  // plain blocking copy: lowest latency
-      CUDA_OK(cudaMemcpy(dst, src, bytes, kind));
-      return;
-    }
     CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
     syncStream(stream_, pg_.options().timeout, "staging copy");
   }
 
-  static constexpr size_t kSyncCopyBytes = 64 * 1024;
   ProcessGroup& pg_;
   Comm& host_;
-  bool syncSmall_ = !std::getenv("DDPRUN_CUDA_ASYNC_SMALL_COPIES");
   cudaStream_t stream_{};
   char* pinned_ = nullptr;
   size_t pinnedBytes_ = 0;
@@ -499,12 +495,9 @@ class IpcComm : public CudaComm {
     }
   }
   void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
-    size_t total = 0;
-    for (size_t b : bytes) total += b;
-    if (total < minBytes_) return small_.allGather(in, out, bytes);
+    const std::vector<size_t> off = prefixOffsets(bytes);
+    if (off.back() < minBytes_) return small_.allGather(in, out, bytes);
     const int n = size();
-    std::vector<size_t> off(n + 1, 0);
-    for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
     char* o = static_cast<char*>(out);
     if (in != o + off[me()] && bytes[me()])
       CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));

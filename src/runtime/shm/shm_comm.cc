@@ -365,8 +365,7 @@ void ShmComm::broadcast(void* buf, size_t bytes, int root) {
 // copies every peer's piece out. Per rank: writes S_me + sum S_j, reads the same.
 void ShmComm::allGather(const void* in, void* out, const std::vector<size_t>& bytes) {
   const int n = size(), me = ctx_.me;
-  std::vector<size_t> off(n + 1, 0);
-  for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
+  const std::vector<size_t> off = prefixOffsets(bytes);
   char* o = static_cast<char*>(out);
   if (in != o + off[me] && bytes[me] > 0) std::memcpy(o + off[me], in, bytes[me]);
   if (n == 1) return;

@@ -312,8 +312,7 @@ void TcpRing::broadcast(void* buf, size_t bytes, int root) {
 // Ring all-gather: n-1 steps, each forwarding the piece received last.
 void TcpRing::allGather(const void* in, void* out, const std::vector<size_t>& bytes) {
   const int n = size(), r = ctx_.me;
-  std::vector<size_t> off(n + 1, 0);
-  for (int j = 0; j < n; ++j) off[j + 1] = off[j] + bytes[j];
+  const std::vector<size_t> off = prefixOffsets(bytes);
   char* o = static_cast<char*>(out);
   if (in != o + off[r] && bytes[r] > 0) std::memcpy(o + off[r], in, bytes[r]);
   const Deadline deadline(ctx_.timeout);
@@ -346,13 +345,6 @@ void TcpRing::barrier() {
   std::vector<char> buf(size(), 1);
   std::vector<size_t> bytes(size(), 1);
   allGather(&buf[ctx_.me], buf.data(), bytes);
-}
-
-Partition::Partition(size_t count, int parts) : offsets(parts + 1) {
-  const size_t base = count / parts, extra = count % parts;
-  offsets[0] = 0;
-  for (int i = 0; i < parts; ++i)
-    offsets[i + 1] = offsets[i] + base + (static_cast<size_t>(i) < extra ? 1 : 0);
 }
 
 }  // namespace ddprun::runtime
