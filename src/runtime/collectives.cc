@@ -5,14 +5,15 @@
 
 #include "comm.h"
 #include "cuda/cuda_comm.h"
+#include "pg_internal.h"
 
 namespace ddprun::runtime {
 
 namespace {
 Comm& commFor(ProcessGroup& pg, Device d) {
-  if (d == Device::kCpu) return pg.comm();
+  if (d == Device::kCpu) return internal::comm(pg);
   cudaBindThread();  // inline operations run on the caller's thread
-  return pg.cudaComm();
+  return internal::cudaComm(pg);
 }
 
 struct Op {
@@ -82,10 +83,10 @@ static Op prepare_reduceScatter(ProcessGroup& pg, const ReduceScatterOptions& o)
 }
 
 Work barrierAsync(ProcessGroup& pg, const BarrierOptions&) {
-  return pg.enqueue("barrier", [&pg] { pg.comm().barrier(); });
+  return internal::enqueue(pg, "barrier", [&pg] { internal::comm(pg).barrier(); });
 }
 void barrier(ProcessGroup& pg, const BarrierOptions&) {
-  pg.run("barrier", [&pg] { pg.comm().barrier(); }, true).wait();
+  internal::run(pg, "barrier", [&pg] { internal::comm(pg).barrier(); }, true).wait();
 }
 
 
@@ -95,8 +96,8 @@ template <typename Options>
 Work submit(ProcessGroup& pg, Op (*prepare)(ProcessGroup&, const Options&), const Options& o,
             bool blocking) {
   Op op = prepare(pg, o);
-  return blocking ? pg.run(std::move(op.name), std::move(op.fn), true)
-                  : pg.enqueue(std::move(op.name), std::move(op.fn));
+  return blocking ? internal::run(pg, std::move(op.name), std::move(op.fn), true)
+                  : internal::enqueue(pg, std::move(op.name), std::move(op.fn));
 }
 }  // namespace
 

@@ -26,6 +26,7 @@
 #include "ddprun/store/tcp_store.h"
 #include "ddprun/store/tcp_store_server.h"
 #include "hier_comm.h"
+#include "pg_internal.h"
 #include "shm/shm_comm.h"
 #include "tcp/tcp_ring.h"
 
@@ -550,5 +551,31 @@ void ProcessGroup::freeShared(void* p) {
   }
   m.freeBlocks[off] = len;
 }
+
+// ---------------------------------------------------------------- internal
+namespace internal {
+struct Access {
+  static Comm& comm(ProcessGroup& pg) { return pg.comm(); }
+  static CudaComm& cudaComm(ProcessGroup& pg) { return pg.cudaComm(); }
+  static Work run(ProcessGroup& pg, std::string name, std::function<void()> fn, bool inlineOk) {
+    return pg.run(std::move(name), std::move(fn), inlineOk);
+  }
+  static std::string diagnose(ProcessGroup& pg, const std::string& what, int suspect) {
+    return pg.diagnose(what, suspect);
+  }
+};
+
+Comm& comm(ProcessGroup& pg) { return Access::comm(pg); }
+CudaComm& cudaComm(ProcessGroup& pg) { return Access::cudaComm(pg); }
+Work enqueue(ProcessGroup& pg, std::string name, std::function<void()> fn) {
+  return Access::run(pg, std::move(name), std::move(fn), false);
+}
+Work run(ProcessGroup& pg, std::string name, std::function<void()> fn, bool inlineOk) {
+  return Access::run(pg, std::move(name), std::move(fn), inlineOk);
+}
+std::string diagnose(ProcessGroup& pg, const std::string& what, int suspect) {
+  return Access::diagnose(pg, what, suspect);
+}
+}  // namespace internal
 
 }  // namespace ddprun::runtime

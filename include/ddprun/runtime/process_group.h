@@ -102,6 +102,9 @@ class Work {
 
 class Comm;
 class CudaComm;
+namespace internal {
+struct Access;  // src/runtime/pg_internal.h: the transports' and collectives' way in
+}
 
 class ProcessGroup {
  public:
@@ -132,24 +135,16 @@ class ProcessGroup {
   void* allocShared(size_t bytes);
   void freeShared(void* p);
 
-  // Runs `fn` after everything issued before it. Used by the collectives;
-  // `name` appears in error messages. enqueue() always hands it to the
-  // group's thread; run() with inlineOk executes it on the calling thread
-  // when nothing is queued or running (blocking calls: no thread hand-off,
-  // which is most of a small collective's latency).
-  Work enqueue(std::string name, std::function<void()> fn);
-  Work run(std::string name, std::function<void()> fn, bool inlineOk);
-
-  // Internal: the transport objects (valid on the group's thread).
-  Comm& comm();
-  CudaComm& cudaComm();  // created on first use
-  // Explains a failure: asks the store which ranks are still answering and
-  // returns a sentence naming the ones that are not.
-  std::string diagnose(const std::string& what, int suspect);
-
  private:
+  friend struct internal::Access;
   class Impl;
   explicit ProcessGroup(ProcessGroupOptions opts);
+  // Implementations of the internal:: functions in src/runtime/pg_internal.h.
+  Work enqueue(std::string name, std::function<void()> fn);
+  Work run(std::string name, std::function<void()> fn, bool inlineOk);
+  Comm& comm();
+  CudaComm& cudaComm();
+  std::string diagnose(const std::string& what, int suspect);
   void init(std::shared_ptr<store::Store> store, int rank, int size);
   void workerLoop();
   std::exception_ptr execute(const std::string& name, const std::function<void()>& fn);

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../pg_internal.h"
 #include "../shm/shm_comm.h"
 #include "cuda_comm.h"
 #include "ddprun/runtime/cuda.h"
@@ -640,7 +641,7 @@ void cudaBindThread() { CUDA_OK(cudaSetDevice(envDevice())); }
 
 std::string cudaTransportName(ProcessGroup& pg) {
   std::string name;
-  pg.enqueue("cudaTransportName", [&] { name = pg.cudaComm().name(); }).wait();
+  internal::enqueue(pg, "cudaTransportName", [&] { name = internal::cudaComm(pg).name(); }).wait();
   return name;
 }
 
