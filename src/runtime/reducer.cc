@@ -1,1 +1,326 @@
-// (being written)
+#include "ddprun/runtime/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <sstream>
+
+#include "ddprun/common/error.h"
+#include "pg_internal.h"
+
+namespace ddprun::runtime {
+
+const char* commHookName(CommHook h) {
+  switch (h) {
+    case CommHook::kNone: return "none";
+    case CommHook::kFp16: return "fp16";
+    case CommHook::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+std::optional<CommHook> parseCommHook(std::string_view name) {
+  if (name == "none") return CommHook::kNone;
+  if (name == "fp16" || name == "float16") return CommHook::kFp16;
+  if (name == "bf16" || name == "bfloat16") return CommHook::kBf16;
+  return std::nullopt;
+}
+
+double ReducerStats::hiddenFraction() const {
+  if (commTime.count() <= 0) return 1.0;
+  // Communication after backwardEnd was exposed; everything before it ran
+  // under backward (the group thread works while the trainer computes).
+  std::chrono::duration<double> exposed{};
+  for (const auto& b : buckets) {
+    const auto from = std::max(b.started, backwardEnd);
+    if (b.finished > from) exposed += b.finished - from;
+  }
+  return std::clamp(1.0 - exposed / commTime, 0.0, 1.0);
+}
+
+// ---------------------------------------------------------------- CPU memory
+namespace {
+class CpuGradientMemory final : public GradientMemory {
+ public:
+  explicit CpuGradientMemory(ProcessGroup& pg) : pg_(pg) {}
+  Device device() const override { return Device::kCpu; }
+  void* alloc(size_t bytes) override {
+    void* p = pg_.allocShared(std::max<size_t>(bytes, 64));
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void free(void* p) override { pg_.freeShared(p); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void compress(const float* src, void* dst16, size_t n, float scale, DType t) override {
+    auto* d = static_cast<uint16_t*>(dst16);
+    // PyTorch's fp16_compress_hook casts first, then divides in 16 bits.
+    if (t == DType::kFloat16)
+      for (size_t i = 0; i < n; ++i) d[i] = floatToHalf(halfToFloat(floatToHalf(src[i])) * scale);
+    else
+      for (size_t i = 0; i < n; ++i) d[i] = floatToBf16(bf16ToFloat(floatToBf16(src[i])) * scale);
+  }
+  void decompress(const void* src16, float* dst, size_t n, DType t) override {
+    const auto* s = static_cast<const uint16_t*>(src16);
+    if (t == DType::kFloat16)
+      for (size_t i = 0; i < n; ++i) dst[i] = halfToFloat(s[i]);
+    else
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16ToFloat(s[i]);
+  }
+
+ private:
+  ProcessGroup& pg_;
+};
+
+DType hookDType(CommHook h) { return h == CommHook::kFp16 ? DType::kFloat16 : DType::kBFloat16; }
+
+uint64_t fnv1a(const std::string& s, uint64_t h) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg) {
+  return std::make_unique<CpuGradientMemory>(pg);
+}
+
+// ---------------------------------------------------------------- Reducer
+Reducer::Reducer(ProcessGroup& pg, std::vector<ParamInfo> params, ReducerOptions opts,
+                 std::unique_ptr<GradientMemory> memory)
+    : pg_(pg), params_(std::move(params)), opts_(opts), mem_(std::move(memory)) {
+  if (!mem_) mem_ = makeCpuGradientMemory(pg_);
+  DDPRUN_CHECK(!params_.empty(), "a Reducer needs at least one parameter");
+  DDPRUN_CHECK(opts_.bucketCapBytes > 0 && opts_.firstBucketBytes > 0,
+               "bucket sizes must be positive");
+  checkSameParams();
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  assign(order, /*reverse=*/true);
+  ready_.assign(params_.size(), 0);
+  resetIteration();
+}
+
+Reducer::~Reducer() {
+  for (auto& b : buckets_)
+    if (b.work.valid()) try {
+        b.work.wait();
+      } catch (...) {
+      }
+  releaseBuckets();
+}
+
+// Every rank must register the same parameters: compare count, total size
+// and a hash of the names and sizes (one all-gather at construction).
+void Reducer::checkSameParams() {
+  uint64_t h = 1469598103934665603ull;
+  size_t total = 0;
+  for (const auto& p : params_) {
+    h = fnv1a(p.name + "#" + std::to_string(p.count), h);
+    total += p.count;
+  }
+  const int64_t mine[3] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(total),
+                           static_cast<int64_t>(h)};
+  std::vector<int64_t> all(3 * static_cast<size_t>(pg_.size()));
+  allGather(pg_, {.input = mine, .output = all.data(), .count = 3, .dtype = DType::kInt64});
+  for (int r = 0; r < pg_.size(); ++r)
+    if (!std::equal(mine, mine + 3, all.begin() + 3 * r))
+      DDPRUN_THROW(InvalidArgument, "rank ", pg_.rank(), " registered ", params_.size(),
+                   " parameters (", total, " elements) but rank ", r, " registered ", all[3 * r],
+                   " (", all[3 * r + 1], " elements) or other names: every rank must build the "
+                   "same model");
+}
+
+// PyTorch's compute_bucket_assignment_by_size: walk the parameters in
+// `order`, close a bucket once it reaches its cap (the first bucket's cap is
+// firstBucketBytes, later ones bucketCapBytes). `reverse` then flips the
+// bucket list (initial layout: the first-registered parameters, in the
+// small first bucket, are reduced last).
+void Reducer::assign(const std::vector<size_t>& order, bool reverse) {
+  std::vector<std::vector<size_t>> groups(1);
+  size_t bytes = 0;
+  for (size_t i : order) {
+    groups.back().push_back(i);
+    bytes += params_[i].count * sizeof(float);
+    const size_t cap = groups.size() == 1 ? opts_.firstBucketBytes : opts_.bucketCapBytes;
+    if (bytes >= cap) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+  }
+  if (groups.back().empty()) groups.pop_back();
+  if (reverse) std::reverse(groups.begin(), groups.end());
+
+  std::vector<Bucket> fresh(groups.size());
+  slots_.assign(params_.size(), Slot{});
+  for (size_t b = 0; b < groups.size(); ++b) {
+    Bucket& bk = fresh[b];
+    bk.params = groups[b];
+    if (reverse) std::sort(bk.params.begin(), bk.params.end());
+    for (size_t i : bk.params) {
+      bk.offsets.push_back(bk.count);
+      slots_[i] = Slot{b, bk.count};
+      bk.count += params_[i].count;
+    }
+    bk.data = static_cast<float*>(mem_->alloc(bk.count * sizeof(float)));
+    if (opts_.hook != CommHook::kNone) bk.half = mem_->alloc(bk.count * 2);
+  }
+  buckets_ = std::move(fresh);
+  ++layoutVersion_;
+}
+
+void Reducer::releaseBuckets() {
+  for (auto& b : buckets_) {
+    if (b.data) mem_->free(b.data);
+    if (b.half) mem_->free(b.half);
+    b.data = nullptr;
+    b.half = nullptr;
+  }
+}
+
+float* Reducer::grad(size_t i) const {
+  DDPRUN_CHECK(i < params_.size(), "parameter index ", i, " out of range");
+  const Slot& s = slots_[i];
+  return buckets_[s.bucket].data + s.offset;
+}
+
+void Reducer::zeroGrad() {
+  for (auto& b : buckets_) mem_->zero(b.data, b.count * sizeof(float));
+}
+
+void Reducer::markReady(size_t i) {
+  DDPRUN_CHECK(i < params_.size(), "parameter index ", i, " out of range");
+  if (ready_[i])
+    DDPRUN_THROW(InvalidArgument, "parameter '", params_[i].name,
+                 "' was marked ready twice in one iteration: each parameter's gradient may be "
+                 "reported once per backward");
+  ready_[i] = 1;
+  readyOrder_.push_back(i);
+  if (!requireSync_) return;
+  Bucket& b = buckets_[slots_[i].bucket];
+  if (++b.pending == b.params.size()) launchReady();
+}
+
+// Buckets launch strictly in index order on every rank: a ready bucket waits
+// for its predecessors (launching by readiness could pair different buckets
+// across ranks).
+void Reducer::launchReady() {
+  while (nextLaunch_ < buckets_.size() &&
+         buckets_[nextLaunch_].pending == buckets_[nextLaunch_].params.size())
+    launch(nextLaunch_++);
+}
+
+// One bucket's all-reduce (average over ranks). Two markers on the group's
+// queue timestamp its start and end for the overlap statistics.
+void Reducer::launch(size_t b) {
+  Bucket& bk = buckets_[b];
+  bk.launched = true;
+  const size_t slot = timing_->size();
+  timing_->push_back({bk.count * sizeof(float), ReducerStats::Clock::now(), {}, {}});
+  if (pg_.size() == 1 && opts_.hook == CommHook::kNone) {
+    timing_->back().started = timing_->back().finished = timing_->back().launched;
+    return;
+  }
+  auto timing = timing_;
+  internal::enqueue(pg_, "reducer timing", [timing, slot] {
+    (*timing)[slot].started = ReducerStats::Clock::now();
+  });
+  AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
+                     .device = mem_->device()};
+  if (opts_.hook != CommHook::kNone) {
+    mem_->compress(bk.data, bk.half, bk.count, 1.0f / static_cast<float>(pg_.size()),
+                   hookDType(opts_.hook));
+    o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
+         .op = ReduceOp::kSum, .device = mem_->device()};
+  }
+  if (pg_.size() > 1) allReduceAsync(pg_, o);
+  bk.work = internal::enqueue(pg_, "reducer timing", [timing, slot] {
+    (*timing)[slot].finished = ReducerStats::Clock::now();
+  });
+}
+
+void Reducer::finalize() {
+  if (!requireSync_) {  // no_sync: gradients stay local and accumulate
+    for (auto& b : buckets_) b.pending = 0;
+    resetIteration();
+    return;
+  }
+  stats_.backwardEnd = ReducerStats::Clock::now();
+  if (nextLaunch_ < buckets_.size()) {
+    const std::string missing = unreadyNames();
+    if (!missing.empty())
+      DDPRUN_THROW(InvalidArgument, "parameters that received no gradient in this iteration: ",
+                   missing, ". Every parameter must take part in computing the loss on every "
+                   "rank (the reducer has no find_unused_parameters mode)");
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    if (bk.work.valid()) bk.work.wait();
+    if (bk.half) mem_->decompress(bk.half, bk.data, bk.count, hookDType(opts_.hook));
+  }
+  const auto done = ReducerStats::Clock::now();
+  stats_.waitTime = done - stats_.backwardEnd;
+  stats_.buckets = *timing_;
+  stats_.commTime = {};
+  for (const auto& t : stats_.buckets) stats_.commTime += t.finished - t.started;
+  ++iterations_;
+  const bool doRebuild = opts_.rebuildBuckets && !rebuilt_;
+  if (doRebuild) rebuild();
+  resetIteration();
+}
+
+void Reducer::resetIteration() {
+  for (auto& b : buckets_) {
+    b.pending = 0;
+    b.launched = false;
+    b.work = Work();
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  readyOrder_.clear();
+  nextLaunch_ = 0;
+  timing_ = std::make_shared<std::vector<ReducerStats::Bucket>>();
+}
+
+// Rebuild once in the order gradients became ready. Rank 0's order wins
+// (broadcast), so every rank computes the same layout; gradients move into
+// the new buckets (they may hold accumulated values the optimizer still
+// needs).
+void Reducer::rebuild() {
+  rebuilt_ = true;
+  std::vector<int64_t> order(readyOrder_.begin(), readyOrder_.end());
+  broadcast(pg_, {.buffer = order.data(), .count = order.size(), .dtype = DType::kInt64});
+  std::vector<size_t> ord(order.begin(), order.end());
+  std::vector<Bucket> old = std::move(buckets_);
+  std::vector<Slot> oldSlots = slots_;
+  assign(ord, /*reverse=*/false);
+  for (size_t i = 0; i < params_.size(); ++i)
+    mem_->copy(grad(i), old[oldSlots[i].bucket].data + oldSlots[i].offset,
+               params_[i].count * sizeof(float));
+  for (auto& b : old) {
+    mem_->free(b.data);
+    if (b.half) mem_->free(b.half);
+  }
+}
+
+std::string Reducer::unreadyNames() const {
+  std::ostringstream os;
+  int n = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) os << (n++ ? ", " : "") << "'" << params_[i].name << "'";
+  return os.str();
+}
+
+void broadcastFromRank0(ProcessGroup& pg, const std::vector<std::pair<float*, size_t>>& arrays,
+                        Device device) {
+  if (pg.size() == 1) return;
+  std::vector<Work> works;
+  for (const auto& [p, n] : arrays)
+    if (n) works.push_back(broadcastAsync(pg, {.buffer = p, .count = n, .device = device}));
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace ddprun::runtime

@@ -1,1 +1,548 @@
-// (being written)
+// The CPU backend: OpenBLAS single-precision GEMM for the linear and
+// convolution layers (convolution as im2col + one GEMM over the whole batch),
+// straight loops for pooling, ReLU, batch norm, the loss and the optimizers.
+// docs/conv_backend.md records the measurement behind the choice of OpenBLAS
+// over oneDNN for LeNet-sized layers.
+//
+// Determinism: every reduction runs in a fixed order and OpenBLAS runs with a
+// fixed thread count, so the same inputs give bitwise-identical outputs.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/train/layers.h"
+
+namespace ddprun::train {
+namespace {
+
+// C[M,N] (+)= op(A) op(B), row-major.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+          float* c, float beta) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f) std::memset(c, 0, sizeof(float) * static_cast<size_t>(m * n));
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
+              static_cast<int>(n));
+}
+
+Param makeParam(const std::string& name, Shape shape) {
+  Param p;
+  p.name = name;
+  p.value = Tensor(shape);
+  p.grad = Tensor(shape);
+  return p;
+}
+
+// ---------------------------------------------------------------- linear
+class Linear final : public Layer {
+ public:
+  Linear(std::string name, int64_t in, int64_t out)
+      : Layer(name), in_(in), out_(out), w_(makeParam(name + ".weight", {out, in})),
+        b_(makeParam(name + ".bias", {out})) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 2 && s[1] == in_, name(), " expects [N, ", in_, "], got ",
+                 shapeString(s));
+    return {s[0], out_};
+  }
+  // y[N,out] = x[N,in] W^T + b
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    const int64_t n = x.dim(0);
+    y.ensure(outputShape(x.shape()));
+    float* yd = y.data();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(yd + i * out_, b_.value.data(), out_ * 4);
+    gemm(false, true, n, out_, in_, x.data(), w_.value.data(), yd, 1.0f);
+  }
+  // dW += dy^T x; db += sum_n dy; dx = dy W
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    const int64_t n = x.dim(0);
+    gemm(true, false, out_, in_, n, dy.data(), x.data(), w_.grad.data(), 1.0f);
+    float* db = b_.grad.data();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < out_; ++o) db[o] += dy.data()[i * out_ + o];
+    if (dx) {
+      dx->ensure(x.shape());
+      gemm(false, false, n, in_, out_, dy.data(), w_.value.data(), dx->data(), 0.0f);
+    }
+  }
+  std::vector<Param*> params() override { return {&w_, &b_}; }
+
+ private:
+  int64_t in_, out_;
+  Param w_, b_;
+};
+
+// ---------------------------------------------------------------- conv2d
+// Stride 1, square kernel k, zero padding p, NCHW.
+// Forward: col[K = C*k*k, N*P] (P = OH*OW, columns image-major) from the whole
+// batch, then one GEMM tmp[OC, N*P] = W[OC, K] col, then a permute to NCHW
+// plus bias. Backward: dyT[OC, N*P] (permute), dW += dyT col^T, db += row
+// sums of dyT, dcol = W^T dyT, col2im into dx.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(std::string name, int64_t inC, int64_t outC, int k, int pad)
+      : Layer(name), c_(inC), oc_(outC), k_(k), pad_(pad),
+        w_(makeParam(name + ".weight", {outC, inC, k, k})), b_(makeParam(name + ".bias", {outC})) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
+                 shapeString(s));
+    const int64_t oh = s[2] + 2 * pad_ - k_ + 1, ow = s[3] + 2 * pad_ - k_ + 1;
+    DDPRUN_CHECK(oh > 0 && ow > 0, name(), ": input ", shapeString(s), " smaller than the kernel");
+    return {s[0], oc_, oh, ow};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    const Shape os = outputShape(x.shape());
+    const int64_t n = x.dim(0), p = os[2] * os[3], kk = c_ * k_ * k_;
+    col_.ensure({kk, n * p});
+    im2col(x, os[2], os[3]);
+    tmp_.ensure({oc_, n * p});
+    gemm(false, false, oc_, n * p, kk, w_.value.data(), col_.data(), tmp_.data(), 0.0f);
+    y.ensure(os);
+    const float* t = tmp_.data();
+    const float* b = b_.value.data();
+    float* yd = y.data();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < oc_; ++o) {
+        const float* src = t + o * n * p + i * p;
+        float* dst = yd + (i * oc_ + o) * p;
+        for (int64_t q = 0; q < p; ++q) dst[q] = src[q] + b[o];
+      }
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    const int64_t n = x.dim(0), oh = y.dim(2), ow = y.dim(3), p = oh * ow, kk = c_ * k_ * k_;
+    tmp_.ensure({oc_, n * p});
+    float* t = tmp_.data();
+    const float* g = dy.data();
+    float* db = b_.grad.data();
+    for (int64_t o = 0; o < oc_; ++o) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* src = g + (i * oc_ + o) * p;
+        float* dst = t + o * n * p + i * p;
+        for (int64_t q = 0; q < p; ++q) {
+          dst[q] = src[q];
+          s += src[q];
+        }
+      }
+      db[o] += s;
+    }
+    gemm(false, true, oc_, kk, n * p, t, col_.data(), w_.grad.data(), 1.0f);
+    if (dx) {
+      dcol_.ensure({kk, n * p});
+      gemm(true, false, kk, n * p, oc_, w_.value.data(), t, dcol_.data(), 0.0f);
+      dx->ensure(x.shape());
+      col2im(*dx, oh, ow);
+    }
+  }
+  std::vector<Param*> params() override { return {&w_, &b_}; }
+
+ private:
+  void im2col(const Tensor& x, int64_t oh, int64_t ow) {
+    const int64_t n = x.dim(0), h = x.dim(2), w = x.dim(3), p = oh * ow;
+    float* col = col_.data();
+    for (int64_t c = 0; c < c_; ++c)
+      for (int kh = 0; kh < k_; ++kh)
+        for (int kw = 0; kw < k_; ++kw) {
+          float* row = col + ((c * k_ + kh) * k_ + kw) * n * p;
+          for (int64_t i = 0; i < n; ++i) {
+            const float* img = x.data() + (i * c_ + c) * h * w;
+            float* out = row + i * p;
+            for (int64_t y = 0; y < oh; ++y) {
+              const int64_t iy = y + kh - pad_;
+              float* o = out + y * ow;
+              if (iy < 0 || iy >= h) {
+                std::memset(o, 0, sizeof(float) * ow);
+                continue;
+              }
+              const float* src = img + iy * w;
+              for (int64_t xx = 0; xx < ow; ++xx) {
+                const int64_t ix = xx + kw - pad_;
+                o[xx] = (ix >= 0 && ix < w) ? src[ix] : 0.0f;
+              }
+            }
+          }
+        }
+  }
+  void col2im(Tensor& dx, int64_t oh, int64_t ow) {
+    const int64_t n = dx.dim(0), h = dx.dim(2), w = dx.dim(3), p = oh * ow;
+    dx.zero();
+    const float* col = dcol_.data();
+    for (int64_t c = 0; c < c_; ++c)
+      for (int kh = 0; kh < k_; ++kh)
+        for (int kw = 0; kw < k_; ++kw) {
+          const float* row = col + ((c * k_ + kh) * k_ + kw) * n * p;
+          for (int64_t i = 0; i < n; ++i) {
+            float* img = dx.data() + (i * c_ + c) * h * w;
+            const float* in = row + i * p;
+            for (int64_t y = 0; y < oh; ++y) {
+              const int64_t iy = y + kh - pad_;
+              if (iy < 0 || iy >= h) continue;
+              float* dst = img + iy * w;
+              const float* s = in + y * ow;
+              for (int64_t xx = 0; xx < ow; ++xx) {
+                const int64_t ix = xx + kw - pad_;
+                if (ix >= 0 && ix < w) dst[ix] += s[xx];
+              }
+            }
+          }
+        }
+  }
+
+  int64_t c_, oc_;
+  int k_, pad_;
+  Param w_, b_;
+  Tensor col_, tmp_, dcol_;
+};
+
+// ---------------------------------------------------------------- max pool
+// Window k, stride k, floor mode (PyTorch's MaxPool2d(k)); the first maximum
+// in scan order wins, as in PyTorch's CPU kernel.
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(std::string name, int k) : Layer(std::move(name)), k_(k) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[2] >= k_ && s[3] >= k_, name(), " expects [N, C, H, W] with "
+                 "H, W >= ", k_, ", got ", shapeString(s));
+    return {s[0], s[1], s[2] / k_, s[3] / k_};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    const Shape os = outputShape(x.shape());
+    y.ensure(os);
+    arg_.resize(static_cast<size_t>(numelOf(os)));
+    const int64_t planes = os[0] * os[1], h = x.dim(2), w = x.dim(3), oh = os[2], ow = os[3];
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* in = x.data() + pl * h * w;
+      float* out = y.data() + pl * oh * ow;
+      int32_t* arg = arg_.data() + pl * oh * ow;
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          float best = -std::numeric_limits<float>::infinity();
+          int32_t at = static_cast<int32_t>(i * k_ * w + j * k_);
+          for (int a = 0; a < k_; ++a)
+            for (int b = 0; b < k_; ++b) {
+              const int32_t idx = static_cast<int32_t>((i * k_ + a) * w + j * k_ + b);
+              const float v = in[idx];
+              if (v > best || std::isnan(v)) {
+                best = v;
+                at = idx;
+              }
+            }
+          out[i * ow + j] = best;
+          arg[i * ow + j] = at;
+        }
+    }
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    dx->ensure(x.shape());
+    dx->zero();
+    const int64_t planes = y.dim(0) * y.dim(1), hw = x.dim(2) * x.dim(3), ohw = y.dim(2) * y.dim(3);
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      float* d = dx->data() + pl * hw;
+      const float* g = dy.data() + pl * ohw;
+      const int32_t* arg = arg_.data() + pl * ohw;
+      for (int64_t q = 0; q < ohw; ++q) d[arg[q]] += g[q];
+    }
+  }
+
+ private:
+  int k_;
+  std::vector<int32_t> arg_;
+};
+
+// ---------------------------------------------------------------- relu
+class Relu final : public Layer {
+ public:
+  explicit Relu(std::string name) : Layer(std::move(name)) {}
+  Shape outputShape(const Shape& s) const override { return s; }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(x.shape());
+    const float* a = x.data();
+    float* b = y.data();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) b[i] = a[i] > 0.0f ? a[i] : 0.0f;
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    dx->ensure(x.shape());
+    const float* o = y.data();
+    const float* g = dy.data();
+    float* d = dx->data();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) d[i] = o[i] > 0.0f ? g[i] : 0.0f;
+  }
+};
+
+// ---------------------------------------------------------------- flatten
+class Flatten final : public Layer {
+ public:
+  explicit Flatten(std::string name) : Layer(std::move(name)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
+    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override { y = x.reshaped(outputShape(x.shape())); }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (dx) *dx = dy.reshaped(x.shape());
+  }
+};
+
+// ---------------------------------------------------------------- batch norm
+// Training: per-channel mean and biased variance over N*H*W (two passes:
+// mean, then the mean of squared deviations); with `sync` both sums (and the
+// count) are all-reduced, so every rank normalises with the global batch's
+// statistics (SyncBatchNorm). Running statistics: momentum 0.1, unbiased
+// variance, as PyTorch. Backward with xhat = (x - mean) * invstd:
+//   dgamma += sum(dy * xhat), dbeta += sum(dy)          (local sums)
+//   dx = gamma * invstd * (dy - S1/M - xhat * S2/M),  S1 = sum(dy), S2 = sum(dy*xhat)
+// where S1, S2 and M are global (all-reduced) under sync, as in PyTorch's
+// SyncBatchNorm backward.
+class BatchNorm2d final : public Layer {
+ public:
+  BatchNorm2d(std::string name, int64_t c, runtime::ProcessGroup* sync)
+      : Layer(name), c_(c), sync_(sync), w_(makeParam(name + ".weight", {c})),
+        b_(makeParam(name + ".bias", {c})) {
+    rm_ = {name + ".running_mean", Tensor({c}), false};
+    rv_ = {name + ".running_var", Tensor({c}), false};
+    nbt_ = {name + ".num_batches_tracked", Tensor({1}), true};
+    std::fill(w_.value.data(), w_.value.data() + c, 1.0f);
+    std::fill(rv_.value.data(), rv_.value.data() + c, 1.0f);
+  }
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
+                 shapeString(s));
+    return s;
+  }
+  void forward(const Tensor& x, Tensor& y, bool training) override {
+    y.ensure(outputShape(x.shape()));
+    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    std::vector<double> mean(c_), var(c_);
+    if (training) {
+      batchStats(x, mean, var);
+      updateRunning(mean, var);
+    } else {
+      for (int64_t c = 0; c < c_; ++c) {
+        mean[c] = rm_.value.data()[c];
+        var[c] = rv_.value.data()[c];
+      }
+    }
+    invstd_.assign(c_, 0.0f);
+    xhat_.ensure(x.shape());
+    for (int64_t c = 0; c < c_; ++c) {
+      const float is = static_cast<float>(1.0 / std::sqrt(var[c] + kEps));
+      const float mu = static_cast<float>(mean[c]), g = w_.value.data()[c], bb = b_.value.data()[c];
+      invstd_[c] = is;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* in = x.data() + (i * c_ + c) * hw;
+        float* xh = xhat_.data() + (i * c_ + c) * hw;
+        float* out = y.data() + (i * c_ + c) * hw;
+        for (int64_t q = 0; q < hw; ++q) {
+          xh[q] = (in[q] - mu) * is;
+          out[q] = xh[q] * g + bb;
+        }
+      }
+    }
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    std::vector<double> sums(2 * c_ + 1, 0.0);  // S1 per channel, S2 per channel, M
+    for (int64_t c = 0; c < c_; ++c)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* g = dy.data() + (i * c_ + c) * hw;
+        const float* xh = xhat_.data() + (i * c_ + c) * hw;
+        for (int64_t q = 0; q < hw; ++q) {
+          sums[c] += g[q];
+          sums[c_ + c] += static_cast<double>(g[q]) * xh[q];
+        }
+      }
+    for (int64_t c = 0; c < c_; ++c) {
+      w_.grad.data()[c] += static_cast<float>(sums[c_ + c]);
+      b_.grad.data()[c] += static_cast<float>(sums[c]);
+    }
+    sums[2 * c_] = static_cast<double>(n * hw);
+    allReduceSums(sums);
+    if (!dx) return;
+    dx->ensure(x.shape());
+    const double m = sums[2 * c_];
+    for (int64_t c = 0; c < c_; ++c) {
+      const float k1 = static_cast<float>(sums[c] / m), k2 = static_cast<float>(sums[c_ + c] / m);
+      const float scale = w_.value.data()[c] * invstd_[c];
+      for (int64_t i = 0; i < n; ++i) {
+        const float* g = dy.data() + (i * c_ + c) * hw;
+        const float* xh = xhat_.data() + (i * c_ + c) * hw;
+        float* d = dx->data() + (i * c_ + c) * hw;
+        for (int64_t q = 0; q < hw; ++q) d[q] = scale * (g[q] - k1 - xh[q] * k2);
+      }
+    }
+  }
+  std::vector<Param*> params() override { return {&w_, &b_}; }
+  std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
+
+ private:
+  static constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+  void allReduceSums(std::vector<double>& v) {
+    if (sync_)
+      runtime::allReduce(*sync_, {.output = v.data(), .count = v.size(),
+                                  .dtype = runtime::DType::kFloat64});
+  }
+  void batchStats(const Tensor& x, std::vector<double>& mean, std::vector<double>& var) {
+    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    std::vector<double> s(c_ + 1, 0.0);
+    for (int64_t c = 0; c < c_; ++c)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* in = x.data() + (i * c_ + c) * hw;
+        for (int64_t q = 0; q < hw; ++q) s[c] += in[q];
+      }
+    s[c_] = static_cast<double>(n * hw);
+    allReduceSums(s);
+    count_ = s[c_];
+    DDPRUN_CHECK(count_ > 0, name(), ": empty batch");
+    for (int64_t c = 0; c < c_; ++c) mean[c] = s[c] / count_;
+    std::vector<double> q(c_, 0.0);
+    for (int64_t c = 0; c < c_; ++c)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* in = x.data() + (i * c_ + c) * hw;
+        for (int64_t k = 0; k < hw; ++k) {
+          const double d = in[k] - mean[c];
+          q[c] += d * d;
+        }
+      }
+    allReduceSums(q);
+    for (int64_t c = 0; c < c_; ++c) var[c] = q[c] / count_;
+  }
+  void updateRunning(const std::vector<double>& mean, const std::vector<double>& var) {
+    const double unbias = count_ > 1 ? count_ / (count_ - 1) : 1.0;
+    for (int64_t c = 0; c < c_; ++c) {
+      float& rm = rm_.value.data()[c];
+      float& rv = rv_.value.data()[c];
+      rm = static_cast<float>((1 - kMomentum) * rm + kMomentum * mean[c]);
+      rv = static_cast<float>((1 - kMomentum) * rv + kMomentum * var[c] * unbias);
+    }
+    nbt_.value.data()[0] += 1.0f;
+  }
+
+  int64_t c_;
+  runtime::ProcessGroup* sync_;
+  Param w_, b_;
+  Buffer rm_, rv_, nbt_;
+  Tensor xhat_;
+  std::vector<float> invstd_;
+  double count_ = 0;
+};
+
+// ---------------------------------------------------------------- backend
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {
+    static std::once_flag once;
+    std::call_once(once, [&] { openblas_set_num_threads(threads); });
+  }
+  Device device() const override { return Device::kCpu; }
+  Allocator& allocator() override { return cpuAllocator(); }
+  std::string describe() const override {
+    return "cpu (OpenBLAS, " + std::to_string(threads_) + " thread" +
+           (threads_ == 1 ? "" : "s") + ")";
+  }
+  std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
+    return std::make_unique<Linear>(std::move(n), in, out);
+  }
+  std::unique_ptr<Layer> conv2d(std::string n, int64_t c, int64_t oc, int k, int pad) override {
+    return std::make_unique<Conv2d>(std::move(n), c, oc, k, pad);
+  }
+  std::unique_ptr<Layer> maxPool2d(std::string n, int k) override {
+    return std::make_unique<MaxPool2d>(std::move(n), k);
+  }
+  std::unique_ptr<Layer> relu(std::string n) override { return std::make_unique<Relu>(std::move(n)); }
+  std::unique_ptr<Layer> flatten(std::string n) override {
+    return std::make_unique<Flatten>(std::move(n));
+  }
+  std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
+    return std::make_unique<BatchNorm2d>(std::move(n), c, s);
+  }
+
+  // loss = mean_i (logsumexp(z_i) - z_i[y_i]); dL/dz = (softmax(z) - onehot(y)) / N
+  double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                      int64_t* correct) override {
+    const int64_t n = logits.dim(0), k = logits.dim(1);
+    if (dlogits) dlogits->ensure(logits.shape());
+    double total = 0.0;
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* z = logits.data() + i * k;
+      const int32_t y = labels[i];
+      DDPRUN_CHECK(y >= 0 && y < k, "label ", y, " outside [0, ", k, ")");
+      int64_t arg = 0;
+      for (int64_t j = 1; j < k; ++j)
+        if (z[j] > z[arg]) arg = j;
+      hits += arg == y;
+      const float mx = z[arg];
+      double se = 0.0;
+      for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(z[j] - mx));
+      const double lse = mx + std::log(se);
+      total += lse - z[y];
+      if (dlogits) {
+        float* d = dlogits->data() + i * k;
+        for (int64_t j = 0; j < k; ++j)
+          d[j] = static_cast<float>((std::exp(z[j] - lse) - (j == y ? 1.0 : 0.0)) / n);
+      }
+    }
+    if (correct) *correct = hits;
+    return n ? total / static_cast<double>(n) : 0.0;
+  }
+
+  // torch.optim.SGD (dampening 0, no Nesterov): g' = g + wd*w;
+  // buf = g' on the first step, else momentum*buf + g'; w -= lr*buf.
+  void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
+                 float wd, bool first) override {
+    for (size_t i = 0; i < n; ++i) {
+      float d = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+      if (momentum != 0.0f) {
+        buf[i] = first ? d : momentum * buf[i] + d;
+        d = buf[i];
+      }
+      w[i] -= lr * d;
+    }
+  }
+  // torch.optim.Adam (no amsgrad): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+  void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                  float b2, float eps, float wd, int64_t step) override {
+    const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step));
+    const float stepSize = static_cast<float>(lr / bc1);
+    const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+    for (size_t i = 0; i < n; ++i) {
+      const float d = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+      m[i] = m[i] * b1 + (1.0f - b1) * d;
+      v[i] = v[i] * b2 + (1.0f - b2) * d * d;
+      const float denom = std::sqrt(v[i]) / bc2Sqrt + eps;
+      w[i] -= stepSize * (m[i] / denom);
+    }
+  }
+  void upload(const float* host, float* dst, size_t n) override {
+    if (n && host != dst) std::memcpy(dst, host, n * sizeof(float));
+  }
+  void download(const float* src, float* host, size_t n) override {
+    if (n && host != src) std::memcpy(host, src, n * sizeof(float));
+  }
+
+ private:
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> makeCpuBackend(int threads) {
+  DDPRUN_CHECK(threads >= 1, "--threads must be at least 1");
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace ddprun::train

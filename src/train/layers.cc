@@ -1,1 +1,36 @@
-// (being written)
+#include "ddprun/train/layers.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::train {
+
+// 24 random bits -> a float in [0, 1): exact and library-independent.
+float Rng::uniform(float lo, float hi) {
+  const float u = static_cast<float>(gen_() >> 40) * (1.0f / 16777216.0f);
+  return lo + (hi - lo) * u;
+}
+
+float Rng::normal() {
+  const double u1 = (static_cast<double>(gen_() >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+  const double u2 = static_cast<double>(gen_() >> 11) * (1.0 / 9007199254740992.0);
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+std::string Rng::state() const {
+  std::ostringstream os;
+  os << gen_;
+  return os.str();
+}
+
+void Rng::restore(const std::string& s) {
+  std::istringstream is(s);
+  std::mt19937_64 g;
+  is >> g;
+  if (is.fail()) DDPRUN_THROW(InvalidArgument, "malformed random generator state");
+  gen_ = g;
+}
+
+}  // namespace ddprun::train

@@ -1,0 +1,196 @@
+// The data-parallel gradient reducer: PyTorch DistributedDataParallel's
+// mathematics for anyone's C++ training loop.
+//
+// Parameters are registered in model order. Their gradients live in bucket
+// memory the reducer owns (from the process group's shared heap on CPU, so
+// the all-reduce reads peers in place: "gradient as bucket view"); the
+// training loop writes (accumulates) each gradient through grad(i). During
+// backward the loop calls markReady(i) as soon as parameter i's gradient is
+// final; when the last gradient of a bucket is ready, that bucket's
+// asynchronous all-reduce (average over ranks) starts while backward goes on.
+// finalize() at the end of backward waits for every bucket.
+//
+// Buckets: bucketCapBytes (default 25 MiB) each, filled in reverse
+// registration order (the order gradients usually become ready), with the
+// bucket of the first-registered parameters (reduced last) capped at
+// firstBucketBytes (1 MiB) so the tail after backward is short. After the
+// first synchronised iteration the buckets are rebuilt once in the order the
+// gradients actually became ready (rank 0's order, broadcast so every rank
+// agrees). Buckets are launched strictly in bucket order on every rank.
+//
+// A parameter that received no gradient in a synchronised iteration is an
+// error naming it (like PyTorch without find_unused_parameters), not a hang.
+//
+// Thread-safety: one training thread drives a Reducer (markReady, finalize,
+// zeroGrad). The communication runs on the process group's thread.
+// Preconditions: every rank registers the same parameters (names and sizes,
+// checked at construction) and runs the same sequence of iterations.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/process_group.h"
+
+namespace ddprun::runtime {
+
+// Communication hook applied to each bucket (PyTorch's default_hooks):
+// kFp16/kBf16 compress the bucket to 16 bits (divided by the world size
+// first), all-reduce the half-size buffer and decompress.
+enum class CommHook : uint8_t { kNone, kFp16, kBf16 };
+const char* commHookName(CommHook h);
+std::optional<CommHook> parseCommHook(std::string_view name);  // none, fp16, bf16
+
+// Where gradient buckets live and the few element operations the reducer
+// needs on them. The default (CPU) allocates from the process group's shared
+// heap; a device backend (CUDA) supplies its own implementation.
+class GradientMemory {
+ public:
+  virtual ~GradientMemory() = default;
+  virtual Device device() const = 0;
+  virtual void* alloc(size_t bytes) = 0;  // zero-filled
+  virtual void free(void* p) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  // dst16[i] = to16(src[i] * scale); dst[i] = float(src16[i]).
+  virtual void compress(const float* src, void* dst16, size_t n, float scale, DType t) = 0;
+  virtual void decompress(const void* src16, float* dst, size_t n, DType t) = 0;
+};
+std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg);
+
+struct ReducerOptions {
+  size_t bucketCapBytes = size_t{25} << 20;
+  size_t firstBucketBytes = size_t{1} << 20;
+  CommHook hook = CommHook::kNone;
+  bool rebuildBuckets = true;  // once, after the first synchronised iteration
+};
+
+struct ParamInfo {
+  std::string name;
+  size_t count = 0;  // float32 elements
+};
+
+// What the last synchronised iteration's communication did, for the
+// step-time breakdown and the overlap measurement. Times are steady_clock.
+struct ReducerStats {
+  using Clock = std::chrono::steady_clock;
+  struct Bucket {
+    size_t bytes = 0;
+    Clock::time_point launched;  // markReady of its last gradient
+    Clock::time_point started;   // the all-reduce began on the group thread
+    Clock::time_point finished;  // the all-reduce ended
+  };
+  std::vector<Bucket> buckets;                // in launch order
+  Clock::time_point backwardEnd;              // finalize() was called
+  std::chrono::duration<double> waitTime{};   // finalize() blocked this long
+  std::chrono::duration<double> commTime{};   // sum of all-reduce durations
+  // Fraction of commTime that ran while backward was still computing.
+  double hiddenFraction() const;
+};
+
+class Reducer {
+ public:
+  // Collective: every rank constructs its Reducer at the same point. Throws
+  // InvalidArgument when ranks registered different parameters.
+  Reducer(ProcessGroup& pg, std::vector<ParamInfo> params, ReducerOptions opts = {},
+          std::unique_ptr<GradientMemory> memory = nullptr);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  size_t numParams() const { return params_.size(); }
+  const ParamInfo& param(size_t i) const { return params_[i]; }
+  // Where parameter i's gradient lives. Moves when buckets are rebuilt:
+  // re-read after finalize() when layoutVersion() changed.
+  float* grad(size_t i) const;
+  uint64_t layoutVersion() const { return layoutVersion_; }
+
+  // Sets every gradient to zero (the optimizer's zero_grad).
+  void zeroGrad();
+  // Gradient accumulation without communication (PyTorch's no_sync): while
+  // off, markReady only records and finalize() does not communicate.
+  void setRequireSync(bool sync) { requireSync_ = sync; }
+  bool requireSync() const { return requireSync_; }
+  // Parameter i's gradient is final for this backward. Throws InvalidArgument
+  // when it was already marked in this iteration.
+  void markReady(size_t i);
+  // End of backward: launches what is left, waits for every bucket, applies
+  // the hook's decompression. Afterwards every gradient is the average over
+  // ranks. Throws InvalidArgument naming parameters that got no gradient;
+  // rethrows communication failures (a dead or stalled peer).
+  void finalize();
+
+  size_t numBuckets() const { return buckets_.size(); }
+  // Parameter indices of bucket b, in memory order (bucket 0 launches first).
+  const std::vector<size_t>& bucketParams(size_t b) const { return buckets_[b].params; }
+  const ReducerStats& lastStats() const { return stats_; }
+  int64_t iterations() const { return iterations_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    std::vector<size_t> offsets;  // element offset of each param in the bucket
+    size_t count = 0;
+    float* data = nullptr;
+    void* half = nullptr;  // compressed copy when a hook is on
+    size_t pending = 0;
+    bool launched = false;
+    Work work;
+  };
+  struct Slot {
+    size_t bucket = 0;
+    size_t offset = 0;
+  };
+
+  void assign(const std::vector<size_t>& order, bool reverse);
+  void releaseBuckets();
+  void launchReady();
+  void launch(size_t b);
+  void resetIteration();
+  void rebuild();
+  void checkSameParams();
+  std::string unreadyNames() const;
+
+  ProcessGroup& pg_;
+  std::vector<ParamInfo> params_;
+  ReducerOptions opts_;
+  std::unique_ptr<GradientMemory> mem_;
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;
+  std::vector<char> ready_;
+  std::vector<size_t> readyOrder_;
+  size_t nextLaunch_ = 0;
+  bool requireSync_ = true;
+  bool rebuilt_ = false;
+  uint64_t layoutVersion_ = 0;
+  int64_t iterations_ = 0;
+  ReducerStats stats_;
+  std::shared_ptr<std::vector<ReducerStats::Bucket>> timing_;
+};
+
+// Copies rank 0's values of these float32 arrays to every rank (DDP's
+// construction-time broadcast of parameters and buffers). Collective.
+void broadcastFromRank0(ProcessGroup& pg, const std::vector<std::pair<float*, size_t>>& arrays,
+                        Device device = Device::kCpu);
+
+// RAII no_sync: gradients accumulate locally while it lives.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Reducer& r) : r_(r), prev_(r.requireSync()) { r_.setRequireSync(false); }
+  ~NoSyncGuard() { r_.setRequireSync(prev_); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  Reducer& r_;
+  bool prev_;
+};
+
+}  // namespace ddprun::runtime

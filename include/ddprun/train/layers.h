@@ -1,0 +1,122 @@
+// Layers of the bundled trainer and the Backend that makes them.
+//
+// A Layer computes y = f(x) in forward() and, in backward(), accumulates the
+// gradients of its parameters (Param::grad, which usually points into the
+// Reducer's bucket memory) and writes dL/dx. Layers keep what backward needs
+// from forward (im2col columns, pooling argmax, normalised activations), so
+// one forward is followed by at most one backward.
+//
+// The Backend is the seam for devices: the CPU backend (OpenBLAS GEMM for
+// linear and convolution layers, plain loops for the rest) lives in
+// cpu_backend.cc; a CUDA backend implements the same interface (cuDNN,
+// cuBLAS) without changes to the reducer, the sampler or the loop.
+//
+// Thread-safety: a layer belongs to one training thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ddprun/train/tensor.h"
+
+namespace ddprun::runtime {
+class ProcessGroup;
+}
+
+namespace ddprun::train {
+
+// The trainer's random numbers (initialisation): mt19937_64 with an explicit
+// float draw, so results do not depend on the standard library's
+// distributions. state()/restore() round-trip through text for checkpoints.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed = 0) : gen_(seed) {}
+  float uniform(float lo, float hi);  // [lo, hi)
+  float normal();                     // Box-Muller
+  uint64_t next() { return gen_(); }
+  std::string state() const;
+  void restore(const std::string& s);
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+struct Param {
+  std::string name;  // PyTorch state_dict name, e.g. "conv1.weight"
+  Tensor value;
+  Tensor grad;       // same shape; a view into the reducer's bucket, or owned
+};
+
+// Non-trainable state saved with the model (batch norm running statistics).
+struct Buffer {
+  std::string name;
+  Tensor value;
+  bool isCount = false;  // stored as int64 (num_batches_tracked)
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  const std::string& name() const { return name_; }
+  virtual Shape outputShape(const Shape& in) const = 0;
+  // `training` selects batch statistics (batch norm) and keeps state for
+  // backward.
+  virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
+  // Accumulates parameter gradients (+=) and writes dL/dx into *dx (dx may
+  // be null when nobody needs it: the first layer).
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
+  virtual std::vector<Param*> params() { return {}; }
+  virtual std::vector<Buffer*> buffers() { return {}; }
+
+ protected:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+
+ private:
+  std::string name_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual std::string describe() const = 0;
+
+  // Parameters are zero here; Model::initialize draws them (PyTorch's
+  // default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases).
+  virtual std::unique_ptr<Layer> linear(std::string name, int64_t in, int64_t out) = 0;
+  virtual std::unique_ptr<Layer> conv2d(std::string name, int64_t inC, int64_t outC, int kernel,
+                                        int pad) = 0;
+  virtual std::unique_ptr<Layer> maxPool2d(std::string name, int kernel) = 0;
+  virtual std::unique_ptr<Layer> relu(std::string name) = 0;
+  virtual std::unique_ptr<Layer> flatten(std::string name) = 0;
+  // `sync` non-null: SyncBatchNorm over that group (statistics all-reduced in
+  // forward, the matching sums in backward).
+  virtual std::unique_ptr<Layer> batchNorm2d(std::string name, int64_t channels,
+                                             runtime::ProcessGroup* sync) = 0;
+
+  // Mean cross-entropy of the batch; writes dL/dlogits when asked and counts
+  // the rows whose arg-max equals the label.
+  virtual double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                              int64_t* correct) = 0;
+
+  // Optimizer kernels (torch.optim semantics, see optim.h).
+  virtual void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr,
+                         float momentum, float weightDecay, bool firstStep) = 0;
+  virtual void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr,
+                          float beta1, float beta2, float eps, float weightDecay,
+                          int64_t step) = 0;
+
+  // Host <-> backend memory (identity copies on CPU).
+  virtual void upload(const float* host, float* dst, size_t n) = 0;
+  virtual void download(const float* src, float* host, size_t n) = 0;
+};
+
+// The CPU backend; `threads` is OpenBLAS's thread count (1 keeps runs
+// bitwise reproducible and fits one worker per core).
+std::unique_ptr<Backend> makeCpuBackend(int threads = 1);
+
+}  // namespace ddprun::train

@@ -1,0 +1,50 @@
+// The `train` command line: flags, defaults that train well, validation.
+// parseTrainArgs never exits the process; the caller maps the result to an
+// exit code (0 after --help, 2 for bad input).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::train {
+
+struct TrainConfig {
+  std::string model = "lenet";
+  std::string data;  // directory of Fashion-MNIST IDX .gz files, or "synthetic"
+  int epochs = 1;
+  int batchSize = 64;  // per rank
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  float weightDecay = 0.0f;
+  std::string optimizer = "sgd";
+  uint64_t seed = 0;
+  double bucketCapMb = 25.0;
+  double firstBucketMb = 1.0;
+  bool scaleLr = false;  // lr * world size (linear scaling rule)
+  bool syncBn = false;
+  std::string commHook = "none";
+  bool shuffle = true;
+  std::string checkpointDir;
+  int64_t checkpointEvery = 0;  // steps; 0: only at epoch ends
+  int keepCheckpoints = 3;
+  std::string metrics;  // JSON lines file
+  int64_t logInterval = 50;
+  std::string init;  // safetensors with initial weights
+  std::string save;  // safetensors for the final model
+  int64_t maxSteps = 0;      // per epoch, 0: all
+  int64_t trainSamples = 0;  // 0: all
+  int64_t testSamples = 0;
+  int threads = 1;
+  bool quiet = false;  // no progress lines
+};
+
+struct ParseResult {
+  std::optional<TrainConfig> config;  // empty: exit with exitCode
+  int exitCode = 0;
+  std::string output;  // help text (exit 0) or the error (exit 2)
+};
+ParseResult parseTrainArgs(int argc, const char* const* argv);
+
+}  // namespace ddprun::train
