@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -108,7 +107,16 @@ std::string randomHex(int chars) {
   return os.str();
 }
 
-std::atomic<int> gGroupSeq{0};
+// Groups created one after another on one store must not share keys, so
+// each gets a sequence number. It counts per (prefix, rank), not per process:
+// every rank creates the same sequence of groups, and ranks may be processes
+// or threads of one process (tests/unit/rank_threads.h).
+int nextGroupSeq(const std::string& prefix, int rank) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, int> seq;
+  std::lock_guard lock(mu);
+  return seq[{prefix, rank}]++;
+}
 }  // namespace
 
 ProcessGroupOptions optionsFromEnv(ProcessGroupOptions o) {
@@ -261,7 +269,7 @@ void ProcessGroup::init(std::shared_ptr<store::Store> base, int rank, int size) 
   if (opts_.hostId.empty()) opts_.hostId = defaultHostId();
   topo_.rank = rank;
   topo_.size = size;
-  const std::string prefix = opts_.prefix + "/g" + std::to_string(gGroupSeq++);
+  const std::string prefix = opts_.prefix + "/g" + std::to_string(nextGroupSeq(opts_.prefix, rank));
   if (base) {
     base->setTimeout(opts_.timeout);
     m.store = std::make_shared<store::PrefixStore>(prefix, std::move(base));

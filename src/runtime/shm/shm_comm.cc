@@ -25,7 +25,7 @@ namespace ddprun::runtime {
 
 namespace {
 constexpr uint64_t kMagic = 0x64647072756e5348ull;  // "ddprunSH"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: Control::left
 constexpr size_t kPage = 4096;
 constexpr int kMaxMembers = 1024;
 // Below this many bytes read per rank, one barrier and a full n-way reduce
@@ -91,6 +91,10 @@ struct ShmComm::Header {
 struct ShmComm::Control {
   alignas(128) std::atomic<uint64_t> arrived;
   std::atomic<int32_t> pid;
+  // Set when this member's ShmComm is destroyed. The pid check cannot see a
+  // member that leaves while its process lives on: a group destroyed during
+  // an exception, or a rank run as a thread (all members share one pid).
+  std::atomic<int32_t> left;
   std::atomic<int64_t> desc;  // heap offset of this member's buffer, or -1
 };
 
@@ -178,7 +182,13 @@ ShmComm::ShmComm(CommContext ctx, void* base, size_t mapBytes)
   spinIters_ = ctx_.size() <= onlineCpus() ? 4000 : 0;
 }
 
-ShmComm::~ShmComm() { ::munmap(base_, mapBytes_); }
+ShmComm::~ShmComm() {
+  // Peers still waiting for this member fail now instead of at the timeout.
+  control(ctx_.me)->left.store(1, std::memory_order_seq_cst);
+  header()->epoch.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&header()->epoch);
+  ::munmap(base_, mapBytes_);
+}
 
 ShmComm::Header* ShmComm::header() const { return static_cast<Header*>(base_); }
 ShmComm::Control* ShmComm::control(int m) const {
@@ -220,6 +230,10 @@ void ShmComm::checkPeers(uint64_t target, const char* what, const Deadline& dead
   std::vector<int> missing;
   for (int j = 0; j < ctx_.size(); ++j) {
     if (control(j)->arrived.load(std::memory_order_acquire) >= target) continue;
+    if (control(j)->left.load() != 0)
+      DDPRUN_PEER_FAILURE(ctx_.ranks[j], false, what, ": rank ", ctx_.ranks[j],
+                          " left the group (destroyed its process group) while this rank "
+                          "waited for it");
     const int pid = control(j)->pid.load();
     if (processDead(pid))
       DDPRUN_PEER_FAILURE(ctx_.ranks[j], false, what, ": rank ", ctx_.ranks[j], " (pid ", pid,

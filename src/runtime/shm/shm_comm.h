@@ -3,15 +3,17 @@
 //
 // Segment layout (created by the host's lowest rank, opened by the others,
 // unlinked as soon as everyone has mapped it, so a crash leaks nothing):
-//   header | per-member control line (arrival counter, pid, descriptor)
+//   header | per-member control line (arrival counter, pid, left flag, descriptor)
 //   | per-member data slots (2 x slotBytes, double buffered)
 //   | per-member heap (allocShared; peers read it in place)
 // Synchronisation is one monotonic arrival counter per member: a barrier is
 // "bump mine, wait until every peer's reaches the same value". Waiters spin
 // briefly (not at all when ranks outnumber cores), then sleep on a futex that
-// every arrival bumps. Every wait checks the deadline, the abort flag and
-// whether the awaited processes still exist, so a dead peer is named within
-// tens of milliseconds and a stalled one at the timeout.
+// every arrival bumps. Every wait checks the deadline, the abort flag,
+// whether the awaited members left (destroyed their ShmComm) and whether
+// their processes still exist, so a dead or departed peer is named within
+// tens of milliseconds and a stalled one at the timeout. Members may be
+// threads of one process (then only the departure check can tell).
 #pragma once
 
 #include <cstddef>

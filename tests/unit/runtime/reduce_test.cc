@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
+#include <tuple>
 #include <thread>
 #include <vector>
 
 #include "comm.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/process_group.h"
+#include "rank_threads.h"
 #include "shm/shm_comm.h"
 
 using namespace ddprun::runtime;
@@ -209,4 +212,112 @@ TEST(ShmCommTest, StalledPeerTimesOutNamingIt) {
     EXPECT_TRUE(e.timedOut());
     EXPECT_NE(std::string(e.what()).find("rank(s) 5"), std::string::npos) << e.what();
   }
+}
+
+// ------------------------------------------- ranks as threads (rank_threads.h)
+using ddprun::testing::RankFailure;
+using ddprun::testing::runRanks;
+
+class ThreadRanksTest : public ::testing::TestWithParam<std::tuple<int, Transport>> {
+ protected:
+  int ranks() const { return std::get<0>(GetParam()); }
+  ProcessGroupOptions options() const {
+    ProcessGroupOptions o;
+    o.transport = std::get<1>(GetParam());
+    o.timeout = std::chrono::milliseconds(20'000);
+    o.sharedHeapBytes = size_t{8} << 20;
+    return o;
+  }
+};
+
+// Small (one barrier) and chunked all-reduce, in place from the shared heap,
+// broadcast from the last rank, async work ordered before a barrier.
+TEST_P(ThreadRanksTest, AllReduceAndBroadcast) {
+  const int n = ranks();
+  const Transport want = std::get<1>(GetParam());
+  runRanks(n, [&](ProcessGroup& pg) {
+    EXPECT_EQ(pg.size(), n);
+    EXPECT_EQ(pg.topology().numHosts, 1);
+    EXPECT_EQ(pg.transport(), want);
+    const int r = pg.rank();
+    const float sumRanks = n * (n - 1) / 2.0f;
+    for (size_t count : {size_t{5}, size_t{300'000}}) {
+      std::vector<float> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r) + static_cast<float>(i % 7);
+      AllReduceOptions ar;
+      ar.output = x.data();
+      ar.count = count;
+      allReduce(pg, ar);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(x[i], sumRanks + n * static_cast<float>(i % 7)) << "rank " << r << " i " << i;
+    }
+    const size_t heapCount = 100'000;
+    auto* h = static_cast<int32_t*>(pg.allocShared(heapCount * sizeof(int32_t)));
+    std::fill(h, h + heapCount, r + 1);
+    AllReduceOptions mx;
+    mx.output = h;
+    mx.count = heapCount;
+    mx.dtype = DType::kInt32;
+    mx.op = ReduceOp::kMax;
+    Work w = allReduceAsync(pg, mx);
+    std::vector<double> b(1000, r == n - 1 ? 2.5 : -1.0);
+    BroadcastOptions bc;
+    bc.buffer = b.data();
+    bc.count = b.size();
+    bc.dtype = DType::kFloat64;
+    bc.root = n - 1;
+    Work wb = broadcastAsync(pg, bc);
+    barrier(pg);
+    EXPECT_TRUE(w.completed());
+    w.wait();
+    wb.wait();
+    EXPECT_EQ(std::count(h, h + heapCount, n), static_cast<long>(heapCount));
+    EXPECT_EQ(std::count(b.begin(), b.end(), 2.5), static_cast<long>(b.size()));
+    pg.freeShared(h);
+  }, options());
+}
+
+// A rank that throws destroys its group: its peers, blocked in a collective,
+// fail long before the timeout, and runRanks reports the rank that threw.
+TEST_P(ThreadRanksTest, RankThatLeavesFailsItsPeersPromptly) {
+  const int n = ranks();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    runRanks(n, [&](ProcessGroup& pg) {
+      barrier(pg);
+      if (pg.rank() == 1) throw ddprun::InvalidArgument("rank 1 gives up");
+      std::vector<float> x(10, 1.0f);
+      AllReduceOptions ar;
+      ar.output = x.data();
+      ar.count = x.size();
+      allReduce(pg, ar);
+    }, options());
+    FAIL() << "expected RankFailure";
+  } catch (const RankFailure& f) {
+    EXPECT_EQ(f.rank(), 1) << f.what();
+    EXPECT_NE(std::string(f.what()).find("rank 1 gives up"), std::string::npos) << f.what();
+    EXPECT_THROW(std::rethrow_exception(f.cause()), ddprun::InvalidArgument);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RanksAndTransports, ThreadRanksTest,
+    ::testing::Combine(::testing::Values(2, 4), ::testing::Values(Transport::kShm, Transport::kTcp)),
+    [](const auto& info) {
+      return std::to_string(std::get<0>(info.param)) + "ranks_" +
+             transportName(std::get<1>(info.param));
+    });
+
+TEST(RunRanksTest, GroupsOfOneCallAgreeAndCallsDoNotInterfere) {
+  for (int call = 0; call < 3; ++call)
+    runRanks(3, [](ProcessGroup& pg) {
+      int32_t v = pg.rank() == 0 ? 42 : 0;
+      BroadcastOptions bc;
+      bc.buffer = &v;
+      bc.count = 1;
+      bc.dtype = DType::kInt32;
+      broadcast(pg, bc);
+      EXPECT_EQ(v, 42);
+    });
 }
