@@ -1,1 +1,355 @@
-// (being written)
+#include "ddprun/train/data.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+namespace ddprun::train {
+
+namespace {
+
+constexpr int kImageSide = 28;
+constexpr int64_t kImageBytes = int64_t{kImageSide} * kImageSide;
+constexpr int kNumClasses = 10;
+// Deflate cannot expand data by more than about 1032:1, so a gzip file of S
+// bytes holds at most this many times S uncompressed bytes (plus a little for
+// tiny files); a header claiming more is corrupt, whatever the cap says.
+constexpr int64_t kMaxDeflateRatio = 1032;
+constexpr int64_t kMaxDeflateSlack = 1024;
+// Pixels are read in pieces this large, so memory grows with the data that is
+// really there rather than with what a header claims.
+constexpr int64_t kReadChunk = int64_t{1} << 20;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  DDPRUN_THROW(DataError, path, ": ", what, "; ", kDataHint);
+}
+
+// Empty when `path` is a regular file (its size in *size), else why not.
+std::string regularFileProblem(const std::string& path, int64_t* size = nullptr) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? "no such file"
+                           : std::string("cannot stat: ") + std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (size != nullptr) *size = st.st_size;
+  return {};
+}
+
+// A gzip (or plain: zlib reads those transparently) file opened for reading.
+class GzReader {
+ public:
+  explicit GzReader(std::string path) : path_(std::move(path)) {
+    if (auto problem = regularFileProblem(path_, &fileBytes_); !problem.empty())
+      fail(path_, problem);
+    file_ = gzopen(path_.c_str(), "rb");
+    if (file_ == nullptr)
+      fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  }
+  ~GzReader() { gzclose(file_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t fileBytes() const { return fileBytes_; }
+
+  // Reads up to n bytes; returns how many arrived (fewer only at end of data).
+  int64_t read(void* dst, int64_t n) {
+    auto* out = static_cast<char*>(dst);
+    int64_t done = 0;
+    while (done < n) {
+      auto want = static_cast<unsigned>(std::min<int64_t>(n - done, int64_t{1} << 30));
+      int got = gzread(file_, out + done, want);
+      if (got < 0)
+        fail(path_, "corrupt or truncated gzip data (zlib: " + zlibError() + ")");
+      if (got == 0) break;
+      done += got;
+    }
+    return done;
+  }
+
+  // Reads exactly n bytes of `what`, or throws naming the truncation.
+  void readExact(void* dst, int64_t n, const std::string& what) {
+    int64_t got = read(dst, n);
+    if (got != n) {
+      fail(path_, "truncated: " + what + " needs " + std::to_string(n) +
+                      " bytes, the file ends after " + std::to_string(got));
+    }
+  }
+
+  uint32_t readBigEndianU32(const std::string& what) {
+    std::array<unsigned char, 4> b{};
+    readExact(b.data(), 4, what);
+    return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+  }
+
+  bool atEnd() {
+    char c = 0;
+    return read(&c, 1) == 0;
+  }
+
+ private:
+  std::string zlibError() {
+    int code = Z_OK;
+    const char* msg = gzerror(file_, &code);
+    return msg != nullptr ? msg : "unknown error";
+  }
+
+  std::string path_;
+  int64_t fileBytes_ = 0;
+  gzFile file_ = nullptr;
+};
+
+// Refuses a header count before anything is allocated for it.
+void checkCount(const GzReader& in, int64_t count, int64_t itemBytes,
+                int64_t headerBytes) {
+  if (count > kMaxIdxSamples) {
+    fail(in.path(), "header claims " + std::to_string(count) +
+                        " samples, more than the limit of " +
+                        std::to_string(kMaxIdxSamples) + " (corrupt header?)");
+  }
+  int64_t need = headerBytes + count * itemBytes;
+  int64_t canHold = in.fileBytes() * kMaxDeflateRatio + kMaxDeflateSlack;
+  if (need > canHold) {
+    fail(in.path(), "header claims " + std::to_string(count) + " samples (" +
+                        std::to_string(need) + " bytes), more than a " +
+                        std::to_string(in.fileBytes()) +
+                        "-byte file can hold (corrupt header?)");
+  }
+}
+
+// Reads n items of itemBytes each, growing the buffer as data arrives.
+std::vector<uint8_t> readItems(GzReader& in, int64_t n, int64_t itemBytes,
+                               int64_t declared) {
+  std::vector<uint8_t> out;
+  int64_t total = n * itemBytes;
+  while (static_cast<int64_t>(out.size()) < total) {
+    int64_t have = static_cast<int64_t>(out.size());
+    int64_t step = std::min(kReadChunk, total - have);
+    out.resize(have + step);
+    int64_t got = in.read(out.data() + have, step);
+    if (got != step) {
+      fail(in.path(), "truncated: the header declares " + std::to_string(declared) +
+                          " samples, the data ends after " +
+                          std::to_string((have + got) / itemBytes));
+    }
+  }
+  if (n == declared && !in.atEnd()) {
+    fail(in.path(), "unexpected data after the " + std::to_string(declared) +
+                        " samples the header declares");
+  }
+  return out;
+}
+
+void checkMagic(GzReader& in, uint32_t want, const char* kind) {
+  uint32_t magic = in.readBigEndianU32("the magic number");
+  if (magic != want) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "bad magic number 0x%08x (IDX %s have 0x%08x)", magic,
+                  kind, want);
+    fail(in.path(), buf);
+  }
+}
+
+// Reads and checks an images header; returns its sample count.
+int64_t readImagesHeader(GzReader& in) {
+  checkMagic(in, kIdxImagesMagic, "images");
+  int64_t count = in.readBigEndianU32("the image count");
+  uint32_t rows = in.readBigEndianU32("the row count");
+  uint32_t cols = in.readBigEndianU32("the column count");
+  if (rows != kImageSide || cols != kImageSide) {
+    fail(in.path(), "images are " + std::to_string(rows) + "x" + std::to_string(cols) +
+                        ", expected 28x28");
+  }
+  checkCount(in, count, kImageBytes, 16);
+  return count;
+}
+
+// Reads and checks a labels header; returns its sample count.
+int64_t readLabelsHeader(GzReader& in) {
+  checkMagic(in, kIdxLabelsMagic, "labels");
+  int64_t count = in.readBigEndianU32("the label count");
+  checkCount(in, count, 1, 8);
+  return count;
+}
+
+const std::array<float, 256>& pixelTable() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int p = 0; p < 256; ++p) t[p] = normalisePixel(static_cast<uint8_t>(p));
+    return t;
+  }();
+  return table;
+}
+
+void normaliseInto(const uint8_t* px, size_t n, float* out) {
+  const auto& t = pixelTable();
+  for (size_t i = 0; i < n; ++i) out[i] = t[px[i]];
+}
+
+// splitmix64: small, fast and good enough for synthetic images and shuffles.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, bound) by multiply-high (platform independent).
+  uint64_t below(uint64_t bound) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * bound) >> 64);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// Synthetic classes: a 7x7 grid of 4x4-pixel cells, about half of them lit
+// with a random intensity, the rest dark. Fixed by the seed alone.
+constexpr int kCellsPerSide = 7;
+constexpr int kCellSide = kImageSide / kCellsPerSide;
+using Prototype = std::array<uint8_t, kImageBytes>;
+
+std::array<Prototype, kNumClasses> makePrototypes(Rng& rng) {
+  std::array<Prototype, kNumClasses> protos{};
+  for (auto& proto : protos) {
+    for (int cy = 0; cy < kCellsPerSide; ++cy) {
+      for (int cx = 0; cx < kCellsPerSide; ++cx) {
+        uint64_t r = rng.next();
+        auto v = static_cast<uint8_t>((r & 1) ? 96 + (r >> 8) % 160 : 0);
+        for (int y = 0; y < kCellSide; ++y)
+          for (int x = 0; x < kCellSide; ++x)
+            proto[(cy * kCellSide + y) * kImageSide + cx * kCellSide + x] = v;
+      }
+    }
+  }
+  return protos;
+}
+
+// One sample: contrast in [1/2, 1] times the prototype plus noise in
+// [-80, 80], clamped to a byte. Integer arithmetic only, so the bytes are the
+// same on every platform; the noise bytes come first so the pixel loop
+// vectorises.
+void renderSample(const Prototype& proto, Rng& rng, uint8_t* out) {
+  const auto contrast = static_cast<int>(128 + rng.below(129));
+  std::array<uint8_t, kImageBytes> noise;
+  static_assert(kImageBytes % 8 == 0);
+  for (int64_t i = 0; i < kImageBytes; i += 8) {
+    uint64_t r = rng.next();
+    for (int k = 0; k < 8; ++k) noise[i + k] = static_cast<uint8_t>(r >> (8 * k));
+  }
+  for (int64_t i = 0; i < kImageBytes; ++i) {
+    int v = (proto[i] * contrast >> 8) + (noise[i] * 161 >> 8) - 80;
+    out[i] = static_cast<uint8_t>(std::clamp(v, 0, 255));
+  }
+}
+
+Dataset makeSyntheticSet(const std::array<Prototype, kNumClasses>& protos, int64_t size,
+                         Rng& rng) {
+  Dataset d;
+  d.size = size;
+  d.labels.resize(size);
+  for (int64_t i = 0; i < size; ++i) d.labels[i] = static_cast<int32_t>(i % kNumClasses);
+  for (int64_t i = size - 1; i > 0; --i)
+    std::swap(d.labels[i], d.labels[rng.below(static_cast<uint64_t>(i) + 1)]);
+  d.images.resize(size * kImageBytes);
+  std::array<uint8_t, kImageBytes> px{};
+  for (int64_t i = 0; i < size; ++i) {
+    renderSample(protos[d.labels[i]], rng, px.data());
+    normaliseInto(px.data(), px.size(), d.images.data() + i * kImageBytes);
+  }
+  return d;
+}
+
+}  // namespace
+
+int64_t Dataset::sampleElems() const { return int64_t{channels} * height * width; }
+
+float normalisePixel(uint8_t p) {
+  // The same float32 operations, in the same order, as ToTensor (p / 255)
+  // followed by Normalize ((x - mean) / std). Not folded into one multiply:
+  // that would round differently.
+  float x = static_cast<float>(p) / 255.0f;
+  return (x - kFashionMnistMean) / kFashionMnistStd;
+}
+
+bool fashionMnistPresent(const std::string& dir) {
+  for (const char* f :
+       {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile})
+    if (!regularFileProblem(dir + "/" + f).empty()) return false;
+  return true;
+}
+
+Dataset loadIdxPair(const std::string& imagesPath, const std::string& labelsPath,
+                    int64_t maxCount) {
+  DDPRUN_CHECK(maxCount >= -1, "maxCount is ", maxCount, " (use -1 for all)");
+  GzReader images(imagesPath);
+  GzReader labels(labelsPath);
+  int64_t count = readImagesHeader(images);
+  int64_t labelCount = readLabelsHeader(labels);
+  if (count != labelCount) {
+    fail(labelsPath, "holds " + std::to_string(labelCount) + " labels but " + imagesPath +
+                         " holds " + std::to_string(count) + " images");
+  }
+  int64_t n = maxCount < 0 ? count : std::min(count, maxCount);
+
+  Dataset d;
+  d.size = n;
+  std::vector<uint8_t> lab = readItems(labels, n, 1, count);
+  d.labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (lab[i] >= kNumClasses) {
+      fail(labelsPath, "label " + std::to_string(i) + " is " + std::to_string(lab[i]) +
+                           ", outside [0, 10)");
+    }
+    d.labels[i] = lab[i];
+  }
+  std::vector<uint8_t> px = readItems(images, n, kImageBytes, count);
+  d.images.resize(px.size());
+  normaliseInto(px.data(), px.size(), d.images.data());
+  return d;
+}
+
+DataSplit loadFashionMnist(const std::string& dir, int64_t maxTrain, int64_t maxTest) {
+  DataSplit s;
+  s.train =
+      loadIdxPair(dir + "/" + kTrainImagesFile, dir + "/" + kTrainLabelsFile, maxTrain);
+  s.test = loadIdxPair(dir + "/" + kTestImagesFile, dir + "/" + kTestLabelsFile, maxTest);
+  s.source = "Fashion-MNIST (" + dir + ")";
+  return s;
+}
+
+DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed) {
+  DDPRUN_CHECK(trainSize >= 0 && testSize >= 0, "sizes ", trainSize, ", ", testSize);
+  DDPRUN_CHECK(trainSize <= kMaxIdxSamples && testSize <= kMaxIdxSamples, "at most ",
+               kMaxIdxSamples, " samples per split");
+  Rng protoRng(seed);
+  auto protos = makePrototypes(protoRng);
+  // Independent streams for the two splits, both derived from the seed.
+  Rng trainRng(seed ^ 0x747261696E000000ull);  // "train"
+  Rng testRng(seed ^ 0x7465737400000000ull);   // "test"
+  DataSplit s;
+  s.train = makeSyntheticSet(protos, trainSize, trainRng);
+  s.test = makeSyntheticSet(protos, testSize, testRng);
+  s.source = "synthetic";
+  return s;
+}
+
+void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y) {
+  const int64_t elems = d.sampleElems();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t j = idx[i];
+    DDPRUN_CHECK(j >= 0 && j < d.size, "sample index ", j, " outside [0, ", d.size, ")");
+    std::memcpy(x + i * elems, d.images.data() + j * elems, elems * sizeof(float));
+    y[i] = d.labels[j];
+  }
+}
+
+}  // namespace ddprun::train

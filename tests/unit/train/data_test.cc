@@ -1,1 +1,413 @@
-// (being written)
+#include "ddprun/train/data.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ddprun::train {
+namespace {
+
+// A temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/ddprun-data-test-XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+using Bytes = std::vector<uint8_t>;
+
+uint32_t crc32(const Bytes& data) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (uint8_t b : data) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+void putLe(Bytes& out, uint32_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// A gzip member holding `data` in stored (uncompressed) deflate blocks: a
+// valid .gz that zlib reads, built without depending on zlib in the test.
+Bytes gzipStored(const Bytes& data) {
+  Bytes out = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff};
+  size_t pos = 0;
+  do {
+    size_t len = std::min<size_t>(data.size() - pos, 65535);
+    bool last = pos + len == data.size();
+    out.push_back(last ? 1 : 0);
+    putLe(out, static_cast<uint32_t>(len), 2);
+    putLe(out, static_cast<uint32_t>(~len & 0xFFFF), 2);
+    out.insert(out.end(), data.begin() + pos, data.begin() + pos + len);
+    pos += len;
+  } while (pos < data.size());
+  putLe(out, crc32(data), 4);
+  putLe(out, static_cast<uint32_t>(data.size()), 4);
+  return out;
+}
+
+void putBe(Bytes& out, uint32_t v) {
+  for (int i = 3; i >= 0; --i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+Bytes idxImages(uint32_t count, const Bytes& pixels, uint32_t magic = kIdxImagesMagic,
+                uint32_t rows = 28, uint32_t cols = 28) {
+  Bytes out;
+  putBe(out, magic);
+  putBe(out, count);
+  putBe(out, rows);
+  putBe(out, cols);
+  out.insert(out.end(), pixels.begin(), pixels.end());
+  return out;
+}
+
+Bytes idxLabels(uint32_t count, const Bytes& labels, uint32_t magic = kIdxLabelsMagic) {
+  Bytes out;
+  putBe(out, magic);
+  putBe(out, count);
+  out.insert(out.end(), labels.begin(), labels.end());
+  return out;
+}
+
+void writeFile(const std::string& path, const Bytes& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()),
+          static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// Sample i has every pixel equal to (i * 37 + pixel) % 256; label i % 10.
+Bytes samplePixels(int n) {
+  Bytes px(static_cast<size_t>(n) * 784);
+  for (int i = 0; i < n; ++i)
+    for (int p = 0; p < 784; ++p)
+      px[i * 784 + p] = static_cast<uint8_t>((i * 37 + p) % 256);
+  return px;
+}
+Bytes sampleLabels(int n) {
+  Bytes l(n);
+  for (int i = 0; i < n; ++i) l[i] = static_cast<uint8_t>(i % 10);
+  return l;
+}
+
+// Writes the four Fashion-MNIST files (train: n samples, test: m) into dir.
+void writeFashionDir(const TempDir& dir, int n, int m) {
+  writeFile(dir.file(kTrainImagesFile), gzipStored(idxImages(n, samplePixels(n))));
+  writeFile(dir.file(kTrainLabelsFile), gzipStored(idxLabels(n, sampleLabels(n))));
+  writeFile(dir.file(kTestImagesFile), gzipStored(idxImages(m, samplePixels(m))));
+  writeFile(dir.file(kTestLabelsFile), gzipStored(idxLabels(m, sampleLabels(m))));
+}
+
+// Runs f, expecting a DataError whose message contains every one of `parts`.
+template <typename F>
+void expectDataError(F f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no DataError thrown";
+  } catch (const DataError& e) {
+    std::string msg = e.message();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << msg << "\nlacks: " << p;
+    EXPECT_NE(msg.find("scripts/setup.sh"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--data synthetic"), std::string::npos) << msg;
+  }
+}
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+TEST(DataTest, NormalisationMatchesPyTorchBitForBit) {
+  // Values printed by PyTorch 1.13: t.to(float32).div(255).sub(0.2860).div(0.3530).
+  const std::vector<std::pair<int, uint32_t>> expected = {
+      {0, 0xbf4f6929},   {1, 0xbf4c911b},   {2, 0xbf49b90c},   {77, 0x3d393308},
+      {128, 0x3f1c9e13}, {200, 0x3fb4b111}, {254, 0x4000bd4c}, {255, 0x4001734f}};
+  for (auto [p, want] : expected)
+    EXPECT_EQ(bits(normalisePixel(static_cast<uint8_t>(p))), want) << "pixel " << p;
+}
+
+TEST(DataTest, LoadsValidGzipIdx) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(5, samplePixels(5))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(5, sampleLabels(5))));
+  Dataset d = loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"));
+  ASSERT_EQ(d.size, 5);
+  EXPECT_EQ(d.sampleElems(), 784);
+  ASSERT_EQ(d.images.size(), 5u * 784);
+  ASSERT_EQ(d.labels.size(), 5u);
+  Bytes px = samplePixels(5);
+  for (size_t i = 0; i < px.size(); ++i)
+    ASSERT_EQ(bits(d.images[i]), bits(normalisePixel(px[i]))) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(d.labels[i], i % 10);
+}
+
+TEST(DataTest, MaxCountReadsAPrefix) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(7, samplePixels(7))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(7, sampleLabels(7))));
+  Dataset d = loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 3);
+  EXPECT_EQ(d.size, 3);
+  EXPECT_EQ(d.images.size(), 3u * 784);
+  EXPECT_EQ(d.labels, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 100).size, 7);
+  EXPECT_EQ(loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 0).size, 0);
+  EXPECT_THROW(loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), -2), InvalidArgument);
+}
+
+TEST(DataTest, ReadsPlainUncompressedIdxToo) {
+  TempDir dir;
+  writeFile(dir.file("img"), idxImages(2, samplePixels(2)));
+  writeFile(dir.file("lab"), idxLabels(2, sampleLabels(2)));
+  EXPECT_EQ(loadIdxPair(dir.file("img"), dir.file("lab")).size, 2);
+}
+
+TEST(DataTest, FashionMnistDirectory) {
+  TempDir dir;
+  EXPECT_FALSE(fashionMnistPresent(dir.path()));
+  writeFashionDir(dir, 6, 4);
+  EXPECT_TRUE(fashionMnistPresent(dir.path()));
+  DataSplit s = loadFashionMnist(dir.path(), -1, 2);
+  EXPECT_EQ(s.train.size, 6);
+  EXPECT_EQ(s.test.size, 2);
+  EXPECT_EQ(s.source, "Fashion-MNIST (" + dir.path() + ")");
+  std::filesystem::remove(dir.file(kTestLabelsFile));
+  EXPECT_FALSE(fashionMnistPresent(dir.path()));
+  expectDataError([&] { loadFashionMnist(dir.path()); },
+                  {dir.file(kTestLabelsFile), "no such file"});
+}
+
+TEST(DataTest, MissingDirectoryNamesTheFile) {
+  EXPECT_FALSE(fashionMnistPresent("/nonexistent/ddprun-data"));
+  expectDataError(
+      [] { loadFashionMnist("/nonexistent/ddprun-data"); },
+      {"/nonexistent/ddprun-data/train-images-idx3-ubyte.gz", "no such file"});
+}
+
+TEST(DataTest, WrongMagicRefused) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(2, samplePixels(2), 0x00000801)));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(2, sampleLabels(2))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "bad magic number 0x00000801"});
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(2, samplePixels(2))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(2, sampleLabels(2), 0x00000803)));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("lab.gz"), "bad magic number 0x00000803"});
+}
+
+TEST(DataTest, WrongDimensionsRefused) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"),
+            gzipStored(idxImages(1, Bytes(32 * 32), kIdxImagesMagic, 32, 32)));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(1, {0})));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "32x32", "expected 28x28"});
+}
+
+TEST(DataTest, CountMismatchRefused) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(3, samplePixels(3))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(4, sampleLabels(4))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("lab.gz"), "4 labels", "3 images"});
+}
+
+TEST(DataTest, LabelOutOfRangeRefused) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(3, samplePixels(3))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(3, {1, 10, 2})));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("lab.gz"), "label 1 is 10"});
+}
+
+TEST(DataTest, TruncatedDataRefused) {
+  TempDir dir;
+  Bytes px = samplePixels(3);
+  px.erase(px.end() - 100, px.end());  // a complete gzip stream, short of pixels
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(3, px)));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(3, sampleLabels(3))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "truncated", "declares 3 samples"});
+}
+
+TEST(DataTest, TruncatedGzipStreamRefused) {
+  TempDir dir;
+  Bytes gz = gzipStored(idxImages(3, samplePixels(3)));
+  gz.resize(gz.size() / 2);  // the compressed file itself cut short
+  writeFile(dir.file("img.gz"), gz);
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(3, sampleLabels(3))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "truncated"});
+}
+
+TEST(DataTest, TruncatedHeaderRefused) {
+  TempDir dir;
+  Bytes hdr;
+  putBe(hdr, kIdxImagesMagic);
+  putBe(hdr, 3);
+  writeFile(dir.file("img.gz"), gzipStored(hdr));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(3, sampleLabels(3))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "truncated", "row count"});
+}
+
+TEST(DataTest, CorruptGzipRefused) {
+  TempDir dir;
+  Bytes gz = gzipStored(idxImages(3, samplePixels(3)));
+  gz[10] = 0x07;  // first deflate block header: reserved block type 3
+  writeFile(dir.file("img.gz"), gz);
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(3, sampleLabels(3))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "zlib"});
+}
+
+TEST(DataTest, TrailingDataRefused) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(2, samplePixels(3))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(2, sampleLabels(2))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "unexpected data after the 2 samples"});
+}
+
+TEST(DataTest, HugeCountRefusedBeforeAllocating) {
+  TempDir dir;
+  // 2^31 images would be 1.6 GB of pixels (6.7 GB as floats): over the cap.
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(0x80000000u, samplePixels(1))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(0x80000000u, sampleLabels(1))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "2147483648 samples", "limit"});
+  // Under the cap but far more than a file of this size can hold.
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(1000000, samplePixels(1))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "1000000 samples", "can hold"});
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(1, samplePixels(1))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("lab.gz"), "2147483648 samples", "limit"});
+}
+
+TEST(DataTest, RealFashionMnistIfInstalled) {
+  if (!fashionMnistPresent(kDefaultDataDir))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  DataSplit s = loadFashionMnist(kDefaultDataDir);
+  EXPECT_EQ(s.source, std::string("Fashion-MNIST (") + kDefaultDataDir + ")");
+  ASSERT_EQ(s.train.size, 60000);
+  ASSERT_EQ(s.test.size, 10000);
+  EXPECT_EQ(s.train.images.size(), 60000u * 784);
+  EXPECT_EQ(s.train.labels[0], 9);  // an ankle boot
+  EXPECT_EQ(s.test.labels[0], 9);
+  std::array<int, 10> counts{};
+  for (int32_t l : s.train.labels) {
+    ASSERT_TRUE(l >= 0 && l < 10);
+    ++counts[l];
+  }
+  for (int c : counts) EXPECT_EQ(c, 6000);
+  double sum = 0;
+  for (float v : s.train.images) sum += v;
+  // The normalisation constants are this set's mean/std, so the mean is ~0.
+  EXPECT_NEAR(sum / s.train.images.size(), 0.0, 0.01);
+  EXPECT_EQ(loadFashionMnist(kDefaultDataDir, 100, 10).train.size, 100);
+}
+
+TEST(DataTest, SyntheticIsDeterministicAndBalanced) {
+  DataSplit a = makeSynthetic(1003, 201, 7);
+  DataSplit b = makeSynthetic(1003, 201, 7);
+  DataSplit c = makeSynthetic(1003, 201, 8);
+  EXPECT_EQ(a.source, "synthetic");
+  ASSERT_EQ(a.train.size, 1003);
+  ASSERT_EQ(a.test.size, 201);
+  ASSERT_EQ(a.train.images.size(), 1003u * 784);
+  EXPECT_EQ(a.train.labels, b.train.labels);
+  EXPECT_EQ(a.test.labels, b.test.labels);
+  EXPECT_EQ(0, std::memcmp(a.train.images.data(), b.train.images.data(),
+                           a.train.images.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.test.images.data(), b.test.images.data(),
+                           a.test.images.size() * sizeof(float)));
+  EXPECT_NE(a.train.images, c.train.images);
+  EXPECT_NE(
+      0, std::memcmp(a.train.images.data(), a.test.images.data(), 784 * sizeof(float)));
+  std::array<int, 10> counts{};
+  for (int32_t l : a.train.labels) ++counts[l];
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(counts[k], k < 3 ? 101 : 100) << k;
+  EXPECT_NE(a.train.labels, c.train.labels);  // shuffled, by the seed
+  const float lo = normalisePixel(0), hi = normalisePixel(255);
+  for (float v : a.train.images) ASSERT_TRUE(v >= lo && v <= hi);
+  EXPECT_EQ(makeSynthetic(0, 0, 1).train.size, 0);
+  EXPECT_THROW(makeSynthetic(-1, 0, 1), InvalidArgument);
+}
+
+TEST(DataTest, SyntheticIsLearnable) {
+  // Nearest class mean, fitted on train, should classify the test set.
+  DataSplit s = makeSynthetic(2000, 500, 3);
+  const int64_t e = s.train.sampleElems();
+  std::vector<double> mean(10 * e, 0.0);
+  std::array<int, 10> n{};
+  for (int64_t i = 0; i < s.train.size; ++i) {
+    ++n[s.train.labels[i]];
+    for (int64_t j = 0; j < e; ++j)
+      mean[s.train.labels[i] * e + j] += s.train.images[i * e + j];
+  }
+  for (int k = 0; k < 10; ++k)
+    for (int64_t j = 0; j < e; ++j) mean[k * e + j] /= n[k];
+  int correct = 0;
+  for (int64_t i = 0; i < s.test.size; ++i) {
+    int best = -1;
+    double bestDist = 0;
+    for (int k = 0; k < 10; ++k) {
+      double dist = 0;
+      for (int64_t j = 0; j < e; ++j) {
+        double d = s.test.images[i * e + j] - mean[k * e + j];
+        dist += d * d;
+      }
+      if (best < 0 || dist < bestDist) best = k, bestDist = dist;
+    }
+    correct += best == s.test.labels[i];
+  }
+  EXPECT_GT(correct, 0.9 * s.test.size);
+}
+
+TEST(DataTest, GatherBatchCopiesTheNamedSamples) {
+  DataSplit s = makeSynthetic(20, 0, 5);
+  const Dataset& d = s.train;
+  const int64_t e = d.sampleElems();
+  std::vector<int64_t> idx = {19, 0, 7, 7};
+  std::vector<float> x(idx.size() * e, -99.0f);
+  std::vector<int32_t> y(idx.size(), -1);
+  gatherBatch(d, idx.data(), idx.size(), x.data(), y.data());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    EXPECT_EQ(y[i], d.labels[idx[i]]);
+    EXPECT_EQ(0, std::memcmp(x.data() + i * e, d.images.data() + idx[i] * e,
+                             e * sizeof(float)));
+  }
+  gatherBatch(d, idx.data(), 0, nullptr, nullptr);  // an empty batch touches nothing
+  std::vector<int64_t> bad = {3, 20};
+  EXPECT_THROW(gatherBatch(d, bad.data(), bad.size(), x.data(), y.data()),
+               InvalidArgument);
+  bad = {-1};
+  EXPECT_THROW(gatherBatch(d, bad.data(), bad.size(), x.data(), y.data()),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace ddprun::train

@@ -1,0 +1,110 @@
+// Training data for the bundled trainer: Fashion-MNIST read from the IDX files
+// Debian's `dataset-fashion-mnist` package installs, or a generated synthetic
+// set of the same shape when the package is absent. Nothing is downloaded.
+//
+// Images are normalised exactly as PyTorch's
+//   ToTensor() + Normalize((0.2860,), (0.3530,))
+// does it in float32, bit for bit, so a model trained here sees the same inputs
+// as one trained by a torchvision script:
+//   x = (float(p) / 255.0f - 0.2860f) / 0.3530f
+//
+// The IDX reader trusts nothing in a file: magic numbers, dimensions, counts,
+// label values and truncation are all checked, and a header's sample count is
+// checked against a cap and against what the compressed file could possibly
+// hold before any memory is set aside for it. Every problem is reported as a
+// DataError that names the file and says how to get good data.
+//
+// Thread-safety: the functions are pure (apart from reading files) and may be
+// called from several threads at once; a Dataset is a plain value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::train {
+
+inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+
+// The file names inside a Fashion-MNIST directory (gzip-compressed IDX).
+inline constexpr const char* kTrainImagesFile = "train-images-idx3-ubyte.gz";
+inline constexpr const char* kTrainLabelsFile = "train-labels-idx1-ubyte.gz";
+inline constexpr const char* kTestImagesFile = "t10k-images-idx3-ubyte.gz";
+inline constexpr const char* kTestLabelsFile = "t10k-labels-idx1-ubyte.gz";
+
+// IDX magic numbers (big-endian in the file): unsigned bytes, 3 or 1 dims.
+inline constexpr uint32_t kIdxImagesMagic = 0x00000803;
+inline constexpr uint32_t kIdxLabelsMagic = 0x00000801;
+
+// The most samples one IDX file may claim. Fashion-MNIST has 60000; the cap
+// only stops a corrupt header from asking for gigabytes.
+inline constexpr int64_t kMaxIdxSamples = int64_t{1} << 22;
+
+// Fashion-MNIST's normalisation constants (torchvision's usual values).
+inline constexpr float kFashionMnistMean = 0.2860f;
+inline constexpr float kFashionMnistStd = 0.3530f;
+
+// The appended advice in every DataError message.
+inline constexpr const char* kDataHint =
+    "run scripts/setup.sh (installs Debian's dataset-fashion-mnist) or pass "
+    "--data synthetic";
+
+// Missing, unreadable or corrupt data. The message is shown to users as is:
+// it names the file, says what is wrong and ends with kDataHint.
+class DataError : public InvalidArgument {
+  using InvalidArgument::InvalidArgument;
+};
+
+// A set of labelled images, stored sample-major (NCHW) in float32.
+struct Dataset {
+  int64_t size = 0;
+  int channels = 1, height = 28, width = 28;
+  int numClasses = 10;
+  std::vector<float> images;    // size * sampleElems(), normalised
+  std::vector<int32_t> labels;  // size, each in [0, numClasses)
+
+  // Floats per sample: channels * height * width.
+  int64_t sampleElems() const;
+};
+
+struct DataSplit {
+  Dataset train, test;
+  std::string source;  // "Fashion-MNIST (<dir>)" or "synthetic"
+};
+
+// The normalised value of pixel `p`, computed with the float32 operations
+// PyTorch uses (division by 255, subtraction of the mean, division by std).
+float normalisePixel(uint8_t p);
+
+// True when all four Fashion-MNIST files exist (as regular files) in `dir`.
+bool fashionMnistPresent(const std::string& dir);
+
+// Reads one pair of IDX files (gzip-compressed or plain) into a Dataset.
+// At most `maxCount` samples are read (-1 = all); the counts in the two
+// headers must agree. Throws DataError.
+Dataset loadIdxPair(const std::string& imagesPath, const std::string& labelsPath,
+                    int64_t maxCount = -1);
+
+// Reads the four Fashion-MNIST files in `dir`. maxTrain/maxTest cap the
+// number of samples read from each split (-1 = all; a cap above the file's
+// count reads the whole file). When a cap stops reading early, the bytes
+// after it are not inspected. Throws DataError.
+DataSplit loadFashionMnist(const std::string& dir, int64_t maxTrain = -1,
+                           int64_t maxTest = -1);
+
+// A learnable 10-class set of 1x28x28 images: each class is a fixed random
+// block pattern (shared by train and test), each sample that pattern with a
+// random contrast and per-pixel noise, normalised like Fashion-MNIST. Labels
+// are balanced (counts differ by at most one) and shuffled. The same sizes
+// and seed always give the same bytes. Sizes must be >= 0.
+DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed);
+
+// Copies samples idx[0..n) of `d` into x (n * d.sampleElems() floats) and y
+// (n labels). Preconditions: every idx[i] is in [0, d.size) (checked: throws
+// InvalidArgument), x and y hold n entries and do not alias `d`.
+void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y);
+
+}  // namespace ddprun::train
