@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -66,9 +67,13 @@ class Linear final : public Layer {
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     const int64_t n = x.dim(0);
     gemm(true, false, out_, in_, n, dy.data(), x.data(), w_.grad.data(), 1.0f);
-    float* db = b_.grad.data();
+    // Bias: sums over the batch in double (the order-independent part of
+    // data-parallel equivalence: 2 ranks x B must match 1 rank x 2B).
+    sums_.assign(static_cast<size_t>(out_), 0.0);
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t o = 0; o < out_; ++o) db[o] += dy.data()[i * out_ + o];
+      for (int64_t o = 0; o < out_; ++o) sums_[o] += dy.data()[i * out_ + o];
+    float* db = b_.grad.data();
+    for (int64_t o = 0; o < out_; ++o) db[o] += static_cast<float>(sums_[o]);
     if (dx) {
       dx->ensure(x.shape());
       gemm(false, false, n, in_, out_, dy.data(), w_.value.data(), dx->data(), 0.0f);
@@ -79,6 +84,7 @@ class Linear final : public Layer {
  private:
   int64_t in_, out_;
   Param w_, b_;
+  std::vector<double> sums_;
 };
 
 // ---------------------------------------------------------------- conv2d
@@ -124,7 +130,7 @@ class Conv2d final : public Layer {
     const float* g = dy.data();
     float* db = b_.grad.data();
     for (int64_t o = 0; o < oc_; ++o) {
-      float s = 0.0f;
+      double s = 0.0;
       for (int64_t i = 0; i < n; ++i) {
         const float* src = g + (i * oc_ + o) * p;
         float* dst = t + o * n * p + i * p;
@@ -133,7 +139,7 @@ class Conv2d final : public Layer {
           s += src[q];
         }
       }
-      db[o] += s;
+      db[o] += static_cast<float>(s);
     }
     gemm(false, true, oc_, kk, n * p, t, col_.data(), w_.grad.data(), 1.0f);
     if (dx) {
@@ -204,8 +210,11 @@ class Conv2d final : public Layer {
 };
 
 // ---------------------------------------------------------------- max pool
-// Window k, stride k, floor mode (PyTorch's MaxPool2d(k)); the first maximum
-// in scan order wins, as in PyTorch's CPU kernel.
+// Window k, stride k, floor mode (PyTorch's MaxPool2d(k)). Forward takes the
+// maximum with branch-free max instructions (the window order is random, a
+// branch would mispredict); backward routes each gradient to the first
+// element of its window equal to the maximum, the one PyTorch's CPU kernel
+// picks (first maximum in scan order). NaN inputs are not propagated.
 class MaxPool2d final : public Layer {
  public:
   MaxPool2d(std::string name, int k) : Layer(std::move(name)), k_(k) {}
@@ -217,46 +226,51 @@ class MaxPool2d final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool) override {
     const Shape os = outputShape(x.shape());
     y.ensure(os);
-    arg_.resize(static_cast<size_t>(numelOf(os)));
     const int64_t planes = os[0] * os[1], h = x.dim(2), w = x.dim(3), oh = os[2], ow = os[3];
     for (int64_t pl = 0; pl < planes; ++pl) {
       const float* in = x.data() + pl * h * w;
       float* out = y.data() + pl * oh * ow;
-      int32_t* arg = arg_.data() + pl * oh * ow;
-      for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j) {
-          float best = -std::numeric_limits<float>::infinity();
-          int32_t at = static_cast<int32_t>(i * k_ * w + j * k_);
-          for (int a = 0; a < k_; ++a)
-            for (int b = 0; b < k_; ++b) {
-              const int32_t idx = static_cast<int32_t>((i * k_ + a) * w + j * k_ + b);
-              const float v = in[idx];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                at = idx;
-              }
-            }
-          out[i * ow + j] = best;
-          arg[i * ow + j] = at;
-        }
+      for (int64_t i = 0; i < oh; ++i) {
+        float* o = out + i * ow;
+        const float* row = in + i * k_ * w;
+        for (int64_t j = 0; j < ow; ++j) o[j] = row[j * k_];
+        for (int a = 0; a < k_; ++a)
+          for (int b = 0; b < k_; ++b) {
+            const float* r = row + a * w + b;
+            for (int64_t j = 0; j < ow; ++j) o[j] = std::max(o[j], r[j * k_]);
+          }
+      }
     }
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     dx->ensure(x.shape());
     dx->zero();
-    const int64_t planes = y.dim(0) * y.dim(1), hw = x.dim(2) * x.dim(3), ohw = y.dim(2) * y.dim(3);
+    const int64_t planes = y.dim(0) * y.dim(1), h = x.dim(2), w = x.dim(3), oh = y.dim(2),
+                  ow = y.dim(3);
     for (int64_t pl = 0; pl < planes; ++pl) {
-      float* d = dx->data() + pl * hw;
-      const float* g = dy.data() + pl * ohw;
-      const int32_t* arg = arg_.data() + pl * ohw;
-      for (int64_t q = 0; q < ohw; ++q) d[arg[q]] += g[q];
+      const float* in = x.data() + pl * h * w;
+      const float* out = y.data() + pl * oh * ow;
+      const float* g = dy.data() + pl * oh * ow;
+      float* d = dx->data() + pl * h * w;
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          const float m = out[i * ow + j];
+          // Scan the window backwards with selects: the first match in
+          // forward order is the last one taken.
+          int64_t at = (i * k_) * w + j * k_;
+          for (int a = k_ - 1; a >= 0; --a)
+            for (int b = k_ - 1; b >= 0; --b) {
+              const int64_t idx = (i * k_ + a) * w + j * k_ + b;
+              at = in[idx] == m ? idx : at;
+            }
+          d[at] += g[i * ow + j];
+        }
     }
   }
 
  private:
   int k_;
-  std::vector<int32_t> arg_;
 };
 
 // ---------------------------------------------------------------- relu
@@ -273,10 +287,15 @@ class Relu final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     dx->ensure(x.shape());
-    const float* o = y.data();
-    const float* g = dy.data();
-    float* d = dx->data();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) d[i] = o[i] > 0.0f ? g[i] : 0.0f;
+    const float* __restrict o = y.data();
+    const float* __restrict g = dy.data();
+    float* __restrict d = dx->data();
+    // Branch-free: a mask from the comparison ANDed into the gradient's bits
+    // (vectorised; the sign pattern is random, a branch would mispredict).
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+      const uint32_t mask = o[i] > 0.0f ? 0xffffffffu : 0u;
+      d[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(g[i]) & mask);
+    }
   }
 };
 

@@ -1,1 +1,564 @@
-// (being written)
+#include "ddprun/train/trainer.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/reducer.h"
+#include "ddprun/runtime/sampler.h"
+#include "ddprun/store/hash_store.h"
+#include "ddprun/train/checkpoint.h"
+#include "ddprun/train/metrics.h"
+#include "ddprun/train/models.h"
+#include "ddprun/train/optim.h"
+
+namespace ddprun::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using runtime::DType;
+using runtime::ProcessGroup;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Position {
+  int64_t epoch = 0;       // current epoch
+  int64_t step = 0;        // next step within it
+  int64_t globalStep = 0;  // steps done in the whole run
+};
+
+struct Breakdown {
+  double data = 0, fwdBwd = 0, comm = 0, optim = 0;
+  double commTotal = 0, commExposed = 0;  // for the hidden fraction
+};
+
+// Sums a few doubles over the group (losses, counts); exact for counts.
+void allReduceSum(ProcessGroup& pg, std::vector<double>& v) {
+  if (pg.size() > 1)
+    runtime::allReduce(pg, {.output = v.data(), .count = v.size(), .dtype = DType::kFloat64});
+}
+
+class Run {
+ public:
+  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg, const TrainerIo& io)
+      : cfg_(cfg), data_(data), pg_(pg), io_(io), rank0_(pg.rank() == 0),
+        metrics_(rank0_ ? cfg.metrics : std::string()),
+        progress_(io.progress, rank0_ && !cfg.quiet) {}
+
+  nlohmann::json execute();
+
+ private:
+  void notice(const std::string& s) {
+    if (rank0_) {
+      progress_.finish();
+      std::fprintf(io_.progress, "train: %s\n", s.c_str());
+      std::fflush(io_.progress);
+    }
+  }
+  void setup();
+  void bindGrads();
+  void loadInit();
+  void resume();
+  bool applyCheckpoint(const std::string& path, std::string* why);
+  void trainEpoch();
+  void step(const int64_t* idx, int64_t n, int64_t stepsInEpoch);
+  void report(int64_t stepsInEpoch, bool force);
+  std::pair<int64_t, int64_t> evaluate();
+  void saveCheckpoint();
+  std::vector<TensorView> modelTensors(std::vector<std::vector<int64_t>>& counts, bool withOptim);
+
+  const TrainConfig& cfg_;
+  const DataSplit& data_;
+  ProcessGroup& pg_;
+  TrainerIo io_;
+  bool rank0_;
+  MetricsWriter metrics_;
+  Progress progress_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<runtime::Reducer> reducer_;
+  std::unique_ptr<Optimizer> optim_;
+  Rng rng_;
+  Position pos_;
+  Breakdown time_;
+  std::vector<float> xbuf_;
+  std::vector<int32_t> ybuf_;
+  Tensor dlogits_;
+  // progress accounting
+  double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
+         epochLossCount_ = 0;
+  Clock::time_point intervalStart_, runStart_;
+  int64_t samplesSeen_ = 0;  // global samples trained in this process
+  int64_t stepsRun_ = 0;
+  int64_t totalSteps_ = 0;
+};
+
+void Run::setup() {
+  be_ = makeCpuBackend(cfg_.threads);
+  model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr);
+  rng_ = Rng(cfg_.seed);
+  model_->initialize(rng_);
+  if (!cfg_.init.empty()) loadInit();
+  // DDP's construction: every rank starts from rank 0's parameters and buffers.
+  std::vector<std::pair<float*, size_t>> arrays;
+  for (Param* p : model_->params()) arrays.emplace_back(p->value.data(), p->value.numel());
+  for (Buffer* b : model_->buffers()) arrays.emplace_back(b->value.data(), b->value.numel());
+  runtime::broadcastFromRank0(pg_, arrays, be_->device());
+
+  std::vector<runtime::ParamInfo> infos;
+  for (Param* p : model_->params())
+    infos.push_back({p->name, static_cast<size_t>(p->value.numel())});
+  runtime::ReducerOptions ro;
+  ro.bucketCapBytes = static_cast<size_t>(cfg_.bucketCapMb * 1024 * 1024);
+  ro.firstBucketBytes = static_cast<size_t>(cfg_.firstBucketMb * 1024 * 1024);
+  ro.hook = *runtime::parseCommHook(cfg_.commHook);
+  reducer_ = std::make_unique<runtime::Reducer>(pg_, infos, ro);
+  bindGrads();
+
+  OptimizerOptions oo;
+  oo.kind = cfg_.optimizer;
+  oo.lr = cfg_.lr * (cfg_.scaleLr ? static_cast<float>(pg_.size()) : 1.0f);
+  oo.momentum = cfg_.momentum;
+  oo.weightDecay = cfg_.weightDecay;
+  optim_ = Optimizer::create(oo, *be_, model_->params());
+}
+
+// Gradients live in the reducer's buckets ("gradient as bucket view").
+void Run::bindGrads() {
+  const auto& ps = model_->params();
+  for (size_t i = 0; i < ps.size(); ++i)
+    ps[i]->grad = Tensor::view(reducer_->grad(i), ps[i]->value.shape(), be_->device());
+}
+
+// Copies a file's tensors into the model (and optimizer state when present).
+// Returns false with a reason when the file does not fit this model.
+bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Optimizer* optim,
+              std::string* why) {
+  auto fits = [&](const std::string& name, const Shape& shape, const std::string& dtype) {
+    const LoadedTensor* t = st.find(name);
+    if (!t) {
+      *why = path + " has no tensor '" + name + "': it was not written for this model";
+      return false;
+    }
+    if (t->shape != shape || t->dtype != dtype) {
+      *why = path + ": tensor '" + name + "' is " + t->dtype + shapeString(t->shape) +
+             ", this model needs " + dtype + shapeString(shape) + " (written for another model)";
+      return false;
+    }
+    return true;
+  };
+  for (Param* p : model.params())
+    if (!fits(p->name, p->value.shape(), "F32")) return false;
+  for (Buffer* b : model.buffers())
+    if (!fits(b->name, b->isCount ? Shape{} : b->value.shape(), b->isCount ? "I64" : "F32"))
+      return false;
+  std::vector<std::pair<std::string, Tensor*>> state;
+  if (optim) state = optim->state();
+  for (auto& [name, t] : state)
+    if (!fits(name, t->shape(), "F32")) return false;
+  for (Param* p : model.params())
+    std::memcpy(p->value.data(), st.find(p->name)->bytes.data(), p->value.bytes());
+  for (Buffer* b : model.buffers()) {
+    const LoadedTensor* t = st.find(b->name);
+    if (b->isCount) {
+      int64_t n = 0;
+      std::memcpy(&n, t->bytes.data(), 8);
+      b->value.data()[0] = static_cast<float>(n);
+    } else {
+      std::memcpy(b->value.data(), t->bytes.data(), b->value.bytes());
+    }
+  }
+  for (auto& [name, t] : state) std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
+  return true;
+}
+
+void Run::loadInit() {
+  const SafeTensors st = loadSafetensors(cfg_.init);
+  std::string why;
+  if (!copyInto(st, cfg_.init, *model_, nullptr, &why))
+    DDPRUN_THROW(CheckpointError, "--init ", why);
+}
+
+bool Run::applyCheckpoint(const std::string& path, std::string* why) {
+  SafeTensors st;
+  try {
+    st = loadSafetensors(path);
+  } catch (const CheckpointError& e) {
+    *why = e.message();
+    return false;
+  }
+  auto meta = [&](const char* k) -> std::string {
+    auto it = st.metadata.find(k);
+    return it == st.metadata.end() ? std::string() : it->second;
+  };
+  if (meta("format") != "ddprun-train-1") {
+    *why = path + " is not a checkpoint of ddprun's train (no format marker)";
+    return false;
+  }
+  if (meta("model") != cfg_.model || meta("optimizer") != cfg_.optimizer) {
+    *why = path + " was written for model '" + meta("model") + "' with optimizer '" +
+           meta("optimizer") + "', this run trains '" + cfg_.model + "' with '" + cfg_.optimizer + "'";
+    return false;
+  }
+  if (!copyInto(st, path, *model_, optim_.get(), why)) return false;
+  try {
+    pos_.epoch = std::stoll(meta("epoch"));
+    pos_.step = std::stoll(meta("step"));
+    pos_.globalStep = std::stoll(meta("global_step"));
+    optim_->setSteps(std::stoll(meta("optimizer_steps")));
+    rng_.restore(meta("rng"));
+    const bool sameLayout = meta("world") == std::to_string(pg_.size()) &&
+                            meta("batch_size") == std::to_string(cfg_.batchSize) &&
+                            meta("seed") == std::to_string(cfg_.seed);
+    if (!sameLayout && pos_.step != 0) {
+      notice("checkpoint " + path + " was taken with another world size, batch size or seed: "
+             "resuming at the start of epoch " + std::to_string(pos_.epoch + 1));
+      pos_.step = 0;
+    }
+  } catch (const std::exception&) {
+    *why = path + " has malformed metadata";
+    return false;
+  }
+  return true;
+}
+
+// Rank 0 picks the newest checkpoint that loads (naming every one it
+// refuses); the others load the same file.
+void Run::resume() {
+  int64_t chosen = -1;
+  std::string refused;
+  if (rank0_) {
+    for (const std::string& path : listCheckpoints(cfg_.checkpointDir)) {
+      std::string why;
+      if (applyCheckpoint(path, &why)) {
+        chosen = *checkpointStep(std::filesystem::path(path).filename().string());
+        notice("resuming from " + path + " (epoch " + std::to_string(pos_.epoch + 1) + ", step " +
+               std::to_string(pos_.step) + ")");
+        break;
+      }
+      notice("refusing checkpoint: " + why);
+      refused += (refused.empty() ? "" : "; ") + why;
+    }
+    if (chosen < 0 && !refused.empty()) chosen = -2;  // nothing usable
+  }
+  if (pg_.size() > 1)
+    runtime::broadcast(pg_, {.buffer = &chosen, .count = 1, .dtype = DType::kInt64});
+  if (chosen == -2)
+    DDPRUN_THROW(CheckpointError, "no usable checkpoint in ", cfg_.checkpointDir,
+                 rank0_ ? ": " + refused : std::string(),
+                 ". Remove the bad files or point --checkpoint-dir elsewhere");
+  if (chosen == -1) {
+    notice("no checkpoint in " + cfg_.checkpointDir + ": starting from the beginning");
+    return;
+  }
+  if (!rank0_) {
+    const std::string path = cfg_.checkpointDir + "/" + checkpointFileName(chosen);
+    std::string why;
+    if (!applyCheckpoint(path, &why)) DDPRUN_THROW(CheckpointError, "cannot resume: ", why);
+  }
+  reducer_->zeroGrad();
+}
+
+std::vector<TensorView> Run::modelTensors(std::vector<std::vector<int64_t>>& counts,
+                                          bool withOptim) {
+  std::vector<TensorView> out;
+  for (Param* p : model_->params())
+    out.push_back({p->name, "F32", p->value.shape(), p->value.data()});
+  counts.reserve(model_->buffers().size());
+  for (Buffer* b : model_->buffers()) {
+    if (b->isCount) {
+      counts.push_back({static_cast<int64_t>(b->value.data()[0])});
+      out.push_back({b->name, "I64", {}, counts.back().data()});
+    } else {
+      out.push_back({b->name, "F32", b->value.shape(), b->value.data()});
+    }
+  }
+  if (withOptim)
+    for (auto& [name, t] : optim_->state()) out.push_back({name, "F32", t->shape(), t->data()});
+  return out;
+}
+
+void Run::saveCheckpoint() {
+  if (!rank0_ || cfg_.checkpointDir.empty()) return;
+  std::vector<std::vector<int64_t>> counts;
+  const auto tensors = modelTensors(counts, true);
+  const std::map<std::string, std::string> meta = {
+      {"format", "ddprun-train-1"},
+      {"model", cfg_.model},
+      {"optimizer", cfg_.optimizer},
+      {"epoch", std::to_string(pos_.epoch)},
+      {"step", std::to_string(pos_.step)},
+      {"global_step", std::to_string(pos_.globalStep)},
+      {"optimizer_steps", std::to_string(optim_->steps())},
+      {"world", std::to_string(pg_.size())},
+      {"batch_size", std::to_string(cfg_.batchSize)},
+      {"seed", std::to_string(cfg_.seed)},
+      {"rng", rng_.state()}};
+  saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(pos_.globalStep), tensors, meta);
+  pruneCheckpoints(cfg_.checkpointDir, cfg_.keepCheckpoints);
+}
+
+void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
+  const Dataset& d = data_.train;
+  auto t0 = Clock::now();
+  xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
+  ybuf_.resize(static_cast<size_t>(n));
+  gatherBatch(d, idx, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
+  auto t1 = Clock::now();
+  Shape xs = {n};
+  for (int64_t s : model_->inputShape()) xs.push_back(s);
+  const Tensor& logits = model_->forward(Tensor::view(xbuf_.data(), xs), true);
+  const double loss = be_->crossEntropy(logits, ybuf_.data(), &dlogits_, nullptr);
+  model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
+  auto t2 = Clock::now();
+  const uint64_t layout = reducer_->layoutVersion();
+  reducer_->finalize();
+  if (reducer_->layoutVersion() != layout) bindGrads();
+  auto t3 = Clock::now();
+  optim_->step();
+  reducer_->zeroGrad();
+  auto t4 = Clock::now();
+  time_.data += std::chrono::duration<double>(t1 - t0).count();
+  time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count();
+  time_.comm += std::chrono::duration<double>(t3 - t2).count();
+  time_.optim += std::chrono::duration<double>(t4 - t3).count();
+  const auto& st = reducer_->lastStats();
+  const double ct = st.commTime.count();
+  time_.commTotal += ct;
+  time_.commExposed += ct * (1.0 - st.hiddenFraction());
+
+  intervalLoss_ += loss * static_cast<double>(n);
+  intervalCount_ += static_cast<double>(n);
+  ++pos_.step;
+  ++pos_.globalStep;
+  ++stepsRun_;
+  const bool last = pos_.step == stepsInEpoch;
+  report(stepsInEpoch, last || pos_.step % cfg_.logInterval == 0);
+  if (cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0) saveCheckpoint();
+}
+
+// Every rank joins the all-reduce of the interval's loss; rank 0 prints.
+void Run::report(int64_t stepsInEpoch, bool force) {
+  if (!force) return;
+  std::vector<double> v = {intervalLoss_, intervalCount_};
+  allReduceSum(pg_, v);
+  const double secs = since(intervalStart_);
+  lastLoss_ = v[1] > 0 ? v[0] / v[1] : NAN;
+  epochLossSum_ += v[0];
+  epochLossCount_ += v[1];
+  samplesSeen_ += static_cast<int64_t>(v[1]);
+  const double rate = secs > 0 ? v[1] / secs : 0;
+  const double perStep = stepsRun_ > 0 ? since(runStart_) / static_cast<double>(stepsRun_) : 0;
+  const int64_t left = totalSteps_ - pos_.globalStep;
+  char line[256];
+  std::snprintf(line, sizeof(line), "epoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                static_cast<long long>(pos_.epoch + 1), cfg_.epochs,
+                static_cast<long long>(pos_.step), static_cast<long long>(stepsInEpoch), lastLoss_,
+                rate, formatSeconds(perStep * static_cast<double>(left)).c_str());
+  progress_.update(line);
+  metrics_.write({{"type", "step"}, {"epoch", pos_.epoch}, {"step", pos_.step},
+                  {"global_step", pos_.globalStep}, {"loss", lastLoss_}, {"lr", optim_->lr()},
+                  {"samples_per_second", rate}, {"elapsed_s", since(runStart_)}});
+  intervalLoss_ = intervalCount_ = 0;
+  intervalStart_ = Clock::now();
+}
+
+void Run::trainEpoch() {
+  runtime::SamplerOptions so;
+  so.datasetSize = data_.train.size;
+  so.numReplicas = pg_.size();
+  so.rank = pg_.rank();
+  so.shuffle = cfg_.shuffle;
+  so.seed = cfg_.seed;
+  runtime::DistributedSampler sampler(so);
+  sampler.setEpoch(pos_.epoch);
+  const std::vector<int64_t>& idx = sampler.indices();
+  const int64_t n = static_cast<int64_t>(idx.size()), b = cfg_.batchSize;
+  int64_t steps = (n + b - 1) / b;
+  if (cfg_.maxSteps > 0) steps = std::min(steps, cfg_.maxSteps);
+  intervalStart_ = Clock::now();
+  for (int64_t s = pos_.step; s < steps; ++s)
+    step(idx.data() + s * b, std::min(b, n - s * b), steps);
+}
+
+// Exact split: every test sample is evaluated once across the ranks.
+std::pair<int64_t, int64_t> Run::evaluate() {
+  runtime::SamplerOptions so;
+  so.datasetSize = data_.test.size;
+  so.numReplicas = pg_.size();
+  so.rank = pg_.rank();
+  so.shuffle = false;
+  so.mode = runtime::SamplerOptions::Mode::kExact;
+  runtime::DistributedSampler sampler(so);
+  const std::vector<int64_t>& idx = sampler.indices();
+  const Dataset& d = data_.test;
+  const int64_t chunk = 500;
+  int64_t correct = 0;
+  for (size_t at = 0; at < idx.size(); at += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(idx.size() - at));
+    xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
+    ybuf_.resize(static_cast<size_t>(n));
+    gatherBatch(d, idx.data() + at, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
+    Shape xs = {n};
+    for (int64_t s : model_->inputShape()) xs.push_back(s);
+    int64_t hits = 0;
+    be_->crossEntropy(model_->forward(Tensor::view(xbuf_.data(), xs), false), ybuf_.data(), nullptr,
+                      &hits);
+    correct += hits;
+  }
+  std::vector<double> v = {static_cast<double>(correct), static_cast<double>(idx.size())};
+  allReduceSum(pg_, v);
+  return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1])};
+}
+
+nlohmann::json Run::execute() {
+  if (data_.train.size < pg_.size())
+    DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size, " samples but there "
+                 "are ", pg_.size(), " ranks: every rank needs at least one sample (use fewer "
+                 "workers or more --train-samples)");
+  if (rank0_ && !cfg_.checkpointDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg_.checkpointDir, ec);
+    if (ec)
+      DDPRUN_THROW(InvalidArgument, "cannot create --checkpoint-dir ", cfg_.checkpointDir, ": ",
+                   ec.message());
+  }
+  setup();
+  if (io_.resume && !cfg_.checkpointDir.empty()) resume();
+  notice(std::string("model ") + cfg_.model + " (" + std::to_string(model_->numParameters()) +
+         " parameters, " + std::to_string(reducer_->numBuckets()) + " gradient bucket" +
+         (reducer_->numBuckets() == 1 ? "" : "s") + "), " + std::to_string(pg_.size()) +
+         " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " + std::to_string(cfg_.batchSize) +
+         ", data " + data_.source + ", " + be_->describe());
+  {
+    const int64_t perRank = (data_.train.size + pg_.size() - 1) / pg_.size();
+    int64_t steps = (perRank + cfg_.batchSize - 1) / cfg_.batchSize;
+    if (cfg_.maxSteps > 0) steps = std::min(steps, cfg_.maxSteps);
+    totalSteps_ = steps * cfg_.epochs;
+  }
+  runStart_ = Clock::now();
+  nlohmann::json lastEpoch;
+  int64_t correct = 0, total = 0;
+  double epochSecs = 0;
+  for (; pos_.epoch < cfg_.epochs; ++pos_.epoch, pos_.step = 0) {
+    const auto t0 = Clock::now();
+    epochLossSum_ = epochLossCount_ = 0;
+    trainEpoch();
+    progress_.finish();
+    std::tie(correct, total) = evaluate();
+    epochSecs = since(t0);
+    const double acc = total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+    lastEpoch = {{"type", "epoch"}, {"epoch", pos_.epoch},
+                 {"train_loss", epochLossCount_ > 0 ? epochLossSum_ / epochLossCount_ : NAN},
+                 {"test_accuracy", acc}, {"test_correct", correct}, {"test_total", total},
+                 {"epoch_seconds", epochSecs}};
+    metrics_.write(lastEpoch);
+    notice("epoch " + std::to_string(pos_.epoch + 1) + "/" + std::to_string(cfg_.epochs) +
+           ": test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) + "/" +
+           std::to_string(total) + "), " + formatSeconds(epochSecs));
+    // The epoch-end checkpoint points at the next epoch's first step.
+    Position keep = pos_;
+    pos_.epoch += 1;
+    pos_.step = 0;
+    saveCheckpoint();
+    pos_ = keep;
+  }
+  const double secs = since(runStart_);
+  if (rank0_ && !cfg_.save.empty()) {
+    std::vector<std::vector<int64_t>> counts;
+    saveSafetensors(cfg_.save, modelTensors(counts, false),
+                    {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
+  }
+  nlohmann::json j = {
+      {"world", pg_.size()}, {"model", cfg_.model}, {"epochs", cfg_.epochs},
+      {"steps", stepsRun_}, {"batch_size", cfg_.batchSize}, {"train_seconds", secs},
+      {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
+      {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
+      {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
+      {"params_sha256", parametersSha256(model_->params(), model_->buffers())},
+      {"breakdown", {{"data_s", time_.data}, {"forward_backward_s", time_.fwdBwd},
+                     {"comm_wait_s", time_.comm}, {"optimizer_s", time_.optim}}},
+      {"comm_hidden_fraction", time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed /
+                                                                        time_.commTotal)
+                                                   : nlohmann::json(nullptr)},
+      {"gradient_buckets", reducer_->numBuckets()},
+      {"peak_rss_mb", peakRssMb()}};
+  nlohmann::json fin = j;
+  fin["type"] = "final";
+  metrics_.write(fin);
+  return j;
+}
+
+bool envRestarted() {
+  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return v && *v && std::strtol(v, nullptr, 10) > 0;
+}
+
+DataSplit loadData(const TrainConfig& cfg) {
+  const int64_t maxTrain = cfg.trainSamples > 0 ? cfg.trainSamples : -1;
+  const int64_t maxTest = cfg.testSamples > 0 ? cfg.testSamples : -1;
+  auto synthetic = [&] {
+    return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000, cfg.seed);
+  };
+  if (cfg.data == "synthetic") return synthetic();
+  if (cfg.data == kDefaultDataDir && !fashionMnistPresent(cfg.data)) {
+    std::fprintf(stderr, "train: Fashion-MNIST is not installed in %s (scripts/setup.sh installs "
+                 "it): training on the synthetic set instead\n", cfg.data.c_str());
+    return synthetic();
+  }
+  return loadFashionMnist(cfg.data, maxTrain, maxTest);
+}
+
+// Under ddprun or torchrun: the launcher's environment; alone: one rank over
+// an in-process store.
+std::unique_ptr<ProcessGroup> joinGroup() {
+  if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) return ProcessGroup::fromEnv();
+  return ProcessGroup::create(std::make_shared<store::HashStore>(), 0, 1, runtime::optionsFromEnv());
+}
+
+}  // namespace
+
+nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
+                           const TrainerIo& io) {
+  Run run(cfg, data, pg, io);
+  return run.execute();
+}
+
+int trainMain(int argc, const char* const* argv) {
+  const ParseResult pr = parseTrainArgs(argc, argv);
+  if (!pr.config) {
+    if (pr.exitCode == 0) std::fputs(pr.output.c_str(), stdout);
+    else std::fprintf(stderr, "train: error: %s\n", pr.output.c_str());
+    return pr.exitCode;
+  }
+  const TrainConfig& cfg = *pr.config;
+  try {
+    const DataSplit data = loadData(cfg);
+    auto pg = joinGroup();
+    TrainerIo io;
+    io.resume = envRestarted();
+    const nlohmann::json summary = runTraining(cfg, data, *pg, io);
+    if (pg->rank() == 0) {
+      std::fprintf(stdout, "%s\n", summary.dump().c_str());
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "train: error: %s\n", e.message().c_str());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train: failed: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: failed: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace ddprun::train
