@@ -1,0 +1,175 @@
+#include "dnnl_conv.h"
+
+#include <omp.h>
+
+#include <cstring>
+#include <dnnl.hpp>
+#include <map>
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::train {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// Everything that depends on the input shape: primitives and the internal
+// buffers in oneDNN's layouts.
+struct Plan {
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_weights bww;
+  dnnl::convolution_backward_data bwd;  // only when dL/dx is needed
+  bool hasBwd = false;
+  memory::desc userSrc, userDst, userW, userB;  // NCHW / OIHW / [OC]
+  memory src, dst, wFwd, diffDst, diffW, diffB, wBwd, diffSrc;
+};
+
+// y = conv(x, W) + b. Forward: reorder x (NCHW) to NHWC, W (OIHW) to the
+// forward's layout, convolve, reorder y back. Backward: dy to NHWC; weights
+// gradient (oneDNN layout) reordered to OIHW and added to the parameter's
+// gradient (gradients accumulate); bias gradient added likewise; dx through
+// backward-data and a reorder to NCHW.
+class DnnlConv2d final : public Layer {
+ public:
+  DnnlConv2d(std::string name, int64_t c, int64_t oc, int k, int pad)
+      : Layer(name), c_(c), oc_(oc), k_(k), pad_(pad) {
+    w_.name = name + ".weight";
+    w_.value = Tensor({oc, c, k, k});
+    w_.grad = Tensor({oc, c, k, k});
+    b_.name = name + ".bias";
+    b_.value = Tensor({oc});
+    b_.grad = Tensor({oc});
+  }
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
+                 shapeString(s));
+    const int64_t oh = s[2] + 2 * pad_ - k_ + 1, ow = s[3] + 2 * pad_ - k_ + 1;
+    DDPRUN_CHECK(oh > 0 && ow > 0, name(), ": input ", shapeString(s), " smaller than the kernel");
+    return {s[0], oc_, oh, ow};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(outputShape(x.shape()));
+    Plan& p = plan(x.shape(), true);
+    auto& s = stream();
+    reorderIn(p.userSrc, x.data(), p.src, s);
+    reorderIn(p.userW, w_.value.data(), p.wFwd, s);
+    memory bias(p.userB, engine(), b_.value.data());  // read only
+    p.fwd.execute(s, {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wFwd}, {DNNL_ARG_BIAS, bias},
+                      {DNNL_ARG_DST, p.dst}});
+    reorderOut(p.dst, p.userDst, y.data(), s);
+    s.wait();
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    Plan& p = plan(x.shape(), dx != nullptr);
+    auto& s = stream();
+    reorderIn(p.userDst, dy.data(), p.diffDst, s);
+    p.bww.execute(s, {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DIFF_DST, p.diffDst},
+                      {DNNL_ARG_DIFF_WEIGHTS, p.diffW}, {DNNL_ARG_DIFF_BIAS, p.diffB}});
+    wTmp_.resize(static_cast<size_t>(w_.value.numel()));
+    reorderOut(p.diffW, p.userW, wTmp_.data(), s);
+    if (dx) {
+      dx->ensure(x.shape());
+      reorderIn(p.userW, w_.value.data(), p.wBwd, s);
+      p.bwd.execute(s, {{DNNL_ARG_DIFF_DST, p.diffDst}, {DNNL_ARG_WEIGHTS, p.wBwd},
+                        {DNNL_ARG_DIFF_SRC, p.diffSrc}});
+      reorderOut(p.diffSrc, p.userSrc, dx->data(), s);
+    }
+    s.wait();
+    float* gw = w_.grad.data();
+    for (size_t i = 0; i < wTmp_.size(); ++i) gw[i] += wTmp_[i];
+    const auto* db = static_cast<const float*>(p.diffB.get_data_handle());
+    for (int64_t o = 0; o < oc_; ++o) b_.grad.data()[o] += db[o];
+  }
+  std::vector<Param*> params() override { return {&w_, &b_}; }
+
+ private:
+  static dnnl::stream& stream() {
+    thread_local dnnl::stream s(engine());
+    return s;
+  }
+  // Copies user memory (plain layout) into `dst`'s layout.
+  // (oneDNN's handles are non-const; a reorder only reads its source.)
+  static void reorderIn(const memory::desc& user, const float* data, memory& dst,
+                        dnnl::stream& s) {
+    memory src(user, engine(), const_cast<float*>(data));
+    dnnl::reorder(src, dst).execute(s, src, dst);
+  }
+  static void reorderOut(memory& src, const memory::desc& user, float* data, dnnl::stream& s) {
+    memory dst(user, engine(), data);
+    dnnl::reorder(src, dst).execute(s, src, dst);
+  }
+
+  Plan& plan(const Shape& in, bool needDx) {
+    auto it = plans_.find(in);
+    if (it != plans_.end() && (!needDx || it->second.hasBwd)) return it->second;
+    const Shape os = outputShape(in);
+    const memory::dims sd{in[0], c_, in[2], in[3]}, dd{os[0], oc_, os[2], os[3]},
+        wd{oc_, c_, k_, k_}, bd{oc_}, st{1, 1}, pad{pad_, pad_};
+    // NHWC activations chosen explicitly (oneDNN's own choice is slower for
+    // conv1's backward-weights, see docs/conv_backend.md); weights as it likes.
+    const memory::desc srcMd(sd, dt::f32, tag::nhwc), dstMd(dd, dt::f32, tag::nhwc),
+        wMd(wd, dt::f32, tag::any), bMd(bd, dt::f32, tag::x);
+    using namespace dnnl;
+    // oneDNN 2.x: an operation descriptor, then a primitive descriptor.
+    convolution_forward::primitive_desc fpd(
+        {prop_kind::forward_training, algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st,
+         pad, pad},
+        engine());
+    convolution_backward_weights::primitive_desc wpd(
+        {algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st, pad, pad}, engine(), fpd);
+    Plan p;
+    p.userSrc = memory::desc(sd, dt::f32, tag::nchw);
+    p.userDst = memory::desc(dd, dt::f32, tag::nchw);
+    p.userW = memory::desc(wd, dt::f32, tag::oihw);
+    p.userB = bMd;
+    p.fwd = convolution_forward(fpd);
+    p.bww = convolution_backward_weights(wpd);
+    p.src = memory(fpd.src_desc(), engine());
+    p.dst = memory(fpd.dst_desc(), engine());
+    p.wFwd = memory(fpd.weights_desc(), engine());
+    p.diffDst = memory(wpd.diff_dst_desc(), engine());
+    p.diffW = memory(wpd.diff_weights_desc(), engine());
+    p.diffB = memory(wpd.diff_bias_desc(), engine());
+    if (needDx) {
+      convolution_backward_data::primitive_desc dpd(
+          {algorithm::convolution_direct, srcMd, wMd, dstMd, st, pad, pad}, engine(), fpd);
+      DDPRUN_CHECK(dpd.diff_dst_desc() == wpd.diff_dst_desc(),
+                   "oneDNN chose different diff_dst layouts for ", name());
+      p.bwd = convolution_backward_data(dpd);
+      p.wBwd = memory(dpd.weights_desc(), engine());
+      p.diffSrc = memory(dpd.diff_src_desc(), engine());
+      p.hasBwd = true;
+    }
+    if (it != plans_.end()) {
+      // Upgrading to a plan with backward-data: keep the forward's saved src.
+      p.src = it->second.src;
+      it->second = std::move(p);
+      return it->second;
+    }
+    return plans_.emplace(in, std::move(p)).first->second;
+  }
+
+  int64_t c_, oc_;
+  int k_, pad_;
+  Param w_, b_;
+  std::map<Shape, Plan> plans_;
+  std::vector<float> wTmp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> makeDnnlConv2d(std::string name, int64_t inC, int64_t outC, int kernel,
+                                      int pad) {
+  return std::make_unique<DnnlConv2d>(std::move(name), inC, outC, kernel, pad);
+}
+
+void setDnnlThreads(int threads) { omp_set_num_threads(threads); }
+
+}  // namespace ddprun::train

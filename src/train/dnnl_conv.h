@@ -1,0 +1,27 @@
+// Convolution on oneDNN (internal to the CPU backend).
+//
+// Measured in docs/conv_backend.md: for LeNet at batch 64 on one thread,
+// oneDNN's jit convolutions with NHWC activations take 9.1 ms per training
+// step against 12.4 ms for the best OpenBLAS im2col + GEMM form, so the CPU
+// backend's conv2d layer runs here. Tensors stay NCHW (weights OIHW) at the
+// layer boundary, as everywhere in the trainer; reorders to and from NHWC
+// (and oneDNN's preferred weight layout) happen inside, and cost about 8 % of
+// the step.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ddprun/train/layers.h"
+
+namespace ddprun::train {
+
+// Stride 1, square kernel, zero padding `pad`, with bias. Primitives are
+// created once per input shape (the last batch of an epoch is smaller) and
+// kept. Parameter gradients accumulate (+=) like every layer's.
+std::unique_ptr<Layer> makeDnnlConv2d(std::string name, int64_t inC, int64_t outC, int kernel,
+                                      int pad);
+// Fixes oneDNN's (OpenMP) thread count for this process.
+void setDnnlThreads(int threads);
+
+}  // namespace ddprun::train
