@@ -11,15 +11,16 @@ DistributedSampler (shuffled with --seed, set_epoch per epoch) and a DataLoader
 with drop_last=False, cross entropy. The test set is split without padding
 (rank r evaluates samples r, r+world, ...), so the accuracy counts every test
 sample exactly once. Rank 0 prints progress to stderr and, as the last line of
-stdout, one JSON object with the keys `train` prints:
-world, model, epochs, steps (per rank), batch_size, train_seconds,
-samples_per_second (global), test_accuracy, test_correct, test_total,
-final_loss (global mean of the last epoch's last log interval), params_sha256
-(of this script's state_dict bytes; not comparable with train's),
-breakdown {data_s, forward_backward_s, comm_wait_s, optimizer_s} (rank 0's
-totals; DDP overlaps its all-reduce inside backward, so the exposed wait is not
-separable: comm_wait_s is null and forward_backward_s includes it),
-comm_hidden_fraction (null), peak_rss_mb (rank 0's ru_maxrss).
+stdout, one JSON object with the keys `train` prints: world, model, epochs,
+steps (per rank), batch_size, train_seconds (as train measures it: from the
+first step to the end, the per-epoch test evaluation included),
+samples_per_second (global, over train_seconds), test_accuracy, test_correct,
+test_total, final_loss (global mean of the last epoch's last log interval,
+weighted by samples), params_sha256 (of this script's state_dict bytes; not
+comparable with train's), breakdown {data_s, forward_backward_s, comm_wait_s,
+optimizer_s} (rank 0's totals; DDP overlaps its all-reduce inside backward, so
+the exposed wait is not separable: comm_wait_s is null and forward_backward_s
+includes it), comm_hidden_fraction (null), peak_rss_mb (rank 0's ru_maxrss).
 --metrics FILE writes the JSON lines `train --metrics` writes.
 """
 import argparse
@@ -166,6 +167,7 @@ def main():
         epoch_start = time.perf_counter()
         it = iter(loader)
         loss_sum, loss_n, epoch_loss, epoch_n, step = 0.0, 0, 0.0, 0, 0
+        interval_start = time.perf_counter()
         while not a.max_steps or step < a.max_steps:
             t0 = time.perf_counter()
             try:
@@ -185,21 +187,22 @@ def main():
             step += 1
             steps += 1
             samples += len(yb)
-            value = loss.item()
-            loss_sum, loss_n = loss_sum + value, loss_n + 1
-            epoch_loss, epoch_n = epoch_loss + value, epoch_n + 1
+            value = loss.item() * len(yb)  # sample-weighted, as train averages
+            loss_sum, loss_n = loss_sum + value, loss_n + len(yb)
+            epoch_loss, epoch_n = epoch_loss + value, epoch_n + len(yb)
             if step % a.log_interval == 0 or step == len(loader) or step == a.max_steps:
                 total, count = global_sum([loss_sum, loss_n], world)
                 final_loss = total / count
-                elapsed = time.perf_counter() - start
+                now = time.perf_counter()
                 metrics.write(type="step", epoch=epoch, step=step, global_step=steps,
-                              loss=final_loss, lr=lr, samples_per_second=samples * world / elapsed,
-                              elapsed_s=elapsed)
+                              loss=final_loss, lr=lr,
+                              samples_per_second=count / max(now - interval_start, 1e-9),
+                              elapsed_s=now - start)
+                interval_start = now
                 if step % (a.log_interval * 10) == 0:
                     log("epoch %d step %d/%d loss %.4f" % (epoch, step, len(loader), final_loss))
                 loss_sum, loss_n = 0.0, 0
         epoch_seconds = time.perf_counter() - epoch_start
-        eval_start = time.perf_counter()
         total, count = global_sum([epoch_loss, epoch_n], world)
         correct = evaluate(model, xte, yte, rank, world)
         metrics.write(type="epoch", epoch=epoch, train_loss=total / max(count, 1),
@@ -207,7 +210,6 @@ def main():
                       test_total=len(xte), epoch_seconds=epoch_seconds)
         log("epoch %d: train loss %.4f, test accuracy %.4f (%d/%d), %.2f s"
             % (epoch, total / max(count, 1), correct / len(xte), correct, len(xte), epoch_seconds))
-        start += time.perf_counter() - eval_start  # evaluation is not training time
     train_seconds = time.perf_counter() - start
 
     if a.save and rank == 0:
