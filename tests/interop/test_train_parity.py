@@ -13,6 +13,10 @@ For LeNet and LeNet with BatchNorm (train-mode batch statistics):
   3. train's final weights (--save) load into PyTorch's module with
      load_state_dict(strict=True), and PyTorch's accuracy with them on the full
      test set is the count train reported, exactly.
+Then 2 ranks: `ddprun --nproc_per_node=2 train` against PyTorch DDP
+(examples/pytorch/lenet_ddp.py under ddprun, gloo) from the same initial
+weights, unshuffled: per-step global losses within 1e-4 for the 10 steps and
+the same test count (LeNet and LeNet-BN with per-rank statistics).
 
 Why two comparisons: LeNet's free-running losses agree within 1e-4 for all 20
 steps (asserted). LeNet-BN at this learning rate is chaotic: PyTorch against
@@ -205,6 +209,41 @@ def check_accuracy(model_name, result, final, test_xy):
           "test_accuracy %r is not test_correct/test_total" % result["test_accuracy"])
 
 
+def check_two_ranks(model_name, tmp, init, test_samples=2000):
+    flags = ["--model", model_name, "--init", init, "--no-shuffle", "--train-samples",
+             str(STEPS * BATCH), "--test-samples", str(test_samples), "--log-interval", "1",
+             "--lr", str(LR), "--momentum", str(MOMENTUM), "--data", lenet.DEFAULT_DATA]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(PYTHON_EXEC=sys.executable, GLOO_SOCKET_IFNAME="lo")
+    runs = {}
+    for side, worker in (("train", ["--no_python", os.path.join(BIN, "train")]),
+                         ("pytorch", [os.path.join(ROOT, "examples/pytorch/lenet_ddp.py")])):
+        metrics = os.path.join(tmp, "ddp_%s.jsonl" % side)
+        p = subprocess.run([os.path.join(BIN, "ddprun"), "--standalone", "--nproc_per_node=2",
+                            *worker, *flags, "--metrics", metrics],
+                           capture_output=True, text=True, timeout=240, cwd=tmp, env=env)
+        check(p.returncode == 0, "2-rank %s run exited %d:\n%s" % (side, p.returncode,
+                                                                  p.stderr[-4000:]))
+        rows = [json.loads(l) for l in open(metrics) if l.strip()]
+        runs[side] = ([r["loss"] for r in rows if r.get("type") == "step"],
+                      [r for r in rows if r.get("type") == "final"][-1])
+    (ours, ours_final), (theirs, theirs_final) = runs["train"], runs["pytorch"]
+    check(len(ours) == len(theirs) == STEPS // 2,
+          "2 ranks: %d step lines from train, %d from PyTorch, expected %d"
+          % (len(ours), len(theirs), STEPS // 2))
+    worst = max(abs(a - b) for a, b in zip(ours, theirs))
+    print("2 ranks: worst |loss diff| over %d steps %.2e; test %s vs PyTorch %s of %d"
+          % (len(ours), worst, ours_final["test_correct"], theirs_final["test_correct"],
+             test_samples))
+    check(worst <= LOSS_TOL, "2 ranks: train's losses differ from PyTorch DDP's by %.3g" % worst)
+    check(ours_final["world"] == 2 and ours_final["test_total"] == test_samples,
+          "2 ranks: train reports world %s, %s test samples"
+          % (ours_final["world"], ours_final["test_total"]))
+    check(ours_final["test_correct"] == theirs_final["test_correct"],
+          "2 ranks: train counts %s correct, PyTorch DDP %s"
+          % (ours_final["test_correct"], theirs_final["test_correct"]))
+
+
 def main():
     if not lenet.have_fashion_mnist():
         print("SKIPPED: Fashion-MNIST not found in %s (run scripts/setup.sh)" % lenet.DEFAULT_DATA)
@@ -225,6 +264,7 @@ def main():
             check_free_running(model_name, ours, train_xy)
             check_step_by_step(model_name, tmp, init, ours, train_xy)
             check_accuracy(model_name, result, final, test_xy)
+            check_two_ranks(model_name, tmp, init)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     print("OK")
