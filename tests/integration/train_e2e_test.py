@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,19 @@ def step_lines(path):
         except ValueError:
             pass  # a line being written
     return [r for r in rows if r.get("type") == "step"]
+
+
+LENET_NAMES = {"%s.%s" % (layer, kind) for layer in ("conv1", "conv2", "fc1", "fc2", "fc3")
+               for kind in ("weight", "bias")}
+
+
+def safetensors_names(path):
+    """Tensor names in a safetensors file's header."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return set(header)
 
 
 def checkpoints(directory):
@@ -215,6 +229,8 @@ class TrainE2E(unittest.TestCase):
         ref = self.ok(self.ddprun(2, *flags, "--checkpoint-dir", ref_dir), "uninterrupted run")
         self.assertEqual(ref["steps"], 2 * 47)  # ceil(1500 / 32) per epoch per rank
         self.assertTrue(checkpoints(ref_dir), "no ckpt-<step>.safetensors in " + ref_dir)
+        names = safetensors_names(os.path.join(ref_dir, checkpoints(ref_dir)[-1]))
+        self.assertLessEqual(LENET_NAMES, names, "checkpoint lacks PyTorch's LeNet state_dict names")
 
         ckpt_dir = os.path.join(self.tmp, "ckpt")
         metrics = os.path.join(self.tmp, "m.jsonl")
