@@ -378,6 +378,12 @@ void Run::trainEpoch() {
   so.seed = cfg_.seed;
   runtime::DistributedSampler sampler(so);
   sampler.setEpoch(pos_.epoch);
+  if (pos_.epoch == 0 && pos_.step == 0 && sampler.totalSize() > so.datasetSize)
+    notice(std::to_string(so.datasetSize) + " training samples do not split evenly over " +
+           std::to_string(pg_.size()) + " ranks: " +
+           std::to_string(sampler.totalSize() - so.datasetSize) + " of them are seen twice per "
+           "epoch (PyTorch's DistributedSampler padding); evaluation counts every test sample "
+           "exactly once");
   const std::vector<int64_t>& idx = sampler.indices();
   const int64_t n = static_cast<int64_t>(idx.size()), b = cfg_.batchSize;
   int64_t steps = (n + b - 1) / b;
