@@ -25,6 +25,12 @@ constexpr int64_t kMaxDeflateSlack = 1024;
 // Pixels are read in pieces this large, so memory grows with the data that is
 // really there rather than with what a header claims.
 constexpr int64_t kReadChunk = int64_t{1} << 20;
+// Up front, room is reserved for at most this many times the file's size (or
+// what the header claims, if less): real image data compresses far less than
+// this (Fashion-MNIST about 1.8:1), so it is read in place with no regrowth
+// copy, while a corrupt header cannot reserve much more than the file could
+// plausibly hold. Reserved pages cost no memory until data is written there.
+constexpr int64_t kReserveRatio = 16;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   DDPRUN_THROW(DataError, path, ": ", what, "; ", kDataHint);
@@ -128,6 +134,7 @@ std::vector<uint8_t> readItems(GzReader& in, int64_t n, int64_t itemBytes,
                                int64_t declared) {
   std::vector<uint8_t> out;
   int64_t total = n * itemBytes;
+  out.reserve(static_cast<size_t>(std::min(total, in.fileBytes() * kReserveRatio)));
   while (static_cast<int64_t>(out.size()) < total) {
     int64_t have = static_cast<int64_t>(out.size());
     int64_t step = std::min(kReadChunk, total - have);
@@ -259,12 +266,9 @@ Dataset makeSyntheticSet(const std::array<Prototype, kNumClasses>& protos, int64
   for (int64_t i = 0; i < size; ++i) d.labels[i] = static_cast<int32_t>(i % kNumClasses);
   for (int64_t i = size - 1; i > 0; --i)
     std::swap(d.labels[i], d.labels[rng.below(static_cast<uint64_t>(i) + 1)]);
-  d.images.resize(size * kImageBytes);
-  std::array<uint8_t, kImageBytes> px{};
-  for (int64_t i = 0; i < size; ++i) {
-    renderSample(protos[d.labels[i]], rng, px.data());
-    normaliseInto(px.data(), px.size(), d.images.data() + i * kImageBytes);
-  }
+  d.pixels.resize(size * kImageBytes);
+  for (int64_t i = 0; i < size; ++i)
+    renderSample(protos[d.labels[i]], rng, d.pixels.data() + i * kImageBytes);
   return d;
 }
 
@@ -311,9 +315,7 @@ Dataset loadIdxPair(const std::string& imagesPath, const std::string& labelsPath
     }
     d.labels[i] = lab[i];
   }
-  std::vector<uint8_t> px = readItems(images, n, kImageBytes, count);
-  d.images.resize(px.size());
-  normaliseInto(px.data(), px.size(), d.images.data());
+  d.pixels = readItems(images, n, kImageBytes, count);  // moved, not copied
   return d;
 }
 
@@ -347,7 +349,7 @@ void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32
   for (size_t i = 0; i < n; ++i) {
     const int64_t j = idx[i];
     DDPRUN_CHECK(j >= 0 && j < d.size, "sample index ", j, " outside [0, ", d.size, ")");
-    std::memcpy(x + i * elems, d.images.data() + j * elems, elems * sizeof(float));
+    normaliseInto(d.pixels.data() + j * elems, static_cast<size_t>(elems), x + i * elems);
     y[i] = d.labels[j];
   }
 }

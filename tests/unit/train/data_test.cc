@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,17 @@ void expectDataError(F f, const std::vector<std::string>& parts) {
 
 uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 
+// Every sample of `d`, in order, as gatherBatch hands them to the trainer.
+std::vector<float> gatherAll(const Dataset& d) {
+  std::vector<int64_t> idx(d.size);
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  std::vector<float> x(d.size * d.sampleElems());
+  std::vector<int32_t> y(d.size);
+  gatherBatch(d, idx.data(), idx.size(), x.data(), y.data());
+  EXPECT_EQ(y, d.labels);
+  return x;
+}
+
 TEST(DataTest, NormalisationMatchesPyTorchBitForBit) {
   // Values printed by PyTorch 1.13: t.to(float32).div(255).sub(0.2860).div(0.3530).
   const std::vector<std::pair<int, uint32_t>> expected = {
@@ -155,11 +167,14 @@ TEST(DataTest, LoadsValidGzipIdx) {
   Dataset d = loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"));
   ASSERT_EQ(d.size, 5);
   EXPECT_EQ(d.sampleElems(), 784);
-  ASSERT_EQ(d.images.size(), 5u * 784);
+  ASSERT_EQ(d.pixels.size(), 5u * 784);
   ASSERT_EQ(d.labels.size(), 5u);
   Bytes px = samplePixels(5);
+  EXPECT_EQ(d.pixels, px);  // the raw bytes of the file
+  std::vector<float> x = gatherAll(d);
+  ASSERT_EQ(x.size(), px.size());
   for (size_t i = 0; i < px.size(); ++i)
-    ASSERT_EQ(bits(d.images[i]), bits(normalisePixel(px[i]))) << i;
+    ASSERT_EQ(bits(x[i]), bits(normalisePixel(px[i]))) << i;
   for (int i = 0; i < 5; ++i) EXPECT_EQ(d.labels[i], i % 10);
 }
 
@@ -169,7 +184,9 @@ TEST(DataTest, MaxCountReadsAPrefix) {
   writeFile(dir.file("lab.gz"), gzipStored(idxLabels(7, sampleLabels(7))));
   Dataset d = loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 3);
   EXPECT_EQ(d.size, 3);
-  EXPECT_EQ(d.images.size(), 3u * 784);
+  EXPECT_EQ(d.pixels.size(), 3u * 784);
+  Bytes px = samplePixels(7);
+  EXPECT_EQ(d.pixels, Bytes(px.begin(), px.begin() + 3 * 784));
   EXPECT_EQ(d.labels, (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 100).size, 7);
   EXPECT_EQ(loadIdxPair(dir.file("img.gz"), dir.file("lab.gz"), 0).size, 0);
@@ -293,7 +310,7 @@ TEST(DataTest, TrailingDataRefused) {
 
 TEST(DataTest, HugeCountRefusedBeforeAllocating) {
   TempDir dir;
-  // 2^31 images would be 1.6 GB of pixels (6.7 GB as floats): over the cap.
+  // 2^31 images would be 1.6 GB of pixels: over the cap.
   writeFile(dir.file("img.gz"), gzipStored(idxImages(0x80000000u, samplePixels(1))));
   writeFile(dir.file("lab.gz"), gzipStored(idxLabels(0x80000000u, sampleLabels(1))));
   expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
@@ -314,7 +331,7 @@ TEST(DataTest, RealFashionMnistIfInstalled) {
   EXPECT_EQ(s.source, std::string("Fashion-MNIST (") + kDefaultDataDir + ")");
   ASSERT_EQ(s.train.size, 60000);
   ASSERT_EQ(s.test.size, 10000);
-  EXPECT_EQ(s.train.images.size(), 60000u * 784);
+  EXPECT_EQ(s.train.pixels.size(), 60000u * 784);
   EXPECT_EQ(s.train.labels[0], 9);  // an ankle boot
   EXPECT_EQ(s.test.labels[0], 9);
   std::array<int, 10> counts{};
@@ -324,9 +341,9 @@ TEST(DataTest, RealFashionMnistIfInstalled) {
   }
   for (int c : counts) EXPECT_EQ(c, 6000);
   double sum = 0;
-  for (float v : s.train.images) sum += v;
+  for (uint8_t p : s.train.pixels) sum += normalisePixel(p);
   // The normalisation constants are this set's mean/std, so the mean is ~0.
-  EXPECT_NEAR(sum / s.train.images.size(), 0.0, 0.01);
+  EXPECT_NEAR(sum / s.train.pixels.size(), 0.0, 0.01);
   EXPECT_EQ(loadFashionMnist(kDefaultDataDir, 100, 10).train.size, 100);
 }
 
@@ -337,22 +354,20 @@ TEST(DataTest, SyntheticIsDeterministicAndBalanced) {
   EXPECT_EQ(a.source, "synthetic");
   ASSERT_EQ(a.train.size, 1003);
   ASSERT_EQ(a.test.size, 201);
-  ASSERT_EQ(a.train.images.size(), 1003u * 784);
+  ASSERT_EQ(a.train.pixels.size(), 1003u * 784);
+  ASSERT_EQ(a.test.pixels.size(), 201u * 784);
   EXPECT_EQ(a.train.labels, b.train.labels);
   EXPECT_EQ(a.test.labels, b.test.labels);
-  EXPECT_EQ(0, std::memcmp(a.train.images.data(), b.train.images.data(),
-                           a.train.images.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.test.images.data(), b.test.images.data(),
-                           a.test.images.size() * sizeof(float)));
-  EXPECT_NE(a.train.images, c.train.images);
-  EXPECT_NE(
-      0, std::memcmp(a.train.images.data(), a.test.images.data(), 784 * sizeof(float)));
+  EXPECT_EQ(a.train.pixels, b.train.pixels);
+  EXPECT_EQ(a.test.pixels, b.test.pixels);
+  EXPECT_NE(a.train.pixels, c.train.pixels);
+  EXPECT_NE(0, std::memcmp(a.train.pixels.data(), a.test.pixels.data(), 784));
   std::array<int, 10> counts{};
   for (int32_t l : a.train.labels) ++counts[l];
   for (int k = 0; k < 10; ++k) EXPECT_EQ(counts[k], k < 3 ? 101 : 100) << k;
   EXPECT_NE(a.train.labels, c.train.labels);  // shuffled, by the seed
   const float lo = normalisePixel(0), hi = normalisePixel(255);
-  for (float v : a.train.images) ASSERT_TRUE(v >= lo && v <= hi);
+  for (float v : gatherAll(a.train)) ASSERT_TRUE(v >= lo && v <= hi);
   EXPECT_EQ(makeSynthetic(0, 0, 1).train.size, 0);
   EXPECT_THROW(makeSynthetic(-1, 0, 1), InvalidArgument);
 }
@@ -361,12 +376,13 @@ TEST(DataTest, SyntheticIsLearnable) {
   // Nearest class mean, fitted on train, should classify the test set.
   DataSplit s = makeSynthetic(2000, 500, 3);
   const int64_t e = s.train.sampleElems();
+  const std::vector<float> train = gatherAll(s.train), test = gatherAll(s.test);
   std::vector<double> mean(10 * e, 0.0);
   std::array<int, 10> n{};
   for (int64_t i = 0; i < s.train.size; ++i) {
     ++n[s.train.labels[i]];
     for (int64_t j = 0; j < e; ++j)
-      mean[s.train.labels[i] * e + j] += s.train.images[i * e + j];
+      mean[s.train.labels[i] * e + j] += train[i * e + j];
   }
   for (int k = 0; k < 10; ++k)
     for (int64_t j = 0; j < e; ++j) mean[k * e + j] /= n[k];
@@ -377,7 +393,7 @@ TEST(DataTest, SyntheticIsLearnable) {
     for (int k = 0; k < 10; ++k) {
       double dist = 0;
       for (int64_t j = 0; j < e; ++j) {
-        double d = s.test.images[i * e + j] - mean[k * e + j];
+        double d = test[i * e + j] - mean[k * e + j];
         dist += d * d;
       }
       if (best < 0 || dist < bestDist) best = k, bestDist = dist;
@@ -387,7 +403,7 @@ TEST(DataTest, SyntheticIsLearnable) {
   EXPECT_GT(correct, 0.9 * s.test.size);
 }
 
-TEST(DataTest, GatherBatchCopiesTheNamedSamples) {
+TEST(DataTest, GatherBatchNormalisesTheNamedSamples) {
   DataSplit s = makeSynthetic(20, 0, 5);
   const Dataset& d = s.train;
   const int64_t e = d.sampleElems();
@@ -397,8 +413,9 @@ TEST(DataTest, GatherBatchCopiesTheNamedSamples) {
   gatherBatch(d, idx.data(), idx.size(), x.data(), y.data());
   for (size_t i = 0; i < idx.size(); ++i) {
     EXPECT_EQ(y[i], d.labels[idx[i]]);
-    EXPECT_EQ(0, std::memcmp(x.data() + i * e, d.images.data() + idx[i] * e,
-                             e * sizeof(float)));
+    for (int64_t k = 0; k < e; ++k)
+      ASSERT_EQ(bits(x[i * e + k]), bits(normalisePixel(d.pixels[idx[i] * e + k])))
+          << i << "," << k;
   }
   gatherBatch(d, idx.data(), 0, nullptr, nullptr);  // an empty batch touches nothing
   std::vector<int64_t> bad = {3, 20};
