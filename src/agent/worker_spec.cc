@@ -1,5 +1,11 @@
 #include "ddprun/agent/worker_spec.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
 #include "ddprun/common/error.h"
 
 namespace ddprun::agent {
@@ -29,10 +35,87 @@ std::string substituteLocalRank(std::string arg, int localRank) {
 bool endsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+namespace fs = std::filesystem;
+
+bool isFile(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+bool isExecutableFile(const fs::path& p) {
+  return isFile(p) && access(p.c_str(), X_OK) == 0;
+}
+
+std::vector<std::string> pathDirs(const std::string& path) {
+  std::vector<std::string> dirs;
+  size_t start = 0;
+  for (size_t i = 0; i <= path.size(); ++i)
+    if (i == path.size() || path[i] == ':') {
+      if (i > start) dirs.push_back(path.substr(start, i - start));
+      start = i + 1;
+    }
+  return dirs;
+}
+
+// `p` without "." parts or a trailing '/', for messages and argv[0].
+std::string clean(const fs::path& p) {
+  std::string s = p.lexically_normal().string();
+  if (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
 }  // namespace
+
+ProgramSearch ProgramSearch::fromProcess() {
+  ProgramSearch s;
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) s.besideDdprun = self.parent_path().string();
+  const char* path = std::getenv("PATH");
+  s.path = path ? path : "";
+  return s;
+}
+
+ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython,
+                               const ProgramSearch& where) {
+  if (module) return {name, false, ""};
+  const bool py = endsWith(name, ".py");
+  const bool bare = name.find('/') == std::string::npos;
+  const fs::path here = fs::path(where.cwd) / name;
+  if (!bare || isFile(here)) {
+    const bool direct = noPython || (!py && isExecutableFile(here));
+    return {direct && bare ? "./" + name : name, direct, ""};
+  }
+  if (py && !noPython) return {name, false, ""};  // python reports the missing script
+  if (!where.besideDdprun.empty()) {
+    fs::path bundled = fs::path(where.besideDdprun) / name;
+    if (isExecutableFile(bundled)) return {clean(bundled), true, ""};
+  }
+  for (const auto& dir : pathDirs(where.path)) {
+    fs::path candidate = fs::path(dir) / name;
+    if (isExecutableFile(candidate)) return {clean(candidate), true, ""};
+  }
+  std::error_code ec;
+  fs::path cwd = fs::absolute(where.cwd, ec);
+  std::string msg = "program '" + name + "' not found: it is not a file in the current directory (" +
+                    clean(ec ? fs::path(where.cwd) : cwd) + ")";
+  if (!where.besideDdprun.empty())
+    msg += ", not a bundled program beside ddprun (" + clean(fs::path(where.besideDdprun) / name) + ")";
+  msg += ", and not an executable on PATH (" + (where.path.empty() ? "empty" : where.path) +
+         "); give a path to it (e.g. ./" + name + ")";
+  return {name, true, msg};
+}
+
+void resolveWorkerProgram(LaunchConfig& cfg, const ProgramSearch& where) {
+  ResolvedProgram r = resolveProgram(cfg.script, cfg.module, cfg.noPython, where);
+  cfg.script = r.program;
+  cfg.noPython = r.direct;
+  cfg.programNotFound = r.notFound;
+}
 
 std::vector<std::string> workerArgv(const LaunchConfig& cfg, int localRank,
                                     const std::string& python, bool scriptIsExecutable) {
+  if (!cfg.programNotFound.empty()) DDPRUN_THROW(IoError, cfg.programNotFound);
   std::vector<std::string> argv;
   bool direct = cfg.noPython || (!cfg.module && !endsWith(cfg.script, ".py") && scriptIsExecutable);
   if (!direct) {

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "ddprun/agent/agent.h"
+#include "ddprun/agent/worker_spec.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
@@ -195,6 +196,9 @@ int runLaunchCli(int argc, const char* const* argv) {
   agent::LaunchConfig cfg;
   int rc = parseLaunchCli(argc, argv, env, cfg);
   if (rc >= 0) return rc;
+  // `ddprun train`: a bare name that is no file here runs the bundled program
+  // beside ddprun, else one on PATH (a miss is reported when workers start).
+  agent::resolveWorkerProgram(cfg, agent::ProgramSearch::fromProcess());
   agent::Agent a(std::move(cfg), std::make_unique<agent::PosixLauncher>());
   return a.run();
 }

@@ -3,7 +3,9 @@
 Workers are small shell scripts (no PyTorch needed). Each test asserts on exit
 codes, files the workers write, the console and the failure report."""
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,38 @@ def wait_for(cond, timeout=10.0):
     return cond()
 
 
+class ReservedPort:
+    """A port for a store server the test starts, given to nobody else.
+
+    A socket bound to port 0 with SO_REUSEADDR, never listened on, held open
+    until close(). While it is bound the kernel hands that port to no other
+    bind(0), connect() or bind() without SO_REUSEADDR, but the ddprun store
+    server (which sets SO_REUSEADDR) can bind and listen on it. Unlike binding,
+    closing and reusing the number, nothing can take the port in between."""
+
+    def __init__(self):
+        try:
+            self.sock = socket.socket(socket.AF_INET6)
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            addr = "::"
+        except OSError:  # no IPv6 here
+            self.sock = socket.socket(socket.AF_INET)
+            addr = "0.0.0.0"
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((addr, 0))
+        self.port = self.sock.getsockname()[1]
+
+    def close(self):
+        self.sock.close()
+
+
+def reserve_port(test):
+    """A ReservedPort's number, held until `test` ends."""
+    r = ReservedPort()
+    test.addCleanup(r.close)
+    return r.port
+
+
 def write_script(directory, body):
     """An executable /bin/sh worker in `directory`, named uniquely."""
     path = os.path.join(directory, "worker_%d.sh" % len(os.listdir(directory)))
@@ -53,6 +87,7 @@ def write_script(directory, body):
 class AgentE2E(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ddprun_e2e_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
 
     def script(self, body):
         return write_script(self.tmp, body)
@@ -63,7 +98,9 @@ class AgentE2E(unittest.TestCase):
 
     def test_env_contract_per_rank(self):
         w = self.script('env > "%s/env_$LOCAL_RANK"\n' % self.tmp)
-        p = self.run_ddprun("--nproc-per-node=3", "--max-restarts=2", "--role=trainer", w)
+        port = reserve_port(self)  # the agent hosts the worker store at --master-port
+        p = self.run_ddprun("--nproc-per-node=3", "--max-restarts=2", "--role=trainer",
+                            "--master-port=%d" % port, w)
         self.assertEqual(p.returncode, 0, p.stderr)
         ports = set()
         for r in range(3):
@@ -87,7 +124,7 @@ class AgentE2E(unittest.TestCase):
             self.assertEqual(env["OMP_NUM_THREADS"], "1")
             self.assertEqual(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
             ports.add(env["MASTER_PORT"])
-        self.assertEqual(ports, {"29500"})
+        self.assertEqual(ports, {str(port)})
         self.assertIn("OMP_NUM_THREADS=1", p.stderr)
 
     def test_standalone_gives_a_free_port_and_store_is_reachable(self):
@@ -274,7 +311,6 @@ class AgentE2E(unittest.TestCase):
         self.assertIn("/nonexistent/program", p.stderr)
 
     def test_port_in_use_is_named(self):
-        import socket
         s = socket.socket(socket.AF_INET6)
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         s.bind(("::", 0))
@@ -289,15 +325,89 @@ class AgentE2E(unittest.TestCase):
             s.close()
 
 
+class ProgramResolution(unittest.TestCase):
+    """`ddprun --nproc_per_node=2 NAME` where NAME is no file in the current
+    directory: the program of that name beside the ddprun binary (bundled, like
+    `train`), else on PATH, run directly without python. The test runs its own
+    ddprun (a link or copy) from a temporary bin/, so that bin/ is the bundled
+    directory, and sets PYTHON_EXEC=/bin/false so that any python run fails."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_prog_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.dirs = {}
+        for d in ("cwd", "bin", "path"):
+            self.dirs[d] = os.path.join(self.tmp, d)
+            os.mkdir(self.dirs[d])
+        self.ddprun = os.path.join(self.dirs["bin"], "ddprun")
+        try:
+            os.link(DDPRUN, self.ddprun)
+        except OSError:  # another file system
+            shutil.copy2(DDPRUN, self.ddprun)
+
+    def put(self, where, name, tag, executable=True):
+        """A /bin/sh program that records `tag`, its arguments and RANK."""
+        path = os.path.join(self.dirs[where], name)
+        with open(path, "w") as f:
+            f.write('#!/bin/sh\necho "%s $*" > "%s/ran_$RANK"\n' % (tag, self.tmp))
+        os.chmod(path, 0o755 if executable else 0o644)
+        return path
+
+    def launch(self, *args, python="/bin/false"):
+        env = dict(os.environ, PYTHON_EXEC=python,
+                   PATH=self.dirs["path"] + ":" + os.environ.get("PATH", "/usr/bin:/bin"))
+        return subprocess.run([self.ddprun, "--nproc_per_node=2", "--log-dir", self.tmp + "/logs",
+                               *args], cwd=self.dirs["cwd"],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    def ran(self):
+        return [read(os.path.join(self.tmp, "ran_%d" % r)).strip() for r in range(2)]
+
+    def test_bundled_program_beside_ddprun_runs_without_python(self):
+        self.put("bin", "hello", "bundled")
+        self.put("path", "hello", "path")  # the bundled one comes first
+        p = self.launch("hello", "--epochs", "1")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.ran(), ["bundled --epochs 1"] * 2)
+
+    def test_program_on_path_with_and_without_no_python(self):
+        self.put("path", "hello", "path")
+        self.put("bin", "hello", "not executable", executable=False)
+        for flags in ((), ("--no-python",)):
+            p = self.launch(*flags, "hello", "x")
+            self.assertEqual(p.returncode, 0, (flags, p.stderr))
+            self.assertEqual(self.ran(), ["path x"] * 2, flags)
+
+    def test_file_in_current_directory_keeps_the_python_rule(self):
+        self.put("bin", "hello", "bundled")
+        with open(os.path.join(self.dirs["cwd"], "hello"), "w") as f:  # not executable: python
+            f.write("import os\nopen(%r + '/ran_' + os.environ['RANK'], 'w').write('python')\n"
+                    % self.tmp)
+        p = self.launch("hello", python=sys.executable)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.ran(), ["python"] * 2)
+        self.put("cwd", "hello", "cwd")  # executable here: run directly, not from PATH or bin/
+        p = self.launch("hello")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.ran(), ["cwd"] * 2)
+
+    def test_missing_program_names_the_places_searched(self):
+        for flags in ((), ("--no-python",)):
+            p = self.launch(*flags, "no_such_program")
+            self.assertEqual(p.returncode, 3, (flags, p.stderr))
+            self.assertIn("'no_such_program' not found", p.stderr)
+            self.assertIn(self.dirs["cwd"], p.stderr)
+            self.assertIn(os.path.join(self.dirs["bin"], "no_such_program"), p.stderr)
+            self.assertIn(self.dirs["path"] + ":", p.stderr)
+
+
 class StaticTwoNodes(unittest.TestCase):
     """Two agents on this machine, --nnodes 2 --node-rank 0/1 (static rendezvous)."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ddprun_2n_")
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.port = reserve_port(self)  # node 0's agent hosts the rendezvous store there
 
     def script(self, body):
         return write_script(self.tmp, body)

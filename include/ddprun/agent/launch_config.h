@@ -61,6 +61,10 @@ struct LaunchConfig {
   std::chrono::seconds shutdownTimeout{30};
   bool virtualLocalRank = false;
   std::string script;  // training script, module or program
+  // Set by resolveWorkerProgram when no program of that name was found: the
+  // error (naming the places searched), raised where the workers would start
+  // (exit 3), so that the agent's flag checks (exit 2) still come first.
+  std::string programNotFound;
   std::vector<std::string> scriptArgs;
 };
 
