@@ -62,6 +62,36 @@ double copyBandwidth(int threads) {
   return static_cast<double>(total) / best;
 }
 
+// Cold start: a fresh group's first operations (first use of its channels
+// and threads, first page touches, idle cores still clocked down) are far
+// slower than later ones; the first size read a p50 of 270 us where warm it
+// reads 1.4 us. So before anything is timed: rounds of untimed operations of
+// the first size, blocking and back to back as the timed loop issues them,
+// until kWarmUpSeconds passed on the slowest rank. The ranks agree on that
+// time (max all-reduce), so all run the same number of rounds.
+void warmUp(ProcessGroup& pg, const AllReduceOptions& o, int warmup) {
+  constexpr double kWarmUpSeconds = 0.2;
+  const size_t bytes = o.count * dtypeSize(o.dtype);
+  const size_t perRound = std::min<size_t>(200, (size_t{64} << 20) / bytes);  // few if large
+  const int ops = std::max({1, warmup, static_cast<int>(perRound)});
+  const double t0 = now();
+  double elapsed[1] = {0};
+  do {
+    for (int i = 0; i < ops; ++i) allReduce(pg, o);
+    Work last;
+    for (int i = 0; i < ops; ++i) last = allReduceAsync(pg, o);
+    last.wait();
+    elapsed[0] = now() - t0;
+    AllReduceOptions agree;
+    agree.output = elapsed;
+    agree.count = 1;
+    agree.dtype = DType::kFloat64;
+    agree.op = ReduceOp::kMax;
+    allReduce(pg, agree);
+  } while (elapsed[0] < kWarmUpSeconds);
+  barrier(pg);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,16 +176,24 @@ int main(int argc, char** argv) {
                   n, pg->describe().c_str(), dtypeName(*dtype), reduceOpName(*op), deviceName(dev),
                   useShared ? ", shared-heap buffers" : "", "bytes", "count", "time_us",
                   "algbw_GB/s", "busbw_GB/s", "lat_p50_us", "wrong");
-    for (double sz = static_cast<double>(std::max(minBytes, es)); sz <= static_cast<double>(maxBytes) * 1.0001;
-         sz *= factor) {
-      const size_t count = std::max<size_t>(1, static_cast<size_t>(sz) / es);
-      const size_t bytes = count * es;
+    auto optionsFor = [&](double sz) {
       AllReduceOptions o;
       o.output = buf;
-      o.count = count;
+      o.count = std::max<size_t>(1, static_cast<size_t>(sz) / es);
       o.dtype = *dtype;
       o.op = *op;
       o.device = dev;
+      return o;
+    };
+    const double firstSize = static_cast<double>(std::max(minBytes, es));
+    if (firstSize <= static_cast<double>(maxBytes) * 1.0001) {
+      if (dev == Device::kCuda) cudaCopyToDevice(buf, host.data(), maxCount * es);  // touch it
+      warmUp(*pg, optionsFor(firstSize), warmup);
+    }
+    for (double sz = firstSize; sz <= static_cast<double>(maxBytes) * 1.0001; sz *= factor) {
+      const AllReduceOptions o = optionsFor(sz);
+      const size_t count = o.count;
+      const size_t bytes = count * es;
       for (int i = 0; i < warmup; ++i) allReduce(*pg, o);
       barrier(*pg);
       // Throughput: batches of n operations back to back, as many as fill
