@@ -13,9 +13,9 @@
 
 namespace ddprun::train {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append) {
   if (path.empty()) return;
-  out_.open(path, std::ios::out | std::ios::trunc);
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!out_) DDPRUN_THROW(IoError, "cannot write the metrics file ", path, ": ", std::strerror(errno));
 }
 

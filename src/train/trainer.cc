@@ -48,7 +48,7 @@ class Run {
  public:
   Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg, const TrainerIo& io)
       : cfg_(cfg), data_(data), pg_(pg), io_(io), rank0_(pg.rank() == 0),
-        metrics_(rank0_ ? cfg.metrics : std::string()),
+        metrics_(rank0_ ? cfg.metrics : std::string(), io.resume),
         progress_(io.progress, rank0_ && !cfg.quiet) {}
 
   nlohmann::json execute();

@@ -15,10 +15,11 @@
 namespace ddprun::train {
 
 // Appends one JSON object per line, flushed, so a reader (or a killed run)
-// sees every complete line. Disabled when the path is empty.
+// sees every complete line. Disabled when the path is empty. `append` keeps
+// what an earlier attempt wrote (a restarted group resumes its metrics).
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // throws IoError naming the path
+  MetricsWriter(const std::string& path, bool append);  // throws IoError naming the path
   void write(const nlohmann::json& j);
   bool enabled() const { return out_.is_open(); }
 
