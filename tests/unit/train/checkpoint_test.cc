@@ -1,3 +1,4 @@
+#include "temp_dir.h"
 #include "ddprun/train/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -17,27 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ddprun-ckpt-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ddprun::testing::TempDir;
 
 std::string readAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

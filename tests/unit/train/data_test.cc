@@ -1,3 +1,4 @@
+#include "temp_dir.h"
 #include "ddprun/train/data.h"
 
 #include <gtest/gtest.h>
@@ -15,27 +16,7 @@
 namespace ddprun::train {
 namespace {
 
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ddprun-data-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ddprun::testing::TempDir;
 
 using Bytes = std::vector<uint8_t>;
 

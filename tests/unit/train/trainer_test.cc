@@ -18,6 +18,7 @@
 #include "ddprun/train/models.h"
 #include "ddprun/train/trainer.h"
 #include "rank_threads.h"
+#include "temp_dir.h"
 
 namespace ddprun::train {
 namespace {
@@ -27,13 +28,6 @@ using ddprun::testing::runRanks;
 
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ddprun_trainer_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   // Runs `cfg` on `world` rank threads; returns rank 0's final model file.
   SafeTensors train(TrainConfig cfg, int world, const std::string& tag,
                     nlohmann::json* summary = nullptr) {
@@ -80,7 +74,8 @@ class TrainerTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  ddprun::testing::TempDir tmp_;
+  const std::string dir_ = tmp_.path();
   DataSplit data_ = makeSynthetic(4096, 256, 11);
 };
 
