@@ -20,10 +20,12 @@ both sides) and global samples/s from the final JSON, speedup vs 1 worker
 (throughput ratio) and scaling efficiency (speedup / N), rank 0's step-time
 breakdown (data / forward+backward / exposed comm wait / optimizer), test
 accuracy, peak RSS per worker.
-Comm overlap: `train --model mlp` (1.07 MB of gradients) with --bucket-cap-mb
-0.25, 1 and 25 for N > 1, reporting the bucket count, comm_hidden_fraction and
-the exposed comm wait (train, like DDP, caps the first bucket at 1 MB, so 1 and
-25 both give two buckets for this model).
+Comm overlap: `train --model mlp` (1.07 MB of gradients) for N > 1 with
+--bucket-cap-mb 1 (two buckets: like DDP, train caps the first bucket at 1 MB,
+and fc1.weight alone is 0.8 MB) and with one bucket (--bucket-cap-mb 25
+--first-bucket-mb 25, train's own flag: the all-reduce can only start after
+the whole backward), reporting the bucket count, comm_hidden_fraction and the
+exposed comm wait; PyTorch DDP's time for the first configuration.
 Writes docs/train_bench.json, docs/train_bench.png (time, throughput,
 speedup, RSS) and docs/train_bench_breakdown.png (stacked per-step times),
 and prints markdown tables. --quick: a few hundred samples, results in a temp
@@ -136,13 +138,17 @@ def measure(opts):
             if runs:
                 res["runs"][side][str(n)] = median_run(runs)
     for n in [w for w in opts.workers if w > 1]:
-        for cap in opts.overlap_buckets:
-            key = "%d_workers_bucket_%smb" % (n, cap)
+        for conf in opts.overlap:
+            cap, _, first = conf.partition(":")
+            key = "%d_workers_bucket_%smb" % (n, cap) + ("_first_%smb" % first if first else "")
             margs = ["--model", "mlp"] + RECIPE[2:] + sample_args + data_args + \
                 ["--bucket-cap-mb", cap]
-            print("overlap: mlp, %d workers, bucket cap %s MB ..." % (n, cap), file=sys.stderr)
-            entry = {"workers": n, "bucket_cap_mb": cap, "ours": run_job("ours", n, margs, opts)}
-            if not opts.skip_torch:
+            print("overlap: mlp, %d workers, bucket cap %s MB%s ..." % (
+                n, cap, ", first bucket %s MB" % first if first else ""), file=sys.stderr)
+            entry = {"workers": n, "bucket_cap_mb": cap, "first_bucket_mb": first or None,
+                     "ours": run_job("ours", n, margs + (["--first-bucket-mb", first] if first
+                                                         else []), opts)}
+            if not opts.skip_torch and not first:  # DDP has no public first-bucket knob
                 entry["pytorch"] = run_job("pytorch", n, margs, opts)
             res["overlap"][key] = entry
     res["loadavg_after"] = os.getloadavg()
@@ -218,13 +224,14 @@ def tables(res):
             "%.1fx" % (trss / orss) if trss else "-"))
     if res.get("overlap"):
         L.append("\nComm overlap, `train --model mlp` (other flags as above):\n")
-        L.append("| workers | bucket cap MB | ours buckets | ours train s | ours exposed comm wait s "
-                 "| ours comm_hidden_fraction | PyTorch train s |")
+        L.append("| workers | bucket cap MB (first) | ours buckets | ours train s "
+                 "| ours exposed comm wait s | ours comm_hidden_fraction | PyTorch train s |")
         L.append("|---:|---:|---:|---:|---:|---:|---:|")
         for key, e in res["overlap"].items():
             j = e["ours"]["result"]
-            L.append("| %d | %s | %s | %.2f | %s | %s | %s |" % (
-                e["workers"], e["bucket_cap_mb"], j.get("gradient_buckets", "-"), j["train_seconds"],
+            L.append("| %d | %s (%s) | %s | %.2f | %s | %s | %s |" % (
+                e["workers"], e["bucket_cap_mb"], e.get("first_bucket_mb") or 1,
+                j.get("gradient_buckets", "-"), j["train_seconds"],
                 fmt(j["breakdown"].get("comm_wait_s"), "%.3f"),
                 fmt(j.get("comm_hidden_fraction"), "%.2f"),
                 fmt(e.get("pytorch", {}).get("result", {}).get("train_seconds"))))
@@ -338,7 +345,9 @@ def main():
     ap.add_argument("--torch-python", default=os.path.join(VENV, "bin/python"))
     ap.add_argument("--torch-launcher", choices=("ddprun", "torchrun"), default="ddprun")
     ap.add_argument("--skip-torch", action="store_true", help="ours only")
-    ap.add_argument("--overlap-buckets", default="0.25,1,25", help="bucket caps (MB) for the mlp runs")
+    ap.add_argument("--overlap", default="1,25:25",
+                    help="mlp runs, comma-separated CAP[:FIRST] in MB: --bucket-cap-mb CAP and "
+                         "train's --first-bucket-mb FIRST (default 1 as in DDP)")
     ap.add_argument("--data", help="dataset directory (default: train's)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per launcher run")
     ap.add_argument("--out", help="output directory (default docs/, a temp dir with --quick)")
@@ -351,7 +360,7 @@ def main():
         stem = os.path.splitext(opts.replot)[0]
     else:
         opts.workers = [int(w) for w in opts.workers.split(",")]
-        opts.overlap_buckets = [c for c in opts.overlap_buckets.split(",") if c]
+        opts.overlap = [c for c in opts.overlap.split(",") if c]
         for path in (os.path.join(BIN, "ddprun"), os.path.join(BIN, "train"), GNU_TIME):
             if not os.access(path, os.X_OK):
                 sys.exit("missing %s (build first; GNU time: apt-get install time)" % path)
