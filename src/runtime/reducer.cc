@@ -29,14 +29,11 @@ std::optional<CommHook> parseCommHook(std::string_view name) {
 
 double ReducerStats::hiddenFraction() const {
   if (commTime.count() <= 0) return 1.0;
-  // Communication after backwardEnd was exposed; everything before it ran
-  // under backward (the group thread works while the trainer computes).
-  std::chrono::duration<double> exposed{};
-  for (const auto& b : buckets) {
-    const auto from = std::max(b.started, backwardEnd);
-    if (b.finished > from) exposed += b.finished - from;
-  }
-  return std::clamp(1.0 - exposed / commTime, 0.0, 1.0);
+  // What the training thread did not have to wait for at the end of
+  // backward ran while backward computed. (Timestamps of the collectives
+  // against backwardEnd say the same on an idle machine, but with more ranks
+  // than cores a descheduled thread moves them by more than they last.)
+  return std::clamp(1.0 - waitTime / commTime, 0.0, 1.0);
 }
 
 // ---------------------------------------------------------------- CPU memory

@@ -39,6 +39,7 @@ std::string validate(const TrainConfig& c) {
   if (c.checkpointEvery > 0 && c.checkpointDir.empty())
     return "--checkpoint-every needs --checkpoint-dir";
   if (c.keepCheckpoints < 1) return "--keep-checkpoints must be at least 1";
+  if (c.resume && c.checkpointDir.empty()) return "--resume needs --checkpoint-dir";
   if (c.maxSteps < 0 || c.trainSamples < 0 || c.testSamples < 0)
     return "--max-steps, --train-samples and --test-samples must be >= 0";
   if (c.threads < 1) return "--threads must be at least 1";
@@ -78,6 +79,9 @@ ParseResult parseTrainArgs(int argc, const char* const* argv) {
   app.add_option("--checkpoint-every", c.checkpointEvery,
                  "Also checkpoint every N steps (0: only at epoch ends)")->capture_default_str();
   app.add_option("--keep-checkpoints", c.keepCheckpoints)->capture_default_str();
+  app.add_flag("--resume", c.resume,
+               "Continue from the newest checkpoint in --checkpoint-dir (a group restarted by "
+               "its launcher always does)");
   app.add_option("--metrics", c.metrics, "Write metrics as JSON lines to this file");
   app.add_option("--log-interval", c.logInterval, "Steps between progress lines")
       ->capture_default_str();

@@ -436,7 +436,12 @@ nlohmann::json Run::execute() {
                    ec.message());
   }
   setup();
-  if (io_.resume && !cfg_.checkpointDir.empty()) resume();
+  if (io_.resume && !cfg_.checkpointDir.empty()) {
+    resume();
+  } else if (rank0_ && !cfg_.checkpointDir.empty() && !listCheckpoints(cfg_.checkpointDir).empty()) {
+    notice(cfg_.checkpointDir + " holds checkpoints of an earlier run: starting from the "
+           "beginning (they will be replaced); pass --resume to continue from them");
+  }
   notice(std::string("model ") + cfg_.model + " (" + std::to_string(model_->numParameters()) +
          " parameters, " + std::to_string(reducer_->numBuckets()) + " gradient bucket" +
          (reducer_->numBuckets() == 1 ? "" : "s") + "), " + std::to_string(pg_.size()) +
@@ -475,6 +480,7 @@ nlohmann::json Run::execute() {
     saveCheckpoint();
     pos_ = keep;
   }
+  if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
   const double secs = since(runStart_);
   if (rank0_ && !cfg_.save.empty()) {
     std::vector<std::vector<int64_t>> counts;
@@ -548,7 +554,7 @@ int trainMain(int argc, const char* const* argv) {
     const DataSplit data = loadData(cfg);
     auto pg = joinGroup();
     TrainerIo io;
-    io.resume = envRestarted();
+    io.resume = envRestarted() || cfg.resume;
     const nlohmann::json summary = runTraining(cfg, data, *pg, io);
     if (pg->rank() == 0) {
       std::fprintf(stdout, "%s\n", summary.dump().c_str());

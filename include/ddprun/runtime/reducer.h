@@ -91,7 +91,8 @@ struct ReducerStats {
   Clock::time_point backwardEnd;              // finalize() was called
   std::chrono::duration<double> waitTime{};   // finalize() blocked this long
   std::chrono::duration<double> commTime{};   // sum of all-reduce durations
-  // Fraction of commTime that ran while backward was still computing.
+  // Fraction of the communication the training thread did not wait for:
+  // 1 - waitTime / commTime, clamped to [0, 1].
   double hiddenFraction() const;
 };
 

@@ -29,6 +29,7 @@ struct TrainConfig {
   std::string checkpointDir;
   int64_t checkpointEvery = 0;  // steps; 0: only at epoch ends
   int keepCheckpoints = 3;
+  bool resume = false;  // also on a first start (a restarted group always resumes)
   std::string metrics;  // JSON lines file
   int64_t logInterval = 50;
   std::string init;  // safetensors with initial weights
