@@ -205,27 +205,27 @@ void Reducer::markReady(size_t i) {
 // Buckets launch strictly in index order on every rank: a ready bucket waits
 // for its predecessors (launching by readiness could pair different buckets
 // across ranks).
+//
+// The last bucket is left for finalize(), which runs it on the training
+// thread: its gradients are the last of backward, so nothing is left to
+// overlap it with, and handing it to the group thread would only add a thread
+// hop (most of a small all-reduce's latency) to every step.
 void Reducer::launchReady() {
-  while (nextLaunch_ < buckets_.size() &&
+  while (nextLaunch_ + 1 < buckets_.size() &&
          buckets_[nextLaunch_].pending == buckets_[nextLaunch_].params.size())
-    launch(nextLaunch_++);
+    launch(nextLaunch_++, /*inlineLast=*/false);
 }
 
-// One bucket's all-reduce (average over ranks). Two markers on the group's
-// queue timestamp its start and end for the overlap statistics.
-void Reducer::launch(size_t b) {
+// One bucket's all-reduce (average over ranks). Asynchronous: two markers on
+// the group's queue timestamp its start and end for the statistics. Inline
+// (the last bucket, from finalize): a blocking all-reduce on this thread.
+void Reducer::launch(size_t b, bool inlineLast) {
   Bucket& bk = buckets_[b];
   bk.launched = true;
   const size_t slot = timing_->size();
-  timing_->push_back({bk.count * sizeof(float), ReducerStats::Clock::now(), {}, {}});
-  if (pg_.size() == 1 && opts_.hook == CommHook::kNone) {
-    timing_->back().started = timing_->back().finished = timing_->back().launched;
-    return;
-  }
-  auto timing = timing_;
-  internal::enqueue(pg_, "reducer timing", [timing, slot] {
-    (*timing)[slot].started = ReducerStats::Clock::now();
-  });
+  const auto now = ReducerStats::Clock::now();
+  timing_->push_back({bk.count * sizeof(float), now, now, now});
+  if (pg_.size() == 1 && opts_.hook == CommHook::kNone) return;
   AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
                      .device = mem_->device()};
   if (opts_.hook != CommHook::kNone) {
@@ -234,6 +234,15 @@ void Reducer::launch(size_t b) {
     o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
          .op = ReduceOp::kSum, .device = mem_->device()};
   }
+  if (inlineLast) {
+    if (pg_.size() > 1) allReduce(pg_, o);
+    (*timing_)[slot].finished = ReducerStats::Clock::now();
+    return;
+  }
+  auto timing = timing_;
+  internal::enqueue(pg_, "reducer timing", [timing, slot] {
+    (*timing)[slot].started = ReducerStats::Clock::now();
+  });
   if (pg_.size() > 1) allReduceAsync(pg_, o);
   bk.work = internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].finished = ReducerStats::Clock::now();
@@ -247,12 +256,16 @@ void Reducer::finalize() {
     return;
   }
   stats_.backwardEnd = ReducerStats::Clock::now();
-  if (nextLaunch_ < buckets_.size()) {
-    const std::string missing = unreadyNames();
-    if (!missing.empty())
-      DDPRUN_THROW(InvalidArgument, "parameters that received no gradient in this iteration: ",
-                   missing, ". Every parameter must take part in computing the loss on every "
-                   "rank (the reducer has no find_unused_parameters mode)");
+  const std::string missing = unreadyNames();
+  if (!missing.empty())
+    DDPRUN_THROW(InvalidArgument, "parameters that received no gradient in this iteration: ",
+                 missing, ". Every parameter must take part in computing the loss on every "
+                 "rank (the reducer has no find_unused_parameters mode)");
+  // Every gradient is ready: whatever is still unlaunched (the last bucket)
+  // runs now; earlier ones are on the group's queue.
+  while (nextLaunch_ < buckets_.size()) {
+    const size_t b = nextLaunch_++;
+    launch(b, /*inlineLast=*/b + 1 == buckets_.size());
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bk = buckets_[b];

@@ -153,7 +153,7 @@ class Reducer {
   void assign(const std::vector<size_t>& order, bool reverse);
   void releaseBuckets();
   void launchReady();
-  void launch(size_t b);
+  void launch(size_t b, bool inlineLast);
   void resetIteration();
   void rebuild();
   void checkSameParams();
