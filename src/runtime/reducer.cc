@@ -123,7 +123,8 @@ void Reducer::checkSameParams() {
   const int64_t mine[3] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(total),
                            static_cast<int64_t>(h)};
   std::vector<int64_t> all(3 * static_cast<size_t>(pg_.size()));
-  allGather(pg_, {.input = mine, .output = all.data(), .count = 3, .dtype = DType::kInt64});
+  allGather(pg_, {.input = mine, .output = all.data(), .count = 3, .counts = {},
+                  .dtype = DType::kInt64});
   for (int r = 0; r < pg_.size(); ++r)
     if (!std::equal(mine, mine + 3, all.begin() + 3 * r))
       DDPRUN_THROW(InvalidArgument, "rank ", pg_.rank(), " registered ", params_.size(),
