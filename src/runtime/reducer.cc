@@ -222,7 +222,6 @@ void Reducer::launchReady() {
 // (the last bucket, from finalize): a blocking all-reduce on this thread.
 void Reducer::launch(size_t b, bool inlineLast) {
   Bucket& bk = buckets_[b];
-  bk.launched = true;
   const size_t slot = timing_->size();
   const auto now = ReducerStats::Clock::now();
   timing_->push_back({bk.count * sizeof(float), now, now, now});
@@ -287,7 +286,6 @@ void Reducer::finalize() {
 void Reducer::resetIteration() {
   for (auto& b : buckets_) {
     b.pending = 0;
-    b.launched = false;
     b.work = Work();
   }
   std::fill(ready_.begin(), ready_.end(), 0);

@@ -13,7 +13,6 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <mutex>
 
 #include "ddprun/common/error.h"

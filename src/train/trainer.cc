@@ -1,7 +1,5 @@
 #include "ddprun/train/trainer.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -67,6 +65,9 @@ class Run {
   void resume();
   bool applyCheckpoint(const std::string& path, std::string* why);
   void trainEpoch();
+  // Copies samples idx[0..n) of `d` into the batch buffers; returns the
+  // input tensor (a view of them).
+  Tensor gather(const Dataset& d, const int64_t* idx, int64_t n);
   void step(const int64_t* idx, int64_t n, int64_t stepsInEpoch);
   void report(int64_t stepsInEpoch, bool force);
   std::pair<int64_t, int64_t> evaluate();
@@ -304,16 +305,20 @@ void Run::saveCheckpoint() {
   pruneCheckpoints(cfg_.checkpointDir, cfg_.keepCheckpoints);
 }
 
-void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
-  const Dataset& d = data_.train;
-  auto t0 = Clock::now();
+Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
   xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
   ybuf_.resize(static_cast<size_t>(n));
   gatherBatch(d, idx, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
-  auto t1 = Clock::now();
   Shape xs = {n};
   for (int64_t s : model_->inputShape()) xs.push_back(s);
-  const Tensor& logits = model_->forward(Tensor::view(xbuf_.data(), xs), true);
+  return Tensor::view(xbuf_.data(), xs);
+}
+
+void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
+  auto t0 = Clock::now();
+  const Tensor x = gather(data_.train, idx, n);
+  auto t1 = Clock::now();
+  const Tensor& logits = model_->forward(x, true);
   const double loss = be_->crossEntropy(logits, ybuf_.data(), &dlogits_, nullptr);
   model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
   auto t2 = Clock::now();
@@ -408,14 +413,9 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   int64_t correct = 0;
   for (size_t at = 0; at < idx.size(); at += chunk) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(idx.size() - at));
-    xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
-    ybuf_.resize(static_cast<size_t>(n));
-    gatherBatch(d, idx.data() + at, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
-    Shape xs = {n};
-    for (int64_t s : model_->inputShape()) xs.push_back(s);
+    const Tensor x = gather(d, idx.data() + at, n);
     int64_t hits = 0;
-    be_->crossEntropy(model_->forward(Tensor::view(xbuf_.data(), xs), false), ybuf_.data(), nullptr,
-                      &hits);
+    be_->crossEntropy(model_->forward(x, false), ybuf_.data(), nullptr, &hits);
     correct += hits;
   }
   std::vector<double> v = {static_cast<double>(correct), static_cast<double>(idx.size())};

@@ -83,7 +83,8 @@ struct ReducerStats {
   using Clock = std::chrono::steady_clock;
   struct Bucket {
     size_t bytes = 0;
-    Clock::time_point launched;  // markReady of its last gradient
+    Clock::time_point launched;  // issued: markReady of its last gradient (the last
+                                 // bucket: finalize)
     Clock::time_point started;   // the all-reduce began on the group thread
     Clock::time_point finished;  // the all-reduce ended
   };
@@ -142,7 +143,6 @@ class Reducer {
     float* data = nullptr;
     void* half = nullptr;  // compressed copy when a hook is on
     size_t pending = 0;
-    bool launched = false;
     Work work;
   };
   struct Slot {

@@ -206,7 +206,7 @@ TEST_F(TrainerTest, NoSyncOverKMicroBatchesEqualsOneKTimesBatch) {
   EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm));
 }
 
-TEST_F(TrainerTest, FirstBucketAllReduceStartsBeforeBackwardEnds) {
+TEST_F(TrainerTest, FirstBucketAllReduceIsIssuedBeforeBackwardEnds) {
   std::vector<runtime::ReducerStats> stats;
   std::mutex mu;
   runRanks(2, [&](ProcessGroup& pg) {
