@@ -62,10 +62,15 @@ void PosixLauncher::watchExits(boost::asio::io_context& io, ExitHandler onExit) 
 void PosixLauncher::arm() {
   watch_->sigchld.async_wait([this](boost::system::error_code ec, int) {
     if (ec) return;
-    int status = 0;
-    for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) watch_->onExit(pid, status);
+    pollExits();
     arm();
   });
+}
+
+void PosixLauncher::pollExits() {
+  if (!watch_) return;
+  int status = 0;
+  for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) watch_->onExit(pid, status);
 }
 
 void PosixLauncher::stopWatching() {

@@ -8,6 +8,7 @@
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/worker_spec.h"
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
@@ -199,7 +200,10 @@ int runLaunchCli(int argc, const char* const* argv) {
   // `ddprun train`: a bare name that is no file here runs the bundled program
   // beside ddprun, else one on PATH (a miss is reported when workers start).
   agent::resolveWorkerProgram(cfg, agent::ProgramSearch::fromProcess());
-  agent::Agent a(std::move(cfg), std::make_unique<agent::PosixLauncher>());
+  agent::AgentParts parts;
+  parts.launcher = std::make_unique<agent::PosixLauncher>();
+  parts.environment = env::snapshot();
+  agent::Agent a(std::move(cfg), std::move(parts));
   return a.run();
 }
 

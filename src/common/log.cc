@@ -12,6 +12,16 @@ namespace {
 std::atomic<LogLevel> gLevel{LogLevel::kInfo};
 std::mutex gMutex;
 std::string gTag = "ddprun";
+std::atomic<LogStyle> gStyle{LogStyle::kTimestamped};
+
+const char* levelWord(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "debug: ";
+    case LogLevel::kInfo: return "";
+    case LogLevel::kWarning: return "warning: ";
+    default: return "error: ";
+  }
+}
 
 char levelChar(LogLevel level) {
   switch (level) {
@@ -43,8 +53,17 @@ LogLevel parseLogLevel(const std::string& name) {
                "' (expected debug, info, warning, error or off)");
 }
 
-void logLine(LogLevel level, const std::string& msg) {
+void setLogStyle(LogStyle style) { gStyle = style; }
+
+void logLine(LogLevel level, const std::string& msg, bool labelled) {
   using namespace std::chrono;
+  if (gStyle == LogStyle::kConsole) {
+    std::lock_guard<std::mutex> lock(gMutex);
+    std::string line = gTag + ": " + (labelled ? levelWord(level) : "") + msg + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+    return;
+  }
   auto now = system_clock::now();
   std::time_t t = system_clock::to_time_t(now);
   int ms = static_cast<int>(

@@ -16,6 +16,12 @@
 
 namespace ddprun::net {
 
+std::string hostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
 uint16_t parsePort(const std::string& text, const std::string& what) {
   unsigned value = 0;
   auto [ptr, ec] =

@@ -1,17 +1,29 @@
-// The per-node agent: rendezvous, start the local workers, watch them, stop
-// and restart the group on failure, forward signals, write logs and the
-// failure report.
+// The per-node agent: a state machine over three parts it does not implement
+// itself: a Rendezvous (join a round, report, round events), a WorkerGroup
+// (start, watch, stop the local workers) and a Reporter (output, events,
+// failure report).
 //
-// Event-driven: worker exits arrive from the Launcher (SIGCHLD for the real
-// one) and output as pipe reads, all
-// on one Asio io_context thread (the thread that calls run()). Not reusable:
-// one Agent runs one job.
+// States and transitions (every event arrives on the agent's one thread):
+//   kJoining  --joined-->           kRunning   (workers started)
+//   kJoining  --join failed-->      kDone(3)   (or kDone(1) if the job closed)
+//   kRunning  --a worker failed-->  kStopping  (report failure; stop the rest)
+//   kRunning  --all succeeded-->    kSucceeded (report success; wait for peers)
+//   kRunning  --round failed/closed/membership elsewhere--> kStopping
+//   kSucceeded --round finished-->  kDone(0)
+//   kStopping --all stopped-->      kJoining (restart: failure with budget
+//                                   left, or membership change) | kDone(1)
+//   any       --signal S-->         kStopping(S) --all stopped--> kDone(128+S)
+//   kJoining  --signal S-->         kDone(128+S) at once (the join is cancelled)
+// Not reusable: one Agent runs one job.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "ddprun/agent/launch_config.h"
 #include "ddprun/agent/launcher.h"
+#include "ddprun/agent/worker_spec.h"
+#include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::agent {
 
@@ -22,14 +34,30 @@ constexpr int kExitUsage = 2;          // bad flags or unsupported mode
 constexpr int kExitSetup = 3;          // cannot listen, cannot create log dir, ...
 // A forwarded signal S ends the agent with 128 + S.
 
+// What the agent is built from; tests pass fakes.
+struct AgentParts {
+  std::unique_ptr<Launcher> launcher;
+  // Builds the rendezvous (its results are posted to the agent's thread
+  // through `post`). Null: local for one node, static otherwise, from cfg.
+  std::function<std::unique_ptr<rendezvous::Rendezvous>(rendezvous::Rendezvous::Post post)>
+      makeRendezvous;
+  Env environment;     // the agent's environment, inherited by workers
+  int consoleOut = 1;  // where worker output goes (tests pass pipes)
+  int consoleErr = 2;
+  bool handleSignals = true;  // false in unit tests: deliver them with Agent::signal
+};
+
 class Agent {
  public:
-  Agent(LaunchConfig cfg, std::unique_ptr<Launcher> launcher);
+  // `cfg` must have passed finalizeConfig().
+  Agent(LaunchConfig cfg, AgentParts parts);
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
   // Runs the job to the end; returns the exit code.
   int run();
+  // Delivers a signal as if the process had received it (thread-safe).
+  void signal(int sig);
 
  private:
   class Impl;

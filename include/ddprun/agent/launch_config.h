@@ -66,7 +66,26 @@ struct LaunchConfig {
   // (exit 3), so that the agent's flag checks (exit 2) still come first.
   std::string programNotFound;
   std::vector<std::string> scriptArgs;
+
+  // --log-line-prefix-template (else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE).
+  std::string logLinePrefixTemplate;
+  bool printCompletion = false;  // --print-completion
+
+  // Derived by finalizeConfig:
+  // torchrun 2.x's one-node default took effect (no --master-port, no
+  // rendezvous flag, one node): a free port and a fresh uuid as run id.
+  bool standaloneByDefault = false;
+  // Flags accepted for compatibility that this version cannot honour: one
+  // warning each, printed once when the agent starts.
+  std::vector<std::string> warnings;
 };
+
+// Checks every rule across flags (ranges, combinations, backend-specific
+// settings such as --rdzv-conf timeout) and fills the derived fields:
+// the one-node default of torchrun 2.x, --standalone's run id and port,
+// --rdzv-endpoint as master address and port for the static backend.
+// Throws InvalidArgument naming the flag and the accepted forms (exit 2).
+void finalizeConfig(LaunchConfig& cfg);
 
 // Parsers for the flag values; each throws InvalidArgument whose message
 // names the flag and the accepted forms.

@@ -33,6 +33,10 @@ class Launcher {
   // running `onExit` on `io`. Called once, before the first start().
   using ExitHandler = std::function<void(int pid, int status)>;
   virtual void watchExits(boost::asio::io_context& io, ExitHandler onExit) = 0;
+  // Reaps every process that has exited by now and runs the exit handler
+  // for each, synchronously (before deciding whom a stop signals, so that a
+  // worker that failed by itself is never taken for a victim).
+  virtual void pollExits() = 0;
   // Stops reporting (the agent is done).
   virtual void stopWatching() = 0;
 };
@@ -50,6 +54,7 @@ class PosixLauncher : public Launcher {
   int start(const ProcessSpec& spec) override;
   void signalGroup(int pid, int sig) override;
   void watchExits(boost::asio::io_context& io, ExitHandler onExit) override;
+  void pollExits() override;
   void stopWatching() override;
 
  private:

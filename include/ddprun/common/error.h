@@ -38,6 +38,10 @@ class IoError : public Error {
 class InvalidArgument : public Error {
   using Error::Error;
 };
+// A blocking operation was abandoned on request (a signal, shutdown).
+class CancelledError : public Error {
+  using Error::Error;
+};
 // The peer spoke something we do not understand or closed mid-reply.
 class ProtocolError : public Error {
   using Error::Error;

@@ -18,7 +18,13 @@ LogLevel logLevel();
 void setLogTag(const std::string& tag);
 // Parses debug|info|warning|error|off (case-insensitive). Throws InvalidArgument.
 LogLevel parseLogLevel(const std::string& name);
-void logLine(LogLevel level, const std::string& msg);
+// Timestamped `[tag L time] msg` (servers, debug logs) or the console style
+// of a command-line tool: `tag: warning: msg`, `tag: error: msg`, `tag: msg`.
+enum class LogStyle { kTimestamped, kConsole };
+void setLogStyle(LogStyle style);
+// `labelled` false drops the level word in the console style (for the one
+// line a tool prints by default, shown at warning level).
+void logLine(LogLevel level, const std::string& msg, bool labelled = true);
 
 }  // namespace ddprun
 
@@ -32,3 +38,10 @@ void logLine(LogLevel level, const std::string& msg);
 #define DDPRUN_INFO(...) DDPRUN_LOG(kInfo, __VA_ARGS__)
 #define DDPRUN_WARN(...) DDPRUN_LOG(kWarning, __VA_ARGS__)
 #define DDPRUN_ERROR(...) DDPRUN_LOG(kError, __VA_ARGS__)
+// A message shown by default (at warning level) without a "warning:" label.
+#define DDPRUN_NOTICE(...)                                              \
+  do {                                                                  \
+    if (::ddprun::LogLevel::kWarning >= ::ddprun::logLevel())           \
+      ::ddprun::logLine(::ddprun::LogLevel::kWarning,                   \
+                        ::ddprun::detail::concat(__VA_ARGS__), false);  \
+  } while (0)

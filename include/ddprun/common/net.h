@@ -29,6 +29,9 @@ std::string formatHostPort(const std::string& host, uint16_t port);
 // user's process, another network namespace, not Linux).
 std::optional<std::string> findListeningProcess(uint16_t port);
 
+// This machine's host name (gethostname), "localhost" if it has none.
+std::string hostName();
+
 // Sets TCP_NODELAY; returns false on failure (never throws).
 bool setNoDelay(int fd);
 

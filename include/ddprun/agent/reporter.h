@@ -1,0 +1,102 @@
+// Where the workers' output and the agent's records go: the console (raw, as
+// under torchrun, or line-prefixed with --tee), per-rank log files
+// (--redirects/--tee), duplicate files (--duplicate-*-filters), the stderr
+// tail kept for the failure report, events.jsonl and the failure report.
+//
+// Console output without --redirects/--tee is raw: bytes are relayed as they
+// come (no waiting for a newline, so `\r` progress bars are live). When the
+// agent's console is a terminal the workers get a pseudo-terminal, so
+// isatty() is true for them as under torchrun; when the agent's stdout and
+// stderr are the same file or terminal a worker's two streams share one
+// channel, so their order is kept exactly. A line longer than maxLineBytes is
+// cut into pieces (linear time, bounded memory). Writing to a closed console
+// (EPIPE) never stops the job: console output is dropped from then on and
+// the files still get everything.
+//
+// Threading: one thread, the agent's (the io_context's). Not copyable.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/launch_config.h"
+
+namespace ddprun::agent {
+
+struct ReporterOptions {
+  std::string runDir;  // exists; events.jsonl, failure_report.txt, duplicate_*.log go here
+  std::string role = "default";
+  StdSpec redirects;
+  StdSpec tee;
+  std::set<int> localRanksFilter;  // empty: every rank on the console
+  std::vector<std::string> duplicateStdoutFilters;
+  std::vector<std::string> duplicateStderrFilters;
+  // --log-line-prefix-template / TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with
+  // ${role_name}, ${rank} (global), ${local_rank} and ${hostname}. Empty:
+  // torchrun's default "[${role_name}${local_rank}]:".
+  std::string prefixTemplate;
+  std::string hostname;
+  int consoleOut = 1;  // the agent's stdout and stderr (tests pass pipes)
+  int consoleErr = 2;
+  size_t maxLineBytes = 64 * 1024;
+  size_t tailLines = 20;
+};
+
+// The ends a worker writes to: dup2'ed onto its stdout and stderr (the same
+// fd twice when they share a channel). The caller closes them after start.
+struct WorkerFds {
+  int stdoutFd = -1;
+  int stderrFd = -1;
+};
+
+class Reporter {
+ public:
+  Reporter(boost::asio::io_context& io, ReporterOptions opts);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  // Creates <logDir or a fresh temp dir>/<runId>_<random> and returns it.
+  // Throws IoError naming the directory.
+  static std::string makeRunDir(const std::string& logDir, const std::string& runId);
+
+  // The line prefix for one worker (tee'd lines, duplicate files).
+  std::string prefix(int localRank, int globalRank) const;
+
+  // Opens one worker's channels for an attempt; log files go in `workerDir`.
+  // Throws IoError (pipe/pty/file failure).
+  WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir);
+  // The worker exited: copies everything left in its channels now,
+  // completely and in order, then closes them.
+  void closeWorker(int localRank);
+  // Forgets every worker of the attempt (after closeWorker); keeps no memory.
+  void endAttempt();
+  // Copies everything pending for every worker (at agent exit).
+  void flushAll();
+
+  // The last `tailLines` lines the worker wrote to stderr (or to its shared
+  // channel), without newlines.
+  std::vector<std::string> stderrTail(int localRank) const;
+
+  // One JSON line in <runDir>/events.jsonl: fields + "event", "time", "attempt".
+  void event(const std::string& name, nlohmann::json fields, int attempt);
+  // The failure report: to the console's stderr (unless closed) and always
+  // to <runDir>/failure_report.txt.
+  void failureReport(const std::string& text);
+
+  bool consoleClosed() const;
+  const std::string& runDir() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,104 @@
+// One interface for every rendezvous backend: how the agents of a job agree,
+// round after round, on who takes part, on the ranks, and on the round's
+// worker store, and how they learn that a round has ended.
+//
+// A round is one attempt of the job's workers. The agent calls join(), starts
+// its workers with the RoundInfo, and reports how they did; the rendezvous
+// tells the agent how the round ended everywhere (finished, failed on some
+// node, closed, membership changed) as typed RoundEvents.
+//
+// Threading: every call is made from the agent's one thread and never blocks
+// it for long (at most one store request). Results and events are delivered
+// through the `Post` function given to the factory, i.e. on the agent's
+// thread. cancel() may be called from any thread. Implementations: local (one
+// node, no store of its own), static (a fixed set of nodes), dynamic
+// (elastic, a later issue) — the agent does not know which one it talks to.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddprun::rendezvous {
+
+// What a completed join gives this node.
+struct RoundInfo {
+  int round = 0;           // 0, 1, 2, ... for the whole job
+  int groupRank = 0;       // this node's rank in the round
+  int groupWorldSize = 1;  // nodes in the round
+  int baseRank = 0;        // global rank of this node's local rank 0
+  int worldSize = 0;       // workers across all nodes
+  std::vector<int> localWorldSizes;  // per group rank
+  std::string workerStoreHost;       // MASTER_ADDR for the workers
+  uint16_t workerStorePort = 0;      // MASTER_PORT for the workers
+};
+
+// How a round ended, as seen by every node.
+enum class RoundEnd {
+  kFinished,           // every node's workers succeeded
+  kFailed,             // a node's workers failed: stop and join the next round
+  kClosed,             // the job is over (restarts used up, or a node gave up)
+  kMembershipChanged,  // nodes arrive or left: restart without counting a failure
+  kStoreLost,          // the rendezvous store is gone
+};
+
+struct RoundEvent {
+  int round = 0;
+  RoundEnd kind = RoundEnd::kFinished;
+  int node = -1;       // the node that caused it (group rank), -1 if none
+  std::string reason;  // human-readable: "rank 3 exited with 1", ...
+};
+
+const char* toString(RoundEnd kind);
+
+class Rendezvous {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  // Exactly one of error / info is meaningful: error is null on success.
+  using JoinHandler = std::function<void(std::exception_ptr error, RoundInfo info)>;
+  using EventHandler = std::function<void(RoundEvent event)>;
+
+  virtual ~Rendezvous() = default;
+
+  // Events of the rounds this node joined are passed to `handler` (on the
+  // agent's thread), at most one per round; events a node caused itself are
+  // passed too (the agent ignores what it already knows). Call once, first.
+  virtual void setEventHandler(EventHandler handler) = 0;
+
+  // Joins the next round with this node's number of workers. `done` runs on
+  // the agent's thread with the round's info, or with an error: TimeoutError
+  // (peers missing; the message names them), CancelledError (cancel() was
+  // called), IoError (store unreachable). Never call again before `done` ran.
+  virtual void join(int localWorldSize, JoinHandler done) = 0;
+
+  // This node's workers of `round` all succeeded. The round ends as
+  // kFinished once every node has said so.
+  virtual void reportSuccess(int round) = 0;
+  // This node's workers of `round` failed (`why` names the rank and exit);
+  // ends the round for everybody, as kClosed when `closeJob` (no restarts
+  // left) else kFailed. The first report of a round wins.
+  virtual void reportFailure(int round, const std::string& why, bool closeJob) = 0;
+
+  // This node leaves for good (job over, or a signal): no more events;
+  // pending joins end with CancelledError. Idempotent.
+  virtual void shutdown() = 0;
+  // Abandons any blocking wait at once (thread-safe, also from a signal
+  // path): a pending join ends with CancelledError.
+  virtual void cancel() = 0;
+
+  // One line for the start message: "static, node 1 of 2, store 10.0.0.1:29500".
+  virtual std::string describe() const = 0;
+};
+
+// Global rank offsets for nodes with the given local world sizes, in group
+// rank order: baseRanks[i] = sum of sizes before i; worldSize = the total.
+struct RankLayout {
+  std::vector<int> baseRanks;
+  int worldSize = 0;
+};
+RankLayout assignRanks(const std::vector<int>& localWorldSizes);
+
+}  // namespace ddprun::rendezvous
