@@ -56,10 +56,22 @@ struct WorkerFds {
   int stderrFd = -1;
 };
 
-class Reporter {
+// Where a worker's output channels come from (the Reporter; a fake in tests).
+class WorkerOutput {
+ public:
+  virtual ~WorkerOutput() = default;
+  // Opens one worker's channels for an attempt; log files go in `workerDir`.
+  // Throws IoError (pipe/pty/file failure).
+  virtual WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir) = 0;
+  // The worker exited: copies everything left in its channels now,
+  // completely and in order, then closes them.
+  virtual void closeWorker(int localRank) = 0;
+};
+
+class Reporter : public WorkerOutput {
  public:
   Reporter(boost::asio::io_context& io, ReporterOptions opts);
-  ~Reporter();
+  ~Reporter() override;
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
@@ -70,12 +82,8 @@ class Reporter {
   // The line prefix for one worker (tee'd lines, duplicate files).
   std::string prefix(int localRank, int globalRank) const;
 
-  // Opens one worker's channels for an attempt; log files go in `workerDir`.
-  // Throws IoError (pipe/pty/file failure).
-  WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir);
-  // The worker exited: copies everything left in its channels now,
-  // completely and in order, then closes them.
-  void closeWorker(int localRank);
+  WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir) override;
+  void closeWorker(int localRank) override;
   // Forgets every worker of the attempt (after closeWorker); keeps no memory.
   void endAttempt();
   // Copies everything pending for every worker (at agent exit).

@@ -38,7 +38,7 @@ class WorkerGroup {
   // `agentEnv` is what every worker inherits; `python` the interpreter of
   // script workers (PYTHON_EXEC, else python3 on PATH).
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg, Launcher& launcher,
-              Reporter& reporter, Env agentEnv, std::string python);
+              WorkerOutput& output, Env agentEnv, std::string python);
 
   // Starts `nproc` workers for the round, each in <attemptDir>/<local_rank>
   // (attemptDir is wiped first). On a spawn failure the workers already
@@ -47,7 +47,7 @@ class WorkerGroup {
              const std::string& runId, const std::string& attemptDir);
 
   // Records an exit reported by the launcher and copies the worker's
-  // remaining output (Reporter::closeWorker). Returns the worker, or nullptr
+  // remaining output (WorkerOutput::closeWorker). Returns the worker, or nullptr
   // when `pid` is not a running worker of this attempt.
   const WorkerRecord* onExit(int pid, int status);
 
@@ -67,7 +67,7 @@ class WorkerGroup {
   boost::asio::io_context& io_;
   const LaunchConfig& cfg_;
   Launcher& launcher_;
-  Reporter& reporter_;
+  WorkerOutput& output_;
   Env agentEnv_;
   std::string python_;
   std::vector<WorkerRecord> workers_;
