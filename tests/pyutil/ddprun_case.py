@@ -146,11 +146,12 @@ class Console:
         self._thread = None
 
     def start(self, case, *args, env=None):
+        """Starts ddprun on this console (reaped before the console closes)."""
+        case.addCleanup(self.close)
         p = case.popen(*args, env=env, stdout=self.slave, stderr=self.slave)
         os.close(self.slave)  # EOF (EIO) once ddprun and its workers closed theirs
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
-        case.addCleanup(self.close)
         return p
 
     def _pump(self):
