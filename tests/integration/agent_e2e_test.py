@@ -355,24 +355,7 @@ class StaticTwoNodes(DdprunCase):
         self.port = reserve_port(self)  # node 0's agent hosts the rendezvous store there
 
     def launch(self, worker, nprocs=(2, 1), extra=()):
-        procs = []
-        for node, n in enumerate(nprocs):
-            procs.append(self.popen(
-                "--no-python", "--nnodes=2", "--node-rank=%d" % node, "--master-addr=127.0.0.1",
-                "--master-port=%d" % self.port, "--nproc-per-node=%d" % n,
-                "--rdzv-conf=timeout=30", *extra, worker,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        return procs
-
-    def finish(self, procs, timeout=60):
-        out = []
-        for node, p in enumerate(procs):
-            try:
-                o, e = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.fail("node %d still running after %d s" % (node, timeout))
-            out.append((p.returncode, o, e))
-        return out
+        return self.popen_static(self.port, nprocs, "--no-python", *extra, worker)
 
     def test_heterogeneous_ranks_and_shared_worker_store(self):
         w = self.script('env > "%s/env_$RANK"\n' % self.tmp)

@@ -97,6 +97,28 @@ class DdprunCase(unittest.TestCase):
         self.addCleanup(self._reap, p)
         return p
 
+    def popen_static(self, port, nprocs, *args, env=None, timeout_s=30):
+        """One agent per entry of `nprocs` (its --nproc-per-node), all on
+        this host, a static rendezvous on 127.0.0.1:`port`; stdout and
+        stderr piped as text."""
+        return [self.popen("--nnodes=%d" % len(nprocs), "--node-rank=%d" % node,
+                           "--master-addr=127.0.0.1", "--master-port=%d" % port,
+                           "--nproc-per-node=%d" % n, "--rdzv-conf=timeout=%d" % timeout_s, *args,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for node, n in enumerate(nprocs)]
+
+    def finish(self, procs, timeout=60):
+        """[(exit code, stdout, stderr)] of each process, in order; fails the
+        test if one runs past `timeout`."""
+        out = []
+        for i, p in enumerate(procs):
+            try:
+                o, e = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.fail("process %d (%s) still running after %d s" % (i, p.args[1:4], timeout))
+            out.append((p.returncode, o, e))
+        return out
+
     @staticmethod
     def _reap(p):
         if p.poll() is None:

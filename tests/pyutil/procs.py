@@ -112,3 +112,20 @@ def read_pids(path):
             return [int(x) for x in f.read().split()]
     except FileNotFoundError:
         return []
+
+
+def signal_handled(pid, sig):
+    """Whether the process catches or blocks `sig` (a handler installed by
+    sigaction, or a signal taken through signalfd/sigwait): past that point a
+    signal no longer kills it by default."""
+    masks = {}
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("SigCgt", "SigBlk"):
+                    masks[key] = int(value.strip(), 16)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    bit = 1 << (int(sig) - 1)
+    return any(m & bit for m in masks.values())
