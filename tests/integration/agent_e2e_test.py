@@ -17,7 +17,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from ddprun_case import DDPRUN, PATIENCE, DdprunCase, read  # noqa: E402
-from procs import alive, kill_all, read_pids, wait_for  # noqa: E402
+from procs import alive, read_pids, wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 
 

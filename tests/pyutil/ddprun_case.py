@@ -21,6 +21,24 @@ BIN = os.environ.get("DDPRUN_BIN_DIR",
                      os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/bin"))
 DDPRUN = os.path.join(BIN, "ddprun")
 
+
+
+def _sanitized():
+    """Whether ddprun is built with AddressSanitizer (its memory figures are
+    then the sanitizer's, not the agent's): DDPRUN_SANITIZED from CTest, else
+    a look at the binary."""
+    flag = os.environ.get("DDPRUN_SANITIZED")
+    if flag is not None:
+        return flag == "1"
+    try:
+        with open(DDPRUN, "rb") as f:
+            return b"__asan_init" in f.read()
+    except OSError:
+        return False
+
+
+SANITIZED = _sanitized()
+
 # How long a test waits for something that takes milliseconds when all is
 # well: a bound against hangs on a loaded 2-core machine, never an assertion
 # on speed.

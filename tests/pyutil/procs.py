@@ -78,18 +78,6 @@ def status_kib(pid, field):
     return None
 
 
-def open_fds(pid):
-    """{fd number: link target} of a live process."""
-    base = "/proc/%d/fd" % pid
-    fds = {}
-    for name in os.listdir(base):
-        try:
-            fds[int(name)] = os.readlink(os.path.join(base, name))
-        except FileNotFoundError:  # closed meanwhile
-            pass
-    return fds
-
-
 def listening(port):
     """Whether some TCP socket on this host listens on `port` (IPv4 or v6)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
