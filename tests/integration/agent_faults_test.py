@@ -18,7 +18,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from ddprun_case import PATIENCE, SANITIZED, Console, DdprunCase, read  # noqa: E402
-from procs import alive, descendants, kill_all, listening, read_pids, signal_handled, wait_for  # noqa: E402
+from procs import (alive, children, descendants, kill_all, listening, read_pids,  # noqa: E402
+                   signal_handled, state_of, wait_for)
 from reserved_port import reserve_port  # noqa: E402
 
 
@@ -33,17 +34,27 @@ class Restarts(DdprunCase):
         self.assertNotIn("restarts left", p.stderr)
 
     def test_two_ranks_failing_at_once_are_both_culprits(self):
-        # Both ranks ignore SIGTERM and exit by themselves (1 and 2) on one
-        # file: whichever the agent sees second failed on its own too.
-        w = self.script("trap '' TERM\n"
-                        'echo ready > "%s/ready_$LOCAL_RANK"\n'
+        # "At once": the agent is stopped (SIGSTOP) while both ranks exit by
+        # themselves, with 1 and 2, and continued once both are zombies. It
+        # finds two exits; neither rank was running when it began to stop the
+        # group, so neither may be called a victim.
+        w = self.script('echo ready > "%s/ready_$LOCAL_RANK"\n'
                         'n=0; until [ -e "%s/go" ]; do sleep 0.01; n=$((n+1)); [ $n -lt 9000 ] || exit 90; done\n'
                         'exit $((LOCAL_RANK + 1))\n' % (self.tmp, self.tmp))
         p = self.popen("--standalone", "--nproc-per-node=2", "--no-python", w,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for r in range(2):
             self.wait_file(self.path("ready_%d" % r))
+        os.kill(p.pid, signal.SIGSTOP)
+        self.addCleanup(lambda: p.returncode is None and os.kill(p.pid, signal.SIGCONT))
         self.touch("go")
+
+        def both_exited():  # every child of the agent (worker or its helper) a zombie
+            kids = children(p.pid)
+            return len(kids) >= 2 and all(state_of(k) in ("Z", None) for k in kids)
+        self.assertTrue(wait_for(both_exited), "children of the agent: %r"
+                        % [(k, state_of(k)) for k in children(p.pid)])
+        os.kill(p.pid, signal.SIGCONT)
         self.assertEqual(self.wait_exit(p), 1)
         err = p.stderr.read()
         report = err[err.index("FAILED"):]

@@ -39,6 +39,21 @@ def parent_of(pid):
     return int(fields[1]) if fields else None
 
 
+def state_of(pid):
+    """The process state letter (R, S, Z, T, ...), or None if it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def children(pid):
+    """The direct children of `pid` now, zombies included."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and parent_of(int(name)) == pid:
+            found.append(int(name))
+    return found
+
+
 def descendants(pid):
     """Every live process whose chain of parents leads to `pid`, now."""
     parents = {}
