@@ -71,6 +71,10 @@ struct LaunchConfig {
   std::string logLinePrefixTemplate;
   bool printCompletion = false;  // --print-completion
 
+  // Static rendezvous: how long a node waits for its peers (--rdzv-conf
+  // timeout=SECONDS; torchrun's default 900 s).
+  std::chrono::milliseconds rdzvTimeout{900'000};
+
   // Derived by finalizeConfig:
   // torchrun 2.x's one-node default took effect (no --master-port, no
   // rendezvous flag, one node): a free port and a fresh uuid as run id.
