@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "ddprun/common/error.h"
@@ -21,12 +22,14 @@ struct SignalEntry {
   int number;
 };
 constexpr SignalEntry kSignals[] = {
-    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGABRT", SIGABRT},
-    {"SIGKILL", SIGKILL}, {"SIGSEGV", SIGSEGV}, {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM},
-    {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGCONT", SIGCONT},
-    {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGBUS", SIGBUS},   {"SIGFPE", SIGFPE},
-    {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
-    {"SIGCHLD", SIGCHLD}, {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS}};
+    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+    {"SIGABRT", SIGABRT}, {"SIGKILL", SIGKILL}, {"SIGSEGV", SIGSEGV},
+    {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM},
+    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGCONT", SIGCONT},
+    {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGBUS", SIGBUS},
+    {"SIGFPE", SIGFPE},   {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP},
+    {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ}, {"SIGCHLD", SIGCHLD},
+    {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS}};
 }  // namespace
 
 Std StdSpec::forRank(int localRank) const {
@@ -51,10 +54,14 @@ void parseNnodes(const std::string& text, int& minNodes, int& maxNodes) {
 }
 
 void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count) {
-  if (text == "cpu") kind = NprocKind::kCpu;
-  else if (text == "gpu") kind = NprocKind::kGpu;
-  else if (text == "auto") kind = NprocKind::kAuto;
-  else if (parseInt(text, count) && count > 0) kind = NprocKind::kCount;
+  if (text == "cpu")
+    kind = NprocKind::kCpu;
+  else if (text == "gpu")
+    kind = NprocKind::kGpu;
+  else if (text == "auto")
+    kind = NprocKind::kAuto;
+  else if (parseInt(text, count) && count > 0)
+    kind = NprocKind::kCount;
   else
     DDPRUN_THROW(InvalidArgument, "--nproc-per-node: invalid value '", text,
                  "': expected a positive integer, 'cpu', 'gpu' or 'auto'");
@@ -68,15 +75,16 @@ StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
   int v = 0;
   if (text.empty()) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
   if (parseInt(text, v)) {
-    if (v < 0 || v > 3) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
+    if (v < 0 || v > 3)
+      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
     spec.all = static_cast<Std>(v);
     return spec;
   }
   for (const auto& item : split(text, ',')) {
     auto colon = item.find(':');
     int rank = 0, value = 0;
-    if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) || rank < 0 ||
-        !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
+    if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) ||
+        rank < 0 || !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
       DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
     spec.perRank[rank] = static_cast<Std>(value);
   }
@@ -115,12 +123,13 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& text) {
 std::vector<int> parseSignals(const std::string& text) {
   std::vector<int> out;
   if (trim(text).empty())
-    DDPRUN_THROW(InvalidArgument,
-                 "--signals-to-handle: empty: expected comma-separated signal names such as "
-                 "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    DDPRUN_THROW(
+        InvalidArgument,
+        "--signals-to-handle: empty: expected comma-separated signal names such as "
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   for (const auto& raw : split(text, ',')) {
     std::string name = trim(raw);
-    if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+    if (!str::startsWith(name, "SIG")) name.insert(0, "SIG");
     int found = 0;
     for (const auto& s : kSignals)
       if (name == s.name) found = s.number;
@@ -160,7 +169,8 @@ std::string signalName(int sig) {
 
 std::optional<bool> parseConfBool(const std::string& text) {
   std::string t = trim(text);
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char ch) { return std::tolower(ch); });
   if (t == "1" || t == "true" || t == "t" || t == "yes" || t == "y") return true;
   if (t == "0" || t == "false" || t == "f" || t == "no" || t == "n") return false;
   return std::nullopt;
@@ -169,17 +179,23 @@ std::optional<bool> parseConfBool(const std::string& text) {
 // ------------------------------------------------------------ finalizeConfig
 namespace {
 
-constexpr int64_t kMaxTimeoutSeconds = 365LL * 24 * 3600;  // beyond: a typo, and ms overflow
+constexpr int64_t kMaxTimeoutSeconds =
+    365LL * 24 * 3600;  // beyond: a typo, and ms overflow
 
-bool given(const LaunchConfig& c, const char* dest) { return c.explicitFlags.count(dest) > 0; }
+bool given(const LaunchConfig& c, const char* dest) {
+  return c.explicitFlags.count(dest) > 0;
+}
 
-void warn(LaunchConfig& c, std::string message) { c.warnings.push_back(std::move(message)); }
+void warn(LaunchConfig& c, std::string message) {
+  c.warnings.push_back(std::move(message));
+}
 
 void checkProgram(const LaunchConfig& c) {
   if (c.script.empty())
-    DDPRUN_THROW(InvalidArgument,
-                 "missing training script: usage is ddprun [flags] SCRIPT [args...], e.g. "
-                 "ddprun --nproc-per-node=2 train.py --epochs 3");
+    DDPRUN_THROW(
+        InvalidArgument,
+        "missing training script: usage is ddprun [flags] SCRIPT [args...], e.g. "
+        "ddprun --nproc-per-node=2 train.py --epochs 3");
   // torchrun checks this only when it execs a program: --run-path wins over both.
   if (c.module && c.noPython && !c.runPath)
     DDPRUN_THROW(InvalidArgument,
@@ -195,19 +211,21 @@ void checkBackend(const LaunchConfig& c) {
     DDPRUN_THROW(InvalidArgument, "--rdzv-backend: '", c.rdzvBackend,
                  "' is not supported: ddprun has no etcd client; use static (--nnodes N "
                  "--node-rank R --master-addr A --master-port P) or --standalone");
-  DDPRUN_THROW(InvalidArgument, "--rdzv-backend: unknown backend '", str::escape(c.rdzvBackend),
-               "': expected static or c10d");
+  DDPRUN_THROW(InvalidArgument, "--rdzv-backend: unknown backend '",
+               str::escape(c.rdzvBackend), "': expected static or c10d");
 }
 
 void checkNodes(const LaunchConfig& c) {
   if (c.minNodes != c.maxNodes)
-    DDPRUN_THROW(InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
-                 ": an elastic range needs the c10d rendezvous across nodes, which is not "
-                 "supported yet in this version; give a fixed --nnodes N");
+    DDPRUN_THROW(
+        InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
+        ": an elastic range needs the c10d rendezvous across nodes, which is not "
+        "supported yet in this version; give a fixed --nnodes N");
   if (c.standalone && c.maxNodes > 1)
-    DDPRUN_THROW(InvalidArgument, "--standalone runs one node, but --nnodes is ", c.maxNodes,
-                 ": drop --standalone and give --node-rank, --master-addr and --master-port "
-                 "(static rendezvous)");
+    DDPRUN_THROW(
+        InvalidArgument, "--standalone runs one node, but --nnodes is ", c.maxNodes,
+        ": drop --standalone and give --node-rank, --master-addr and --master-port "
+        "(static rendezvous)");
   if (!c.standalone && c.rdzvBackend == "c10d" && c.maxNodes > 1)
     DDPRUN_THROW(InvalidArgument,
                  "--rdzv-backend=c10d on several nodes (the elastic rendezvous) is not "
@@ -237,9 +255,12 @@ bool confBool(const std::string& key, const std::string& value) {
 bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings& out) {
   using Ms = std::chrono::milliseconds;
   const std::pair<const char*, Ms*> timeouts[] = {
-      {"join_timeout", &out.joinTimeout},           {"last_call_timeout", &out.lastCallTimeout},
-      {"close_timeout", &out.closeTimeout},         {"read_timeout", &out.readTimeout},
-      {"heartbeat_timeout", &out.heartbeatTimeout}, {"keep_alive_interval", &out.keepAliveInterval}};
+      {"join_timeout", &out.joinTimeout},
+      {"last_call_timeout", &out.lastCallTimeout},
+      {"close_timeout", &out.closeTimeout},
+      {"read_timeout", &out.readTimeout},
+      {"heartbeat_timeout", &out.heartbeatTimeout},
+      {"keep_alive_interval", &out.keepAliveInterval}};
   for (const auto& [name, field] : timeouts)
     if (key == name) {
       *field = confSeconds(key, value);
@@ -247,7 +268,8 @@ bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings
     }
   if (key == "keep_alive_max_attempt") {
     if (!parseInt(value, out.keepAliveMaxAttempt, 1, 1'000'000))
-      DDPRUN_THROW(InvalidArgument, "--rdzv-conf keep_alive_max_attempt='", str::escape(value),
+      DDPRUN_THROW(InvalidArgument, "--rdzv-conf keep_alive_max_attempt='",
+                   str::escape(value),
                    "': expected an integer > 0, e.g. keep_alive_max_attempt=3");
   } else if (key == "is_host") {
     out.isHost = confBool(key, value);
@@ -281,15 +303,17 @@ void parseRdzvSettings(LaunchConfig& c) {
     }
   }
   if (!unknown.empty())
-    warn(c, "--rdzv-conf: unknown key(s) " + str::join(unknown, ", ") +
-                " ignored (known: timeout, join_timeout, last_call_timeout, close_timeout, "
-                "read_timeout, heartbeat_timeout, keep_alive_interval, "
-                "keep_alive_max_attempt, is_host, store_type, use_libuv)");
+    warn(c,
+         "--rdzv-conf: unknown key(s) " + str::join(unknown, ", ") +
+             " ignored (known: timeout, join_timeout, last_call_timeout, close_timeout, "
+             "read_timeout, heartbeat_timeout, keep_alive_interval, "
+             "keep_alive_max_attempt, is_host, store_type, use_libuv)");
 }
 
 // ------------------------------------------------------------ the three paths
 // The flags among `dests` that were given, as "--dashed-names".
-std::vector<std::string> givenOf(const LaunchConfig& c, std::initializer_list<const char*> dests) {
+std::vector<std::string> givenOf(const LaunchConfig& c,
+                                 std::initializer_list<const char*> dests) {
   std::vector<std::string> out;
   for (const char* d : dests)
     if (given(c, d)) out.push_back("--" + str::replaceAll(d, "_", "-"));
@@ -306,9 +330,10 @@ void takeStandalonePath(LaunchConfig& c, bool byDefault) {
                            : givenOf(c, {"rdzv_backend", "rdzv_endpoint", "rdzv_id",
                                          "master_addr", "master_port"});
   if (!ignored.empty() && byDefault)
-    warn(c, "--master-addr ignored: on one node without --master-port ddprun takes a free "
-            "local port, as torchrun 2.x does; give --master-port P for a fixed address and "
-            "port (static rendezvous)");
+    warn(c,
+         "--master-addr ignored: on one node without --master-port ddprun takes a free "
+         "local port, as torchrun 2.x does; give --master-port P for a fixed address and "
+         "port (static rendezvous)");
   else if (!ignored.empty())
     warn(c, str::join(ignored, " and ") +
                 " ignored with --standalone (as in torchrun): it takes a free local port "
@@ -340,9 +365,11 @@ void takeLocalC10dPath(LaunchConfig& c) {
   if (!c.rdzvEndpoint.empty()) {
     auto hp = parseEndpoint(c.rdzvEndpoint, 29400);
     if (!isLocalHost(hp.host))
-      warn(c, "--rdzv-endpoint " + c.rdzvEndpoint +
-                  " is not contacted: with one node the c10d rendezvous runs on this host in "
-                  "this version");
+      warn(
+          c,
+          "--rdzv-endpoint " + c.rdzvEndpoint +
+              " is not contacted: with one node the c10d rendezvous runs on this host in "
+              "this version");
   }
   auto ignored = givenOf(c, {"master_addr", "master_port"});
   if (!ignored.empty())
@@ -353,7 +380,8 @@ void takeLocalC10dPath(LaunchConfig& c) {
 }
 
 bool hasPort(const std::string& endpoint) {
-  if (!endpoint.empty() && endpoint.front() == '[') return endpoint.find("]:") != std::string::npos;
+  if (!endpoint.empty() && endpoint.front() == '[')
+    return endpoint.find("]:") != std::string::npos;
   return std::count(endpoint.begin(), endpoint.end(), ':') == 1;
 }
 
@@ -368,33 +396,38 @@ void takeStaticPath(LaunchConfig& c) {
     auto ignored = givenOf(c, {"master_addr", "master_port"});
     if (!ignored.empty())
       warn(c, str::join(ignored, " and ") +
-                  " ignored: --rdzv-endpoint gives node 0's address and port (as in torchrun)");
+                  " ignored: --rdzv-endpoint gives node 0's address and port (as in "
+                  "torchrun)");
     c.masterAddr = hp.host;
     c.masterPort = hp.port;
   }
   if (c.masterAddr.empty())
-    DDPRUN_THROW(InvalidArgument, "--master-addr: empty: give node 0's host name or address");
+    DDPRUN_THROW(InvalidArgument,
+                 "--master-addr: empty: give node 0's host name or address");
   if (c.nodeRank >= c.maxNodes)
-    DDPRUN_THROW(InvalidArgument, "--node-rank ", c.nodeRank, " is out of range for --nnodes ",
-                 c.maxNodes, " (0..", c.maxNodes - 1, ")");
+    DDPRUN_THROW(InvalidArgument, "--node-rank ", c.nodeRank,
+                 " is out of range for --nnodes ", c.maxNodes, " (0..", c.maxNodes - 1,
+                 ")");
   if (c.maxNodes > 1 && c.masterPort == 0)
     DDPRUN_THROW(InvalidArgument,
                  "--master-port 0 (a free port) works on one node only: the other nodes "
                  "must know node 0's port; give a port number");
   if (!c.localAddr.empty())
-    warn(c, "--local-addr has no effect with the static rendezvous (as in torchrun): "
-            "workers reach node 0 at --master-addr");
+    warn(c,
+         "--local-addr has no effect with the static rendezvous (as in torchrun): "
+         "workers reach node 0 at --master-addr");
 }
 
 // Flags accepted for compatibility that this version cannot honour.
 void warnUnhonoured(LaunchConfig& c) {
   const std::string& h = c.eventLogHandler;
   if (h == "console")
-    warn(c, "--event-log-handler=console is not supported: events go to events.jsonl in the "
-            "log directory");
+    warn(c,
+         "--event-log-handler=console is not supported: events go to events.jsonl in the "
+         "log directory");
   else if (h != "null" && h != "dynamic_rendezvous")
-    DDPRUN_THROW(InvalidArgument, "--event-log-handler: unknown handler '", str::escape(h),
-                 "': expected null, console or dynamic_rendezvous");
+    DDPRUN_THROW(InvalidArgument, "--event-log-handler: unknown handler '",
+                 str::escape(h), "': expected null, console or dynamic_rendezvous");
   if (!c.logsSpecs.empty())
     warn(c, "--logs-specs=" + c.logsSpecs +
                 " is not supported: ddprun cannot load Python entry points; logs use the "

@@ -88,7 +88,8 @@ const FlagInfo* findShort(char letter) {
 
 class Tokenizer {
  public:
-  Tokenizer(int argc, const char* const* argv) : words_(argv + std::min(argc, 1), argv + argc) {}
+  Tokenizer(int argc, const char* const* argv)
+      : words_(argv + std::min(argc, 1), argv + argc) {}
 
   CommandLine run() {
     while (i_ < words_.size() && out_.immediate.empty()) {
@@ -99,8 +100,10 @@ class Tokenizer {
       }
       if (!looksLikeFlag(w)) break;
       ++i_;
-      if (str::startsWith(w, "--")) longFlag(w);
-      else shortFlags(w);
+      if (str::startsWith(w, "--"))
+        longFlag(w);
+      else
+        shortFlags(w);
     }
     if (out_.immediate.empty() && i_ < words_.size()) {
       out_.script = words_[i_];
@@ -114,8 +117,10 @@ class Tokenizer {
     auto eq = w.find('=');
     std::string name = w.substr(0, eq);
     const FlagInfo& f = findLong(name, w);
-    if (eq == std::string::npos) take(f, name, std::nullopt);
-    else take(f, name, w.substr(eq + 1));
+    if (eq == std::string::npos)
+      take(f, name, std::nullopt);
+    else
+      take(f, name, w.substr(eq + 1));
   }
 
   // "-m", "-r3", "-r=3", "-r 3", "-mr3" (switches cluster, a value ends it).
@@ -130,17 +135,20 @@ class Tokenizer {
         continue;
       }
       std::string rest = w.substr(k + 1);
-      if (rest.empty()) take(*f, spelled, std::nullopt);
-      else take(*f, spelled, rest[0] == '=' ? rest.substr(1) : rest);
+      if (rest.empty())
+        take(*f, spelled, std::nullopt);
+      else
+        take(*f, spelled, rest[0] == '=' ? rest.substr(1) : rest);
       return;
     }
   }
 
-  void take(const FlagInfo& f, const std::string& spelled, std::optional<std::string> inlineValue) {
+  void take(const FlagInfo& f, const std::string& spelled,
+            std::optional<std::string> inlineValue) {
     std::string value;
     if (!f.takesValue && inlineValue)
-      DDPRUN_THROW(InvalidArgument, spelled, " takes no value (got '", str::escape(*inlineValue),
-                   "')");
+      DDPRUN_THROW(InvalidArgument, spelled, " takes no value (got '",
+                   str::escape(*inlineValue), "')");
     if (f.takesValue && inlineValue) {
       value = *inlineValue;
     } else if (f.takesValue) {
@@ -186,8 +194,8 @@ class Given {
           std::find(e.flag->choices.begin(), e.flag->choices.end(), e.value) ==
               e.flag->choices.end())
         DDPRUN_THROW(InvalidArgument, longName(*e.flag), ": invalid choice '",
-                     str::escape(e.value), "' (choose from ", str::join(e.flag->choices, ", "),
-                     ")");
+                     str::escape(e.value), "' (choose from ",
+                     str::join(e.flag->choices, ", "), ")");
       apply(e.value);
     } catch (const InvalidArgument& err) {
       if (e.envVar.empty()) throw;
@@ -208,8 +216,9 @@ class Given {
     }
     int64_t v = 0;
     if (!str::parseInt(str::trim(e.value), v))
-      DDPRUN_THROW(InvalidArgument, e.envVar, "='", str::escape(e.value),
-                   "' is not an integer: torchrun reads PET_ switches as 1 (on) or 0 (off)");
+      DDPRUN_THROW(
+          InvalidArgument, e.envVar, "='", str::escape(e.value),
+          "' is not an integer: torchrun reads PET_ switches as 1 (on) or 0 (off)");
     target = v != 0;
   }
 
@@ -248,26 +257,32 @@ double toSeconds(const std::string& text, const char* flag) {
 }
 
 void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
-  g.with("nnodes", [&](const std::string& v) { agent::parseNnodes(v, c.minNodes, c.maxNodes); });
-  g.with("nproc_per_node",
-         [&](const std::string& v) { agent::parseNprocPerNode(v, c.nprocKind, c.nprocPerNode); });
+  g.with("nnodes",
+         [&](const std::string& v) { agent::parseNnodes(v, c.minNodes, c.maxNodes); });
+  g.with("nproc_per_node", [&](const std::string& v) {
+    agent::parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
+  });
   g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
   g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
   g.with("rdzv_id", [&](const std::string& v) { c.rdzvId = v; });
-  g.with("rdzv_conf", [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
+  g.with("rdzv_conf",
+         [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
   g.setSwitch("standalone", c.standalone);
-  g.with("node_rank", [&](const std::string& v) { c.nodeRank = toInt(v, "--node-rank", 0); });
+  g.with("node_rank",
+         [&](const std::string& v) { c.nodeRank = toInt(v, "--node-rank", 0); });
   g.with("master_addr", [&](const std::string& v) { c.masterAddr = v; });
-  g.with("master_port",
-         [&](const std::string& v) { c.masterPort = net::parsePort(v, "--master-port"); });
+  g.with("master_port", [&](const std::string& v) {
+    c.masterPort = net::parsePort(v, "--master-port");
+  });
   g.with("local_addr", [&](const std::string& v) { c.localAddr = v; });
 }
 
 void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) {
   g.with("max_restarts",
          [&](const std::string& v) { c.maxRestarts = toInt(v, "--max-restarts", 0); });
-  g.with("monitor_interval",
-         [&](const std::string& v) { c.monitorInterval = toSeconds(v, "--monitor-interval"); });
+  g.with("monitor_interval", [&](const std::string& v) {
+    c.monitorInterval = toSeconds(v, "--monitor-interval");
+  });
   g.with("start_method", [&](const std::string& v) { c.startMethod = v; });
   g.with("event_log_handler", [&](const std::string& v) { c.eventLogHandler = v; });
   g.with("role", [&](const std::string& v) { c.role = v; });
@@ -295,15 +310,21 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
 
 void applyOutput(const Given& g, agent::LaunchConfig& c) {
   g.with("log_dir", [&](const std::string& v) { c.logDir = v; });
-  g.with("redirects", [&](const std::string& v) { c.redirects = agent::parseStdSpec(v, "--redirects"); });
+  g.with("redirects", [&](const std::string& v) {
+    c.redirects = agent::parseStdSpec(v, "--redirects");
+  });
   g.with("tee", [&](const std::string& v) { c.tee = agent::parseStdSpec(v, "--tee"); });
-  g.with("local_ranks_filter",
-         [&](const std::string& v) { c.localRanksFilter = agent::parseLocalRanksFilter(v); });
-  g.with("duplicate_stdout_filters",
-         [&](const std::string& v) { c.duplicateStdoutFilters = agent::parseFilterList(v); });
-  g.with("duplicate_stderr_filters",
-         [&](const std::string& v) { c.duplicateStderrFilters = agent::parseFilterList(v); });
-  g.with("log_line_prefix_template", [&](const std::string& v) { c.logLinePrefixTemplate = v; });
+  g.with("local_ranks_filter", [&](const std::string& v) {
+    c.localRanksFilter = agent::parseLocalRanksFilter(v);
+  });
+  g.with("duplicate_stdout_filters", [&](const std::string& v) {
+    c.duplicateStdoutFilters = agent::parseFilterList(v);
+  });
+  g.with("duplicate_stderr_filters", [&](const std::string& v) {
+    c.duplicateStderrFilters = agent::parseFilterList(v);
+  });
+  g.with("log_line_prefix_template",
+         [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
 
 // --help, --version and --print-completion print to stdout and end the run.

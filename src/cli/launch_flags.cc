@@ -23,7 +23,8 @@ FlagInfo dual(const std::string& dest, bool takesValue, std::string metavar,
   f.metavar = std::move(metavar);
   f.defaultText = std::move(defaultText);
   std::string up = dest;
-  for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  for (char& ch : up)
+    ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   f.envVar = "PET_" + up;
   f.help = std::move(help);
   return f;
@@ -62,7 +63,8 @@ FlagInfo choices(FlagInfo f, std::vector<std::string> values) {
 std::vector<FlagInfo> makeFlags() {
   return {
       withShort(single(flag("help", "Show this help and exit.")), "-h"),
-      value("nnodes", "N|MIN:MAX", "1:1", "Number of nodes, or a range MIN:MAX (elastic: not yet)."),
+      value("nnodes", "N|MIN:MAX", "1:1",
+            "Number of nodes, or a range MIN:MAX (elastic: not yet)."),
       value("nproc_per_node", "N|cpu|gpu|auto", "1", "Workers per node."),
       value("rdzv_backend", "static|c10d", "static", "Rendezvous backend."),
       value("rdzv_endpoint", "HOST[:PORT]", "",
@@ -71,46 +73,56 @@ std::vector<FlagInfo> makeFlags() {
       value("rdzv_conf", "KEY=VALUE,...", "",
             "Rendezvous settings, e.g. timeout=900 (static), join_timeout=600 (c10d)."),
       flag("standalone",
-           "One node: a free local port and a fresh run id; rendezvous flags are ignored."),
+           "One node: a free local port and a fresh run id; rendezvous flags are "
+           "ignored."),
       value("max_restarts", "N", "0", "Worker group restarts before failing."),
       value("monitor_interval", "SECONDS", "0.1",
             "Accepted; ddprun sees worker exits as they happen."),
-      choices(value("start_method", "METHOD", "spawn", "Accepted; no effect on script workers."),
+      choices(value("start_method", "METHOD", "spawn",
+                    "Accepted; no effect on script workers."),
               {"spawn", "fork", "forkserver"}),
       value("event_log_handler", "NAME", "null", "Events handler: null or console."),
       value("role", "NAME", "default", "Worker role: ROLE_NAME and the output prefix."),
       withShort(flag("module", "Run the script as a Python module (python -m)."), "-m"),
       flag("no_python", "Run the script as a program, without python."),
       flag("run_path", "Run the script with runpy.run_path."),
-      value("log_dir", "DIR", "", "Base directory for worker logs (default: a fresh temporary one)."),
+      value("log_dir", "DIR", "",
+            "Base directory for worker logs (default: a fresh temporary one)."),
       withShort(value("redirects", "0-3|RANK:0-3,...", "0",
                       "Worker streams sent to files only: 1 stdout, 2 stderr, 3 both."),
                 "-r"),
       withShort(value("tee", "0-3|RANK:0-3,...", "0",
                       "Worker streams copied to files and the console."),
                 "-t"),
-      value("local_ranks_filter", "RANKS", "", "Local ranks shown on the console, e.g. 0,1."),
+      value("local_ranks_filter", "RANKS", "",
+            "Local ranks shown on the console, e.g. 0,1."),
       value("duplicate_stdout_filters", "TEXT,...", "",
             "Copy stdout lines containing one of these to a file (,, is a comma)."),
       value("duplicate_stderr_filters", "TEXT,...", "",
             "Copy stderr lines containing one of these to a file (,, is a comma)."),
       value("node_rank", "R", "0", "This node's rank (static rendezvous)."),
       value("master_addr", "HOST", "127.0.0.1", "Node 0's address (static rendezvous)."),
-      value("master_port", "PORT", "",
-            "Node 0's store port (static rendezvous; default 29500, or a free port on one "
-            "node when not given)."),
-      value("local_addr", "HOST", "", "This node's address (c10d): MASTER_ADDR on one node."),
-      noEnv(value("logs_specs", "NAME", "", "Accepted; Python entry points cannot be loaded.")),
-      noEnv(choices(value("numa_binding", "MODE", "", "Accepted; workers are not bound yet."),
-                    {"node", "socket", "exclusive", "core-complex"})),
+      value(
+          "master_port", "PORT", "",
+          "Node 0's store port (static rendezvous; default 29500, or a free port on one "
+          "node when not given)."),
+      value("local_addr", "HOST", "",
+            "This node's address (c10d): MASTER_ADDR on one node."),
+      noEnv(value("logs_specs", "NAME", "",
+                  "Accepted; Python entry points cannot be loaded.")),
+      noEnv(choices(
+          value("numa_binding", "MODE", "", "Accepted; workers are not bound yet."),
+          {"node", "socket", "exclusive", "core-complex"})),
       value("signals_to_handle", "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
             "Signals forwarded to the workers."),
       value("shutdown_timeout", "SECONDS", "",
-            "Grace between SIGTERM and SIGKILL (default TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)."),
+            "Grace between SIGTERM and SIGKILL (default TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "
+            "else 30)."),
       flag("virtual_local_rank", "LOCAL_RANK=0 with one visible GPU per worker."),
       value("log_line_prefix_template", "TEMPLATE", "",
             "Prefix of teed lines: ${role_name} ${rank} ${local_rank} ${hostname} "
-            "(default TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${local_rank}]:)."),
+            "(default TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
+            "[${role_name}${local_rank}]:)."),
       single(choices(value("print_completion", "SHELL", "",
                            "Print a shell completion script for ddprun and exit."),
                      {"bash", "zsh", "tcsh"})),
@@ -146,7 +158,8 @@ std::string shellQuoted(const std::string& s) { return str::replaceAll(s, "'", "
 
 std::vector<std::string> allNames() {
   std::vector<std::string> out;
-  for (const auto& f : launchFlags()) out.insert(out.end(), f.names.begin(), f.names.end());
+  for (const auto& f : launchFlags())
+    out.insert(out.end(), f.names.begin(), f.names.end());
   return out;
 }
 
@@ -161,14 +174,15 @@ std::string bashScript() {
     std::string pattern = str::join(f.names, "|");
     valueNames.push_back(pattern);
     if (!f.choices.empty())
-      cases << "    " << pattern << ") COMPREPLY=($(compgen -W '" << str::join(f.choices, " ")
-            << "' -- \"$cur\")); return;;\n";
+      cases << "    " << pattern << ") COMPREPLY=($(compgen -W '"
+            << str::join(f.choices, " ") << "' -- \"$cur\")); return;;\n";
     else if (f.dest == "log_dir")
       cases << "    " << pattern << ") COMPREPLY=($(compgen -d -- \"$cur\")); return;;\n";
   }
   std::ostringstream s;
   s << "# bash completion for ddprun, generated by `ddprun --print-completion bash`.\n"
-       "# Install: ddprun --print-completion bash > ~/.local/share/bash-completion/completions/ddprun\n"
+       "# Install: ddprun --print-completion bash > "
+       "~/.local/share/bash-completion/completions/ddprun\n"
        "_ddprun() {\n"
        "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} i\n"
        "  [[ $prev == = ]] && prev=${COMP_WORDS[COMP_CWORD-2]}\n"
@@ -184,8 +198,7 @@ std::string bashScript() {
        "    esac\n"
        "  done\n"
        "  case $prev in\n"
-    << cases.str()
-    << "    " << str::join(valueNames, "|")
+    << cases.str() << "    " << str::join(valueNames, "|")
     << ") COMPREPLY=(); return;;\n"
        "  esac\n"
        "  if [[ $cur == -* ]]; then\n"
@@ -212,7 +225,8 @@ std::string zshEscape(const std::string& s) {
 
 std::string zshSpec(const FlagInfo& f) {
   std::string names;
-  for (const auto& n : f.names) names += (names.empty() ? "" : ",") + n + (f.takesValue ? "=" : "");
+  for (const auto& n : f.names)
+    names += (names.empty() ? "" : ",") + n + (f.takesValue ? "=" : "");
   std::string spec = "'(" + str::join(f.names, " ") + ")'";
   spec += f.names.size() > 1 ? "{" + names + "}" : "'" + names + "'";
   spec += "'[" + zshEscape(f.help) + "]";
@@ -229,7 +243,8 @@ std::string zshScript() {
   std::ostringstream s;
   s << "#compdef ddprun\n"
        "# zsh completion for ddprun, generated by `ddprun --print-completion zsh`.\n"
-       "# Install: ddprun --print-completion zsh > ~/.zsh/completions/_ddprun (a directory in "
+       "# Install: ddprun --print-completion zsh > ~/.zsh/completions/_ddprun (a "
+       "directory in "
        "$fpath)\n"
        "_arguments -S -A '-*' \\\n";
   for (const auto& f : launchFlags()) s << "  " << zshSpec(f) << " \\\n";
@@ -243,17 +258,20 @@ std::string tcshScript() {
   std::ostringstream next;
   for (const auto& f : launchFlags()) {
     for (const auto& n : f.names)
-      (str::startsWith(n, "--") ? longs : shorts).push_back(n.substr(str::startsWith(n, "--") ? 2 : 1));
+      (str::startsWith(n, "--") ? longs : shorts)
+          .push_back(n.substr(str::startsWith(n, "--") ? 2 : 1));
     for (const auto& n : f.names) {
-      if (!f.choices.empty()) next << " 'n/" << n << "/(" << str::join(f.choices, " ") << ")/'";
-      else if (f.dest == "log_dir") next << " 'n/" << n << "/d/'";
+      if (!f.choices.empty())
+        next << " 'n/" << n << "/(" << str::join(f.choices, " ") << ")/'";
+      else if (f.dest == "log_dir")
+        next << " 'n/" << n << "/d/'";
     }
   }
   std::ostringstream s;
   s << "# tcsh completion for ddprun, generated by `ddprun --print-completion tcsh`.\n"
        "complete ddprun 'c/--/("
-    << str::join(longs, " ") << ")/' 'c/-/(" << str::join(shorts, " ") << ")/'" << next.str()
-    << " 'p/*/f/'\n";
+    << str::join(longs, " ") << ")/' 'c/-/(" << str::join(shorts, " ") << ")/'"
+    << next.str() << " 'p/*/f/'\n";
   return s.str();
 }
 }  // namespace
@@ -276,11 +294,14 @@ std::string launchHelp() {
     if (!f.choices.empty()) right += " One of: " + str::join(f.choices, ", ") + ".";
     if (!f.defaultText.empty()) right += " Default: " + f.defaultText + ".";
     if (!f.envVar.empty()) right += " Env: " + f.envVar + ".";
-    if (left.size() + 2 > kHelpColumn) s << left << "\n" << std::string(kHelpColumn, ' ');
-    else s << left << std::string(kHelpColumn - left.size(), ' ');
+    if (left.size() + 2 > kHelpColumn)
+      s << left << "\n" << std::string(kHelpColumn, ' ');
+    else
+      s << left << std::string(kHelpColumn - left.size(), ' ');
     s << wrapped(right) << "\n";
   }
-  s << "\nExit codes: 0 success, 1 workers failed, 2 bad flags, 3 setup failed, 128+S after "
+  s << "\nExit codes: 0 success, 1 workers failed, 2 bad flags, 3 setup failed, 128+S "
+       "after "
        "signal S.\nSee docs/cli.md for the differences from torchrun.\n";
   return s.str();
 }
@@ -289,8 +310,8 @@ std::string completionScript(const std::string& shell) {
   if (shell == "bash") return bashScript();
   if (shell == "zsh") return zshScript();
   if (shell == "tcsh") return tcshScript();
-  DDPRUN_THROW(InvalidArgument, "--print-completion: invalid choice '", str::escape(shell),
-               "' (choose from bash, zsh, tcsh)");
+  DDPRUN_THROW(InvalidArgument, "--print-completion: invalid choice '",
+               str::escape(shell), "' (choose from bash, zsh, tcsh)");
 }
 
 }  // namespace ddprun::cli

@@ -46,7 +46,7 @@ struct C10dSettings {
   std::chrono::milliseconds heartbeatTimeout{5'000};
   std::chrono::milliseconds keepAliveInterval{5'000};
   int keepAliveMaxAttempt = 3;
-  std::optional<bool> isHost;  // unset: inferred from the endpoint
+  std::optional<bool> isHost;     // unset: inferred from the endpoint
   std::string storeType = "tcp";  // tcp | file
   bool useLibuv = true;
 };

@@ -21,13 +21,15 @@ namespace ddprun::cli {
 
 // One flag, as torchrun's argparse declares it.
 struct FlagInfo {
-  std::string dest;                  // torchrun's name: "nproc_per_node"
-  std::vector<std::string> names;    // every spelling: "--nproc-per-node", "--nproc_per_node"
-  bool takesValue = true;            // false: a switch (argparse store_true)
-  std::string metavar;               // the value's form in --help: "N|MIN:MAX"
-  std::string defaultText;           // shown in --help and docs/cli.md; "" = none
-  std::string envVar;                // PET_<DEST>; "" where torchrun reads none
-  std::vector<std::string> choices;  // the only values accepted (argparse choices); empty = free
+  std::string dest;  // torchrun's name: "nproc_per_node"
+  std::vector<std::string>
+      names;                // every spelling: "--nproc-per-node", "--nproc_per_node"
+  bool takesValue = true;   // false: a switch (argparse store_true)
+  std::string metavar;      // the value's form in --help: "N|MIN:MAX"
+  std::string defaultText;  // shown in --help and docs/cli.md; "" = none
+  std::string envVar;       // PET_<DEST>; "" where torchrun reads none
+  std::vector<std::string>
+      choices;  // the only values accepted (argparse choices); empty = free
   std::string help;
 };
 

@@ -90,9 +90,10 @@ TEST(LaunchCli, OneNodeDefaultTakesAFreePortAndAFreshRunId) {
 }
 
 TEST(LaunchCli, MasterPortFlagOrPetKeepsTheFixedPortStaticRendezvous) {
-  for (const auto& p : {parse({"--master-port", "29500", "train.py"}),
-                        parse({"train.py"}, {{"PET_MASTER_PORT", "29500"}}),
-                        parse({"--master_port=29500", "--rdzv-backend=static", "train.py"})}) {
+  for (const auto& p :
+       {parse({"--master-port", "29500", "train.py"}),
+        parse({"train.py"}, {{"PET_MASTER_PORT", "29500"}}),
+        parse({"--master_port=29500", "--rdzv-backend=static", "train.py"})}) {
     ASSERT_EQ(p.rc, -1) << p.err;
     EXPECT_FALSE(p.cfg.standaloneByDefault);
     EXPECT_EQ(p.cfg.rdzvBackend, "static");
@@ -111,9 +112,9 @@ TEST(LaunchCli, BothSpellingsAndScriptArgsPassThrough) {
   EXPECT_EQ(a.cfg.maxRestarts, 3);
   EXPECT_EQ(a.cfg.scriptArgs,
             (std::vector<std::string>{"--lr", "0.1", "--nproc_per_node=9", "--", "-x"}));
-  auto b = parse({"--nproc-per-node", "4", "--max-restarts=3", "--node-rank", "1",
-                  "--nnodes", "2", "--master-addr", "10.0.0.1", "--master-port", "1234",
-                  "train.py"});
+  auto b =
+      parse({"--nproc-per-node", "4", "--max-restarts=3", "--node-rank", "1", "--nnodes",
+             "2", "--master-addr", "10.0.0.1", "--master-port", "1234", "train.py"});
   ASSERT_EQ(b.rc, -1) << b.err;
   EXPECT_EQ(b.cfg.nprocPerNode, 4);
   EXPECT_EQ(b.cfg.nodeRank, 1);
@@ -124,16 +125,34 @@ TEST(LaunchCli, BothSpellingsAndScriptArgsPassThrough) {
 }
 
 TEST(LaunchCli, EveryFlagParses) {
-  auto p = parse({"--nnodes=1", "--nproc-per-node=gpu", "--rdzv-backend=c10d",
-                  "--rdzv-endpoint=localhost:29400", "--rdzv-id=job7",
-                  "--rdzv-conf=join_timeout=900,read_timeout=120", "--monitor-interval=5",
-                  "--start-method=fork", "--event-log-handler=null", "--role=trainer", "-m",
-                  "--run-path", "--log-dir=/tmp/l", "-r", "0:1,12:3", "-t", "3",
-                  "--local-ranks-filter=0,2", "--duplicate-stdout-filters=a,,b,c",
-                  "--duplicate-stderr-filters=err", "--local-addr=n1", "--logs-specs=s",
-                  "--numa-binding=node", "--signals-to-handle=SIGTERM,USR1",
-                  "--shutdown-timeout=120", "--virtual-local-rank",
-                  "--log-line-prefix-template=${hostname}:${rank}: ", "pkg.mod"});
+  auto p = parse({"--nnodes=1",
+                  "--nproc-per-node=gpu",
+                  "--rdzv-backend=c10d",
+                  "--rdzv-endpoint=localhost:29400",
+                  "--rdzv-id=job7",
+                  "--rdzv-conf=join_timeout=900,read_timeout=120",
+                  "--monitor-interval=5",
+                  "--start-method=fork",
+                  "--event-log-handler=null",
+                  "--role=trainer",
+                  "-m",
+                  "--run-path",
+                  "--log-dir=/tmp/l",
+                  "-r",
+                  "0:1,12:3",
+                  "-t",
+                  "3",
+                  "--local-ranks-filter=0,2",
+                  "--duplicate-stdout-filters=a,,b,c",
+                  "--duplicate-stderr-filters=err",
+                  "--local-addr=n1",
+                  "--logs-specs=s",
+                  "--numa-binding=node",
+                  "--signals-to-handle=SIGTERM,USR1",
+                  "--shutdown-timeout=120",
+                  "--virtual-local-rank",
+                  "--log-line-prefix-template=${hostname}:${rank}: ",
+                  "pkg.mod"});
   ASSERT_EQ(p.rc, -1) << p.err;
   const auto& c = p.cfg;
   EXPECT_EQ(c.maxNodes, 1);
@@ -177,7 +196,8 @@ TEST(LaunchCli, EmptyValuesStayEmpty) {
   EXPECT_EQ(p.cfg.script, "a.py");
   EXPECT_EQ(p.cfg.scriptArgs, (std::vector<std::string>{"b.sh"}));
   EXPECT_EQ(p.cfg.rdzvId, "");
-  auto q = parse({"--role=", "--log-dir=", "--local-ranks-filter=", "--rdzv-conf=", "a.py"});
+  auto q =
+      parse({"--role=", "--log-dir=", "--local-ranks-filter=", "--rdzv-conf=", "a.py"});
   ASSERT_EQ(q.rc, -1) << q.err;
   EXPECT_EQ(q.cfg.role, "");
   EXPECT_EQ(q.cfg.logDir, "");
@@ -187,11 +207,13 @@ TEST(LaunchCli, EmptyValuesStayEmpty) {
   ASSERT_EQ(r.rc, -1) << r.err;
   EXPECT_EQ(r.cfg.role, "");
   // An empty value where a number or a set is expected is an error.
-  for (const char* flag : {"--nnodes=", "--master-port=", "--redirects=", "--max-restarts=",
-                           "--signals-to-handle=", "--shutdown-timeout="}) {
+  for (const char* flag :
+       {"--nnodes=", "--master-port=", "--redirects=", "--max-restarts=",
+        "--signals-to-handle=", "--shutdown-timeout="}) {
     auto bad = parse({flag, "a.py"});
     EXPECT_EQ(bad.rc, 2) << flag;
-    EXPECT_TRUE(contains(bad.err, std::string(flag).substr(0, std::string(flag).size() - 1)))
+    EXPECT_TRUE(
+        contains(bad.err, std::string(flag).substr(0, std::string(flag).size() - 1)))
         << flag << ": " << bad.err;
   }
 }
@@ -211,8 +233,9 @@ TEST(LaunchCli, DoubleDashEndsTheFlags) {
 }
 
 TEST(LaunchCli, RepeatedFlagsLastOneWins) {
-  auto p = parse({"--nproc-per-node=2", "--nproc_per_node", "4", "--standalone", "--standalone",
-                  "-r", "1", "--redirects=2", "--max-restarts=9", "--max-restarts=1", "t.py"});
+  auto p = parse({"--nproc-per-node=2", "--nproc_per_node", "4", "--standalone",
+                  "--standalone", "-r", "1", "--redirects=2", "--max-restarts=9",
+                  "--max-restarts=1", "t.py"});
   ASSERT_EQ(p.rc, -1) << p.err;
   EXPECT_EQ(p.cfg.nprocPerNode, 4);
   EXPECT_TRUE(p.cfg.standalone);
@@ -254,7 +277,8 @@ TEST(LaunchCli, ValueFlagsAndSwitchesAreNotConfused) {
   EXPECT_TRUE(contains(missing.err, "--rdzv-id: expected a value")) << missing.err;
   auto explicitArg = parse({"--standalone=1", "t.py"});
   EXPECT_EQ(explicitArg.rc, 2);
-  EXPECT_TRUE(contains(explicitArg.err, "--standalone takes no value")) << explicitArg.err;
+  EXPECT_TRUE(contains(explicitArg.err, "--standalone takes no value"))
+      << explicitArg.err;
   // A negative number is a value, as in argparse: here a bad one.
   auto negative = parse({"--node-rank", "-1", "t.py"});
   EXPECT_EQ(negative.rc, 2);
@@ -374,7 +398,8 @@ TEST(LaunchCli, UnhonouredFlagsWarnOnceEach) {
                   "--monitor-interval=5", "--run-path", "t.py"});
   ASSERT_EQ(p.rc, -1) << p.err;
   ASSERT_EQ(p.cfg.warnings.size(), 4u);
-  for (const char* flag : {"--numa-binding", "--logs-specs", "--event-log-handler", "--local-addr"})
+  for (const char* flag :
+       {"--numa-binding", "--logs-specs", "--event-log-handler", "--local-addr"})
     EXPECT_EQ(std::count_if(p.cfg.warnings.begin(), p.cfg.warnings.end(),
                             [&](const std::string& w) { return contains(w, flag); }),
               1)
@@ -406,9 +431,11 @@ TEST(LaunchCli, PrintCompletionForEachShell) {
     EXPECT_EQ(p.out, completionScript(shell));
     for (const auto& f : launchFlags())
       for (const auto& n : f.names)
-        EXPECT_TRUE(contains(p.out, n.substr(n.rfind('-') == 0 ? 1 : 2))) << shell << " " << n;
+        EXPECT_TRUE(contains(p.out, n.substr(n.rfind('-') == 0 ? 1 : 2)))
+            << shell << " " << n;
   }
-  EXPECT_TRUE(contains(completionScript("bash"), "complete -o filenames -F _ddprun ddprun"));
+  EXPECT_TRUE(
+      contains(completionScript("bash"), "complete -o filenames -F _ddprun ddprun"));
   EXPECT_TRUE(contains(completionScript("bash"), "compgen -W 'spawn fork forkserver'"));
   EXPECT_TRUE(str::startsWith(completionScript("zsh"), "#compdef ddprun\n"));
   EXPECT_TRUE(contains(completionScript("tcsh"), "complete ddprun "));
@@ -440,7 +467,8 @@ std::vector<DocRow> docFlagTable() {
       continue;
     DocRow row;
     row.line = line;
-    for (std::sregex_iterator it(cells[1].begin(), cells[1].end(), flagRe), end; it != end; ++it)
+    for (std::sregex_iterator it(cells[1].begin(), cells[1].end(), flagRe), end;
+         it != end; ++it)
       row.names.push_back((*it)[1]);
     std::smatch m;
     if (std::regex_search(cells[3], m, petRe)) row.envVar = m.str();
@@ -461,8 +489,8 @@ TEST(LaunchCli, DocsFlagTableMatchesTheParser) {
         ADD_FAILURE() << n << " is missing from the docs/cli.md flag table";
         continue;
       }
-      EXPECT_EQ(documented[n]->envVar, f.envVar) << "environment variable of " << n << " in: "
-                                                 << documented[n]->line;
+      EXPECT_EQ(documented[n]->envVar, f.envVar)
+          << "environment variable of " << n << " in: " << documented[n]->line;
       EXPECT_EQ(documented[n]->names, f.names) << "spellings of " << n << " in one row";
     }
   }

@@ -41,8 +41,9 @@ bool contains(const std::string& s, const std::string& needle) {
 }
 
 int countWarningsAbout(const LaunchConfig& c, const std::string& needle) {
-  return static_cast<int>(std::count_if(c.warnings.begin(), c.warnings.end(),
-                                        [&](const std::string& w) { return contains(w, needle); }));
+  return static_cast<int>(
+      std::count_if(c.warnings.begin(), c.warnings.end(),
+                    [&](const std::string& w) { return contains(w, needle); }));
 }
 
 TEST(LaunchConfig, OneNodeDefaultIsTorchrunsStandalonePath) {
@@ -133,7 +134,8 @@ TEST(LaunchConfig, StandaloneIgnoresGivenRendezvousValuesWithOneWarning) {
   EXPECT_NE(c.rdzvId, "job7");
   EXPECT_EQ(c.masterPort, 0);
   ASSERT_EQ(c.warnings.size(), 1u);
-  for (const char* flag : {"--rdzv-backend", "--rdzv-id", "--master-port", "--standalone"})
+  for (const char* flag :
+       {"--rdzv-backend", "--rdzv-id", "--master-port", "--standalone"})
     EXPECT_TRUE(contains(c.warnings[0], flag)) << c.warnings[0];
 }
 
@@ -188,11 +190,11 @@ TEST(LaunchConfig, StaticTimeoutFromRdzvConf) {
 TEST(LaunchConfig, C10dRdzvConfKeysAreValidated) {
   LaunchConfig c = base();
   c.rdzvBackend = "c10d";
-  c.rdzvConf = {{"join_timeout", "900"},           {"last_call_timeout", "2.5"},
-                {"close_timeout", "10"},           {"read_timeout", "120"},
-                {"heartbeat_timeout", "1"},        {"keep_alive_interval", "0.5"},
-                {"keep_alive_max_attempt", "7"},   {"is_host", "Yes"},
-                {"store_type", "file"},            {"use_libuv", "0"}};
+  c.rdzvConf = {{"join_timeout", "900"},         {"last_call_timeout", "2.5"},
+                {"close_timeout", "10"},         {"read_timeout", "120"},
+                {"heartbeat_timeout", "1"},      {"keep_alive_interval", "0.5"},
+                {"keep_alive_max_attempt", "7"}, {"is_host", "Yes"},
+                {"store_type", "file"},          {"use_libuv", "0"}};
   finalizeConfig(c);
   EXPECT_EQ(c.c10d.joinTimeout, std::chrono::seconds(900));
   EXPECT_EQ(c.c10d.lastCallTimeout, std::chrono::milliseconds(2500));
@@ -207,10 +209,17 @@ TEST(LaunchConfig, C10dRdzvConfKeysAreValidated) {
   EXPECT_TRUE(c.warnings.empty());
 
   const std::vector<std::pair<const char*, const char*>> bad = {
-      {"join_timeout", "0"},          {"join_timeout", "-1"},        {"last_call_timeout", "x"},
-      {"close_timeout", "inf"},       {"read_timeout", "nan"},       {"heartbeat_timeout", "1e30"},
-      {"keep_alive_interval", "-0.5"}, {"keep_alive_max_attempt", "0"},
-      {"keep_alive_max_attempt", "1.5"}, {"is_host", "maybe"},      {"use_libuv", "2"},
+      {"join_timeout", "0"},
+      {"join_timeout", "-1"},
+      {"last_call_timeout", "x"},
+      {"close_timeout", "inf"},
+      {"read_timeout", "nan"},
+      {"heartbeat_timeout", "1e30"},
+      {"keep_alive_interval", "-0.5"},
+      {"keep_alive_max_attempt", "0"},
+      {"keep_alive_max_attempt", "1.5"},
+      {"is_host", "maybe"},
+      {"use_libuv", "2"},
       {"store_type", "etcd"}};
   for (const auto& [key, value] : bad) {
     LaunchConfig b = base();
@@ -232,8 +241,10 @@ TEST(LaunchConfig, UnknownRdzvConfKeysWarnOnce) {
 }
 
 TEST(LaunchConfig, ConfBoolsAsTorchrun) {
-  for (const char* t : {"1", "true", "T", "yes", "Y", " TRUE "}) EXPECT_EQ(parseConfBool(t), true) << t;
-  for (const char* f : {"0", "false", "f", "NO", "n"}) EXPECT_EQ(parseConfBool(f), false) << f;
+  for (const char* t : {"1", "true", "T", "yes", "Y", " TRUE "})
+    EXPECT_EQ(parseConfBool(t), true) << t;
+  for (const char* f : {"0", "false", "f", "NO", "n"})
+    EXPECT_EQ(parseConfBool(f), false) << f;
   for (const char* x : {"", "2", "on", "off", "tru"}) EXPECT_FALSE(parseConfBool(x)) << x;
 }
 
@@ -248,16 +259,19 @@ TEST(LaunchConfig, NodeRules) {
 
   LaunchConfig standalone = twoNodes();
   standalone.standalone = true;
-  EXPECT_TRUE(contains(rejection(standalone), "--standalone runs one node")) << rejection(standalone);
+  EXPECT_TRUE(contains(rejection(standalone), "--standalone runs one node"))
+      << rejection(standalone);
 
   LaunchConfig c10d = twoNodes();
   c10d.rdzvBackend = "c10d";
-  EXPECT_TRUE(contains(rejection(c10d), "--rdzv-backend=c10d on several nodes")) << rejection(c10d);
+  EXPECT_TRUE(contains(rejection(c10d), "--rdzv-backend=c10d on several nodes"))
+      << rejection(c10d);
   EXPECT_TRUE(contains(rejection(c10d), "not supported yet"));
 
   LaunchConfig rank = twoNodes();
   rank.nodeRank = 2;
-  EXPECT_TRUE(contains(rejection(rank), "--node-rank 2 is out of range for --nnodes 2 (0..1)"))
+  EXPECT_TRUE(
+      contains(rejection(rank), "--node-rank 2 is out of range for --nnodes 2 (0..1)"))
       << rejection(rank);
   rank.nodeRank = 1;
   EXPECT_EQ(rejection(rank), "accepted");
@@ -289,7 +303,8 @@ TEST(LaunchConfig, ProgramRules) {
   LaunchConfig both = base();
   both.module = true;
   both.noPython = true;
-  EXPECT_TRUE(contains(rejection(both), "-m/--module and --no-python")) << rejection(both);
+  EXPECT_TRUE(contains(rejection(both), "-m/--module and --no-python"))
+      << rejection(both);
   both.runPath = true;  // torchrun: --run-path wins over both
   EXPECT_EQ(rejection(both), "accepted");
 }
@@ -318,7 +333,9 @@ TEST(LaunchConfig, LocalAddrAndEndpointWarnings) {
   remote.rdzvBackend = "c10d";
   remote.rdzvEndpoint = "far.example:29400";
   finalizeConfig(remote);
-  EXPECT_EQ(countWarningsAbout(remote, "--rdzv-endpoint far.example:29400 is not contacted"), 1);
+  EXPECT_EQ(
+      countWarningsAbout(remote, "--rdzv-endpoint far.example:29400 is not contacted"),
+      1);
   LaunchConfig local = base();
   local.rdzvBackend = "c10d";
   local.rdzvEndpoint = "localhost:0";
@@ -351,7 +368,8 @@ TEST(LaunchConfig, UnhonouredFlagsWarnOnceEach) {
   }
   LaunchConfig unknown = base();
   unknown.eventLogHandler = "syslog";
-  EXPECT_TRUE(contains(rejection(unknown), "--event-log-handler: unknown handler 'syslog'"));
+  EXPECT_TRUE(
+      contains(rejection(unknown), "--event-log-handler: unknown handler 'syslog'"));
 }
 
 TEST(LaunchConfig, ValueParsersNameTheFlag) {
@@ -363,7 +381,8 @@ TEST(LaunchConfig, ValueParsersNameTheFlag) {
   EXPECT_THROW(parseStdSpec("", "--tee"), InvalidArgument);
   EXPECT_THROW(parseSignals(""), InvalidArgument);
   EXPECT_EQ(parseSignals("TERM, SIGUSR2"), (std::vector<int>{SIGTERM, SIGUSR2}));
-  EXPECT_EQ(parseRdzvConf(" a = 1 ,b=2 "), (std::map<std::string, std::string>{{"a", "1"}, {"b", "2"}}));
+  EXPECT_EQ(parseRdzvConf(" a = 1 ,b=2 "),
+            (std::map<std::string, std::string>{{"a", "1"}, {"b", "2"}}));
   EXPECT_EQ(parseFilterList("x,,y,z"), (std::vector<std::string>{"x,y", "z"}));
 }
 

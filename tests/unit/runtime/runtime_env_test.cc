@@ -27,8 +27,10 @@ class ScopedEnv {
   }
   ~ScopedEnv() {
     for (const auto& [name, old] : saved_) {
-      if (old) ::setenv(name.c_str(), old->c_str(), 1);
-      else ::unsetenv(name.c_str());
+      if (old)
+        ::setenv(name.c_str(), old->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
     }
   }
 
@@ -75,7 +77,8 @@ TEST(RuntimeEnv, SharedHeapSizeNamesItsLimitAndTheFix) {
     EXPECT_EQ(optionsFromEnv().sharedHeapBytes, size_t{64} << 20);
   }
   {
-    ScopedEnv env(Vars{{"DDPRUN_SHM_HEAP_MB", "0"}});  // 0: allocShared uses private memory
+    ScopedEnv env(
+        Vars{{"DDPRUN_SHM_HEAP_MB", "0"}});  // 0: allocShared uses private memory
     EXPECT_EQ(optionsFromEnv().sharedHeapBytes, 0u);
   }
   for (const char* bad : {"99999999", "-1", "lots"}) {
@@ -89,8 +92,8 @@ TEST(RuntimeEnv, SharedHeapSizeNamesItsLimitAndTheFix) {
 
 TEST(RuntimeEnv, TransportAndHostOverrides) {
   ScopedEnv env(Vars{{"DDPRUN_TRANSPORT", "tcp"},
-                 {"DDPRUN_HOST_ID", "hostA"},
-                 {"DDPRUN_SOCKET_ADDR", "10.0.0.7"}});
+                     {"DDPRUN_HOST_ID", "hostA"},
+                     {"DDPRUN_SOCKET_ADDR", "10.0.0.7"}});
   auto o = optionsFromEnv();
   EXPECT_EQ(o.transport, Transport::kTcp);
   EXPECT_EQ(o.hostId, "hostA");
@@ -102,15 +105,24 @@ TEST(RuntimeEnv, TransportAndHostOverrides) {
 // MASTER_PORT=70000 once became port 4464 (70000 mod 65536).
 TEST(RuntimeEnv, LaunchVariablesAreCheckedBeforeConnecting) {
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "70000"}},
+      {{{"WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", "70000"}},
        "MASTER_PORT='70000'"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "-1"}},
+      {{{"WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", "-1"}},
        "MASTER_PORT='-1'"},
       {{{"WORLD_SIZE", "two"}}, "WORLD_SIZE='two'"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "x"}}, "RANK='x'"},
       {{{"WORLD_SIZE", "2"}, {"RANK", ""}}, "RANK is not set"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "2"}}, "RANK=2 is not below WORLD_SIZE=2"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", ""}},
+      {{{"WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", ""}},
        "MASTER_PORT is not set"},
   };
   for (const auto& [vars, needle] : cases) {
