@@ -1,5 +1,8 @@
 #include "ddprun/agent/launch_config.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -346,9 +349,33 @@ void takeStandalonePath(LaunchConfig& c, bool byDefault) {
   c.masterAddr = c.localAddr.empty() ? "localhost" : c.localAddr;
 }
 
-bool isLocalHost(const std::string& host) {
+// An address of one of this machine's interfaces (no name lookup: a name
+// would need DNS, which finalizeConfig does not do).
+bool isInterfaceAddress(const std::string& host) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    const int family = a->ifa_addr->sa_family;
+    const void* raw = nullptr;
+    if (family == AF_INET) raw = &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
+    if (family == AF_INET6)
+      raw = &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr;
+    char text[INET6_ADDRSTRLEN] = {};
+    found = raw != nullptr && ::inet_ntop(family, raw, text, sizeof text) != nullptr &&
+            host == text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// This machine: loopback, its host name (short or qualified) or an address
+// of one of its interfaces.
+bool isThisHost(const std::string& host) {
+  const std::string me = net::hostName();
   return host == "localhost" || str::startsWith(host, "127.") || host == "::1" ||
-         host == net::hostName();
+         host == me || str::startsWith(host, me + ".") || isInterfaceAddress(host);
 }
 
 net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
@@ -360,16 +387,17 @@ net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
 }
 
 // c10d on one node: nothing to agree on, so the local rendezvous serves it
-// (a free port each round); the run id is kept.
+// (a free port each round); the run id is kept. The endpoint must be this
+// host: meeting a rendezvous elsewhere is the elastic rendezvous, not here yet.
 void takeLocalC10dPath(LaunchConfig& c) {
   if (!c.rdzvEndpoint.empty()) {
     auto hp = parseEndpoint(c.rdzvEndpoint, 29400);
-    if (!isLocalHost(hp.host))
-      warn(
-          c,
-          "--rdzv-endpoint " + c.rdzvEndpoint +
-              " is not contacted: with one node the c10d rendezvous runs on this host in "
-              "this version");
+    if (!isThisHost(hp.host))
+      DDPRUN_THROW(
+          InvalidArgument, "--rdzv-endpoint ", c.rdzvEndpoint,
+          ": joining a c10d rendezvous hosted on another machine is not supported "
+          "yet in this version; on one node give an endpoint on this host "
+          "(localhost:0) or --standalone");
   }
   auto ignored = givenOf(c, {"master_addr", "master_port"});
   if (!ignored.empty())

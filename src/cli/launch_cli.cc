@@ -117,10 +117,13 @@ class Tokenizer {
     auto eq = w.find('=');
     std::string name = w.substr(0, eq);
     const FlagInfo& f = findLong(name, w);
+    // Messages name the flag as typed, or in full when abbreviated.
+    bool exact = std::find(f.names.begin(), f.names.end(), name) != f.names.end();
+    const std::string& shown = exact ? name : longName(f);
     if (eq == std::string::npos)
-      take(f, name, std::nullopt);
+      take(f, shown, std::nullopt);
     else
-      take(f, name, w.substr(eq + 1));
+      take(f, shown, w.substr(eq + 1));
   }
 
   // "-m", "-r3", "-r=3", "-r 3", "-mr3" (switches cluster, a value ends it).

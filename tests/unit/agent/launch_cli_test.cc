@@ -275,6 +275,8 @@ TEST(LaunchCli, ValueFlagsAndSwitchesAreNotConfused) {
   auto missing = parse({"--rdzv-id", "--standalone", "t.py"});
   EXPECT_EQ(missing.rc, 2);
   EXPECT_TRUE(contains(missing.err, "--rdzv-id: expected a value")) << missing.err;
+  auto abbreviated = parse({"--rdzv-i", "--standalone", "t.py"});
+  EXPECT_TRUE(contains(abbreviated.err, "--rdzv-id: expected a value")) << abbreviated.err;
   auto explicitArg = parse({"--standalone=1", "t.py"});
   EXPECT_EQ(explicitArg.rc, 2);
   EXPECT_TRUE(contains(explicitArg.err, "--standalone takes no value"))
