@@ -64,12 +64,6 @@ dist.destroy_process_group()
 '''
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def parse_json_lines(text):
     out = []
     for line in text.splitlines():
@@ -83,7 +77,7 @@ def run_ours(n, sizes, shared, transport="auto"):
     rows = []
     env = dict(os.environ, DDPRUN_TRANSPORT=transport)
     for lo, hi, f in sizes:
-        args = [os.path.join(BIN, "ddprun"), "--nproc-per-node=%d" % n, "--master-port=%d" % free_port(),
+        args = [os.path.join(BIN, "ddprun"), "--nproc-per-node=%d" % n,
                 "--no-python", os.path.join(BIN, "allreduce_perf"), "-b", str(lo), "-e", str(hi),
                 "-f", str(f), "-n", "20", "-w", "5", "--shared", "1" if shared else "0", "--json"]
         p = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
@@ -97,7 +91,7 @@ def run_gloo(n, sizes_list):
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(GLOO_SCRIPT)
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=%d" % n,
-            "--master-port=%d" % free_port(), f.name, ",".join(str(s) for s in sizes_list)]
+            f.name, ",".join(str(s) for s in sizes_list)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(args, capture_output=True, text=True, timeout=1800, env=env)
     os.unlink(f.name)

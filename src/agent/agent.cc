@@ -1,10 +1,500 @@
-// Placeholder while the agent is split into its parts (issue 9).
+// <utility> first: Boost 1.74's Asio under C++20 with g++ 12.
+#include <utility>
+
 #include "ddprun/agent/agent.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "ddprun/agent/failure.h"
+#include "ddprun/agent/reporter.h"
+#include "ddprun/agent/worker_group.h"
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/rendezvous/local_rendezvous.h"
+#include "ddprun/rendezvous/static_rendezvous.h"
+
 namespace ddprun::agent {
-class Agent::Impl {};
-Agent::Agent(LaunchConfig, AgentParts) {}
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using rendezvous::RoundEnd;
+using rendezvous::RoundEvent;
+using rendezvous::RoundInfo;
+
+namespace {
+// The rendezvous the configuration asks for: local for one node (a fresh
+// worker store each round, on a free port unless --master-port was given),
+// static for several.
+std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cfg,
+                                                          rendezvous::Rendezvous::Post post) {
+  if (cfg.maxNodes == 1) {
+    rendezvous::LocalOptions o;
+    o.host = cfg.masterAddr;
+    o.port = cfg.masterPort;
+    return rendezvous::makeLocalRendezvous(o, std::move(post));
+  }
+  rendezvous::StaticOptions o;
+  o.masterAddr = cfg.masterAddr;
+  o.masterPort = cfg.masterPort;
+  o.nodeRank = cfg.nodeRank;
+  o.nnodes = cfg.maxNodes;
+  o.runId = cfg.rdzvId;
+  o.timeout = cfg.rdzvTimeout;
+  return rendezvous::makeStaticRendezvous(o, std::move(post));
+}
+
+std::string messageOf(const std::exception& e) {
+  if (const auto* d = dynamic_cast<const Error*>(&e)) return d->message();
+  return e.what();
+}
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+class Agent::Impl {
+  enum class State {
+    kIdle,       // not started
+    kJoining,    // waiting for the rendezvous round
+    kRunning,    // workers of the round run
+    kSucceeded,  // every local worker succeeded; waiting for the round to end
+    kStopping,   // stopping the workers (failure here or elsewhere, or a signal)
+    kDone,
+  };
+  // Why the workers are being stopped; decides what comes after.
+  enum class StopCause { kNone, kOwnFailure, kPeer, kSignal };
+
+ public:
+  Impl(LaunchConfig cfg, AgentParts parts)
+      : cfg_(std::move(cfg)), parts_(std::move(parts)), sigs_(io_) {}
+
+  int run() {
+    if (!prepare()) return exitCode_;
+    parts_.launcher->watchExits(io_, [this](int pid, int status) { onExit(pid, status); });
+    if (parts_.handleSignals)
+      for (int s : cfg_.signalsToHandle) sigs_.add(s);
+    waitSignal();
+    try {
+      auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
+      rdzv_ = parts_.makeRendezvous ? parts_.makeRendezvous(post) : defaultRendezvous(cfg_, post);
+    } catch (const std::exception& e) {
+      DDPRUN_DEBUG("rendezvous setup: ", e.what());
+      DDPRUN_ERROR("rendezvous: ", messageOf(e));
+      finish(kExitSetup);
+      return exitCode_;
+    }
+    rdzv_->setEventHandler([this](RoundEvent ev) { onRoundEvent(ev); });
+    join();
+    io_.run();
+    return exitCode_;
+  }
+
+  void signal(int sig) {
+    asio::post(io_, [this, sig] { onSignal(sig); });
+  }
+
+ private:
+  // ------------------------------------------------------------ setup
+  // nproc, the run directory, the parts. False: exitCode_ says why.
+  bool prepare() {
+    if (!resolveNproc()) return false;
+    for (const auto& w : cfg_.warnings) DDPRUN_WARN(w);
+    Env& env = parts_.environment;
+    if (nproc_ > 1 && !env.count("OMP_NUM_THREADS")) {
+      env["OMP_NUM_THREADS"] = "1";
+      DDPRUN_NOTICE("setting OMP_NUM_THREADS=1 for each of the ", nproc_,
+                    " workers, as torchrun does (set it yourself to choose another value)");
+    }
+    ReporterOptions ro;
+    try {
+      ro.runDir = Reporter::makeRunDir(cfg_.logDir, cfg_.rdzvId);
+    } catch (const std::exception& e) {
+      DDPRUN_DEBUG("log directory: ", e.what());
+      DDPRUN_ERROR(messageOf(e));
+      exitCode_ = kExitSetup;
+      return false;
+    }
+    ro.role = cfg_.role;
+    ro.redirects = cfg_.redirects;
+    ro.tee = cfg_.tee;
+    ro.localRanksFilter = cfg_.localRanksFilter;
+    ro.duplicateStdoutFilters = cfg_.duplicateStdoutFilters;
+    ro.duplicateStderrFilters = cfg_.duplicateStderrFilters;
+    ro.prefixTemplate = cfg_.logLinePrefixTemplate;
+    if (ro.prefixTemplate.empty() && env.count("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+      ro.prefixTemplate = env.at("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    ro.hostname = host_;
+    ro.consoleOut = parts_.consoleOut;
+    ro.consoleErr = parts_.consoleErr;
+    reporter_ = std::make_unique<Reporter>(io_, ro);
+    std::string python = env.count("PYTHON_EXEC") && !env.at("PYTHON_EXEC").empty()
+                             ? env.at("PYTHON_EXEC")
+                             : "python3";
+    group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env, python);
+    return true;
+  }
+
+  bool resolveNproc() {
+    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    switch (cfg_.nprocKind) {
+      case NprocKind::kCount: nproc_ = cfg_.nprocPerNode; break;
+      case NprocKind::kCpu: nproc_ = cpus; break;
+      case NprocKind::kGpu:
+        nproc_ = countCudaDevices();
+        if (nproc_ == 0) {
+          DDPRUN_ERROR("--nproc-per-node=gpu but no CUDA device was found (no driver or no "
+                       "GPU); give a number or 'cpu'");
+          exitCode_ = kExitUsage;
+          return false;
+        }
+        break;
+      case NprocKind::kAuto: {
+        const int gpus = countCudaDevices();
+        nproc_ = gpus > 0 ? gpus : cpus;
+        break;
+      }
+    }
+    return true;
+  }
+
+  // ------------------------------------------------------------ joining
+  void join() {
+    state_ = State::kJoining;
+    joinStarted_ = std::chrono::steady_clock::now();
+    rdzv_->join(nproc_, [this](std::exception_ptr err, RoundInfo info) {
+      onJoined(err, std::move(info));
+    });
+  }
+
+  void onJoined(std::exception_ptr err, RoundInfo info) {
+    if (state_ != State::kJoining) return;  // a signal ended the agent meanwhile
+    if (err) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const CancelledError&) {
+        return;  // we asked for it
+      } catch (const std::exception& e) {
+        DDPRUN_DEBUG("rendezvous: ", e.what());
+        DDPRUN_ERROR("rendezvous failed: ", messageOf(e));
+      }
+      reporter_->event("rendezvous_failed", {}, restartCount_);
+      finish(kExitSetup);
+      return;
+    }
+    round_ = std::move(info);
+    reporter_->event("rendezvous",
+                     {{"round", round_.round}, {"group_rank", round_.groupRank},
+                      {"group_world_size", round_.groupWorldSize},
+                      {"world_size", round_.worldSize}, {"duration_s", secondsSince(joinStarted_)}},
+                     restartCount_);
+    startWorkers();
+  }
+
+  void startWorkers() {
+    const std::string attemptDir =
+        (fs::path(reporter_->runDir()) / ("attempt_" + std::to_string(restartCount_))).string();
+    try {
+      group_->start(round_, nproc_, restartCount_, cfg_.rdzvId, attemptDir);
+    } catch (const std::exception& e) {
+      DDPRUN_DEBUG("starting workers: ", e.what());
+      DDPRUN_ERROR(messageOf(e));
+      rdzv_->reportFailure(round_.round, "node " + std::to_string(round_.groupRank) +
+                                             " could not start its workers", /*closeJob=*/true);
+      finish(kExitSetup);
+      return;
+    }
+    state_ = State::kRunning;
+    for (const auto& w : group_->workers())
+      reporter_->event("start", {{"local_rank", w.localRank}, {"rank", w.globalRank}, {"pid", w.pid}},
+                       restartCount_);
+    const std::string line = startLine(attemptDir);
+    if (!announcedStart_) DDPRUN_NOTICE(line);
+    else DDPRUN_INFO(line);
+    announcedStart_ = true;
+  }
+
+  std::string startLine(const std::string& attemptDir) const {
+    std::string ranks = nproc_ == 1 ? "rank " + std::to_string(round_.baseRank)
+                                    : "ranks " + std::to_string(round_.baseRank) + "-" +
+                                          std::to_string(round_.baseRank + nproc_ - 1);
+    std::string node = round_.groupWorldSize > 1
+                           ? " on node " + std::to_string(round_.groupRank) + " of " +
+                                 std::to_string(round_.groupWorldSize)
+                           : "";
+    return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
+           ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
+           net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
+           (restartCount_ == 0 ? reporter_->runDir() : attemptDir);
+  }
+
+  // ------------------------------------------------------------ running
+  void onExit(int pid, int status) {
+    const WorkerRecord* w = group_ ? group_->onExit(pid, status) : nullptr;
+    if (w == nullptr) return;
+    reporter_->event("exit",
+                     {{"local_rank", w->localRank}, {"rank", w->globalRank}, {"pid", w->pid},
+                      {"exit_code", w->exitCode}, {"duration_s", w->seconds}},
+                     restartCount_);
+    if (w->exitCode != 0) recordFailure(*w);
+    if (state_ != State::kRunning) return;  // stopping: the group says when all are gone
+    if (w->exitCode != 0) {
+      failureWhy_ = "rank " + std::to_string(w->globalRank) + " (local_rank " +
+                    std::to_string(w->localRank) + ", pid " + std::to_string(w->pid) +
+                    ") exited with " + describeExit(w->exitCode);
+      const bool last = restartsLeft() == 0;
+      rdzv_->reportFailure(round_.round, failureWhy_, /*closeJob=*/last);
+      beginStop(SIGTERM, StopCause::kOwnFailure);
+    } else if (group_->running() == 0) {
+      state_ = State::kSucceeded;
+      reporter_->event("succeeded", {}, restartCount_);
+      rdzv_->reportSuccess(round_.round);
+    }
+  }
+
+  void recordFailure(const WorkerRecord& w) {
+    WorkerFailure f;
+    f.globalRank = w.globalRank;
+    f.localRank = w.localRank;
+    f.pid = w.pid;
+    f.exitCode = w.exitCode;
+    f.time = std::time(nullptr);
+    f.victim = w.stoppedByAgent;
+    readErrorFile(w.errorFile, f);
+    f.stderrTail = reporter_->stderrTail(w.localRank);
+    failures_.push_back(std::move(f));
+  }
+
+  void onRoundEvent(const RoundEvent& ev) {
+    if (state_ == State::kDone || ev.round != round_.round) return;  // stale
+    if (state_ == State::kIdle || state_ == State::kJoining) return;
+    if (ev.kind == RoundEnd::kFinished) {
+      if (state_ == State::kSucceeded) finish(kExitSuccess);
+      return;
+    }
+    const bool ours = ev.node == round_.groupRank &&
+                      (ev.kind == RoundEnd::kFailed || ev.kind == RoundEnd::kClosed);
+    if (ours) return;  // we reported it and are already stopping
+    if (ev.kind == RoundEnd::kStoreLost && state_ == State::kSucceeded) {
+      // Our workers are done; the store's host left after the round ended.
+      finish(kExitSuccess);
+      return;
+    }
+    if (state_ == State::kStopping) {
+      if (stopCause_ != StopCause::kSignal) peer_ = ev;  // the round ended elsewhere too
+      return;
+    }
+    peer_ = ev;
+    DDPRUN_WARN(describePeer(ev), "; stopping this node's workers");
+    beginStop(SIGTERM, StopCause::kPeer);
+  }
+
+  std::string describePeer(const RoundEvent& ev) const {
+    switch (ev.kind) {
+      case RoundEnd::kFailed:
+      case RoundEnd::kClosed:
+        return "the job failed on node " + std::to_string(ev.node) +
+               (ev.reason.empty() ? "" : " (" + ev.reason + ")");
+      case RoundEnd::kMembershipChanged:
+        return "the set of nodes changed" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
+      case RoundEnd::kStoreLost:
+        return "the rendezvous store is gone" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
+      case RoundEnd::kFinished: break;
+    }
+    return "the round ended";
+  }
+
+  // ------------------------------------------------------------ stopping
+  void beginStop(int sig, StopCause cause) {
+    // Set before stop(): stop() first collects exits that already happened,
+    // and those must see that we are stopping (no second failure report).
+    state_ = State::kStopping;
+    if (stopCause_ != StopCause::kSignal) stopCause_ = cause;
+    group_->stop(sig, [this] { afterStopped(); });
+  }
+
+  int restartsLeft() const { return cfg_.maxRestarts - restartCount_; }
+
+  void afterStopped() {
+    if (state_ != State::kStopping) return;
+    if (stopCause_ == StopCause::kSignal) {
+      finish(128 + signal_);
+      return;
+    }
+    const bool membership = stopCause_ == StopCause::kPeer && peer_ &&
+                            peer_->kind == RoundEnd::kMembershipChanged;
+    // The job is over when another node closed it (or its store is gone),
+    // or when our own failure used up the budget.
+    const bool closed =
+        (peer_ && (peer_->kind == RoundEnd::kClosed || peer_->kind == RoundEnd::kStoreLost)) ||
+        (stopCause_ == StopCause::kOwnFailure && restartsLeft() == 0);
+    if (membership || (!closed && restartsLeft() > 0)) {
+      restart(membership);
+      return;
+    }
+    report();
+    finish(kExitWorkersFailed);
+  }
+
+  // Next round: a failure costs one restart; a membership change costs none.
+  void restart(bool membership) {
+    std::string why = stopCause_ == StopCause::kOwnFailure ? failureWhy_
+                      : peer_                              ? describePeer(*peer_)
+                                                           : "";
+    if (!membership) {
+      ++restartCount_;
+      DDPRUN_WARN("worker group failed (", why, "); restart ", restartCount_, " of ",
+                  cfg_.maxRestarts);
+    } else {
+      DDPRUN_WARN(why, "; restarting the workers (not counted as a restart)");
+    }
+    reporter_->event("restart",
+                     {{"restart_count", restartCount_}, {"restarts_left", restartsLeft()},
+                      {"counted", !membership}, {"reason", why}},
+                     restartCount_);
+    clearAttempt();
+    join();
+  }
+
+  // Releases everything the finished attempt held (a crash storm must not
+  // grow memory).
+  void clearAttempt() {
+    group_->clear();
+    reporter_->endAttempt();
+    failures_.clear();
+    failures_.shrink_to_fit();
+    peer_.reset();
+    failureWhy_.clear();
+    stopCause_ = StopCause::kNone;
+  }
+
+  // The final report. A local failure that was not caused by us is the root
+  // cause; when every local worker was only stopped because another node
+  // failed, that node is named instead of a local victim.
+  void report() {
+    const bool ownCulprit = std::any_of(failures_.begin(), failures_.end(),
+                                        [](const WorkerFailure& f) { return !f.victim; });
+    std::string text;
+    if (!ownCulprit && peer_) {
+      text = "ddprun: " + describePeer(*peer_) +
+             "; this node's workers were stopped (see that node's report for the root cause)\n";
+    } else if (!failures_.empty()) {
+      text = formatFailureSummary(cfg_.script, host_, failures_);
+    }
+    if (!text.empty()) reporter_->failureReport(text);
+    auto own = parts_.environment.find("TORCHELASTIC_ERROR_FILE");
+    if (ownCulprit && own != parts_.environment.end() && !own->second.empty())
+      copyRootErrorFile(failures_, own->second);
+    reporter_->event("failed", {{"reason", ownCulprit ? failureWhy_
+                                           : peer_    ? describePeer(*peer_)
+                                                      : std::string()}},
+                     restartCount_);
+  }
+
+  // ------------------------------------------------------------ signals
+  void waitSignal() {
+    if (!parts_.handleSignals) return;
+    sigs_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      onSignal(sig);
+      if (state_ != State::kDone) waitSignal();
+    });
+  }
+
+  void onSignal(int sig) {
+    if (state_ == State::kDone) return;
+    signal_ = sig;
+    if (reporter_) reporter_->event("signal", {{"signal", signalName(sig)}}, restartCount_);
+    switch (state_) {
+      case State::kIdle:
+      case State::kJoining:
+        DDPRUN_WARN("received ", signalName(sig), " while joining the rendezvous; exiting");
+        if (rdzv_) rdzv_->cancel();
+        finish(128 + sig);
+        return;
+      case State::kRunning:
+      case State::kSucceeded:
+        DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
+        rdzv_->reportFailure(round_.round,
+                             "node " + std::to_string(round_.groupRank) + " received " +
+                                 signalName(sig),
+                             /*closeJob=*/true);
+        if (state_ == State::kSucceeded) {
+          finish(128 + sig);
+          return;
+        }
+        beginStop(sig, StopCause::kSignal);
+        return;
+      case State::kStopping:
+        DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
+        stopCause_ = StopCause::kSignal;
+        group_->stop(sig, [this] { afterStopped(); });
+        return;
+      case State::kDone: return;
+    }
+  }
+
+  // ------------------------------------------------------------ the end
+  void finish(int code) {
+    if (state_ == State::kDone) return;
+    state_ = State::kDone;
+    exitCode_ = code;
+    if (code == kExitSuccess && cfg_.printCompletion) DDPRUN_NOTICE("job completed successfully");
+    if (rdzv_) rdzv_->shutdown();
+    if (group_ && group_->running() > 0) {
+      // Only on paths that never started a stop (setup errors): nothing may
+      // outlive the agent.
+      parts_.launcher->pollExits();
+      for (const auto& w : group_->workers())
+        if (w.running) parts_.launcher->signalGroup(w.pid, SIGKILL);
+    }
+    if (reporter_) {
+      reporter_->flushAll();
+      reporter_->event("end", {{"exit_code", code}}, restartCount_);
+    }
+    parts_.launcher->stopWatching();
+    boost::system::error_code ec;
+    sigs_.cancel(ec);
+    io_.stop();
+  }
+
+  LaunchConfig cfg_;
+  asio::io_context io_;
+  // After io_: the launcher's exit watch is an I/O object of io_ and must be
+  // destroyed before it.
+  AgentParts parts_;
+  asio::signal_set sigs_;
+  std::unique_ptr<Reporter> reporter_;
+  std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<rendezvous::Rendezvous> rdzv_;
+  std::string host_ = net::hostName();
+  int nproc_ = 1;
+  State state_ = State::kIdle;
+  StopCause stopCause_ = StopCause::kNone;
+  RoundInfo round_;
+  std::optional<RoundEvent> peer_;  // how the round ended elsewhere
+  std::string failureWhy_;         // our own first failure of the attempt
+  std::vector<WorkerFailure> failures_;
+  std::chrono::steady_clock::time_point joinStarted_;
+  int restartCount_ = 0;
+  int signal_ = 0;
+  int exitCode_ = 0;
+  bool announcedStart_ = false;
+};
+
+Agent::Agent(LaunchConfig cfg, AgentParts parts)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(parts))) {}
 Agent::~Agent() = default;
-int Agent::run() { return kExitSetup; }
-void Agent::signal(int) {}
+int Agent::run() { return impl_->run(); }
+void Agent::signal(int sig) { impl_->signal(sig); }
+
 }  // namespace ddprun::agent

@@ -1,46 +1,38 @@
 #include "ddprun/agent/launch_config.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
 
-#include <charconv>
-#include <cstring>
-#include <sstream>
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
 
 namespace ddprun::agent {
 
 namespace {
-bool parseInt(const std::string& text, int& out) {
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return !text.empty() && ec == std::errc() && ptr == text.data() + text.size();
-}
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
-  if (!text.empty() && text.back() == sep) out.emplace_back();
-  return out;
-}
-
-std::string trim(const std::string& s) {
-  auto b = s.find_first_not_of(" \t");
-  auto e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
+using str::parseInt;
+using str::split;
+using str::trim;
 
 struct SignalEntry {
   const char* name;
   int number;
 };
 constexpr SignalEntry kSignals[] = {
-    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGABRT", SIGABRT},
-    {"SIGKILL", SIGKILL}, {"SIGSEGV", SIGSEGV}, {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM},
-    {"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGCONT", SIGCONT},
-    {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGBUS", SIGBUS},   {"SIGFPE", SIGFPE},
-    {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
-    {"SIGCHLD", SIGCHLD}, {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS}};
+    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+    {"SIGABRT", SIGABRT}, {"SIGKILL", SIGKILL}, {"SIGSEGV", SIGSEGV},
+    {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM},
+    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGCONT", SIGCONT},
+    {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGBUS", SIGBUS},
+    {"SIGFPE", SIGFPE},   {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP},
+    {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ}, {"SIGCHLD", SIGCHLD},
+    {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS}};
 }  // namespace
 
 Std StdSpec::forRank(int localRank) const {
@@ -65,10 +57,14 @@ void parseNnodes(const std::string& text, int& minNodes, int& maxNodes) {
 }
 
 void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count) {
-  if (text == "cpu") kind = NprocKind::kCpu;
-  else if (text == "gpu") kind = NprocKind::kGpu;
-  else if (text == "auto") kind = NprocKind::kAuto;
-  else if (parseInt(text, count) && count > 0) kind = NprocKind::kCount;
+  if (text == "cpu")
+    kind = NprocKind::kCpu;
+  else if (text == "gpu")
+    kind = NprocKind::kGpu;
+  else if (text == "auto")
+    kind = NprocKind::kAuto;
+  else if (parseInt(text, count) && count > 0)
+    kind = NprocKind::kCount;
   else
     DDPRUN_THROW(InvalidArgument, "--nproc-per-node: invalid value '", text,
                  "': expected a positive integer, 'cpu', 'gpu' or 'auto'");
@@ -80,16 +76,18 @@ StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
       "per-local-rank map such as 0:1,1:3";
   StdSpec spec;
   int v = 0;
+  if (text.empty()) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
   if (parseInt(text, v)) {
-    if (v < 0 || v > 3) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
+    if (v < 0 || v > 3)
+      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
     spec.all = static_cast<Std>(v);
     return spec;
   }
   for (const auto& item : split(text, ',')) {
     auto colon = item.find(':');
     int rank = 0, value = 0;
-    if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) || rank < 0 ||
-        !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
+    if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) ||
+        rank < 0 || !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
       DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
     spec.perRank[rank] = static_cast<Std>(value);
   }
@@ -127,9 +125,14 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& text) {
 
 std::vector<int> parseSignals(const std::string& text) {
   std::vector<int> out;
+  if (trim(text).empty())
+    DDPRUN_THROW(
+        InvalidArgument,
+        "--signals-to-handle: empty: expected comma-separated signal names such as "
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   for (const auto& raw : split(text, ',')) {
     std::string name = trim(raw);
-    if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+    if (!str::startsWith(name, "SIG")) name.insert(0, "SIG");
     int found = 0;
     for (const auto& s : kSignals)
       if (name == s.name) found = s.number;
@@ -165,6 +168,322 @@ std::string signalName(int sig) {
   for (const auto& s : kSignals)
     if (s.number == sig) return s.name;
   return "SIG" + std::to_string(sig);
+}
+
+std::optional<bool> parseConfBool(const std::string& text) {
+  std::string t = trim(text);
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char ch) { return std::tolower(ch); });
+  if (t == "1" || t == "true" || t == "t" || t == "yes" || t == "y") return true;
+  if (t == "0" || t == "false" || t == "f" || t == "no" || t == "n") return false;
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------ finalizeConfig
+namespace {
+
+constexpr int64_t kMaxTimeoutSeconds =
+    365LL * 24 * 3600;  // beyond: a typo, and ms overflow
+
+bool given(const LaunchConfig& c, const char* dest) {
+  return c.explicitFlags.count(dest) > 0;
+}
+
+void warn(LaunchConfig& c, std::string message) {
+  c.warnings.push_back(std::move(message));
+}
+
+void checkProgram(const LaunchConfig& c) {
+  if (c.script.empty())
+    DDPRUN_THROW(
+        InvalidArgument,
+        "missing training script: usage is ddprun [flags] SCRIPT [args...], e.g. "
+        "ddprun --nproc-per-node=2 train.py --epochs 3");
+  // torchrun checks this only when it execs a program: --run-path wins over both.
+  if (c.module && c.noPython && !c.runPath)
+    DDPRUN_THROW(InvalidArgument,
+                 "-m/--module and --no-python cannot be used together: --no-python runs "
+                 "the program directly, -m runs a Python module");
+}
+
+// --standalone replaces the backend, so a bad --rdzv-backend is ignored with
+// it, as in torchrun.
+void checkBackend(const LaunchConfig& c) {
+  if (c.standalone || c.rdzvBackend == "static" || c.rdzvBackend == "c10d") return;
+  if (c.rdzvBackend == "etcd" || c.rdzvBackend == "etcd-v2")
+    DDPRUN_THROW(InvalidArgument, "--rdzv-backend: '", c.rdzvBackend,
+                 "' is not supported: ddprun has no etcd client; use static (--nnodes N "
+                 "--node-rank R --master-addr A --master-port P) or --standalone");
+  DDPRUN_THROW(InvalidArgument, "--rdzv-backend: unknown backend '",
+               str::escape(c.rdzvBackend), "': expected static or c10d");
+}
+
+void checkNodes(const LaunchConfig& c) {
+  if (c.minNodes != c.maxNodes)
+    DDPRUN_THROW(
+        InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
+        ": an elastic range needs the c10d rendezvous across nodes, which is not "
+        "supported yet in this version; give a fixed --nnodes N");
+  if (c.standalone && c.maxNodes > 1)
+    DDPRUN_THROW(
+        InvalidArgument, "--standalone runs one node, but --nnodes is ", c.maxNodes,
+        ": drop --standalone and give --node-rank, --master-addr and --master-port "
+        "(static rendezvous)");
+  if (!c.standalone && c.rdzvBackend == "c10d" && c.maxNodes > 1)
+    DDPRUN_THROW(InvalidArgument,
+                 "--rdzv-backend=c10d on several nodes (the elastic rendezvous) is not "
+                 "supported yet in this version; use the static rendezvous (--nnodes N "
+                 "--node-rank R --master-addr A --master-port P)");
+}
+
+// ------------------------------------------------------------ --rdzv-conf
+std::chrono::milliseconds confSeconds(const std::string& key, const std::string& value) {
+  double s = 0;
+  if (!str::parseDouble(value, s) || !(s > 0) || s > kMaxTimeoutSeconds)
+    DDPRUN_THROW(InvalidArgument, "--rdzv-conf ", key, "='", str::escape(value),
+                 "': expected a number of seconds > 0 (at most ", kMaxTimeoutSeconds,
+                 "), e.g. ", key, "=60");
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(s * 1000.0)));
+}
+
+bool confBool(const std::string& key, const std::string& value) {
+  auto b = parseConfBool(value);
+  if (!b)
+    DDPRUN_THROW(InvalidArgument, "--rdzv-conf ", key, "='", str::escape(value),
+                 "': expected a boolean: 1, true, t, yes, y or 0, false, f, no, n");
+  return *b;
+}
+
+// One c10d key into `out`; false when `key` is not a c10d key.
+bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings& out) {
+  using Ms = std::chrono::milliseconds;
+  const std::pair<const char*, Ms*> timeouts[] = {
+      {"join_timeout", &out.joinTimeout},
+      {"last_call_timeout", &out.lastCallTimeout},
+      {"close_timeout", &out.closeTimeout},
+      {"read_timeout", &out.readTimeout},
+      {"heartbeat_timeout", &out.heartbeatTimeout},
+      {"keep_alive_interval", &out.keepAliveInterval}};
+  for (const auto& [name, field] : timeouts)
+    if (key == name) {
+      *field = confSeconds(key, value);
+      return true;
+    }
+  if (key == "keep_alive_max_attempt") {
+    if (!parseInt(value, out.keepAliveMaxAttempt, 1, 1'000'000))
+      DDPRUN_THROW(InvalidArgument, "--rdzv-conf keep_alive_max_attempt='",
+                   str::escape(value),
+                   "': expected an integer > 0, e.g. keep_alive_max_attempt=3");
+  } else if (key == "is_host") {
+    out.isHost = confBool(key, value);
+  } else if (key == "use_libuv") {
+    out.useLibuv = confBool(key, value);
+  } else if (key == "store_type") {
+    if (value != "tcp" && value != "file")
+      DDPRUN_THROW(InvalidArgument, "--rdzv-conf store_type='", str::escape(value),
+                   "': expected tcp or file");
+    out.storeType = value;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Every known key is validated whatever the backend (a bad value is a
+// mistake either way); unknown keys are ignored, as torchrun does, with one
+// warning so that a misspelt key does not go unnoticed.
+void parseRdzvSettings(LaunchConfig& c) {
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : c.rdzvConf) {
+    if (key == "timeout") {
+      int64_t s = 0;
+      if (!parseInt(value, s, 1, kMaxTimeoutSeconds))
+        DDPRUN_THROW(InvalidArgument, "--rdzv-conf timeout='", str::escape(value),
+                     "': expected a whole number of seconds > 0, e.g. timeout=900");
+      c.rdzvTimeout = std::chrono::seconds(s);
+    } else if (key != "rank" && !parseC10dKey(key, value, c.c10d)) {
+      unknown.push_back(key);  // "rank" is set from --node-rank, as in torchrun
+    }
+  }
+  if (!unknown.empty())
+    warn(c,
+         "--rdzv-conf: unknown key(s) " + str::join(unknown, ", ") +
+             " ignored (known: timeout, join_timeout, last_call_timeout, close_timeout, "
+             "read_timeout, heartbeat_timeout, keep_alive_interval, "
+             "keep_alive_max_attempt, is_host, store_type, use_libuv)");
+}
+
+// ------------------------------------------------------------ the three paths
+// The flags among `dests` that were given, as "--dashed-names".
+std::vector<std::string> givenOf(const LaunchConfig& c,
+                                 std::initializer_list<const char*> dests) {
+  std::vector<std::string> out;
+  for (const char* d : dests)
+    if (given(c, d)) out.push_back("--" + str::replaceAll(d, "_", "-"));
+  return out;
+}
+
+// torchrun's standalone path (--standalone, or its one-node default): c10d
+// on localhost:0, a fresh uuid as run id; the given rendezvous values are
+// ignored. MASTER_ADDR is --local-addr when given, as in torchrun. Unlike
+// torchrun, the one-node default keeps an explicit --rdzv-id: it only names
+// the job (TORCHELASTIC_RUN_ID, the log directory), and the user asked for it.
+void takeStandalonePath(LaunchConfig& c, bool byDefault) {
+  auto ignored = byDefault ? givenOf(c, {"master_addr"})
+                           : givenOf(c, {"rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                                         "master_addr", "master_port"});
+  if (!ignored.empty() && byDefault)
+    warn(c,
+         "--master-addr ignored: on one node without --master-port ddprun takes a free "
+         "local port, as torchrun 2.x does; give --master-port P for a fixed address and "
+         "port (static rendezvous)");
+  else if (!ignored.empty())
+    warn(c, str::join(ignored, " and ") +
+                " ignored with --standalone (as in torchrun): it takes a free local port "
+                "and a fresh run id");
+  if (!(byDefault && given(c, "rdzv_id"))) c.rdzvId = str::uuid4();
+  c.standaloneByDefault = byDefault;
+  c.rdzvBackend = "c10d";
+  c.rdzvEndpoint = "localhost:0";
+  c.masterPort = 0;
+  c.masterAddr = c.localAddr.empty() ? "localhost" : c.localAddr;
+}
+
+// An address of one of this machine's interfaces (no name lookup: a name
+// would need DNS, which finalizeConfig does not do).
+bool isInterfaceAddress(const std::string& host) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    const int family = a->ifa_addr->sa_family;
+    const void* raw = nullptr;
+    if (family == AF_INET) raw = &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
+    if (family == AF_INET6)
+      raw = &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr;
+    char text[INET6_ADDRSTRLEN] = {};
+    found = raw != nullptr && ::inet_ntop(family, raw, text, sizeof text) != nullptr &&
+            host == text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// This machine: loopback, its host name (short or qualified) or an address
+// of one of its interfaces.
+bool isThisHost(const std::string& host) {
+  const std::string me = net::hostName();
+  return host == "localhost" || str::startsWith(host, "127.") || host == "::1" ||
+         host == me || str::startsWith(host, me + ".") || isInterfaceAddress(host);
+}
+
+net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
+  try {
+    return net::parseHostPort(text, defaultPort);
+  } catch (const InvalidArgument& e) {
+    DDPRUN_THROW(InvalidArgument, "--rdzv-endpoint: ", e.message());
+  }
+}
+
+// c10d on one node: nothing to agree on, so the local rendezvous serves it
+// (a free port each round); the run id is kept. The endpoint must be this
+// host: meeting a rendezvous elsewhere is the elastic rendezvous, not here yet.
+void takeLocalC10dPath(LaunchConfig& c) {
+  if (!c.rdzvEndpoint.empty()) {
+    auto hp = parseEndpoint(c.rdzvEndpoint, 29400);
+    if (!isThisHost(hp.host))
+      DDPRUN_THROW(
+          InvalidArgument, "--rdzv-endpoint ", c.rdzvEndpoint,
+          ": joining a c10d rendezvous hosted on another machine is not supported "
+          "yet in this version; on one node give an endpoint on this host "
+          "(localhost:0) or --standalone");
+  }
+  auto ignored = givenOf(c, {"master_addr", "master_port"});
+  if (!ignored.empty())
+    warn(c, str::join(ignored, " and ") +
+                " ignored: they are only used by the static rendezvous (as in torchrun)");
+  c.masterPort = 0;
+  c.masterAddr = c.localAddr.empty() ? "localhost" : c.localAddr;
+}
+
+bool hasPort(const std::string& endpoint) {
+  if (!endpoint.empty() && endpoint.front() == '[')
+    return endpoint.find("]:") != std::string::npos;
+  return std::count(endpoint.begin(), endpoint.end(), ':') == 1;
+}
+
+// The static rendezvous: --rdzv-endpoint, when given, is the master address
+// and port (torchrun does that).
+void takeStaticPath(LaunchConfig& c) {
+  if (!c.rdzvEndpoint.empty()) {
+    auto hp = parseEndpoint(c.rdzvEndpoint, 0);
+    if (!hasPort(c.rdzvEndpoint))
+      DDPRUN_THROW(InvalidArgument, "--rdzv-endpoint '", c.rdzvEndpoint,
+                   "': the static rendezvous needs a port: give HOST:PORT");
+    auto ignored = givenOf(c, {"master_addr", "master_port"});
+    if (!ignored.empty())
+      warn(c, str::join(ignored, " and ") +
+                  " ignored: --rdzv-endpoint gives node 0's address and port (as in "
+                  "torchrun)");
+    c.masterAddr = hp.host;
+    c.masterPort = hp.port;
+  }
+  if (c.masterAddr.empty())
+    DDPRUN_THROW(InvalidArgument,
+                 "--master-addr: empty: give node 0's host name or address");
+  if (c.nodeRank >= c.maxNodes)
+    DDPRUN_THROW(InvalidArgument, "--node-rank ", c.nodeRank,
+                 " is out of range for --nnodes ", c.maxNodes, " (0..", c.maxNodes - 1,
+                 ")");
+  if (c.maxNodes > 1 && c.masterPort == 0)
+    DDPRUN_THROW(InvalidArgument,
+                 "--master-port 0 (a free port) works on one node only: the other nodes "
+                 "must know node 0's port; give a port number");
+  if (!c.localAddr.empty())
+    warn(c,
+         "--local-addr has no effect with the static rendezvous (as in torchrun): "
+         "workers reach node 0 at --master-addr");
+}
+
+// Flags accepted for compatibility that this version cannot honour.
+void warnUnhonoured(LaunchConfig& c) {
+  const std::string& h = c.eventLogHandler;
+  if (h == "console")
+    warn(c,
+         "--event-log-handler=console is not supported: events go to events.jsonl in the "
+         "log directory");
+  else if (h != "null" && h != "dynamic_rendezvous")
+    DDPRUN_THROW(InvalidArgument, "--event-log-handler: unknown handler '",
+                 str::escape(h), "': expected null, console or dynamic_rendezvous");
+  if (!c.logsSpecs.empty())
+    warn(c, "--logs-specs=" + c.logsSpecs +
+                " is not supported: ddprun cannot load Python entry points; logs use the "
+                "default layout");
+  if (!c.numaBinding.empty())
+    warn(c, "--numa-binding=" + c.numaBinding +
+                " is not supported yet: workers are not bound to NUMA nodes");
+}
+
+}  // namespace
+
+void finalizeConfig(LaunchConfig& c) {
+  checkProgram(c);
+  checkBackend(c);
+  checkNodes(c);
+  parseRdzvSettings(c);
+  // torchrun 2.x's one-node default (PR #175699): the fixed port 29500 only
+  // when asked for, so two jobs on one host never collide.
+  const bool oneNodeDefault = !c.standalone && c.rdzvBackend == "static" &&
+                              c.rdzvEndpoint.empty() && !given(c, "master_port") &&
+                              c.maxNodes == 1;
+  if (c.standalone || oneNodeDefault)
+    takeStandalonePath(c, !c.standalone);
+  else if (c.rdzvBackend == "c10d")
+    takeLocalC10dPath(c);
+  else
+    takeStaticPath(c);
+  warnUnhonoured(c);
 }
 
 }  // namespace ddprun::agent

@@ -4,11 +4,10 @@
 #include "ddprun/agent/launcher.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <unistd.h>
-
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
 #include <boost/process.hpp>
@@ -17,31 +16,111 @@
 #include <cstring>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
+#include "keeper.h"
 
 namespace bp = boost::process;
 
 namespace ddprun::agent {
 
 namespace {
-// Runs in the child between fork and exec: own process group, die with the
-// parent, and the requested stdout/stderr.
-struct WorkerSetup : bp::extend::handler {
-  pid_t parent;
-  int out, err;
-  char** envp;  // prepared before fork: nothing is allocated in the child
+// Everything the child needs, prepared before fork: nothing is allocated
+// between fork and exec.
+struct Prepared {
+  std::string exe;
+  std::vector<std::string> argStrings, envStrings;
+  std::vector<char*> argv, envp;
+};
+
+// Runs in the child between fork and exec: the child becomes the keeper
+// (which never returns) and its child, the worker, returns to be exec'ed as
+// `exe` with our argv (argv[0] as given) and environment.
+struct KeeperSetup : bp::extend::handler {
+  keeper::Plan plan;
+  Prepared* prepared;
+  pid_t* failedPid;  // the keeper's pid when Boost reports an error
   template <class Executor>
   void on_exec_setup(Executor& exec) const {
-    exec.env = envp;
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the agent died before prctl
-    if (out >= 0) dup2(out, STDOUT_FILENO);
-    if (err >= 0) dup2(err, STDERR_FILENO);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks some signals
+    keeper::becomeKeeper(plan);
+    exec.exe = prepared->exe.c_str();
+    exec.cmd_line = prepared->argv.data();
+    exec.env = prepared->envp.data();
+  }
+  template <class Executor>
+  void on_error(Executor& exec, const std::error_code&) const {
+    *failedPid = exec.pid;
   }
 };
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+std::string withHint(std::string msg, const std::string& hint) {
+  return hint.empty() ? msg : msg + "; " + hint;
+}
+
+// The file to execute: a name with '/' as is, a bare name looked up on the
+// worker's PATH (as execvp would, but before fork, and with a message).
+std::string findExecutable(const ProcessSpec& spec) {
+  const std::string& name = spec.exe.empty() ? spec.argv[0] : spec.exe;
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return name;
+    int err = errno;
+    if (err == ENOENT)
+      DDPRUN_THROW(IoError, withHint("cannot start worker: '" + name + "' does not exist",
+                                     spec.notFoundHint));
+    DDPRUN_THROW(IoError, "cannot start worker: '", name, "' cannot be executed (",
+                 std::strerror(err), ")", err == EACCES ? "; make it executable (chmod +x)" : "");
+  }
+  auto it = spec.env.find("PATH");
+  const std::string path = it != spec.env.end() ? it->second : "/usr/bin:/bin";
+  for (const auto& dir : str::split(path, ':')) {
+    if (dir.empty()) continue;
+    std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  DDPRUN_THROW(IoError, withHint("cannot start worker: '" + name + "' not found on PATH (" +
+                                     (path.empty() ? "empty" : path) + ")",
+                                 spec.notFoundHint));
+}
+
+Prepared prepare(const ProcessSpec& spec) {
+  Prepared p;
+  p.exe = findExecutable(spec);
+  p.argStrings = spec.argv;
+  for (const auto& [k, v] : spec.env) p.envStrings.push_back(k + "=" + v);
+  p.argv = pointers(p.argStrings);
+  p.envp = pointers(p.envStrings);
+  return p;
+}
+
+// Reads the worker's pid that the keeper writes right after forking it;
+// -1 when the keeper exited without one.
+pid_t readWorkerPid(int fd) {
+  pid_t pid = -1;
+  size_t got = 0;
+  auto* out = reinterpret_cast<char*>(&pid);
+  while (got < sizeof pid) {
+    ssize_t n = ::read(fd, out + got, sizeof pid - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += static_cast<size_t>(n);
+  }
+  return pid;
+}
+
+// A keeper whose worker never ran: make sure it is gone, and reap it.
+void discardKeeper(pid_t keeper) {
+  if (keeper <= 0) return;
+  ::kill(keeper, SIGKILL);
+  int status = 0;
+  while (::waitpid(keeper, &status, 0) < 0 && errno == EINTR) {
+  }
+}
 }  // namespace
 
 struct PosixLauncher::Watch {
@@ -70,7 +149,16 @@ void PosixLauncher::arm() {
 void PosixLauncher::pollExits() {
   if (!watch_) return;
   int status = 0;
-  for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) watch_->onExit(pid, status);
+  for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) {
+    // A keeper exits with its worker's status, after the worker's
+    // descendants are gone: report it under the worker's pid.
+    auto it = workerOfKeeper_.find(pid);
+    if (it != workerOfKeeper_.end()) {
+      pid = it->second;
+      workerOfKeeper_.erase(it);
+    }
+    watch_->onExit(pid, status);
+  }
 }
 
 void PosixLauncher::stopWatching() {
@@ -81,47 +169,52 @@ void PosixLauncher::stopWatching() {
 
 int PosixLauncher::start(const ProcessSpec& spec) {
   DDPRUN_CHECK(!spec.argv.empty(), "empty worker command");
-  // The environment is handed to execve as a prepared array (Boost 1.74's
-  // bp::environment reads past string ends when looking keys up).
-  std::vector<std::string> envStrings;
-  std::vector<char*> envp;
-  for (const auto& [k, v] : spec.env) envStrings.push_back(k + "=" + v);
-  for (auto& e : envStrings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::string exe = spec.argv[0];
-  if (exe.find('/') == std::string::npos) {
-    auto path = spec.env.count("PATH") ? spec.env.at("PATH") : std::string("/usr/bin:/bin");
-    auto found = bp::search_path(exe, [&] {
-      std::vector<boost::filesystem::path> dirs;
-      size_t start = 0;
-      for (size_t i = 0; i <= path.size(); ++i)
-        if (i == path.size() || path[i] == ':') {
-          if (i > start) dirs.emplace_back(path.substr(start, i - start));
-          start = i + 1;
-        }
-      return dirs;
-    }());
-    if (found.empty())
-      DDPRUN_THROW(IoError, "cannot start worker: '", exe,
-                   "' not found on PATH (set PYTHON_EXEC or use a full path)");
-    exe = found.string();
-  }
-  std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
+  Prepared prepared = prepare(spec);
+  int pidPipe[2];
+  if (::pipe2(pidPipe, O_CLOEXEC) != 0)
+    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "': pipe: ", std::strerror(errno));
+  pid_t failedPid = -1;
+  KeeperSetup setup;
+  setup.plan.agent = ::getpid();
+  setup.plan.pidPipe = pidPipe[1];
+  setup.plan.stdoutFd = spec.stdoutFd;
+  setup.plan.stderrFd = spec.stderrFd;
+  setup.plan.graceMs = static_cast<long>(spec.descendantGrace.count());
+  setup.prepared = &prepared;
+  setup.failedPid = &failedPid;
   std::error_code ec;
-  WorkerSetup setup;
-  setup.parent = getpid();
-  setup.out = spec.stdoutFd;
-  setup.err = spec.stderrFd;
-  setup.envp = envp.data();
-  bp::child child(bp::exe = exe, bp::args = args, setup, ec);
-  if (ec)
-    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "': ", ec.message());
-  int pid = child.id();
+  // Boost reports an exec failure of the worker (which holds its error pipe
+  // until exec) and returns once the worker has exec'ed.
+  bp::child child(bp::exe = prepared.exe,
+                  bp::args = std::vector<std::string>(spec.argv.begin() + 1, spec.argv.end()),
+                  setup, ec);
+  ::close(pidPipe[1]);
+  if (ec) {
+    ::close(pidPipe[0]);
+    discardKeeper(failedPid);
+    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "' (", prepared.exe,
+                 "): ", ec.message());
+  }
+  const pid_t keeperPid = child.id();
   child.detach();  // the agent reaps it through SIGCHLD
-  return pid;
+  const pid_t worker = readWorkerPid(pidPipe[0]);
+  ::close(pidPipe[0]);
+  if (worker <= 0) {
+    discardKeeper(keeperPid);
+    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0],
+                 "': its keeper process could not fork it (out of processes or memory?)");
+  }
+  workerOfKeeper_[keeperPid] = worker;
+  return worker;
 }
 
 void PosixLauncher::signalGroup(int pid, int sig) {
+  // Only workers whose keeper still runs: a pid reported as exited may have
+  // been reused by now.
+  bool live = false;
+  for (const auto& [keeperPid, worker] : workerOfKeeper_) live = live || worker == pid;
+  if (!live) return;
+  // The worker leads its group, unless it moved itself elsewhere.
   if (::kill(-pid, sig) != 0 && errno == ESRCH) ::kill(pid, sig);
 }
 

@@ -1,10 +1,11 @@
 #include "ddprun/cli/launch_cli.h"
 
-#include <CLI/CLI.hpp>
+#include <signal.h>
+
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/worker_spec.h"
@@ -12,181 +13,363 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
 #include "ddprun/version.h"
 
 namespace ddprun::cli {
 
 EnvLookup processEnv() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
+  return [](const std::string& name) { return env::get(name); };
 }
 
 namespace {
 
-// "nproc_per_node" -> "--nproc-per-node,--nproc_per_node"
-std::string spellings(const std::string& dest) {
-  std::string dashed = dest;
-  std::replace(dashed.begin(), dashed.end(), '_', '-');
-  return dashed == dest ? "--" + dest : "--" + dashed + ",--" + dest;
+// ------------------------------------------------------------ words -> values
+// What the command line said: the last value of each flag given ("" for a
+// switch), then the script and its arguments, verbatim.
+struct CommandLine {
+  std::map<std::string, std::string> values;  // dest -> value
+  std::string immediate;  // help, version or print_completion: act on it and stop
+  std::string script;
+  std::vector<std::string> scriptArgs;
+};
+
+// argparse's rule: "-5" and "-.5" are values (negative numbers), not flags;
+// so is "-" alone.
+bool looksLikeFlag(const std::string& w) {
+  if (w.size() < 2 || w[0] != '-') return false;
+  std::string rest = w.substr(1);
+  if (rest.find_first_not_of("0123456789.") != std::string::npos) return true;
+  return std::count(rest.begin(), rest.end(), '.') > 1 || rest == ".";
 }
 
-std::string petName(const std::string& dest) {
-  std::string up = dest;
-  std::transform(up.begin(), up.end(), up.begin(), ::toupper);
-  return "PET_" + up;
+// "--module" for -m/--module: the spelling messages use.
+const std::string& longName(const FlagInfo& f) {
+  for (const auto& n : f.names)
+    if (str::startsWith(n, "--")) return n;
+  return f.names.front();
 }
 
-// String-valued options are parsed as text and validated afterwards, so that
-// PET_* values and flags share one validator with one message each.
-struct Raw {
-  std::string nnodes = "1:1", nprocPerNode = "1", rdzvConf, maxRestarts = "0",
-              monitorInterval = "0.1", redirects = "0", tee = "0", localRanksFilter,
-              dupOut, dupErr, nodeRank = "0", masterPort = "29500",
-              signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", shutdownTimeout;
+[[noreturn]] void unknownFlag(const std::string& word) {
+  DDPRUN_THROW(InvalidArgument, "unknown flag '", str::escape(word),
+               "'; run 'ddprun --help' for the list of flags");
+}
+
+// An exact spelling, else a unique prefix of a long flag (argparse's
+// allow_abbrev; the spellings of one flag count once).
+const FlagInfo& findLong(const std::string& name, const std::string& word) {
+  std::vector<const FlagInfo*> hits;
+  for (const auto& f : launchFlags())
+    for (const auto& n : f.names) {
+      if (n == name) return f;
+      if (name.size() > 2 && str::startsWith(n, name) &&
+          std::find(hits.begin(), hits.end(), &f) == hits.end())
+        hits.push_back(&f);
+    }
+  if (hits.size() == 1) return *hits.front();
+  if (hits.empty()) unknownFlag(word);
+  std::vector<std::string> names;
+  for (const auto* f : hits)
+    for (const auto& n : f->names)
+      if (str::startsWith(n, name)) {
+        names.push_back(n);
+        break;
+      }
+  DDPRUN_THROW(InvalidArgument, "ambiguous flag '", str::escape(name), "': it could be ",
+               str::join(names, ", "));
+}
+
+const FlagInfo* findShort(char letter) {
+  for (const auto& f : launchFlags())
+    for (const auto& n : f.names)
+      if (n.size() == 2 && n[1] == letter) return &f;
+  return nullptr;
+}
+
+class Tokenizer {
+ public:
+  Tokenizer(int argc, const char* const* argv)
+      : words_(argv + std::min(argc, 1), argv + argc) {}
+
+  CommandLine run() {
+    while (i_ < words_.size() && out_.immediate.empty()) {
+      const std::string& w = words_[i_];
+      if (w == "--") {  // everything after it is the script and its arguments
+        ++i_;
+        break;
+      }
+      if (!looksLikeFlag(w)) break;
+      ++i_;
+      if (str::startsWith(w, "--"))
+        longFlag(w);
+      else
+        shortFlags(w);
+    }
+    if (out_.immediate.empty() && i_ < words_.size()) {
+      out_.script = words_[i_];
+      out_.scriptArgs.assign(words_.begin() + static_cast<long>(i_) + 1, words_.end());
+    }
+    return out_;
+  }
+
+ private:
+  void longFlag(const std::string& w) {
+    auto eq = w.find('=');
+    std::string name = w.substr(0, eq);
+    const FlagInfo& f = findLong(name, w);
+    // Messages name the flag as typed, or in full when abbreviated.
+    bool exact = std::find(f.names.begin(), f.names.end(), name) != f.names.end();
+    const std::string& shown = exact ? name : longName(f);
+    if (eq == std::string::npos)
+      take(f, shown, std::nullopt);
+    else
+      take(f, shown, w.substr(eq + 1));
+  }
+
+  // "-m", "-r3", "-r=3", "-r 3", "-mr3" (switches cluster, a value ends it).
+  void shortFlags(const std::string& w) {
+    for (size_t k = 1; k < w.size(); ++k) {
+      const FlagInfo* f = findShort(w[k]);
+      if (f == nullptr) unknownFlag(w);
+      std::string spelled = std::string("-") + w[k];
+      if (!f->takesValue) {
+        take(*f, spelled, std::nullopt);
+        if (!out_.immediate.empty()) return;
+        continue;
+      }
+      std::string rest = w.substr(k + 1);
+      if (rest.empty())
+        take(*f, spelled, std::nullopt);
+      else
+        take(*f, spelled, rest[0] == '=' ? rest.substr(1) : rest);
+      return;
+    }
+  }
+
+  void take(const FlagInfo& f, const std::string& spelled,
+            std::optional<std::string> inlineValue) {
+    std::string value;
+    if (!f.takesValue && inlineValue)
+      DDPRUN_THROW(InvalidArgument, spelled, " takes no value (got '",
+                   str::escape(*inlineValue), "')");
+    if (f.takesValue && inlineValue) {
+      value = *inlineValue;
+    } else if (f.takesValue) {
+      if (i_ >= words_.size() || looksLikeFlag(words_[i_]))
+        DDPRUN_THROW(InvalidArgument, spelled, ": expected a value (",
+                     f.metavar.empty() ? "VALUE" : f.metavar, ")");
+      value = words_[i_++];
+    }
+    out_.values[f.dest] = value;
+    if (f.dest == "help" || f.dest == "version" || f.dest == "print_completion")
+      out_.immediate = f.dest;
+  }
+
+  std::vector<std::string> words_;
+  size_t i_ = 0;
+  CommandLine out_;
+};
+
+// ------------------------------------------------------------ values -> config
+// The value of each flag given on the command line or through its PET_
+// variable; a conversion error names where the bad value came from.
+class Given {
+ public:
+  Given(const CommandLine& cl, const EnvLookup& env) {
+    for (const auto& f : launchFlags()) {
+      auto it = cl.values.find(f.dest);
+      if (it != cl.values.end()) {
+        add(f, it->second, "");
+      } else if (!f.envVar.empty()) {
+        if (auto v = env(f.envVar)) add(f, *v, f.envVar);
+      }
+    }
+  }
+
+  // Calls apply(value) when `dest` was given.
+  template <typename Fn>
+  void with(const std::string& dest, Fn&& apply) const {
+    auto it = entries_.find(dest);
+    if (it == entries_.end()) return;
+    const Entry& e = it->second;
+    try {
+      if (!e.flag->choices.empty() &&
+          std::find(e.flag->choices.begin(), e.flag->choices.end(), e.value) ==
+              e.flag->choices.end())
+        DDPRUN_THROW(InvalidArgument, longName(*e.flag), ": invalid choice '",
+                     str::escape(e.value), "' (choose from ",
+                     str::join(e.flag->choices, ", "), ")");
+      apply(e.value);
+    } catch (const InvalidArgument& err) {
+      if (e.envVar.empty()) throw;
+      DDPRUN_THROW(InvalidArgument, e.envVar, "='", str::escape(e.value),
+                   "' (from the environment): ", err.message());
+    }
+  }
+
+  // A switch: true when given on the command line; from PET_ as torchrun's
+  // check_env reads it, an integer (0 false, else true).
+  void setSwitch(const std::string& dest, bool& target) const {
+    auto it = entries_.find(dest);
+    if (it == entries_.end()) return;
+    const Entry& e = it->second;
+    if (e.envVar.empty()) {
+      target = true;
+      return;
+    }
+    int64_t v = 0;
+    if (!str::parseInt(str::trim(e.value), v))
+      DDPRUN_THROW(
+          InvalidArgument, e.envVar, "='", str::escape(e.value),
+          "' is not an integer: torchrun reads PET_ switches as 1 (on) or 0 (off)");
+    target = v != 0;
+  }
+
+  std::set<std::string> dests() const {
+    std::set<std::string> out;
+    for (const auto& [dest, e] : entries_) out.insert(dest);
+    return out;
+  }
+
+ private:
+  struct Entry {
+    const FlagInfo* flag;
+    std::string value;
+    std::string envVar;  // "" when from the command line
+  };
+  void add(const FlagInfo& f, const std::string& value, const std::string& envVar) {
+    entries_[f.dest] = Entry{&f, value, envVar};
+  }
+  std::map<std::string, Entry> entries_;
 };
 
 int toInt(const std::string& text, const char* flag, int min) {
-  size_t pos = 0;
   int v = 0;
-  try {
-    v = std::stoi(text, &pos);
-  } catch (const std::exception&) {
-    pos = std::string::npos;
-  }
-  if (pos != text.size() || v < min)
-    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text,
+  if (!str::parseInt(text, v, min))
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
                  "': expected an integer >= ", min);
   return v;
 }
 
-void finish(const Raw& raw, const EnvLookup& env, agent::LaunchConfig& c) {
-  agent::parseNnodes(raw.nnodes, c.minNodes, c.maxNodes);
-  agent::parseNprocPerNode(raw.nprocPerNode, c.nprocKind, c.nprocPerNode);
-  c.rdzvConf = agent::parseRdzvConf(raw.rdzvConf);
-  c.maxRestarts = toInt(raw.maxRestarts, "--max-restarts", 0);
-  c.nodeRank = toInt(raw.nodeRank, "--node-rank", 0);
-  c.masterPort = net::parsePort(raw.masterPort, "--master-port");
-  try {
-    size_t pos = 0;
-    c.monitorInterval = std::stod(raw.monitorInterval, &pos);
-    if (pos != raw.monitorInterval.size() || !(c.monitorInterval > 0)) throw 0;
-  } catch (...) {
-    DDPRUN_THROW(InvalidArgument, "--monitor-interval: invalid value '",
-                 raw.monitorInterval, "': expected a number of seconds > 0");
+double toSeconds(const std::string& text, const char* flag) {
+  double v = 0;
+  if (!str::parseDouble(text, v) || !(v > 0))
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
+                 "': expected a number of seconds > 0");
+  return v;
+}
+
+void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
+  g.with("nnodes",
+         [&](const std::string& v) { agent::parseNnodes(v, c.minNodes, c.maxNodes); });
+  g.with("nproc_per_node", [&](const std::string& v) {
+    agent::parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
+  });
+  g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
+  g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
+  g.with("rdzv_id", [&](const std::string& v) { c.rdzvId = v; });
+  g.with("rdzv_conf",
+         [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
+  g.setSwitch("standalone", c.standalone);
+  g.with("node_rank",
+         [&](const std::string& v) { c.nodeRank = toInt(v, "--node-rank", 0); });
+  g.with("master_addr", [&](const std::string& v) { c.masterAddr = v; });
+  g.with("master_port", [&](const std::string& v) {
+    c.masterPort = net::parsePort(v, "--master-port");
+  });
+  g.with("local_addr", [&](const std::string& v) { c.localAddr = v; });
+}
+
+void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) {
+  g.with("max_restarts",
+         [&](const std::string& v) { c.maxRestarts = toInt(v, "--max-restarts", 0); });
+  g.with("monitor_interval", [&](const std::string& v) {
+    c.monitorInterval = toSeconds(v, "--monitor-interval");
+  });
+  g.with("start_method", [&](const std::string& v) { c.startMethod = v; });
+  g.with("event_log_handler", [&](const std::string& v) { c.eventLogHandler = v; });
+  g.with("role", [&](const std::string& v) { c.role = v; });
+  g.setSwitch("module", c.module);
+  g.setSwitch("no_python", c.noPython);
+  g.setSwitch("run_path", c.runPath);
+  g.with("signals_to_handle", [&](const std::string& v) {
+    c.signalsToHandle = agent::parseSignals(v);
+    c.signalsToHandleText = v;
+  });
+  // --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as torchrun), else 30 s.
+  bool flagGiven = false;
+  g.with("shutdown_timeout", [&](const std::string& v) {
+    c.shutdownTimeout = std::chrono::seconds(toInt(v, "--shutdown-timeout", 0));
+    flagGiven = true;
+  });
+  auto fromEnv = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (!flagGiven && fromEnv && !fromEnv->empty())
+    c.shutdownTimeout =
+        std::chrono::seconds(toInt(*fromEnv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 0));
+  g.setSwitch("virtual_local_rank", c.virtualLocalRank);
+  g.with("logs_specs", [&](const std::string& v) { c.logsSpecs = v; });
+  g.with("numa_binding", [&](const std::string& v) { c.numaBinding = v; });
+}
+
+void applyOutput(const Given& g, agent::LaunchConfig& c) {
+  g.with("log_dir", [&](const std::string& v) { c.logDir = v; });
+  g.with("redirects", [&](const std::string& v) {
+    c.redirects = agent::parseStdSpec(v, "--redirects");
+  });
+  g.with("tee", [&](const std::string& v) { c.tee = agent::parseStdSpec(v, "--tee"); });
+  g.with("local_ranks_filter", [&](const std::string& v) {
+    c.localRanksFilter = agent::parseLocalRanksFilter(v);
+  });
+  g.with("duplicate_stdout_filters", [&](const std::string& v) {
+    c.duplicateStdoutFilters = agent::parseFilterList(v);
+  });
+  g.with("duplicate_stderr_filters", [&](const std::string& v) {
+    c.duplicateStderrFilters = agent::parseFilterList(v);
+  });
+  g.with("log_line_prefix_template",
+         [&](const std::string& v) { c.logLinePrefixTemplate = v; });
+}
+
+// --help, --version and --print-completion print to stdout and end the run.
+int runImmediate(const CommandLine& cl, agent::LaunchConfig& c) {
+  if (cl.immediate == "help") std::cout << launchHelp();
+  if (cl.immediate == "version") std::cout << "ddprun " << kVersion << "\n";
+  if (cl.immediate == "print_completion") {
+    c.printCompletion = true;
+    std::cout << completionScript(cl.values.at("print_completion"));
   }
-  c.redirects = agent::parseStdSpec(raw.redirects, "--redirects");
-  c.tee = agent::parseStdSpec(raw.tee, "--tee");
-  c.localRanksFilter = agent::parseLocalRanksFilter(raw.localRanksFilter);
-  c.duplicateStdoutFilters = agent::parseFilterList(raw.dupOut);
-  c.duplicateStderrFilters = agent::parseFilterList(raw.dupErr);
-  c.signalsToHandle = agent::parseSignals(raw.signals);
-  c.signalsToHandleText = raw.signals;
-  std::string shutdown = raw.shutdownTimeout;
-  if (shutdown.empty()) shutdown = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT").value_or("30");
-  c.shutdownTimeout = std::chrono::seconds(toInt(shutdown, "--shutdown-timeout", 0));
-  if (c.module && c.noPython)
-    DDPRUN_THROW(InvalidArgument,
-                 "-m/--module and --no-python cannot be used together: --no-python runs "
-                 "the program directly, -m runs a Python module");
-  if (c.script.empty())
-    DDPRUN_THROW(InvalidArgument,
-                 "missing training script: usage is ddprun [flags] SCRIPT [args...], e.g. "
-                 "ddprun --nproc-per-node=2 train.py --epochs 3");
-  if (c.rdzvBackend != "static" && c.rdzvBackend != "c10d")
-    DDPRUN_THROW(InvalidArgument, "--rdzv-backend: unsupported backend '", c.rdzvBackend,
-                 "': ddprun supports 'static' and 'c10d' (etcd is not supported)");
-  if (c.startMethod != "spawn" && c.startMethod != "fork" && c.startMethod != "forkserver")
-    DDPRUN_THROW(InvalidArgument, "--start-method: invalid value '", c.startMethod,
-                 "': expected spawn, fork or forkserver");
+  std::cout.flush();
+  return 0;
 }
 
 }  // namespace
 
 int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
                    agent::LaunchConfig& c) {
-  CLI::App app{"ddprun: a native drop-in for torchrun. Starts and watches the workers of a "
-               "distributed training job on this node.\n"
-               "Every flag may also be given as PET_<FLAG> in the environment."};
-  app.set_version_flag("--version", std::string(kVersion));
-  app.prefix_command();  // the first positional starts the worker command
-  Raw raw;
-  std::vector<CLI::Option*> envOpts;
-  auto opt = [&](const std::string& dest, std::string& target, const std::string& help,
-                 const std::string& extra = "") {
-    auto* o = app.add_option(spellings(dest) + extra, target, help);
-    envOpts.push_back(o);
-    o->envname(petName(dest));
-    return o;
-  };
-  auto flag = [&](const std::string& dest, bool& target, const std::string& help,
-                  const std::string& extra = "") {
-    auto* o = app.add_flag(spellings(dest) + extra, target, help);
-    o->envname(petName(dest));
-    return o;
-  };
-  opt("nnodes", raw.nnodes, "Number of nodes, N or MIN:MAX (default 1:1)");
-  opt("nproc_per_node", raw.nprocPerNode, "Workers per node: N, cpu, gpu or auto (default 1)");
-  opt("rdzv_backend", c.rdzvBackend, "Rendezvous backend: static or c10d (default static)");
-  opt("rdzv_endpoint", c.rdzvEndpoint, "Rendezvous endpoint HOST[:PORT]");
-  opt("rdzv_id", c.rdzvId, "Job id shared by every node (default none)");
-  opt("rdzv_conf", raw.rdzvConf, "Rendezvous settings KEY=VALUE,...");
-  flag("standalone", c.standalone, "Single node: rendezvous on a free local port");
-  opt("max_restarts", raw.maxRestarts, "Worker group restarts before failing (default 0)");
-  opt("monitor_interval", raw.monitorInterval,
-      "Accepted for compatibility; ddprun sees worker exits as they happen");
-  opt("start_method", c.startMethod, "spawn, fork or forkserver (compatibility)");
-  opt("event_log_handler", c.eventLogHandler, "Events handler name (default null)");
-  opt("role", c.role, "Worker role name (default 'default')");
-  flag("module", c.module, "Run the script as a Python module (python -m)", ",-m");
-  flag("no_python", c.noPython, "Run the script as a program, without python");
-  flag("run_path", c.runPath, "Run the script with runpy.run_path");
-  opt("log_dir", c.logDir, "Base directory for worker logs");
-  opt("redirects", raw.redirects, "Streams redirected to files: 0-3 or RANK:0-3,...", ",-r");
-  opt("tee", raw.tee, "Streams copied to files and console: 0-3 or RANK:0-3,...", ",-t");
-  opt("local_ranks_filter", raw.localRanksFilter, "Local ranks shown on the console");
-  opt("duplicate_stdout_filters", raw.dupOut, "Copy matching stdout lines (,, = comma)");
-  opt("duplicate_stderr_filters", raw.dupErr, "Copy matching stderr lines (,, = comma)");
-  opt("node_rank", raw.nodeRank, "This node's rank, static rendezvous (default 0)");
-  opt("master_addr", c.masterAddr, "Address of node rank 0 (default 127.0.0.1)");
-  opt("master_port", raw.masterPort, "Port of node rank 0's store (default 29500)");
-  opt("local_addr", c.localAddr, "Address this node advertises");
-  opt("logs_specs", c.logsSpecs, "Logs specification (compatibility)");
-  opt("numa_binding", c.numaBinding, "NUMA binding (compatibility)");
-  opt("signals_to_handle", raw.signals,
-      "Signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)");
-  opt("shutdown_timeout", raw.shutdownTimeout,
-      "Seconds between SIGTERM and SIGKILL when stopping workers (default 30)");
-  flag("virtual_local_rank", c.virtualLocalRank, "LOCAL_RANK=0 with one visible GPU each");
   try {
-    app.parse(argc, argv);
-    auto rest = app.remaining();
-    if (!rest.empty() && rest[0].size() > 1 && rest[0][0] == '-')
-      DDPRUN_THROW(InvalidArgument, "unknown flag '", rest[0],
-                   "'; run 'ddprun --help' for the list of flags");
-    if (!rest.empty()) {
-      c.script = rest[0];
-      c.scriptArgs.assign(rest.begin() + 1, rest.end());
-    }
-    finish(raw, env, c);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "ddprun: error: " << e.what() << "\nRun 'ddprun --help' for the flags.\n";
-    return 2;
+    CommandLine cl = Tokenizer(argc, argv).run();
+    if (!cl.immediate.empty()) return runImmediate(cl, c);
+    Given given(cl, env);
+    applyRendezvous(given, c);
+    applyWorkers(given, env, c);
+    applyOutput(given, c);
+    c.explicitFlags = given.dests();
+    c.script = cl.script;
+    c.scriptArgs = cl.scriptArgs;
+    agent::finalizeConfig(c);
   } catch (const InvalidArgument& e) {
     std::cerr << "ddprun: error: " << e.message() << "\n";
-    return 2;
+    return agent::kExitUsage;
   }
   return -1;
 }
 
 int runLaunchCli(int argc, const char* const* argv) {
+  // A closed console (`ddprun ... | head`) must never kill the agent; the
+  // worker launcher restores the default disposition for the workers.
+  ::signal(SIGPIPE, SIG_IGN);
   setLogTag("ddprun");
+  setLogStyle(LogStyle::kConsole);
   auto env = processEnv();
   // Like torchrun, LOGLEVEL sets the agent's log level (default WARNING).
   try {
@@ -197,14 +380,22 @@ int runLaunchCli(int argc, const char* const* argv) {
   agent::LaunchConfig cfg;
   int rc = parseLaunchCli(argc, argv, env, cfg);
   if (rc >= 0) return rc;
-  // `ddprun train`: a bare name that is no file here runs the bundled program
-  // beside ddprun, else one on PATH (a miss is reported when workers start).
-  agent::resolveWorkerProgram(cfg, agent::ProgramSearch::fromProcess());
-  agent::AgentParts parts;
-  parts.launcher = std::make_unique<agent::PosixLauncher>();
-  parts.environment = env::snapshot();
-  agent::Agent a(std::move(cfg), std::move(parts));
-  return a.run();
+  try {
+    // `ddprun train`: a bare name that is no file here runs the bundled program
+    // beside ddprun, else one on PATH (a miss is reported when workers start).
+    agent::resolveWorkerProgram(cfg, agent::ProgramSearch::fromProcess());
+    agent::AgentParts parts;
+    parts.launcher = std::make_unique<agent::PosixLauncher>();
+    parts.environment = env::snapshot();
+    agent::Agent a(std::move(cfg), std::move(parts));
+    return a.run();
+  } catch (const Error& e) {
+    DDPRUN_DEBUG("agent failed: ", e.what());
+    DDPRUN_ERROR(e.message());
+  } catch (const std::exception& e) {
+    DDPRUN_ERROR(e.what());
+  }
+  return agent::kExitSetup;
 }
 
 }  // namespace ddprun::cli

@@ -1,6 +1,8 @@
 #include "ddprun/rendezvous/rendezvous.h"
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/net.h"
+#include "hosting.h"
 
 namespace ddprun::rendezvous {
 
@@ -25,4 +27,27 @@ RankLayout assignRanks(const std::vector<int>& localWorldSizes) {
   return layout;
 }
 
+namespace detail {
+
+// The server's own message for a port in use advises "another port (or 0)",
+// in terms of ddprun-store; a rendezvous knows the flag, so it says that.
+std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, uint16_t port,
+                                                 const std::string& role,
+                                                 const std::string& fix) {
+  store::TcpStoreServerOptions opts;
+  opts.host = bindHost;
+  opts.port = port;
+  try {
+    return store::TcpStoreServer::start(opts);
+  } catch (const IoError& e) {
+    bool inUse = port != 0 && e.message().find("in use") != std::string::npos;
+    if (!inUse) DDPRUN_THROW(IoError, role, " cannot start: ", e.message());
+    auto holder = net::findListeningProcess(port);
+    DDPRUN_THROW(IoError, role, " cannot listen on port ", port, ": it is in use",
+                 holder ? " by " + *holder : " (by a process this user cannot see)", "; ",
+                 fix);
+  }
+}
+
+}  // namespace detail
 }  // namespace ddprun::rendezvous

@@ -1,10 +1,472 @@
-// Placeholder: being rewritten behind the Rendezvous interface (issue 9).
 #include "ddprun/rendezvous/static_rendezvous.h"
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "ddprun/common/clock.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
+#include "hosting.h"
+#include "static_rendezvous_internal.h"
 
 namespace ddprun::rendezvous {
-std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions&, Rendezvous::Post) {
-  DDPRUN_THROW(InvalidArgument, "static rendezvous: not built yet");
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+// A watcher waits this long per request for the round's end, then asks again:
+// rounds last as long as training does.
+constexpr Millis kWatchSlice{3'600'000};
+
+// "900 s", or "150 ms" below a second (tests use short timeouts).
+std::string formatDuration(Millis d) {
+  if (d.count() < 1000) return std::to_string(d.count()) + " ms";
+  return std::to_string(d.count() / 1000) + " s";
 }
+
+// Runs tasks one at a time, in order, on its own thread: the rendezvous's
+// store requests, kept off the agent's thread. Tasks must not throw.
+class TaskThread {
+ public:
+  TaskThread() : thread_([this] { loop(); }) {}
+  ~TaskThread() { stop(); }
+  TaskThread(const TaskThread&) = delete;
+  TaskThread& operator=(const TaskThread&) = delete;
+
+  void push(std::function<void()> task) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_all();
+  }
+  // Waits until every task queued so far has run; false if `within` passed.
+  bool drain(Millis within) {
+    std::unique_lock lock(mu_);
+    return idle_.wait_for(lock, within, [this] { return queue_.empty() && !running_; });
+  }
+  // Runs what is queued, then joins. Idempotent.
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();
+      task();
+      lock.lock();
+      running_ = false;
+      idle_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
+// The round's end key holds "finished", "failed:<node>:<why>" or
+// "closed:<node>:<why>" (the reason may itself contain ':').
+std::string encodeEnd(RoundEnd kind, int node, const std::string& why) {
+  return std::string(kind == RoundEnd::kClosed ? "closed" : "failed") + ":" +
+         std::to_string(node) + ":" + why;
+}
+
+RoundEvent decodeEnd(int round, const std::string& key, const std::string& value) {
+  RoundEvent event;
+  event.round = round;
+  if (value == "finished") return event;
+  auto fields = str::split(value, ':');
+  bool ok = fields.size() >= 3 && (fields[0] == "failed" || fields[0] == "closed") &&
+            str::parseInt(fields[1], event.node, 0);
+  if (!ok)
+    DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ", key,
+                 ", which is not finished, failed:<node>:<why> or closed:<node>:<why>");
+  event.kind = fields[0] == "failed" ? RoundEnd::kFailed : RoundEnd::kClosed;
+  event.reason = str::join({fields.begin() + 2, fields.end()}, ":");
+  return event;
+}
+
+// Keys of the protocol, under "ddprun/<run_id>/round/<r>/":
+//   node/<i>      local world size of node i: the round's barrier
+//   worker_store  port of the round's fresh worker store, hosted by node 0
+//   done          nodes whose workers all succeeded (counter)
+//   end           how the round ended (see encodeEnd); the first writer wins
+//   left/<i>      node i no longer needs the agent store for this round
+//                 (node 0 waits for these, bounded, before stopping it)
+//
+// Threads: the agent's thread calls the interface; a task thread runs join
+// and reports on `client_`, in order; a watcher thread per round waits for
+// its end key on a connection of its own. cancel_ reaches every connection.
+class StaticRendezvous final : public Rendezvous {
+ public:
+  StaticRendezvous(StaticOptions opts, Post post, detail::StaticBackend backend)
+      : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {}
+  ~StaticRendezvous() override { shutdown(); }
+
+  void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
+
+  void join(int localWorldSize, JoinHandler done) override {
+    const int round = nextRound_++;
+    if (stopping_ || cancel_->cancelled()) {
+      post_([done = std::move(done), error = cancelledJoin(round)] { done(error, {}); });
+      return;
+    }
+    joining_ = true;
+    tasks_.push([this, round, localWorldSize, done = std::move(done)] {
+      runJoin(round, localWorldSize, done);
+    });
+  }
+
+  void reportSuccess(int round) override {
+    tasks_.push([this, round] {
+      report(round, "its workers succeeded", [&] {
+        if (client_->add(key(round, "done"), 1) == opts_.nnodes)
+          client_->compareSet(key(round, "end"), "", "finished");
+      });
+    });
+  }
+
+  void reportFailure(int round, const std::string& why, bool closeJob) override {
+    std::string value = encodeEnd(closeJob ? RoundEnd::kClosed : RoundEnd::kFailed,
+                                  opts_.nodeRank, why);
+    tasks_.push([this, round, value] {
+      report(round, "the round failed", [&] { client_->compareSet(key(round, "end"), "", value); });
+    });
+  }
+
+  // A pending join is cancelled at once. Otherwise queued reports go out
+  // first (they may close the job for the peers), then this node says it has
+  // left and node 0 gives its peers a moment to read the round's end before
+  // its store goes; both bounded by leaveTimeout.
+  void shutdown() override {
+    if (stopping_.exchange(true)) return;
+    if (joining_) cancel_->cancel();
+    tasks_.push([this] { leave(); });
+    if (!tasks_.drain(opts_.leaveTimeout))
+      DDPRUN_DEBUG("rendezvous: leaving after ", formatDuration(opts_.leaveTimeout),
+                   " without every report delivered");
+    cancel_->cancel();
+    tasks_.stop();
+    stopWatcher();
+    if (backend_.stopHosted) backend_.stopHosted();
+  }
+
+  void cancel() override { cancel_->cancel(); }
+
+  std::string describe() const override {
+    return "static, node " + std::to_string(opts_.nodeRank) + " of " +
+           std::to_string(opts_.nnodes) + ", store " + backend_.storeAddress;
+  }
+
+ private:
+  std::string key(int round, const std::string& name) const {
+    return "ddprun/" + opts_.runId + "/round/" + std::to_string(round) + "/" + name;
+  }
+  std::vector<std::string> nodeKeys(int round, const char* kind) const {
+    std::vector<std::string> keys;
+    for (int i = 0; i < opts_.nnodes; ++i)
+      keys.push_back(key(round, std::string(kind) + "/" + std::to_string(i)));
+    return keys;
+  }
+  std::exception_ptr cancelledJoin(int round) const {
+    return std::make_exception_ptr(
+        CancelledError("joining rendezvous round " + std::to_string(round) + " was cancelled"));
+  }
+
+  // On the task thread. The result is posted even during shutdown: a
+  // pending join always ends.
+  void runJoin(int round, int localWorldSize, const JoinHandler& done) {
+    std::exception_ptr error;
+    RoundInfo info;
+    try {
+      info = joinRound(round, localWorldSize);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!error && cancel_->cancelled()) error = cancelledJoin(round);
+    if (!error) lastJoined_ = round;
+    joining_ = false;
+    post_([done, error, info] { done(error, info); });
+  }
+
+  RoundInfo joinRound(int round, int localWorldSize) {
+    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ", localWorldSize);
+    const Deadline deadline(opts_.timeout);
+    if (!client_) client_ = backend_.connect(cancel_, deadline.remaining());
+    client_->set(key(round, "node/" + std::to_string(opts_.nodeRank)),
+                 std::to_string(localWorldSize));
+    auto keys = nodeKeys(round, "node");
+    waitForPeers(round, keys, deadline);
+    auto sizes = parseSizes(keys, client_->multiGet(keys));
+    RankLayout layout = assignRanks(sizes);
+    RoundInfo info;
+    info.round = round;
+    info.groupRank = opts_.nodeRank;
+    info.groupWorldSize = opts_.nnodes;
+    info.baseRank = layout.baseRanks[opts_.nodeRank];
+    info.worldSize = layout.worldSize;
+    info.localWorldSizes = std::move(sizes);
+    info.workerStoreHost = opts_.masterAddr;
+    info.workerStorePort = workerStorePort(round);
+    startWatcher(round);
+    return info;
+  }
+
+  // The barrier: every node's key. On timeout, names the nodes still absent.
+  void waitForPeers(int round, const std::vector<std::string>& keys, const Deadline& deadline) {
+    try {
+      client_->wait(keys, deadline.remaining());
+      return;
+    } catch (const TimeoutError&) {
+    }
+    std::vector<std::string> nodes, absent;
+    for (int i = 0; i < opts_.nnodes; ++i)
+      if (!client_->check({keys[i]})) {
+        nodes.push_back(std::to_string(i));
+        absent.push_back(keys[i]);
+      }
+    if (absent.empty()) return;  // the last one arrived just now
+    const bool one = absent.size() == 1;
+    DDPRUN_THROW(TimeoutError, "rendezvous round ", round, ": node", one ? " " : "s ",
+                 str::join(nodes, ", "), " of ", opts_.nnodes, " did not join within ",
+                 formatDuration(opts_.timeout), " (", one ? "key " : "keys ",
+                 str::join(absent, ", "), one ? " is" : " are", " absent from the agent store at ",
+                 backend_.storeAddress, "); start every node with --nnodes ", opts_.nnodes,
+                 ", its own --node-rank and the same --master-addr, --master-port and --rdzv-id");
+  }
+
+  std::vector<int> parseSizes(const std::vector<std::string>& keys,
+                              const std::vector<std::string>& values) const {
+    std::vector<int> sizes(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!str::parseInt(values[i], sizes[i], 1))
+        DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(values[i]), "' under ",
+                     keys[i], ", not a number of workers; is another job using --rdzv-id ",
+                     opts_.runId, " on this store?");
+    return sizes;
+  }
+
+  // Node 0 starts the round's fresh worker store and publishes its port; the
+  // others read it (node 0 publishes right after the barrier).
+  uint16_t workerStorePort(int round) {
+    const auto k = key(round, "worker_store");
+    if (opts_.nodeRank == 0) {
+      uint16_t port = backend_.startWorkerStore();
+      client_->set(k, std::to_string(port));
+      return port;
+    }
+    int port = 0;
+    try {
+      client_->wait({k}, opts_.timeout);
+    } catch (const TimeoutError&) {
+      DDPRUN_THROW(TimeoutError, "rendezvous round ", round, ": node 0 did not publish the ",
+                   "worker store's port (", k, ") within ", formatDuration(opts_.timeout));
+    }
+    std::string value = client_->get(k);
+    if (!str::parseInt(value, port, 1, 65535))
+      DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ", k,
+                   ", not a port number");
+    return static_cast<uint16_t>(port);
+  }
+
+  // On the task thread. Reports on a round that already ended change
+  // nothing (the first report won) and are skipped: the store may be gone.
+  void report(int round, const char* what, const std::function<void()>& request) {
+    if (round != lastJoined_ || lastEnded_ >= round) return;
+    try {
+      request();
+    } catch (const CancelledError&) {
+      DDPRUN_DEBUG("rendezvous: not reporting that ", what, ": cancelled");
+    } catch (const Error& e) {
+      DDPRUN_WARN("could not tell the other nodes that ", what, ": ", e.message());
+    }
+  }
+
+  // On the task thread, at shutdown (see there).
+  void leave() {
+    const int round = lastJoined_;
+    if (round < 0 || !client_) return;
+    try {
+      if (lastEnded_ < round) client_->set(key(round, "left/" + std::to_string(opts_.nodeRank)), "");
+      if (opts_.nodeRank == 0 && client_->check({key(round, "end")}))
+        client_->wait(nodeKeys(round, "left"), opts_.leaveTimeout);
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: leaving without every node's goodbye: ", e.message());
+    }
+  }
+
+  // Watchers: one per round, each with a token of its own (cancelled by
+  // cancel_ too), so starting a round can end the previous round's watcher.
+  void startWatcher(int round) {
+    stopWatcher();
+    auto token = std::make_shared<store::CancelToken>();
+    watcherLink_ = cancel_->subscribe([token] { token->cancel(); });
+    watcherCancel_ = token;
+    watcher_ = std::thread([this, round, token] { watch(round, token); });
+  }
+  void stopWatcher() {
+    if (!watcher_.joinable()) return;
+    watcherCancel_->cancel();
+    watcher_.join();
+    cancel_->unsubscribe(watcherLink_);
+  }
+
+  // On the watcher thread: waits for the round's end and posts it as a typed
+  // event; a store that fails is kStoreLost; cancelled: nothing.
+  void watch(int round, const std::shared_ptr<store::CancelToken>& token) {
+    RoundEvent event;
+    try {
+      auto store = backend_.connect(token, opts_.timeout);
+      const auto endKey = key(round, "end");
+      for (bool ended = false; !ended;) {
+        try {
+          store->wait({endKey}, kWatchSlice);
+          ended = true;
+        } catch (const TimeoutError&) {  // a long round: wait on
+        }
+      }
+      try {
+        event = decodeEnd(round, endKey, store->get(endKey));
+      } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
+        event = {round, RoundEnd::kClosed, -1, e.message()};
+      }
+      lastEnded_ = std::max(lastEnded_.load(), round);
+      sayLeft(*store, round);
+    } catch (const CancelledError&) {
+      return;
+    } catch (const Error& e) {
+      event = {round, RoundEnd::kStoreLost, -1,
+               "the agent store of node 0 at " + backend_.storeAddress + " is gone (" +
+                   e.message() + ")"};
+    }
+    if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+  }
+
+  // Best effort: node 0 may stop the store as soon as it has read the end.
+  void sayLeft(store::Store& store, int round) {
+    try {
+      store.set(key(round, "left/" + std::to_string(opts_.nodeRank)), "");
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ", e.message());
+    }
+  }
+
+  const StaticOptions opts_;
+  const Post post_;
+  detail::StaticBackend backend_;
+  EventHandler handler_;  // set before the first join, read by watchers
+  const std::shared_ptr<store::CancelToken> cancel_ = std::make_shared<store::CancelToken>();
+  int nextRound_ = 0;                  // agent's thread
+  std::unique_ptr<store::Store> client_;  // task thread
+  std::atomic<int> lastJoined_{-1};    // written by the task thread
+  std::atomic<int> lastEnded_{-1};     // written by watchers: the last round seen ending
+  std::atomic<bool> joining_{false};
+  std::atomic<bool> stopping_{false};
+  // The current watcher; touched by the task thread, and by shutdown() once
+  // that thread has stopped.
+  std::thread watcher_;
+  std::shared_ptr<store::CancelToken> watcherCancel_;
+  store::CancelToken::Id watcherLink_ = 0;
+  TaskThread tasks_;  // last: destroyed first, its thread uses the members above
+};
+
+// Node 0 hosts the agent store for the rendezvous's whole life and each
+// round's worker store; both stop at shutdown.
+struct HostedStores {
+  std::unique_ptr<store::TcpStoreServer> agent;
+  std::unique_ptr<store::TcpStoreServer> worker;
+};
+
+std::unique_ptr<store::Store> connectAgentStore(const StaticOptions& opts,
+                                                std::shared_ptr<store::CancelToken> cancel,
+                                                Millis timeout) {
+  store::TcpStoreOptions o;
+  o.host = opts.masterAddr;
+  o.port = opts.masterPort;
+  o.timeout = opts.timeout;
+  o.connectTimeout = timeout;
+  o.cancel = std::move(cancel);
+  try {
+    return store::TcpStore::connect(o);
+  } catch (const TimeoutError& e) {
+    DDPRUN_THROW(IoError, "node ", opts.nodeRank, " cannot reach the agent store of node 0: ",
+                 e.message(), " (node 0, started with --node-rank 0, hosts it; give every node "
+                 "the same --master-addr and --master-port)");
+  }
+}
+
+void validate(const StaticOptions& opts) {
+  DDPRUN_CHECK(opts.nnodes >= 1, "--nnodes must be at least 1, got ", opts.nnodes);
+  DDPRUN_CHECK(opts.nodeRank >= 0 && opts.nodeRank < opts.nnodes, "--node-rank ", opts.nodeRank,
+               " must be between 0 and --nnodes - 1 = ", opts.nnodes - 1);
+}
+
+}  // namespace
+
+namespace detail {
+
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post,
+                                                 StaticBackend backend) {
+  validate(opts);
+  DDPRUN_CHECK(backend.connect && backend.startWorkerStore, "a static rendezvous needs a store");
+  return std::make_unique<StaticRendezvous>(opts, std::move(post), std::move(backend));
+}
+
+StaticBackend makeTcpBackend(StaticOptions& opts) {
+  auto hosted = std::make_shared<HostedStores>();
+  if (opts.nodeRank == 0) {
+    hosted->agent = hostStore("", opts.masterPort, "node 0's agent store",
+                              "pass another --master-port (the same to every node), or stop "
+                              "that process");
+    opts.masterPort = hosted->agent->port();
+  }
+  StaticBackend b;
+  b.storeAddress = net::formatHostPort(opts.masterAddr, opts.masterPort);
+  b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
+    return connectAgentStore(opts, std::move(cancel), timeout);
+  };
+  b.startWorkerStore = [hosted] {
+    hosted->worker.reset();  // a fresh keyspace for every round
+    hosted->worker = hostStore("", 0, "the round's worker store", "");
+    return hosted->worker->port();
+  };
+  b.stopHosted = [hosted] {
+    hosted->worker.reset();
+    hosted->agent.reset();
+  };
+  return b;
+}
+
+}  // namespace detail
+
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post) {
+  validate(opts);  // before binding anything
+  StaticOptions resolved = opts;
+  auto backend = detail::makeTcpBackend(resolved);
+  return detail::makeStaticRendezvous(resolved, std::move(post), std::move(backend));
+}
+
 }  // namespace ddprun::rendezvous

@@ -13,14 +13,16 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "comm.h"
 #include "cuda/cuda_comm.h"
+#include "ddprun/common/env.h"
 #include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
 #include "ddprun/store/prefix_store.h"
 #include "ddprun/store/tcp_store.h"
 #include "ddprun/store/tcp_store_server.h"
@@ -33,25 +35,20 @@ namespace ddprun::runtime {
 
 // ---------------------------------------------------------------- options
 namespace {
-const char* envOrNull(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
+// The variable's value, or nullopt when it is unset or empty (an empty value
+// counts as unset for every runtime variable).
+std::optional<std::string> envValue(const char* name) {
+  auto v = env::get(name);
+  if (!v || v->empty()) return std::nullopt;
+  return v;
 }
 
 int envInt(const char* name, int fallback, bool required) {
-  const char* v = envOrNull(name);
-  if (!v) {
-    if (required)
-      DDPRUN_THROW(InvalidArgument, name,
-                   " is not set: start this program with ddprun or torchrun, or set RANK, "
-                   "WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
-    return fallback;
-  }
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1'000'000)
-    DDPRUN_THROW(InvalidArgument, name, "='", v, "' is not a non-negative integer");
-  return static_cast<int>(x);
+  if (required && !envValue(name))
+    DDPRUN_THROW(InvalidArgument, name,
+                 " is not set: start this program with ddprun or torchrun, or set RANK, "
+                 "WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+  return static_cast<int>(env::integer(name, fallback, 0, 1'000'000));
 }
 
 std::string readFirstLine(const char* path) {
@@ -62,9 +59,7 @@ std::string readFirstLine(const char* path) {
 }
 
 std::string defaultHostId() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  return std::string(host) + "/" + readFirstLine("/proc/sys/kernel/random/boot_id");
+  return net::hostName() + "/" + readFirstLine("/proc/sys/kernel/random/boot_id");
 }
 
 // The local address of the route to `host` (no packet is sent).
@@ -92,21 +87,6 @@ std::string routeAddress(const std::string& host) {
   return out;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, sep)) out.push_back(cur);
-  return out;
-}
-
-std::string randomHex(int chars) {
-  std::random_device rd;
-  std::ostringstream os;
-  for (int i = 0; i < chars; ++i) os << "0123456789abcdef"[rd() % 16];
-  return os.str();
-}
-
 // Groups created one after another on one store must not share keys, so
 // each gets a sequence number. It counts per (prefix, rank), not per process:
 // every rank creates the same sequence of groups, and ranks may be processes
@@ -119,26 +99,35 @@ int nextGroupSeq(const std::string& prefix, int rank) {
 }
 }  // namespace
 
-ProcessGroupOptions optionsFromEnv(ProcessGroupOptions o) {
-  if (const char* v = envOrNull("DDPRUN_COLLECTIVE_TIMEOUT")) {
-    char* end = nullptr;
-    const double s = std::strtod(v, &end);
-    if (*end != '\0' || !(s > 0))
-      DDPRUN_THROW(InvalidArgument, "DDPRUN_COLLECTIVE_TIMEOUT='", v,
-                   "' is not a positive number of seconds");
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+// The shared heap is mapped once per local rank; past 1 TiB per rank a value
+// is a typo (and /dev/shm caps the heap far below that anyway).
+constexpr int64_t kMaxSharedHeapMb = int64_t{1} << 20;
+
+size_t sharedHeapBytesFromEnv(size_t fallback) {
+  const auto fallbackMb = static_cast<int64_t>(fallback >> 20);
+  try {
+    return static_cast<size_t>(env::integer("DDPRUN_SHM_HEAP_MB", fallbackMb, 0, kMaxSharedHeapMb))
+           << 20;
+  } catch (const InvalidArgument& e) {
+    DDPRUN_THROW(InvalidArgument, e.message(),
+                 " (megabytes of shared heap per rank; the heap is also capped by the free "
+                 "space in /dev/shm): give a number of megabytes up to ", kMaxSharedHeapMb,
+                 ", or unset it for the default of ", fallbackMb);
   }
-  if (const char* v = envOrNull("DDPRUN_TRANSPORT")) {
+}
+
+ProcessGroupOptions optionsFromEnv(ProcessGroupOptions o) {
+  o.timeout = env::seconds("DDPRUN_COLLECTIVE_TIMEOUT", o.timeout);
+  if (auto v = envValue("DDPRUN_TRANSPORT")) {
     try {
-      o.transport = parseTransport(v);
+      o.transport = parseTransport(*v);
     } catch (const InvalidArgument& e) {
       DDPRUN_THROW(InvalidArgument, "DDPRUN_TRANSPORT: ", e.message());
     }
   }
-  if (const char* v = envOrNull("DDPRUN_HOST_ID")) o.hostId = v;
-  if (const char* v = envOrNull("DDPRUN_SOCKET_ADDR")) o.socketAddr = v;
-  if (envOrNull("DDPRUN_SHM_HEAP_MB"))
-    o.sharedHeapBytes = static_cast<size_t>(envInt("DDPRUN_SHM_HEAP_MB", 0, false)) << 20;
+  if (auto v = envValue("DDPRUN_HOST_ID")) o.hostId = *v;
+  if (auto v = envValue("DDPRUN_SOCKET_ADDR")) o.socketAddr = *v;
+  o.sharedHeapBytes = sharedHeapBytesFromEnv(o.sharedHeapBytes);
   return o;
 }
 
@@ -218,32 +207,31 @@ std::unique_ptr<ProcessGroup> ProcessGroup::fromEnv(ProcessGroupOptions opts) {
   const int rank = envInt("RANK", 0, size > 1);
   if (rank >= size)
     DDPRUN_THROW(InvalidArgument, "RANK=", rank, " is not below WORLD_SIZE=", size);
-  const char* addr = envOrNull("MASTER_ADDR");
-  const char* portText = envOrNull("MASTER_PORT");
+  const auto addr = envValue("MASTER_ADDR");
+  const bool hasPort = envValue("MASTER_PORT").has_value();
   std::shared_ptr<store::Store> st;
   std::unique_ptr<store::TcpStoreServer> server;
-  if (size > 1 || (addr && portText)) {
-    if (!addr || !portText)
+  if (size > 1 || (addr && hasPort)) {
+    if (!addr || !hasPort)
       DDPRUN_THROW(InvalidArgument, addr ? "MASTER_PORT" : "MASTER_ADDR",
                    " is not set: start this program with ddprun or torchrun, or set it "
                    "(rank 0 hosts a store there)");
-    const uint16_t port = static_cast<uint16_t>(envInt("MASTER_PORT", 0, true));
-    const char* agent = envOrNull("TORCHELASTIC_USE_AGENT_STORE");
-    const bool useAgent = agent && (std::string(agent) == "True" || std::string(agent) == "1" ||
-                                    std::string(agent) == "true");
+    const uint16_t port = *env::port("MASTER_PORT");
+    const auto agent = envValue("TORCHELASTIC_USE_AGENT_STORE");
+    const bool useAgent = agent && (*agent == "True" || *agent == "1" || *agent == "true");
     if (!useAgent && rank == 0) {
       store::TcpStoreServerOptions so;
       so.port = port;
       server = store::TcpStoreServer::start(so);
     }
     store::TcpStoreOptions co;
-    co.host = addr;
+    co.host = *addr;
     co.port = port;
     co.timeout = opts.timeout;
     co.connectTimeout = std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::minutes(5));
     st = store::TcpStore::connect(co);
   }
-  if (opts.socketAddr.empty()) opts.socketAddr = addr ? routeAddress(addr) : "127.0.0.1";
+  if (opts.socketAddr.empty()) opts.socketAddr = addr ? routeAddress(*addr) : "127.0.0.1";
   const int restart = envInt("TORCHELASTIC_RESTART_COUNT", 0, false);
   opts.prefix += "/attempt" + std::to_string(restart);
   std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(opts)));
@@ -284,13 +272,14 @@ void ProcessGroup::init(std::shared_ptr<store::Store> base, int rank, int size) 
     for (int r = 0; r < size; ++r) keys.push_back("rank/" + std::to_string(r));
     const auto values = m.store->multiGet(keys);
     for (int r = 0; r < size; ++r) {
-      const auto f = split(values[r], '\t');
-      if (f.size() != 3)
-        DDPRUN_THROW(ProtocolError, "rank ", r, " published a malformed address '", values[r],
-                     "' (another program using the same store prefix?)");
+      const auto f = str::split(values[r], '\t');
+      int port = 0;
+      if (f.size() != 3 || !str::parseInt(f[2], port, 1, 65535))
+        DDPRUN_THROW(ProtocolError, "rank ", r, " published a malformed address '",
+                     str::escape(values[r]), "' (another program using the same store prefix?)");
       hostIds[r] = f[0];
       hosts[r] = f[1];
-      ports[r] = static_cast<uint16_t>(std::stoi(f[2]));
+      ports[r] = static_cast<uint16_t>(port);
     }
   }
   // Hosts are numbered in the order of their lowest rank.
@@ -327,7 +316,7 @@ void ProcessGroup::init(std::shared_ptr<store::Store> base, int rank, int size) 
     CommContext ctx{locals, topo_.localRank, opts_.timeout};
     const std::string key = "shm/" + std::to_string(topo_.hostIndex);
     if (topo_.localRank == 0) {
-      const std::string name = "/ddprun." + randomHex(16) + "." + std::to_string(topo_.hostIndex);
+      const std::string name = "/ddprun." + str::randomToken(16) + "." + std::to_string(topo_.hostIndex);
       const size_t room = ShmComm::freeShmBytes() / (2 * static_cast<size_t>(topo_.localSize));
       const size_t heap = std::min(opts_.sharedHeapBytes, room);
       m.shm = ShmComm::create(name, ctx, ShmComm::kDefaultSlotBytes, heap);

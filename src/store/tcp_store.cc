@@ -18,18 +18,29 @@ namespace ddprun::store {
 
 using wire::Command;
 
-// One TCP connection with deadline-bounded blocking I/O.
+// One TCP connection with deadline-bounded blocking I/O. With a cancel token
+// its socket is shut down on cancel(), which ends a blocked poll or recv at
+// once (the caller then sees EOF or an error and checks the token). The
+// callback is removed before the descriptor is closed, so it can never shut
+// down a descriptor number reused by someone else.
 class TcpStore::Conn {
  public:
-  explicit Conn(int fd, std::string addr) : fd_(fd), addr_(std::move(addr)) {}
-  ~Conn() { ::close(fd_); }
+  Conn(int fd, std::string addr, std::shared_ptr<CancelToken> cancel)
+      : fd_(fd), addr_(std::move(addr)), cancel_(std::move(cancel)) {
+    if (cancel_) subscription_ = cancel_->subscribe([fd] { ::shutdown(fd, SHUT_RDWR); });
+  }
+  ~Conn() {
+    if (cancel_) cancel_->unsubscribe(subscription_);
+    ::close(fd_);
+  }
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
 
   // Connects to the first address of host:port that accepts. Returns nullptr
   // and sets `err` on failure; never throws for network errors.
   static std::unique_ptr<Conn> open(const std::string& host, uint16_t port,
-                                    Deadline deadline, std::string& err) {
+                                    Deadline deadline, std::string& err,
+                                    const std::shared_ptr<CancelToken>& cancel) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -41,7 +52,7 @@ class TcpStore::Conn {
     }
     std::unique_ptr<Conn> conn;
     for (addrinfo* ai = res; ai != nullptr && !conn; ai = ai->ai_next)
-      conn = tryOne(ai, deadline, err);
+      conn = tryOne(ai, deadline, err, cancel);
     freeaddrinfo(res);
     if (conn) conn->addr_ = net::formatHostPort(host, port);
     return conn;
@@ -115,13 +126,17 @@ class TcpStore::Conn {
   bool broken() const { return broken_; }
 
  private:
-  static std::unique_ptr<Conn> tryOne(addrinfo* ai, Deadline deadline,
-                                      std::string& err) {
+  // The Conn owns the descriptor from the start, so that cancel() can also
+  // end a connect still in progress (shutdown of a connecting socket wakes
+  // the poll).
+  static std::unique_ptr<Conn> tryOne(addrinfo* ai, Deadline deadline, std::string& err,
+                                      const std::shared_ptr<CancelToken>& cancel) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
       err = std::strerror(errno);
       return nullptr;
     }
+    auto conn = std::make_unique<Conn>(fd, "", cancel);
     int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
@@ -130,7 +145,6 @@ class TcpStore::Conn {
       rc = ::poll(&p, 1, static_cast<int>(deadline.remaining().count()));
       if (rc == 0) {
         err = "connect timed out";
-        ::close(fd);
         return nullptr;
       }
       int soerr = 0;
@@ -139,20 +153,53 @@ class TcpStore::Conn {
       errno = soerr;
       rc = soerr == 0 ? 0 : -1;
     }
+    if (cancel && cancel->cancelled()) {
+      err = "cancelled";
+      return nullptr;
+    }
     if (rc != 0) {
       err = std::strerror(errno);
-      ::close(fd);
       return nullptr;
     }
     fcntl(fd, F_SETFL, flags);
     net::setNoDelay(fd);
-    return std::make_unique<Conn>(fd, "");
+    return conn;
   }
 
   int fd_;
   std::string addr_;
+  std::shared_ptr<CancelToken> cancel_;
+  CancelToken::Id subscription_ = 0;
   bool broken_ = false;
 };
+
+void CancelToken::cancel() {
+  std::lock_guard lock(mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  for (auto& [id, fn] : callbacks_) fn();
+  cv_.notify_all();
+}
+
+bool CancelToken::cancelled() const { return cancelled_.load(); }
+
+CancelToken::Id CancelToken::subscribe(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  if (cancelled_) fn();
+  Id id = nextId_++;
+  callbacks_.emplace(id, std::move(fn));
+  return id;
+}
+
+void CancelToken::unsubscribe(Id id) {
+  std::lock_guard lock(mu_);
+  callbacks_.erase(id);
+}
+
+bool CancelToken::sleepFor(Millis d) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, d, [this] { return cancelled_.load(); });
+}
 
 namespace {
 // Every public key goes on the wire with a leading "/", as PyTorch does.
@@ -202,7 +249,8 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
   if (opts_.dialect != ClientDialect::kV2) order.push_back(wire::Dialect::kLegacy);
   size_t next = 0;
   while (!deadline.expired()) {
-    conn_ = Conn::open(opts_.host, opts_.port, deadline, lastErr);
+    if (cancelled()) throwCancelled("connecting");
+    conn_ = Conn::open(opts_.host, opts_.port, deadline, lastErr, opts_.cancel);
     if (conn_) {
       dialect_ = order[next];
       try {
@@ -243,8 +291,12 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
       }
     }
     auto delay = std::min(backoff.next(), deadline.remaining());
-    std::this_thread::sleep_for(delay);
+    if (!opts_.cancel)
+      std::this_thread::sleep_for(delay);
+    else if (opts_.cancel->sleepFor(delay))
+      throwCancelled("connecting");
   }
+  if (cancelled()) throwCancelled("connecting");
   DDPRUN_THROW(TimeoutError, "could not connect to the store at ", address(),
                " within ", opts_.connectTimeout.count(), " ms (last error: ",
                lastErr,
@@ -256,20 +308,33 @@ void TcpStore::ensureConnected() {
   if (!conn_) connectAndHandshake(Deadline(opts_.connectTimeout));
 }
 
+void TcpStore::throwCancelled(const char* what) const {
+  DDPRUN_THROW(CancelledError, what, " (store at ", address(), ") was cancelled");
+}
+
+// A cancelled token shuts the socket down, so the interrupted call fails with
+// whatever error the dead socket gives: each is turned into CancelledError.
 template <typename F>
 auto TcpStore::locked(F&& f) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled()) throwCancelled("a store request");
   ensureConnected();
   try {
     return f(*conn_);
   } catch (const IoError&) {
     conn_.reset();  // reconnect on the next call
+    if (cancelled()) throwCancelled("a store request");
     throw;
   } catch (const ProtocolError&) {
     conn_.reset();
+    if (cancelled()) throwCancelled("a store request");
     throw;
   } catch (const TimeoutError&) {
     if (conn_ && conn_->broken()) conn_.reset();  // else a clean, cancelled wait
+    if (cancelled()) {
+      conn_.reset();
+      throwCancelled("a store request");
+    }
     throw;
   }
 }

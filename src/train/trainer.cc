@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/reducer.h"
@@ -508,8 +509,7 @@ nlohmann::json Run::execute() {
 }
 
 bool envRestarted() {
-  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return v && *v && std::strtol(v, nullptr, 10) > 0;
+  return env::integer("TORCHELASTIC_RESTART_COUNT", 0, 0, INT32_MAX) > 0;
 }
 
 DataSplit loadData(const TrainConfig& cfg) {
@@ -530,7 +530,7 @@ DataSplit loadData(const TrainConfig& cfg) {
 // Under ddprun or torchrun: the launcher's environment; alone: one rank over
 // an in-process store.
 std::unique_ptr<ProcessGroup> joinGroup() {
-  if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) return ProcessGroup::fromEnv();
+  if (env::get("RANK") && env::get("WORLD_SIZE")) return ProcessGroup::fromEnv();
   return ProcessGroup::create(std::make_shared<store::HashStore>(), 0, 1, runtime::optionsFromEnv());
 }
 

@@ -50,11 +50,12 @@ class DdprunStore:
         return False
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserved_port():
+    """A port nothing else can take until .close() (see tests/pyutil/reserved_port.py);
+    servers that set SO_REUSEADDR (ours, PyTorch's) can still listen on it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+    from reserved_port import ReservedPort
+    return ReservedPort()
 
 
 def torch_major():

@@ -33,8 +33,9 @@ def torchrun_works():
 def manual_launch():
     """The reference without torchrun: two ranks started by hand with the env
     contract, rank 0 hosting the store (init_method env://)."""
-    from storeutil import free_port
-    port = free_port()
+    from storeutil import reserved_port
+    reserved = reserved_port()  # held until rank 0's store listens on it
+    port = reserved.port
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
@@ -43,6 +44,7 @@ def manual_launch():
         procs.append(subprocess.Popen([sys.executable, "-u", SCRIPT], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=240) for p in procs]
+    reserved.close()
     for p, (out, err) in zip(procs, outs):
         check(p.returncode == 0, "manual rank failed:\n" + err)
     lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]
@@ -51,8 +53,9 @@ def manual_launch():
 
 def two_nodes():
     """Two agents on this machine (--nnodes 2 --node_rank 0/1), one worker each."""
-    from storeutil import free_port
-    port = free_port()
+    from storeutil import reserved_port
+    reserved = reserved_port()  # held until node 0's store listens on it
+    port = reserved.port
     env = dict(os.environ, PYTHON_EXEC=sys.executable, GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([os.path.join(BIN, "ddprun"), "--nnodes=2", "--node_rank=%d" % n,
                                "--master_addr=127.0.0.1", "--master_port=%d" % port,
@@ -60,6 +63,7 @@ def two_nodes():
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for n in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
+    reserved.close()
     for n, (p, (out, err)) in enumerate(zip(procs, outs)):
         check(p.returncode == 0, "node %d exited %d:\n%s" % (n, p.returncode, err))
     lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]

@@ -7,11 +7,12 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-from storeutil import BIN, check, free_port, torch_major
+from storeutil import BIN, check, reserved_port, torch_major
 
 
 def run_probe(use_libuv):
-    port = free_port()
+    reserved = reserved_port()
+    port = reserved.port
     kwargs = dict(is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
     if use_libuv is not None:
         kwargs["use_libuv"] = use_libuv
@@ -29,6 +30,7 @@ def run_probe(use_libuv):
     check(server.get("counter") == b"-3", "our ADDs as PyTorch sees them")
     check(server.get("bin") == b"\x00\x01\xff", "binary value from our client")
     print("store_probe passed against " + label)
+    reserved.close()
 
 
 def main():

@@ -4,26 +4,20 @@ torchrun (python -m torch.distributed.run) with 2 workers. Under torchrun 2.x
 workers join the agent's store; under 1.13 (whose torchrun crashes on Python
 3.11) the ranks are started by hand and rank 0 hosts the store."""
 import os
-import socket
 import subprocess
 import sys
 
-from storeutil import BIN, check
+from storeutil import BIN, check, reserved_port
 
 CHECK = os.path.join(BIN, "coll_check")
 ARGS = ["--sizes", "0,7,4097,100003", "--dtypes", "float32,int64,bfloat16"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def by_torchrun():
-    # underscore spellings: accepted by torchrun 1.13 and 2.x alike
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_port=%d" % free_port(), "--no_python", CHECK, *ARGS]
+    # underscore spellings: accepted by torchrun 1.13 and 2.x alike; --standalone:
+    # a free port, so that parallel runs never meet on 29500
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--no_python", CHECK, *ARGS]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if "'NoneType' object has no attribute 'get'" in p.stderr:
         return None  # Debian's torchrun 1.13 on Python 3.11
@@ -32,7 +26,8 @@ def by_torchrun():
 
 
 def by_hand():
-    port = free_port()
+    reserved = reserved_port()  # held until rank 0's store listens on it
+    port = reserved.port
     procs = []
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
@@ -44,6 +39,7 @@ def by_hand():
         o, e = p.communicate(timeout=240)
         check(p.returncode == 0, "coll_check by hand failed:\n%s\n%s" % (o, e))
         out += o
+    reserved.close()
     return out
 
 

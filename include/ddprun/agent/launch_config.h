@@ -1,8 +1,20 @@
 // Everything one `ddprun` invocation asks for, validated: the torchrun flag
 // set (both spellings, PET_* fallback) turned into typed values.
+//
+// Life cycle: the command line (src/cli/launch_cli.cc) fills the flag fields,
+// then finalizeConfig() checks every rule across flags and fills the derived
+// fields. After it, the rendezvous to use follows from two fields:
+//   maxNodes == 1: the local rendezvous, its store on masterAddr:masterPort
+//                  (port 0: a free port each round);
+//   maxNodes  > 1: the static rendezvous (rdzvBackend == "static") on
+//                  masterAddr:masterPort with rdzvTimeout.
+// A plain value type; not synchronised.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -24,6 +36,21 @@ struct StdSpec {
 
 enum class NprocKind { kCount, kCpu, kGpu, kAuto };
 
+// The c10d rendezvous settings of --rdzv-conf (torchrun's names and
+// defaults), validated by finalizeConfig for the elastic rendezvous to come.
+struct C10dSettings {
+  std::chrono::milliseconds joinTimeout{600'000};
+  std::chrono::milliseconds lastCallTimeout{30'000};
+  std::chrono::milliseconds closeTimeout{30'000};
+  std::chrono::milliseconds readTimeout{60'000};
+  std::chrono::milliseconds heartbeatTimeout{5'000};
+  std::chrono::milliseconds keepAliveInterval{5'000};
+  int keepAliveMaxAttempt = 3;
+  std::optional<bool> isHost;     // unset: inferred from the endpoint
+  std::string storeType = "tcp";  // tcp | file
+  bool useLibuv = true;
+};
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
@@ -32,7 +59,7 @@ struct LaunchConfig {
   std::string rdzvBackend = "static";
   std::string rdzvEndpoint;
   std::string rdzvId = "none";
-  std::map<std::string, std::string> rdzvConf;
+  std::map<std::string, std::string> rdzvConf;  // --rdzv-conf as given (KEY -> VALUE)
   bool standalone = false;
   int maxRestarts = 0;
   double monitorInterval = 0.1;  // accepted for compatibility; exits are events
@@ -50,11 +77,11 @@ struct LaunchConfig {
   std::vector<std::string> duplicateStderrFilters;
   int nodeRank = 0;
   std::string masterAddr = "127.0.0.1";
-  uint16_t masterPort = 29500;
+  uint16_t masterPort = 29500;  // finalizeConfig: 0 (a free port) on the standalone path
   std::string localAddr;
   std::string logsSpecs;
   std::string numaBinding;
-  std::vector<int> signalsToHandle;  // signal numbers
+  std::vector<int> signalsToHandle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   // As given on the command line; exported to workers as
   // TORCHELASTIC_SIGNALS_TO_HANDLE, like torchrun does.
   std::string signalsToHandleText = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
@@ -71,10 +98,22 @@ struct LaunchConfig {
   std::string logLinePrefixTemplate;
   bool printCompletion = false;  // --print-completion
 
+  // Torchrun dests (e.g. "master_port", "rdzv_id") given on the command line
+  // or through PET_<DEST>, filled by the CLI: finalizeConfig tells an
+  // explicit --master-port from the default this way.
+  std::set<std::string> explicitFlags;
+
   // Derived by finalizeConfig:
-  // torchrun 2.x's one-node default took effect (no --master-port, no
-  // rendezvous flag, one node): a free port and a fresh uuid as run id.
+  // torchrun 2.x's one-node default took effect (static backend, no
+  // --rdzv-endpoint, no --master-port, one node): as --standalone, a free
+  // port, a fresh uuid as run id (unless --rdzv-id was given) and
+  // MASTER_ADDR=localhost (or --local-addr).
   bool standaloneByDefault = false;
+  // Static backend: --rdzv-conf timeout=S (default 900 s, as torchrun):
+  // joining a round and waiting for peers.
+  std::chrono::milliseconds rdzvTimeout{900'000};
+  // c10d backend (and --standalone): the rest of --rdzv-conf.
+  C10dSettings c10d;
   // Flags accepted for compatibility that this version cannot honour: one
   // warning each, printed once when the agent starts.
   std::vector<std::string> warnings;
@@ -83,9 +122,14 @@ struct LaunchConfig {
 // Checks every rule across flags (ranges, combinations, backend-specific
 // settings such as --rdzv-conf timeout) and fills the derived fields:
 // the one-node default of torchrun 2.x, --standalone's run id and port,
-// --rdzv-endpoint as master address and port for the static backend.
-// Throws InvalidArgument naming the flag and the accepted forms (exit 2).
+// --rdzv-endpoint as master address and port for the static backend, one
+// warning per flag accepted but not honoured. Throws InvalidArgument naming
+// the flag and the accepted forms (exit 2). Call it once per config.
 void finalizeConfig(LaunchConfig& cfg);
+
+// torchrun's booleans in --rdzv-conf: 1/true/t/yes/y and 0/false/f/no/n
+// (any case); nullopt for anything else.
+std::optional<bool> parseConfBool(const std::string& text);
 
 // Parsers for the flag values; each throws InvalidArgument whose message
 // names the flag and the accepted forms.

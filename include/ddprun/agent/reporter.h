@@ -13,13 +13,14 @@
 // (EPIPE) never stops the job: console output is dropped from then on and
 // the files still get everything.
 //
+// Every descriptor the Reporter opens is close-on-exec. Precondition: the
+// process ignores SIGPIPE (the agent does), so a closed console is an EPIPE.
+//
 // Threading: one thread, the agent's (the io_context's). Not copyable.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <cstddef>
-#include <deque>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -50,7 +51,8 @@ struct ReporterOptions {
 };
 
 // The ends a worker writes to: dup2'ed onto its stdout and stderr (the same
-// fd twice when they share a channel). The caller closes them after start.
+// fd twice when they share a channel). Blocking, close-on-exec. The caller
+// closes them after start (once when they are the same fd).
 struct WorkerFds {
   int stdoutFd = -1;
   int stderrFd = -1;
@@ -70,27 +72,48 @@ class WorkerOutput {
 
 class Reporter : public WorkerOutput {
  public:
+  // Opens <runDir>/events.jsonl (appending) and the duplicate files that
+  // filters ask for. Throws IoError naming the file, InvalidArgument when
+  // maxLineBytes is 0.
   Reporter(boost::asio::io_context& io, ReporterOptions opts);
   ~Reporter() override;
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
-  // Creates <logDir or a fresh temp dir>/<runId>_<random> and returns it.
-  // Throws IoError naming the directory.
+  // Creates <logDir or a fresh temp dir>/<runId>_<8 random chars> (mode 0700,
+  // like torchrun's mkdtemp) and returns it. The fresh temp dir is
+  // $TMPDIR/torchelastic_XXXXXX. Throws IoError naming the directory and
+  // saying to pass a writable --log-dir.
   static std::string makeRunDir(const std::string& logDir, const std::string& runId);
 
   // The line prefix for one worker (tee'd lines, duplicate files).
   std::string prefix(int localRank, int globalRank) const;
 
+  // A worker's channels, one of each kind per stream:
+  // - redirected (-r) or tee'd (-t): a pipe; bytes to <workerDir>/std*.log,
+  //   tee'd lines also to the console with prefix();
+  // - otherwise (raw): bytes to the console as they come, no prefix; a pty
+  //   when that console is a terminal, else a pipe; stdout and stderr share
+  //   one channel when the console's stdout and stderr are the same file and
+  //   no duplicate filter needs to tell them apart;
+  // - ranks outside --local-ranks-filter: no console output (raw stdout goes
+  //   to /dev/null; files, duplicates and the tail are unaffected).
+  // Opening a rank that is open already closes its old channels first.
   WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir) override;
+  // Reads what is left without blocking (until empty, end of data, or a
+  // bound only a descendant still writing can reach), writes it out with
+  // the unfinished line, and closes the channels. The tail stays readable.
   void closeWorker(int localRank) override;
-  // Forgets every worker of the attempt (after closeWorker); keeps no memory.
+  // Forgets every worker of the attempt (closing any still open): buffers,
+  // descriptors, tails. Pending handlers hold no Reporter memory.
   void endAttempt();
-  // Copies everything pending for every worker (at agent exit).
+  // closeWorker for every worker still open, and every file flushed (at
+  // agent exit; the destructor does it too).
   void flushAll();
 
   // The last `tailLines` lines the worker wrote to stderr (or to its shared
-  // channel), without newlines.
+  // channel), without newlines; a line longer than maxLineBytes counts as
+  // pieces of that size. Empty for an unknown rank; kept until endAttempt.
   std::vector<std::string> stderrTail(int localRank) const;
 
   // One JSON line in <runDir>/events.jsonl: fields + "event", "time", "attempt".
@@ -99,6 +122,8 @@ class Reporter : public WorkerOutput {
   // to <runDir>/failure_report.txt.
   void failureReport(const std::string& text);
 
+  // A console write failed (EPIPE: the reader went away): that stream's
+  // console output has been dropped since; files still get everything.
   bool consoleClosed() const;
   const std::string& runDir() const;
 

@@ -3,7 +3,7 @@
 // state, and stop them (a signal to each process group, SIGKILL after the
 // grace period).
 //
-// Threading: one thread, the agent's (the io_context's).
+// Threading: one thread, the agent's (the io_context's). Not copyable.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -36,13 +36,20 @@ struct WorkerRecord {
 class WorkerGroup {
  public:
   // `agentEnv` is what every worker inherits; `python` the interpreter of
-  // script workers (PYTHON_EXEC, else python3 on PATH).
+  // script workers (PYTHON_EXEC, else "python3", looked up on the workers'
+  // PATH by the launcher). `cfg` must outlive the group. A direct program is
+  // located with ProgramSearch::fromProcess() and the PATH of `agentEnv`.
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg, Launcher& launcher,
               WorkerOutput& output, Env agentEnv, std::string python);
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   // Starts `nproc` workers for the round, each in <attemptDir>/<local_rank>
-  // (attemptDir is wiped first). On a spawn failure the workers already
-  // started are killed and IoError is thrown (the message names the program).
+  // (attemptDir is wiped first). Precondition: no worker of an earlier
+  // attempt runs (call clear() after it stopped). On a failure (no such
+  // program, spawn, output channel or directory) the workers already started
+  // get SIGKILL (their exits still arrive through onExit) and IoError is
+  // thrown; its message() names the program and how to fix it.
   void start(const rendezvous::RoundInfo& round, int nproc, int restartCount,
              const std::string& runId, const std::string& attemptDir);
 
@@ -51,28 +58,41 @@ class WorkerGroup {
   // when `pid` is not a running worker of this attempt.
   const WorkerRecord* onExit(int pid, int status);
 
-  // Sends `sig` to every running worker's process group, marking them
+  // First reaps what has exited already (Launcher::pollExits, so that a
+  // worker that failed by itself is recorded as such, never as a victim),
+  // then sends `sig` to every running worker's process group, marking them
   // stoppedByAgent; SIGKILL after the shutdown timeout to those still
   // running. `onStopped` is posted once none runs (at once if none does).
   // A later stop() (e.g. a second signal) re-sends and keeps the first
-  // callback.
+  // callback and the first deadline.
   void stop(int sig, std::function<void()> onStopped);
 
   size_t running() const;
   const std::vector<WorkerRecord>& workers() const;
-  // Forgets the attempt's records and channels (after it stopped).
+  // Forgets the attempt's records and releases their memory (after it
+  // stopped); a pending stop callback is dropped.
   void clear();
 
  private:
+  void startOne(const AttemptInfo& attempt, int localRank, const std::string& attemptDir);
+  void killStarted();
+  void finishStopIfDone();
+  void cancelKillTimer();
+  WorkerRecord* find(int pid);
+
   boost::asio::io_context& io_;
   const LaunchConfig& cfg_;
   Launcher& launcher_;
   WorkerOutput& output_;
   Env agentEnv_;
   std::string python_;
+  ProgramSearch search_;
   std::vector<WorkerRecord> workers_;
   boost::asio::steady_timer killTimer_;
+  bool killTimerArmed_ = false;
+  unsigned timerGeneration_ = 0;
   std::function<void()> onStopped_;
+  bool polling_ = false;  // inside stop()'s pollExits (whose handlers may call stop())
 };
 
 }  // namespace ddprun::agent

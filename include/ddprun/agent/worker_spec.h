@@ -1,5 +1,6 @@
 // What each worker process is started with: its command line and its
-// environment, exactly torchrun's contract. Pure functions, no processes.
+// environment, exactly torchrun's contract. Pure functions (apart from the
+// file lookups of the program search), no processes.
 #pragma once
 
 #include <map>
@@ -7,30 +8,11 @@
 #include <vector>
 
 #include "ddprun/agent/launch_config.h"
+#include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::agent {
 
 using Env = std::map<std::string, std::string>;
-
-// The outcome of a rendezvous as far as the workers are concerned.
-struct GroupInfo {
-  int groupRank = 0;       // this node's rank
-  int groupWorldSize = 1;  // number of nodes
-  int baseRank = 0;        // global rank of this node's local rank 0
-  int worldSize = 1;       // workers across all nodes
-  std::string masterAddr = "127.0.0.1";
-  uint16_t masterPort = 29500;
-  bool useAgentStore = true;
-  std::string runId = "none";
-};
-
-// Global rank offsets for nodes with the given local world sizes, in group
-// rank order: offsets[i] = sum of sizes before i; total = the world size.
-struct RankLayout {
-  std::vector<int> baseRanks;
-  int worldSize = 0;
-};
-RankLayout assignRanks(const std::vector<int>& localWorldSizes);
 
 // Where a bare program name (no slash) is looked for, in this order: the
 // current directory, the directory of the ddprun binary (bundled programs
@@ -43,45 +25,74 @@ struct ProgramSearch {
   static ProgramSearch fromProcess();
 };
 
-// What runs as the worker: `program` (as given, "./name" for a program in the
-// current directory, or an absolute path found by the search) and whether it
-// runs directly (true) or through python. `notFound` is empty when the
-// program was found, else an error message naming every place searched.
+// How the worker program runs. `program` is the name as given: it becomes the
+// worker's argv[0] (torchrun passes it unchanged). `path` is the file executed
+// when the program runs directly: the name itself, "./name" for a bare name
+// found in the current directory (never a namesake on PATH), or the absolute
+// path the search found. `direct` false: it runs under Python (`path` empty).
+// `notFound` is empty when the program was found, else an error message
+// naming every place searched and how to fix it.
 struct ResolvedProgram {
   std::string program;
+  std::string path;
   bool direct = false;
   std::string notFound;
 };
 
 // The program-resolution rule:
-//  - -m module, or a name containing '/': as given; direct with --no-python,
-//    or when it is an executable file not ending in .py (today's rule).
-//  - a bare name that is a file in the current directory: the same rule
-//    (python script unless executable or --no-python); a direct one becomes
-//    "./name" so that it is never looked up on PATH instead.
-//  - otherwise (a bare name that is not a file here): the executable of that
-//    name beside ddprun, else on PATH, run directly as with --no-python.
-//    Without --no-python a missing `*.py` name is left to python, as torchrun
-//    does. Nothing found: `notFound` says where it looked.
-ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython,
+//  - -m module, or --run-path: Python, never searched.
+//  - a name containing '/', or a bare name that is a file in the current
+//    directory: direct with --no-python or when the file is a native
+//    executable (ELF); any other file, executable text with a shebang
+//    included, runs under Python (`python -u file`), as torchrun does.
+//  - otherwise (a bare name that is no file here): the executable of that
+//    name beside ddprun, else on PATH, run directly as with --no-python
+//    (`ddprun train` runs the bundled trainer). Without --no-python a
+//    missing `*.py` name is left to Python to report, as torchrun does.
+//    Nothing found: `notFound` says where it looked.
+ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython, bool runPath,
                                const ProgramSearch& where);
 
-// Applies resolveProgram to cfg.script: sets cfg.script, cfg.noPython (true
-// for a direct program) and cfg.programNotFound.
+// Applies resolveProgram to cfg.script at startup: sets cfg.noPython (true
+// for a direct program) and cfg.programNotFound; cfg.script stays as given
+// (the worker's argv[0]; workerCommand finds the file again).
 void resolveWorkerProgram(LaunchConfig& cfg, const ProgramSearch& where);
 
-// argv of one worker: `python -u script args`, `python -u -m module args`,
-// or `program args` (--no-python, or a script that is not a .py file and is
-// executable); "${local_rank}" in any argument becomes the local rank.
-// `python` is $PYTHON_EXEC when set, else "python3". Throws IoError with
-// cfg.programNotFound when resolution found no program.
-std::vector<std::string> workerArgv(const LaunchConfig& cfg, int localRank,
-                                    const std::string& python, bool scriptIsExecutable);
+// What one worker executes. `argv` is what the worker sees; `exe` the file
+// to execute, empty when it is argv[0] itself (a bare argv[0], such as the
+// interpreter "python3", is then looked up on the worker's PATH by the
+// launcher). `interpreter`: argv[0] is the Python interpreter.
+struct WorkerCommand {
+  std::string exe;
+  std::vector<std::string> argv;
+  bool interpreter = false;
+};
+
+// The command of the worker with `localRank`:
+//   `python -u script args`, `python -u -m module args`,
+//   `python -u -c <runpy launcher> script args` (--run-path: the script runs
+//   through runpy.run_path as __main__ with sys.argv = [script, args...]), or
+//   `program args` (a direct program, see resolveProgram).
+// "${local_rank}" in any argument becomes the local rank. `python` is
+// $PYTHON_EXEC when set, else "python3" (the first on the worker's PATH, so an
+// activated virtual environment's). Throws IoError with cfg.programNotFound
+// when resolution found no program.
+WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank, const std::string& python,
+                            const ProgramSearch& where);
+
+// What the workers of one attempt share besides the config.
+struct AttemptInfo {
+  rendezvous::RoundInfo round;  // ranks, world size, the round's worker store
+  std::string runId = "none";   // TORCHELASTIC_RUN_ID
+  int restartCount = 0;         // TORCHELASTIC_RESTART_COUNT
+  int localWorldSize = 1;       // workers on this node
+};
 
 // The environment of one worker: the agent's own environment plus torchrun's
-// variables (RANK, LOCAL_RANK, ..., TORCHELASTIC_*, MASTER_ADDR/PORT).
-Env workerEnv(const LaunchConfig& cfg, const GroupInfo& group, int localRank,
-              int localWorldSize, int restartCount, const std::string& errorFile,
-              const Env& agentEnv);
+// variables (RANK = round.baseRank + localRank, LOCAL_RANK, WORLD_SIZE,
+// GROUP_RANK, ..., TORCHELASTIC_*, MASTER_ADDR/PORT = the round's worker
+// store, TORCHELASTIC_USE_AGENT_STORE=True).
+Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank,
+              const std::string& errorFile, const Env& agentEnv);
 
 }  // namespace ddprun::agent

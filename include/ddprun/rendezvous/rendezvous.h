@@ -11,8 +11,9 @@
 // it for long (at most one store request). Results and events are delivered
 // through the `Post` function given to the factory, i.e. on the agent's
 // thread. cancel() may be called from any thread. Implementations: local (one
-// node, no store of its own), static (a fixed set of nodes), dynamic
-// (elastic, a later issue) — the agent does not know which one it talks to.
+// node: no agent store, it hosts each round's worker store), static (a fixed
+// set of nodes), dynamic (elastic, a later issue) — the agent does not know
+// which one it talks to.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +87,10 @@ class Rendezvous {
   // pending joins end with CancelledError. Idempotent.
   virtual void shutdown() = 0;
   // Abandons any blocking wait at once (thread-safe, also from a signal
-  // path): a pending join ends with CancelledError.
+  // path): a pending join ends with CancelledError. It is for leaving in a
+  // hurry and cannot be undone: later joins end with CancelledError, reports
+  // are dropped and no more events arrive; call shutdown() next. To leave
+  // after reporting (the peers must hear of it), call shutdown() alone.
   virtual void cancel() = 0;
 
   // One line for the start message: "static, node 1 of 2, store 10.0.0.1:29500".

@@ -4,8 +4,19 @@
 //
 // Node 0's agent hosts the agent store on A:P for its whole life; every agent
 // is a client of it. Node 0 also hosts each round's fresh worker store (port
-// 0) and publishes its port in the round's keys. A watcher waits on the
-// round's end key and turns it into a typed RoundEvent.
+// 0) and publishes its port in the round's keys; RoundInfo.workerStoreHost is
+// A. A watcher waits on the round's end key and turns it into a typed
+// RoundEvent (finished; failed or closed by node N, with the reason; store
+// lost). The keys are listed in static_rendezvous.cc; a job's are under
+// "ddprun/<run_id>/round/<r>/", as in earlier versions.
+//
+// Threading as in rendezvous.h: connecting, waiting for the peers, reports and
+// waiting for a round's end run on threads of the rendezvous; cancel() ends
+// each of those waits at once (a signal while node 0 waits for its peers, or
+// while a node waits for an absent node 0). shutdown() delivers the reports
+// already made (they may close the job for the peers), then cancels and joins
+// its threads; node 0 first waits, up to leaveTimeout, until every node has
+// read the last round's end, so that none finds the store gone instead.
 #pragma once
 
 #include <chrono>
@@ -23,11 +34,16 @@ struct StaticOptions {
   int nnodes = 1;
   std::string runId = "none";
   std::chrono::milliseconds timeout{900'000};  // joining a round, waiting for peers
+  // shutdown(): the most it waits for reports to go out and (node 0) for the
+  // other nodes to read the round's end.
+  std::chrono::milliseconds leaveTimeout{5'000};
 };
 
-// Node 0 starts listening on A:P at once (IoError naming the holder if the
-// port is taken); connecting and waiting happen in join(), off the agent's
-// thread, and cancel() ends them at once.
+// Node 0 starts listening on A:P at once, on every address (IoError naming
+// the holder if the port is taken: a setup error before any worker starts);
+// masterPort 0 picks a free port there, which describe() shows. Connecting
+// and waiting happen in join(), off the agent's thread, and cancel() ends
+// them at once. InvalidArgument unless 0 <= nodeRank < nnodes.
 std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post);
 
 }  // namespace ddprun::rendezvous

@@ -3,10 +3,15 @@
 // here are visible under the same name to PyTorch's TCPStore and vice versa.
 //
 // Thread-safe: requests on the one connection are serialised by a mutex.
-// After a failed request (IoError) the next call reconnects.
+// After a failed request (IoError) the next call reconnects. A CancelToken
+// (TcpStoreOptions::cancel) lets another thread end a blocking call at once.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +22,35 @@
 #include "ddprun/store/wire.h"
 
 namespace ddprun::store {
+
+// Lets another thread abandon blocking store calls at once: an agent waiting
+// for its peers when a signal arrives. A TcpStore given the token shuts its
+// socket down on cancel() (which wakes a blocked poll or recv) and stops
+// retrying to connect; the interrupted call, and every later one, throws
+// CancelledError. One token may serve several clients, and any other
+// cancellable wait through subscribe(). Cancellation cannot be undone.
+// Thread-safe; cancel() is idempotent.
+class CancelToken {
+ public:
+  using Id = uint64_t;
+  void cancel();
+  bool cancelled() const;  // lock-free
+  // Runs `fn` on cancel(), or at once (on this thread) if already cancelled.
+  // `fn` runs under the token's lock: keep it short and never call the
+  // token from it.
+  Id subscribe(std::function<void()> fn);
+  // When it returns, the callback is not running and never will.
+  void unsubscribe(Id id);
+  // Sleeps up to `d`; returns early, with true, once cancelled.
+  bool sleepFor(Millis d);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> cancelled_{false};  // written under mu_; read without it
+  Id nextId_ = 1;
+  std::map<Id, std::function<void()>> callbacks_;
+};
 
 enum class ClientDialect {
   kAuto,    // v2 handshake (VALIDATE + PING); if the server hangs up, legacy
@@ -31,12 +65,15 @@ struct TcpStoreOptions {
   Millis connectTimeout{30'000};     // total time to keep retrying connect
   Backoff::Options backoff{};        // between connect attempts
   ClientDialect dialect = ClientDialect::kAuto;
+  // Null: calls end only by their timeouts. Set: see CancelToken.
+  std::shared_ptr<CancelToken> cancel;
 };
 
 class TcpStore : public Store {
  public:
   // Connects (retrying with backoff until connectTimeout) and handshakes.
-  // Throws TimeoutError naming the address when the server cannot be reached.
+  // Throws TimeoutError naming the address when the server cannot be reached,
+  // CancelledError once opts.cancel is cancelled.
   static std::unique_ptr<TcpStore> connect(const TcpStoreOptions& opts);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
@@ -83,6 +120,8 @@ class TcpStore : public Store {
   template <typename F>
   auto locked(F&& f);
   void requireV2(const char* op) const;
+  bool cancelled() const { return opts_.cancel && opts_.cancel->cancelled(); }
+  [[noreturn]] void throwCancelled(const char* what) const;
 
   TcpStoreOptions opts_;
   wire::Dialect dialect_ = wire::Dialect::kV2;

@@ -1,18 +1,33 @@
-// The agent's worker state machine and restart accounting, driven by a fake
-// launcher: no processes are started; exits are scripted.
+// The agent's state machine, driven by a fake launcher (no processes: exits
+// are scripted) and a fake rendezvous (rounds and round events are scripted).
+// No sockets, no sleeps: a 0 s shutdown timeout makes the SIGKILL path fire
+// at once.
 #include "ddprun/agent/agent.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <stdlib.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "temp_dir.h"
 
 namespace ddprun::agent {
 namespace {
+
+using rendezvous::Rendezvous;
+using rendezvous::RoundEnd;
+using rendezvous::RoundEvent;
+using rendezvous::RoundInfo;
 
 // What a fake worker does: exit at once with a status, or run until a signal
 // it honours arrives.
@@ -33,10 +48,13 @@ class FakeLauncher : public Launcher {
   struct Log {
     std::vector<Started> starts;
     std::vector<std::pair<int, int>> signals;  // (pid, sig)
+    int failStartAt = -1;                       // start() number that throws
   };
   std::shared_ptr<Log> log = std::make_shared<Log>();
 
   int start(const ProcessSpec& spec) override {
+    if (static_cast<int>(log->starts.size()) == log->failStartAt)
+      DDPRUN_THROW(IoError, "cannot start worker 'x': no such file");
     int attempt = std::stoi(spec.env.at("TORCHELASTIC_RESTART_COUNT"));
     int lr = std::stoi(spec.env.at("LOCAL_RANK"));
     int pid = nextPid_++;
@@ -57,96 +75,421 @@ class FakeLauncher : public Launcher {
     io_ = &io;
     onExit_ = std::move(h);
   }
+  // Exits happen "in the kernel" at once; the agent hears of them when the
+  // posted notification runs or when it polls.
+  void pollExits() override {
+    while (!pending_.empty()) {
+      auto [pid, status] = pending_.front();
+      pending_.pop_front();
+      if (onExit_) onExit_(pid, status);
+    }
+  }
   void stopWatching() override { onExit_ = nullptr; }
 
  private:
   void exitLater(int pid, int status) {
     running_.erase(pid);
-    boost::asio::post(*io_, [this, pid, status] {
-      if (onExit_) onExit_(pid, status);
-    });
+    pending_.emplace_back(pid, status);
+    boost::asio::post(*io_, [this] { pollExits(); });
   }
   Policy policy_;
   boost::asio::io_context* io_ = nullptr;
   ExitHandler onExit_;
   std::map<int, Behaviour> running_;
+  std::deque<std::pair<int, int>> pending_;
   int nextPid_ = 4'000'000;  // above pid_max: never a real process
+};
+
+// A rendezvous whose rounds complete at once (or as a hook decides) and
+// whose round events the test scripts.
+class FakeRendezvous : public Rendezvous {
+ public:
+  struct Log {
+    int joins = 0;
+    std::vector<int> successes;
+    std::vector<std::pair<std::string, bool>> failures;  // (why, closeJob)
+    bool cancelled = false;
+    bool shutdown = false;
+  };
+  // Runs when join() is called, instead of completing the round at once.
+  using JoinHook = std::function<void(FakeRendezvous&, int round)>;
+
+  FakeRendezvous(Post post, std::shared_ptr<Log> log, JoinHook hook, int groupRank = 0,
+                 int groups = 1)
+      : post_(std::move(post)), log_(std::move(log)), hook_(std::move(hook)),
+        groupRank_(groupRank), groups_(groups) {}
+
+  void setEventHandler(EventHandler h) override { handler_ = std::move(h); }
+  void join(int localWorldSize, JoinHandler done) override {
+    nproc_ = localWorldSize;
+    pending_ = std::move(done);
+    int round = log_->joins++;
+    if (hook_) hook_(*this, round);
+    else complete(round);
+  }
+  void reportSuccess(int round) override {
+    log_->successes.push_back(round);
+    if (autoFinish) emit({round, RoundEnd::kFinished, -1, ""});
+  }
+  void reportFailure(int round, const std::string& why, bool closeJob) override {
+    log_->failures.emplace_back(why, closeJob);
+    emit({round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, groupRank_, why});
+  }
+  void shutdown() override { log_->shutdown = true; }
+  void cancel() override {
+    log_->cancelled = true;
+    if (pending_) fail(std::make_exception_ptr(CancelledError("cancelled")));
+  }
+  std::string describe() const override { return "fake"; }
+
+  void complete(int round) {
+    RoundInfo info;
+    info.round = round;
+    info.groupRank = groupRank_;
+    info.groupWorldSize = groups_;
+    info.baseRank = groupRank_ * nproc_;
+    info.worldSize = groups_ * nproc_;
+    info.workerStoreHost = "127.0.0.1";
+    info.workerStorePort = 29999;
+    auto done = std::move(pending_);
+    pending_ = nullptr;
+    post_([done, info] { done(nullptr, info); });
+  }
+  void fail(std::exception_ptr e) {
+    auto done = std::move(pending_);
+    pending_ = nullptr;
+    post_([done, e] { done(e, {}); });
+  }
+  void emit(RoundEvent ev) {
+    post_([this, ev] {
+      if (handler_) handler_(ev);
+    });
+  }
+  bool autoFinish = true;
+
+ private:
+  Post post_;
+  std::shared_ptr<Log> log_;
+  JoinHook hook_;
+  int groupRank_, groups_;
+  int nproc_ = 1;
+  JoinHandler pending_;
+  EventHandler handler_;
 };
 
 LaunchConfig config(int nproc, int maxRestarts) {
   LaunchConfig c;
-  c.standalone = true;
   c.nprocPerNode = nproc;
   c.maxRestarts = maxRestarts;
   c.noPython = true;
   c.script = "/bin/true";
-  c.shutdownTimeout = std::chrono::seconds(1);
-  c.logDir = (std::filesystem::temp_directory_path() / "ddprun_agent_test").string();
+  c.shutdownTimeout = std::chrono::seconds(0);
+  c.signalsToHandle = {SIGTERM, SIGINT};
   return c;
 }
 
-int run(LaunchConfig c, FakeLauncher::Policy p, std::shared_ptr<FakeLauncher::Log>& log) {
-  auto launcher = std::make_unique<FakeLauncher>(std::move(p));
-  log = launcher->log;
-  testing::internal::CaptureStderr();
-  int rc = Agent(std::move(c), std::move(launcher)).run();
-  testing::internal::GetCapturedStderr();
-  return rc;
+// One agent run with fakes; console output lands in files read afterwards.
+struct Harness {
+  ddprun::testing::TempDir dir;
+  LaunchConfig cfg;
+  FakeLauncher::Policy policy;
+  FakeRendezvous::JoinHook hook;
+  int groupRank = 0, groups = 1;
+  bool autoFinish = true;
+  std::shared_ptr<FakeLauncher::Log> launches;
+  std::shared_ptr<FakeRendezvous::Log> rdzv = std::make_shared<FakeRendezvous::Log>();
+  Agent* agent = nullptr;
+  FakeRendezvous* fake = nullptr;
+  std::string out, err;
+
+  explicit Harness(LaunchConfig c) : cfg(std::move(c)) { cfg.logDir = dir.file("logs"); }
+
+  int run() {
+    setLogStyle(LogStyle::kConsole);
+    auto launcher = std::make_unique<FakeLauncher>(policy);
+    launches = launcher->log;
+    AgentParts parts;
+    parts.launcher = std::move(launcher);
+    parts.handleSignals = false;
+    parts.makeRendezvous = [this](Rendezvous::Post post) {
+      auto r = std::make_unique<FakeRendezvous>(std::move(post), rdzv, hook, groupRank, groups);
+      r->autoFinish = autoFinish;
+      fake = r.get();
+      return r;
+    };
+    int outFd = ::open(dir.file("console.out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    int errFd = ::open(dir.file("console.err").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    parts.consoleOut = outFd;
+    parts.consoleErr = errFd;
+    ::testing::internal::CaptureStderr();  // the agent's own messages
+    int rc = 0;
+    {
+      Agent a(cfg, std::move(parts));
+      agent = &a;
+      rc = a.run();
+      agent = nullptr;
+    }
+    err = ::testing::internal::GetCapturedStderr();
+    ::close(outFd);
+    ::close(errFd);
+    err += slurp(dir.file("console.err"));
+    out = slurp(dir.file("console.out"));
+    return rc;
+  }
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  int startsInAttempt(int attempt) const {
+    int n = 0;
+    for (const auto& s : launches->starts) n += s.attempt == attempt;
+    return n;
+  }
+};
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
 }
 
 TEST(AgentStateMachine, AllSucceedFirstTime) {
-  std::shared_ptr<FakeLauncher::Log> log;
-  int rc = run(config(3, 0), [](int, int) { return Behaviour{0}; }, log);
-  EXPECT_EQ(rc, kExitSuccess);
-  EXPECT_EQ(log->starts.size(), 3u);
-  EXPECT_TRUE(log->signals.empty());
+  Harness h(config(3, 0));
+  h.policy = [](int, int) { return Behaviour{0}; };
+  EXPECT_EQ(h.run(), kExitSuccess);
+  EXPECT_EQ(h.launches->starts.size(), 3u);
+  EXPECT_TRUE(h.launches->signals.empty());
+  EXPECT_EQ(h.rdzv->successes, std::vector<int>{0});
+  EXPECT_TRUE(h.rdzv->shutdown);
+  // One start line by default, in the one console style.
+  EXPECT_EQ(count(h.err, "ddprun: started 3 workers (ranks 0-2 of 3); worker store at "
+                         "127.0.0.1:29999; logs in "),
+            1u)
+      << h.err;
 }
 
 TEST(AgentStateMachine, FailureStopsTheOthersThenOneRestartSucceeds) {
-  std::shared_ptr<FakeLauncher::Log> log;
-  int rc = run(config(2, 3),
-               [](int attempt, int lr) {
-                 if (attempt == 0 && lr == 1) return Behaviour{3};
-                 if (attempt == 0) return Behaviour{};  // runs until stopped
-                 return Behaviour{0};
-               },
-               log);
-  EXPECT_EQ(rc, kExitSuccess);
-  ASSERT_EQ(log->starts.size(), 4u);
-  EXPECT_EQ(log->starts[2].attempt, 1);
-  EXPECT_EQ(log->starts[3].env.at("TORCHELASTIC_RESTART_COUNT"), "1");
-  EXPECT_EQ(log->starts[3].env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
-  // Rank 0 of attempt 0 was asked to stop with SIGTERM, and nothing was killed.
-  ASSERT_EQ(log->signals.size(), 1u);
-  EXPECT_EQ(log->signals[0], std::make_pair(log->starts[0].pid, SIGTERM));
+  Harness h(config(2, 3));
+  h.policy = [](int attempt, int lr) {
+    if (attempt == 0 && lr == 1) return Behaviour{3};
+    if (attempt == 0) return Behaviour{};  // runs until stopped
+    return Behaviour{0};
+  };
+  EXPECT_EQ(h.run(), kExitSuccess);
+  ASSERT_EQ(h.launches->starts.size(), 4u);
+  EXPECT_EQ(h.launches->starts[2].attempt, 1);
+  EXPECT_EQ(h.launches->starts[3].env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(h.launches->starts[3].env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  // Rank 0 of attempt 0 was asked to stop with SIGTERM; nothing was killed.
+  ASSERT_EQ(h.launches->signals.size(), 1u);
+  EXPECT_EQ(h.launches->signals[0], std::make_pair(h.launches->starts[0].pid, SIGTERM));
+  // The failure went to the rendezvous, with restarts left (not closing).
+  ASSERT_EQ(h.rdzv->failures.size(), 1u);
+  EXPECT_NE(h.rdzv->failures[0].first.find("rank 1 (local_rank 1"), std::string::npos);
+  EXPECT_FALSE(h.rdzv->failures[0].second);
+  EXPECT_EQ(h.rdzv->joins, 2);
+  EXPECT_NE(h.err.find("restart 1 of 3"), std::string::npos) << h.err;
 }
 
-TEST(AgentStateMachine, RestartBudgetIsExactlyMaxRestarts) {
-  std::shared_ptr<FakeLauncher::Log> log;
-  int rc = run(config(2, 2), [](int, int lr) { return lr == 0 ? Behaviour{1} : Behaviour{}; },
-               log);
-  EXPECT_EQ(rc, kExitWorkersFailed);
-  EXPECT_EQ(log->starts.size(), 6u);  // 1 attempt + 2 restarts, 2 workers each
-  EXPECT_EQ(log->starts.back().attempt, 2);
+TEST(AgentStateMachine, RestartBudgetIsExactlyMaxRestartsAndCountedUp) {
+  Harness h(config(2, 2));
+  h.policy = [](int, int lr) { return lr == 0 ? Behaviour{1} : Behaviour{}; };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.launches->starts.size(), 6u);  // 1 attempt + 2 restarts, 2 workers each
+  EXPECT_EQ(h.launches->starts.back().attempt, 2);
+  EXPECT_NE(h.err.find("restart 1 of 2"), std::string::npos) << h.err;
+  EXPECT_NE(h.err.find("restart 2 of 2"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("restarts left"), std::string::npos) << h.err;
+  // Only the last failure closes the job.
+  ASSERT_EQ(h.rdzv->failures.size(), 3u);
+  EXPECT_FALSE(h.rdzv->failures[0].second);
+  EXPECT_FALSE(h.rdzv->failures[1].second);
+  EXPECT_TRUE(h.rdzv->failures[2].second);
+  // The report: rank 0 is the root cause, rank 1 a victim.
+  EXPECT_NE(h.err.find("Root Cause (first observed failure):\n[0]:"), std::string::npos);
+  EXPECT_NE(h.err.find("stopped by ddprun"), std::string::npos);
 }
 
 TEST(AgentStateMachine, WorkerIgnoringSigtermGetsSigkillAfterGrace) {
-  std::shared_ptr<FakeLauncher::Log> log;
-  auto t0 = std::chrono::steady_clock::now();
-  int rc = run(config(2, 0),
-               [](int, int lr) {
-                 Behaviour b;
-                 if (lr == 1) b.exitCode = 2;
-                 else b.ignoresSigterm = true;
-                 return b;
-               },
-               log);
-  auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_EQ(rc, kExitWorkersFailed);
-  ASSERT_EQ(log->signals.size(), 2u);
-  EXPECT_EQ(log->signals[0].second, SIGTERM);
-  EXPECT_EQ(log->signals[1].second, SIGKILL);
-  EXPECT_GE(took, std::chrono::milliseconds(950));  // the 1 s grace
+  Harness h(config(2, 0));
+  h.policy = [](int, int lr) {
+    Behaviour b;
+    if (lr == 1) b.exitCode = 2;
+    else b.ignoresSigterm = true;
+    return b;
+  };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  ASSERT_EQ(h.launches->signals.size(), 2u);
+  EXPECT_EQ(h.launches->signals[0].second, SIGTERM);
+  EXPECT_EQ(h.launches->signals[1].second, SIGKILL);
+}
+
+TEST(AgentStateMachine, TwoSimultaneousFailuresAreBothCulprits) {
+  Harness h(config(3, 0));
+  h.policy = [](int, int lr) { return lr < 2 ? Behaviour{lr + 1} : Behaviour{}; };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  // Only rank 2 was running when the agent stopped the group.
+  ASSERT_EQ(h.launches->signals.size(), 1u);
+  EXPECT_EQ(h.launches->signals[0].first, h.launches->starts[2].pid);
+  // Ranks 0 and 1 failed by themselves: neither is a victim; rank 2 is.
+  EXPECT_EQ(count(h.err, "stopped by ddprun"), 1u) << h.err;
+  EXPECT_NE(h.err.find("rank      : 0 (local_rank: 0)"), std::string::npos);
+  EXPECT_NE(h.err.find("rank      : 1 (local_rank: 1)"), std::string::npos);
+  // The report also lands in the log directory.
+  bool found = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(h.dir.file("logs")))
+    found |= e.path().filename() == "failure_report.txt";
+  EXPECT_TRUE(found);
+}
+
+TEST(AgentStateMachine, SignalDuringJoinEndsTheAgentAtOnce) {
+  Harness h(config(2, 0));
+  h.hook = [&h](FakeRendezvous&, int) { h.agent->signal(SIGINT); };  // the join never completes
+  EXPECT_EQ(h.run(), 128 + SIGINT);
+  EXPECT_TRUE(h.rdzv->cancelled);
+  EXPECT_TRUE(h.launches->starts.empty());
+}
+
+TEST(AgentStateMachine, SignalWhileRunningIsForwardedAndClosesTheJob) {
+  Harness h(config(2, 3));
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    r.complete(round);
+    h.agent->signal(SIGTERM);  // runs after the workers started
+  };
+  EXPECT_EQ(h.run(), 128 + SIGTERM);
+  ASSERT_EQ(h.launches->signals.size(), 2u);
+  for (const auto& s : h.launches->signals) EXPECT_EQ(s.second, SIGTERM);
+  ASSERT_EQ(h.rdzv->failures.size(), 1u);
+  EXPECT_TRUE(h.rdzv->failures[0].second);  // closes the job for every node
+  EXPECT_EQ(h.rdzv->joins, 1);              // no restart after a signal
+}
+
+TEST(AgentStateMachine, PeerFailureStopsAndRestartsTogether) {
+  Harness h(config(2, 1));
+  h.groupRank = 0;
+  h.groups = 2;
+  h.policy = [](int attempt, int) { return attempt == 0 ? Behaviour{} : Behaviour{0}; };
+  h.hook = [](FakeRendezvous& r, int round) {
+    r.complete(round);
+    if (round == 0) r.emit({0, RoundEnd::kFailed, 1, "rank 3 exited with 1"});
+  };
+  EXPECT_EQ(h.run(), kExitSuccess);
+  EXPECT_EQ(h.startsInAttempt(0), 2);
+  EXPECT_EQ(h.startsInAttempt(1), 2);
+  EXPECT_EQ(h.launches->starts.back().env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_TRUE(h.rdzv->failures.empty());  // not ours to report
+  EXPECT_NE(h.err.find("the job failed on node 1 (rank 3 exited with 1)"), std::string::npos)
+      << h.err;
+}
+
+TEST(AgentStateMachine, PeerClosedEndsTheJobNamingThePeerNotALocalVictim) {
+  Harness h(config(2, 3));
+  h.groups = 2;
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [](FakeRendezvous& r, int round) {
+    r.complete(round);
+    r.emit({round, RoundEnd::kClosed, 1, "rank 2 exited with 1"});
+  };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->joins, 1);
+  EXPECT_NE(h.err.find("the job failed on node 1"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("Root Cause"), std::string::npos) << h.err;
+}
+
+TEST(AgentStateMachine, MembershipChangeRestartsWithoutCounting) {
+  Harness h(config(1, 0));  // no restart budget at all
+  h.policy = [](int, int) { return Behaviour{}; };
+  int joins = 0;
+  h.hook = [&](FakeRendezvous& r, int round) {
+    ++joins;
+    r.complete(round);
+    if (round == 0) r.emit({0, RoundEnd::kMembershipChanged, 2, "node 2 is waiting"});
+    else h.agent->signal(SIGTERM);  // end the test from the second round
+  };
+  EXPECT_EQ(h.run(), 128 + SIGTERM);
+  EXPECT_EQ(joins, 2);
+  ASSERT_EQ(h.launches->starts.size(), 2u);
+  EXPECT_EQ(h.launches->starts[1].env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+}
+
+TEST(AgentStateMachine, WaitsForTheRoundToFinishAfterLocalSuccess) {
+  Harness h(config(1, 0));
+  h.groups = 2;
+  h.autoFinish = false;
+  h.policy = [](int, int) { return Behaviour{0}; };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    r.complete(round);
+    // The peer is still running when our worker succeeds; it then fails.
+    r.emit({round, RoundEnd::kFailed, 1, "rank 1 exited with 1"});
+  };
+  // Ordered after the exit: the round fails elsewhere while we wait; with no
+  // budget the job is over: exit 1, naming the peer.
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->successes, std::vector<int>{0});
+  EXPECT_NE(h.err.find("the job failed on node 1"), std::string::npos) << h.err;
+}
+
+TEST(AgentStateMachine, StoreLostAfterLocalSuccessIsSuccess) {
+  Harness h(config(1, 0));
+  h.groups = 2;
+  h.autoFinish = false;
+  h.policy = [](int, int) { return Behaviour{0}; };
+  h.hook = [](FakeRendezvous& r, int round) {
+    r.complete(round);
+    r.emit({round, RoundEnd::kStoreLost, 0, ""});
+  };
+  EXPECT_EQ(h.run(), kExitSuccess);
+}
+
+TEST(AgentStateMachine, JoinFailureIsASetupError) {
+  Harness h(config(2, 5));
+  h.hook = [](FakeRendezvous& r, int) {
+    r.fail(std::make_exception_ptr(
+        TimeoutError("not every one of the 2 nodes joined: node 1 is missing", "x.cc", 1)));
+  };
+  EXPECT_EQ(h.run(), kExitSetup);
+  EXPECT_TRUE(h.launches->starts.empty());
+  EXPECT_NE(h.err.find("ddprun: error: rendezvous failed: not every one of the 2 nodes joined"),
+            std::string::npos)
+      << h.err;
+  EXPECT_EQ(h.err.find("x.cc"), std::string::npos);  // no source locations
+}
+
+TEST(AgentStateMachine, SpawnFailureExitsThree) {
+  Harness h(config(3, 2));
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    h.launches->failStartAt = 2;
+    r.complete(round);
+  };
+  EXPECT_EQ(h.run(), kExitSetup);
+  EXPECT_EQ(h.launches->starts.size(), 2u);
+  // The two started workers were killed; the job is closed for every node.
+  EXPECT_EQ(h.launches->signals.size(), 2u);
+  ASSERT_EQ(h.rdzv->failures.size(), 1u);
+  EXPECT_TRUE(h.rdzv->failures[0].second);
+  EXPECT_NE(h.err.find("ddprun: error: cannot start worker"), std::string::npos) << h.err;
+}
+
+TEST(AgentStateMachine, ACrashStormReachesItsBudget) {
+  Harness h(config(2, 300));
+  h.policy = [](int, int lr) { return lr == 0 ? Behaviour{1} : Behaviour{}; };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.launches->starts.size(), 602u);
+  EXPECT_EQ(h.launches->starts.back().env.at("TORCHELASTIC_RESTART_COUNT"), "300");
+  EXPECT_EQ(h.rdzv->joins, 301);
+}
+
+TEST(AgentStateMachine, NoUnhonouredFlagIsSilent) {
+  LaunchConfig c = config(1, 0);
+  c.warnings = {"--numa-binding=node is not supported yet; workers are not bound"};
+  Harness h(c);
+  h.policy = [](int, int) { return Behaviour{0}; };
+  EXPECT_EQ(h.run(), kExitSuccess);
+  EXPECT_EQ(count(h.err, "ddprun: warning: --numa-binding=node is not supported yet"), 1u);
 }
 
 }  // namespace

@@ -2,9 +2,17 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <stdlib.h>
 
+#include <fstream>
 #include <map>
+#include <regex>
+#include <sstream>
+
+#include "ddprun/common/strings.h"
+
+#ifndef DDPRUN_DOCS_DIR
+#error "DDPRUN_DOCS_DIR must name the docs directory (tests/CMakeLists.txt)"
+#endif
 
 namespace ddprun::cli {
 namespace {
@@ -17,8 +25,10 @@ struct Parsed {
   int rc;
   LaunchConfig cfg;
   std::string err;
+  std::string out;
 };
 
+// Parses with an injected environment: no process variable is read.
 Parsed parse(std::vector<const char*> args, std::map<std::string, std::string> env = {}) {
   args.insert(args.begin(), "ddprun");
   Parsed p;
@@ -27,10 +37,16 @@ Parsed parse(std::vector<const char*> args, std::map<std::string, std::string> e
     if (it == env.end()) return std::nullopt;
     return it->second;
   };
+  testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();
   p.rc = parseLaunchCli(static_cast<int>(args.size()), args.data(), lookup, p.cfg);
   p.err = testing::internal::GetCapturedStderr();
+  p.out = testing::internal::GetCapturedStdout();
   return p;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
 }
 
 TEST(LaunchCli, DefaultsMatchTorchrun) {
@@ -41,56 +57,114 @@ TEST(LaunchCli, DefaultsMatchTorchrun) {
   EXPECT_EQ(c.maxNodes, 1);
   EXPECT_EQ(c.nprocKind, NprocKind::kCount);
   EXPECT_EQ(c.nprocPerNode, 1);
-  EXPECT_EQ(c.rdzvBackend, "static");
-  EXPECT_EQ(c.rdzvId, "none");
   EXPECT_EQ(c.maxRestarts, 0);
   EXPECT_DOUBLE_EQ(c.monitorInterval, 0.1);
   EXPECT_EQ(c.role, "default");
-  EXPECT_EQ(c.masterAddr, "127.0.0.1");
-  EXPECT_EQ(c.masterPort, 29500);
   EXPECT_EQ(c.shutdownTimeout.count(), 30);
   EXPECT_EQ(c.signalsToHandle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(c.rdzvTimeout, std::chrono::seconds(900));
   EXPECT_EQ(c.script, "train.py");
   EXPECT_TRUE(c.scriptArgs.empty());
+  EXPECT_TRUE(c.explicitFlags.empty());
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+// torchrun 2.x on one node without --master-port: the standalone path.
+TEST(LaunchCli, OneNodeDefaultTakesAFreePortAndAFreshRunId) {
+  auto a = parse({"train.py"});
+  auto b = parse({"--nproc-per-node=4", "train.py"});
+  ASSERT_EQ(a.rc, -1) << a.err;
+  ASSERT_EQ(b.rc, -1) << b.err;
+  EXPECT_TRUE(a.cfg.standaloneByDefault);
+  EXPECT_FALSE(a.cfg.standalone);
+  EXPECT_EQ(a.cfg.masterPort, 0);
+  EXPECT_EQ(a.cfg.masterAddr, "localhost");
+  EXPECT_EQ(a.cfg.rdzvBackend, "c10d");
+  EXPECT_EQ(a.cfg.rdzvId.size(), 36u) << a.cfg.rdzvId;
+  EXPECT_NE(a.cfg.rdzvId, b.cfg.rdzvId);
+  // An explicit id is kept (torchrun would replace it): it only names the job.
+  auto named = parse({"--rdzv-id=job7", "train.py"});
+  ASSERT_EQ(named.rc, -1) << named.err;
+  EXPECT_TRUE(named.cfg.standaloneByDefault);
+  EXPECT_EQ(named.cfg.rdzvId, "job7");
+}
+
+TEST(LaunchCli, MasterPortFlagOrPetKeepsTheFixedPortStaticRendezvous) {
+  for (const auto& p :
+       {parse({"--master-port", "29500", "train.py"}),
+        parse({"train.py"}, {{"PET_MASTER_PORT", "29500"}}),
+        parse({"--master_port=29500", "--rdzv-backend=static", "train.py"})}) {
+    ASSERT_EQ(p.rc, -1) << p.err;
+    EXPECT_FALSE(p.cfg.standaloneByDefault);
+    EXPECT_EQ(p.cfg.rdzvBackend, "static");
+    EXPECT_EQ(p.cfg.masterPort, 29500);
+    EXPECT_EQ(p.cfg.masterAddr, "127.0.0.1");
+    EXPECT_EQ(p.cfg.rdzvId, "none");
+    EXPECT_TRUE(p.cfg.explicitFlags.count("master_port"));
+  }
 }
 
 TEST(LaunchCli, BothSpellingsAndScriptArgsPassThrough) {
   auto a = parse({"--nproc_per_node=4", "--max_restarts", "3", "train.py", "--lr", "0.1",
-                  "--nproc_per_node=9"});
+                  "--nproc_per_node=9", "--", "-x"});
   ASSERT_EQ(a.rc, -1) << a.err;
   EXPECT_EQ(a.cfg.nprocPerNode, 4);
   EXPECT_EQ(a.cfg.maxRestarts, 3);
   EXPECT_EQ(a.cfg.scriptArgs,
-            (std::vector<std::string>{"--lr", "0.1", "--nproc_per_node=9"}));
-  auto b = parse({"--nproc-per-node", "4", "--max-restarts=3", "--node-rank", "1",
-                  "--nnodes", "2", "--master-addr", "10.0.0.1", "--master-port", "1234",
-                  "train.py"});
+            (std::vector<std::string>{"--lr", "0.1", "--nproc_per_node=9", "--", "-x"}));
+  auto b =
+      parse({"--nproc-per-node", "4", "--max-restarts=3", "--node-rank", "1", "--nnodes",
+             "2", "--master-addr", "10.0.0.1", "--master-port", "1234", "train.py"});
   ASSERT_EQ(b.rc, -1) << b.err;
   EXPECT_EQ(b.cfg.nprocPerNode, 4);
   EXPECT_EQ(b.cfg.nodeRank, 1);
   EXPECT_EQ(b.cfg.minNodes, 2);
   EXPECT_EQ(b.cfg.masterAddr, "10.0.0.1");
   EXPECT_EQ(b.cfg.masterPort, 1234);
+  EXPECT_EQ(b.cfg.rdzvBackend, "static");
 }
 
 TEST(LaunchCli, EveryFlagParses) {
-  auto p = parse({"--nnodes=1:4", "--nproc-per-node=gpu", "--rdzv-backend=c10d",
-                  "--rdzv-endpoint=host:29400", "--rdzv-id=job7",
-                  "--rdzv-conf=join_timeout=900,read_timeout=120", "--standalone",
-                  "--monitor-interval=5", "--start-method=fork", "--event-log-handler=x",
-                  "--role=trainer", "-m", "--run-path", "--log-dir=/tmp/l", "-r", "0:1,12:3",
-                  "-t", "3", "--local-ranks-filter=0,2", "--duplicate-stdout-filters=a,,b,c",
-                  "--duplicate-stderr-filters=err", "--local-addr=n1", "--logs-specs=s",
-                  "--numa-binding=node", "--signals-to-handle=SIGTERM,USR1",
-                  "--shutdown-timeout=120", "--virtual-local-rank", "pkg.mod"});
+  auto p = parse({"--nnodes=1",
+                  "--nproc-per-node=gpu",
+                  "--rdzv-backend=c10d",
+                  "--rdzv-endpoint=localhost:29400",
+                  "--rdzv-id=job7",
+                  "--rdzv-conf=join_timeout=900,read_timeout=120",
+                  "--monitor-interval=5",
+                  "--start-method=fork",
+                  "--event-log-handler=null",
+                  "--role=trainer",
+                  "-m",
+                  "--run-path",
+                  "--log-dir=/tmp/l",
+                  "-r",
+                  "0:1,12:3",
+                  "-t",
+                  "3",
+                  "--local-ranks-filter=0,2",
+                  "--duplicate-stdout-filters=a,,b,c",
+                  "--duplicate-stderr-filters=err",
+                  "--local-addr=n1",
+                  "--logs-specs=s",
+                  "--numa-binding=node",
+                  "--signals-to-handle=SIGTERM,USR1",
+                  "--shutdown-timeout=120",
+                  "--virtual-local-rank",
+                  "--log-line-prefix-template=${hostname}:${rank}: ",
+                  "pkg.mod"});
   ASSERT_EQ(p.rc, -1) << p.err;
   const auto& c = p.cfg;
-  EXPECT_EQ(c.maxNodes, 4);
+  EXPECT_EQ(c.maxNodes, 1);
   EXPECT_EQ(c.nprocKind, NprocKind::kGpu);
-  EXPECT_EQ(c.rdzvEndpoint, "host:29400");
-  EXPECT_EQ(c.rdzvId, "job7");
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvEndpoint, "localhost:29400");
+  EXPECT_EQ(c.rdzvId, "job7");  // c10d on one node keeps the run id
   EXPECT_EQ(c.rdzvConf.at("read_timeout"), "120");
-  EXPECT_TRUE(c.standalone);
+  EXPECT_EQ(c.c10d.joinTimeout, std::chrono::seconds(900));
+  EXPECT_EQ(c.c10d.readTimeout, std::chrono::seconds(120));
+  EXPECT_EQ(c.masterAddr, "n1");  // --local-addr is MASTER_ADDR on one node
+  EXPECT_EQ(c.masterPort, 0);
   EXPECT_EQ(c.startMethod, "fork");
   EXPECT_EQ(c.role, "trainer");
   EXPECT_TRUE(c.module);
@@ -102,41 +176,176 @@ TEST(LaunchCli, EveryFlagParses) {
   EXPECT_EQ(c.tee.forRank(5), Std::kAll);
   EXPECT_EQ(c.localRanksFilter, (std::set<int>{0, 2}));
   EXPECT_EQ(c.duplicateStdoutFilters, (std::vector<std::string>{"a,b", "c"}));
+  EXPECT_EQ(c.duplicateStderrFilters, (std::vector<std::string>{"err"}));
+  EXPECT_EQ(c.logsSpecs, "s");
+  EXPECT_EQ(c.numaBinding, "node");
   EXPECT_EQ(c.signalsToHandle, (std::vector<int>{SIGTERM, SIGUSR1}));
+  EXPECT_EQ(c.signalsToHandleText, "SIGTERM,USR1");
   EXPECT_EQ(c.shutdownTimeout.count(), 120);
   EXPECT_TRUE(c.virtualLocalRank);
+  EXPECT_EQ(c.logLinePrefixTemplate, "${hostname}:${rank}: ");
   EXPECT_EQ(c.script, "pkg.mod");
+  EXPECT_EQ(c.warnings.size(), 2u);  // --logs-specs and --numa-binding
+}
+
+// `--rdzv_id= a.py b.sh` runs a.py with the run id "" (the empty value does
+// not take the next word).
+TEST(LaunchCli, EmptyValuesStayEmpty) {
+  auto p = parse({"--rdzv_id=", "a.py", "b.sh"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_EQ(p.cfg.script, "a.py");
+  EXPECT_EQ(p.cfg.scriptArgs, (std::vector<std::string>{"b.sh"}));
+  EXPECT_EQ(p.cfg.rdzvId, "");
+  auto q =
+      parse({"--role=", "--log-dir=", "--local-ranks-filter=", "--rdzv-conf=", "a.py"});
+  ASSERT_EQ(q.rc, -1) << q.err;
+  EXPECT_EQ(q.cfg.role, "");
+  EXPECT_EQ(q.cfg.logDir, "");
+  EXPECT_TRUE(q.cfg.localRanksFilter.empty());
+  EXPECT_TRUE(q.cfg.rdzvConf.empty());
+  auto r = parse({"a.py"}, {{"PET_ROLE", ""}});
+  ASSERT_EQ(r.rc, -1) << r.err;
+  EXPECT_EQ(r.cfg.role, "");
+  // An empty value where a number or a set is expected is an error.
+  for (const char* flag :
+       {"--nnodes=", "--master-port=", "--redirects=", "--max-restarts=",
+        "--signals-to-handle=", "--shutdown-timeout="}) {
+    auto bad = parse({flag, "a.py"});
+    EXPECT_EQ(bad.rc, 2) << flag;
+    EXPECT_TRUE(
+        contains(bad.err, std::string(flag).substr(0, std::string(flag).size() - 1)))
+        << flag << ": " << bad.err;
+  }
+}
+
+TEST(LaunchCli, DoubleDashEndsTheFlags) {
+  auto p = parse({"--nproc-per-node=2", "--", "train.py", "--lr", "1"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_EQ(p.cfg.nprocPerNode, 2);
+  EXPECT_EQ(p.cfg.script, "train.py");
+  EXPECT_EQ(p.cfg.scriptArgs, (std::vector<std::string>{"--lr", "1"}));
+  auto dashScript = parse({"--", "--odd-name.py"});
+  ASSERT_EQ(dashScript.rc, -1) << dashScript.err;
+  EXPECT_EQ(dashScript.cfg.script, "--odd-name.py");
+  auto none = parse({"--nproc-per-node=2", "--"});
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_TRUE(contains(none.err, "missing training script")) << none.err;
+}
+
+TEST(LaunchCli, RepeatedFlagsLastOneWins) {
+  auto p = parse({"--nproc-per-node=2", "--nproc_per_node", "4", "--standalone",
+                  "--standalone", "-r", "1", "--redirects=2", "--max-restarts=9",
+                  "--max-restarts=1", "t.py"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_EQ(p.cfg.nprocPerNode, 4);
+  EXPECT_TRUE(p.cfg.standalone);
+  EXPECT_EQ(p.cfg.redirects.forRank(0), Std::kErr);
+  EXPECT_EQ(p.cfg.maxRestarts, 1);
+  // Only the last value is validated, as argparse stores only the last.
+  auto q = parse({"--nnodes=0", "--nnodes=1", "t.py"});
+  EXPECT_EQ(q.rc, -1) << q.err;
+}
+
+// argparse accepts a unique prefix of a long flag (allow_abbrev).
+TEST(LaunchCli, UniquePrefixOfALongFlag) {
+  auto p = parse({"--nproc", "3", "--max-r=2", "--standa", "t.py"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_EQ(p.cfg.nprocPerNode, 3);
+  EXPECT_EQ(p.cfg.maxRestarts, 2);
+  EXPECT_TRUE(p.cfg.standalone);
+  auto ambiguous = parse({"--no", "t.py"});
+  EXPECT_EQ(ambiguous.rc, 2);
+  EXPECT_TRUE(contains(ambiguous.err, "ambiguous flag '--no'")) << ambiguous.err;
+  EXPECT_TRUE(contains(ambiguous.err, "--no-python")) << ambiguous.err;
+  EXPECT_TRUE(contains(ambiguous.err, "--node-rank")) << ambiguous.err;
+}
+
+TEST(LaunchCli, ShortFlagForms) {
+  for (const auto& args : std::vector<std::vector<const char*>>{
+           {"-r3", "t.py"}, {"-r=3", "t.py"}, {"-r", "3", "t.py"}, {"-mr3", "t.py"}}) {
+    auto p = parse(args);
+    ASSERT_EQ(p.rc, -1) << args[0] << ": " << p.err;
+    EXPECT_EQ(p.cfg.redirects.forRank(0), Std::kAll) << args[0];
+    EXPECT_EQ(p.cfg.script, "t.py");
+  }
+  EXPECT_TRUE(parse({"-mr3", "t.py"}).cfg.module);
+}
+
+TEST(LaunchCli, ValueFlagsAndSwitchesAreNotConfused) {
+  auto missing = parse({"--rdzv-id", "--standalone", "t.py"});
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_TRUE(contains(missing.err, "--rdzv-id: expected a value")) << missing.err;
+  auto abbreviated = parse({"--rdzv-i", "--standalone", "t.py"});
+  EXPECT_TRUE(contains(abbreviated.err, "--rdzv-id: expected a value")) << abbreviated.err;
+  auto explicitArg = parse({"--standalone=1", "t.py"});
+  EXPECT_EQ(explicitArg.rc, 2);
+  EXPECT_TRUE(contains(explicitArg.err, "--standalone takes no value"))
+      << explicitArg.err;
+  // A negative number is a value, as in argparse: here a bad one.
+  auto negative = parse({"--node-rank", "-1", "t.py"});
+  EXPECT_EQ(negative.rc, 2);
+  EXPECT_TRUE(contains(negative.err, "--node-rank: invalid value '-1'")) << negative.err;
 }
 
 TEST(LaunchCli, PetEnvironmentFallbackAndCommandLineWins) {
-  setenv("PET_NPROC_PER_NODE", "3", 1);
-  setenv("PET_MAX_RESTARTS", "2", 1);
-  setenv("PET_STANDALONE", "1", 1);
-  auto p = parse({"--max-restarts=5", "train.py"});
-  unsetenv("PET_NPROC_PER_NODE");
-  unsetenv("PET_MAX_RESTARTS");
-  unsetenv("PET_STANDALONE");
+  auto p = parse({"--max-restarts=5", "train.py"}, {{"PET_NPROC_PER_NODE", "3"},
+                                                    {"PET_MAX_RESTARTS", "2"},
+                                                    {"PET_STANDALONE", "1"},
+                                                    {"PET_RDZV_CONF", "timeout=60"},
+                                                    {"PET_LOGS_SPECS", "ignored"},
+                                                    {"PET_NUMA_BINDING", "ignored"}});
   ASSERT_EQ(p.rc, -1) << p.err;
   EXPECT_EQ(p.cfg.nprocPerNode, 3);
   EXPECT_EQ(p.cfg.maxRestarts, 5);
   EXPECT_TRUE(p.cfg.standalone);
+  EXPECT_EQ(p.cfg.rdzvTimeout, std::chrono::seconds(60));
+  EXPECT_EQ(p.cfg.logsSpecs, "");  // torchrun reads no PET_ for these two
+  EXPECT_EQ(p.cfg.numaBinding, "");
+  EXPECT_TRUE(p.cfg.warnings.empty());
+  auto off = parse({"train.py"}, {{"PET_STANDALONE", "0"}, {"PET_NO_PYTHON", "1"}});
+  ASSERT_EQ(off.rc, -1) << off.err;
+  EXPECT_FALSE(off.cfg.standalone);
+  EXPECT_TRUE(off.cfg.noPython);
+}
+
+TEST(LaunchCli, BadPetValuesNameTheVariable) {
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"PET_STANDALONE", "yes"}}, "PET_STANDALONE='yes'"},
+      {{{"PET_NNODES", "0"}}, "PET_NNODES='0' (from the environment): --nnodes"},
+      {{{"PET_MASTER_PORT", "70000"}}, "PET_MASTER_PORT='70000'"},
+      {{{"PET_START_METHOD", "thread"}}, "PET_START_METHOD='thread'"},
+      {{{"PET_RDZV_CONF", "timeout=abc"}}, "timeout='abc'"},
+  };
+  for (const auto& [env, needle] : cases) {
+    auto p = parse({"t.py"}, env);
+    EXPECT_EQ(p.rc, 2) << needle;
+    EXPECT_TRUE(contains(p.err, needle)) << "stderr: " << p.err;
+  }
 }
 
 TEST(LaunchCli, ShutdownTimeoutFallsBackToTorchEnv) {
   auto p = parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "600"}});
   ASSERT_EQ(p.rc, -1) << p.err;
   EXPECT_EQ(p.cfg.shutdownTimeout.count(), 600);
+  auto flagWins = parse({"--shutdown-timeout=5", "train.py"},
+                        {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "600"}});
+  EXPECT_EQ(flagWins.cfg.shutdownTimeout.count(), 5);
+  auto bad = parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon"}});
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_TRUE(contains(bad.err, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) << bad.err;
 }
 
-// Each malformed invocation exits 2 with a message naming what was wrong.
+// Each malformed invocation exits 2 with one line naming what was wrong.
 TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
   const std::vector<std::pair<std::vector<const char*>, std::string>> cases = {
       {{"--bogus", "train.py"}, "--bogus"},
+      {{"-x", "train.py"}, "'-x'"},
       {{}, "missing training script"},
       {{"--nnodes=0", "t.py"}, "--nnodes"},
       {{"--nnodes=3:2", "t.py"}, "MIN:MAX"},
       {{"--nnodes=1:2:3", "t.py"}, "--nnodes"},
       {{"--nnodes=abc", "t.py"}, "--nnodes"},
+      {{"--nnodes=1:4", "t.py"}, "not supported yet"},
       {{"--nproc-per-node=0", "t.py"}, "--nproc-per-node"},
       {{"--nproc-per-node=xpu", "t.py"}, "'cpu', 'gpu' or 'auto'"},
       {{"--nproc-per-node=-2", "t.py"}, "--nproc-per-node"},
@@ -144,12 +353,23 @@ TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
       {{"--max-restarts=many", "t.py"}, "--max-restarts"},
       {{"--monitor-interval=0", "t.py"}, "--monitor-interval"},
       {{"--monitor-interval=x", "t.py"}, "--monitor-interval"},
+      {{"--monitor-interval=inf", "t.py"}, "--monitor-interval"},
       {{"--master-port=70000", "t.py"}, "--master-port"},
       {{"--master-port=http", "t.py"}, "--master-port"},
       {{"--node-rank=-1", "t.py"}, "--node-rank"},
+      {{"--nnodes=2", "--node-rank=2", "t.py"}, "--node-rank 2 is out of range"},
       {{"--rdzv-backend=etcd", "t.py"}, "etcd"},
+      {{"--rdzv-backend=zookeeper", "t.py"}, "--rdzv-backend"},
+      {{"--rdzv-backend=c10d", "--nnodes=2", "t.py"}, "not supported yet"},
+      {{"--standalone", "--nnodes=2", "t.py"}, "--standalone"},
       {{"--rdzv-conf=timeout", "t.py"}, "KEY=VALUE"},
       {{"--rdzv-conf==5", "t.py"}, "KEY=VALUE"},
+      {{"--rdzv-conf=timeout=abc", "t.py"}, "--rdzv-conf timeout='abc'"},
+      {{"--rdzv-conf=timeout=-5", "t.py"}, "--rdzv-conf timeout='-5'"},
+      {{"--rdzv-conf=join_timeout=0", "t.py"}, "join_timeout"},
+      {{"--rdzv-conf=is_host=maybe", "t.py"}, "is_host"},
+      {{"--rdzv-endpoint=host:99999", "--master-port=1", "t.py"}, "--rdzv-endpoint"},
+      {{"--rdzv-endpoint=host", "--master-port=1", "t.py"}, "--rdzv-endpoint"},
       {{"--redirects=4", "t.py"}, "--redirects"},
       {{"--tee=0:9", "t.py"}, "--tee"},
       {{"-r", "x:1", "t.py"}, "--redirects"},
@@ -157,26 +377,129 @@ TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
       {{"--signals-to-handle=SIGKILL", "t.py"}, "SIGKILL"},
       {{"--signals-to-handle=SIGNOPE", "t.py"}, "SIGNOPE"},
       {{"--shutdown-timeout=-5", "t.py"}, "--shutdown-timeout"},
-      {{"--start-method=thread", "t.py"}, "--start-method"},
+      {{"--start-method=thread", "t.py"}, "--start-method: invalid choice 'thread'"},
+      {{"--numa-binding=rack", "t.py"}, "--numa-binding: invalid choice 'rack'"},
+      {{"--event-log-handler=syslog", "t.py"}, "--event-log-handler"},
       {{"-m", "--no-python", "t"}, "--no-python"},
-      {{"--nnodes"}, "nnodes"},
+      {{"--nnodes"}, "--nnodes: expected a value"},
+      {{"--print-completion", "fish"}, "--print-completion: invalid choice 'fish'"},
   };
   for (const auto& [args, needle] : cases) {
     auto p = parse(args);
     EXPECT_EQ(p.rc, 2) << needle;
-    EXPECT_NE(p.err.find(needle), std::string::npos) << "stderr: " << p.err;
-    EXPECT_NE(p.err.find("ddprun: error:"), std::string::npos) << p.err;
+    EXPECT_TRUE(contains(p.err, needle)) << "stderr: " << p.err;
+    EXPECT_TRUE(str::startsWith(p.err, "ddprun: error: ")) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_FALSE(contains(p.err, ".cc:")) << "source location leaked: " << p.err;
   }
 }
 
+TEST(LaunchCli, UnhonouredFlagsWarnOnceEach) {
+  auto p = parse({"--numa-binding=node", "--logs-specs=x", "--event-log-handler=console",
+                  "--local-addr=h", "--master-port=1", "--start-method=fork",
+                  "--monitor-interval=5", "--run-path", "t.py"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  ASSERT_EQ(p.cfg.warnings.size(), 4u);
+  for (const char* flag :
+       {"--numa-binding", "--logs-specs", "--event-log-handler", "--local-addr"})
+    EXPECT_EQ(std::count_if(p.cfg.warnings.begin(), p.cfg.warnings.end(),
+                            [&](const std::string& w) { return contains(w, flag); }),
+              1)
+        << flag;
+  EXPECT_TRUE(p.err.empty()) << "warnings are the agent's to print: " << p.err;
+}
+
 TEST(LaunchCli, HelpExitsZero) {
-  testing::internal::CaptureStdout();
   auto p = parse({"--help"});
-  std::string out = testing::internal::GetCapturedStdout();
   EXPECT_EQ(p.rc, 0);
-  for (const char* f : {"--nproc-per-node", "--nproc_per_node", "--rdzv-endpoint",
-                        "--max-restarts", "--shutdown-timeout", "--signals-to-handle"})
-    EXPECT_NE(out.find(f), std::string::npos) << f;
+  for (const auto& f : launchFlags())
+    for (const auto& n : f.names) EXPECT_TRUE(contains(p.out, n)) << n;
+  EXPECT_TRUE(contains(parse({"-h", "--bogus"}).out, "usage: ddprun"));
+}
+
+TEST(LaunchCli, VersionExitsZero) {
+  auto p = parse({"--version"});
+  EXPECT_EQ(p.rc, 0);
+  EXPECT_TRUE(str::startsWith(p.out, "ddprun ")) << p.out;
+}
+
+// torchrun 2.x: --print-completion {bash,zsh,tcsh} prints a script and exits
+// 0, without a training script.
+TEST(LaunchCli, PrintCompletionForEachShell) {
+  for (const char* shell : {"bash", "zsh", "tcsh"}) {
+    auto p = parse({"--print-completion", shell});
+    EXPECT_EQ(p.rc, 0) << shell << ": " << p.err;
+    EXPECT_TRUE(p.cfg.printCompletion);
+    EXPECT_EQ(p.out, completionScript(shell));
+    for (const auto& f : launchFlags())
+      for (const auto& n : f.names)
+        EXPECT_TRUE(contains(p.out, n.substr(n.rfind('-') == 0 ? 1 : 2)))
+            << shell << " " << n;
+  }
+  EXPECT_TRUE(
+      contains(completionScript("bash"), "complete -o filenames -F _ddprun ddprun"));
+  EXPECT_TRUE(contains(completionScript("bash"), "compgen -W 'spawn fork forkserver'"));
+  EXPECT_TRUE(str::startsWith(completionScript("zsh"), "#compdef ddprun\n"));
+  EXPECT_TRUE(contains(completionScript("tcsh"), "complete ddprun "));
+}
+
+// ------------------------------------------------------------ docs/cli.md
+// The rows of the flag table in docs/cli.md: the first cell's `-flag`
+// spellings, and the PET_ variable of the third cell ("" for none).
+struct DocRow {
+  std::vector<std::string> names;
+  std::string envVar;
+  std::string line;
+};
+
+std::vector<DocRow> docFlagTable() {
+  std::ifstream in(DDPRUN_DOCS_DIR "/cli.md");
+  EXPECT_TRUE(in.good()) << "cannot read " DDPRUN_DOCS_DIR "/cli.md";
+  std::vector<DocRow> rows;
+  bool inTable = false;
+  const std::regex flagRe("`(-{1,2}[a-z][a-z0-9_-]*)`");
+  const std::regex petRe("PET_[A-Z_]+");
+  for (std::string line; std::getline(in, line);) {
+    if (str::startsWith(line, "| flag ")) inTable = true;
+    if (!inTable) continue;
+    if (!str::startsWith(line, "|")) break;
+    auto cells = str::split(line, '|');  // "", flag, default, env, ...
+    if (cells.size() < 5 || str::startsWith(str::trim(cells[1]), "---") ||
+        str::trim(cells[1]) == "flag")
+      continue;
+    DocRow row;
+    row.line = line;
+    for (std::sregex_iterator it(cells[1].begin(), cells[1].end(), flagRe), end;
+         it != end; ++it)
+      row.names.push_back((*it)[1]);
+    std::smatch m;
+    if (std::regex_search(cells[3], m, petRe)) row.envVar = m.str();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST(LaunchCli, DocsFlagTableMatchesTheParser) {
+  auto rows = docFlagTable();
+  ASSERT_FALSE(rows.empty()) << "no '| flag |' table in docs/cli.md";
+  std::map<std::string, const DocRow*> documented;
+  for (const auto& row : rows)
+    for (const auto& n : row.names) documented[n] = &row;
+  for (const auto& f : launchFlags()) {
+    for (const auto& n : f.names) {
+      if (!documented.count(n)) {
+        ADD_FAILURE() << n << " is missing from the docs/cli.md flag table";
+        continue;
+      }
+      EXPECT_EQ(documented[n]->envVar, f.envVar)
+          << "environment variable of " << n << " in: " << documented[n]->line;
+      EXPECT_EQ(documented[n]->names, f.names) << "spellings of " << n << " in one row";
+    }
+  }
+  std::set<std::string> parsed;
+  for (const auto& f : launchFlags()) parsed.insert(f.names.begin(), f.names.end());
+  for (const auto& [n, row] : documented)
+    EXPECT_TRUE(parsed.count(n)) << n << " is in docs/cli.md but not a flag of ddprun";
 }
 
 }  // namespace

@@ -12,36 +12,9 @@
 namespace ddprun::agent {
 namespace {
 
-TEST(AssignRanks, HeterogeneousNodes) {
-  auto l = assignRanks({4, 2, 3});
-  EXPECT_EQ(l.baseRanks, (std::vector<int>{0, 4, 6}));
-  EXPECT_EQ(l.worldSize, 9);
-  EXPECT_THROW(assignRanks({2, 0}), InvalidArgument);
-}
-
-TEST(WorkerArgv, PythonModuleProgramAndMacro) {
-  LaunchConfig c;
-  c.script = "train.py";
-  c.scriptArgs = {"--out", "ckpt_${local_rank}.pt", "${local_rank}${local_rank}"};
-  EXPECT_EQ(workerArgv(c, 3, "python3", false),
-            (std::vector<std::string>{"python3", "-u", "train.py", "--out", "ckpt_3.pt", "33"}));
-  c.module = true;
-  c.script = "pkg.train";
-  c.scriptArgs = {};
-  EXPECT_EQ(workerArgv(c, 0, "/opt/py", false),
-            (std::vector<std::string>{"/opt/py", "-u", "-m", "pkg.train"}));
-  c.module = false;
-  c.noPython = true;
-  c.script = "./train";
-  EXPECT_EQ(workerArgv(c, 1, "python3", false), (std::vector<std::string>{"./train"}));
-  c.noPython = false;  // an executable that is not a .py file runs directly
-  EXPECT_EQ(workerArgv(c, 1, "python3", true), (std::vector<std::string>{"./train"}));
-  c.script = "run.py";  // a .py file always goes through python
-  EXPECT_EQ(workerArgv(c, 1, "python3", true),
-            (std::vector<std::string>{"python3", "-u", "run.py"}));
-}
-
 namespace fs = std::filesystem;
+
+using Argv = std::vector<std::string>;
 
 // A temporary tree: cwd/, bundled/ (beside ddprun), path1/ and path2/ (PATH).
 class ResolveProgram : public ::testing::Test {
@@ -57,83 +30,110 @@ class ResolveProgram : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  // Creates dir/name, executable or not; returns its path.
-  std::string put(const std::string& dir, const std::string& name, bool executable) {
+  // Creates dir/name, a shell script or a native (ELF) program, executable
+  // or not; returns its path.
+  std::string put(const std::string& dir, const std::string& name, bool executable,
+                  bool elf = false) {
     fs::path p = root_ / dir / name;
-    std::ofstream(p) << "#!/bin/sh\n";
+    std::ofstream(p, std::ios::binary) << (elf ? std::string("\x7f" "ELF\x02\x01\x01", 7)
+                                               : std::string("#!/bin/sh\necho hi\n"));
     chmod(p.c_str(), executable ? 0755 : 0644);
     return p.string();
   }
-  ResolvedProgram resolve(const std::string& name, bool noPython = false, bool module = false) {
-    return resolveProgram(name, module, noPython, where_);
+  ResolvedProgram resolve(const std::string& name, bool noPython = false, bool module = false,
+                          bool runPath = false) {
+    return resolveProgram(name, module, noPython, runPath, where_);
+  }
+  LaunchConfig config(const std::string& script, Argv args = {}) {
+    LaunchConfig c;
+    c.script = script;
+    c.scriptArgs = std::move(args);
+    return c;
   }
 
   fs::path root_;
   ProgramSearch where_;
 };
 
-TEST_F(ResolveProgram, FileInCurrentDirectoryKeepsTodaysRule) {
-  put("bundled", "train", true);  // never consulted while ./train exists
-  put("cwd", "train", false);
+TEST_F(ResolveProgram, FileInCurrentDirectoryRunsUnderPythonUnlessNative) {
+  put("bundled", "train", true, /*elf=*/true);  // never consulted while ./train exists
+  put("cwd", "train", true);  // an executable shell script: Python, as torchrun does
   auto r = resolve("train");
-  EXPECT_EQ(r.program, "train");  // a python script, as given
+  EXPECT_EQ(r.program, "train");
+  EXPECT_EQ(r.path, "");
   EXPECT_FALSE(r.direct);
   EXPECT_EQ(r.notFound, "");
-  put("cwd", "train", true);  // executable, not .py: run directly, never from PATH
+  r = resolve("train", /*noPython=*/true);  // --no-python: directly, never from PATH
+  EXPECT_EQ(r.program, "train");
+  EXPECT_EQ(r.path, "./train");
+  EXPECT_TRUE(r.direct);
+  put("cwd", "train", true, /*elf=*/true);  // a native executable runs directly
   r = resolve("train");
-  EXPECT_EQ(r.program, "./train");
+  EXPECT_EQ(r.program, "train");
+  EXPECT_EQ(r.path, "./train");
   EXPECT_TRUE(r.direct);
-  r = resolve("train", /*noPython=*/true);
-  EXPECT_EQ(r.program, "./train");
-  EXPECT_TRUE(r.direct);
-  put("cwd", "run.py", true);  // .py always goes through python
+  put("cwd", "run.py", true);
   r = resolve("run.py");
   EXPECT_EQ(r.program, "run.py");
   EXPECT_FALSE(r.direct);
 }
 
 TEST_F(ResolveProgram, BareNameRunsTheBundledProgramThenPath) {
-  std::string bundled = put("bundled", "train", true);
+  std::string bundled = put("bundled", "train", true, /*elf=*/true);
   std::string onPath = put("path2", "train", true);
   put("path1", "train", false);  // not executable: skipped
   auto r = resolve("train");
-  EXPECT_EQ(r.program, bundled);
+  EXPECT_EQ(r.program, "train");  // argv[0] stays as given
+  EXPECT_EQ(r.path, bundled);
   EXPECT_TRUE(r.direct);  // as if --no-python
   EXPECT_EQ(r.notFound, "");
   fs::remove(bundled);
   r = resolve("train");
-  EXPECT_EQ(r.program, onPath);
+  EXPECT_EQ(r.program, "train");
+  EXPECT_EQ(r.path, onPath);
   EXPECT_TRUE(r.direct);
   put("bundled", "train", false);  // a non-executable bundled file is skipped too
-  EXPECT_EQ(resolve("train").program, onPath);
+  EXPECT_EQ(resolve("train").path, onPath);
   fs::create_directory(root_ / "cwd" / "tool");  // a directory here is not the program
   std::string tool = put("path1", "tool", true);
-  EXPECT_EQ(resolve("tool").program, tool);
+  EXPECT_EQ(resolve("tool").path, tool);
 }
 
 TEST_F(ResolveProgram, NoPythonBareNameIsSearchedToo) {
   std::string bundled = put("bundled", "helper.py", true);
   auto r = resolve("helper.py", /*noPython=*/true);
-  EXPECT_EQ(r.program, bundled);
+  EXPECT_EQ(r.path, bundled);
+  EXPECT_EQ(r.program, "helper.py");
   EXPECT_TRUE(r.direct);
-  // Without --no-python a missing .py script is python's to report.
+  // Without --no-python a missing .py script is Python's to report.
   r = resolve("helper.py");
   EXPECT_EQ(r.program, "helper.py");
   EXPECT_FALSE(r.direct);
   EXPECT_EQ(r.notFound, "");
 }
 
-TEST_F(ResolveProgram, PathsAndModulesAreNotSearched) {
-  put("bundled", "train", true);
+TEST_F(ResolveProgram, PathsModulesAndRunPathAreNotSearched) {
+  put("bundled", "train", true, /*elf=*/true);
   put("path1", "pkg.train", true);
   auto r = resolve("sub/train");  // relative to the current directory, as given
   EXPECT_EQ(r.program, "sub/train");
   EXPECT_FALSE(r.direct);
   EXPECT_EQ(r.notFound, "");
-  EXPECT_TRUE(resolve("/nonexistent/train", /*noPython=*/true).direct);
+  r = resolve("/nonexistent/train", /*noPython=*/true);
+  EXPECT_TRUE(r.direct);
+  EXPECT_EQ(r.path, "/nonexistent/train");  // the launcher says it does not exist
+  fs::create_directory(root_ / "cwd" / "sub");
+  put("cwd/sub", "native", true, /*elf=*/true);
+  r = resolve("sub/native");
+  EXPECT_TRUE(r.direct);
+  EXPECT_EQ(r.path, "sub/native");
   r = resolve("pkg.train", false, /*module=*/true);
   EXPECT_EQ(r.program, "pkg.train");
   EXPECT_FALSE(r.direct);
+  // --run-path wins over --no-python and is never searched, as in torchrun.
+  r = resolve("train", /*noPython=*/true, false, /*runPath=*/true);
+  EXPECT_FALSE(r.direct);
+  EXPECT_EQ(r.notFound, "");
 }
 
 TEST_F(ResolveProgram, NotFoundNamesEveryPlaceSearched) {
@@ -145,36 +145,76 @@ TEST_F(ResolveProgram, NotFoundNamesEveryPlaceSearched) {
     EXPECT_NE(r.notFound.find((root_ / "bundled" / "train").string()), std::string::npos)
         << r.notFound;
     EXPECT_NE(r.notFound.find(where_.path), std::string::npos) << r.notFound;
+    EXPECT_NE(r.notFound.find("give a path"), std::string::npos) << r.notFound;
+    EXPECT_EQ(r.notFound.find("PYTHON_EXEC"), std::string::npos) << r.notFound;
   }
   // The error surfaces where workers start (after the usage checks), as an IoError.
-  LaunchConfig c;
-  c.script = "train";
+  LaunchConfig c = config("train");
   resolveWorkerProgram(c, where_);
   EXPECT_FALSE(c.programNotFound.empty());
   try {
-    workerArgv(c, 0, "python3", false);
-    ADD_FAILURE() << "workerArgv ran a program that was not found";
+    workerCommand(c, 0, "python3", where_);
+    ADD_FAILURE() << "workerCommand ran a program that was not found";
   } catch (const IoError& e) {
     EXPECT_EQ(e.message(), c.programNotFound);
   }
 }
 
-TEST_F(ResolveProgram, WorkerProgramUpdatesTheConfig) {
-  std::string bundled = put("bundled", "train", true);
-  LaunchConfig c;
-  c.script = "train";
-  c.scriptArgs = {"--epochs", "1"};
+TEST_F(ResolveProgram, WorkerProgramUpdatesTheConfigButNotTheName) {
+  std::string bundled = put("bundled", "train", true, /*elf=*/true);
+  LaunchConfig c = config("train", {"--epochs", "1"});
   resolveWorkerProgram(c, where_);
-  EXPECT_EQ(c.script, bundled);
+  EXPECT_EQ(c.script, "train");
   EXPECT_TRUE(c.noPython);
   EXPECT_EQ(c.programNotFound, "");
-  EXPECT_EQ(workerArgv(c, 0, "python3", false),
-            (std::vector<std::string>{bundled, "--epochs", "1"}));
-  LaunchConfig py;
-  py.script = "train.py";
+  WorkerCommand cmd = workerCommand(c, 0, "python3", where_);
+  EXPECT_EQ(cmd.exe, bundled);
+  EXPECT_EQ(cmd.argv, (Argv{"train", "--epochs", "1"}));
+  EXPECT_FALSE(cmd.interpreter);
+  LaunchConfig py = config("train.py");
   resolveWorkerProgram(py, where_);
-  EXPECT_EQ(workerArgv(py, 0, "python3", false),
-            (std::vector<std::string>{"python3", "-u", "train.py"}));
+  EXPECT_FALSE(py.noPython);
+  cmd = workerCommand(py, 0, "python3", where_);
+  EXPECT_EQ(cmd.exe, "");  // the launcher finds python3 on the worker's PATH
+  EXPECT_EQ(cmd.argv, (Argv{"python3", "-u", "train.py"}));
+  EXPECT_TRUE(cmd.interpreter);
+}
+
+TEST_F(ResolveProgram, CommandLinesAndTheLocalRankMacro) {
+  LaunchConfig c = config("train.py", {"--out", "ckpt_${local_rank}.pt", "${local_rank}${local_rank}"});
+  EXPECT_EQ(workerCommand(c, 3, "python3", where_).argv,
+            (Argv{"python3", "-u", "train.py", "--out", "ckpt_3.pt", "33"}));
+  c = config("pkg.train");
+  c.module = true;
+  EXPECT_EQ(workerCommand(c, 0, "/opt/py", where_).argv, (Argv{"/opt/py", "-u", "-m", "pkg.train"}));
+  // A text script without .py, executable with a shebang: Python runs it.
+  put("cwd", "job.sh", true);
+  c = config("job.sh", {"a"});
+  resolveWorkerProgram(c, where_);
+  EXPECT_EQ(workerCommand(c, 0, "python3", where_).argv, (Argv{"python3", "-u", "job.sh", "a"}));
+  // --no-python: argv[0] exactly as given.
+  c = config("job.sh", {"${local_rank}"});
+  c.noPython = true;
+  WorkerCommand cmd = workerCommand(c, 2, "python3", where_);
+  EXPECT_EQ(cmd.argv, (Argv{"job.sh", "2"}));
+  EXPECT_EQ(cmd.exe, "./job.sh");
+}
+
+TEST_F(ResolveProgram, RunPathRunsTheScriptThroughRunpy) {
+  LaunchConfig c = config("job.sh", {"--x", "${local_rank}"});
+  c.runPath = true;
+  c.noPython = true;  // --run-path wins, as in torchrun
+  resolveWorkerProgram(c, where_);
+  WorkerCommand cmd = workerCommand(c, 1, "python3", where_);
+  ASSERT_EQ(cmd.argv.size(), 7u);
+  EXPECT_EQ(cmd.argv[0], "python3");
+  EXPECT_EQ(cmd.argv[1], "-u");
+  EXPECT_EQ(cmd.argv[2], "-c");
+  EXPECT_NE(cmd.argv[3].find("runpy.run_path(sys.argv[0], run_name='__main__')"),
+            std::string::npos);
+  EXPECT_NE(cmd.argv[3].find("sys.argv=sys.argv[1:]"), std::string::npos);
+  EXPECT_EQ((Argv(cmd.argv.begin() + 4, cmd.argv.end())), (Argv{"job.sh", "--x", "1"}));
+  EXPECT_TRUE(cmd.interpreter);
 }
 
 TEST(ProgramSearch, FromProcessFindsTheBinaryDirectory) {
@@ -189,16 +229,18 @@ TEST(WorkerEnv, TorchrunContract) {
   LaunchConfig c;
   c.maxRestarts = 3;
   c.role = "trainer";
-  GroupInfo g;
-  g.groupRank = 1;
-  g.groupWorldSize = 2;
-  g.baseRank = 4;
-  g.worldSize = 8;
-  g.masterAddr = "node0";
-  g.masterPort = 4242;
-  g.runId = "job1";
+  AttemptInfo a;
+  a.round.groupRank = 1;
+  a.round.groupWorldSize = 2;
+  a.round.baseRank = 4;
+  a.round.worldSize = 8;
+  a.round.workerStoreHost = "node0";
+  a.round.workerStorePort = 4242;
+  a.runId = "job1";
+  a.restartCount = 1;
+  a.localWorldSize = 4;
   Env parent = {{"PATH", "/bin"}, {"RANK", "stale"}};
-  Env e = workerEnv(c, g, 2, 4, 1, "/logs/attempt_1/2/error.json", parent);
+  Env e = workerEnv(c, a, 2, "/logs/attempt_1/2/error.json", parent);
   EXPECT_EQ(e["PATH"], "/bin");
   EXPECT_EQ(e["RANK"], "6");
   EXPECT_EQ(e["LOCAL_RANK"], "2");
@@ -224,18 +266,19 @@ TEST(WorkerEnv, TorchrunContract) {
 TEST(WorkerEnv, KeepsUserNcclSettingAndVirtualLocalRank) {
   LaunchConfig c;
   c.virtualLocalRank = true;
-  GroupInfo g;
-  g.worldSize = 4;
-  g.useAgentStore = false;
+  AttemptInfo a;
+  a.round.worldSize = 4;
+  a.localWorldSize = 4;
   Env parent = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"CUDA_VISIBLE_DEVICES", "4,5,6,7"}};
-  Env e = workerEnv(c, g, 2, 4, 0, "", parent);
+  Env e = workerEnv(c, a, 2, "", parent);
   EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
   EXPECT_EQ(e["LOCAL_RANK"], "0");
   EXPECT_EQ(e["RANK"], "2");
   EXPECT_EQ(e["CUDA_VISIBLE_DEVICES"], "6");
-  EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
-  Env e2 = workerEnv(c, g, 1, 4, 0, "", {});
+  Env e2 = workerEnv(c, a, 1, "", {});
   EXPECT_EQ(e2["CUDA_VISIBLE_DEVICES"], "1");
+  Env e3 = workerEnv(c, a, 3, "", {{"CUDA_VISIBLE_DEVICES", "0,1"}});  // fewer devices
+  EXPECT_EQ(e3["CUDA_VISIBLE_DEVICES"], "3");
 }
 
 }  // namespace

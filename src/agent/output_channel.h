@@ -1,0 +1,198 @@
+// Private to the Reporter: the pieces one relayed worker output channel is
+// made of. A Channel reads the agent's end of a pipe or pseudo-terminal and
+// copies what arrives to its sinks: a log file (raw bytes), the console (raw
+// bytes, or lines with a prefix for --tee), the duplicate file (matching
+// lines) and the stderr tail (last lines, for the failure report).
+//
+// Threading: one thread, the io_context's. Channels are held by shared_ptr:
+// a pending wait keeps its channel alive, so closing a channel (or the
+// Reporter forgetting it) never leaves a handler pointing at freed memory.
+#pragma once
+
+// <utility> first: Boost 1.74 under C++20 with g++ 12.
+#include <utility>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::agent::detail {
+
+// Owns one file descriptor (closed on destruction). Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  int release();
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes all of `data` to `fd` with write(2), resuming after partial writes
+// and EINTR and waiting (poll) when the fd is non-blocking and full. Returns
+// false on any other failure, with errno set (EPIPE: the reader is gone).
+bool writeAll(int fd, std::string_view data);
+
+// Cuts a byte stream into lines, in linear time and bounded memory: only
+// the new bytes are scanned for '\n', and a line longer than `maxLineBytes`
+// (not counting its '\n') is handed on in pieces of that size.
+class LineSplitter {
+ public:
+  explicit LineSplitter(size_t maxLineBytes) : max_(maxLineBytes) {}
+  // Calls onLine(line, complete) for every line ended in `data` (complete:
+  // the view ends with its '\n') and every full piece of a long line
+  // (complete false). The views are valid only during the call.
+  template <class OnLine>
+  void feed(std::string_view data, OnLine&& onLine);
+  // Hands on the pending part of an unfinished line, if any (complete false).
+  template <class OnLine>
+  void finish(OnLine&& onLine);
+
+ private:
+  size_t max_;
+  std::string partial_;  // never longer than max_
+};
+
+// The agent's stdout or stderr. A failed write (EPIPE when the reader went
+// away, or EIO/EBADF) closes it for good: console output is dropped from
+// then on and the job goes on. Needs SIGPIPE ignored (the agent does it).
+class Console {
+ public:
+  explicit Console(int fd) : fd_(fd) {}
+  void write(std::string_view data);
+  bool closed() const { return closed_; }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+  bool closed_ = false;
+};
+
+// An output file written through a buffer (flushed when full, at flush()
+// and at destruction), so that many short lines cost few system calls.
+// A write error is logged once and the file's later output dropped.
+class FileSink {
+ public:
+  // Creates or truncates `path` (close-on-exec). Throws IoError naming it.
+  explicit FileSink(const std::string& path);
+  ~FileSink();
+  FileSink(const FileSink&) = delete;
+  FileSink& operator=(const FileSink&) = delete;
+  void append(std::string_view data);
+  void flush();
+
+ private:
+  static constexpr size_t kBufferBytes = 256 * 1024;
+  std::string path_;
+  UniqueFd fd_;
+  std::string buffer_;
+  bool failed_ = false;
+};
+
+// Where one channel's bytes go.
+struct ChannelSinks {
+  std::shared_ptr<Console> console;      // null: console output dropped
+  bool consoleLines = false;             // --tee: prefixed lines, else raw bytes
+  std::string prefix;                    // for tee'd and duplicated lines
+  std::shared_ptr<FileSink> file;        // stdout.log / stderr.log, or null
+  std::shared_ptr<FileSink> duplicates;  // duplicate_*.log, or null
+  std::vector<std::string> filters;      // lines containing one are duplicated
+  size_t tailLines = 0;                  // 0: keep no tail
+  size_t maxLineBytes = 64 * 1024;
+};
+
+// One relayed channel: the agent's end of a worker's pipe or pty.
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  // Takes `readFd` (made non-blocking) and starts relaying. `pty`: the fd is
+  // a pty master, whose end of data is EIO rather than EOF.
+  static std::shared_ptr<Channel> start(boost::asio::io_context& io, UniqueFd readFd, bool pty,
+                                        ChannelSinks sinks);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Copies everything readable now, then the unfinished line, writes it all
+  // out, and closes the channel (files closed, descriptor released). Idempotent.
+  void close();
+  bool isOpen() const { return open_; }
+  // The last lines (without '\n'), oldest first.
+  const std::deque<std::string>& tail() const { return tail_; }
+
+ private:
+  Channel(boost::asio::io_context& io, UniqueFd readFd, bool pty, ChannelSinks sinks);
+  enum class ReadEnd { kBudgetSpent, kDrained, kEnd };
+  void waitReadable();
+  void onReadable();
+  ReadEnd readAvailable(size_t budgetBytes);
+  void consume(std::string_view data);
+  void onLine(std::string_view line, bool complete);
+  void flushTee();
+  void flushOutput();
+
+  boost::asio::io_context& io_;
+  boost::asio::posix::stream_descriptor descriptor_;
+  bool pty_;
+  bool open_ = true;
+  ChannelSinks sinks_;
+  bool needLines_;
+  LineSplitter splitter_;
+  std::string teeBuffer_;  // prefixed lines of the current batch
+  std::deque<std::string> tail_;
+};
+
+template <class OnLine>
+void LineSplitter::feed(std::string_view data, OnLine&& onLine) {
+  // Each step looks at most one byte past the room left in the partial
+  // line, so every byte is scanned at most twice: linear in the input.
+  size_t pos = 0;
+  while (pos < data.size()) {
+    size_t room = max_ - partial_.size();
+    size_t avail = data.size() - pos;
+    const char* p = data.data() + pos;
+    const void* nl = std::memchr(p, '\n', std::min(avail, room + 1));
+    if (nl != nullptr) {
+      size_t len = static_cast<const char*>(nl) - p + 1;
+      if (partial_.empty()) {
+        onLine(std::string_view(p, len), true);
+      } else {
+        partial_.append(p, len);
+        onLine(std::string_view(partial_), true);
+        partial_.clear();
+      }
+      pos += len;
+      continue;
+    }
+    size_t take = std::min(avail, room);
+    partial_.append(p, take);
+    pos += take;
+    if (partial_.size() == max_) {
+      onLine(std::string_view(partial_), false);
+      partial_.clear();
+    }
+  }
+}
+
+template <class OnLine>
+void LineSplitter::finish(OnLine&& onLine) {
+  if (partial_.empty()) return;
+  onLine(std::string_view(partial_), false);
+  partial_.clear();
+}
+
+}  // namespace ddprun::agent::detail

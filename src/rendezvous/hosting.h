@@ -1,0 +1,21 @@
+// Starting the stores a rendezvous hosts (the agent store, a round's worker
+// store), with errors that name the port's holder and the flag that fixes it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ddprun/store/tcp_store_server.h"
+
+namespace ddprun::rendezvous::detail {
+
+// Starts a store server on bindHost:port ("" = every address, 0 = a free
+// port). Throws IoError: for a port in use, "<role> cannot listen on port P:
+// it is in use by pid N (name); <fix>"; otherwise the server's message and
+// the fix.
+std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, uint16_t port,
+                                                 const std::string& role,
+                                                 const std::string& fix);
+
+}  // namespace ddprun::rendezvous::detail

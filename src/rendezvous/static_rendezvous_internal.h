@@ -1,0 +1,47 @@
+// The static rendezvous with its stores injected, so that its protocol (keys,
+// ranks, round ends, cancellation) runs on an in-memory store in unit tests.
+// makeStaticRendezvous() builds the TCP backend: node 0's agent store server,
+// TcpStore clients sharing a CancelToken, and each round's worker store.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ddprun/rendezvous/static_rendezvous.h"
+#include "ddprun/store/store.h"
+#include "ddprun/store/tcp_store.h"
+
+namespace ddprun::rendezvous::detail {
+
+struct StaticBackend {
+  // Opens a new client of the agent store, for one thread of the rendezvous
+  // (join and reports, or a round's watcher); `timeout` bounds connecting.
+  // Every blocking call, connecting included, must end with CancelledError
+  // once `cancel` is cancelled. Errors: IoError, TimeoutError.
+  std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken> cancel,
+                                              std::chrono::milliseconds timeout)>
+      connect;
+  // Node 0: stops the previous round's worker store, starts a fresh one and
+  // returns its port. Runs on the rendezvous's thread.
+  std::function<uint16_t()> startWorkerStore;
+  // Called once at shutdown, after the rendezvous's threads have ended:
+  // stops the stores this node hosts. May be empty.
+  std::function<void()> stopHosted;
+  // The agent store's address, for messages: "10.0.0.1:29500".
+  std::string storeAddress;
+};
+
+// Preconditions: 0 <= opts.nodeRank < opts.nnodes (InvalidArgument), and
+// backend.connect and backend.startWorkerStore set.
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
+                                                 Rendezvous::Post post,
+                                                 StaticBackend backend);
+
+// The real backend. Node 0 binds the agent store here (IoError naming the
+// port's holder) and, for opts.masterPort 0, writes the port it got back
+// into opts (tests read it to point their other nodes there).
+StaticBackend makeTcpBackend(StaticOptions& opts);
+
+}  // namespace ddprun::rendezvous::detail

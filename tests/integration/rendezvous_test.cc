@@ -1,0 +1,309 @@
+// The rendezvous implementations over real sockets on this host: the local
+// one's worker stores, the static one with two nodes as objects of this
+// process, and cancellation of blocked store calls. Every port is chosen by
+// the kernel (port 0) and read back; every wait is bounded; no sleeps.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+
+#include "ddprun/common/error.h"
+#include "ddprun/rendezvous/local_rendezvous.h"
+#include "ddprun/rendezvous/static_rendezvous.h"
+#include "ddprun/store/tcp_store.h"
+#include "ddprun/store/tcp_store_server.h"
+#include "rendezvous/post_queue.h"
+#include "static_rendezvous_internal.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Node;
+
+std::unique_ptr<store::TcpStore> client(const std::string& host, uint16_t port,
+                                        std::shared_ptr<store::CancelToken> cancel = nullptr) {
+  store::TcpStoreOptions o;
+  o.host = host;
+  o.port = port;
+  o.timeout = 60s;
+  o.connectTimeout = 60s;
+  o.cancel = std::move(cancel);
+  return store::TcpStore::connect(o);
+}
+
+// A TCP socket of this process bound to a free port of 127.0.0.1, listening
+// or not. Not listening: connects are refused while it is held. Listening:
+// connects complete in the kernel's backlog but nobody ever answers.
+class HeldPort {
+ public:
+  explicit HeldPort(bool listen) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        (listen && ::listen(fd_, 16) != 0) ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error("cannot hold a port on 127.0.0.1");
+    port_ = ntohs(a.sin_port);
+  }
+  ~HeldPort() { ::close(fd_); }
+  uint16_t port() const { return port_; }
+  // Waits until a connection is pending on the listening socket.
+  bool awaitConnection(Millis within) {
+    pollfd p{fd_, POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(within.count())) == 1;
+  }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+bool ipv6LoopbackWorks() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+void expectMentions(const std::string& message, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << message;
+}
+
+// ---- local -----------------------------------------------------------------
+
+std::unique_ptr<Node> localNode(LocalOptions opts) {
+  auto n = std::make_unique<Node>();
+  n->attach(makeLocalRendezvous(opts, n->queue.post()));
+  return n;
+}
+
+TEST(LocalRendezvous, EachRoundGetsAFreshReachableWorkerStore) {
+  auto n = localNode({"127.0.0.1", "", 0});
+  n->join(4);
+  n->awaitJoin();
+  ASSERT_FALSE(n->error);
+  const RoundInfo first = n->info;
+  EXPECT_EQ(first.round, 0);
+  EXPECT_EQ(first.groupRank, 0);
+  EXPECT_EQ(first.groupWorldSize, 1);
+  EXPECT_EQ(first.baseRank, 0);
+  EXPECT_EQ(first.worldSize, 4);
+  EXPECT_EQ(first.localWorldSizes, std::vector<int>{4});
+  EXPECT_EQ(first.workerStoreHost, "127.0.0.1");
+  ASSERT_NE(first.workerStorePort, 0);
+  client("127.0.0.1", first.workerStorePort)->set("from-round-0", "x");
+
+  n->rdzv->reportFailure(0, "rank 1 exited with 1", /*closeJob=*/false);
+  n->rdzv->reportSuccess(0);  // too late: the first report won
+  RoundEvent e = n->awaitEvent();
+  EXPECT_EQ(e.kind, RoundEnd::kFailed);
+  EXPECT_EQ(e.node, 0);
+  EXPECT_EQ(e.reason, "rank 1 exited with 1");
+
+  n->join(4);
+  n->awaitJoin();
+  ASSERT_FALSE(n->error);
+  EXPECT_EQ(n->info.round, 1);
+  EXPECT_FALSE(client("127.0.0.1", n->info.workerStorePort)->check({"from-round-0"}));
+  EXPECT_EQ(n->events.size(), 1u) << "one event per round";
+  n->rdzv->reportFailure(1, "rank 0 exited with 1", /*closeJob=*/true);
+  e = n->awaitEvent();
+  EXPECT_EQ(e.round, 1);
+  EXPECT_EQ(e.kind, RoundEnd::kClosed);
+}
+
+TEST(LocalRendezvous, AStoreOnEveryAddressIsReachableAsLocalhostAndLoopback) {
+  auto n = localNode({"localhost", "", 0});
+  n->join(1);
+  n->awaitJoin();
+  ASSERT_FALSE(n->error);
+  std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
+  if (ipv6LoopbackWorks()) hosts.push_back("::1");
+  for (const auto& host : hosts) {
+    auto c = client(host, n->info.workerStorePort);
+    c->set("via " + host, "1");
+    EXPECT_EQ(c->get("via " + host), "1") << host;
+  }
+  RecordProperty("ipv6_loopback", hosts.size() == 3 ? "checked" : "absent here");
+}
+
+TEST(LocalRendezvous, AFixedPortInUseFailsTheJoinNamingTheHolder) {
+  auto holder = store::TcpStoreServer::start({"", 0, {}});
+  auto n = localNode({"127.0.0.1", "", holder->port()});
+  n->join(1);
+  n->awaitJoin();
+  try {
+    n->rethrow();
+    FAIL() << "joined on a port in use";
+  } catch (const IoError& e) {
+    expectMentions(e.message(), {"port " + std::to_string(holder->port()),
+                                 "in use by pid " + std::to_string(::getpid()),
+                                 "pass another --master-port, or omit --master-port"});
+  }
+}
+
+// ---- static ----------------------------------------------------------------
+
+StaticOptions staticOptions(int rank, uint16_t port, Millis timeout = 120s) {
+  StaticOptions o;
+  o.masterAddr = "127.0.0.1";
+  o.masterPort = port;
+  o.nodeRank = rank;
+  o.nnodes = 2;
+  o.runId = "it";
+  o.timeout = timeout;
+  return o;
+}
+
+// Node 0 on a free port; `port` gets the port it bound.
+std::unique_ptr<Node> staticNode0(uint16_t& port) {
+  StaticOptions o = staticOptions(0, 0);
+  auto backend = detail::makeTcpBackend(o);
+  port = o.masterPort;
+  auto n = std::make_unique<Node>();
+  n->attach(detail::makeStaticRendezvous(o, n->queue.post(), std::move(backend)));
+  return n;
+}
+
+std::unique_ptr<Node> staticNode1(uint16_t port) {
+  auto n = std::make_unique<Node>();
+  n->attach(makeStaticRendezvous(staticOptions(1, port), n->queue.post()));
+  return n;
+}
+
+TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
+  uint16_t port = 0;
+  auto n0 = staticNode0(port);
+  auto n1 = staticNode1(port);
+  EXPECT_EQ(n1->rdzv->describe(), "static, node 1 of 2, store 127.0.0.1:" + std::to_string(port));
+  n0->join(2);
+  n1->join(3);
+  n0->awaitJoin();
+  n1->awaitJoin();
+  ASSERT_FALSE(n0->error);
+  ASSERT_FALSE(n1->error);
+  EXPECT_EQ(n0->info.baseRank, 0);
+  EXPECT_EQ(n1->info.baseRank, 2);
+  for (Node* n : {n0.get(), n1.get()}) {
+    EXPECT_EQ(n->info.worldSize, 5);
+    EXPECT_EQ(n->info.localWorldSizes, (std::vector<int>{2, 3}));
+    EXPECT_EQ(n->info.workerStoreHost, "127.0.0.1");
+  }
+  ASSERT_EQ(n0->info.workerStorePort, n1->info.workerStorePort);
+  client("127.0.0.1", n1->info.workerStorePort)->set("from-round-0", "x");
+
+  n0->rdzv->reportSuccess(0);
+  n1->rdzv->reportSuccess(0);
+  for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFinished);
+
+  n0->join(2);
+  n1->join(3);
+  n0->awaitJoin();
+  n1->awaitJoin();
+  ASSERT_FALSE(n0->error);
+  ASSERT_FALSE(n1->error);
+  EXPECT_FALSE(client("127.0.0.1", n1->info.workerStorePort)->check({"from-round-0"}))
+      << "round 1 has a fresh worker store";
+  n1->rdzv->reportFailure(1, "rank 3 exited with 1", /*closeJob=*/true);
+  for (Node* n : {n0.get(), n1.get()}) {
+    RoundEvent e = n->awaitEvent();
+    EXPECT_EQ(e.round, 1);
+    EXPECT_EQ(e.kind, RoundEnd::kClosed);
+    EXPECT_EQ(e.node, 1);
+    EXPECT_EQ(e.reason, "rank 3 exited with 1");
+  }
+  n1->rdzv->shutdown();
+  n0->rdzv->shutdown();
+}
+
+TEST(StaticRendezvous, ATakenPortIsASetupErrorNamingTheHolder) {
+  auto holder = store::TcpStoreServer::start({"", 0, {}});
+  try {
+    makeStaticRendezvous(staticOptions(0, holder->port()), [](std::function<void()>) {});
+    FAIL() << "node 0 started on a port in use";
+  } catch (const IoError& e) {
+    expectMentions(e.message(), {"port " + std::to_string(holder->port()),
+                                 "in use by pid " + std::to_string(::getpid()),
+                                 "--master-port"});
+  }
+}
+
+// Before this rendezvous, SIGINT/SIGTERM waited for the 900 s join timeout.
+// The join timeout here is 120 s and the test's bound 60 s: a CancelledError
+// (not a TimeoutError) shows cancel() ended the wait.
+TEST(StaticRendezvous, CancelEndsNode0WaitingForAnAbsentPeer) {
+  uint16_t port = 0;
+  auto n0 = staticNode0(port);
+  n0->join(1);
+  // Node 0 sets its key, then waits for node 1's.
+  client("127.0.0.1", port)->wait({"ddprun/it/round/0/node/0"}, 60s);
+  n0->rdzv->cancel();
+  n0->awaitJoin();
+  EXPECT_THROW(n0->rethrow(), CancelledError);
+}
+
+TEST(StaticRendezvous, CancelEndsANodeRefusedByAnAbsentNode0) {
+  HeldPort refusing(/*listen=*/false);
+  auto n1 = staticNode1(refusing.port());
+  n1->join(1);
+  n1->rdzv->cancel();
+  n1->awaitJoin();
+  EXPECT_THROW(n1->rethrow(), CancelledError);
+}
+
+TEST(StaticRendezvous, CancelEndsANodeWaitingForASilentNode0) {
+  HeldPort silent(/*listen=*/true);
+  auto n1 = staticNode1(silent.port());
+  n1->join(1);
+  ASSERT_TRUE(silent.awaitConnection(60s));  // node 1 now waits for a handshake reply
+  n1->rdzv->cancel();
+  n1->awaitJoin();
+  EXPECT_THROW(n1->rethrow(), CancelledError);
+}
+
+TEST(StaticRendezvous, ShutdownWhileConnectingReturns) {
+  HeldPort silent(/*listen=*/true);
+  auto n1 = staticNode1(silent.port());
+  n1->join(1);
+  ASSERT_TRUE(silent.awaitConnection(60s));
+  n1->rdzv->shutdown();  // cancels and joins the blocked thread
+  n1->awaitJoin();
+  EXPECT_THROW(n1->rethrow(), CancelledError);
+}
+
+// ---- TcpStore cancellation ---------------------------------------------------
+
+TEST(TcpStoreCancel, CancelEndsABlockedWaitAndEveryLaterCall) {
+  auto server = store::TcpStoreServer::start({"127.0.0.1", 0, {}});
+  auto token = std::make_shared<store::CancelToken>();
+  auto c = client("127.0.0.1", server->port(), token);
+  auto waiting = std::async(std::launch::async, [&] { c->wait({"never"}, 120s); });
+  token->cancel();
+  ASSERT_EQ(waiting.wait_for(60s), std::future_status::ready);
+  EXPECT_THROW(waiting.get(), CancelledError);
+  EXPECT_THROW(c->set("k", "v"), CancelledError);
+  auto other = client("127.0.0.1", server->port());  // the server is unharmed
+  other->set("k", "v");
+  EXPECT_EQ(other->get("k"), "v");
+}
+
+TEST(TcpStoreCancel, ACancelledTokenStopsConnecting) {
+  auto server = store::TcpStoreServer::start({"127.0.0.1", 0, {}});
+  auto token = std::make_shared<store::CancelToken>();
+  token->cancel();
+  EXPECT_THROW(client("127.0.0.1", server->port(), token), CancelledError);
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous

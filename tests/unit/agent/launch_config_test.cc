@@ -1,0 +1,394 @@
+// finalizeConfig: every rule across flags, on configs built directly (the
+// command line's part is in launch_cli_test.cc).
+#include "ddprun/agent/launch_config.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/net.h"
+
+namespace ddprun::agent {
+namespace {
+
+LaunchConfig base() {
+  LaunchConfig c;
+  c.script = "train.py";
+  return c;
+}
+
+// A config made static on several nodes: no one-node default applies.
+LaunchConfig twoNodes() {
+  LaunchConfig c = base();
+  c.minNodes = c.maxNodes = 2;
+  return c;
+}
+
+// The message of the InvalidArgument that finalizeConfig throws, or
+// "accepted" when it throws nothing.
+std::string rejection(LaunchConfig c) {
+  try {
+    finalizeConfig(c);
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  return "accepted";
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+int countWarningsAbout(const LaunchConfig& c, const std::string& needle) {
+  return static_cast<int>(
+      std::count_if(c.warnings.begin(), c.warnings.end(),
+                    [&](const std::string& w) { return contains(w, needle); }));
+}
+
+TEST(LaunchConfig, OneNodeDefaultIsTorchrunsStandalonePath) {
+  LaunchConfig a = base(), b = base();
+  finalizeConfig(a);
+  finalizeConfig(b);
+  EXPECT_TRUE(a.standaloneByDefault);
+  EXPECT_EQ(a.masterPort, 0);
+  EXPECT_EQ(a.masterAddr, "localhost");
+  EXPECT_EQ(a.rdzvBackend, "c10d");
+  EXPECT_EQ(a.rdzvEndpoint, "localhost:0");
+  EXPECT_EQ(a.rdzvId.size(), 36u);
+  EXPECT_EQ(a.rdzvId[14], '4') << "a version 4 uuid: " << a.rdzvId;
+  EXPECT_NE(a.rdzvId, b.rdzvId);
+  EXPECT_TRUE(a.warnings.empty());
+}
+
+TEST(LaunchConfig, OneNodeDefaultKeepsAnExplicitRunIdAndLocalAddr) {
+  LaunchConfig c = base();
+  c.rdzvId = "job7";
+  c.explicitFlags = {"rdzv_id"};
+  c.localAddr = "10.1.2.3";
+  finalizeConfig(c);
+  EXPECT_TRUE(c.standaloneByDefault);
+  EXPECT_EQ(c.rdzvId, "job7");
+  EXPECT_EQ(c.masterAddr, "10.1.2.3");
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(LaunchConfig, OneNodeDefaultWarnsThatMasterAddrIsIgnored) {
+  LaunchConfig c = base();
+  c.masterAddr = "10.0.0.1";
+  c.explicitFlags = {"master_addr"};
+  finalizeConfig(c);
+  EXPECT_EQ(c.masterAddr, "localhost");
+  EXPECT_EQ(countWarningsAbout(c, "--master-addr ignored"), 1);
+  EXPECT_EQ(countWarningsAbout(c, "--master-port"), 1) << "says how to keep it";
+}
+
+// When the one-node default does not apply.
+TEST(LaunchConfig, OneNodeDefaultNeedsStaticOneNodeNoPortNoEndpoint) {
+  LaunchConfig port = base();
+  port.explicitFlags = {"master_port"};
+  finalizeConfig(port);
+  EXPECT_FALSE(port.standaloneByDefault);
+  EXPECT_EQ(port.masterPort, 29500);
+  EXPECT_EQ(port.masterAddr, "127.0.0.1");
+  EXPECT_EQ(port.rdzvId, "none");
+  EXPECT_EQ(port.rdzvBackend, "static");
+
+  LaunchConfig endpoint = base();
+  endpoint.rdzvEndpoint = "127.0.0.1:4000";
+  finalizeConfig(endpoint);
+  EXPECT_FALSE(endpoint.standaloneByDefault);
+  EXPECT_EQ(endpoint.masterPort, 4000);
+
+  LaunchConfig nodes = twoNodes();
+  finalizeConfig(nodes);
+  EXPECT_FALSE(nodes.standaloneByDefault);
+  EXPECT_EQ(nodes.masterPort, 29500);
+  EXPECT_EQ(nodes.rdzvBackend, "static");
+
+  LaunchConfig c10d = base();
+  c10d.rdzvBackend = "c10d";
+  c10d.rdzvId = "job";
+  finalizeConfig(c10d);
+  EXPECT_FALSE(c10d.standaloneByDefault);
+  EXPECT_EQ(c10d.rdzvId, "job");
+  EXPECT_EQ(c10d.masterPort, 0);
+  EXPECT_EQ(c10d.masterAddr, "localhost");
+
+  LaunchConfig standalone = base();
+  standalone.standalone = true;
+  finalizeConfig(standalone);
+  EXPECT_FALSE(standalone.standaloneByDefault);
+  EXPECT_EQ(standalone.masterPort, 0);
+}
+
+TEST(LaunchConfig, StandaloneIgnoresGivenRendezvousValuesWithOneWarning) {
+  LaunchConfig c = base();
+  c.standalone = true;
+  c.rdzvBackend = "etcd";  // replaced, so not an error, as in torchrun
+  c.rdzvId = "job7";
+  c.masterPort = 1234;
+  c.explicitFlags = {"rdzv_backend", "rdzv_id", "master_port"};
+  finalizeConfig(c);
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_NE(c.rdzvId, "job7");
+  EXPECT_EQ(c.masterPort, 0);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  for (const char* flag :
+       {"--rdzv-backend", "--rdzv-id", "--master-port", "--standalone"})
+    EXPECT_TRUE(contains(c.warnings[0], flag)) << c.warnings[0];
+}
+
+TEST(LaunchConfig, StaticEndpointBecomesMasterAddressAndPort) {
+  LaunchConfig c = twoNodes();
+  c.rdzvEndpoint = "node0.example:29600";
+  finalizeConfig(c);
+  EXPECT_EQ(c.masterAddr, "node0.example");
+  EXPECT_EQ(c.masterPort, 29600);
+  EXPECT_TRUE(c.warnings.empty());
+
+  LaunchConfig v6 = twoNodes();
+  v6.rdzvEndpoint = "[fd00::1]:5000";
+  finalizeConfig(v6);
+  EXPECT_EQ(v6.masterAddr, "fd00::1");
+  EXPECT_EQ(v6.masterPort, 5000);
+
+  LaunchConfig both = twoNodes();
+  both.rdzvEndpoint = "a:1";
+  both.explicitFlags = {"master_addr", "master_port"};
+  finalizeConfig(both);
+  EXPECT_EQ(both.masterAddr, "a");
+  EXPECT_EQ(countWarningsAbout(both, "--master-addr and --master-port ignored"), 1);
+
+  for (const char* bad : {"node0", "node0:99999", "node0:http", ":5", "[fd00::1"}) {
+    LaunchConfig b = twoNodes();
+    b.rdzvEndpoint = bad;
+    std::string msg = rejection(b);
+    EXPECT_TRUE(contains(msg, "--rdzv-endpoint")) << bad << ": " << msg;
+  }
+  LaunchConfig noPort = twoNodes();
+  noPort.rdzvEndpoint = "node0";
+  EXPECT_TRUE(contains(rejection(noPort), "needs a port")) << rejection(noPort);
+}
+
+TEST(LaunchConfig, StaticTimeoutFromRdzvConf) {
+  LaunchConfig c = twoNodes();
+  finalizeConfig(c);
+  EXPECT_EQ(c.rdzvTimeout, std::chrono::seconds(900));
+  LaunchConfig t = twoNodes();
+  t.rdzvConf = {{"timeout", "60"}};
+  finalizeConfig(t);
+  EXPECT_EQ(t.rdzvTimeout, std::chrono::seconds(60));
+  for (const char* bad : {"abc", "-5", "0", "1.5", "inf", "99999999999999999999"}) {
+    LaunchConfig b = twoNodes();
+    b.rdzvConf = {{"timeout", bad}};
+    EXPECT_TRUE(contains(rejection(b), std::string("--rdzv-conf timeout='") + bad + "'"))
+        << rejection(b);
+  }
+}
+
+TEST(LaunchConfig, C10dRdzvConfKeysAreValidated) {
+  LaunchConfig c = base();
+  c.rdzvBackend = "c10d";
+  c.rdzvConf = {{"join_timeout", "900"},         {"last_call_timeout", "2.5"},
+                {"close_timeout", "10"},         {"read_timeout", "120"},
+                {"heartbeat_timeout", "1"},      {"keep_alive_interval", "0.5"},
+                {"keep_alive_max_attempt", "7"}, {"is_host", "Yes"},
+                {"store_type", "file"},          {"use_libuv", "0"}};
+  finalizeConfig(c);
+  EXPECT_EQ(c.c10d.joinTimeout, std::chrono::seconds(900));
+  EXPECT_EQ(c.c10d.lastCallTimeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.c10d.closeTimeout, std::chrono::seconds(10));
+  EXPECT_EQ(c.c10d.readTimeout, std::chrono::seconds(120));
+  EXPECT_EQ(c.c10d.heartbeatTimeout, std::chrono::seconds(1));
+  EXPECT_EQ(c.c10d.keepAliveInterval, std::chrono::milliseconds(500));
+  EXPECT_EQ(c.c10d.keepAliveMaxAttempt, 7);
+  EXPECT_EQ(c.c10d.isHost, true);
+  EXPECT_EQ(c.c10d.storeType, "file");
+  EXPECT_FALSE(c.c10d.useLibuv);
+  EXPECT_TRUE(c.warnings.empty());
+
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {"join_timeout", "0"},
+      {"join_timeout", "-1"},
+      {"last_call_timeout", "x"},
+      {"close_timeout", "inf"},
+      {"read_timeout", "nan"},
+      {"heartbeat_timeout", "1e30"},
+      {"keep_alive_interval", "-0.5"},
+      {"keep_alive_max_attempt", "0"},
+      {"keep_alive_max_attempt", "1.5"},
+      {"is_host", "maybe"},
+      {"use_libuv", "2"},
+      {"store_type", "etcd"}};
+  for (const auto& [key, value] : bad) {
+    LaunchConfig b = base();
+    b.rdzvBackend = "c10d";
+    b.rdzvConf = {{key, value}};
+    std::string msg = rejection(b);
+    EXPECT_TRUE(contains(msg, std::string("--rdzv-conf ") + key + "='" + value + "'"))
+        << key << "=" << value << ": " << msg;
+  }
+}
+
+TEST(LaunchConfig, UnknownRdzvConfKeysWarnOnce) {
+  LaunchConfig c = twoNodes();
+  c.rdzvConf = {{"join_timout", "5"}, {"colour", "blue"}, {"rank", "3"}};
+  finalizeConfig(c);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_TRUE(contains(c.warnings[0], "colour, join_timout")) << c.warnings[0];
+  EXPECT_FALSE(contains(c.warnings[0], "rank,")) << "rank is set from --node-rank";
+}
+
+TEST(LaunchConfig, ConfBoolsAsTorchrun) {
+  for (const char* t : {"1", "true", "T", "yes", "Y", " TRUE "})
+    EXPECT_EQ(parseConfBool(t), true) << t;
+  for (const char* f : {"0", "false", "f", "NO", "n"})
+    EXPECT_EQ(parseConfBool(f), false) << f;
+  for (const char* x : {"", "2", "on", "off", "tru"}) EXPECT_FALSE(parseConfBool(x)) << x;
+}
+
+TEST(LaunchConfig, NodeRules) {
+  LaunchConfig range = base();
+  range.minNodes = 1;
+  range.maxNodes = 4;
+  EXPECT_TRUE(contains(rejection(range), "--nnodes 1:4")) << rejection(range);
+  EXPECT_TRUE(contains(rejection(range), "not supported yet"));
+  range.rdzvBackend = "c10d";
+  EXPECT_TRUE(contains(rejection(range), "not supported yet"));
+
+  LaunchConfig standalone = twoNodes();
+  standalone.standalone = true;
+  EXPECT_TRUE(contains(rejection(standalone), "--standalone runs one node"))
+      << rejection(standalone);
+
+  LaunchConfig c10d = twoNodes();
+  c10d.rdzvBackend = "c10d";
+  EXPECT_TRUE(contains(rejection(c10d), "--rdzv-backend=c10d on several nodes"))
+      << rejection(c10d);
+  EXPECT_TRUE(contains(rejection(c10d), "not supported yet"));
+
+  LaunchConfig rank = twoNodes();
+  rank.nodeRank = 2;
+  EXPECT_TRUE(
+      contains(rejection(rank), "--node-rank 2 is out of range for --nnodes 2 (0..1)"))
+      << rejection(rank);
+  rank.nodeRank = 1;
+  EXPECT_EQ(rejection(rank), "accepted");
+
+  LaunchConfig staticOne = base();  // static on one node: the rank must be 0
+  staticOne.nodeRank = 1;
+  staticOne.explicitFlags = {"master_port"};
+  EXPECT_TRUE(contains(rejection(staticOne), "--node-rank 1")) << rejection(staticOne);
+  staticOne.explicitFlags.clear();  // the one-node default ignores it, as torchrun
+  EXPECT_EQ(rejection(staticOne), "accepted");
+
+  LaunchConfig port0 = twoNodes();
+  port0.masterPort = 0;
+  EXPECT_TRUE(contains(rejection(port0), "--master-port 0")) << rejection(port0);
+  LaunchConfig port0One = base();
+  port0One.masterPort = 0;
+  port0One.explicitFlags = {"master_port"};
+  EXPECT_EQ(rejection(port0One), "accepted");
+
+  LaunchConfig noAddr = twoNodes();
+  noAddr.masterAddr = "";
+  EXPECT_TRUE(contains(rejection(noAddr), "--master-addr")) << rejection(noAddr);
+}
+
+TEST(LaunchConfig, ProgramRules) {
+  LaunchConfig none = base();
+  none.script = "";
+  EXPECT_TRUE(contains(rejection(none), "missing training script"));
+  LaunchConfig both = base();
+  both.module = true;
+  both.noPython = true;
+  EXPECT_TRUE(contains(rejection(both), "-m/--module and --no-python"))
+      << rejection(both);
+  both.runPath = true;  // torchrun: --run-path wins over both
+  EXPECT_EQ(rejection(both), "accepted");
+}
+
+TEST(LaunchConfig, BackendRules) {
+  for (const char* etcd : {"etcd", "etcd-v2"}) {
+    LaunchConfig c = base();
+    c.rdzvBackend = etcd;
+    EXPECT_TRUE(contains(rejection(c), std::string("'") + etcd + "' is not supported"))
+        << rejection(c);
+  }
+  LaunchConfig bogus = base();
+  bogus.rdzvBackend = "zk";
+  EXPECT_TRUE(contains(rejection(bogus), "--rdzv-backend: unknown backend 'zk'"));
+}
+
+TEST(LaunchConfig, LocalAddrAndEndpointWarnings) {
+  LaunchConfig fixed = base();
+  fixed.explicitFlags = {"master_port"};
+  fixed.localAddr = "h1";
+  finalizeConfig(fixed);
+  EXPECT_EQ(countWarningsAbout(fixed, "--local-addr has no effect with the static"), 1);
+  EXPECT_EQ(fixed.masterAddr, "127.0.0.1");
+
+  LaunchConfig remote = base();
+  remote.rdzvBackend = "c10d";
+  remote.rdzvEndpoint = "far.example:29400";
+  EXPECT_TRUE(contains(rejection(remote), "another machine is not supported yet"))
+      << rejection(remote);
+  for (const std::string& here :
+       {std::string("localhost:0"), std::string("127.0.0.1:29400"),
+        std::string("[::1]:5"), std::string("localhost"), net::hostName() + ":29400"}) {
+    LaunchConfig local = base();
+    local.rdzvBackend = "c10d";
+    local.rdzvEndpoint = here;
+    finalizeConfig(local);
+    EXPECT_TRUE(local.warnings.empty()) << here;
+    EXPECT_EQ(local.masterPort, 0) << here;
+  }
+  LaunchConfig badLocal = base();
+  badLocal.rdzvBackend = "c10d";
+  badLocal.rdzvEndpoint = "h:70000";
+  EXPECT_TRUE(contains(rejection(badLocal), "--rdzv-endpoint")) << rejection(badLocal);
+}
+
+TEST(LaunchConfig, UnhonouredFlagsWarnOnceEach) {
+  LaunchConfig c = base();
+  c.numaBinding = "socket";
+  c.logsSpecs = "custom";
+  c.eventLogHandler = "console";
+  finalizeConfig(c);
+  ASSERT_EQ(c.warnings.size(), 3u);
+  EXPECT_EQ(countWarningsAbout(c, "--numa-binding=socket"), 1);
+  EXPECT_EQ(countWarningsAbout(c, "--logs-specs=custom"), 1);
+  EXPECT_EQ(countWarningsAbout(c, "--event-log-handler=console"), 1);
+  for (const char* quiet : {"null", "dynamic_rendezvous"}) {
+    LaunchConfig q = base();
+    q.eventLogHandler = quiet;
+    q.startMethod = "fork";
+    q.monitorInterval = 5;
+    q.runPath = true;
+    finalizeConfig(q);
+    EXPECT_TRUE(q.warnings.empty()) << quiet;
+  }
+  LaunchConfig unknown = base();
+  unknown.eventLogHandler = "syslog";
+  EXPECT_TRUE(
+      contains(rejection(unknown), "--event-log-handler: unknown handler 'syslog'"));
+}
+
+TEST(LaunchConfig, ValueParsersNameTheFlag) {
+  int lo = 0, hi = 0;
+  parseNnodes("2", lo, hi);
+  EXPECT_EQ(lo, 2);
+  EXPECT_EQ(hi, 2);
+  EXPECT_THROW(parseNnodes("", lo, hi), InvalidArgument);
+  EXPECT_THROW(parseStdSpec("", "--tee"), InvalidArgument);
+  EXPECT_THROW(parseSignals(""), InvalidArgument);
+  EXPECT_EQ(parseSignals("TERM, SIGUSR2"), (std::vector<int>{SIGTERM, SIGUSR2}));
+  EXPECT_EQ(parseRdzvConf(" a = 1 ,b=2 "),
+            (std::map<std::string, std::string>{{"a", "1"}, {"b", "2"}}));
+  EXPECT_EQ(parseFilterList("x,,y,z"), (std::vector<std::string>{"x,y", "z"}));
+}
+
+}  // namespace
+}  // namespace ddprun::agent

@@ -1,0 +1,296 @@
+// The static rendezvous's protocol on an in-memory store: nodes are
+// rendezvous objects of this process sharing one MemoryHub, their results run
+// on the test's thread through PostQueues. No sockets, no sleeps.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <latch>
+#include <thread>
+
+#include "ddprun/common/error.h"
+#include "rendezvous/memory_hub.h"
+#include "rendezvous/post_queue.h"
+#include "static_rendezvous_internal.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::MemoryHub;
+using testing::Node;
+
+class StaticRendezvousTest : public ::testing::Test {
+ protected:
+  // Node `rank` of `nnodes` on the hub; node 0's worker stores get ports
+  // 40001, 40002, ... in the order it starts them.
+  std::unique_ptr<Node> node(int rank, int nnodes, Millis timeout = 60s) {
+    StaticOptions o;
+    o.masterAddr = "10.0.0.1";
+    o.nodeRank = rank;
+    o.nnodes = nnodes;
+    o.runId = "job";
+    o.timeout = timeout;
+    detail::StaticBackend b;
+    b.connect = [this](std::shared_ptr<store::CancelToken> cancel, Millis) {
+      return hub_.connect(std::move(cancel));
+    };
+    b.startWorkerStore = [this] { return static_cast<uint16_t>(40000 + ++workerStores_); };
+    b.storeAddress = "memory:1";
+    auto n = std::make_unique<Node>();
+    n->attach(detail::makeStaticRendezvous(o, n->queue.post(), std::move(b)));
+    return n;
+  }
+  std::vector<std::unique_ptr<Node>> nodes(int nnodes) {
+    std::vector<std::unique_ptr<Node>> out;
+    for (int i = 0; i < nnodes; ++i) out.push_back(node(i, nnodes));
+    return out;
+  }
+  // Every node joins the next round, with nproc[i] workers (1 if absent).
+  static void joinAll(std::vector<std::unique_ptr<Node>>& ns, std::vector<int> nproc = {}) {
+    for (size_t i = 0; i < ns.size(); ++i) ns[i]->join(i < nproc.size() ? nproc[i] : 1);
+    for (auto& n : ns) {
+      n->awaitJoin();
+      ASSERT_FALSE(n->error) << "a join failed";
+    }
+  }
+  static std::string key(int round, const std::string& name) {
+    return "ddprun/job/round/" + std::to_string(round) + "/" + name;
+  }
+
+  MemoryHub hub_;  // first: outlives the nodes
+  std::atomic<int> workerStores_{0};
+};
+
+void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node, const std::string& why) {
+  EXPECT_EQ(e.round, round);
+  EXPECT_EQ(e.kind, kind) << toString(e.kind);
+  EXPECT_EQ(e.node, node);
+  EXPECT_EQ(e.reason, why);
+}
+
+TEST_F(StaticRendezvousTest, NodesWithDifferentWorkerCountsGetDistinctBaseRanks) {
+  auto ns = nodes(3);
+  joinAll(ns, {2, 3, 1});
+  const std::vector<int> base = {0, 2, 5};
+  for (int i = 0; i < 3; ++i) {
+    const RoundInfo& info = ns[i]->info;
+    EXPECT_EQ(info.round, 0);
+    EXPECT_EQ(info.groupRank, i);
+    EXPECT_EQ(info.groupWorldSize, 3);
+    EXPECT_EQ(info.baseRank, base[i]);
+    EXPECT_EQ(info.worldSize, 6);
+    EXPECT_EQ(info.localWorldSizes, (std::vector<int>{2, 3, 1}));
+    EXPECT_EQ(info.workerStoreHost, "10.0.0.1");
+    EXPECT_EQ(info.workerStorePort, 40001);  // node 0's store, read by all
+  }
+  EXPECT_EQ(workerStores_, 1) << "only node 0 hosts the worker store";
+}
+
+TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
+  auto ns = nodes(3);
+  joinAll(ns);
+  for (auto& n : ns) n->rdzv->reportSuccess(0);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+
+  joinAll(ns);
+  ns[2]->rdzv->reportFailure(1, "rank 2 exited with 1", /*closeJob=*/false);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 1, RoundEnd::kFailed, 2, "rank 2 exited with 1");
+
+  joinAll(ns);
+  ns[1]->rdzv->reportFailure(2, "rank 1: signal: SIGKILL", /*closeJob=*/true);
+  for (auto& n : ns)
+    expectEvent(n->awaitEvent(), 2, RoundEnd::kClosed, 1, "rank 1: signal: SIGKILL");
+
+  for (auto& n : ns) EXPECT_EQ(n->info.round, 2);
+  EXPECT_EQ(ns[1]->info.workerStorePort, 40003) << "a fresh worker store each round";
+  EXPECT_EQ(workerStores_, 3);
+}
+
+TEST_F(StaticRendezvousTest, RoundsAreIndependent) {
+  auto ns = nodes(3);
+  joinAll(ns);
+  ns[0]->rdzv->reportSuccess(0);
+  ns[1]->rdzv->reportSuccess(0);
+  ns[2]->rdzv->reportFailure(0, "rank 2 exited with 3", false);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFailed, 2, "rank 2 exited with 3");
+
+  // Round 0 counted two successes; round 1 counts afresh and needs all three.
+  joinAll(ns);
+  ns[0]->rdzv->reportSuccess(1);
+  ns[1]->rdzv->reportSuccess(1);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.value(key(1, "done")) == "2"; }));
+  EXPECT_FALSE(hub_.has(key(1, "end")));
+  ns[2]->rdzv->reportSuccess(1);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 1, RoundEnd::kFinished, -1, "");
+}
+
+TEST_F(StaticRendezvousTest, TheFirstReportOfARoundWins) {
+  auto ns = nodes(3);
+  joinAll(ns);
+  ns[1]->rdzv->reportFailure(0, "first", false);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "end")); }));
+  ns[0]->rdzv->reportFailure(0, "second", true);
+  ns[2]->rdzv->reportSuccess(0);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFailed, 1, "first");
+
+  // The next join runs after each node's report and after its round-0
+  // watcher ended: a second round-0 event would have come before its result.
+  joinAll(ns);
+  EXPECT_EQ(hub_.value(key(0, "end")), "failed:1:first");
+  for (auto& n : ns) EXPECT_EQ(n->events.size(), 1u);
+}
+
+TEST_F(StaticRendezvousTest, PeersSayTheyLeftBeforeTheEventArrives) {
+  auto ns = nodes(2);
+  joinAll(ns);
+  for (auto& n : ns) n->rdzv->reportSuccess(0);
+  for (auto& n : ns) n->awaitEvent();
+  // Node 0 stops the agent store at shutdown once these exist (or after
+  // leaveTimeout): no peer finds it gone before reading the round's end.
+  EXPECT_TRUE(hub_.has(key(0, "left/0")));
+  EXPECT_TRUE(hub_.has(key(0, "left/1")));
+}
+
+TEST_F(StaticRendezvousTest, AJoinTimeoutNamesTheMissingNodeAndTheStore) {
+  auto n2 = node(2, 3);
+  n2->join(1);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "node/2")); }));
+  auto n0 = node(0, 3, 100ms);
+  n0->join(1);
+  n0->awaitJoin();
+  try {
+    n0->rethrow();
+    FAIL() << "joined without node 1";
+  } catch (const TimeoutError& e) {
+    const std::string& m = e.message();
+    EXPECT_NE(m.find("node 1 of 3 did not join within 100 ms"), std::string::npos) << m;
+    EXPECT_NE(m.find("key ddprun/job/round/0/node/1 is absent"), std::string::npos) << m;
+    EXPECT_NE(m.find("memory:1"), std::string::npos) << m;
+    EXPECT_EQ(m.find("node/2"), std::string::npos) << m;
+  }
+}
+
+TEST_F(StaticRendezvousTest, CancelEndsAJoinWaitingForPeers) {
+  auto n0 = node(0, 2, 600s);
+  n0->join(1);
+  ASSERT_TRUE(hub_.awaitWaiters(1));  // node 0 is blocked in the barrier
+  std::thread([&] { n0->rdzv->cancel(); }).join();  // thread-safe
+  n0->awaitJoin();
+  EXPECT_THROW(n0->rethrow(), CancelledError);
+  n0->join(1);  // cancelled for good
+  n0->awaitJoin();
+  EXPECT_THROW(n0->rethrow(), CancelledError);
+  EXPECT_EQ(workerStores_, 0);
+}
+
+TEST_F(StaticRendezvousTest, CancelEndsAJoinStillConnecting) {
+  std::latch connecting(1);
+  StaticOptions o;
+  o.nodeRank = 1;
+  o.nnodes = 2;
+  detail::StaticBackend b;
+  // Node 0 never comes up: connecting goes on until cancelled.
+  b.connect = [&](std::shared_ptr<store::CancelToken> cancel, Millis) -> std::unique_ptr<store::Store> {
+    connecting.count_down();
+    if (cancel->sleepFor(600s)) DDPRUN_THROW(CancelledError, "connecting was cancelled");
+    DDPRUN_THROW(TimeoutError, "node 0 never came up");
+  };
+  b.startWorkerStore = [] { return uint16_t{0}; };
+  Node n;
+  n.attach(detail::makeStaticRendezvous(o, n.queue.post(), std::move(b)));
+  n.join(1);
+  connecting.wait();
+  n.rdzv->cancel();
+  n.awaitJoin();
+  EXPECT_THROW(n.rethrow(), CancelledError);
+}
+
+TEST_F(StaticRendezvousTest, ShutdownEndsAPendingJoin) {
+  auto n0 = node(0, 2, 600s);
+  n0->join(1);
+  ASSERT_TRUE(hub_.awaitWaiters(1));
+  n0->rdzv->shutdown();  // returns: the blocked wait was cancelled and joined
+  n0->awaitJoin();
+  EXPECT_THROW(n0->rethrow(), CancelledError);
+}
+
+TEST_F(StaticRendezvousTest, AJunkWorkerCountIsAProtocolErrorNamingTheKey) {
+  hub_.set(key(0, "node/1"), "two");
+  auto n0 = node(0, 2);
+  n0->join(1);
+  n0->awaitJoin();
+  try {
+    n0->rethrow();
+    FAIL() << "joined with a junk worker count";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(e.message().find("'two' under ddprun/job/round/0/node/1"), std::string::npos)
+        << e.message();
+  }
+}
+
+TEST_F(StaticRendezvousTest, AJunkEndValueClosesTheJob) {
+  auto ns = nodes(2);
+  joinAll(ns);
+  hub_.set(key(0, "end"), "exploded");
+  for (auto& n : ns) {
+    RoundEvent e = n->awaitEvent();
+    EXPECT_EQ(e.kind, RoundEnd::kClosed);
+    EXPECT_EQ(e.node, -1);
+    EXPECT_NE(e.reason.find("'exploded' under ddprun/job/round/0/end"), std::string::npos)
+        << e.reason;
+  }
+}
+
+TEST_F(StaticRendezvousTest, ALostStoreReachesEveryNode) {
+  auto ns = nodes(2);
+  joinAll(ns);
+  hub_.fail();
+  for (auto& n : ns) {
+    RoundEvent e = n->awaitEvent();
+    EXPECT_EQ(e.round, 0);
+    EXPECT_EQ(e.kind, RoundEnd::kStoreLost);
+    EXPECT_NE(e.reason.find("memory:1 is gone"), std::string::npos) << e.reason;
+  }
+}
+
+TEST_F(StaticRendezvousTest, DescribesItself) {
+  auto n = node(1, 2);
+  EXPECT_EQ(n->rdzv->describe(), "static, node 1 of 2, store memory:1");
+}
+
+TEST(StaticRendezvousOptions, ANodeRankOutsideTheJobIsRejected) {
+  StaticOptions o;
+  o.nnodes = 2;
+  for (int rank : {-1, 2}) {
+    o.nodeRank = rank;
+    // Checked before node 0 would bind anything.
+    EXPECT_THROW(makeStaticRendezvous(o, [](std::function<void()>) {}), InvalidArgument);
+  }
+}
+
+TEST(CancelToken, RunsCallbacksOnceAndAtOnceWhenLate) {
+  store::CancelToken t;
+  int early = 0, removed = 0, late = 0;
+  t.subscribe([&] { ++early; });
+  auto id = t.subscribe([&] { ++removed; });
+  t.unsubscribe(id);
+  EXPECT_FALSE(t.cancelled());
+  t.cancel();
+  t.cancel();
+  EXPECT_TRUE(t.cancelled());
+  t.subscribe([&] { ++late; });
+  EXPECT_EQ(early, 1);
+  EXPECT_EQ(removed, 0);
+  EXPECT_EQ(late, 1);
+  EXPECT_TRUE(t.sleepFor(600s));  // already cancelled: no sleep
+}
+
+TEST(CancelToken, CancelFromAnotherThreadEndsASleep) {
+  store::CancelToken t;
+  std::thread canceller([&] { t.cancel(); });
+  EXPECT_TRUE(t.sleepFor(600s));
+  canceller.join();
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous
