@@ -120,6 +120,7 @@ class Reporter::Impl {
 Reporter::Impl::Impl(boost::asio::io_context& io, ReporterOptions opts)
     : io_(io), opts_(std::move(opts)) {
   DDPRUN_CHECK(opts_.maxLineBytes > 0, "maxLineBytes must be positive");
+  DDPRUN_CHECK(!opts_.runDir.empty(), "the Reporter needs a run directory");
   if (opts_.hostname.empty()) opts_.hostname = net::hostName();
   out_ = std::make_shared<Console>(opts_.consoleOut);
   sameConsole_ = sameFile(opts_.consoleOut, opts_.consoleErr);
@@ -179,7 +180,9 @@ ChannelSinks Reporter::Impl::sinksFor(const StreamPlan& p, int localRank, int gl
   s.consoleLines = p.tee;
   if (p.tee || p.duplicates) s.prefix = prefix(localRank, globalRank);
   if (p.file) {
-    fs::create_directories(workerDir);
+    std::error_code ec;
+    fs::create_directories(workerDir, ec);
+    if (ec) logDirError(workerDir, ec.message());
     s.file = std::make_shared<FileSink>((fs::path(workerDir) / p.name).string());
   }
   s.duplicates = p.duplicates;
