@@ -69,7 +69,8 @@ void Console::write(std::string_view data) {
 }
 
 FileSink::FileSink(const std::string& path)
-    : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+    : path_(path),
+      fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
   if (fd_.get() < 0)
     DDPRUN_THROW(IoError, "cannot create ", path, ": ", std::strerror(errno),
                  "; pass a writable --log-dir");
@@ -84,7 +85,8 @@ void FileSink::append(std::string_view data) {
     // A big chunk goes out at once rather than through the buffer.
     if (!writeAll(fd_.get(), data)) {
       failed_ = true;
-      DDPRUN_WARN("cannot write ", path_, ": ", std::strerror(errno), "; its output is dropped");
+      DDPRUN_WARN("cannot write ", path_, ": ", std::strerror(errno),
+                  "; its output is dropped");
     }
     return;
   }
@@ -95,23 +97,26 @@ void FileSink::flush() {
   if (buffer_.empty() || failed_) return;
   if (!writeAll(fd_.get(), buffer_)) {
     failed_ = true;
-    DDPRUN_WARN("cannot write ", path_, ": ", std::strerror(errno), "; its output is dropped");
+    DDPRUN_WARN("cannot write ", path_, ": ", std::strerror(errno),
+                "; its output is dropped");
   }
   buffer_.clear();
   if (buffer_.capacity() > kBufferBytes) buffer_.shrink_to_fit();
 }
 
-std::shared_ptr<Channel> Channel::start(boost::asio::io_context& io, UniqueFd readFd, bool pty,
-                                        ChannelSinks sinks) {
+std::shared_ptr<Channel> Channel::start(boost::asio::io_context& io, UniqueFd readFd,
+                                        bool pty, ChannelSinks sinks) {
   int flags = ::fcntl(readFd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(readFd.get(), F_SETFL, flags | O_NONBLOCK) < 0)
-    DDPRUN_THROW(IoError, "cannot set up a worker output channel: ", std::strerror(errno));
+    DDPRUN_THROW(IoError,
+                 "cannot set up a worker output channel: ", std::strerror(errno));
   std::shared_ptr<Channel> ch(new Channel(io, std::move(readFd), pty, std::move(sinks)));
   ch->waitReadable();
   return ch;
 }
 
-Channel::Channel(boost::asio::io_context& io, UniqueFd readFd, bool pty, ChannelSinks sinks)
+Channel::Channel(boost::asio::io_context& io, UniqueFd readFd, bool pty,
+                 ChannelSinks sinks)
     : io_(io),
       descriptor_(io),
       pty_(pty),
@@ -121,8 +126,7 @@ Channel::Channel(boost::asio::io_context& io, UniqueFd readFd, bool pty, Channel
       splitter_(sinks_.maxLineBytes) {
   boost::system::error_code ec;
   descriptor_.assign(readFd.get(), ec);
-  if (ec)
-    DDPRUN_THROW(IoError, "cannot watch a worker output channel: ", ec.message());
+  if (ec) DDPRUN_THROW(IoError, "cannot watch a worker output channel: ", ec.message());
   readFd.release();
 }
 
@@ -135,29 +139,34 @@ Channel::~Channel() {
 // reactor is edge-triggered, so data that arrives from then on wakes us,
 // while data left unread would not.
 void Channel::waitReadable() {
-  descriptor_.async_wait(boost::asio::posix::descriptor_base::wait_read,
-                         [self = shared_from_this()](const boost::system::error_code& ec) {
-                           if (!self->open_) return;
-                           if (ec) {
-                             self->close();
-                             return;
-                           }
-                           self->onReadable();
-                         });
+  descriptor_.async_wait(
+      boost::asio::posix::descriptor_base::wait_read,
+      [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (!self->open_) return;
+        if (ec) {
+          self->close();
+          return;
+        }
+        self->onReadable();
+      });
 }
 
 void Channel::onReadable() {
   ReadEnd end = readAvailable(kBatchBytes);
   flushOutput();
   switch (end) {
-    case ReadEnd::kDrained: waitReadable(); break;
+    case ReadEnd::kDrained:
+      waitReadable();
+      break;
     case ReadEnd::kBudgetSpent:
       // Let other channels run, then go on reading (no new edge will come).
       boost::asio::post(io_, [self = shared_from_this()] {
         if (self->open_) self->onReadable();
       });
       break;
-    case ReadEnd::kEnd: close(); break;
+    case ReadEnd::kEnd:
+      close();
+      break;
   }
 }
 
@@ -187,7 +196,8 @@ void Channel::consume(std::string_view data) {
   if (sinks_.file) sinks_.file->append(data);
   if (sinks_.console && !sinks_.consoleLines) sinks_.console->write(data);
   if (needLines_)
-    splitter_.feed(data, [this](std::string_view line, bool complete) { onLine(line, complete); });
+    splitter_.feed(
+        data, [this](std::string_view line, bool complete) { onLine(line, complete); });
 }
 
 void Channel::onLine(std::string_view line, bool complete) {
@@ -234,7 +244,8 @@ void Channel::close() {
   if (!open_) return;
   readAvailable(kDrainBytes);
   if (needLines_)
-    splitter_.finish([this](std::string_view line, bool complete) { onLine(line, complete); });
+    splitter_.finish(
+        [this](std::string_view line, bool complete) { onLine(line, complete); });
   flushOutput();
   open_ = false;
   boost::system::error_code ec;

@@ -121,8 +121,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
  public:
   // Takes `readFd` (made non-blocking) and starts relaying. `pty`: the fd is
   // a pty master, whose end of data is EIO rather than EOF.
-  static std::shared_ptr<Channel> start(boost::asio::io_context& io, UniqueFd readFd, bool pty,
-                                        ChannelSinks sinks);
+  static std::shared_ptr<Channel> start(boost::asio::io_context& io, UniqueFd readFd,
+                                        bool pty, ChannelSinks sinks);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;

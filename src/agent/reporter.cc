@@ -32,7 +32,8 @@ namespace {
 
 bool sameFile(int a, int b) {
   if (a == b) return true;
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
@@ -53,7 +54,8 @@ std::string freshTempBase() {
 
 UniqueFd openDevNull() {
   UniqueFd fd(::open("/dev/null", O_WRONLY | O_CLOEXEC));
-  if (fd.get() < 0) DDPRUN_THROW(IoError, "cannot open /dev/null: ", std::strerror(errno));
+  if (fd.get() < 0)
+    DDPRUN_THROW(IoError, "cannot open /dev/null: ", std::strerror(errno));
   return fd;
 }
 
@@ -61,7 +63,8 @@ UniqueFd openDevNull() {
 std::pair<UniqueFd, UniqueFd> openPipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
-    DDPRUN_THROW(IoError, "cannot create a pipe for worker output: ", std::strerror(errno));
+    DDPRUN_THROW(IoError,
+                 "cannot create a pipe for worker output: ", std::strerror(errno));
   return {UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
@@ -85,10 +88,10 @@ class Reporter::Impl {
  private:
   // What becomes of one stream of one worker.
   struct StreamPlan {
-    bool file = false;     // redirected or tee'd: <workerDir>/<name>
-    bool tee = false;      // lines with a prefix on the console
-    bool raw = false;      // bytes on the console as they come
-    bool tail = false;     // stderr: keep the tail
+    bool file = false;  // redirected or tee'd: <workerDir>/<name>
+    bool tee = false;   // lines with a prefix on the console
+    bool raw = false;   // bytes on the console as they come
+    bool tail = false;  // stderr: keep the tail
     const char* name = "";
     std::shared_ptr<Console> console;
     std::shared_ptr<FileSink> duplicates;
@@ -120,13 +123,15 @@ class Reporter::Impl {
 Reporter::Impl::Impl(boost::asio::io_context& io, ReporterOptions opts)
     : io_(io), opts_(std::move(opts)) {
   DDPRUN_CHECK(opts_.maxLineBytes > 0, "maxLineBytes must be positive");
+  DDPRUN_CHECK(!opts_.runDir.empty(), "the Reporter needs a run directory");
   if (opts_.hostname.empty()) opts_.hostname = net::hostName();
   out_ = std::make_shared<Console>(opts_.consoleOut);
   sameConsole_ = sameFile(opts_.consoleOut, opts_.consoleErr);
   err_ = sameConsole_ ? out_ : std::make_shared<Console>(opts_.consoleErr);
   fs::path dir(opts_.runDir);
   std::string eventsPath = (dir / "events.jsonl").string();
-  events_.reset(::open(eventsPath.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  events_.reset(
+      ::open(eventsPath.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (events_.get() < 0)
     DDPRUN_THROW(IoError, "cannot create ", eventsPath, ": ", std::strerror(errno),
                  "; pass a writable --log-dir");
@@ -157,7 +162,8 @@ Reporter::Impl::StreamPlan Reporter::Impl::plan(int localRank, Std stream) const
   auto has = [&](const StdSpec& spec) {
     return (static_cast<int>(spec.forRank(localRank)) & static_cast<int>(stream)) != 0;
   };
-  bool shown = opts_.localRanksFilter.empty() || opts_.localRanksFilter.count(localRank) > 0;
+  bool shown =
+      opts_.localRanksFilter.empty() || opts_.localRanksFilter.count(localRank) > 0;
   bool isOut = stream == Std::kOut;
   StreamPlan p;
   // As torchrun: a tee'd stream is also written to its file.
@@ -179,7 +185,9 @@ ChannelSinks Reporter::Impl::sinksFor(const StreamPlan& p, int localRank, int gl
   s.consoleLines = p.tee;
   if (p.tee || p.duplicates) s.prefix = prefix(localRank, globalRank);
   if (p.file) {
-    fs::create_directories(workerDir);
+    std::error_code ec;
+    fs::create_directories(workerDir, ec);
+    if (ec) logDirError(workerDir, ec.message());
     s.file = std::make_shared<FileSink>((fs::path(workerDir) / p.name).string());
   }
   s.duplicates = p.duplicates;
@@ -262,10 +270,12 @@ void Reporter::Impl::event(const std::string& name, nlohmann::json fields, int a
   if (!fields.is_object()) fields = nlohmann::json::object();
   fields["event"] = name;
   fields["time"] =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   fields["attempt"] = attempt;
   // Invalid UTF-8 (a worker's output in a field) is replaced, never thrown.
-  std::string line = fields.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string line =
+      fields.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
   if (!detail::writeAll(events_.get(), line))
     DDPRUN_WARN("cannot write ", opts_.runDir, "/events.jsonl: ", std::strerror(errno));
@@ -306,7 +316,8 @@ std::string Reporter::prefix(int localRank, int globalRank) const {
   return impl_->prefix(localRank, globalRank);
 }
 
-WorkerFds Reporter::openWorker(int localRank, int globalRank, const std::string& workerDir) {
+WorkerFds Reporter::openWorker(int localRank, int globalRank,
+                               const std::string& workerDir) {
   return impl_->openWorker(localRank, globalRank, workerDir);
 }
 

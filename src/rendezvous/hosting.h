@@ -14,8 +14,8 @@ namespace ddprun::rendezvous::detail {
 // port). Throws IoError: for a port in use, "<role> cannot listen on port P:
 // it is in use by pid N (name); <fix>"; otherwise the server's message and
 // the fix.
-std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, uint16_t port,
-                                                 const std::string& role,
+std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost,
+                                                 uint16_t port, const std::string& role,
                                                  const std::string& fix);
 
 }  // namespace ddprun::rendezvous::detail

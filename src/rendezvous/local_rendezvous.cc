@@ -14,7 +14,8 @@ namespace {
 // not block); results still go through `post`, as the interface promises.
 class LocalRendezvous final : public Rendezvous {
  public:
-  LocalRendezvous(LocalOptions opts, Post post) : opts_(std::move(opts)), post_(std::move(post)) {}
+  LocalRendezvous(LocalOptions opts, Post post)
+      : opts_(std::move(opts)), post_(std::move(post)) {}
   ~LocalRendezvous() override { shutdown(); }
 
   void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
@@ -31,7 +32,9 @@ class LocalRendezvous final : public Rendezvous {
     post_([done = std::move(done), error, info] { done(error, info); });
   }
 
-  void reportSuccess(int round) override { endRound({round, RoundEnd::kFinished, -1, ""}); }
+  void reportSuccess(int round) override {
+    endRound({round, RoundEnd::kFinished, -1, ""});
+  }
   void reportFailure(int round, const std::string& why, bool closeJob) override {
     endRound({round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, 0, why});
   }
@@ -54,11 +57,13 @@ class LocalRendezvous final : public Rendezvous {
   RoundInfo startRound(int round, int localWorldSize) {
     if (cancelled_ || stopped_)
       DDPRUN_THROW(CancelledError, "joining round ", round, " was cancelled");
-    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ", localWorldSize);
+    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
+                 localWorldSize);
     store_.reset();
-    store_ = detail::hostStore(opts_.bindHost, opts_.port, "the workers' store",
-                               "pass another --master-port, or omit --master-port to use a "
-                               "free port");
+    store_ =
+        detail::hostStore(opts_.bindHost, opts_.port, "the workers' store",
+                          "pass another --master-port, or omit --master-port to use a "
+                          "free port");
     joined_ = round;
     RoundInfo info;
     info.round = round;
@@ -89,7 +94,8 @@ class LocalRendezvous final : public Rendezvous {
 
 }  // namespace
 
-std::unique_ptr<Rendezvous> makeLocalRendezvous(const LocalOptions& opts, Rendezvous::Post post) {
+std::unique_ptr<Rendezvous> makeLocalRendezvous(const LocalOptions& opts,
+                                                Rendezvous::Post post) {
   return std::make_unique<LocalRendezvous>(opts, std::move(post));
 }
 

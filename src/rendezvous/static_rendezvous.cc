@@ -102,7 +102,8 @@ RoundEvent decodeEnd(int round, const std::string& key, const std::string& value
   bool ok = fields.size() >= 3 && (fields[0] == "failed" || fields[0] == "closed") &&
             str::parseInt(fields[1], event.node, 0);
   if (!ok)
-    DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ", key,
+    DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ",
+                 key,
                  ", which is not finished, failed:<node>:<why> or closed:<node>:<why>");
   event.kind = fields[0] == "failed" ? RoundEnd::kFailed : RoundEnd::kClosed;
   event.reason = str::join({fields.begin() + 2, fields.end()}, ":");
@@ -150,10 +151,11 @@ class StaticRendezvous final : public Rendezvous {
   }
 
   void reportFailure(int round, const std::string& why, bool closeJob) override {
-    std::string value = encodeEnd(closeJob ? RoundEnd::kClosed : RoundEnd::kFailed,
-                                  opts_.nodeRank, why);
+    std::string value =
+        encodeEnd(closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, opts_.nodeRank, why);
     tasks_.push([this, round, value] {
-      report(round, "the round failed", [&] { client_->compareSet(key(round, "end"), "", value); });
+      report(round, "the round failed",
+             [&] { client_->compareSet(key(round, "end"), "", value); });
     });
   }
 
@@ -192,12 +194,14 @@ class StaticRendezvous final : public Rendezvous {
     return keys;
   }
   std::exception_ptr cancelledJoin(int round) const {
-    return std::make_exception_ptr(
-        CancelledError("joining rendezvous round " + std::to_string(round) + " was cancelled"));
+    return std::make_exception_ptr(CancelledError(
+        "joining rendezvous round " + std::to_string(round) + " was cancelled"));
   }
 
   // On the task thread. The result is posted even during shutdown: a
-  // pending join always ends.
+  // pending join always ends. The round's watcher starts only after the
+  // result is posted, so the agent never hears of a round's end before it
+  // has heard of the round.
   void runJoin(int round, int localWorldSize, const JoinHandler& done) {
     std::exception_ptr error;
     RoundInfo info;
@@ -209,11 +213,16 @@ class StaticRendezvous final : public Rendezvous {
     if (!error && cancel_->cancelled()) error = cancelledJoin(round);
     if (!error) lastJoined_ = round;
     joining_ = false;
-    post_([done, error, info] { done(error, info); });
+    const bool joined = !error;
+    // Moved, not copied: this thread keeps no share of what the agent reads.
+    post_(
+        [done, error = std::move(error), info = std::move(info)] { done(error, info); });
+    if (joined) startWatcher(round);
   }
 
   RoundInfo joinRound(int round, int localWorldSize) {
-    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ", localWorldSize);
+    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
+                 localWorldSize);
     const Deadline deadline(opts_.timeout);
     if (!client_) client_ = backend_.connect(cancel_, deadline.remaining());
     client_->set(key(round, "node/" + std::to_string(opts_.nodeRank)),
@@ -231,12 +240,12 @@ class StaticRendezvous final : public Rendezvous {
     info.localWorldSizes = std::move(sizes);
     info.workerStoreHost = opts_.masterAddr;
     info.workerStorePort = workerStorePort(round);
-    startWatcher(round);
     return info;
   }
 
   // The barrier: every node's key. On timeout, names the nodes still absent.
-  void waitForPeers(int round, const std::vector<std::string>& keys, const Deadline& deadline) {
+  void waitForPeers(int round, const std::vector<std::string>& keys,
+                    const Deadline& deadline) {
     try {
       client_->wait(keys, deadline.remaining());
       return;
@@ -250,12 +259,13 @@ class StaticRendezvous final : public Rendezvous {
       }
     if (absent.empty()) return;  // the last one arrived just now
     const bool one = absent.size() == 1;
-    DDPRUN_THROW(TimeoutError, "rendezvous round ", round, ": node", one ? " " : "s ",
-                 str::join(nodes, ", "), " of ", opts_.nnodes, " did not join within ",
-                 formatDuration(opts_.timeout), " (", one ? "key " : "keys ",
-                 str::join(absent, ", "), one ? " is" : " are", " absent from the agent store at ",
-                 backend_.storeAddress, "); start every node with --nnodes ", opts_.nnodes,
-                 ", its own --node-rank and the same --master-addr, --master-port and --rdzv-id");
+    DDPRUN_THROW(
+        TimeoutError, "rendezvous round ", round, ": node", one ? " " : "s ",
+        str::join(nodes, ", "), " of ", opts_.nnodes, " did not join within ",
+        formatDuration(opts_.timeout), " (", one ? "key " : "keys ",
+        str::join(absent, ", "), one ? " is" : " are", " absent from the agent store at ",
+        backend_.storeAddress, "); start every node with --nnodes ", opts_.nnodes,
+        ", its own --node-rank and the same --master-addr, --master-port and --rdzv-id");
   }
 
   std::vector<int> parseSizes(const std::vector<std::string>& keys,
@@ -263,8 +273,9 @@ class StaticRendezvous final : public Rendezvous {
     std::vector<int> sizes(values.size());
     for (size_t i = 0; i < values.size(); ++i)
       if (!str::parseInt(values[i], sizes[i], 1))
-        DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(values[i]), "' under ",
-                     keys[i], ", not a number of workers; is another job using --rdzv-id ",
+        DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(values[i]),
+                     "' under ", keys[i],
+                     ", not a number of workers; is another job using --rdzv-id ",
                      opts_.runId, " on this store?");
     return sizes;
   }
@@ -282,13 +293,14 @@ class StaticRendezvous final : public Rendezvous {
     try {
       client_->wait({k}, opts_.timeout);
     } catch (const TimeoutError&) {
-      DDPRUN_THROW(TimeoutError, "rendezvous round ", round, ": node 0 did not publish the ",
-                   "worker store's port (", k, ") within ", formatDuration(opts_.timeout));
+      DDPRUN_THROW(TimeoutError, "rendezvous round ", round,
+                   ": node 0 did not publish the ", "worker store's port (", k,
+                   ") within ", formatDuration(opts_.timeout));
     }
     std::string value = client_->get(k);
     if (!str::parseInt(value, port, 1, 65535))
-      DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ", k,
-                   ", not a port number");
+      DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value),
+                   "' under ", k, ", not a port number");
     return static_cast<uint16_t>(port);
   }
 
@@ -310,7 +322,8 @@ class StaticRendezvous final : public Rendezvous {
     const int round = lastJoined_;
     if (round < 0 || !client_) return;
     try {
-      if (lastEnded_ < round) client_->set(key(round, "left/" + std::to_string(opts_.nodeRank)), "");
+      if (lastEnded_ < round)
+        client_->set(key(round, "left/" + std::to_string(opts_.nodeRank)), "");
       if (opts_.nodeRank == 0 && client_->check({key(round, "end")}))
         client_->wait(nodeKeys(round, "left"), opts_.leaveTimeout);
     } catch (const Error& e) {
@@ -370,7 +383,8 @@ class StaticRendezvous final : public Rendezvous {
     try {
       store.set(key(round, "left/" + std::to_string(opts_.nodeRank)), "");
     } catch (const Error& e) {
-      DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ", e.message());
+      DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ",
+                   e.message());
     }
   }
 
@@ -378,11 +392,12 @@ class StaticRendezvous final : public Rendezvous {
   const Post post_;
   detail::StaticBackend backend_;
   EventHandler handler_;  // set before the first join, read by watchers
-  const std::shared_ptr<store::CancelToken> cancel_ = std::make_shared<store::CancelToken>();
-  int nextRound_ = 0;                  // agent's thread
+  const std::shared_ptr<store::CancelToken> cancel_ =
+      std::make_shared<store::CancelToken>();
+  int nextRound_ = 0;                     // agent's thread
   std::unique_ptr<store::Store> client_;  // task thread
-  std::atomic<int> lastJoined_{-1};    // written by the task thread
-  std::atomic<int> lastEnded_{-1};     // written by watchers: the last round seen ending
+  std::atomic<int> lastJoined_{-1};       // written by the task thread
+  std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
   // The current watcher; touched by the task thread, and by shutdown() once
@@ -400,9 +415,9 @@ struct HostedStores {
   std::unique_ptr<store::TcpStoreServer> worker;
 };
 
-std::unique_ptr<store::Store> connectAgentStore(const StaticOptions& opts,
-                                                std::shared_ptr<store::CancelToken> cancel,
-                                                Millis timeout) {
+std::unique_ptr<store::Store> connectAgentStore(
+    const StaticOptions& opts, std::shared_ptr<store::CancelToken> cancel,
+    Millis timeout) {
   store::TcpStoreOptions o;
   o.host = opts.masterAddr;
   o.port = opts.masterPort;
@@ -412,35 +427,39 @@ std::unique_ptr<store::Store> connectAgentStore(const StaticOptions& opts,
   try {
     return store::TcpStore::connect(o);
   } catch (const TimeoutError& e) {
-    DDPRUN_THROW(IoError, "node ", opts.nodeRank, " cannot reach the agent store of node 0: ",
-                 e.message(), " (node 0, started with --node-rank 0, hosts it; give every node "
+    DDPRUN_THROW(IoError, "node ", opts.nodeRank,
+                 " cannot reach the agent store of node 0: ", e.message(),
+                 " (node 0, started with --node-rank 0, hosts it; give every node "
                  "the same --master-addr and --master-port)");
   }
 }
 
 void validate(const StaticOptions& opts) {
   DDPRUN_CHECK(opts.nnodes >= 1, "--nnodes must be at least 1, got ", opts.nnodes);
-  DDPRUN_CHECK(opts.nodeRank >= 0 && opts.nodeRank < opts.nnodes, "--node-rank ", opts.nodeRank,
-               " must be between 0 and --nnodes - 1 = ", opts.nnodes - 1);
+  DDPRUN_CHECK(opts.nodeRank >= 0 && opts.nodeRank < opts.nnodes, "--node-rank ",
+               opts.nodeRank, " must be between 0 and --nnodes - 1 = ", opts.nnodes - 1);
 }
 
 }  // namespace
 
 namespace detail {
 
-std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post,
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
+                                                 Rendezvous::Post post,
                                                  StaticBackend backend) {
   validate(opts);
-  DDPRUN_CHECK(backend.connect && backend.startWorkerStore, "a static rendezvous needs a store");
+  DDPRUN_CHECK(backend.connect && backend.startWorkerStore,
+               "a static rendezvous needs a store");
   return std::make_unique<StaticRendezvous>(opts, std::move(post), std::move(backend));
 }
 
 StaticBackend makeTcpBackend(StaticOptions& opts) {
   auto hosted = std::make_shared<HostedStores>();
   if (opts.nodeRank == 0) {
-    hosted->agent = hostStore("", opts.masterPort, "node 0's agent store",
-                              "pass another --master-port (the same to every node), or stop "
-                              "that process");
+    hosted->agent =
+        hostStore("", opts.masterPort, "node 0's agent store",
+                  "pass another --master-port (the same to every node), or stop "
+                  "that process");
     opts.masterPort = hosted->agent->port();
   }
   StaticBackend b;
@@ -462,7 +481,8 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
 
 }  // namespace detail
 
-std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post) {
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
+                                                 Rendezvous::Post post) {
   validate(opts);  // before binding anything
   StaticOptions resolved = opts;
   auto backend = detail::makeTcpBackend(resolved);

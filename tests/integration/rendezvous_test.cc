@@ -24,8 +24,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Node;
 
-std::unique_ptr<store::TcpStore> client(const std::string& host, uint16_t port,
-                                        std::shared_ptr<store::CancelToken> cancel = nullptr) {
+std::unique_ptr<store::TcpStore> client(
+    const std::string& host, uint16_t port,
+    std::shared_ptr<store::CancelToken> cancel = nullptr) {
   store::TcpStoreOptions o;
   o.host = host;
   o.port = port;
@@ -186,7 +187,8 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   uint16_t port = 0;
   auto n0 = staticNode0(port);
   auto n1 = staticNode1(port);
-  EXPECT_EQ(n1->rdzv->describe(), "static, node 1 of 2, store 127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(n1->rdzv->describe(),
+            "static, node 1 of 2, store 127.0.0.1:" + std::to_string(port));
   n0->join(2);
   n1->join(3);
   n0->awaitJoin();
@@ -205,7 +207,8 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
 
   n0->rdzv->reportSuccess(0);
   n1->rdzv->reportSuccess(0);
-  for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFinished);
+  for (Node* n : {n0.get(), n1.get()})
+    EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFinished);
 
   n0->join(2);
   n1->join(3);
@@ -233,9 +236,9 @@ TEST(StaticRendezvous, ATakenPortIsASetupErrorNamingTheHolder) {
     makeStaticRendezvous(staticOptions(0, holder->port()), [](std::function<void()>) {});
     FAIL() << "node 0 started on a port in use";
   } catch (const IoError& e) {
-    expectMentions(e.message(), {"port " + std::to_string(holder->port()),
-                                 "in use by pid " + std::to_string(::getpid()),
-                                 "--master-port"});
+    expectMentions(e.message(),
+                   {"port " + std::to_string(holder->port()),
+                    "in use by pid " + std::to_string(::getpid()), "--master-port"});
   }
 }
 

@@ -16,7 +16,8 @@
 // Every descriptor the Reporter opens is close-on-exec. Precondition: the
 // process ignores SIGPIPE (the agent does), so a closed console is an EPIPE.
 //
-// Threading: one thread, the agent's (the io_context's). Not copyable.
+// Threading: one thread, the agent's (the io_context's), which must outlive
+// the Reporter. Not copyable.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -43,10 +44,10 @@ struct ReporterOptions {
   // ${role_name}, ${rank} (global), ${local_rank} and ${hostname}. Empty:
   // torchrun's default "[${role_name}${local_rank}]:".
   std::string prefixTemplate;
-  std::string hostname;
-  int consoleOut = 1;  // the agent's stdout and stderr (tests pass pipes)
+  std::string hostname;  // for ${hostname}; empty: this machine's (net::hostName)
+  int consoleOut = 1;    // the agent's stdout and stderr (tests pass pipes)
   int consoleErr = 2;
-  size_t maxLineBytes = 64 * 1024;
+  size_t maxLineBytes = 64 * 1024;  // longer lines are cut (tee, duplicates, tail)
   size_t tailLines = 20;
 };
 
@@ -74,7 +75,7 @@ class Reporter : public WorkerOutput {
  public:
   // Opens <runDir>/events.jsonl (appending) and the duplicate files that
   // filters ask for. Throws IoError naming the file, InvalidArgument when
-  // maxLineBytes is 0.
+  // runDir is empty or maxLineBytes is 0.
   Reporter(boost::asio::io_context& io, ReporterOptions opts);
   ~Reporter() override;
   Reporter(const Reporter&) = delete;

@@ -28,6 +28,7 @@ struct LocalOptions {
 
 // Throws nothing; a store that cannot listen fails the join with IoError
 // naming the port, who holds it and the fix (another --master-port, or none).
-std::unique_ptr<Rendezvous> makeLocalRendezvous(const LocalOptions& opts, Rendezvous::Post post);
+std::unique_ptr<Rendezvous> makeLocalRendezvous(const LocalOptions& opts,
+                                                Rendezvous::Post post);
 
 }  // namespace ddprun::rendezvous

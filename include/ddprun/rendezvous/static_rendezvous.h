@@ -44,6 +44,7 @@ struct StaticOptions {
 // masterPort 0 picks a free port there, which describe() shows. Connecting
 // and waiting happen in join(), off the agent's thread, and cancel() ends
 // them at once. InvalidArgument unless 0 <= nodeRank < nnodes.
-std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts, Rendezvous::Post post);
+std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
+                                                 Rendezvous::Post post);
 
 }  // namespace ddprun::rendezvous

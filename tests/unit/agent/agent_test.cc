@@ -129,7 +129,8 @@ class FakeRendezvous : public Rendezvous {
   }
   void reportSuccess(int round) override {
     log_->successes.push_back(round);
-    if (autoFinish) emit({round, RoundEnd::kFinished, -1, ""});
+    if (afterSuccess) emit(*afterSuccess);
+    else if (autoFinish) emit({round, RoundEnd::kFinished, -1, ""});
   }
   void reportFailure(int round, const std::string& why, bool closeJob) override {
     log_->failures.emplace_back(why, closeJob);
@@ -166,6 +167,7 @@ class FakeRendezvous : public Rendezvous {
     });
   }
   bool autoFinish = true;
+  std::optional<RoundEvent> afterSuccess;  // sent instead of kFinished
 
  private:
   Post post_;
@@ -196,6 +198,7 @@ struct Harness {
   FakeRendezvous::JoinHook hook;
   int groupRank = 0, groups = 1;
   bool autoFinish = true;
+  std::optional<RoundEvent> afterSuccess;
   std::shared_ptr<FakeLauncher::Log> launches;
   std::shared_ptr<FakeRendezvous::Log> rdzv = std::make_shared<FakeRendezvous::Log>();
   Agent* agent = nullptr;
@@ -214,6 +217,7 @@ struct Harness {
     parts.makeRendezvous = [this](Rendezvous::Post post) {
       auto r = std::make_unique<FakeRendezvous>(std::move(post), rdzv, hook, groupRank, groups);
       r->autoFinish = autoFinish;
+      r->afterSuccess = afterSuccess;
       fake = r.get();
       return r;
     };
@@ -420,13 +424,9 @@ TEST(AgentStateMachine, WaitsForTheRoundToFinishAfterLocalSuccess) {
   h.groups = 2;
   h.autoFinish = false;
   h.policy = [](int, int) { return Behaviour{0}; };
-  h.hook = [&h](FakeRendezvous& r, int round) {
-    r.complete(round);
-    // The peer is still running when our worker succeeds; it then fails.
-    r.emit({round, RoundEnd::kFailed, 1, "rank 1 exited with 1"});
-  };
-  // Ordered after the exit: the round fails elsewhere while we wait; with no
-  // budget the job is over: exit 1, naming the peer.
+  // The peer is still running when our worker succeeds; it then fails. With
+  // no budget the job is over: exit 1, naming the peer.
+  h.afterSuccess = RoundEvent{0, RoundEnd::kClosed, 1, "rank 1 exited with 1"};
   EXPECT_EQ(h.run(), kExitWorkersFailed);
   EXPECT_EQ(h.rdzv->successes, std::vector<int>{0});
   EXPECT_NE(h.err.find("the job failed on node 1"), std::string::npos) << h.err;
@@ -437,10 +437,7 @@ TEST(AgentStateMachine, StoreLostAfterLocalSuccessIsSuccess) {
   h.groups = 2;
   h.autoFinish = false;
   h.policy = [](int, int) { return Behaviour{0}; };
-  h.hook = [](FakeRendezvous& r, int round) {
-    r.complete(round);
-    r.emit({round, RoundEnd::kStoreLost, 0, ""});
-  };
+  h.afterSuccess = RoundEvent{0, RoundEnd::kStoreLost, 0, ""};
   EXPECT_EQ(h.run(), kExitSuccess);
 }
 

@@ -13,13 +13,13 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <gtest/gtest.h>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -130,7 +130,9 @@ class ReporterTest : public ::testing::Test {
     io_.restart();
     io_.run_one();
   }
-  std::string workerDir(int rank) const { return dir_.path() + "/attempt_0/" + std::to_string(rank); }
+  std::string workerDir(int rank) const {
+    return dir_.path() + "/attempt_0/" + std::to_string(rank);
+  }
 
   TempDir dir_;
   boost::asio::io_context io_;
@@ -172,7 +174,8 @@ TEST_F(ReporterTest, SharedChannelKeepsStdoutAndStderrOrder) {
   EXPECT_EQ(readNow(console.r.get()), "out 1\nerr 1\nout 2 err 2\n");
   rep.closeWorker(0);
   // The tail is the shared stream's.
-  EXPECT_EQ(rep.stderrTail(0), (std::vector<std::string>{"out 1", "err 1", "out 2 err 2"}));
+  EXPECT_EQ(rep.stderrTail(0),
+            (std::vector<std::string>{"out 1", "err 1", "out 2 err 2"}));
 }
 
 // A pseudo-terminal pair standing for the agent's terminal.
@@ -240,7 +243,8 @@ TEST_F(ReporterTest, TeePrefixesLinesWithGlobalRankAndHostname) {
   writeStr(wo.get(), "ld");
   rep.closeWorker(1);  // the unfinished line is ended for the console
   EXPECT_EQ(readNow(out.r.get()), "trainer|9|1|node7> world\n");
-  EXPECT_EQ(readFile(workerDir(1) + "/stdout.log"), "hello\nworld");  // files: bytes as written
+  EXPECT_EQ(readFile(workerDir(1) + "/stdout.log"),
+            "hello\nworld");  // files: bytes as written
   EXPECT_EQ(readFile(workerDir(1) + "/stderr.log"), "oops\n");
 }
 
@@ -315,7 +319,8 @@ TEST_F(ReporterTest, LocalRanksFilterDropsConsoleOutputOnly) {
   EXPECT_EQ(readNow(err.r.get()), "");
   EXPECT_EQ(readFile(workerDir(2) + "/stdout.log"), "r2 out\n");
   EXPECT_EQ(readFile(workerDir(2) + "/stderr.log"), "r2 err\n");
-  EXPECT_EQ(rep.stderrTail(1), std::vector<std::string>{"r1 err"});  // the report keeps it
+  EXPECT_EQ(rep.stderrTail(1),
+            std::vector<std::string>{"r1 err"});  // the report keeps it
 }
 
 TEST_F(ReporterTest, TailKeepsTheLastLinesAndCutsLongOnes) {
@@ -350,8 +355,9 @@ TEST_F(ReporterTest, LinesOfExactlyMaxLineBytesAreNotCut) {
   writeStr(we.get(), "cd\nabcde\n");
   pollAll();
   rep.closeWorker(0);
-  EXPECT_EQ(readNow(console.r.get()), "[default0]:abcd\n[default0]:abcd\n[default0]:abcd\n"
-                                      "[default0]:e\n");
+  EXPECT_EQ(readNow(console.r.get()),
+            "[default0]:abcd\n[default0]:abcd\n[default0]:abcd\n"
+            "[default0]:e\n");
 }
 
 // Writes `lines` numbered lines into `fd` from another thread and wakes the
@@ -455,7 +461,7 @@ TEST_F(ReporterTest, ClosedConsoleDropsConsoleOutputAndFilesGetEverything) {
   Reporter rep(io_, o);
   WorkerFds fds = rep.openWorker(0, 0, workerDir(0));
   Fd wo(fds.stdoutFd), we(fds.stderrFd);
-  console.r.reset();  // `| head -2` has gone
+  console.r.reset();                           // `| head -2` has gone
   std::string lines = numberedLines(0, 2000);  // fits in the pipe
   writeStr(wo.get(), lines);
   pollAll();
@@ -479,7 +485,8 @@ TEST_F(ReporterTest, RawConsoleClosedMidRunDoesNotStopTheTail) {
   pollAll();
   rep.closeWorker(0);
   EXPECT_TRUE(rep.consoleClosed());
-  EXPECT_EQ(rep.stderrTail(0), (std::vector<std::string>{"Traceback", "ValueError: bad"}));
+  EXPECT_EQ(rep.stderrTail(0),
+            (std::vector<std::string>{"Traceback", "ValueError: bad"}));
 }
 
 TEST_F(ReporterTest, EndAttemptReleasesEverythingAndANewAttemptWorks) {
@@ -550,7 +557,8 @@ TEST_F(ReporterTest, EventsAreOneJsonObjectPerLine) {
   }
   std::ifstream in(dir_.file("events.jsonl"));
   std::vector<nlohmann::json> events;
-  for (std::string line; std::getline(in, line);) events.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);)
+    events.push_back(nlohmann::json::parse(line));
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0]["event"], "workers_started");
   EXPECT_EQ(events[0]["nproc"], 2);

@@ -36,7 +36,9 @@ class MemoryHub {
     data_.set(key, value);
     notify();
   }
-  std::string value(const std::string& key) { return data_.check({key}) ? data_.get(key) : ""; }
+  std::string value(const std::string& key) {
+    return data_.check({key}) ? data_.get(key) : "";
+  }
   bool has(const std::string& key) { return data_.check({key}); }
   // Every later call on a view throws IoError, and blocked waits end with it.
   void fail() {
@@ -70,14 +72,15 @@ class MemoryHub {
     std::unique_lock lock(mu_);
     ++waiters_;
     changed_.notify_all();
-    bool ready = changed_.wait_for(lock, timeout, [&] {
-      return cancelled || failed_ || data_.check(keys);
-    });
+    bool ready = changed_.wait_for(
+        lock, timeout, [&] { return cancelled || failed_ || data_.check(keys); });
     --waiters_;
-    if (cancelled) DDPRUN_THROW(CancelledError, "a wait on the in-memory store was cancelled");
+    if (cancelled)
+      DDPRUN_THROW(CancelledError, "a wait on the in-memory store was cancelled");
     checkUp();
     if (!ready)
-      DDPRUN_THROW(TimeoutError, "wait timed out after ", timeout.count(), " ms on the in-memory store");
+      DDPRUN_THROW(TimeoutError, "wait timed out after ", timeout.count(),
+                   " ms on the in-memory store");
   }
 
   store::HashStore data_;
@@ -126,7 +129,8 @@ class MemoryView : public store::Store {
     enter();
     return hub_.data_.check(keys);
   }
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            std::chrono::milliseconds timeout) override {
     enter();
     hub_.wait(keys, timeout, cancelled_);
   }
@@ -157,7 +161,8 @@ class MemoryView : public store::Store {
 
  private:
   void enter() {
-    if (cancelled_) DDPRUN_THROW(CancelledError, "the in-memory store view was cancelled");
+    if (cancelled_)
+      DDPRUN_THROW(CancelledError, "the in-memory store view was cancelled");
     hub_.checkUp();
   }
 
@@ -167,7 +172,8 @@ class MemoryView : public store::Store {
   std::atomic<bool> cancelled_{false};
 };
 
-inline std::unique_ptr<store::Store> MemoryHub::connect(std::shared_ptr<store::CancelToken> cancel) {
+inline std::unique_ptr<store::Store> MemoryHub::connect(
+    std::shared_ptr<store::CancelToken> cancel) {
   if (cancel->cancelled()) DDPRUN_THROW(CancelledError, "connecting was cancelled");
   checkUp();
   return std::make_unique<MemoryView>(*this, std::move(cancel));

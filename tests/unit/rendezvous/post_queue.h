@@ -66,7 +66,8 @@ struct Node {
 
   void attach(std::unique_ptr<rendezvous::Rendezvous> r) {
     rdzv = std::move(r);
-    rdzv->setEventHandler([this](rendezvous::RoundEvent e) { events.push_back(std::move(e)); });
+    rdzv->setEventHandler(
+        [this](rendezvous::RoundEvent e) { events.push_back(std::move(e)); });
   }
   void join(int localWorldSize) {
     joined = false;

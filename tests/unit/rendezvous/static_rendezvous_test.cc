@@ -34,7 +34,9 @@ class StaticRendezvousTest : public ::testing::Test {
     b.connect = [this](std::shared_ptr<store::CancelToken> cancel, Millis) {
       return hub_.connect(std::move(cancel));
     };
-    b.startWorkerStore = [this] { return static_cast<uint16_t>(40000 + ++workerStores_); };
+    b.startWorkerStore = [this] {
+      return static_cast<uint16_t>(40000 + ++workerStores_);
+    };
     b.storeAddress = "memory:1";
     auto n = std::make_unique<Node>();
     n->attach(detail::makeStaticRendezvous(o, n->queue.post(), std::move(b)));
@@ -46,7 +48,8 @@ class StaticRendezvousTest : public ::testing::Test {
     return out;
   }
   // Every node joins the next round, with nproc[i] workers (1 if absent).
-  static void joinAll(std::vector<std::unique_ptr<Node>>& ns, std::vector<int> nproc = {}) {
+  static void joinAll(std::vector<std::unique_ptr<Node>>& ns,
+                      std::vector<int> nproc = {}) {
     for (size_t i = 0; i < ns.size(); ++i) ns[i]->join(i < nproc.size() ? nproc[i] : 1);
     for (auto& n : ns) {
       n->awaitJoin();
@@ -61,7 +64,8 @@ class StaticRendezvousTest : public ::testing::Test {
   std::atomic<int> workerStores_{0};
 };
 
-void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node, const std::string& why) {
+void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node,
+                 const std::string& why) {
   EXPECT_EQ(e.round, round);
   EXPECT_EQ(e.kind, kind) << toString(e.kind);
   EXPECT_EQ(e.node, node);
@@ -94,7 +98,8 @@ TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
 
   joinAll(ns);
   ns[2]->rdzv->reportFailure(1, "rank 2 exited with 1", /*closeJob=*/false);
-  for (auto& n : ns) expectEvent(n->awaitEvent(), 1, RoundEnd::kFailed, 2, "rank 2 exited with 1");
+  for (auto& n : ns)
+    expectEvent(n->awaitEvent(), 1, RoundEnd::kFailed, 2, "rank 2 exited with 1");
 
   joinAll(ns);
   ns[1]->rdzv->reportFailure(2, "rank 1: signal: SIGKILL", /*closeJob=*/true);
@@ -112,7 +117,8 @@ TEST_F(StaticRendezvousTest, RoundsAreIndependent) {
   ns[0]->rdzv->reportSuccess(0);
   ns[1]->rdzv->reportSuccess(0);
   ns[2]->rdzv->reportFailure(0, "rank 2 exited with 3", false);
-  for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFailed, 2, "rank 2 exited with 3");
+  for (auto& n : ns)
+    expectEvent(n->awaitEvent(), 0, RoundEnd::kFailed, 2, "rank 2 exited with 3");
 
   // Round 0 counted two successes; round 1 counts afresh and needs all three.
   joinAll(ns);
@@ -133,11 +139,16 @@ TEST_F(StaticRendezvousTest, TheFirstReportOfARoundWins) {
   ns[2]->rdzv->reportSuccess(0);
   for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFailed, 1, "first");
 
-  // The next join runs after each node's report and after its round-0
-  // watcher ended: a second round-0 event would have come before its result.
+  // Each node's next join runs after its report; its round-0 watcher is
+  // joined before the round-1 watcher starts, so a second round-0 event
+  // would come before the round-1 event.
   joinAll(ns);
   EXPECT_EQ(hub_.value(key(0, "end")), "failed:1:first");
-  for (auto& n : ns) EXPECT_EQ(n->events.size(), 1u);
+  ns[0]->rdzv->reportFailure(1, "next", false);
+  for (auto& n : ns) {
+    expectEvent(n->awaitEvent(), 1, RoundEnd::kFailed, 0, "next");
+    EXPECT_EQ(n->events.size(), 2u);
+  }
 }
 
 TEST_F(StaticRendezvousTest, PeersSayTheyLeftBeforeTheEventArrives) {
@@ -173,7 +184,7 @@ TEST_F(StaticRendezvousTest, AJoinTimeoutNamesTheMissingNodeAndTheStore) {
 TEST_F(StaticRendezvousTest, CancelEndsAJoinWaitingForPeers) {
   auto n0 = node(0, 2, 600s);
   n0->join(1);
-  ASSERT_TRUE(hub_.awaitWaiters(1));  // node 0 is blocked in the barrier
+  ASSERT_TRUE(hub_.awaitWaiters(1));                // node 0 is blocked in the barrier
   std::thread([&] { n0->rdzv->cancel(); }).join();  // thread-safe
   n0->awaitJoin();
   EXPECT_THROW(n0->rethrow(), CancelledError);
@@ -190,7 +201,8 @@ TEST_F(StaticRendezvousTest, CancelEndsAJoinStillConnecting) {
   o.nnodes = 2;
   detail::StaticBackend b;
   // Node 0 never comes up: connecting goes on until cancelled.
-  b.connect = [&](std::shared_ptr<store::CancelToken> cancel, Millis) -> std::unique_ptr<store::Store> {
+  b.connect = [&](std::shared_ptr<store::CancelToken> cancel,
+                  Millis) -> std::unique_ptr<store::Store> {
     connecting.count_down();
     if (cancel->sleepFor(600s)) DDPRUN_THROW(CancelledError, "connecting was cancelled");
     DDPRUN_THROW(TimeoutError, "node 0 never came up");
@@ -223,7 +235,8 @@ TEST_F(StaticRendezvousTest, AJunkWorkerCountIsAProtocolErrorNamingTheKey) {
     n0->rethrow();
     FAIL() << "joined with a junk worker count";
   } catch (const ProtocolError& e) {
-    EXPECT_NE(e.message().find("'two' under ddprun/job/round/0/node/1"), std::string::npos)
+    EXPECT_NE(e.message().find("'two' under ddprun/job/round/0/node/1"),
+              std::string::npos)
         << e.message();
   }
 }
