@@ -90,10 +90,12 @@ long parentOf(long pid, bool& zombie) {
   const char* close = nullptr;
   for (const char* p = buf; *p; ++p)
     if (*p == ')') close = p;
-  if (close == nullptr || close[1] != ' ' || close[2] == '\0' || close[3] != ' ') return -1;
+  if (close == nullptr || close[1] != ' ' || close[2] == '\0' || close[3] != ' ')
+    return -1;
   zombie = close[2] == 'Z';
   long ppid = 0;
-  for (const char* p = close + 4; *p >= '0' && *p <= '9'; ++p) ppid = ppid * 10 + (*p - '0');
+  for (const char* p = close + 4; *p >= '0' && *p <= '9'; ++p)
+    ppid = ppid * 10 + (*p - '0');
   return ppid;
 }
 
@@ -160,7 +162,8 @@ void endDescendants(long graceMs) {
   if (!reapChildren()) return;
   if (graceMs > 0) {
     signalDescendants(SIGTERM);
-    for (long deadline = nowMs() + graceMs, left; reapChildren() && (left = deadline - nowMs()) > 0;)
+    for (long deadline = nowMs() + graceMs, left;
+         reapChildren() && (left = deadline - nowMs()) > 0;)
       waitChild(left);
   }
   while (reapChildren()) {
@@ -205,10 +208,12 @@ void writeAll(int fd, const void* data, size_t size) {
 
 void closeAllDescriptors() {
   if (::close_range(0, ~0U, 0) == 0) return;
-  if (forEachNumber("/proc/self/fd", [](long fd) { ::close(static_cast<int>(fd)); })) return;
+  if (forEachNumber("/proc/self/fd", [](long fd) { ::close(static_cast<int>(fd)); }))
+    return;
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);
-  for (rlim_t fd = 0; fd < rl.rlim_cur && fd < (1u << 20); ++fd) ::close(static_cast<int>(fd));
+  for (rlim_t fd = 0; fd < rl.rlim_cur && fd < (1u << 20); ++fd)
+    ::close(static_cast<int>(fd));
 }
 
 // The worker's side, before Boost execs it.
@@ -283,7 +288,8 @@ void markCloseOnExecFrom3() {
   if (forEachNumber("/proc/self/fd", mark)) return;
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);
-  for (rlim_t fd = 3; fd < rl.rlim_cur && fd < (1u << 20); ++fd) mark(static_cast<long>(fd));
+  for (rlim_t fd = 3; fd < rl.rlim_cur && fd < (1u << 20); ++fd)
+    mark(static_cast<long>(fd));
 }
 
 void becomeKeeper(const Plan& plan) {

@@ -74,7 +74,8 @@ std::string findExecutable(const ProcessSpec& spec) {
       DDPRUN_THROW(IoError, withHint("cannot start worker: '" + name + "' does not exist",
                                      spec.notFoundHint));
     DDPRUN_THROW(IoError, "cannot start worker: '", name, "' cannot be executed (",
-                 std::strerror(err), ")", err == EACCES ? "; make it executable (chmod +x)" : "");
+                 std::strerror(err), ")",
+                 err == EACCES ? "; make it executable (chmod +x)" : "");
   }
   auto it = spec.env.find("PATH");
   const std::string path = it != spec.env.end() ? it->second : "/usr/bin:/bin";
@@ -83,9 +84,10 @@ std::string findExecutable(const ProcessSpec& spec) {
     std::string candidate = dir + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
-  DDPRUN_THROW(IoError, withHint("cannot start worker: '" + name + "' not found on PATH (" +
-                                     (path.empty() ? "empty" : path) + ")",
-                                 spec.notFoundHint));
+  DDPRUN_THROW(IoError,
+               withHint("cannot start worker: '" + name + "' not found on PATH (" +
+                            (path.empty() ? "empty" : path) + ")",
+                        spec.notFoundHint));
 }
 
 Prepared prepare(const ProcessSpec& spec) {
@@ -172,7 +174,8 @@ int PosixLauncher::start(const ProcessSpec& spec) {
   Prepared prepared = prepare(spec);
   int pidPipe[2];
   if (::pipe2(pidPipe, O_CLOEXEC) != 0)
-    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "': pipe: ", std::strerror(errno));
+    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0],
+                 "': pipe: ", std::strerror(errno));
   pid_t failedPid = -1;
   KeeperSetup setup;
   setup.plan.agent = ::getpid();
@@ -185,9 +188,10 @@ int PosixLauncher::start(const ProcessSpec& spec) {
   std::error_code ec;
   // Boost reports an exec failure of the worker (which holds its error pipe
   // until exec) and returns once the worker has exec'ed.
-  bp::child child(bp::exe = prepared.exe,
-                  bp::args = std::vector<std::string>(spec.argv.begin() + 1, spec.argv.end()),
-                  setup, ec);
+  bp::child child(
+      bp::exe = prepared.exe,
+      bp::args = std::vector<std::string>(spec.argv.begin() + 1, spec.argv.end()), setup,
+      ec);
   ::close(pidPipe[1]);
   if (ec) {
     ::close(pidPipe[0]);

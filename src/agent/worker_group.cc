@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 const char* const kInterpreterHint =
-    "set PYTHON_EXEC to the Python interpreter (e.g. PYTHON_EXEC=/usr/bin/python3), or activate "
+    "set PYTHON_EXEC to the Python interpreter (e.g. PYTHON_EXEC=/usr/bin/python3), or "
+    "activate "
     "the virtual environment that has it";
 const char* const kProgramHint = "give the path of an existing executable";
 
@@ -35,8 +36,9 @@ std::string defaultPython(const Env& env) {
 }
 }  // namespace
 
-WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg, Launcher& launcher,
-                         WorkerOutput& output, Env agentEnv, std::string python)
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg,
+                         Launcher& launcher, WorkerOutput& output, Env agentEnv,
+                         std::string python)
     : io_(io),
       cfg_(cfg),
       launcher_(launcher),
@@ -53,7 +55,8 @@ void WorkerGroup::start(const rendezvous::RoundInfo& round, int nproc, int resta
                         const std::string& runId, const std::string& attemptDir) {
   DDPRUN_CHECK(running() == 0, "workers of the previous attempt still run");
   clear();
-  workers_.reserve(static_cast<size_t>(nproc));  // records stay put: onExit returns pointers
+  workers_.reserve(
+      static_cast<size_t>(nproc));  // records stay put: onExit returns pointers
   AttemptInfo attempt{round, runId, restartCount, nproc};
   try {
     std::error_code ec;
@@ -103,8 +106,8 @@ void WorkerGroup::startOne(const AttemptInfo& attempt, int localRank,
   rec.running = true;
   rec.started = std::chrono::steady_clock::now();
   workers_.push_back(std::move(rec));
-  DDPRUN_DEBUG("started worker local_rank ", localRank, " (rank ", workers_.back().globalRank,
-               ", pid ", workers_.back().pid, ")");
+  DDPRUN_DEBUG("started worker local_rank ", localRank, " (rank ",
+               workers_.back().globalRank, ", pid ", workers_.back().pid, ")");
 }
 
 // After a failed start: the workers already running go at once; their exits
@@ -129,7 +132,8 @@ const WorkerRecord* WorkerGroup::onExit(int pid, int status) {
   w->running = false;
   w->exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   w->seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - w->started).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - w->started)
+          .count();
   output_.closeWorker(w->localRank);
   finishStopIfDone();
   return w;

@@ -20,14 +20,17 @@ namespace fs = std::filesystem;
 // sys.argv = [script, args...] (`python -c code a b` starts with
 // sys.argv = ['-c', 'a', 'b']). SystemExit(0) ends Python with 0.
 constexpr const char* kRunPathCode =
-    "import runpy,sys; sys.argv=sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+    "import runpy,sys; sys.argv=sys.argv[1:]; runpy.run_path(sys.argv[0], "
+    "run_name='__main__')";
 
 bool isFile(const fs::path& p) {
   std::error_code ec;
   return fs::is_regular_file(p, ec);
 }
 
-bool isExecutableFile(const fs::path& p) { return isFile(p) && access(p.c_str(), X_OK) == 0; }
+bool isExecutableFile(const fs::path& p) {
+  return isFile(p) && access(p.c_str(), X_OK) == 0;
+}
 
 // A native executable starts with the ELF magic; everything else (text,
 // shebang scripts included) is a script for Python, as under torchrun.
@@ -36,7 +39,10 @@ bool isElf(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char magic[4] = {};
-  bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
+  bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic,
+                                                                 "\x7f"
+                                                                 "ELF",
+                                                                 4) == 0;
   ::close(fd);
   return elf;
 }
@@ -51,13 +57,15 @@ std::string clean(const fs::path& p) {
 std::string notFoundMessage(const std::string& name, const ProgramSearch& where) {
   std::error_code ec;
   fs::path cwd = fs::absolute(where.cwd, ec);
-  std::string msg = "program '" + name + "' not found: it is not a file in the current directory (" +
+  std::string msg = "program '" + name +
+                    "' not found: it is not a file in the current directory (" +
                     clean(ec ? fs::path(where.cwd) : cwd) + ")";
   if (!where.besideDdprun.empty())
     msg += ", not a bundled program beside ddprun (" +
            clean(fs::path(where.besideDdprun) / name) + ")";
-  msg += ", and not an executable on PATH (" + (where.path.empty() ? "empty" : where.path) +
-         "); give a path to it (e.g. ./" + name + ")";
+  msg += ", and not an executable on PATH (" +
+         (where.path.empty() ? "empty" : where.path) + "); give a path to it (e.g. ./" +
+         name + ")";
   return msg;
 }
 
@@ -90,8 +98,8 @@ ProgramSearch ProgramSearch::fromProcess() {
   return s;
 }
 
-ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython, bool runPath,
-                               const ProgramSearch& where) {
+ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython,
+                               bool runPath, const ProgramSearch& where) {
   if (module || runPath) return {name, "", false, ""};
   const bool bare = name.find('/') == std::string::npos;
   const fs::path here = fs::path(where.cwd) / name;
@@ -99,20 +107,23 @@ ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPyth
     if (!noPython && !isElf(here)) return {name, "", false, ""};
     return {name, bare ? "./" + name : name, true, ""};
   }
-  if (!noPython && str::endsWith(name, ".py")) return {name, "", false, ""};  // Python reports it
+  if (!noPython && str::endsWith(name, ".py"))
+    return {name, "", false, ""};  // Python reports it
   return searchProgram(name, where);
 }
 
 void resolveWorkerProgram(LaunchConfig& cfg, const ProgramSearch& where) {
-  ResolvedProgram r = resolveProgram(cfg.script, cfg.module, cfg.noPython, cfg.runPath, where);
+  ResolvedProgram r =
+      resolveProgram(cfg.script, cfg.module, cfg.noPython, cfg.runPath, where);
   cfg.noPython = r.direct;
   cfg.programNotFound = r.notFound;
 }
 
-WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank, const std::string& python,
-                            const ProgramSearch& where) {
+WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank,
+                            const std::string& python, const ProgramSearch& where) {
   if (!cfg.programNotFound.empty()) DDPRUN_THROW(IoError, cfg.programNotFound);
-  ResolvedProgram r = resolveProgram(cfg.script, cfg.module, cfg.noPython, cfg.runPath, where);
+  ResolvedProgram r =
+      resolveProgram(cfg.script, cfg.module, cfg.noPython, cfg.runPath, where);
   WorkerCommand cmd;
   if (r.direct) {
     // Not found again (a test config that skipped resolveWorkerProgram): the
@@ -129,7 +140,8 @@ WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank, const std::s
     }
     cmd.argv.push_back(cfg.script);
   }
-  for (const auto& a : cfg.scriptArgs) cmd.argv.push_back(substituteLocalRank(a, localRank));
+  for (const auto& a : cfg.scriptArgs)
+    cmd.argv.push_back(substituteLocalRank(a, localRank));
   return cmd;
 }
 
@@ -156,7 +168,8 @@ Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank
   set("TORCHELASTIC_USE_AGENT_STORE", "True");  // every backend hosts the workers' store
   set("TORCHELASTIC_ERROR_FILE", errorFile);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signalsToHandleText);
-  if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+    set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (cfg.virtualLocalRank) {
     // One device each: the parent's list element [local_rank], else the index.
     std::string visible = std::to_string(localRank);

@@ -29,8 +29,8 @@ struct WorkerRecord {
   bool stoppedByAgent = false;  // it was running when stop() signalled it
   int exitCode = 0;             // once !running: >0 exit status, <0 -signal
   std::chrono::steady_clock::time_point started;
-  double seconds = 0;           // run time, once !running
-  std::string errorFile;        // TORCHELASTIC_ERROR_FILE of the worker
+  double seconds = 0;     // run time, once !running
+  std::string errorFile;  // TORCHELASTIC_ERROR_FILE of the worker
 };
 
 class WorkerGroup {

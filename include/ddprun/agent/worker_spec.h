@@ -50,8 +50,8 @@ struct ResolvedProgram {
 //    (`ddprun train` runs the bundled trainer). Without --no-python a
 //    missing `*.py` name is left to Python to report, as torchrun does.
 //    Nothing found: `notFound` says where it looked.
-ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython, bool runPath,
-                               const ProgramSearch& where);
+ResolvedProgram resolveProgram(const std::string& name, bool module, bool noPython,
+                               bool runPath, const ProgramSearch& where);
 
 // Applies resolveProgram to cfg.script at startup: sets cfg.noPython (true
 // for a direct program) and cfg.programNotFound; cfg.script stays as given
@@ -77,8 +77,8 @@ struct WorkerCommand {
 // $PYTHON_EXEC when set, else "python3" (the first on the worker's PATH, so an
 // activated virtual environment's). Throws IoError with cfg.programNotFound
 // when resolution found no program.
-WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank, const std::string& python,
-                            const ProgramSearch& where);
+WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank,
+                            const std::string& python, const ProgramSearch& where);
 
 // What the workers of one attempt share besides the config.
 struct AttemptInfo {

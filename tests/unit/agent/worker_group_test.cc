@@ -34,7 +34,8 @@ class FakeLauncher : public Launcher {
  public:
   int start(const ProcessSpec& spec) override {
     if (static_cast<int>(specs.size()) == failAt)
-      DDPRUN_THROW(IoError, "cannot start worker: '", spec.argv[0], "' not found on PATH");
+      DDPRUN_THROW(IoError, "cannot start worker: '", spec.argv[0],
+                   "' not found on PATH");
     specs.push_back(spec);
     fdsOpenAtStart.push_back(fcntl(spec.stdoutFd, F_GETFD) != -1);
     return nextPid++;
@@ -86,7 +87,8 @@ class FakeOutput : public WorkerOutput {
   ~FakeOutput() override {
     for (int fd : readEnds_) ::close(fd);
   }
-  WorkerFds openWorker(int localRank, int globalRank, const std::string& workerDir) override {
+  WorkerFds openWorker(int localRank, int globalRank,
+                       const std::string& workerDir) override {
     if (!handed.empty()) previousClosed.push_back(fcntl(handed.back(), F_GETFD) == -1);
     opened.push_back({localRank, globalRank, workerDir});
     int p[2];
@@ -138,7 +140,9 @@ class WorkerGroupTest : public ::testing::Test {
       group_.stop(SIGTERM, [this] { ++stopped_; });
   }
   void start(int nproc) { group_.start(round_, nproc, 3, "job7", attemptDir_); }
-  const WorkerRecord& worker(int lr) { return group_.workers().at(static_cast<size_t>(lr)); }
+  const WorkerRecord& worker(int lr) {
+    return group_.workers().at(static_cast<size_t>(lr));
+  }
   // Runs every handler and timer that is due (a 0 s timeout included).
   void settle() {
     io_.restart();
@@ -152,7 +156,8 @@ class WorkerGroupTest : public ::testing::Test {
   rendezvous::RoundInfo round_;
   FakeLauncher launcher_;
   FakeOutput output_;
-  WorkerGroup group_{io_, cfg_, launcher_, output_, Env{{"PATH", "/usr/bin:/bin"}}, "python3"};
+  WorkerGroup group_{io_,      cfg_, launcher_, output_, Env{{"PATH", "/usr/bin:/bin"}},
+                     "python3"};
   int stopped_ = 0;
 };
 
@@ -165,7 +170,8 @@ TEST_F(WorkerGroupTest, EachRankGetsItsArgvEnvDirAndChannel) {
   for (int lr = 0; lr < 2; ++lr) {
     const ProcessSpec& s = launcher_.specs[lr];
     std::string dir = (fs::path(attemptDir_) / std::to_string(lr)).string();
-    EXPECT_EQ(s.argv, (Argv{"python3", "-u", "train.py", "--shard=" + std::to_string(lr)}));
+    EXPECT_EQ(s.argv,
+              (Argv{"python3", "-u", "train.py", "--shard=" + std::to_string(lr)}));
     EXPECT_EQ(s.exe, "");  // python3 is looked up on the worker's PATH
     EXPECT_NE(s.notFoundHint.find("PYTHON_EXEC"), std::string::npos);
     Env e = s.env;
@@ -237,11 +243,13 @@ TEST_F(WorkerGroupTest, SpawnFailureKillsWhatStartedAndThrowsIoError) {
   } catch (const IoError& e) {
     EXPECT_NE(e.message().find("not found"), std::string::npos) << e.message();
   }
-  EXPECT_EQ(launcher_.signals, (std::vector<std::pair<int, int>>{{100, SIGKILL}, {101, SIGKILL}}));
+  EXPECT_EQ(launcher_.signals,
+            (std::vector<std::pair<int, int>>{{100, SIGKILL}, {101, SIGKILL}}));
   ASSERT_EQ(group_.workers().size(), 2u);
   EXPECT_TRUE(worker(0).stoppedByAgent);
   EXPECT_TRUE(worker(1).stoppedByAgent);
-  EXPECT_EQ(output_.closed, (std::vector<int>{2}));  // the channel of the one never started
+  EXPECT_EQ(output_.closed,
+            (std::vector<int>{2}));  // the channel of the one never started
   EXPECT_EQ(fcntl(output_.handed[2], F_GETFD), -1);
   settle();  // the killed workers' exits arrive like any other
   EXPECT_EQ(group_.running(), 0u);
@@ -266,7 +274,8 @@ TEST_F(WorkerGroupTest, StopSignalsEveryRunningWorkerAndPostsOnce) {
   int calls = 0;
   group_.stop(SIGTERM, [&] { ++calls; });
   EXPECT_EQ(launcher_.polls, 1);  // exits reaped before choosing whom to signal
-  EXPECT_EQ(launcher_.signals, (std::vector<std::pair<int, int>>{{100, SIGTERM}, {101, SIGTERM}}));
+  EXPECT_EQ(launcher_.signals,
+            (std::vector<std::pair<int, int>>{{100, SIGTERM}, {101, SIGTERM}}));
   EXPECT_TRUE(worker(0).stoppedByAgent);
   EXPECT_TRUE(worker(1).stoppedByAgent);
   EXPECT_FALSE(worker(2).stoppedByAgent);
@@ -305,7 +314,8 @@ TEST_F(WorkerGroupTest, ALaterStopResendsAndKeepsTheFirstCallback) {
   int first = 0, second = 0;
   group_.stop(SIGTERM, [&] { ++first; });
   group_.stop(SIGINT, [&] { ++second; });
-  EXPECT_EQ(launcher_.signals, (std::vector<std::pair<int, int>>{{100, SIGTERM}, {100, SIGINT}}));
+  EXPECT_EQ(launcher_.signals,
+            (std::vector<std::pair<int, int>>{{100, SIGTERM}, {100, SIGINT}}));
   launcher_.exit(100, exited(1));
   settle();
   EXPECT_EQ(first, 1);

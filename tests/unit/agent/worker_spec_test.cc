@@ -23,10 +23,12 @@ class ResolveProgram : public ::testing::Test {
     std::string tmpl = (fs::temp_directory_path() / "ddprun_resolve_XXXXXX").string();
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
-    for (const char* d : {"cwd", "bundled", "path1", "path2"}) fs::create_directory(root_ / d);
+    for (const char* d : {"cwd", "bundled", "path1", "path2"})
+      fs::create_directory(root_ / d);
     where_.cwd = (root_ / "cwd").string();
     where_.besideDdprun = (root_ / "bundled").string();
-    where_.path = "::" + (root_ / "path1").string() + "::" + (root_ / "path2").string() + ":";
+    where_.path =
+        "::" + (root_ / "path1").string() + "::" + (root_ / "path2").string() + ":";
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -35,13 +37,15 @@ class ResolveProgram : public ::testing::Test {
   std::string put(const std::string& dir, const std::string& name, bool executable,
                   bool elf = false) {
     fs::path p = root_ / dir / name;
-    std::ofstream(p, std::ios::binary) << (elf ? std::string("\x7f" "ELF\x02\x01\x01", 7)
+    std::ofstream(p, std::ios::binary) << (elf ? std::string("\x7f"
+                                                             "ELF\x02\x01\x01",
+                                                             7)
                                                : std::string("#!/bin/sh\necho hi\n"));
     chmod(p.c_str(), executable ? 0755 : 0644);
     return p.string();
   }
-  ResolvedProgram resolve(const std::string& name, bool noPython = false, bool module = false,
-                          bool runPath = false) {
+  ResolvedProgram resolve(const std::string& name, bool noPython = false,
+                          bool module = false, bool runPath = false) {
     return resolveProgram(name, module, noPython, runPath, where_);
   }
   LaunchConfig config(const std::string& script, Argv args = {}) {
@@ -181,17 +185,20 @@ TEST_F(ResolveProgram, WorkerProgramUpdatesTheConfigButNotTheName) {
 }
 
 TEST_F(ResolveProgram, CommandLinesAndTheLocalRankMacro) {
-  LaunchConfig c = config("train.py", {"--out", "ckpt_${local_rank}.pt", "${local_rank}${local_rank}"});
+  LaunchConfig c = config(
+      "train.py", {"--out", "ckpt_${local_rank}.pt", "${local_rank}${local_rank}"});
   EXPECT_EQ(workerCommand(c, 3, "python3", where_).argv,
             (Argv{"python3", "-u", "train.py", "--out", "ckpt_3.pt", "33"}));
   c = config("pkg.train");
   c.module = true;
-  EXPECT_EQ(workerCommand(c, 0, "/opt/py", where_).argv, (Argv{"/opt/py", "-u", "-m", "pkg.train"}));
+  EXPECT_EQ(workerCommand(c, 0, "/opt/py", where_).argv,
+            (Argv{"/opt/py", "-u", "-m", "pkg.train"}));
   // A text script without .py, executable with a shebang: Python runs it.
   put("cwd", "job.sh", true);
   c = config("job.sh", {"a"});
   resolveWorkerProgram(c, where_);
-  EXPECT_EQ(workerCommand(c, 0, "python3", where_).argv, (Argv{"python3", "-u", "job.sh", "a"}));
+  EXPECT_EQ(workerCommand(c, 0, "python3", where_).argv,
+            (Argv{"python3", "-u", "job.sh", "a"}));
   // --no-python: argv[0] exactly as given.
   c = config("job.sh", {"${local_rank}"});
   c.noPython = true;
@@ -269,7 +276,8 @@ TEST(WorkerEnv, KeepsUserNcclSettingAndVirtualLocalRank) {
   AttemptInfo a;
   a.round.worldSize = 4;
   a.localWorldSize = 4;
-  Env parent = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"CUDA_VISIBLE_DEVICES", "4,5,6,7"}};
+  Env parent = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
+                {"CUDA_VISIBLE_DEVICES", "4,5,6,7"}};
   Env e = workerEnv(c, a, 2, "", parent);
   EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
   EXPECT_EQ(e["LOCAL_RANK"], "0");
