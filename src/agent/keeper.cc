@@ -24,6 +24,10 @@ constexpr int kAgentGone = SIGUSR1;
 // Between SIGKILL rounds: how long to wait for a SIGCHLD before looking for
 // descendants again (one may have forked while we signalled).
 constexpr long kKillRoundMs = 50;
+// A descendant SIGKILL cannot end (stuck in the kernel), or no /proc to find
+// them: after this many rounds the keeper exits anyway rather than hold the
+// worker's exit back for ever.
+constexpr int kMaxKillRounds = 200;
 constexpr int kMaxTracked = 4096;  // descendants signalled per phase
 
 struct LinuxDirent64 {
@@ -156,18 +160,25 @@ void waitChild(long ms) {
   ::sigtimedwait(&set, &info, &ts);
 }
 
+// The worker's process group (members stay findable without /proc), then
+// every descendant found in /proc.
+void signalTree(pid_t worker, int sig) {
+  ::kill(-worker, sig);
+  signalDescendants(sig);
+}
+
 // SIGTERM to every descendant, SIGKILL to those left after `graceMs`,
-// rounds of SIGKILL until no child is left, each reaped.
-void endDescendants(long graceMs) {
+// rounds of SIGKILL until no child is left (bounded), each reaped.
+void endDescendants(pid_t worker, long graceMs) {
   if (!reapChildren()) return;
   if (graceMs > 0) {
-    signalDescendants(SIGTERM);
+    signalTree(worker, SIGTERM);
     for (long deadline = nowMs() + graceMs, left;
          reapChildren() && (left = deadline - nowMs()) > 0;)
       waitChild(left);
   }
-  while (reapChildren()) {
-    signalDescendants(SIGKILL);
+  for (int round = 0; reapChildren() && round < kMaxKillRounds; ++round) {
+    signalTree(worker, SIGKILL);
     waitChild(kKillRoundMs);
   }
 }
@@ -241,8 +252,8 @@ void prepareWorker(const Plan& plan, pid_t keeper) {
 }
 
 // SIGKILL to the worker and every descendant; the keeper then exits.
-[[noreturn]] void agentGone() {
-  endDescendants(0);
+[[noreturn]] void agentGone(pid_t worker) {
+  endDescendants(worker, 0);
   ::_exit(128 + SIGKILL);
 }
 
@@ -259,12 +270,12 @@ void prepareWorker(const Plan& plan, pid_t keeper) {
       int status = 0;
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid == worker) {
-        endDescendants(plan.graceMs);
+        endDescendants(worker, plan.graceMs);
         exitLike(status);
       }
       if (pid <= 0) break;  // an orphan was reaped; look again
     }
-    if (::getppid() != plan.agent) agentGone();
+    if (::getppid() != plan.agent) agentGone(worker);
     siginfo_t info;
     int sig;
     if (trustDeathSignal) {

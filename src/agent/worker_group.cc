@@ -20,9 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 const char* const kInterpreterHint =
-    "set PYTHON_EXEC to the Python interpreter (e.g. PYTHON_EXEC=/usr/bin/python3), or "
-    "activate "
-    "the virtual environment that has it";
+    "set PYTHON_EXEC to the Python interpreter (e.g. PYTHON_EXEC=/usr/bin/python3), "
+    "or activate the virtual environment that has it";
 const char* const kProgramHint = "give the path of an existing executable";
 
 void closeFds(const WorkerFds& fds) {
@@ -55,8 +54,8 @@ void WorkerGroup::start(const rendezvous::RoundInfo& round, int nproc, int resta
                         const std::string& runId, const std::string& attemptDir) {
   DDPRUN_CHECK(running() == 0, "workers of the previous attempt still run");
   clear();
-  workers_.reserve(
-      static_cast<size_t>(nproc));  // records stay put: onExit returns pointers
+  // Records stay put from here on: onExit returns pointers to them.
+  workers_.reserve(static_cast<size_t>(nproc));
   AttemptInfo attempt{round, runId, restartCount, nproc};
   try {
     std::error_code ec;

@@ -38,11 +38,9 @@ bool isElf(const fs::path& p) {
   if (!isFile(p)) return false;
   int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
+  static constexpr char kMagic[4] = {0x7f, 'E', 'L', 'F'};
   char magic[4] = {};
-  bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic,
-                                                                 "\x7f"
-                                                                 "ELF",
-                                                                 4) == 0;
+  bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic, kMagic, 4) == 0;
   ::close(fd);
   return elf;
 }

@@ -76,10 +76,12 @@ class Launcher {
 //  - The worker exits: every orphaned descendant has been reparented to the
 //    keeper (subreaper), so the keeper's descendants are exactly what is
 //    left, wherever they moved (setsid, own process groups, double forks).
-//    It sends them SIGTERM, SIGKILL after `descendantGrace`, reaps them, and
-//    exits with the worker's status: the same exit code, or the same signal
-//    (re-raised with the default action and no core dump). No descendants
-//    left (the usual case): it exits at once, /proc is not read.
+//    It sends them (and the worker's process group) SIGTERM, then SIGKILL
+//    after `descendantGrace` (in rounds, for at most 10 s, should one be
+//    stuck in the kernel), reaps them, and exits with the worker's status:
+//    the same exit code, or the same signal (re-raised with the default
+//    action and no core dump). No descendant left (the usual case): it exits
+//    at once without reading /proc.
 //  - The agent dies (even by SIGKILL): the keeper gets SIGUSR1 and SIGKILLs
 //    the worker and every descendant, reaps them, exits. A spurious SIGUSR1
 //    (PDEATHSIG follows the forking thread) makes it check getppid() once a
@@ -87,8 +89,10 @@ class Launcher {
 // Why not cgroup v2 (`cgroup.kill`): creating a cgroup needs a delegated
 // subtree, i.e. root or a systemd user slice (systemd-run --scope), which a
 // launcher started from a shell, a container or a batch job usually lacks.
-// The keeper needs no privilege; its one gap is a descendant that makes
-// itself unreachable on purpose (ptrace tricks, a new PID namespace).
+// The keeper needs no privilege. Its gaps: a SIGKILL aimed at the keeper
+// itself (the OOM killer, a user) kills the worker (PDEATHSIG) but orphans
+// the worker's children; a process stuck in the kernel past the SIGKILL
+// rounds is left behind.
 //
 // Descriptors: in the worker every fd >= 3 is close-on-exec (close_range, a
 // /proc walk as the fallback), so the agent's sockets, pipes and files never

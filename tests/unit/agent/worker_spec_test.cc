@@ -37,10 +37,10 @@ class ResolveProgram : public ::testing::Test {
   std::string put(const std::string& dir, const std::string& name, bool executable,
                   bool elf = false) {
     fs::path p = root_ / dir / name;
-    std::ofstream(p, std::ios::binary) << (elf ? std::string("\x7f"
-                                                             "ELF\x02\x01\x01",
-                                                             7)
-                                               : std::string("#!/bin/sh\necho hi\n"));
+    static const char kElfHeader[] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
+    std::string content = elf ? std::string(kElfHeader, sizeof kElfHeader)
+                              : std::string("#!/bin/sh\necho hi\n");
+    std::ofstream(p, std::ios::binary) << content;
     chmod(p.c_str(), executable ? 0755 : 0644);
     return p.string();
   }
