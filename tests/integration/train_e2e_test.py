@@ -63,17 +63,24 @@ def crashed(p):
     return None
 
 
-def children(pid):
-    """Pids whose parent is `pid` (a scan of /proc)."""
-    out = []
+def descendants(pid):
+    """Live pids below `pid` (a scan of /proc): ddprun's workers are the
+    children of its per-worker keepers, i.e. its grandchildren."""
+    parent = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             with open(stat) as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(stat.split("/")[2]))
+        if fields[0] != "Z":
+            parent[int(stat.split("/")[2])] = int(fields[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
     return out
 
 
@@ -244,7 +251,7 @@ class TrainE2E(unittest.TestCase):
             while time.time() < deadline and agent.poll() is None:
                 steps = step_lines(metrics)
                 if len(steps) >= 6 and checkpoints(ckpt_dir):
-                    workers = {env_of(c).get("LOCAL_RANK"): c for c in children(agent.pid)}
+                    workers = {env_of(c).get("LOCAL_RANK"): c for c in descendants(agent.pid)}
                     if "1" in workers:
                         victim, seen = workers["1"], (steps[-1]["global_step"], checkpoints(ckpt_dir))
                         os.kill(victim, signal.SIGKILL)
