@@ -89,7 +89,7 @@ class Agent::Impl {
       rdzv_ = parts_.makeRendezvous ? parts_.makeRendezvous(post) : defaultRendezvous(cfg_, post);
     } catch (const std::exception& e) {
       DDPRUN_DEBUG("rendezvous setup: ", e.what());
-      DDPRUN_ERROR("rendezvous: ", messageOf(e));
+      DDPRUN_ERROR(messageOf(e));
       finish(kExitSetup);
       return exitCode_;
     }
@@ -185,7 +185,7 @@ class Agent::Impl {
         return;  // we asked for it
       } catch (const std::exception& e) {
         DDPRUN_DEBUG("rendezvous: ", e.what());
-        DDPRUN_ERROR("rendezvous failed: ", messageOf(e));
+        DDPRUN_ERROR(messageOf(e));
       }
       reporter_->event("rendezvous_failed", {}, restartCount_);
       finish(kExitSetup);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 
@@ -91,8 +92,7 @@ ProgramSearch ProgramSearch::fromProcess() {
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) s.besideDdprun = self.parent_path().string();
-  const char* path = std::getenv("PATH");
-  s.path = path ? path : "";
+  s.path = env::get("PATH").value_or("");
   return s;
 }
 
