@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -27,6 +28,7 @@
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
+namespace wire = ddprun::store::wire;
 using ddprun::store::wire::Command;
 using ddprun::store::wire::Dialect;
 using ddprun::store::wire::Request;
@@ -80,10 +82,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
       out_ = handshake();
       asio::async_write(sock_, asio::buffer(out_), [this, self](error_code ec, size_t) {
         if (fail(ec, "handshake")) return;
-        asio::async_read(sock_, asio::buffer(in_, 4), [this, self](error_code ec, size_t) {
-          if (fail(ec, "handshake reply")) return;
-          next();
-        });
+        replyTo_ = Command::kPing;  // the handshake's PING echo
+        parser_.emplace(replyTo_);
+        handshaking_ = true;
+        pump(0);
       });
     });
   }
@@ -101,32 +103,45 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::string k = key(done_);
     if (op == "add") {
       out_ = encode(Command::kAdd, {k}, {}, 1);
-      replyFixed_ = 8;
+      replyTo_ = Command::kAdd;
     } else if (op == "get") {
       out_ = encode(Command::kGet, {k});
-      replyFixed_ = 0;  // u64 length then the value
+      replyTo_ = Command::kGet;
     } else {
       out_ = encode(Command::kSet, {k}, {std::string(cfg_.valueBytes, 'v')}) +
              encode(Command::kPing, {}, {}, 0, 7);
-      replyFixed_ = 4;
+      replyTo_ = Command::kPing;
     }
     t0_ = SteadyClock::now();
     auto self = shared_from_this();
     asio::async_write(sock_, asio::buffer(out_), [this, self](error_code ec, size_t) {
       if (fail(ec, "write")) return;
-      if (replyFixed_ > 0) {
-        asio::async_read(sock_, asio::buffer(in_, replyFixed_),
-                         [this, self](error_code ec, size_t) { finish(ec); });
-        return;
+      parser_.emplace(replyTo_);
+      pump(0);
+    });
+  }
+  // Feeds the n bytes just read to the reply codec, then reads exactly what
+  // it still needs (never past the reply).
+  void pump(size_t n) {
+    auto res = parser_->feed(std::string_view(in_.data(), n));
+    if (res.status == wire::ParseStatus::kOk) {
+      if (std::exchange(handshaking_, false)) {
+        next();
+      } else {
+        finish({});
       }
-      asio::async_read(sock_, asio::buffer(in_, 8), [this, self](error_code ec, size_t) {
-        if (fail(ec, "read")) return;
-        uint64_t len = 0;
-        std::memcpy(&len, in_, 8);
-        value_.resize(len);
-        asio::async_read(sock_, asio::buffer(value_),
-                         [this, self](error_code ec, size_t) { finish(ec); });
-      });
+      return;
+    }
+    if (res.status == wire::ParseStatus::kBad) {
+      if (errors_++ < 5)
+        std::fprintf(stderr, "store_loadgen: connection %d: %s\n", index_, res.error.c_str());
+      return;
+    }
+    in_.resize(std::min<size_t>(parser_->wanted(), 1 << 20));
+    auto self = shared_from_this();
+    asio::async_read(sock_, asio::buffer(in_), [this, self](error_code ec, size_t got) {
+      if (fail(ec, "read")) return;
+      pump(got);
     });
   }
   void finish(error_code ec) {
@@ -149,9 +164,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   int index_;
   std::atomic<int>& errors_;
   std::string out_;
-  char in_[16];
-  std::string value_;
-  size_t replyFixed_ = 0;
+  std::string in_;
+  Command replyTo_ = Command::kPing;
+  std::optional<wire::ReplyParser> parser_;
+  bool handshaking_ = false;
   int done_ = 0;
   SteadyClock::time_point t0_, deadline_;
   std::vector<uint64_t> latencies_;
@@ -173,8 +189,10 @@ int verifyCounters(const Config& cfg, const tcp::endpoint& ep) {
   for (int i = 0; i < cfg.keys; ++i) {
     asio::write(s, asio::buffer(encode(
                        Command::kAdd, {"/" + cfg.prefix + "/counter_" + std::to_string(i)}, {}, 0)));
-    int64_t got = 0;
-    asio::read(s, asio::buffer(&got, 8));
+    asio::read(s, asio::buffer(buf, 8));
+    wire::ReplyParser reply(Command::kAdd);
+    reply.feed(std::string_view(buf, 8));
+    int64_t got = reply.reply().number;
     if (got != expected[i]) {
       std::fprintf(stderr, "store_loadgen: counter_%d = %lld, expected %lld\n", i,
                    static_cast<long long>(got), static_cast<long long>(expected[i]));

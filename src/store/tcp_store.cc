@@ -107,20 +107,20 @@ class TcpStore::Conn {
       n -= static_cast<size_t>(got);
     }
   }
-  template <typename T>
-  T read(Deadline d, const char* what) {
-    T v{};
-    readExact(&v, sizeof v, d, what);
-    return v;
-  }
-  std::string readBytes(Deadline d, const char* what) {
-    auto len = read<uint64_t>(d, what);
-    if (len > (1ull << 32))
-      DDPRUN_THROW(ProtocolError, "the store at ", addr_, " sent a ", len,
-                   "-byte value in reply to ", what);
-    std::string s(len, '\0');
-    readExact(s.data(), len, d, what);
-    return s;
+  // Reads one reply to `c` (decoded by wire::ReplyParser), never a byte
+  // past it: the parser says how many bytes it still needs.
+  wire::Reply readReply(Command c, Deadline d, const char* what, size_t expected = 0) {
+    wire::ReplyParser parser(c, expected);
+    std::string chunk;
+    while (true) {
+      auto res = parser.feed(chunk);
+      if (res.status == wire::ParseStatus::kOk) return std::move(parser.reply());
+      if (res.status == wire::ParseStatus::kBad)
+        DDPRUN_THROW(ProtocolError, "the store at ", addr_, " sent a bad ", what,
+                     " reply (", res.error, ")");
+      chunk.resize(std::min<size_t>(parser.wanted(), 1 << 20));
+      readExact(chunk.data(), chunk.size(), d, what);
+    }
   }
   const std::string& addr() const { return addr_; }
   bool broken() const { return broken_; }
@@ -264,7 +264,7 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
           probe.u32 = static_cast<uint32_t>(::getpid());
           wire::encodeRequest(dialect_, probe, hello);
           conn_->sendAll(hello);
-          auto echo = conn_->read<uint32_t>(deadline, "the PING handshake");
+          auto echo = conn_->readReply(Command::kPing, deadline, "the PING handshake").u32;
           if (echo != probe.u32)
             DDPRUN_THROW(ProtocolError, "the store at ", address(),
                          " echoed PING ", echo, " instead of ", probe.u32);
@@ -272,7 +272,7 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
           probe.cmd = Command::kGetNumKeys;
           wire::encodeRequest(dialect_, probe, hello);
           conn_->sendAll(hello);
-          conn_->read<int64_t>(deadline, "the legacy handshake");
+          conn_->readReply(Command::kGetNumKeys, deadline, "the legacy handshake");
         }
         return;
       } catch (const IoError& e) {
@@ -362,14 +362,14 @@ std::string TcpStore::get(const std::string& key) {
   return locked([&](Conn& c) {
     waitLocked({wireKey(key)}, timeout_, "get");
     send(request(Command::kGet, {wireKey(key)}));
-    return c.readBytes(Deadline(timeout_), "GET");
+    return std::move(c.readReply(Command::kGet, Deadline(timeout_), "GET").values[0]);
   });
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   return locked([&](Conn& c) {
     send(request(Command::kAdd, {wireKey(key)}, {}, delta));
-    return c.read<int64_t>(Deadline(timeout_), "ADD");
+    return c.readReply(Command::kAdd, Deadline(timeout_), "ADD").number;
   });
 }
 
@@ -378,14 +378,14 @@ std::string TcpStore::compareSet(const std::string& key, std::string_view expect
   return locked([&](Conn& c) {
     send(request(Command::kCompareSet, {wireKey(key)},
                  {std::string(expected), std::string(desired)}));
-    return c.readBytes(Deadline(timeout_), "COMPARE_SET");
+    return std::move(c.readReply(Command::kCompareSet, Deadline(timeout_), "COMPARE_SET").values[0]);
   });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return locked([&](Conn& c) {
     send(request(Command::kCheck, wireKeys(keys)));
-    return c.read<uint8_t>(Deadline(timeout_), "CHECK") == wire::kCheckReady;
+    return c.readReply(Command::kCheck, Deadline(timeout_), "CHECK").code == wire::kCheckReady;
   });
 }
 
@@ -404,7 +404,7 @@ void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
                           const std::string& what) {
   send(request(Command::kWait, keys));
   if (conn_->waitReadable(timeout)) {
-    auto b = conn_->read<uint8_t>(Deadline(timeout_), "WAIT");
+    auto b = conn_->readReply(Command::kWait, Deadline(timeout_), "WAIT").code;
     if (b != wire::kStopWaiting)
       DDPRUN_THROW(ProtocolError, "unexpected reply ", int(b), " to WAIT from ",
                    address());
@@ -413,8 +413,8 @@ void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
   if (dialect_ == wire::Dialect::kV2) {
     send(request(Command::kCancelWait));
     Deadline d(timeout_);
-    auto b = conn_->read<uint8_t>(d, "CANCEL_WAIT");
-    if (b == wire::kStopWaiting) b = conn_->read<uint8_t>(d, "CANCEL_WAIT");
+    auto b = conn_->readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
+    if (b == wire::kStopWaiting) b = conn_->readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
     if (b != wire::kWaitCanceled)
       DDPRUN_THROW(ProtocolError, "unexpected reply ", int(b),
                    " to CANCEL_WAIT from ", address());
@@ -430,14 +430,14 @@ void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
 bool TcpStore::deleteKey(const std::string& key) {
   return locked([&](Conn& c) {
     send(request(Command::kDeleteKey, {wireKey(key)}));
-    return c.read<int64_t>(Deadline(timeout_), "DELETE_KEY") != 0;
+    return c.readReply(Command::kDeleteKey, Deadline(timeout_), "DELETE_KEY").number != 0;
   });
 }
 
 int64_t TcpStore::numKeys() {
   return locked([&](Conn& c) {
     send(request(Command::kGetNumKeys));
-    return c.read<int64_t>(Deadline(timeout_), "GETNUMKEYS");
+    return c.readReply(Command::kGetNumKeys, Deadline(timeout_), "GETNUMKEYS").number;
   });
 }
 
@@ -458,13 +458,12 @@ std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys
     if (dialect_ == wire::Dialect::kLegacy) {
       for (const auto& k : wk) {
         send(request(Command::kGet, {k}));
-        out.push_back(c.readBytes(d, "GET"));
+        out.push_back(std::move(c.readReply(Command::kGet, d, "GET").values[0]));
       }
       return out;
     }
     send(request(Command::kMultiGet, wk));
-    for (size_t i = 0; i < keys.size(); ++i) out.push_back(c.readBytes(d, "MULTI_GET"));
-    return out;
+    return std::move(c.readReply(Command::kMultiGet, d, "MULTI_GET", wk.size()).values);
   });
 }
 
@@ -489,7 +488,7 @@ uint32_t TcpStore::ping(uint32_t nonce) {
     wire::Request r = request(Command::kPing);
     r.u32 = nonce;
     send(r);
-    return c.read<uint32_t>(Deadline(timeout_), "PING");
+    return c.readReply(Command::kPing, Deadline(timeout_), "PING").u32;
   });
 }
 
@@ -498,12 +497,9 @@ std::vector<std::string> TcpStore::listKeys() {
   return locked([&](Conn& c) {
     send(request(Command::kListKeys));
     Deadline d(timeout_);
-    auto n = c.read<int64_t>(d, "LIST_KEYS");
     std::vector<std::string> out;
-    for (int64_t i = 0; i < n; ++i) {
-      std::string k = c.readBytes(d, "LIST_KEYS");
+    for (auto& k : c.readReply(Command::kListKeys, d, "LIST_KEYS").values)
       if (!k.empty() && k[0] == '/') out.push_back(k.substr(1));
-    }
     return out;
   });
 }
@@ -522,9 +518,10 @@ std::string TcpStore::queuePop(const std::string& key, Millis timeout) {
     waitLocked({wireKey(key)}, timeout, "queuePop");
     send(request(Command::kQueuePop, {wireKey(key)}));
     Deadline d(timeout_);
-    if (c.read<int64_t>(d, "QUEUE_POP") == 0)
+    auto reply = c.readReply(Command::kQueuePop, d, "QUEUE_POP");
+    if (reply.number == 0)
       DDPRUN_THROW(ProtocolError, "queue '", key, "' was empty after WAIT");
-    return c.readBytes(d, "QUEUE_POP");
+    return std::move(reply.values[0]);
   });
 }
 
@@ -532,7 +529,7 @@ int64_t TcpStore::queueLen(const std::string& key) {
   requireV2("queueLen");
   return locked([&](Conn& c) {
     send(request(Command::kQueueLen, {wireKey(key)}));
-    return c.read<int64_t>(Deadline(timeout_), "QUEUE_LEN");
+    return c.readReply(Command::kQueueLen, Deadline(timeout_), "QUEUE_LEN").number;
   });
 }
 
@@ -542,14 +539,14 @@ void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout
   locked([&](Conn& c) {
     send(request(Command::kBarrier, {wireKey(key)}, {}, worldSize));
     if (c.waitReadable(timeout)) {
-      if (c.read<uint8_t>(Deadline(timeout_), "BARRIER") != wire::kStopWaiting)
+      if (c.readReply(Command::kBarrier, Deadline(timeout_), "BARRIER").code != wire::kStopWaiting)
         DDPRUN_THROW(ProtocolError, "unexpected reply to BARRIER from ", address());
       return 0;
     }
     send(request(Command::kCancelWait));
     Deadline d(timeout_);
-    auto b = c.read<uint8_t>(d, "CANCEL_WAIT");
-    if (b == wire::kStopWaiting) b = c.read<uint8_t>(d, "CANCEL_WAIT");
+    auto b = c.readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
+    if (b == wire::kStopWaiting) b = c.readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
     DDPRUN_THROW(TimeoutError, "barrier '", key, "' timed out after ",
                  timeout.count(), " ms waiting for ", worldSize,
                  " arrivals in the store at ", address());

@@ -328,6 +328,195 @@ Writer& Writer::bytes(std::string_view v) {
   return *this;
 }
 
+// ---- Replies ----
+
+namespace {
+enum class RS : uint8_t { kNone, kCode, kU32, kI64, kBytes, kBytesList, kCountedList, kQueuePop };
+
+RS replyShape(C c) {
+  switch (c) {
+    case C::kValidate:
+    case C::kSet:
+    case C::kAppend:
+    case C::kMultiSet:
+    case C::kQueuePush:
+      return RS::kNone;
+    case C::kCheck:
+    case C::kWait:
+    case C::kCancelWait:
+    case C::kBarrier:
+    case C::kWatchKey:
+      return RS::kCode;
+    case C::kPing:
+      return RS::kU32;
+    case C::kAdd:
+    case C::kGetNumKeys:
+    case C::kDeleteKey:
+    case C::kQueueLen:
+      return RS::kI64;
+    case C::kGet:
+    case C::kCompareSet:
+      return RS::kBytes;
+    case C::kMultiGet:
+      return RS::kBytesList;
+    case C::kListKeys:
+      return RS::kCountedList;
+    case C::kQueuePop:
+      return RS::kQueuePop;
+  }
+  return RS::kNone;
+}
+
+size_t fixedHeader(RS shape) {
+  switch (shape) {
+    case RS::kCode:
+      return 1;
+    case RS::kU32:
+      return 4;
+    case RS::kI64:
+    case RS::kCountedList:
+    case RS::kQueuePop:
+      return 8;
+    default:
+      return 0;
+  }
+}
+}  // namespace
+
+void encodeReply(Command c, const Reply& r, std::string& out) {
+  Writer w(out);
+  switch (replyShape(c)) {
+    case RS::kNone:
+      break;
+    case RS::kCode:
+      w.u8(r.code);
+      break;
+    case RS::kU32:
+      w.u32(r.u32);
+      break;
+    case RS::kI64:
+      w.i64(r.number);
+      break;
+    case RS::kBytes:
+      w.bytes(r.values.at(0));
+      break;
+    case RS::kBytesList:
+      for (const auto& v : r.values) w.bytes(v);
+      break;
+    case RS::kCountedList:
+      w.i64(static_cast<int64_t>(r.values.size()));
+      for (const auto& v : r.values) w.bytes(v);
+      break;
+    case RS::kQueuePop:
+      w.i64(r.number);
+      if (r.number > 0) w.bytes(r.values.at(0));
+      break;
+  }
+}
+
+ReplyParser::ReplyParser(Command c, size_t expected, uint64_t maxValueBytes,
+                         uint64_t maxCount)
+    : cmd_(c), expected_(expected), maxValueBytes_(maxValueBytes), maxCount_(maxCount) {}
+
+ParseResult ReplyParser::bad(std::string why) {
+  return {ParseStatus::kBad, 0, std::string(commandName(cmd_)) + " reply: " + why};
+}
+
+bool ReplyParser::fixed(std::string_view data, size_t& pos, size_t n, uint64_t& out) {
+  size_t take = std::min(n - have_, data.size() - pos);
+  std::memcpy(scratch_ + have_, data.data() + pos, take);
+  have_ += take;
+  pos += take;
+  if (have_ < n) return false;
+  have_ = 0;
+  out = getLe(scratch_, n);
+  return true;
+}
+
+size_t ReplyParser::wanted() const {
+  if (done_) return 0;
+  if (!inStrings_) {
+    switch (replyShape(cmd_)) {
+      case RS::kNone:
+        return 0;
+      case RS::kBytesList:
+        return expected_ == 0 ? 0 : 8 - have_;
+      case RS::kBytes:
+        return 8 - have_;
+      default:
+        return fixedHeader(replyShape(cmd_)) - have_;
+    }
+  }
+  return inString_ ? remaining_ : 8 - have_;
+}
+
+// Algorithm: a fixed header (code, u32, i64 or a count), then `count_`
+// length-prefixed strings; both resume where the previous call stopped.
+ParseResult ReplyParser::feed(std::string_view data) {
+  size_t pos = 0;
+  RS shape = replyShape(cmd_);
+  if (!done_ && !inStrings_) {
+    uint64_t v = 0;
+    size_t n = fixedHeader(shape);
+    if (n > 0 && !fixed(data, pos, n, v)) return {ParseStatus::kNeedMore, pos, {}};
+    switch (shape) {
+      case RS::kNone:
+        done_ = true;
+        break;
+      case RS::kCode:
+        reply_.code = static_cast<uint8_t>(v);
+        done_ = true;
+        break;
+      case RS::kU32:
+        reply_.u32 = static_cast<uint32_t>(v);
+        done_ = true;
+        break;
+      case RS::kI64:
+        reply_.number = static_cast<int64_t>(v);
+        done_ = true;
+        break;
+      case RS::kBytes:
+        count_ = 1;
+        break;
+      case RS::kBytesList:
+        count_ = expected_;
+        break;
+      case RS::kCountedList:
+        reply_.number = static_cast<int64_t>(v);
+        if (reply_.number < 0 || static_cast<uint64_t>(reply_.number) > maxCount_)
+          return bad("count of " + std::to_string(reply_.number) + " entries");
+        count_ = static_cast<size_t>(reply_.number);
+        break;
+      case RS::kQueuePop:
+        reply_.number = static_cast<int64_t>(v);
+        if (reply_.number < 0) return bad("negative queue length");
+        count_ = reply_.number > 0 ? 1 : 0;
+        break;
+    }
+    inStrings_ = !done_;
+    reply_.values.resize(count_);
+  }
+  while (inStrings_ && idx_ < count_) {
+    if (!inString_) {
+      uint64_t len = 0;
+      if (!fixed(data, pos, 8, len)) return {ParseStatus::kNeedMore, pos, {}};
+      if (len > maxValueBytes_) return bad("value of " + std::to_string(len) + " bytes");
+      reply_.values[idx_].reserve(len);
+      remaining_ = len;
+      inString_ = true;
+    }
+    size_t take = std::min(remaining_, data.size() - pos);
+    reply_.values[idx_].append(data.data() + pos, take);
+    pos += take;
+    remaining_ -= take;
+    if (remaining_ > 0) return {ParseStatus::kNeedMore, pos, {}};
+    inString_ = false;
+    ++idx_;
+  }
+  done_ = true;
+  return {ParseStatus::kOk, pos, {}};
+}
+
 void encodeRequest(Dialect d, const Request& r, std::string& out) {
   auto byte = encodeCommand(d, r.cmd);
   if (!byte)

@@ -201,6 +201,60 @@ class Writer {
   std::string& out_;
 };
 
+// ---- Replies ----
+//
+// A decoded reply. Field use by command:
+//   GET, COMPARE_SET: values[0]   MULTI_GET: values, one per key asked
+//   LIST_KEYS: values (the keys)  QUEUE_POP: number = entries before the pop
+//   (0: empty queue, no value), values[0] the value   ADD, GETNUMKEYS,
+//   DELETE_KEY, QUEUE_LEN: number   CHECK, WAIT, CANCEL_WAIT, BARRIER,
+//   WATCH_KEY: code   PING: u32   SET, APPEND, MULTI_SET, QUEUE_PUSH,
+//   VALIDATE: no reply (nothing is encoded or parsed)
+struct Reply {
+  std::vector<std::string> values;
+  int64_t number = 0;
+  uint8_t code = 0;
+  uint32_t u32 = 0;
+};
+
+// Appends the reply to `c`. MULTI_GET encodes every entry of values.
+void encodeReply(Command c, const Reply& r, std::string& out);
+
+// Resumable parser of one reply, the client-side mirror of RequestParser.
+// `expected` is the number of keys a MULTI_GET asked for; values longer than
+// maxValueBytes and LIST_KEYS counts over maxCount reject the stream.
+class ReplyParser {
+ public:
+  explicit ReplyParser(Command c, size_t expected = 0,
+                       uint64_t maxValueBytes = 1ull << 32,
+                       uint64_t maxCount = 1ull << 32);
+  // Consumes bytes until the reply is complete (kOk, `consumed` of them),
+  // they run out (kNeedMore, all consumed) or the reply is malformed (kBad).
+  ParseResult feed(std::string_view data);
+  // How many more bytes the reply certainly needs (0 once complete): a
+  // blocking reader can read exactly this many without reading past it.
+  size_t wanted() const;
+  Reply& reply() { return reply_; }
+
+ private:
+  bool fixed(std::string_view data, size_t& pos, size_t n, uint64_t& out);
+  ParseResult bad(std::string why);
+
+  Command cmd_;
+  size_t expected_;
+  uint64_t maxValueBytes_;
+  uint64_t maxCount_;
+  Reply reply_;
+  bool done_ = false;
+  bool inStrings_ = false;  // header done; reading `count_` strings
+  bool inString_ = false;   // length read, bytes arriving
+  size_t count_ = 0;
+  size_t idx_ = 0;
+  size_t remaining_ = 0;
+  uint8_t scratch_[8] = {};
+  size_t have_ = 0;
+};
+
 // Serialises a request in a dialect. Throws InvalidArgument if the dialect
 // has no such command.
 void encodeRequest(Dialect d, const Request& r, std::string& out);

@@ -292,5 +292,70 @@ TEST(Wire, IntegersAreLittleEndianOnTheWire) {
   EXPECT_EQ(static_cast<int64_t>(getLe(out.data() + 4, 8)), -2);
 }
 
+TEST(ReplyCodec, RoundTripsEveryShapeInAnySplit) {
+  struct Case {
+    Command cmd;
+    Reply reply;
+    size_t expected;
+  };
+  auto rep = [](std::vector<std::string> v, int64_t n = 0, uint8_t code = 0, uint32_t u = 0) {
+    Reply r;
+    r.values = std::move(v);
+    r.number = n;
+    r.code = code;
+    r.u32 = u;
+    return r;
+  };
+  std::string bin("a\0b", 3);
+  std::vector<Case> cases = {
+      {Command::kGet, rep({bin}), 0},
+      {Command::kGet, rep({""}), 0},
+      {Command::kCompareSet, rep({"new"}), 0},
+      {Command::kMultiGet, rep({"1", "", bin}), 3},
+      {Command::kMultiGet, rep({}), 0},
+      {Command::kListKeys, rep({"/a", "/b"}, 2), 0},
+      {Command::kQueuePop, rep({"v"}, 3), 0},
+      {Command::kQueuePop, rep({}, 0), 0},
+      {Command::kAdd, rep({}, -7), 0},
+      {Command::kCheck, rep({}, 0, kCheckNotReady), 0},
+      {Command::kPing, rep({}, 0, 0, 4242), 0},
+      {Command::kSet, rep({}), 0},
+  };
+  for (const auto& c : cases) {
+    std::string bytes;
+    encodeReply(c.cmd, c.reply, bytes);
+    for (size_t piece : {size_t{1}, size_t{3}, bytes.size() + 1}) {
+      SCOPED_TRACE(std::string(commandName(c.cmd)) + " piece " + std::to_string(piece));
+      ReplyParser p(c.cmd, c.expected);
+      ParseResult res = p.feed("");
+      size_t used = 0;
+      while (res.status == ParseStatus::kNeedMore) {
+        ASSERT_GT(p.wanted(), 0u);
+        ASSERT_LT(used, bytes.size());
+        res = p.feed(std::string_view(bytes).substr(used, std::min(piece, p.wanted())));
+        used += res.consumed;
+      }
+      ASSERT_EQ(res.status, ParseStatus::kOk) << res.error;
+      EXPECT_EQ(used, bytes.size());
+      EXPECT_EQ(p.wanted(), 0u);
+      EXPECT_EQ(p.reply().values, c.reply.values);
+      EXPECT_EQ(p.reply().number, c.reply.number);
+      EXPECT_EQ(p.reply().code, c.reply.code);
+      EXPECT_EQ(p.reply().u32, c.reply.u32);
+    }
+  }
+}
+
+TEST(ReplyCodec, RejectsOversizedValuesAndCounts) {
+  std::string bytes;
+  Writer(bytes).u64(1000);
+  ReplyParser p(Command::kGet, 0, /*maxValueBytes=*/100);
+  EXPECT_EQ(p.feed(bytes).status, ParseStatus::kBad);
+  ReplyParser q(Command::kListKeys, 0, 100, /*maxCount=*/10);
+  std::string list;
+  Writer(list).i64(-1);
+  EXPECT_EQ(q.feed(list).status, ParseStatus::kBad);
+}
+
 }  // namespace
 }  // namespace ddprun::store::wire
