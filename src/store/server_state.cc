@@ -451,7 +451,9 @@ std::string ServerState::doMultiGet(Conn& c, const std::vector<std::string>& key
   for (const auto& k : keys) {
     auto it = kv_.find(k);
     bytes += 8 + (it == kv_.end() ? 0 : it->second.size());
-    if (bytes > limits_.maxReplyBytes) break;
+    if (bytes > limits_.maxReplyBytes)
+      return "MULTI_GET of " + std::to_string(keys.size()) + " keys: reply of more than " +
+             std::to_string(limits_.maxReplyBytes) + " bytes (raise --max-reply-bytes)";
   }
   std::string error;
   std::string* out = reply(c, bytes, error);

@@ -246,6 +246,7 @@ class TcpStoreServer::Impl : public Outbox {
       return err;
     } catch (const std::exception& e) {
       dirty_.clear();
+      ++extraRejected_;
       return std::string("internal error while serving it: ") + e.what();
     }
   }
@@ -298,8 +299,10 @@ class TcpStoreServer::Impl : public Outbox {
       for (auto& [id, s] : sessions_)
         if (s->partialSince && now - *s->partialSince > opts_.idleTimeout)
           idle.push_back(s);
-      for (auto& s : idle)
+      for (auto& s : idle) {
+        ++extraRejected_;
         closeLogged(s, "a partial request was held longer than the idle timeout (--idle-timeout)");
+      }
       armIdleTimer();
     });
   }
