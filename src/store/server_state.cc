@@ -14,8 +14,10 @@ using wire::Command;
 // key and value bytes (hash node, string headers).
 constexpr size_t kEntryOverhead = 64;
 
-// Charged per WAIT/WATCH_KEY registration on top of the key bytes.
-constexpr size_t kRegistrationOverhead = 64;
+// What one WAIT/WATCH_KEY registration costs: the key is held twice (the
+// server's waiter/watcher map and the connection's list) plus a hash node,
+// a vector and allocator headers.
+static size_t registrationCost(const std::string& key) { return 2 * key.size() + 160; }
 
 struct ServerState::Conn {
   ConnId id = 0;
@@ -52,7 +54,7 @@ void ServerState::closed(ConnId id) {
       v.erase(std::remove(v.begin(), v.end(), id), v.end());
       if (v.empty()) watchers_.erase(w);
     }
-    release(k.size() + kRegistrationOverhead);
+    release(registrationCost(k));
   }
   release(c.unsent + c.held.size());
   if (c.parser) {
@@ -300,7 +302,7 @@ std::string ServerState::doWait(Conn& c, const std::vector<std::string>& keys) {
            " keys at once exceeds the limit of " + std::to_string(limits_.maxWaitKeys) +
            " (raise --max-wait-keys)";
   size_t cost = 0;
-  for (const auto* k : missing) cost += k->size() + kRegistrationOverhead;
+  for (const auto* k : missing) cost += registrationCost(*k);
   if (!reserve(cost, error)) return error;
   for (const auto* k : missing) {
     waiters_[*k].push_back(c.id);
@@ -324,7 +326,7 @@ std::string ServerState::doWatch(Conn& c, const std::string& key) {
     if (c.watchKeys.size() >= limits_.maxWatchKeys)
       return "WATCH_KEY on more than " + std::to_string(limits_.maxWatchKeys) +
              " keys (raise --max-watch-keys)";
-    if (!reserve(key.size() + kRegistrationOverhead, error)) return error;
+    if (!reserve(registrationCost(key), error)) return error;
     c.watchKeys.push_back(key);
     watchers_[key].push_back(c.id);
   }
@@ -352,7 +354,7 @@ void ServerState::wake(const std::string& key, bool onlyOne) {
     Conn& w = *ci->second;
     auto pos = std::find(w.waitKeys.begin(), w.waitKeys.end(), key);
     if (pos != w.waitKeys.end()) {
-      release(pos->size() + kRegistrationOverhead);
+      release(registrationCost(*pos));
       w.waitKeys.erase(pos);
     }
     if (--w.awaited == 0) {
@@ -364,7 +366,7 @@ void ServerState::wake(const std::string& key, bool onlyOne) {
 
 void ServerState::cancelWaits(Conn& c) {
   for (const auto& k : c.waitKeys) {
-    release(k.size() + kRegistrationOverhead);
+    release(registrationCost(k));
     auto it = waiters_.find(k);
     if (it == waiters_.end()) continue;
     auto& v = it->second;
@@ -504,7 +506,7 @@ std::string ServerState::doBarrier(Conn& c, const std::string& key, int64_t worl
   }
   if (c.waitKeys.size() >= limits_.maxWaitKeys)
     return "BARRIER: too many keys waited on (raise --max-wait-keys)";
-  if (!reserve(key.size() + kRegistrationOverhead, err)) return err;
+  if (!reserve(registrationCost(key), err)) return err;
   waiters_[key].push_back(c.id);
   c.waitKeys.push_back(key);
   c.awaited = 1;
