@@ -11,10 +11,10 @@
 // equals the exact number of increments sent to it; exit 1 on any mismatch.
 #include <utility>
 
-#include <boost/asio.hpp>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -134,7 +134,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
     }
     if (res.status == wire::ParseStatus::kBad) {
       if (errors_++ < 5)
-        std::fprintf(stderr, "store_loadgen: connection %d: %s\n", index_, res.error.c_str());
+        std::fprintf(stderr, "store_loadgen: connection %d: %s\n", index_,
+                     res.error.c_str());
       return;
     }
     in_.resize(std::min<size_t>(parser_->wanted(), 1 << 20));

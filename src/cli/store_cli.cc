@@ -108,7 +108,8 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
     lim.maxMemoryBytes = parseByteSize(memory, "--max-memory");
     lim.maxUnsentBytes = parseByteSize(unsentBytes, "--max-unsent-bytes");
     lim.maxReplyBytes = parseByteSize(replyBytes, "--max-reply-bytes");
-    opts.idleTimeout = std::chrono::milliseconds(static_cast<int64_t>(idleSeconds * 1000));
+    opts.idleTimeout =
+        std::chrono::milliseconds(static_cast<int64_t>(idleSeconds * 1000));
     opts.busyPoll = std::chrono::microseconds(busyPollUs);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

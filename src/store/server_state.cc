@@ -23,12 +23,12 @@ struct ServerState::Conn {
   ConnId id = 0;
   std::string detect;  // first bytes, until the dialect is known (<= 5)
   std::optional<wire::RequestParser> parser;
-  std::string held;    // input not processed because of backpressure (charged)
-  size_t unsent = 0;   // output charged and not yet reported sent()
+  std::string held;     // input not processed because of backpressure (charged)
+  size_t unsent = 0;    // output charged and not yet reported sent()
   int64_t awaited = 0;  // keys still missing for a pending WAIT/BARRIER
-  std::vector<std::string> waitKeys;  // each charged key + overhead
+  std::vector<std::string> waitKeys;   // each charged key + overhead
   std::vector<std::string> watchKeys;  // distinct; each charged key + overhead
-  bool doomed = false;  // closeLater() was asked; write nothing more
+  bool doomed = false;                 // closeLater() was asked; write nothing more
 };
 
 ServerState::ServerState(ServerLimits limits, Outbox& outbox)
@@ -321,7 +321,8 @@ std::string ServerState::doWatch(Conn& c, const std::string& key) {
   std::string error;
   // A second registration of the same key replaces the first (one
   // notification per change), so repeating WATCH_KEY costs nothing.
-  bool known = std::find(c.watchKeys.begin(), c.watchKeys.end(), key) != c.watchKeys.end();
+  bool known =
+      std::find(c.watchKeys.begin(), c.watchKeys.end(), key) != c.watchKeys.end();
   if (!known) {
     if (c.watchKeys.size() >= limits_.maxWatchKeys)
       return "WATCH_KEY on more than " + std::to_string(limits_.maxWatchKeys) +
@@ -454,8 +455,9 @@ std::string ServerState::doMultiGet(Conn& c, const std::vector<std::string>& key
     auto it = kv_.find(k);
     bytes += 8 + (it == kv_.end() ? 0 : it->second.size());
     if (bytes > limits_.maxReplyBytes)
-      return "MULTI_GET of " + std::to_string(keys.size()) + " keys: reply of more than " +
-             std::to_string(limits_.maxReplyBytes) + " bytes (raise --max-reply-bytes)";
+      return "MULTI_GET of " + std::to_string(keys.size()) +
+             " keys: reply of more than " + std::to_string(limits_.maxReplyBytes) +
+             " bytes (raise --max-reply-bytes)";
   }
   std::string error;
   std::string* out = reply(c, bytes, error);
@@ -513,14 +515,16 @@ std::string ServerState::doBarrier(Conn& c, const std::string& key, int64_t worl
   return {};
 }
 
-// Fixed-size replies: charged, then written.
-#define DDPRUN_REPLY(n, ...)                       \
-  do {                                             \
-    std::string e_;                                \
-    std::string* o_ = reply(c, n, e_);             \
-    if (!o_) return e_;                            \
-    wire::Writer(*o_) __VA_ARGS__;                 \
-  } while (0)
+// A reply of a known size: charged (reply cap, budget), then written.
+template <typename Write>
+std::string ServerState::put(Conn& c, size_t bytes, Write&& write) {
+  std::string error;
+  std::string* out = reply(c, bytes, error);
+  if (!out) return error;
+  wire::Writer w(*out);
+  write(w);
+  return {};
+}
 
 std::string ServerState::execute(Conn& c, wire::Request& r) {
   const std::string& key = r.keys.empty() ? std::string() : r.keys[0];
@@ -529,8 +533,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       if (r.u32 != wire::kValidationMagic) return "bad VALIDATE magic";
       return {};
     case Command::kPing:
-      DDPRUN_REPLY(4, .u32(r.u32));
-      return {};
+      return put(c, 4, [&](wire::Writer& w) { w.u32(r.u32); });
     case Command::kSet:
       return doSet(key, std::move(r.values[0]));
     case Command::kCompareSet:
@@ -538,27 +541,25 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
     case Command::kGet: {
       auto it = kv_.find(key);
       std::string_view v = it == kv_.end() ? std::string_view() : it->second;
-      DDPRUN_REPLY(8 + v.size(), .bytes(v));
-      return {};
+      return put(c, 8 + v.size(), [&](wire::Writer& w) { w.bytes(v); });
     }
     case Command::kAdd: {
       int64_t result = 0;
       std::string err = doAdd(c, key, r.number, result);
       if (!err.empty()) return err;
-      DDPRUN_REPLY(8, .i64(result));
-      return {};
+      return put(c, 8, [&](wire::Writer& w) { w.i64(result); });
     }
     case Command::kCheck: {
       bool all = std::all_of(r.keys.begin(), r.keys.end(),
                              [&](const std::string& k) { return present(k); });
-      DDPRUN_REPLY(1, .u8(all ? wire::kCheckReady : wire::kCheckNotReady));
-      return {};
+      return put(c, 1, [&](wire::Writer& w) {
+        w.u8(all ? wire::kCheckReady : wire::kCheckNotReady);
+      });
     }
     case Command::kWait:
       return doWait(c, r.keys);
     case Command::kGetNumKeys:
-      DDPRUN_REPLY(8, .i64(static_cast<int64_t>(kv_.size())));
-      return {};
+      return put(c, 8, [&](wire::Writer& w) { w.i64(static_cast<int64_t>(kv_.size())); });
     case Command::kDeleteKey: {
       auto it = kv_.find(key);
       int64_t erased = it != kv_.end() ? 1 : 0;
@@ -568,8 +569,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
           notifyWatchers(key, wire::kKeyDeleted, it->second, "");
         kv_.erase(it);
       }
-      DDPRUN_REPLY(8, .i64(erased));
-      return {};
+      return put(c, 8, [&](wire::Writer& w) { w.i64(erased); });
     }
     case Command::kAppend: {
       auto it = kv_.find(key);
@@ -590,8 +590,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       return {};
     case Command::kCancelWait:
       cancelWaits(c);
-      DDPRUN_REPLY(1, .u8(wire::kWaitCanceled));
-      return {};
+      return put(c, 1, [&](wire::Writer& w) { w.u8(wire::kWaitCanceled); });
     case Command::kQueuePush: {
       std::string err;
       if (!reserve(r.values[0].size() + kEntryOverhead, err)) return err;
@@ -603,8 +602,9 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       return doQueuePop(c, key);
     case Command::kQueueLen: {
       auto it = queues_.find(key);
-      DDPRUN_REPLY(8, .i64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
-      return {};
+      return put(c, 8, [&](wire::Writer& w) {
+        w.i64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      });
     }
     case Command::kListKeys:
       return doListKeys(c);
@@ -616,7 +616,5 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
   }
   return "unhandled command";
 }
-
-#undef DDPRUN_REPLY
 
 }  // namespace ddprun::store

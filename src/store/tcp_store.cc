@@ -264,7 +264,8 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
           probe.u32 = static_cast<uint32_t>(::getpid());
           wire::encodeRequest(dialect_, probe, hello);
           conn_->sendAll(hello);
-          auto echo = conn_->readReply(Command::kPing, deadline, "the PING handshake").u32;
+          auto echo =
+              conn_->readReply(Command::kPing, deadline, "the PING handshake").u32;
           if (echo != probe.u32)
             DDPRUN_THROW(ProtocolError, "the store at ", address(),
                          " echoed PING ", echo, " instead of ", probe.u32);
@@ -378,14 +379,16 @@ std::string TcpStore::compareSet(const std::string& key, std::string_view expect
   return locked([&](Conn& c) {
     send(request(Command::kCompareSet, {wireKey(key)},
                  {std::string(expected), std::string(desired)}));
-    return std::move(c.readReply(Command::kCompareSet, Deadline(timeout_), "COMPARE_SET").values[0]);
+    return std::move(
+        c.readReply(Command::kCompareSet, Deadline(timeout_), "COMPARE_SET").values[0]);
   });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return locked([&](Conn& c) {
     send(request(Command::kCheck, wireKeys(keys)));
-    return c.readReply(Command::kCheck, Deadline(timeout_), "CHECK").code == wire::kCheckReady;
+    return c.readReply(Command::kCheck, Deadline(timeout_), "CHECK").code ==
+           wire::kCheckReady;
   });
 }
 
@@ -414,7 +417,8 @@ void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
     send(request(Command::kCancelWait));
     Deadline d(timeout_);
     auto b = conn_->readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
-    if (b == wire::kStopWaiting) b = conn_->readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
+    if (b == wire::kStopWaiting)
+      b = conn_->readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
     if (b != wire::kWaitCanceled)
       DDPRUN_THROW(ProtocolError, "unexpected reply ", int(b),
                    " to CANCEL_WAIT from ", address());
@@ -539,14 +543,16 @@ void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout
   locked([&](Conn& c) {
     send(request(Command::kBarrier, {wireKey(key)}, {}, worldSize));
     if (c.waitReadable(timeout)) {
-      if (c.readReply(Command::kBarrier, Deadline(timeout_), "BARRIER").code != wire::kStopWaiting)
+      if (c.readReply(Command::kBarrier, Deadline(timeout_), "BARRIER").code !=
+          wire::kStopWaiting)
         DDPRUN_THROW(ProtocolError, "unexpected reply to BARRIER from ", address());
       return 0;
     }
     send(request(Command::kCancelWait));
     Deadline d(timeout_);
     auto b = c.readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
-    if (b == wire::kStopWaiting) b = c.readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
+    if (b == wire::kStopWaiting)
+      b = c.readReply(Command::kCancelWait, d, "CANCEL_WAIT").code;
     DDPRUN_THROW(TimeoutError, "barrier '", key, "' timed out after ",
                  timeout.count(), " ms waiting for ", worldSize,
                  " arrivals in the store at ", address());

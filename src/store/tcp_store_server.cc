@@ -7,8 +7,8 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <future>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -261,8 +261,10 @@ class TcpStoreServer::Impl : public Outbox {
       return;
     }
     bool partial = state_.partial(s->id);
-    if (!partial) s->partialSince.reset();
-    else if (!s->partialSince) s->partialSince = std::chrono::steady_clock::now();
+    if (!partial)
+      s->partialSince.reset();
+    else if (!s->partialSince)
+      s->partialSince = std::chrono::steady_clock::now();
     if (state_.paused(s->id)) {
       s->readPaused = true;  // resumed when the writes drain
       return;
@@ -301,7 +303,9 @@ class TcpStoreServer::Impl : public Outbox {
           idle.push_back(s);
       for (auto& s : idle) {
         ++extraRejected_;
-        closeLogged(s, "a partial request was held longer than the idle timeout (--idle-timeout)");
+        closeLogged(
+            s,
+            "a partial request was held longer than the idle timeout (--idle-timeout)");
       }
       armIdleTimer();
     });
@@ -340,8 +344,7 @@ class TcpStoreServer::Impl : public Outbox {
                         write(s);
                         if (s->readPaused && !state_.paused(s->id)) {
                           s->readPaused = false;
-                          std::string err =
-                              guarded([&] { return state_.resume(s->id); });
+                          std::string err = guarded([&] { return state_.resume(s->id); });
                           afterServing(s, err);
                         }
                       });

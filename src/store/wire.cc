@@ -145,8 +145,8 @@ std::string RequestParser::charge(size_t bytes) {
 }
 
 // Assembles an n-byte little-endian integer across calls in scratch_.
-RequestParser::Step RequestParser::fixed(std::string_view data, size_t& pos,
-                                         size_t n, uint64_t& out) {
+RequestParser::Step RequestParser::fixed(std::string_view data, size_t& pos, size_t n,
+                                         uint64_t& out) {
   size_t take = std::min(n - have_, data.size() - pos);
   std::memcpy(scratch_ + have_, data.data() + pos, take);
   have_ += take;
@@ -195,8 +195,7 @@ RequestParser::Step RequestParser::count(std::string_view data, size_t& pos,
   Step st = fixed(data, pos, 8, n);
   if (st != Step::kDone) return st;
   if (n > limits_.maxKeysPerRequest)
-    return fail("request names " + std::to_string(n) +
-                " keys, more than the limit of " +
+    return fail("request names " + std::to_string(n) + " keys, more than the limit of " +
                 std::to_string(limits_.maxKeysPerRequest));
   if (std::string err = charge(n * slotsPerKey * sizeof(std::string)); !err.empty())
     return fail(err);
@@ -331,7 +330,16 @@ Writer& Writer::bytes(std::string_view v) {
 // ---- Replies ----
 
 namespace {
-enum class RS : uint8_t { kNone, kCode, kU32, kI64, kBytes, kBytesList, kCountedList, kQueuePop };
+enum class RS : uint8_t {
+  kNone,
+  kCode,
+  kU32,
+  kI64,
+  kBytes,
+  kBytesList,
+  kCountedList,
+  kQueuePop
+};
 
 RS replyShape(C c) {
   switch (c) {

@@ -105,6 +105,8 @@ class ServerState {
   std::string hold(Conn& c, std::string_view rest);
   std::string execute(Conn& c, wire::Request& r);
   std::string* reply(Conn& c, size_t bytes, std::string& error);
+  template <typename Write>
+  std::string put(Conn& c, size_t bytes, Write&& write);
   bool pushTo(Conn& w, size_t bytes);
   void doom(Conn& w, const std::string& why);
   std::string doSet(const std::string& key, std::string value);

@@ -54,10 +54,11 @@ TEST(StoreCli, DefaultsAndFlags) {
 
 TEST(StoreCli, ClientCapFlags) {
   StoreCliConfig cfg;
-  EXPECT_EQ(parse({"--max-unsent-bytes", "1M", "--max-reply-bytes", "16M", "--max-wait-keys",
-                   "7", "--max-watch-keys", "3", "--idle-timeout", "2.5"},
-                  cfg),
-            -1);
+  EXPECT_EQ(
+      parse({"--max-unsent-bytes", "1M", "--max-reply-bytes", "16M", "--max-wait-keys",
+             "7", "--max-watch-keys", "3", "--idle-timeout", "2.5"},
+            cfg),
+      -1);
   EXPECT_EQ(cfg.server.limits.maxUnsentBytes, 1u << 20);
   EXPECT_EQ(cfg.server.limits.maxReplyBytes, 16u << 20);
   EXPECT_EQ(cfg.server.limits.maxWaitKeys, 7u);
@@ -67,14 +68,22 @@ TEST(StoreCli, ClientCapFlags) {
 
 TEST(StoreCli, UsageErrorsExitTwo) {
   const std::vector<std::vector<const char*>> bad = {
-      {"--port", "99999"},       {"--port", "abc"},
-      {"--bogus"},               {"--max-value-bytes", "0"},
-      {"--max-memory", "1T"},    {"--max-connections", "0"},
-      {"--log-level", "chatty"}, {"--max-keys-per-request", "-3"},
-      {"stray-positional"},      {"--busy-poll-us", "-1"},
-      {"--max-memory", "17179869184G"}, {"--max-reply-bytes", "0"},
-      {"--max-unsent-bytes", "x"},      {"--idle-timeout", "-1"},
-      {"--max-wait-keys", "0"},         {"--max-watch-keys", "0"},
+      {"--port", "99999"},
+      {"--port", "abc"},
+      {"--bogus"},
+      {"--max-value-bytes", "0"},
+      {"--max-memory", "1T"},
+      {"--max-connections", "0"},
+      {"--log-level", "chatty"},
+      {"--max-keys-per-request", "-3"},
+      {"stray-positional"},
+      {"--busy-poll-us", "-1"},
+      {"--max-memory", "17179869184G"},
+      {"--max-reply-bytes", "0"},
+      {"--max-unsent-bytes", "x"},
+      {"--idle-timeout", "-1"},
+      {"--max-wait-keys", "0"},
+      {"--max-watch-keys", "0"},
   };
   for (const auto& args : bad) {
     StoreCliConfig cfg;

@@ -437,7 +437,8 @@ TEST(ServerStateLimits, BudgetClosesTheClientNotTheServer) {
   ServerState s(lim, o);
   Client c(s, o, 1, Dialect::kV2);
   ASSERT_EQ(c.send(Command::kSet, {"/big"}, {std::string(1 << 20, 'v')}), "");
-  std::string err = s.receive(1, repeated(encoded(Dialect::kV2, Command::kGet, {"/big"}), 100));
+  std::string err =
+      s.receive(1, repeated(encoded(Dialect::kV2, Command::kGet, {"/big"}), 100));
   EXPECT_NE(err.find("--max-memory"), std::string::npos) << err;
   EXPECT_LE(s.stats().memoryBytes, lim.maxMemoryBytes);
   s.closed(1);
@@ -474,12 +475,13 @@ TEST(ServerStateLimits, PartialRequestIsChargedBeforeItArrives) {
   FakeOutbox o;
   ServerState s(lim, o);
   s.open(1);
-  std::string set = encoded(Dialect::kV2, Command::kSet, {"/k"}, {std::string(10 << 20, 'x')});
+  std::string set =
+      encoded(Dialect::kV2, Command::kSet, {"/k"}, {std::string(10 << 20, 'x')});
   ASSERT_EQ(s.receive(1, encoded(Dialect::kV2, Command::kValidate).substr(0, 1)), "");
   std::string validate;
-  wire::encodeRequest(Dialect::kV2,
-                      wire::makeRequest(Command::kValidate, {}, {}, 0, wire::kValidationMagic),
-                      validate);
+  wire::encodeRequest(
+      Dialect::kV2,
+      wire::makeRequest(Command::kValidate, {}, {}, 0, wire::kValidationMagic), validate);
   ASSERT_EQ(s.receive(1, validate.substr(1)), "");
   ASSERT_EQ(s.receive(1, set.substr(0, 100)), "");
   EXPECT_TRUE(s.partial(1));
@@ -501,11 +503,13 @@ TEST(ServerStateLimits, DuplicateWatchReplacesAndUnreadWatcherIsClosed) {
   ServerState s(lim, o);
   Client watcher(s, o, 1, Dialect::kLegacy);
   Client writer(s, o, 2, Dialect::kLegacy);
-  std::string watches = repeated(encoded(Dialect::kLegacy, Command::kWatchKey, {"/w"}), 3000);
+  std::string watches =
+      repeated(encoded(Dialect::kLegacy, Command::kWatchKey, {"/w"}), 3000);
   ASSERT_EQ(s.receive(1, watches), "");
   EXPECT_EQ(watcher.reply(), repeated(u8(wire::kKeyCallbackRegistered), 3000));
   ASSERT_EQ(writer.send(Command::kSet, {"/w"}, {"1"}), "");
-  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCreated) + bytes("/w") + bytes("") + bytes("1"));
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyCreated) + bytes("/w") + bytes("") + bytes("1"));
   // The watcher stops reading: 1 MiB updates pile up until its cap, then it
   // is closed, and the writer is never refused.
   for (int i = 0; i < 5; ++i)

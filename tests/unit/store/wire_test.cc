@@ -200,7 +200,8 @@ TEST(Wire, EncodingACommandMissingFromTheDialectThrows) {
 }
 
 // Feeds `bytes` to a parser in pieces of `piece` bytes; returns the requests.
-std::vector<Request> feedInPieces(RequestParser& p, std::string_view bytes, size_t piece) {
+std::vector<Request> feedInPieces(RequestParser& p, std::string_view bytes,
+                                  size_t piece) {
   std::vector<Request> out;
   for (size_t at = 0; at < bytes.size(); at += piece) {
     std::string_view chunk = bytes.substr(at, piece);
@@ -267,7 +268,8 @@ TEST(RequestParser, ReservesDeclaredBytesBeforeReadingThem) {
     return {};
   });
   std::string bytes;
-  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(500, 'x')}), bytes);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(500, 'x')}),
+                bytes);
   auto res = p.feed(std::string_view(bytes).substr(0, 1 + 8 + 2 + 8));  // header only
   EXPECT_EQ(res.status, ParseStatus::kNeedMore);
   EXPECT_EQ(p.declaredBytes(), 502u);  // the value's 500 bytes before they arrive
@@ -277,7 +279,8 @@ TEST(RequestParser, ReservesDeclaredBytesBeforeReadingThem) {
     return reserved + n > 1000 ? "budget" : "";
   });
   std::string big;
-  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(600, 'x')}), big);
+  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(600, 'x')}),
+                big);
   res = q.feed(std::string_view(big).substr(0, 1 + 8 + 2 + 8));
   EXPECT_EQ(res.status, ParseStatus::kBad);
   EXPECT_EQ(res.error, "budget");
@@ -286,7 +289,8 @@ TEST(RequestParser, ReservesDeclaredBytesBeforeReadingThem) {
 TEST(Wire, IntegersAreLittleEndianOnTheWire) {
   std::string out;
   Writer(out).u32(0x01020304).i64(-2).u64(0x1122334455667788ull);
-  EXPECT_EQ(out, std::string("\x04\x03\x02\x01", 4) + std::string("\xFE\xFF\xFF\xFF\xFF\xFF\xFF\xFF", 8) +
+  EXPECT_EQ(out, std::string("\x04\x03\x02\x01", 4) +
+                     std::string("\xFE\xFF\xFF\xFF\xFF\xFF\xFF\xFF", 8) +
                      std::string("\x88\x77\x66\x55\x44\x33\x22\x11", 8));
   EXPECT_EQ(getLe(out.data(), 4), 0x01020304u);
   EXPECT_EQ(static_cast<int64_t>(getLe(out.data() + 4, 8)), -2);
@@ -298,7 +302,8 @@ TEST(ReplyCodec, RoundTripsEveryShapeInAnySplit) {
     Reply reply;
     size_t expected;
   };
-  auto rep = [](std::vector<std::string> v, int64_t n = 0, uint8_t code = 0, uint32_t u = 0) {
+  auto rep = [](std::vector<std::string> v, int64_t n = 0, uint8_t code = 0,
+                uint32_t u = 0) {
     Reply r;
     r.values = std::move(v);
     r.number = n;
