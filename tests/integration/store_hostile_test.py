@@ -211,6 +211,17 @@ class HostileStoreTest(unittest.TestCase):
         pump(streams)
         self.assert_survived(srv, "30 connections holding partial 60 MiB SETs")
 
+    def test_idle_timeout_closes_a_stalled_partial_request_only(self):
+        srv = self.server(32, "--idle-timeout", "1")
+        stalled = self.client(srv)
+        stalled.send(stalled.wire.set_header("stalled", 100))  # and never the value
+        quiet = self.client(srv)  # connected, no partial request: not idle-closed
+        self.assertTrue(stalled.closed_by_server(PATIENCE),
+                        "a partial request held past --idle-timeout was not closed")
+        quiet.set("quiet", b"still here")
+        self.assertEqual(quiet.get("quiet"), b"still here")
+        self.assert_survived(srv, "a partial request held past --idle-timeout")
+
     # One large request arriving slowly does not stop the others.
 
     def test_slow_9mib_multi_set_while_others_are_served(self):
@@ -301,9 +312,11 @@ class HostileStoreTest(unittest.TestCase):
 
 
 class HostileWorkerTest(unittest.TestCase):
-    """The worker store hosted by the agent: one worker floods it, the other
-    keeps using it; the agent must survive and the job end as the workers
-    do."""
+    """The worker store hosted by the agent: one worker floods it with GETs
+    of a 1 MiB value it never reads (held back by backpressure, not an
+    error) and sends a MULTI_GET whose 5 GiB reply the store must refuse by
+    closing that connection; the other worker keeps using the store. The
+    agent must survive and the job end as its workers do."""
 
     WORKER = r'''#!%(python)s
 import os, sys, time
@@ -327,15 +340,18 @@ if os.environ["LOCAL_RANK"] == "0":
     a = RawClient(port, host=host)
     a.set("big", b"x" * (1 << 20))
     a.send(a.wire.get("big") * 3000)  # 3 GiB of replies, never read
+    # A request the store must refuse: its reply alone would be 5 GiB.
+    b = RawClient(port, host=host)
+    b.send(b.wire.multi_get(["big"] * 5000))
     touch("flood_sent")
     wait_file("done")
-    # Was this connection closed by the store? Read what is there: EOF or a
+    # Was the refused request's connection closed by the store? EOF or a
     # reset means closed; 64 MiB of replies means it is being served.
-    a.sock.settimeout(10)
+    b.sock.settimeout(30)
     got, verdict = 0, "open"
     try:
         while got <= 64 << 20:
-            chunk = a.sock.recv(1 << 20)
+            chunk = b.sock.recv(1 << 20)
             if not chunk:
                 verdict = "closed"
                 break
@@ -404,7 +420,8 @@ else:
         self.assertEqual(p.returncode, 0, "the job's exit is not its workers':\n" + err[-3000:])
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "done")), "the good worker did not finish")
         with open(os.path.join(self.tmp, "attacker_verdict")) as f:
-            self.assertEqual(f.read(), "closed", "the store did not disconnect the flooding worker")
+            self.assertEqual(f.read(), "closed",
+                             "the store did not disconnect the worker's 5 GiB MULTI_GET")
         if not SANITIZED:
             self.assertLess(peak[0], 512 * MiB, "agent peak RSS %.0f MiB" % (peak[0] / MiB))
 
