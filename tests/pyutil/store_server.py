@@ -37,8 +37,8 @@ class StoreServer:
         m = re.search(r"listening on .*:(\d+)$", line.strip())
         if not m:
             self.stop()
-            raise RuntimeError("ddprun-store did not print its address: %r %s"
-                               % (line, self.stderr()))
+            raise RuntimeError("ddprun-store did not print its address (%s): %r %s"
+                               % (self.describe_exit(), line, self.stderr()))
         self.port = int(m.group(1))
 
     def alive(self):
@@ -50,7 +50,6 @@ class StoreServer:
         return None if kib is None else kib * 1024
 
     def stderr(self):
-        self._err.flush()
         with open(self.stderr_path, "rb") as f:
             return f.read().decode(errors="replace")
 
