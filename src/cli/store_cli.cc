@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -34,6 +35,10 @@ uint64_t parseByteSize(const std::string& text, const std::string& flag) {
                  "': unknown unit '", unit, "' (use K, M or G)");
   if (value == 0)
     DDPRUN_THROW(InvalidArgument, flag, ": size must be greater than 0");
+  if (value > std::numeric_limits<uint64_t>::max() / mult ||
+      value * mult > std::numeric_limits<size_t>::max())
+    DDPRUN_THROW(InvalidArgument, flag, ": size '", text,
+                 "' is too large (at most 16 EiB; try a smaller number)");
   return value * mult;
 }
 
@@ -49,6 +54,8 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
   std::string valueBytes = std::to_string(lim.wire.maxValueBytes);
   std::string requestBytes = std::to_string(lim.wire.maxRequestBytes);
   std::string memory = std::to_string(lim.maxMemoryBytes);
+  std::string unsentBytes = std::to_string(lim.maxUnsentBytes);
+  std::string replyBytes = std::to_string(lim.maxReplyBytes);
   app.add_option("--host", opts.host,
                  "Address to listen on (default: all IPv6 and IPv4 addresses)");
   app.add_option("--port,-p", port, "TCP port; 0 picks a free one (default 29500)");
@@ -61,7 +68,26 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
                  "Most keys in one CHECK/WAIT/MULTI_* request (default 131072)")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-memory", memory,
-                 "Most bytes of keys, values and queues held (default 1G)");
+                 "Most bytes held for all clients together: stored keys, values and "
+                 "queues, partial requests, unsent replies, waiter registrations "
+                 "(default 1G)");
+  app.add_option("--max-unsent-bytes", unsentBytes,
+                 "Per connection: stop processing a client's requests while this much "
+                 "output waits for it (default 4M)");
+  app.add_option("--max-reply-bytes", replyBytes,
+                 "Largest single reply (GET, MULTI_GET, LIST_KEYS, QUEUE_POP); a larger "
+                 "one closes its client (default 128M)");
+  app.add_option("--max-wait-keys", lim.maxWaitKeys,
+                 "Most keys one connection may WAIT on at once (default 131072)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-watch-keys", lim.maxWatchKeys,
+                 "Most WATCH_KEY registrations per connection (default 4096)")
+      ->check(CLI::PositiveNumber);
+  double idleSeconds = 0;
+  app.add_option("--idle-timeout", idleSeconds,
+                 "Close a connection that holds a partial request for longer than this "
+                 "many seconds (default 0: never, as in PyTorch)")
+      ->check(CLI::Range(0.0, 86400.0 * 365));
   app.add_option("--max-connections", lim.maxConnections,
                  "Most concurrent client connections (default 16384)")
       ->check(CLI::PositiveNumber);
@@ -80,6 +106,9 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
     lim.wire.maxValueBytes = parseByteSize(valueBytes, "--max-value-bytes");
     lim.wire.maxRequestBytes = parseByteSize(requestBytes, "--max-request-bytes");
     lim.maxMemoryBytes = parseByteSize(memory, "--max-memory");
+    lim.maxUnsentBytes = parseByteSize(unsentBytes, "--max-unsent-bytes");
+    lim.maxReplyBytes = parseByteSize(replyBytes, "--max-reply-bytes");
+    opts.idleTimeout = std::chrono::milliseconds(static_cast<int64_t>(idleSeconds * 1000));
     opts.busyPoll = std::chrono::microseconds(busyPollUs);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

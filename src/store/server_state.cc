@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "ddprun/common/strings.h"
+
 namespace ddprun::store {
 
 using wire::Command;
@@ -12,14 +14,19 @@ using wire::Command;
 // key and value bytes (hash node, string headers).
 constexpr size_t kEntryOverhead = 64;
 
+// Charged per WAIT/WATCH_KEY registration on top of the key bytes.
+constexpr size_t kRegistrationOverhead = 64;
+
 struct ServerState::Conn {
   ConnId id = 0;
-  std::optional<wire::Dialect> dialect;
-  std::string pending;  // bytes of an incomplete request
+  std::string detect;  // first bytes, until the dialect is known (<= 5)
+  std::optional<wire::RequestParser> parser;
+  std::string held;    // input not processed because of backpressure (charged)
+  size_t unsent = 0;   // output charged and not yet reported sent()
   int64_t awaited = 0;  // keys still missing for a pending WAIT/BARRIER
-  std::vector<std::string> waitKeys;
-  bool watching = false;
-  wire::Request request;  // reused to keep its buffers' capacity
+  std::vector<std::string> waitKeys;  // each charged key + overhead
+  std::vector<std::string> watchKeys;  // distinct; each charged key + overhead
+  bool doomed = false;  // closeLater() was asked; write nothing more
 };
 
 ServerState::ServerState(ServerLimits limits, Outbox& outbox)
@@ -36,65 +43,140 @@ void ServerState::open(ConnId id) {
 void ServerState::closed(ConnId id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
-  cancelWaits(*it->second);
-  if (it->second->watching) {
-    for (auto w = watchers_.begin(); w != watchers_.end();) {
+  Conn& c = *it->second;
+  cancelWaits(c);
+  for (const auto& k : c.watchKeys) {
+    auto w = watchers_.find(k);
+    if (w != watchers_.end()) {
       auto& v = w->second;
       v.erase(std::remove(v.begin(), v.end(), id), v.end());
-      w = v.empty() ? watchers_.erase(w) : std::next(w);
+      if (v.empty()) watchers_.erase(w);
     }
+    release(k.size() + kRegistrationOverhead);
+  }
+  release(c.unsent + c.held.size());
+  if (c.parser) {
+    release(c.parser->declaredBytes());
+    parsedByClosed_ += c.parser->bytesParsed();
   }
   conns_.erase(it);
 }
 
 std::optional<wire::Dialect> ServerState::dialectOf(ConnId id) const {
   auto it = conns_.find(id);
-  if (it == conns_.end()) return std::nullopt;
-  return it->second->dialect;
+  if (it == conns_.end() || !it->second->parser) return std::nullopt;
+  return it->second->parser->dialect();
 }
 
 ServerStats ServerState::stats() const {
-  return {requests_, rejected_, kv_.size(), memory_};
+  uint64_t parsed = parsedByClosed_;
+  for (const auto& [id, c] : conns_)
+    if (c->parser) parsed += c->parser->bytesParsed();
+  return {requests_, rejected_, kv_.size(), memory_, parsed};
+}
+
+bool ServerState::paused(ConnId id) const {
+  auto it = conns_.find(id);
+  return it != conns_.end() && it->second->unsent > limits_.maxUnsentBytes;
+}
+
+bool ServerState::partial(ConnId id) const {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return false;
+  const Conn& c = *it->second;
+  return !c.detect.empty() || (c.parser && c.parser->partial());
+}
+
+void ServerState::sent(ConnId id, size_t bytes) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  size_t n = std::min(bytes, it->second->unsent);
+  it->second->unsent -= n;
+  release(n);
 }
 
 std::string ServerState::receive(ConnId id, std::string_view bytes) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return "unknown connection";
   Conn& c = *it->second;
-  // Parse straight from `bytes` when nothing is pending: the common case of
-  // one whole request per read needs no copy.
-  std::string_view data = bytes;
-  if (!c.pending.empty()) {
-    c.pending.append(bytes);
-    data = c.pending;
-  }
-  size_t used = 0;
   std::string error;
-  while (used < data.size()) {
-    std::string_view rest = data.substr(used);
-    if (!c.dialect) {
-      c.dialect = wire::detectDialect(rest);
-      if (!c.dialect) break;
-    }
-    auto res = wire::parseRequest(*c.dialect, limits_.wire, rest, c.request);
-    if (res.status == wire::ParseStatus::kNeedMore) break;
-    if (res.status == wire::ParseStatus::kBad) {
-      error = res.error;
-      break;
-    }
-    used += res.consumed;
-    ++requests_;
-    error = execute(c, c.request);
-    if (!error.empty()) break;
-  }
-  if (!error.empty()) {
-    ++rejected_;
-    return error;
-  }
-  if (c.pending.empty()) {
-    c.pending.assign(data.substr(used));
+  if (!c.held.empty()) {
+    error = hold(c, bytes);  // still paused: queue behind what is held
   } else {
-    c.pending.erase(0, used);
+    size_t used = 0;
+    error = process(c, bytes, used);
+    if (error.empty() && used < bytes.size()) error = hold(c, bytes.substr(used));
+  }
+  if (!error.empty()) ++rejected_;
+  return error;
+}
+
+std::string ServerState::resume(ConnId id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return {};
+  Conn& c = *it->second;
+  if (c.held.empty() || c.unsent > limits_.maxUnsentBytes) return {};
+  std::string input = std::move(c.held);
+  c.held.clear();
+  release(input.size());
+  size_t used = 0;
+  std::string error = process(c, input, used);
+  if (error.empty() && used < input.size())
+    error = hold(c, std::string_view(input).substr(used));
+  if (!error.empty()) ++rejected_;
+  return error;
+}
+
+std::string ServerState::hold(Conn& c, std::string_view rest) {
+  std::string error;
+  if (!reserve(rest.size(), error)) return error;
+  c.held.append(rest);
+  return {};
+}
+
+// Feeds `data` from `used` on, request by request, stopping at a request
+// boundary when the connection's unsent output is over its cap. The first
+// one (legacy) or five (v2 VALIDATE) bytes pick the dialect; they never span
+// two requests, because a stream starting with 00 is a VALIDATE (5 bytes) or
+// a legacy SET (more than 5).
+std::string ServerState::process(Conn& c, std::string_view data, size_t& used) {
+  if (!c.parser) {
+    while (used < data.size() && !c.parser) {
+      size_t want = c.detect.empty() ? 1 : 5 - c.detect.size();
+      size_t take = std::min(want, data.size() - used);
+      c.detect.append(data.substr(used, take));
+      used += take;
+      auto d = wire::detectDialect(c.detect);
+      if (!d) continue;
+      c.parser.emplace(*d, limits_.wire, [this](size_t n) {
+        std::string err;
+        reserve(n, err);
+        return err;
+      });
+    }
+    if (!c.parser) return {};
+    std::string first = std::move(c.detect);
+    c.detect.clear();
+    size_t firstUsed = 0;
+    std::string err = feed(c, first, firstUsed);
+    if (!err.empty()) return err;
+  }
+  return feed(c, data, used);
+}
+
+std::string ServerState::feed(Conn& c, std::string_view data, size_t& used) {
+  while (used < data.size() && c.unsent <= limits_.maxUnsentBytes) {
+    auto res = c.parser->feed(data.substr(used));
+    if (res.status == wire::ParseStatus::kBad) return res.error;
+    used += res.consumed;
+    if (res.status == wire::ParseStatus::kNeedMore) break;
+    ++requests_;
+    // The request's bytes are now the execution's to account for: what it
+    // stores it reserves again, the rest is freed with the request.
+    release(c.parser->takeDeclared());
+    std::string error = execute(c, c.parser->request());
+    c.parser->next();
+    if (!error.empty()) return error;
   }
   return {};
 }
@@ -106,7 +188,7 @@ bool ServerState::present(const std::string& key) const {
 }
 
 bool ServerState::reserve(size_t bytes, std::string& error) {
-  if (memory_ + bytes > limits_.maxMemoryBytes) {
+  if (bytes > limits_.maxMemoryBytes - std::min(memory_, limits_.maxMemoryBytes)) {
     error = "store memory limit of " + std::to_string(limits_.maxMemoryBytes) +
             " bytes reached (raise --max-memory)";
     return false;
@@ -116,6 +198,46 @@ bool ServerState::reserve(size_t bytes, std::string& error) {
 }
 
 void ServerState::release(size_t bytes) { memory_ -= std::min(memory_, bytes); }
+
+// Charges a reply of `bytes` to the requesting connection and returns its
+// output buffer, or nullptr with `error` set when the reply is over the
+// per-reply cap or the budget.
+std::string* ServerState::reply(Conn& c, size_t bytes, std::string& error) {
+  if (bytes > limits_.maxReplyBytes) {
+    error = "reply of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+            std::to_string(limits_.maxReplyBytes) + " (raise --max-reply-bytes)";
+    return nullptr;
+  }
+  if (!reserve(bytes, error)) return nullptr;
+  c.unsent += bytes;
+  return &outbox_.bufferFor(c.id);
+}
+
+// Charges output for a connection other than the requester (a woken waiter,
+// a watcher). One that is over its hard cap or the budget is closed instead,
+// so a client that does not read cannot make others' requests fail.
+bool ServerState::pushTo(Conn& w, size_t bytes) {
+  if (w.doomed) return false;
+  std::string error;
+  if (w.unsent + bytes > limits_.maxUnsentBytes + limits_.maxReplyBytes) {
+    doom(w, "it does not read its notifications: " + std::to_string(w.unsent + bytes) +
+                " bytes would wait for it (limit " +
+                std::to_string(limits_.maxUnsentBytes + limits_.maxReplyBytes) + ")");
+    return false;
+  }
+  if (!reserve(bytes, error)) {
+    doom(w, error);
+    return false;
+  }
+  w.unsent += bytes;
+  return true;
+}
+
+void ServerState::doom(Conn& w, const std::string& why) {
+  w.doomed = true;
+  ++rejected_;
+  outbox_.closeLater(w.id, why);
+}
 
 std::string ServerState::doSet(const std::string& key, std::string value) {
   std::string error;
@@ -162,22 +284,54 @@ std::string ServerState::doAdd(Conn&, const std::string& key, int64_t delta,
   int64_t current = 0;
   auto it = kv_.find(key);
   if (it != kv_.end() && !parseCounter(it->second, current))
-    return "ADD on key '" + key + "' whose value is not a decimal integer";
+    return "ADD on key '" + str::escape(key) + "' whose value is not a decimal integer";
   if (__builtin_add_overflow(current, delta, &out))
-    return "ADD on key '" + key + "' overflows a 64-bit integer";
+    return "ADD on key '" + str::escape(key) + "' overflows a 64-bit integer";
   return doSet(key, std::to_string(out));
 }
 
-void ServerState::doWait(Conn& c, const std::vector<std::string>& keys) {
-  int64_t missing = 0;
-  for (const auto& k : keys) {
-    if (present(k)) continue;
-    ++missing;
-    waiters_[k].push_back(c.id);
-    c.waitKeys.push_back(k);
+std::string ServerState::doWait(Conn& c, const std::vector<std::string>& keys) {
+  std::string error;
+  std::vector<const std::string*> missing;
+  for (const auto& k : keys)
+    if (!present(k)) missing.push_back(&k);
+  if (c.waitKeys.size() + missing.size() > limits_.maxWaitKeys)
+    return "WAIT on " + std::to_string(c.waitKeys.size() + missing.size()) +
+           " keys at once exceeds the limit of " + std::to_string(limits_.maxWaitKeys) +
+           " (raise --max-wait-keys)";
+  size_t cost = 0;
+  for (const auto* k : missing) cost += k->size() + kRegistrationOverhead;
+  if (!reserve(cost, error)) return error;
+  for (const auto* k : missing) {
+    waiters_[*k].push_back(c.id);
+    c.waitKeys.push_back(*k);
   }
-  c.awaited = missing;
-  if (missing == 0) wire::Writer(outbox_.bufferFor(c.id)).u8(wire::kStopWaiting);
+  c.awaited = static_cast<int64_t>(missing.size());
+  if (missing.empty()) {
+    std::string* out = reply(c, 1, error);
+    if (!out) return error;
+    wire::Writer(*out).u8(wire::kStopWaiting);
+  }
+  return {};
+}
+
+std::string ServerState::doWatch(Conn& c, const std::string& key) {
+  std::string error;
+  // A second registration of the same key replaces the first (one
+  // notification per change), so repeating WATCH_KEY costs nothing.
+  bool known = std::find(c.watchKeys.begin(), c.watchKeys.end(), key) != c.watchKeys.end();
+  if (!known) {
+    if (c.watchKeys.size() >= limits_.maxWatchKeys)
+      return "WATCH_KEY on more than " + std::to_string(limits_.maxWatchKeys) +
+             " keys (raise --max-watch-keys)";
+    if (!reserve(key.size() + kRegistrationOverhead, error)) return error;
+    c.watchKeys.push_back(key);
+    watchers_[key].push_back(c.id);
+  }
+  std::string* out = reply(c, 1, error);
+  if (!out) return error;
+  wire::Writer(*out).u8(wire::kKeyCallbackRegistered);
+  return {};
 }
 
 void ServerState::wake(const std::string& key, bool onlyOne) {
@@ -197,16 +351,20 @@ void ServerState::wake(const std::string& key, bool onlyOne) {
     if (ci == conns_.end()) continue;
     Conn& w = *ci->second;
     auto pos = std::find(w.waitKeys.begin(), w.waitKeys.end(), key);
-    if (pos != w.waitKeys.end()) w.waitKeys.erase(pos);
+    if (pos != w.waitKeys.end()) {
+      release(pos->size() + kRegistrationOverhead);
+      w.waitKeys.erase(pos);
+    }
     if (--w.awaited == 0) {
       cancelWaits(w);  // drops duplicate registrations, if any are left
-      wire::Writer(outbox_.bufferFor(id)).u8(wire::kStopWaiting);
+      if (pushTo(w, 1)) wire::Writer(outbox_.bufferFor(id)).u8(wire::kStopWaiting);
     }
   }
 }
 
 void ServerState::cancelWaits(Conn& c) {
   for (const auto& k : c.waitKeys) {
+    release(k.size() + kRegistrationOverhead);
     auto it = waiters_.find(k);
     if (it == waiters_.end()) continue;
     auto& v = it->second;
@@ -222,55 +380,103 @@ void ServerState::notifyWatchers(const std::string& key, uint8_t type,
                                  std::string_view newValue) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  for (ConnId id : it->second)
+  size_t bytes = 1 + 24 + key.size() + oldValue.size() + newValue.size();
+  for (ConnId id : std::vector<ConnId>(it->second)) {
+    auto ci = conns_.find(id);
+    if (ci == conns_.end() || !pushTo(*ci->second, bytes)) continue;
     wire::Writer(outbox_.bufferFor(id))
         .u8(type)
         .bytes(key)
         .bytes(oldValue)
         .bytes(newValue);
+  }
 }
 
-void ServerState::doCompareSet(Conn& c, wire::Request& r) {
+std::string ServerState::doCompareSet(Conn& c, wire::Request& r) {
   const std::string& key = r.keys[0];
   std::string& expected = r.values[0];
   std::string& desired = r.values[1];
-  auto& out = outbox_.bufferFor(c.id);
+  std::string error;
   auto it = kv_.find(key);
   if (it == kv_.end()) {
     // PyTorch's rule: a missing key is created only when expected is empty;
     // otherwise the reply is `expected` itself, unchanged.
     if (!expected.empty()) {
-      wire::Writer(out).bytes(expected);
-      return;
+      std::string* out = reply(c, 8 + expected.size(), error);
+      if (!out) return error;
+      wire::Writer(*out).bytes(expected);
+      return {};
     }
     std::string copy = desired;
     std::string err = doSet(key, std::move(copy));
-    wire::Writer(outbox_.bufferFor(c.id)).bytes(err.empty() ? desired : "");
-    return;
+    std::string* out = reply(c, 8 + (err.empty() ? desired.size() : 0), error);
+    if (!out) return error;
+    wire::Writer(*out).bytes(err.empty() ? desired : "");
+    return {};
   }
   if (it->second == expected) {
     std::string copy = desired;
     doSet(key, std::move(copy));
     it = kv_.find(key);
   }
-  wire::Writer(outbox_.bufferFor(c.id)).bytes(it->second);
+  std::string* out = reply(c, 8 + it->second.size(), error);
+  if (!out) return error;
+  wire::Writer(*out).bytes(it->second);
+  return {};
 }
 
-void ServerState::doQueuePop(Conn& c, const std::string& key) {
-  wire::Writer w(outbox_.bufferFor(c.id));
+std::string ServerState::doQueuePop(Conn& c, const std::string& key) {
+  std::string error;
   auto it = queues_.find(key);
   if (it == queues_.end() || it->second.empty()) {
-    w.i64(0);
-    return;
+    std::string* out = reply(c, 8, error);
+    if (!out) return error;
+    wire::Writer(*out).i64(0);
+    return {};
   }
-  w.i64(static_cast<int64_t>(it->second.size()));
-  w.bytes(it->second.front());
+  std::string* out = reply(c, 16 + it->second.front().size(), error);
+  if (!out) return error;
+  wire::Writer(*out)
+      .i64(static_cast<int64_t>(it->second.size()))
+      .bytes(it->second.front());
   release(it->second.front().size() + kEntryOverhead);
   it->second.pop_front();
   if (it->second.empty()) queues_.erase(it);
+  return {};
 }
 
-void ServerState::doBarrier(Conn& c, const std::string& key, int64_t worldSize) {
+std::string ServerState::doMultiGet(Conn& c, const std::vector<std::string>& keys) {
+  // Size first: a reply is charged whole before any of it is written.
+  size_t bytes = 0;
+  for (const auto& k : keys) {
+    auto it = kv_.find(k);
+    bytes += 8 + (it == kv_.end() ? 0 : it->second.size());
+    if (bytes > limits_.maxReplyBytes) break;
+  }
+  std::string error;
+  std::string* out = reply(c, bytes, error);
+  if (!out) return "MULTI_GET: " + error;
+  wire::Writer w(*out);
+  for (const auto& k : keys) {
+    auto it = kv_.find(k);
+    w.bytes(it == kv_.end() ? std::string_view() : it->second);
+  }
+  return {};
+}
+
+std::string ServerState::doListKeys(Conn& c) {
+  size_t bytes = 8;
+  for (const auto& kvp : kv_) bytes += 8 + kvp.first.size();
+  std::string error;
+  std::string* out = reply(c, bytes, error);
+  if (!out) return "LIST_KEYS: " + error;
+  wire::Writer w(*out);
+  w.i64(static_cast<int64_t>(kv_.size()));
+  for (const auto& kvp : kv_) w.bytes(kvp.first);
+  return {};
+}
+
+std::string ServerState::doBarrier(Conn& c, const std::string& key, int64_t worldSize) {
   int64_t count = 0;
   auto it = kv_.find(key);
   if (it != kv_.end()) parseCounter(it->second, count);
@@ -280,19 +486,37 @@ void ServerState::doBarrier(Conn& c, const std::string& key, int64_t worldSize) 
   std::string text = std::to_string(count);
   std::string err;
   if (it == kv_.end()) {
-    if (reserve(key.size() + text.size() + kEntryOverhead, err)) kv_[key] = text;
+    if (!reserve(key.size() + text.size() + kEntryOverhead, err)) return err;
+    kv_[key] = text;
   } else {
+    if (text.size() > it->second.size() && !reserve(text.size() - it->second.size(), err))
+      return err;
     it->second = text;
   }
   if (count >= worldSize) {
-    wire::Writer(outbox_.bufferFor(c.id)).u8(wire::kStopWaiting);
+    std::string* out = reply(c, 1, err);
+    if (!out) return err;
+    wire::Writer(*out).u8(wire::kStopWaiting);
     wake(key);
-    return;
+    return {};
   }
+  if (c.waitKeys.size() >= limits_.maxWaitKeys)
+    return "BARRIER: too many keys waited on (raise --max-wait-keys)";
+  if (!reserve(key.size() + kRegistrationOverhead, err)) return err;
   waiters_[key].push_back(c.id);
   c.waitKeys.push_back(key);
   c.awaited = 1;
+  return {};
 }
+
+// Fixed-size replies: charged, then written.
+#define DDPRUN_REPLY(n, ...)                       \
+  do {                                             \
+    std::string e_;                                \
+    std::string* o_ = reply(c, n, e_);             \
+    if (!o_) return e_;                            \
+    wire::Writer(*o_) __VA_ARGS__;                 \
+  } while (0)
 
 std::string ServerState::execute(Conn& c, wire::Request& r) {
   const std::string& key = r.keys.empty() ? std::string() : r.keys[0];
@@ -301,37 +525,35 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       if (r.u32 != wire::kValidationMagic) return "bad VALIDATE magic";
       return {};
     case Command::kPing:
-      wire::Writer(outbox_.bufferFor(c.id)).u32(r.u32);
+      DDPRUN_REPLY(4, .u32(r.u32));
       return {};
     case Command::kSet:
       return doSet(key, std::move(r.values[0]));
     case Command::kCompareSet:
-      doCompareSet(c, r);
-      return {};
+      return doCompareSet(c, r);
     case Command::kGet: {
       auto it = kv_.find(key);
-      wire::Writer(outbox_.bufferFor(c.id))
-          .bytes(it == kv_.end() ? std::string_view() : it->second);
+      std::string_view v = it == kv_.end() ? std::string_view() : it->second;
+      DDPRUN_REPLY(8 + v.size(), .bytes(v));
       return {};
     }
     case Command::kAdd: {
       int64_t result = 0;
       std::string err = doAdd(c, key, r.number, result);
-      if (err.empty()) wire::Writer(outbox_.bufferFor(c.id)).i64(result);
-      return err;
+      if (!err.empty()) return err;
+      DDPRUN_REPLY(8, .i64(result));
+      return {};
     }
     case Command::kCheck: {
       bool all = std::all_of(r.keys.begin(), r.keys.end(),
                              [&](const std::string& k) { return present(k); });
-      wire::Writer(outbox_.bufferFor(c.id))
-          .u8(all ? wire::kCheckReady : wire::kCheckNotReady);
+      DDPRUN_REPLY(1, .u8(all ? wire::kCheckReady : wire::kCheckNotReady));
       return {};
     }
     case Command::kWait:
-      doWait(c, r.keys);
-      return {};
+      return doWait(c, r.keys);
     case Command::kGetNumKeys:
-      wire::Writer(outbox_.bufferFor(c.id)).i64(static_cast<int64_t>(kv_.size()));
+      DDPRUN_REPLY(8, .i64(static_cast<int64_t>(kv_.size())));
       return {};
     case Command::kDeleteKey: {
       auto it = kv_.find(key);
@@ -342,7 +564,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
           notifyWatchers(key, wire::kKeyDeleted, it->second, "");
         kv_.erase(it);
       }
-      wire::Writer(outbox_.bufferFor(c.id)).i64(erased);
+      DDPRUN_REPLY(8, .i64(erased));
       return {};
     }
     case Command::kAppend: {
@@ -354,14 +576,8 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       wake(key);
       return {};
     }
-    case Command::kMultiGet: {
-      wire::Writer w(outbox_.bufferFor(c.id));
-      for (const auto& k : r.keys) {
-        auto it = kv_.find(k);
-        w.bytes(it == kv_.end() ? std::string_view() : it->second);
-      }
-      return {};
-    }
+    case Command::kMultiGet:
+      return doMultiGet(c, r.keys);
     case Command::kMultiSet:
       for (size_t i = 0; i < r.keys.size(); ++i) {
         std::string err = doSet(r.keys[i], std::move(r.values[i]));
@@ -370,7 +586,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       return {};
     case Command::kCancelWait:
       cancelWaits(c);
-      wire::Writer(outbox_.bufferFor(c.id)).u8(wire::kWaitCanceled);
+      DDPRUN_REPLY(1, .u8(wire::kWaitCanceled));
       return {};
     case Command::kQueuePush: {
       std::string err;
@@ -380,31 +596,23 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       return {};
     }
     case Command::kQueuePop:
-      doQueuePop(c, key);
-      return {};
+      return doQueuePop(c, key);
     case Command::kQueueLen: {
       auto it = queues_.find(key);
-      wire::Writer(outbox_.bufferFor(c.id))
-          .i64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      DDPRUN_REPLY(8, .i64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
       return {};
     }
-    case Command::kListKeys: {
-      wire::Writer w(outbox_.bufferFor(c.id));
-      w.i64(static_cast<int64_t>(kv_.size()));
-      for (const auto& kvp : kv_) w.bytes(kvp.first);
-      return {};
-    }
+    case Command::kListKeys:
+      return doListKeys(c);
     case Command::kBarrier:
       if (r.number <= 0) return "BARRIER with a world size of " + std::to_string(r.number);
-      doBarrier(c, key, r.number);
-      return {};
+      return doBarrier(c, key, r.number);
     case Command::kWatchKey:
-      watchers_[key].push_back(c.id);
-      c.watching = true;
-      wire::Writer(outbox_.bufferFor(c.id)).u8(wire::kKeyCallbackRegistered);
-      return {};
+      return doWatch(c, key);
   }
   return "unhandled command";
 }
+
+#undef DDPRUN_REPLY
 
 }  // namespace ddprun::store

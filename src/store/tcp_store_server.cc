@@ -7,6 +7,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <future>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/store/log_limiter.h"
 
 namespace ddprun::store {
 
@@ -22,10 +24,10 @@ using asio::ip::tcp;
 using boost::system::error_code;
 
 namespace {
+// One read per readiness callback: a large request arrives in chunks of at
+// most this, and each chunk costs O(chunk) (the parser resumes), so other
+// clients get a turn between chunks of a 32 MiB upload.
 constexpr size_t kReadChunk = 64 * 1024;
-// Stop reading from a client while this much output waits for it: a client
-// that never reads its replies must not grow our memory without bound.
-constexpr size_t kOutputHighWater = 4 * 1024 * 1024;
 
 std::string endpointText(const tcp::endpoint& ep) {
   return net::formatHostPort(ep.address().to_string(), ep.port());
@@ -75,6 +77,7 @@ class TcpStoreServer::Impl : public Outbox {
 
   void run() {
     accept();
+    if (opts_.idleTimeout.count() > 0) armIdleTimer();
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -103,6 +106,7 @@ class TcpStoreServer::Impl : public Outbox {
     asio::post(io_, [this] {
       error_code ec;
       acceptor_.close(ec);
+      idleTimer_.cancel();
       for (auto& [id, s] : sessions_) s->socket.close(ec);
       io_.stop();
     });
@@ -128,6 +132,10 @@ class TcpStoreServer::Impl : public Outbox {
     return s->out;
   }
 
+  void closeLater(ConnId id, const std::string& why) override {
+    toClose_.emplace_back(id, why);
+  }
+
  private:
   struct Session {
     explicit Session(tcp::socket sock) : socket(std::move(sock)) {}
@@ -139,6 +147,8 @@ class TcpStoreServer::Impl : public Outbox {
     bool dirty = false;
     bool readPaused = false;
     bool closed = false;
+    // When the partial request now held began arriving (idle timeout).
+    std::optional<std::chrono::steady_clock::time_point> partialSince;
   };
   using SessionPtr = std::shared_ptr<Session>;
 
@@ -176,9 +186,11 @@ class TcpStoreServer::Impl : public Outbox {
     auto peer = sock.remote_endpoint(ec);
     std::string peerText = ec ? "unknown peer" : endpointText(peer);
     if (sessions_.size() >= opts_.limits.maxConnections) {
-      DDPRUN_WARN("refusing connection from ", peerText, ": ",
-                  opts_.limits.maxConnections,
-                  " connections are open (raise --max-connections)");
+      std::string note;
+      if (refuseLog_.admit(std::chrono::steady_clock::now(), note))
+        DDPRUN_WARN("refusing connection from ", peerText, ": ",
+                    opts_.limits.maxConnections,
+                    " connections are open (raise --max-connections)", note);
       bumpRejected();
       sock.close(ec);
       return;
@@ -218,18 +230,78 @@ class TcpStoreServer::Impl : public Outbox {
       close(s);
       return;
     }
-    std::string err = state_.receive(s->id, std::string_view(readBuf_.data(), n));
-    flushDirty();
+    std::string_view bytes(readBuf_.data(), n);
+    std::string err = guarded([&] { return state_.receive(s->id, bytes); });
+    afterServing(s, err);
+  }
+
+  // Runs one ServerState call. Any exception (std::bad_alloc included) is
+  // blamed on the client being served, which is closed; the io thread and
+  // the process go on.
+  template <typename F>
+  std::string guarded(F&& f) {
+    try {
+      std::string err = f();
+      flushDirty();
+      return err;
+    } catch (const std::exception& e) {
+      dirty_.clear();
+      return std::string("internal error while serving it: ") + e.what();
+    }
+  }
+
+  // After receive()/resume(): close whoever must go, apply backpressure,
+  // track partial requests for the idle timeout, read on.
+  void afterServing(const SessionPtr& s, const std::string& err) {
+    closeDoomed();
+    if (s->closed) return;
     if (!err.empty()) {
-      DDPRUN_WARN("closing connection from ", s->peer, ": ", err);
-      close(s);
+      closeLogged(s, err);
       return;
     }
-    if (s->out.size() + s->writing.size() > kOutputHighWater) {
+    bool partial = state_.partial(s->id);
+    if (!partial) s->partialSince.reset();
+    else if (!s->partialSince) s->partialSince = std::chrono::steady_clock::now();
+    if (state_.paused(s->id)) {
       s->readPaused = true;  // resumed when the writes drain
       return;
     }
     read(s);
+  }
+
+  void closeDoomed() {
+    auto list = std::move(toClose_);
+    toClose_.clear();
+    for (auto& [id, why] : list) {
+      auto it = sessions_.find(id);
+      if (it != sessions_.end()) closeLogged(it->second, why);
+    }
+  }
+
+  void closeLogged(const SessionPtr& s, const std::string& why) {
+    std::string note;
+    if (closeLog_.admit(std::chrono::steady_clock::now(), note))
+      DDPRUN_WARN("closing connection from ", s->peer, ": ", why, note);
+    close(s);
+  }
+
+  // Closes connections that have held a partial request for longer than
+  // opts_.idleTimeout (a slow-loris sender pins its buffers otherwise).
+  void armIdleTimer() {
+    auto period = std::max<std::chrono::steady_clock::duration>(
+        opts_.idleTimeout / 4, std::chrono::milliseconds(10));
+    idleTimer_.expires_after(period);
+    idleTimer_.async_wait([this](error_code ec) {
+      if (ec) return;
+      auto now = std::chrono::steady_clock::now();
+      std::vector<SessionPtr> idle;
+      for (auto& [id, s] : sessions_)
+        if (s->partialSince && now - *s->partialSince > opts_.idleTimeout)
+          idle.push_back(s);
+      for (auto& s : idle)
+        closeLogged(s, "a partial request was held longer than the idle timeout (--idle-timeout)");
+      armIdleTimer();
+    });
   }
 
   void flushDirty() {
@@ -254,16 +326,20 @@ class TcpStoreServer::Impl : public Outbox {
     s->writing.swap(s->out);
     asio::async_write(s->socket, asio::buffer(s->writing),
                       [this, s](error_code ec, size_t) {
+                        size_t done = s->writing.size();
                         s->writing.clear();
                         if (s->closed) return;
                         if (ec) {
                           close(s);
                           return;
                         }
+                        state_.sent(s->id, done);
                         write(s);
-                        if (s->readPaused && s->out.size() < kOutputHighWater) {
+                        if (s->readPaused && !state_.paused(s->id)) {
                           s->readPaused = false;
-                          read(s);
+                          std::string err =
+                              guarded([&] { return state_.resume(s->id); });
+                          afterServing(s, err);
                         }
                       });
   }
@@ -293,6 +369,10 @@ class TcpStoreServer::Impl : public Outbox {
   std::thread thread_;
   std::unordered_map<ConnId, SessionPtr> sessions_;
   std::vector<ConnId> dirty_;
+  std::vector<std::pair<ConnId, std::string>> toClose_;
+  asio::steady_timer idleTimer_{io_};
+  LogLimiter refuseLog_;
+  LogLimiter closeLog_;
   std::vector<char> readBuf_ = std::vector<char>(kReadChunk);
   ConnId nextId_ = 1;
   std::atomic<size_t> liveConnections_{0};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -21,25 +22,50 @@ namespace ddprun::store {
 
 using ConnId = uint64_t;
 
+// Every byte the server holds on a client's behalf is reserved against
+// maxMemoryBytes before it is allocated: stored keys/values/queue entries,
+// the partial request being received, input held back by backpressure,
+// unsent replies and notifications, WAIT and WATCH_KEY registrations. A
+// client whose request cannot be reserved is closed; the server is not.
+// The arithmetic of the defaults is in docs/store.md.
 struct ServerLimits {
   wire::Limits wire;
-  size_t maxMemoryBytes = 1024ull * 1024 * 1024;  // keys + values + queues
+  size_t maxMemoryBytes = 1024ull * 1024 * 1024;
   size_t maxConnections = 16384;
+  // Per connection: while more output than this waits for a client, its
+  // further requests are not processed (checked after every request).
+  size_t maxUnsentBytes = 4 * 1024 * 1024;
+  // One reply (GET, MULTI_GET, LIST_KEYS, QUEUE_POP, a notification). A
+  // request whose reply would be larger closes its client. Output waiting
+  // for a connection never exceeds maxUnsentBytes + maxReplyBytes: a
+  // watcher or waiter pushed past that is closed.
+  size_t maxReplyBytes = 128 * 1024 * 1024;
+  size_t maxWaitKeys = 128 * 1024;  // keys one connection may WAIT on at once
+  size_t maxWatchKeys = 4096;       // WATCH_KEY registrations per connection
 };
 
 // Where replies go. bufferFor(id) returns the output buffer of a live
-// connection; the server flushes it after receive() returns.
+// connection; the server flushes it after receive() returns and reports the
+// bytes it wrote with ServerState::sent().
 class Outbox {
  public:
   virtual ~Outbox() = default;
   virtual std::string& bufferFor(ConnId id) = 0;
+  // Another connection than the one being served broke a cap (a watcher or
+  // waiter that does not read); the network layer closes it after the
+  // current call returns. Its output is no longer written.
+  virtual void closeLater(ConnId id, const std::string& why) {
+    (void)id;
+    (void)why;
+  }
 };
 
 struct ServerStats {
   uint64_t requests = 0;
   uint64_t connectionsRejected = 0;  // closed for a protocol or limit error
   size_t keys = 0;
-  size_t memoryBytes = 0;
+  size_t memoryBytes = 0;    // everything reserved against maxMemoryBytes
+  uint64_t bytesParsed = 0;  // request bytes parsed, each once
 };
 
 class ServerState {
@@ -52,8 +78,19 @@ class ServerState {
   void open(ConnId id);
   // Feeds bytes received on a connection. Returns an empty string while the
   // connection is healthy, or why it must be closed (protocol error, limit).
+  // Requests are processed until the connection's unsent output exceeds
+  // maxUnsentBytes; the rest is held (and charged) until resume().
   std::string receive(ConnId id, std::string_view bytes);
-  // The connection is gone: drop its waiters and buffers.
+  // True while the connection's unsent output is over maxUnsentBytes: the
+  // network layer should stop reading it until sent() drains it.
+  bool paused(ConnId id) const;
+  // Processes input held back by backpressure; same result as receive().
+  std::string resume(ConnId id);
+  // The network layer handed `bytes` of the connection's output to the OS.
+  void sent(ConnId id, size_t bytes);
+  // The connection has begun a request that has not fully arrived.
+  bool partial(ConnId id) const;
+  // The connection is gone: drop its waiters, registrations and buffers.
   void closed(ConnId id);
 
   ServerStats stats() const;
@@ -63,13 +100,22 @@ class ServerState {
 
  private:
   struct Conn;
+  std::string process(Conn& c, std::string_view data, size_t& used);
+  std::string feed(Conn& c, std::string_view data, size_t& used);
+  std::string hold(Conn& c, std::string_view rest);
   std::string execute(Conn& c, wire::Request& r);
+  std::string* reply(Conn& c, size_t bytes, std::string& error);
+  bool pushTo(Conn& w, size_t bytes);
+  void doom(Conn& w, const std::string& why);
   std::string doSet(const std::string& key, std::string value);
   std::string doAdd(Conn& c, const std::string& key, int64_t delta, int64_t& out);
-  void doWait(Conn& c, const std::vector<std::string>& keys);
-  void doCompareSet(Conn& c, wire::Request& r);
-  void doQueuePop(Conn& c, const std::string& key);
-  void doBarrier(Conn& c, const std::string& key, int64_t worldSize);
+  std::string doWait(Conn& c, const std::vector<std::string>& keys);
+  std::string doWatch(Conn& c, const std::string& key);
+  std::string doCompareSet(Conn& c, wire::Request& r);
+  std::string doQueuePop(Conn& c, const std::string& key);
+  std::string doMultiGet(Conn& c, const std::vector<std::string>& keys);
+  std::string doListKeys(Conn& c);
+  std::string doBarrier(Conn& c, const std::string& key, int64_t worldSize);
   bool present(const std::string& key) const;
   void wake(const std::string& key, bool onlyOne = false);
   void cancelWaits(Conn& c);
@@ -88,6 +134,7 @@ class ServerState {
   size_t memory_ = 0;
   uint64_t requests_ = 0;
   uint64_t rejected_ = 0;
+  uint64_t parsedByClosed_ = 0;
 };
 
 }  // namespace ddprun::store

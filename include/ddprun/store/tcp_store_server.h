@@ -3,8 +3,9 @@
 // One io thread owns all state, so requests are applied in arrival order
 // without locks. Each connection speaks the PyTorch dialect it opened with
 // (1.13-style or >= 2.2). A connection that sends something malformed or over
-// a limit is closed and logged with its peer address; everyone else is
-// unaffected.
+// a limit is closed and logged with its peer address (rate-limited); everyone
+// else is unaffected. An exception while serving a client (std::bad_alloc
+// included) closes that client only. All limits are in ServerLimits.
 #pragma once
 
 #include <chrono>
@@ -28,6 +29,9 @@ struct TcpStoreServerOptions {
   // costs a wake-up per request, which on virtual machines is tens of
   // microseconds. Costs CPU only right after activity; 0 disables it.
   std::chrono::microseconds busyPoll{100};
+  // A connection that holds a partial request for longer than this is
+  // closed. Zero (the default, as in PyTorch) disables the check.
+  std::chrono::milliseconds idleTimeout{0};
 };
 
 class TcpStoreServer {

@@ -5,18 +5,25 @@
 // dialects exist: PyTorch <= 2.0 ("legacy", no handshake) and >= 2.2 ("v2",
 // VALIDATE magic first, renumbered commands). Integers are little-endian.
 //
-// parseRequest() is resumable: it looks at a prefix of the stream and either
-// consumes one whole request, asks for more bytes, or rejects the stream. Every
-// declared length is checked against Limits before anything is allocated or
-// waited for, so a hostile peer cannot make the server buffer more than the
-// limits allow. Pure functions, thread-safe.
+// RequestParser is incremental: it keeps its position inside a partial
+// request, so a request of N bytes costs O(N) work however the stream splits
+// it. Every declared length is checked against Limits, and offered to a
+// budget hook, before anything is allocated, so a hostile peer cannot make the
+// server buffer more than the limits and the budget allow. parseRequest() is
+// the one-shot form over a prefix of the stream. Free functions are pure and
+// thread-safe; a RequestParser belongs to one thread.
+//
+// Byte order: the protocol is little-endian. Integers are encoded and decoded
+// byte by byte, so the code is correct on any host.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ddprun::store::wire {
@@ -109,10 +116,77 @@ struct ParseResult {
 ParseResult parseRequest(Dialect d, const Limits& limits, std::string_view data,
                          Request& out);
 
+// Resumable parser of one connection's request stream.
+//
+// feed() consumes bytes until one request is complete (kOk: request() holds
+// it, `consumed` says how many bytes of this call it used; call next() before
+// feeding again), the bytes run out (kNeedMore: all of them were consumed and
+// are remembered) or the stream breaks a limit (kBad, sticky). Each byte is
+// examined once.
+class RequestParser {
+ public:
+  // Asked for `bytes` before the parser allocates them for the partial
+  // request (key/value storage, key list slots). Returns an empty string to
+  // allow, or why not (the parse then fails with that error).
+  using Reserve = std::function<std::string(size_t bytes)>;
+
+  RequestParser(Dialect d, const Limits& limits, Reserve reserve = {});
+
+  ParseResult feed(std::string_view data);
+  Request& request() { return req_; }
+  // Forgets the completed request and starts on the next one.
+  void next();
+  // Bytes the current (partial or completed) request has reserved through the
+  // hook; the caller releases them once the request is done with.
+  size_t declaredBytes() const { return declared_; }
+  // Returns declaredBytes() and forgets it: the caller has taken over the
+  // accounting (the request's strings are about to be stored or dropped).
+  size_t takeDeclared() { return std::exchange(declared_, 0); }
+  // Bytes consumed over the parser's life (each exactly once).
+  uint64_t bytesParsed() const { return parsed_; }
+  // True while a request has begun but is not complete.
+  bool partial() const { return started_ && !done_; }
+  Dialect dialect() const { return dialect_; }
+
+ private:
+  enum class Step { kNeedMore, kDone, kBad };
+  Step fields(std::string_view data, size_t& pos);
+  Step fixed(std::string_view data, size_t& pos, size_t n, uint64_t& out);
+  Step string(std::string_view data, size_t& pos, std::string& out, size_t limit,
+              const char* what);
+  Step count(std::string_view data, size_t& pos, size_t slotsPerKey);
+  Step fail(std::string why);
+  std::string charge(size_t bytes);
+
+  Dialect dialect_;
+  Limits limits_;
+  Reserve reserve_;
+  Request req_;
+  bool started_ = false;  // command byte read
+  bool done_ = false;
+  bool bad_ = false;
+  std::string error_;
+  uint8_t fieldIdx_ = 0;     // which field of the command
+  size_t listLen_ = 0;       // declared key count of a list field
+  size_t listIdx_ = 0;       // next list entry
+  bool haveCount_ = false;   // the list's count has been read
+  bool inString_ = false;    // length read, bytes arriving
+  size_t remaining_ = 0;     // bytes of the string still to come
+  uint8_t scratch_[8] = {};  // a fixed-size field being assembled
+  size_t have_ = 0;          // bytes of it so far
+  uint64_t total_ = 0;       // declared field bytes of this request
+  size_t declared_ = 0;
+  uint64_t parsed_ = 0;
+};
+
 // Picks the dialect of a new connection from its first bytes: a leading
 // VALIDATE (00 CE F7 85 3C) means v2, anything else legacy. Returns nullopt
 // while it cannot yet tell (a lone 00 with fewer than 5 bytes).
 std::optional<Dialect> detectDialect(std::string_view firstBytes);
+
+// Little-endian integer helpers.
+void putLe(std::string& out, uint64_t v, size_t n);
+uint64_t getLe(const void* p, size_t n);
 
 // Appends little-endian fields to a buffer.
 class Writer {

@@ -22,6 +22,10 @@ TEST(StoreCli, ParsesByteSizes) {
   EXPECT_THROW(parseByteSize("-5", "--x"), InvalidArgument);
   EXPECT_THROW(parseByteSize("12X", "--x"), InvalidArgument);
   EXPECT_THROW(parseByteSize("lots", "--x"), InvalidArgument);
+  // Overflow is refused, not wrapped (17179869184G is 2^64 bytes).
+  EXPECT_THROW(parseByteSize("17179869184G", "--x"), InvalidArgument);
+  EXPECT_THROW(parseByteSize("99999999999999999999", "--x"), InvalidArgument);
+  EXPECT_EQ(parseByteSize("17179869183G", "--x"), 17179869183ull << 30);
 }
 
 TEST(StoreCli, DefaultsAndFlags) {
@@ -45,6 +49,20 @@ TEST(StoreCli, DefaultsAndFlags) {
   EXPECT_EQ(cfg2.logLevel, "debug");
   EXPECT_EQ(cfg2.server.busyPoll.count(), 0);
   EXPECT_EQ(cfg.server.busyPoll.count(), 100);
+  EXPECT_EQ(cfg.server.idleTimeout.count(), 0);  // off by default
+}
+
+TEST(StoreCli, ClientCapFlags) {
+  StoreCliConfig cfg;
+  EXPECT_EQ(parse({"--max-unsent-bytes", "1M", "--max-reply-bytes", "16M", "--max-wait-keys",
+                   "7", "--max-watch-keys", "3", "--idle-timeout", "2.5"},
+                  cfg),
+            -1);
+  EXPECT_EQ(cfg.server.limits.maxUnsentBytes, 1u << 20);
+  EXPECT_EQ(cfg.server.limits.maxReplyBytes, 16u << 20);
+  EXPECT_EQ(cfg.server.limits.maxWaitKeys, 7u);
+  EXPECT_EQ(cfg.server.limits.maxWatchKeys, 3u);
+  EXPECT_EQ(cfg.server.idleTimeout.count(), 2500);
 }
 
 TEST(StoreCli, UsageErrorsExitTwo) {
@@ -54,6 +72,9 @@ TEST(StoreCli, UsageErrorsExitTwo) {
       {"--max-memory", "1T"},    {"--max-connections", "0"},
       {"--log-level", "chatty"}, {"--max-keys-per-request", "-3"},
       {"stray-positional"},      {"--busy-poll-us", "-1"},
+      {"--max-memory", "17179869184G"}, {"--max-reply-bytes", "0"},
+      {"--max-unsent-bytes", "x"},      {"--idle-timeout", "-1"},
+      {"--max-wait-keys", "0"},         {"--max-watch-keys", "0"},
   };
   for (const auto& args : bad) {
     StoreCliConfig cfg;

@@ -1,4 +1,5 @@
 #include "ddprun/store/server_state.h"
+#include "ddprun/store/log_limiter.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +21,9 @@ class FakeOutbox : public Outbox {
     out[id].clear();
     return s;
   }
+  void closeLater(ConnId id, const std::string& why) override { doomed[id] = why; }
   std::map<ConnId, std::string> out;
+  std::map<ConnId, std::string> doomed;
 };
 
 std::string u8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
@@ -52,7 +55,12 @@ class Client {
                    std::vector<std::string> values = {}, int64_t n = 0) {
     return send(wire::makeRequest(c, std::move(keys), std::move(values), n));
   }
-  std::string reply() { return o_.take(id_); }
+  // Takes what was sent to this client and reports it written.
+  std::string reply() {
+    std::string r = o_.take(id_);
+    s_.sent(id_, r.size());
+    return r;
+  }
   ConnId id() const { return id_; }
 
  private:
@@ -236,6 +244,7 @@ TEST_P(ServerStateTest, MemoryLimitRefusesAndDeleteFrees) {
   EXPECT_EQ(c.send(Command::kSet, {"/a"}, {std::string(600, 'x')}), "");
   auto err = c.send(Command::kSet, {"/b"}, {std::string(600, 'x')});
   EXPECT_NE(err.find("memory limit"), std::string::npos);
+  s.closed(1);  // as the network layer does: frees its partial request
   Client c2(s, o, 2, GetParam());
   c2.send(Command::kDeleteKey, {"/a"});
   EXPECT_EQ(c2.reply(), i64(1));
@@ -376,6 +385,181 @@ TEST(ServerStateLegacy, WatchKeyPushesChanges) {
             u8(wire::kKeyCreated) + bytes("/w") + bytes("") + bytes("1") +
                 u8(wire::kKeyUpdated) + bytes("/w") + bytes("1") + bytes("2") +
                 u8(wire::kKeyDeleted) + bytes("/w") + bytes("2") + bytes(""));
+}
+
+// ---- Hostile and slow clients: one budget, per-connection caps. ----
+
+std::string encoded(Dialect d, Command c, std::vector<std::string> keys = {},
+                    std::vector<std::string> values = {}, int64_t n = 0) {
+  std::string b;
+  wire::encodeRequest(d, wire::makeRequest(c, std::move(keys), std::move(values), n), b);
+  return b;
+}
+
+std::string repeated(const std::string& one, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += one;
+  return out;
+}
+
+TEST(ServerStateLimits, UnreadRepliesPauseAtARequestBoundaryAndResume) {
+  ServerLimits lim;
+  lim.maxUnsentBytes = 4 << 20;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, Dialect::kV2);
+  const std::string mib(1 << 20, 'v');
+  ASSERT_EQ(c.send(Command::kSet, {"/big"}, {mib}), "");
+  // 1,000 GETs of a 1 MiB value in one read: only ~4 MiB of replies are made.
+  std::string gets = repeated(encoded(Dialect::kV2, Command::kGet, {"/big"}), 1000);
+  ASSERT_EQ(s.receive(1, gets), "");
+  EXPECT_TRUE(s.paused(1));
+  EXPECT_LE(o.out[1].size(), lim.maxUnsentBytes + mib.size() + 8);
+  EXPECT_LE(s.stats().memoryBytes, 2 * lim.maxUnsentBytes + gets.size() + 2 * mib.size());
+  // Reading the replies lets the held requests run, a few at a time.
+  size_t got = 0;
+  for (int rounds = 0;; ++rounds) {
+    ASSERT_LT(rounds, 1000);
+    got += c.reply().size();
+    ASSERT_EQ(s.resume(1), "");
+    EXPECT_LE(o.out[1].size(), lim.maxUnsentBytes + mib.size() + 8);
+    if (!s.paused(1) && o.out[1].empty()) break;
+  }
+  EXPECT_EQ(got, 1000 * (mib.size() + 8));
+  EXPECT_EQ(s.stats().requests, 2 + 1000u);  // VALIDATE, SET, 1,000 GETs
+}
+
+TEST(ServerStateLimits, BudgetClosesTheClientNotTheServer) {
+  ServerLimits lim;
+  lim.maxMemoryBytes = 8 << 20;
+  lim.maxUnsentBytes = 64 << 20;  // only the budget stops this one
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, Dialect::kV2);
+  ASSERT_EQ(c.send(Command::kSet, {"/big"}, {std::string(1 << 20, 'v')}), "");
+  std::string err = s.receive(1, repeated(encoded(Dialect::kV2, Command::kGet, {"/big"}), 100));
+  EXPECT_NE(err.find("--max-memory"), std::string::npos) << err;
+  EXPECT_LE(s.stats().memoryBytes, lim.maxMemoryBytes);
+  s.closed(1);
+  o.take(1);
+  Client other(s, o, 2, Dialect::kV2);
+  other.send(Command::kGet, {"/big"});
+  EXPECT_EQ(other.reply().size(), (1u << 20) + 8);
+}
+
+TEST(ServerStateLimits, OversizedMultiGetReplyClosesItsClient) {
+  ServerLimits lim;
+  lim.maxReplyBytes = 16 << 20;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, Dialect::kV2);
+  ASSERT_EQ(c.send(Command::kSet, {"/big"}, {std::string(1 << 20, 'v')}), "");
+  size_t stored = s.stats().memoryBytes;
+  std::string err = c.send(Command::kMultiGet, std::vector<std::string>(5000, "/big"));
+  EXPECT_NE(err.find("--max-reply-bytes"), std::string::npos) << err;
+  EXPECT_EQ(c.reply(), "");
+  s.closed(1);
+  EXPECT_EQ(s.stats().memoryBytes, stored);
+  // 10,000 keys of a small value fit (a 10k-rank job's MULTI_GET).
+  Client d(s, o, 2, Dialect::kV2);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10000; ++i) keys.push_back("/r" + std::to_string(i));
+  ASSERT_EQ(d.send(Command::kMultiGet, keys), "");
+  EXPECT_EQ(d.reply().size(), 10000u * 8);
+}
+
+TEST(ServerStateLimits, PartialRequestIsChargedBeforeItArrives) {
+  ServerLimits lim;
+  lim.maxMemoryBytes = 16 << 20;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  s.open(1);
+  std::string set = encoded(Dialect::kV2, Command::kSet, {"/k"}, {std::string(10 << 20, 'x')});
+  ASSERT_EQ(s.receive(1, encoded(Dialect::kV2, Command::kValidate).substr(0, 1)), "");
+  std::string validate;
+  wire::encodeRequest(Dialect::kV2,
+                      wire::makeRequest(Command::kValidate, {}, {}, 0, wire::kValidationMagic),
+                      validate);
+  ASSERT_EQ(s.receive(1, validate.substr(1)), "");
+  ASSERT_EQ(s.receive(1, set.substr(0, 100)), "");
+  EXPECT_TRUE(s.partial(1));
+  EXPECT_GE(s.stats().memoryBytes, 10u << 20);  // declared, not yet received
+  // A second connection declaring another 10 MiB is refused at its header.
+  s.open(2);
+  ASSERT_EQ(s.receive(2, validate), "");
+  EXPECT_NE(s.receive(2, set.substr(0, 100)).find("memory limit"), std::string::npos);
+  s.closed(1);
+  s.closed(2);
+  EXPECT_EQ(s.stats().memoryBytes, 0u);
+}
+
+TEST(ServerStateLimits, DuplicateWatchReplacesAndUnreadWatcherIsClosed) {
+  ServerLimits lim;
+  lim.maxUnsentBytes = 1 << 20;
+  lim.maxReplyBytes = 2 << 20;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client watcher(s, o, 1, Dialect::kLegacy);
+  Client writer(s, o, 2, Dialect::kLegacy);
+  std::string watches = repeated(encoded(Dialect::kLegacy, Command::kWatchKey, {"/w"}), 3000);
+  ASSERT_EQ(s.receive(1, watches), "");
+  EXPECT_EQ(watcher.reply(), repeated(u8(wire::kKeyCallbackRegistered), 3000));
+  ASSERT_EQ(writer.send(Command::kSet, {"/w"}, {"1"}), "");
+  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCreated) + bytes("/w") + bytes("") + bytes("1"));
+  // The watcher stops reading: 1 MiB updates pile up until its cap, then it
+  // is closed, and the writer is never refused.
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(writer.send(Command::kSet, {"/w"}, {std::string(1 << 20, 'a' + i)}), "");
+  ASSERT_EQ(o.doomed.count(1), 1u);
+  EXPECT_NE(o.doomed[1].find("does not read"), std::string::npos);
+  EXPECT_LE(o.out[1].size(), lim.maxUnsentBytes + lim.maxReplyBytes);
+}
+
+TEST(ServerStateLimits, WaitRegistrationsAreCappedAndCharged) {
+  ServerLimits lim;
+  lim.maxWaitKeys = 100;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, Dialect::kV2);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back("/missing" + std::to_string(i));
+  ASSERT_EQ(c.send(Command::kWait, keys), "");
+  EXPECT_GE(s.stats().memoryBytes, 60u * 64);
+  EXPECT_NE(c.send(Command::kWait, keys).find("--max-wait-keys"), std::string::npos);
+  s.closed(1);
+  EXPECT_EQ(s.stats().memoryBytes, 0u);
+}
+
+TEST(ServerStateLimits, ParsesEachByteOnceHoweverTheRequestIsSplit) {
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 1024; ++i) {
+    keys.push_back("/k" + std::to_string(i));
+    values.push_back(std::string(1000, 'v'));
+  }
+  std::string req = encoded(Dialect::kV2, Command::kMultiSet, keys, values);
+  for (size_t piece : {size_t{1}, size_t{2048}, req.size()}) {
+    FakeOutbox o;
+    ServerState s(ServerLimits{}, o);
+    Client c(s, o, 1, Dialect::kV2);
+    uint64_t before = s.stats().bytesParsed;
+    for (size_t at = 0; at < req.size(); at += piece)
+      ASSERT_EQ(s.receive(1, std::string_view(req).substr(at, piece)), "");
+    EXPECT_EQ(s.stats().bytesParsed - before, req.size()) << piece;
+    EXPECT_EQ(s.stats().keys, 1024u);
+  }
+}
+
+TEST(LogLimiter, AdmitsABurstThenCountsTheSuppressed) {
+  LogLimiter lim(3, std::chrono::seconds(1));
+  auto t = LogLimiter::Clock::time_point{} + std::chrono::hours(1);
+  std::string note;
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) admitted += lim.admit(t, note);
+  EXPECT_EQ(admitted, 3);
+  EXPECT_TRUE(lim.admit(t + std::chrono::seconds(1), note));
+  EXPECT_EQ(note, " (7 similar lines suppressed)");
+  EXPECT_TRUE(lim.admit(t + std::chrono::seconds(1), note));
+  EXPECT_EQ(note, "");
 }
 
 }  // namespace

@@ -199,5 +199,98 @@ TEST(Wire, EncodingACommandMissingFromTheDialectThrows) {
                InvalidArgument);
 }
 
+// Feeds `bytes` to a parser in pieces of `piece` bytes; returns the requests.
+std::vector<Request> feedInPieces(RequestParser& p, std::string_view bytes, size_t piece) {
+  std::vector<Request> out;
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    std::string_view chunk = bytes.substr(at, piece);
+    while (true) {
+      auto res = p.feed(chunk);
+      EXPECT_NE(res.status, ParseStatus::kBad) << res.error;
+      if (res.status != ParseStatus::kOk) break;
+      out.push_back(p.request());
+      p.next();
+      chunk.remove_prefix(res.consumed);
+      if (chunk.empty()) break;
+    }
+  }
+  return out;
+}
+
+TEST(RequestParser, AnySplitGivesTheSameRequests) {
+  for (Dialect d : {Dialect::kLegacy, Dialect::kV2}) {
+    std::string stream;
+    std::vector<Request> sent;
+    for (const auto& req : everyRequest()) {
+      if (!encodeCommand(d, req.cmd)) continue;
+      encodeRequest(d, req, stream);
+      sent.push_back(req);
+    }
+    for (size_t piece : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, stream.size()}) {
+      SCOPED_TRACE(std::string(dialectName(d)) + " piece " + std::to_string(piece));
+      RequestParser p(d, Limits{});
+      auto got = feedInPieces(p, stream, piece);
+      ASSERT_EQ(got.size(), sent.size());
+      for (size_t i = 0; i < got.size(); ++i) expectSame(sent[i], got[i]);
+      EXPECT_EQ(p.bytesParsed(), stream.size());
+      EXPECT_FALSE(p.partial());
+    }
+  }
+}
+
+// The parser never re-reads: a 32 MiB MULTI_SET costs exactly its size in
+// parsed bytes whether it arrives in 1-byte, 2 KiB or one piece.
+TEST(RequestParser, BytesParsedEqualRequestSizeForEverySplit) {
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 4096; ++i) {
+    keys.push_back("/k" + std::to_string(i));
+    values.push_back(std::string(8 * 1024 - 32, 'v'));
+  }
+  std::string bytes;
+  encodeRequest(Dialect::kV2, makeRequest(Command::kMultiSet, keys, values), bytes);
+  ASSERT_GT(bytes.size(), 32u * 1024 * 1024 - 64 * 1024);
+  for (size_t piece : {size_t{1}, size_t{2048}, bytes.size()}) {
+    SCOPED_TRACE(piece);
+    RequestParser p(Dialect::kV2, Limits{});
+    auto got = feedInPieces(p, bytes, piece);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].keys, keys);
+    EXPECT_EQ(p.bytesParsed(), bytes.size());
+  }
+}
+
+TEST(RequestParser, ReservesDeclaredBytesBeforeReadingThem) {
+  size_t reserved = 0;
+  RequestParser p(Dialect::kV2, Limits{}, [&](size_t n) -> std::string {
+    if (reserved + n > 1000) return "budget";
+    reserved += n;
+    return {};
+  });
+  std::string bytes;
+  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(500, 'x')}), bytes);
+  auto res = p.feed(std::string_view(bytes).substr(0, 1 + 8 + 2 + 8));  // header only
+  EXPECT_EQ(res.status, ParseStatus::kNeedMore);
+  EXPECT_EQ(p.declaredBytes(), 502u);  // the value's 500 bytes before they arrive
+  EXPECT_TRUE(p.partial());
+  // A second request declaring more than the budget left fails at its header.
+  RequestParser q(Dialect::kV2, Limits{}, [&](size_t n) -> std::string {
+    return reserved + n > 1000 ? "budget" : "";
+  });
+  std::string big;
+  encodeRequest(Dialect::kV2, makeRequest(Command::kSet, {"/k"}, {std::string(600, 'x')}), big);
+  res = q.feed(std::string_view(big).substr(0, 1 + 8 + 2 + 8));
+  EXPECT_EQ(res.status, ParseStatus::kBad);
+  EXPECT_EQ(res.error, "budget");
+}
+
+TEST(Wire, IntegersAreLittleEndianOnTheWire) {
+  std::string out;
+  Writer(out).u32(0x01020304).i64(-2).u64(0x1122334455667788ull);
+  EXPECT_EQ(out, std::string("\x04\x03\x02\x01", 4) + std::string("\xFE\xFF\xFF\xFF\xFF\xFF\xFF\xFF", 8) +
+                     std::string("\x88\x77\x66\x55\x44\x33\x22\x11", 8));
+  EXPECT_EQ(getLe(out.data(), 4), 0x01020304u);
+  EXPECT_EQ(static_cast<int64_t>(getLe(out.data() + 4, 8)), -2);
+}
+
 }  // namespace
 }  // namespace ddprun::store::wire
