@@ -428,7 +428,8 @@ else:
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "done")), "the good worker did not finish")
         with open(os.path.join(self.tmp, "attacker_verdict")) as f:
             self.assertEqual(f.read(), "closed",
-                             "the store did not disconnect the worker's 5 GiB MULTI_GET")
+                             "the store did not disconnect the worker's 5 GiB MULTI_GET:\n"
+                             + err[-3000:])
         if not SANITIZED:
             self.assertLess(peak[0], 512 * MiB, "agent peak RSS %.0f MiB" % (peak[0] / MiB))
 
