@@ -42,7 +42,9 @@ void ServerState::open(ConnId id) {
   conns_[id] = std::move(c);
 }
 
-void ServerState::closed(ConnId id) {
+void ServerState::releaseInFlight(size_t bytes) { release(bytes); }
+
+void ServerState::closed(ConnId id, size_t inFlight) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Conn& c = *it->second;
@@ -56,7 +58,7 @@ void ServerState::closed(ConnId id) {
     }
     release(registrationCost(k));
   }
-  release(c.unsent + c.held.size());
+  release(c.unsent - std::min(inFlight, c.unsent) + c.held.size());
   if (c.parser) {
     release(c.parser->declaredBytes());
     parsedByClosed_ += c.parser->bytesParsed();

@@ -144,6 +144,7 @@ class TcpStoreServer::Impl : public Outbox {
     std::string peer;
     std::string out;      // replies not yet handed to the socket
     std::string writing;  // replies being written
+    size_t chargedInFlight = 0;  // bytes of `writing` still charged after close
     bool dirty = false;
     bool readPaused = false;
     bool closed = false;
@@ -334,8 +335,12 @@ class TcpStoreServer::Impl : public Outbox {
     asio::async_write(s->socket, asio::buffer(s->writing),
                       [this, s](error_code ec, size_t) {
                         size_t done = s->writing.size();
-                        s->writing.clear();
-                        if (s->closed) return;
+                        std::string().swap(s->writing);  // free it, not only clear
+                        if (s->closed) {
+                          state_.releaseInFlight(s->chargedInFlight);
+                          s->chargedInFlight = 0;
+                          return;
+                        }
                         if (ec) {
                           close(s);
                           return;
@@ -356,7 +361,10 @@ class TcpStoreServer::Impl : public Outbox {
     error_code ec;
     s->socket.shutdown(tcp::socket::shutdown_both, ec);
     s->socket.close(ec);
-    state_.closed(s->id);
+    // What an in-flight write holds stays charged until its handler frees it.
+    s->chargedInFlight = s->writing.size();
+    std::string().swap(s->out);
+    state_.closed(s->id, s->chargedInFlight);
     sessions_.erase(s->id);
     liveConnections_ = sessions_.size();
     refreshStats();

@@ -91,7 +91,13 @@ class ServerState {
   // The connection has begun a request that has not fully arrived.
   bool partial(ConnId id) const;
   // The connection is gone: drop its waiters, registrations and buffers.
-  void closed(ConnId id);
+  // `inFlight` bytes of its output are still held by a write in progress:
+  // they stay charged to the budget until releaseInFlight() (the memory is
+  // only freed when that write ends), so a storm of closing slow readers
+  // cannot hand the same budget out twice.
+  void closed(ConnId id, size_t inFlight = 0);
+  // The write of a closed connection ended: its `inFlight` bytes are freed.
+  void releaseInFlight(size_t bytes);
 
   ServerStats stats() const;
   const ServerLimits& limits() const { return limits_; }

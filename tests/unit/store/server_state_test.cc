@@ -448,6 +448,26 @@ TEST(ServerStateLimits, BudgetClosesTheClientNotTheServer) {
   EXPECT_EQ(other.reply().size(), (1u << 20) + 8);
 }
 
+// A slow reader closed while a write of its replies is in flight: those
+// bytes stay charged until the write ends (they are still allocated), so the
+// budget cannot be handed out twice by a storm of closing readers.
+TEST(ServerStateLimits, OutputInFlightStaysChargedUntilItsWriteEnds) {
+  ServerLimits lim;
+  FakeOutbox o;
+  ServerState s(lim, o);
+  Client c(s, o, 1, Dialect::kV2);
+  ASSERT_EQ(c.send(Command::kSet, {"/big"}, {std::string(1 << 20, 'v')}), "");
+  const size_t stored = s.stats().memoryBytes;
+  ASSERT_EQ(s.receive(1, encoded(Dialect::kV2, Command::kGet, {"/big"})), "");
+  const size_t inFlight = o.out[1].size();  // the network layer began writing it
+  ASSERT_GT(inFlight, 1u << 20);
+  EXPECT_EQ(s.stats().memoryBytes, stored + inFlight);
+  s.closed(1, inFlight);
+  EXPECT_EQ(s.stats().memoryBytes, stored + inFlight);
+  s.releaseInFlight(inFlight);
+  EXPECT_EQ(s.stats().memoryBytes, stored);
+}
+
 TEST(ServerStateLimits, OversizedMultiGetReplyClosesItsClient) {
   ServerLimits lim;
   lim.maxReplyBytes = 16 << 20;
