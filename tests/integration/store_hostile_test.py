@@ -158,6 +158,21 @@ class HostileStoreTest(unittest.TestCase):
         attacker.send(attacker.wire.multi_get(["big"] * 5000))  # a 5 GiB reply
         self.assert_survived(srv, "MULTI_GET of a 1 MiB key x 5000")
 
+    @unittest.skipIf(SANITIZED, "needs the address-space cap, which the sanitizer build runs without")
+    def test_an_allocation_failure_closes_only_its_client(self):
+        """With the caps lifted above the machine, a 5 GiB MULTI_GET reply is
+        refused by the allocator (std::bad_alloc under the 2 GiB address-space
+        cap) rather than by a limit: that closes the one client, and the
+        server and everyone else go on."""
+        srv = self.server(64 * 1024, "--max-reply-bytes", "64G", "--max-unsent-bytes", "64G")
+        round_trip(srv.port, "big", ONE_MIB)
+        attacker = self.client(srv)
+        attacker.send(attacker.wire.multi_get(["big"] * 5000))
+        self.assertTrue(attacker.closed_by_server(PATIENCE), "the attacker was not disconnected")
+        self.assert_serves_others(srv, "a failed 5 GiB allocation")
+        self.assertIn("bad_alloc", srv.stderr(), "the closing line names the failure")
+        self.assertEqual(srv.terminate(), 0)
+
     def test_200_slow_readers(self):
         srv = self.server(32)
         round_trip(srv.port, "big", ONE_MIB)
