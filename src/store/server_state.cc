@@ -59,10 +59,7 @@ void ServerState::closed(ConnId id, size_t inFlight) {
     release(registrationCost(k));
   }
   release(c.unsent - std::min(inFlight, c.unsent) + c.held.size());
-  if (c.parser) {
-    release(c.parser->declaredBytes());
-    parsedByClosed_ += c.parser->bytesParsed();
-  }
+  if (c.parser) release(c.parser->declaredBytes());
   conns_.erase(it);
 }
 
@@ -73,10 +70,8 @@ std::optional<wire::Dialect> ServerState::dialectOf(ConnId id) const {
 }
 
 ServerStats ServerState::stats() const {
-  uint64_t parsed = parsedByClosed_;
-  for (const auto& [id, c] : conns_)
-    if (c->parser) parsed += c->parser->bytesParsed();
-  return {requests_, rejected_, kv_.size(), memory_, parsed};
+  // O(1): the io thread refreshes the stats after every batch of work.
+  return {requests_, rejected_, kv_.size(), memory_, parsed_};
 }
 
 bool ServerState::paused(ConnId id) const {
@@ -170,7 +165,9 @@ std::string ServerState::process(Conn& c, std::string_view data, size_t& used) {
 
 std::string ServerState::feed(Conn& c, std::string_view data, size_t& used) {
   while (used < data.size() && c.unsent <= limits_.maxUnsentBytes) {
+    const uint64_t parsedBefore = c.parser->bytesParsed();
     auto res = c.parser->feed(data.substr(used));
+    parsed_ += c.parser->bytesParsed() - parsedBefore;
     if (res.status == wire::ParseStatus::kBad) return res.error;
     used += res.consumed;
     if (res.status == wire::ParseStatus::kNeedMore) break;

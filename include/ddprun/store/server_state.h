@@ -142,7 +142,7 @@ class ServerState {
   size_t memory_ = 0;
   uint64_t requests_ = 0;
   uint64_t rejected_ = 0;
-  uint64_t parsedByClosed_ = 0;
+  uint64_t parsed_ = 0;  // request bytes parsed, all connections, ever
 };
 
 }  // namespace ddprun::store
