@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import select
 import signal
 import socket
 import statistics
@@ -33,23 +32,13 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "pyutil"))
-from storewire import LEGACY, V2, RawClient, round_trip  # noqa: E402
+from procs import status_kib  # noqa: E402
+from storewire import LEGACY, V2, RawClient, pump, round_trip  # noqa: E402
 
 MiB = 1 << 20
 AS_CAP = 2147483648
 ONE_MIB = b"v" * MiB
 LOADGEN = os.path.join(ROOT, "build/bin/store_loadgen")
-
-
-def status_kib(pid, field):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
 
 
 def cpu_seconds(pid):
@@ -144,38 +133,6 @@ def throughput(bins, tmp, rounds, total):
 
 # 2. Attacks (from tests/integration/store_hostile_test.py), each bounded.
 
-def pump(streams, stall=2.0, deadline=20.0):
-    """Sends each (socket, bytes) concurrently without blocking on one; stops
-    when all is sent, nothing moved for `stall` s, or at `deadline`."""
-    pending = {}
-    for i, (s, data) in enumerate(streams):
-        s.setblocking(False)
-        pending[s] = [i, memoryview(data), 0]
-    end = time.monotonic() + deadline
-    while pending and time.monotonic() < end:
-        _, writable, _ = select.select([], list(pending), [], stall)
-        if not writable:
-            break
-        for s in writable:
-            i, mv, off = pending[s]
-            try:
-                n = s.send(mv[off:off + (256 << 10)])
-            except BlockingIOError:
-                continue
-            except OSError:
-                del pending[s]
-                continue
-            pending[s][2] = off + n
-            if off + n == len(mv):
-                del pending[s]
-    for s, _ in streams:
-        try:
-            s.setblocking(True)
-            s.settimeout(20)
-        except OSError:
-            pass
-
-
 def client(srv, dialect=V2, conns=None):
     c = RawClient(srv.port, dialect, timeout=20)
     conns.append(c)
@@ -215,7 +172,7 @@ def atk_watch(srv, conns):
 def atk_waits(srv, conns):
     a = client(srv, conns=conns)
     keys = ["/missing/%06d/%s" % (i, "k" * 32) for i in range(20000)]
-    pump([(a.sock, a.wire.wait(keys) * 40)])
+    pump([(a.sock, a.wire.wait(keys) * 40)], deadline=20.0, then_timeout=20)
 
 
 def atk_partial_sets(srv, conns):
@@ -228,7 +185,7 @@ def atk_partial_sets(srv, conns):
         except OSError:
             continue
         streams.append((c.sock, body))
-    pump(streams)
+    pump(streams, deadline=20.0, then_timeout=20)
 
 
 ATTACKS = [

@@ -14,7 +14,6 @@ a server that does not bound its memory fails these tests by std::bad_alloc
 gigabytes from a shared machine. Under AddressSanitizer (DDPRUN_SANITIZED=1)
 memory is the sanitizer's: neither the cap nor the bound applies."""
 import os
-import select
 import shutil
 import signal
 import socket
@@ -30,46 +29,12 @@ import store_server  # noqa: E402
 from ddprun_case import BIN, DDPRUN, PATIENCE, SANITIZED  # noqa: E402
 from procs import status_kib, wait_for  # noqa: E402
 from store_server import MiB, StoreServer  # noqa: E402
-from storewire import LEGACY, V2, RawClient, round_trip  # noqa: E402
+from storewire import LEGACY, V2, RawClient, pump, round_trip  # noqa: E402
 
 ONE_MIB = b"v" * MiB
 
 if SANITIZED:
     store_server.cap_address_space = lambda: None
-
-
-def pump(streams, stall=2.0, deadline=60.0):
-    """Sends each (socket, bytes) of `streams` concurrently, without blocking
-    on any one of them. A socket the server closes is dropped; the pump ends
-    when everything is sent, when no socket has taken a byte for `stall`
-    seconds (the server stopped reading: backpressure) or at `deadline`.
-    Returns the bytes sent per stream."""
-    pending = {}
-    for i, (s, data) in enumerate(streams):
-        s.setblocking(False)
-        pending[s] = [i, memoryview(data), 0]
-    sent = [0] * len(streams)
-    end = time.monotonic() + deadline
-    while pending and time.monotonic() < end:
-        _, writable, _ = select.select([], list(pending), [], stall)
-        if not writable:
-            break
-        for s in writable:
-            i, mv, off = pending[s]
-            try:
-                n = s.send(mv[off:off + (256 << 10)])
-            except BlockingIOError:
-                continue
-            except OSError:  # closed by the server
-                del pending[s]
-                continue
-            pending[s][2] = off + n
-            sent[i] = off + n
-            if off + n == len(mv):
-                del pending[s]
-    for s, _ in streams:
-        s.setblocking(True)
-    return sent
 
 
 class HostileStoreTest(unittest.TestCase):

@@ -7,8 +7,10 @@ The layout is /work/shared/reference/tcpstore-protocol.md (and
 src/store/wire.cc): a 1-byte command, then fields; strings are a u64 length
 plus the bytes; integers little-endian. The command byte differs between
 the 1.13 dialect (LEGACY) and the >= 2.2 dialect (V2, opened by VALIDATE)."""
+import select
 import socket
 import struct
+import time
 
 LEGACY = "legacy"
 V2 = "v2"
@@ -168,3 +170,43 @@ def round_trip(port, key="probe", value=b"alive", timeout=30.0, dialect=V2, host
         return c.get(key)
     finally:
         c.close()
+
+
+def pump(streams, stall=2.0, deadline=60.0, then_timeout=None):
+    """Sends each (socket, bytes) of `streams` concurrently, without blocking
+    on any one of them. A socket the server closes is dropped; the pump ends
+    when everything is sent, when no socket has taken a byte for `stall`
+    seconds (the server stopped reading: backpressure) or at `deadline`.
+    The sockets are blocking again afterwards (with `then_timeout`, if given).
+    Returns the bytes sent per stream."""
+    pending = {}
+    for i, (s, data) in enumerate(streams):
+        s.setblocking(False)
+        pending[s] = [i, memoryview(data), 0]
+    sent = [0] * len(streams)
+    end = time.monotonic() + deadline
+    while pending and time.monotonic() < end:
+        _, writable, _ = select.select([], list(pending), [], stall)
+        if not writable:
+            break
+        for s in writable:
+            i, mv, off = pending[s]
+            try:
+                n = s.send(mv[off:off + (256 << 10)])
+            except BlockingIOError:
+                continue
+            except OSError:  # closed by the server
+                del pending[s]
+                continue
+            pending[s][2] = off + n
+            sent[i] = off + n
+            if off + n == len(mv):
+                del pending[s]
+    for s, _ in streams:
+        try:
+            s.setblocking(True)
+            if then_timeout is not None:
+                s.settimeout(then_timeout)
+        except OSError:
+            pass
+    return sent
