@@ -222,9 +222,14 @@ void Reducer::launchReady() {
 // (the last bucket, from finalize): a blocking all-reduce on this thread.
 void Reducer::launch(size_t b, bool inlineLast) {
   Bucket& bk = buckets_[b];
-  const size_t slot = timing_->size();
+  // One slot per bucket, sized by the iteration's first launch, before any
+  // marker of this iteration is queued: the group thread then writes only
+  // into existing slots while this thread fills later ones (a push_back here
+  // could reallocate under the group thread's write).
+  if (b == 0) timing_->assign(buckets_.size(), ReducerStats::Bucket{});
+  const size_t slot = b;
   const auto now = ReducerStats::Clock::now();
-  timing_->push_back({bk.count * sizeof(float), now, now, now});
+  (*timing_)[slot] = {bk.count * sizeof(float), now, now, now};
   if (pg_.size() == 1 && opts_.hook == CommHook::kNone) return;
   AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
                      .device = mem_->device()};
