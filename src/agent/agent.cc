@@ -137,10 +137,8 @@ class Agent::Impl {
     ro.consoleOut = parts_.consoleOut;
     ro.consoleErr = parts_.consoleErr;
     reporter_ = std::make_unique<Reporter>(io_, ro);
-    std::string python = env.count("PYTHON_EXEC") && !env.at("PYTHON_EXEC").empty()
-                             ? env.at("PYTHON_EXEC")
-                             : "python3";
-    group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env, python);
+    // "": the group applies the one interpreter rule (PYTHON_EXEC, else python3).
+    group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env, "");
     return true;
   }
 

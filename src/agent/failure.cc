@@ -6,18 +6,16 @@
 #include <sstream>
 
 #include "ddprun/agent/launch_config.h"
+#include "ddprun/common/strings.h"
 
 namespace ddprun::agent {
 
 namespace {
 std::time_t timestampOf(const nlohmann::json& j) {
   if (j.is_number()) return static_cast<std::time_t>(j.get<double>());
-  if (j.is_string()) {
-    try {
-      return static_cast<std::time_t>(std::stod(j.get<std::string>()));
-    } catch (...) {
-    }
-  }
+  double t = 0;
+  if (j.is_string() && str::parseDouble(j.get<std::string>(), t) && t >= 0)
+    return static_cast<std::time_t>(t);
   return 0;
 }
 
