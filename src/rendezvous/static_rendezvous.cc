@@ -13,10 +13,14 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "hosting.h"
+#include "round_end.h"
 #include "static_rendezvous_internal.h"
 
 namespace ddprun::rendezvous {
 namespace {
+
+using detail::decodeEnd;
+using detail::encodeEnd;
 
 using Millis = std::chrono::milliseconds;
 
@@ -86,29 +90,6 @@ class TaskThread {
   bool stopping_ = false;
   std::thread thread_;  // last: it uses the members above
 };
-
-// The round's end key holds "finished", "failed:<node>:<why>" or
-// "closed:<node>:<why>" (the reason may itself contain ':').
-std::string encodeEnd(RoundEnd kind, int node, const std::string& why) {
-  return std::string(kind == RoundEnd::kClosed ? "closed" : "failed") + ":" +
-         std::to_string(node) + ":" + why;
-}
-
-RoundEvent decodeEnd(int round, const std::string& key, const std::string& value) {
-  RoundEvent event;
-  event.round = round;
-  if (value == "finished") return event;
-  auto fields = str::split(value, ':');
-  bool ok = fields.size() >= 3 && (fields[0] == "failed" || fields[0] == "closed") &&
-            str::parseInt(fields[1], event.node, 0);
-  if (!ok)
-    DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ",
-                 key,
-                 ", which is not finished, failed:<node>:<why> or closed:<node>:<why>");
-  event.kind = fields[0] == "failed" ? RoundEnd::kFailed : RoundEnd::kClosed;
-  event.reason = str::join({fields.begin() + 2, fields.end()}, ":");
-  return event;
-}
 
 // Keys of the protocol, under "ddprun/<run_id>/round/<r>/":
 //   node/<i>      local world size of node i: the round's barrier

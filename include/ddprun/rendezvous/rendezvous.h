@@ -12,8 +12,8 @@
 // through the `Post` function given to the factory, i.e. on the agent's
 // thread. cancel() may be called from any thread. Implementations: local (one
 // node: no agent store, it hosts each round's worker store), static (a fixed
-// set of nodes), dynamic (elastic, a later issue) — the agent does not know
-// which one it talks to.
+// set of nodes), dynamic (c10d-style, elastic: --nnodes MIN:MAX) — the agent
+// does not know which one it talks to.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,16 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/common/error.h"
+
 namespace ddprun::rendezvous {
+
+// join() found the job over (it finished, or a node closed it after the
+// last restart): a node that arrives late has nothing to do. The agent
+// prints the message and exits 0, as torchrun does on RendezvousClosedError.
+class ClosedError : public Error {
+  using Error::Error;
+};
 
 // What a completed join gives this node.
 struct RoundInfo {
@@ -35,6 +44,10 @@ struct RoundInfo {
   std::vector<int> localWorldSizes;  // per group rank
   std::string workerStoreHost;       // MASTER_ADDR for the workers
   uint16_t workerStorePort = 0;      // MASTER_PORT for the workers
+  // Failed rounds of the whole job before this one, as the rendezvous keeps
+  // it in its store (the same on every node: TORCHELASTIC_RESTART_COUNT);
+  // -1 when the backend does not keep one and the agent counts for itself.
+  int restartCount = -1;
 };
 
 // How a round ended, as seen by every node.
@@ -42,7 +55,7 @@ enum class RoundEnd {
   kFinished,           // every node's workers succeeded
   kFailed,             // a node's workers failed: stop and join the next round
   kClosed,             // the job is over (restarts used up, or a node gave up)
-  kMembershipChanged,  // nodes arrive or left: restart without counting a failure
+  kMembershipChanged,  // nodes arrived, left or died: restart without counting a failure
   kStoreLost,          // the rendezvous store is gone
 };
 
@@ -72,7 +85,8 @@ class Rendezvous {
   // Joins the next round with this node's number of workers. `done` runs on
   // the agent's thread with the round's info, or with an error: TimeoutError
   // (peers missing; the message names them), CancelledError (cancel() was
-  // called), IoError (store unreachable). Never call again before `done` ran.
+  // called), IoError (store unreachable), ClosedError (the job is over: exit
+  // 0). Never call again before `done` ran.
   virtual void join(int localWorldSize, JoinHandler done) = 0;
 
   // This node's workers of `round` all succeeded. The round ends as

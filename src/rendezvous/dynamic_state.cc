@@ -1,0 +1,2 @@
+// Placeholder: implemented on the dynamic branch.
+#include "dynamic_state.h"

@@ -1,0 +1,3 @@
+// Placeholder: the dynamic rendezvous's state and its pure transitions
+// (implemented on the dynamic branch).
+#pragma once

@@ -1,0 +1,2 @@
+// Placeholder: implemented on the heartbeat branch.
+#include "heartbeat.h"

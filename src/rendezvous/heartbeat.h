@@ -1,0 +1,107 @@
+// Liveness of the nodes of a job through the agent store, shared by the
+// static and the dynamic rendezvous.
+//
+// Every node beats: every `interval` it writes its key
+// "<prefix><node id>" = "<seq> <wall ms>" (encodeBeat). Every node watches
+// its peers' keys (one MULTI_GET per wake-up) and declares a peer dead once
+// its beat is older than interval * maxAttempts. Timing is precise without
+// polling fast: the watcher sleeps until the earliest moment a peer could
+// expire (or the next interval), and a beat's age is measured from the
+// sender's wall clock when the two clocks agree within one interval, else
+// from when the watcher first saw it (skewed clocks cost at most one more
+// interval, never a false death).
+//
+// LivenessTracker is that decision as a pure value (fake clock in tests);
+// Heartbeat runs it on two threads of its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/store/store.h"
+#include "ddprun/store/tcp_store.h"
+
+namespace ddprun::rendezvous::detail {
+
+using WallClock = std::function<int64_t()>;  // ms since the epoch
+int64_t systemWallMs();
+
+struct HeartbeatOptions {
+  std::chrono::milliseconds interval{5'000};
+  int maxAttempts = 3;
+  std::chrono::milliseconds timeout() const { return interval * maxAttempts; }
+};
+
+std::string encodeBeat(int64_t seq, int64_t wallMs);
+// False for anything that is not "<seq> <wall ms>".
+bool decodeBeat(const std::string& value, int64_t& seq, int64_t& wallMs);
+
+// Which watched nodes went silent. Not thread-safe; a plain value.
+class LivenessTracker {
+ public:
+  explicit LivenessTracker(HeartbeatOptions opts) : opts_(opts) {}
+
+  // The nodes to watch from now on; nodes not listed are forgotten, new ones
+  // count as alive at `nowMs` (a node gets a full timeout to send its first
+  // beat).
+  void watch(const std::vector<std::string>& nodes, int64_t nowMs);
+  // What was read under a node's key at `nowMs` ("" when absent). A beat
+  // with a new seq renews the node; the same seq, junk or "" change nothing.
+  void observe(const std::string& node, const std::string& value, int64_t nowMs);
+  // Watched nodes silent for longer than the timeout at `nowMs`, in the
+  // order given to watch().
+  std::vector<std::string> expired(int64_t nowMs) const;
+  // The earliest time a watched node expires if nothing new is read;
+  // INT64_MAX when none is watched.
+  int64_t nextExpiry() const;
+  // How long `node` has been silent at `nowMs` (0 if not watched).
+  int64_t silentFor(const std::string& node, int64_t nowMs) const;
+  const std::vector<std::string>& watched() const { return order_; }
+
+ private:
+  struct Seen {
+    int64_t seq = -1;
+    int64_t lastBeatMs = 0;  // on the watcher's clock
+  };
+  HeartbeatOptions opts_;
+  std::vector<std::string> order_;
+  std::map<std::string, Seen> seen_;
+};
+
+// Beats for `self` and watches the peers, each on a thread of its own with a
+// store connection of its own (from `connect`). Thread-safe. onDead runs on
+// the watcher's thread, once per node per setPeers(); it must not block for
+// long (it may make store requests). Store errors while beating or watching
+// are retried at the next interval and logged at debug level: losing the
+// store is the rendezvous's concern, not this class's.
+class Heartbeat {
+ public:
+  using Connect =
+      std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken>)>;
+  using OnDead = std::function<void(const std::string& node, int64_t silentMs)>;
+
+  // Starts beating at once under keyPrefix + self. Watches nobody yet.
+  Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPrefix,
+            std::string self, WallClock clock = systemWallMs);
+  ~Heartbeat();  // stop()
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // Watches these nodes (self is ignored if listed) from now on, replacing
+  // the previous set and callback. An empty list watches nobody.
+  void setPeers(std::vector<std::string> peers, OnDead onDead);
+  // Stops both threads (their blocking calls are cancelled) and joins them.
+  // Idempotent. The last beat stays in the store.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::rendezvous::detail

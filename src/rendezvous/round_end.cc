@@ -1,0 +1,49 @@
+#include "round_end.h"
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
+
+namespace ddprun::rendezvous::detail {
+namespace {
+
+const char* tagOf(RoundEnd kind) {
+  switch (kind) {
+    case RoundEnd::kFailed: return "failed";
+    case RoundEnd::kClosed: return "closed";
+    case RoundEnd::kMembershipChanged: return "membership";
+    case RoundEnd::kFinished:
+    case RoundEnd::kStoreLost: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string encodeEnd(RoundEnd kind, int node, const std::string& why) {
+  if (kind == RoundEnd::kFinished) return "finished";
+  const char* tag = tagOf(kind);
+  DDPRUN_CHECK(tag != nullptr, "a round's end cannot be stored as '", toString(kind), "'");
+  return std::string(tag) + ":" + std::to_string(node) + ":" + why;
+}
+
+RoundEvent decodeEnd(int round, const std::string& key, const std::string& value) {
+  RoundEvent event;
+  event.round = round;
+  if (value == "finished") return event;
+  auto fields = str::split(value, ':');
+  bool ok = fields.size() >= 3 && str::parseInt(fields[1], event.node, -1);
+  if (ok && fields[0] == "failed")
+    event.kind = RoundEnd::kFailed;
+  else if (ok && fields[0] == "closed")
+    event.kind = RoundEnd::kClosed;
+  else if (ok && fields[0] == "membership")
+    event.kind = RoundEnd::kMembershipChanged;
+  else
+    DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value), "' under ",
+                 key,
+                 ", which is not finished or <failed|closed|membership>:<node>:<why>");
+  event.reason = str::join({fields.begin() + 2, fields.end()}, ":");
+  return event;
+}
+
+}  // namespace ddprun::rendezvous::detail

@@ -1,0 +1,19 @@
+// How a round ended, as one string in the agent store (the static and the
+// dynamic rendezvous's "round/<r>/end" key): "finished", or
+// "<failed|closed|membership>:<node>:<why>" (the reason may contain ':').
+// The first writer of a round's end wins (compare_set against "").
+#pragma once
+
+#include <string>
+
+#include "ddprun/rendezvous/rendezvous.h"
+
+namespace ddprun::rendezvous::detail {
+
+// kFinished encodes as "finished" (node and why ignored); kStoreLost cannot
+// be stored (InvalidArgument).
+std::string encodeEnd(RoundEnd kind, int node, const std::string& why);
+// ProtocolError naming `key` for anything else.
+RoundEvent decodeEnd(int round, const std::string& key, const std::string& value);
+
+}  // namespace ddprun::rendezvous::detail
