@@ -197,7 +197,15 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       info = joinRound(localWorldSize);
     } catch (const IoError& e) {
+      storeLost_ = true;
       error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+    } catch (const TimeoutError& e) {
+      if (ownTimeout_) {  // peers are missing, not the store
+        error = std::current_exception();
+      } else {  // a store request that got no answer in time
+        storeLost_ = true;
+        error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -232,6 +240,8 @@ class DynamicRendezvous final : public Rendezvous {
   // wait for what the step says, until this node takes part in a complete
   // round, the job is closed, or the join deadline passes.
   RoundInfo joinRound(int localWorldSize) {
+    ownTimeout_ = false;
+    if (storeLost_) DDPRUN_THROW(IoError, "it was lost before this join");
     DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
                  localWorldSize);
     ensureConnected();
@@ -264,6 +274,7 @@ class DynamicRendezvous final : public Rendezvous {
   // The join deadline passed in a forming round: this node leaves it, then
   // says who came and who did not.
   [[noreturn]] void giveUp(const State& seen) {
+    ownTimeout_ = true;
     cell_->update([&](State& st) {
       detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_, now());
     });
@@ -351,6 +362,7 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       client_->wait({k}, opts_.readTimeout);
     } catch (const TimeoutError&) {
+      ownTimeout_ = true;
       DDPRUN_THROW(TimeoutError, "rendezvous round ", info.round,
                    ": group rank 0 did not publish the round's worker store (", k,
                    ") within ", formatDuration(opts_.readTimeout.count()));
@@ -419,7 +431,7 @@ class DynamicRendezvous final : public Rendezvous {
   // without it. The host then gives the round's other nodes a moment to read
   // its end before its store goes.
   void leave() {
-    if (!client_) return;  // never joined
+    if (!client_ || storeLost_) return;  // never joined, or nothing to tell
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
       StateCell cell(*store, stateKey());
@@ -487,6 +499,7 @@ class DynamicRendezvous final : public Rendezvous {
     } catch (const CancelledError&) {
       return;
     } catch (const Error& e) {
+      storeLost_ = true;
       event = {round, RoundEnd::kStoreLost, -1, storeGone(e.message())};
     }
     if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
@@ -533,6 +546,10 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<int> lastJoined_{-1};
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> finished_{false};
+  std::atomic<bool> storeLost_{false};  // a join or a watcher found the store gone
+  // The task thread's: the TimeoutError is the join's own (peers missing),
+  // not a store request's.
+  bool ownTimeout_ = false;
   std::atomic<bool> closedByMe_{false};
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
