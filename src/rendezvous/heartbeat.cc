@@ -163,8 +163,12 @@ struct Heartbeat::Impl {
 
   void beat();
   void watch();
-  bool readAndDecide(std::unique_ptr<store::Store>& store, BeatReader& reader);
-  void sleepUntilNextRead();
+  enum class Read { kDone, kFailed, kCancelled };
+  Read readBeats(std::unique_ptr<store::Store>& store, BeatReader& reader,
+                 const std::vector<std::string>& nodes, std::vector<std::string>& values);
+  void decide(const std::vector<std::string>& nodes,
+              const std::vector<std::string>& values);
+  bool sleep(bool fullInterval);
 };
 
 // First beat at once, then one per interval. A failed write is retried at the
@@ -185,38 +189,46 @@ void Heartbeat::Impl::beat() {
   }
 }
 
+// Each wake-up reads the watched keys and decides. A read that failed
+// decides nothing (a store that cannot be read says nothing about the peers)
+// and is retried after a full interval.
 void Heartbeat::Impl::watch() {
   std::unique_ptr<store::Store> store;
   BeatReader reader(prefix);
   for (;;) {
-    if (!readAndDecide(store, reader)) return;
-    sleepUntilNextRead();
-    std::lock_guard lock(mu_);
-    if (stopping_) return;
+    std::vector<std::string> nodes, values;
+    {
+      std::lock_guard lock(mu_);
+      nodes = tracker_.watched();
+    }
+    Read read = nodes.empty() ? Read::kDone : readBeats(store, reader, nodes, values);
+    if (read == Read::kCancelled) return;
+    if (read == Read::kDone) decide(nodes, values);
+    if (!sleep(read == Read::kFailed)) return;
   }
 }
 
-// One wake-up: read the watched keys, feed the tracker, report and forget
-// the nodes that expired. False once cancelled.
-bool Heartbeat::Impl::readAndDecide(std::unique_ptr<store::Store>& store,
-                                    BeatReader& reader) {
-  std::vector<std::string> nodes;
-  {
-    std::lock_guard lock(mu_);
-    nodes = tracker_.watched();
+Heartbeat::Impl::Read Heartbeat::Impl::readBeats(std::unique_ptr<store::Store>& store,
+                                                 BeatReader& reader,
+                                                 const std::vector<std::string>& nodes,
+                                                 std::vector<std::string>& values) {
+  try {
+    if (!store) store = connect(watchCancel);
+    values = reader.read(*store, nodes);
+    return Read::kDone;
+  } catch (const CancelledError&) {
+    return Read::kCancelled;
+  } catch (const Error& e) {
+    DDPRUN_DEBUG("heartbeat: ", self, " could not read its peers' beats: ", e.message());
+    return Read::kFailed;
   }
-  std::vector<std::string> values;
-  if (!nodes.empty()) {
-    try {
-      if (!store) store = connect(watchCancel);
-      values = reader.read(*store, nodes);
-    } catch (const CancelledError&) {
-      return false;
-    } catch (const Error& e) {
-      DDPRUN_DEBUG("heartbeat: ", self,
-                   " could not read its peers' beats: ", e.message());
-    }
-  }
+}
+
+// Feeds the tracker, then reports and forgets the nodes that expired (so
+// each is reported once per setPeers). The callbacks run outside mu_ but
+// under cbMu_, and only while no setPeers has replaced them.
+void Heartbeat::Impl::decide(const std::vector<std::string>& nodes,
+                             const std::vector<std::string>& values) {
   std::vector<std::pair<std::string, int64_t>> dead;
   OnDead onDead;
   uint64_t generation = 0;
@@ -224,12 +236,13 @@ bool Heartbeat::Impl::readAndDecide(std::unique_ptr<store::Store>& store,
     std::lock_guard lock(mu_);
     const int64_t now = clock();
     for (size_t i = 0; i < values.size(); ++i) tracker_.observe(nodes[i], values[i], now);
-    std::vector<std::string> alive;
     auto gone = tracker_.expired(now);
-    for (const auto& node : gone) dead.emplace_back(node, tracker_.silentFor(node, now));
+    if (gone.empty()) return;
+    std::vector<std::string> alive;
     for (const auto& node : tracker_.watched())
       if (std::find(gone.begin(), gone.end(), node) == gone.end()) alive.push_back(node);
-    if (!gone.empty()) tracker_.watch(alive, now);  // reported once per setPeers
+    for (const auto& node : gone) dead.emplace_back(node, tracker_.silentFor(node, now));
+    tracker_.watch(alive, now);
     onDead = onDead_;
     generation = generation_;
   }
@@ -237,22 +250,23 @@ bool Heartbeat::Impl::readAndDecide(std::unique_ptr<store::Store>& store,
   for (const auto& [node, silent] : dead) {
     {
       std::lock_guard lock(mu_);
-      if (generation != generation_) break;  // setPeers replaced them meanwhile
+      if (generation != generation_) return;  // setPeers replaced them meanwhile
     }
     if (onDead) onDead(node, silent);
   }
-  return true;
 }
 
 // Until the next interval or the earliest expiry, whichever comes first (at
-// least a millisecond, so a clock read just before an expiry cannot spin).
-void Heartbeat::Impl::sleepUntilNextRead() {
+// least a millisecond, so a clock read just before an expiry cannot spin);
+// a full interval after a failed read. False once stopping.
+bool Heartbeat::Impl::sleep(bool fullInterval) {
   std::unique_lock lock(mu_);
   const int64_t expiry = tracker_.nextExpiry();
   int64_t ms = opts.interval.count();
-  if (expiry != INT64_MAX) ms = std::min(ms, expiry - clock());
+  if (!fullInterval && expiry != INT64_MAX) ms = std::min(ms, expiry - clock());
   ms = std::max<int64_t>(ms, 1);
-  wake_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stopping_; });
+  return !wake_.wait_for(lock, std::chrono::milliseconds(ms),
+                         [this] { return stopping_; });
 }
 
 Heartbeat::Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPrefix,

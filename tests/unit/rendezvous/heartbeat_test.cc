@@ -199,6 +199,20 @@ class HungStore : public CountingStore {
   void hang() { inner_->wait({"never"}, 600s); }
 };
 
+// Beats go through; every read fails (counted in multiGets).
+class UnreadableStore : public CountingStore {
+ public:
+  using CountingStore::CountingStore;
+  bool check(const std::vector<std::string>&) override { fail(); }
+  std::vector<std::string> multiGet(const std::vector<std::string>&) override { fail(); }
+
+ private:
+  [[noreturn]] void fail() {
+    ++multiGets_;
+    DDPRUN_THROW(IoError, "reading is broken");
+  }
+};
+
 class HeartbeatTest : public ::testing::Test {
  protected:
   Heartbeat::Connect connect() {
@@ -304,6 +318,25 @@ TEST_F(HeartbeatTest, AnEmptyPeerListWatchesNobody) {
   now = 1'000'000;
   const int64_t then = seqOf("a");
   ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  EXPECT_EQ(deaths.count(), 0u);
+}
+
+TEST_F(HeartbeatTest, AFailedReadDeclaresNobodyDead) {
+  std::atomic<int64_t> now{0};
+  Heartbeat a(
+      {5ms, 3},
+      [this](std::shared_ptr<store::CancelToken> cancel) {
+        return std::make_unique<UnreadableStore>(hub_.connect(std::move(cancel)),
+                                                 multiGets_);
+      },
+      "hb/", "a", [&] { return now.load(); });
+  Deaths deaths;
+  a.setPeers({"ghost"}, deaths.callback());
+  now = 1'000'000;  // long expired, if only it could be read
+  const int64_t then = seqOf("a");
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  a.stop();
+  EXPECT_GE(multiGets_, 1) << "the watcher tried to read";
   EXPECT_EQ(deaths.count(), 0u);
 }
 
