@@ -56,7 +56,8 @@ namespace {
 // c10d across nodes, local for one node, static for a fixed set of nodes.
 std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cfg,
                                                           rendezvous::Rendezvous::Post post) {
-  if (cfg.useDynamic) return rendezvous::makeDynamicRendezvous(dynamicOptions(cfg), std::move(post));
+  if (cfg.useDynamic)
+    return rendezvous::makeDynamicRendezvous(dynamicOptions(cfg), std::move(post));
   if (cfg.maxNodes == 1) {
     rendezvous::LocalOptions o;
     o.host = cfg.masterAddr;
@@ -223,8 +224,8 @@ class Agent::Impl {
     } catch (const CancelledError&) {
       return;
     } catch (const rendezvous::ClosedError& e) {
-      DDPRUN_NOTICE("the job ", cfg_.rdzvId, " is already over (", closedReason(e.message()),
-                    "); nothing to do");
+      DDPRUN_NOTICE("the job ", cfg_.rdzvId, " is already over (",
+                    closedReason(e.message()), "); nothing to do");
       reporter_->event("rendezvous_closed", {{"reason", e.message()}}, restartCount_);
       finish(kExitSuccess);
       return;
@@ -242,7 +243,8 @@ class Agent::Impl {
     const std::string lead = "the job " + cfg_.rdzvId + " is already over";
     if (message.rfind(lead, 0) != 0) return message;
     std::string rest = str::trim(message.substr(lead.size()));
-    while (!rest.empty() && (rest.front() == ':' || rest.front() == '(' || rest.front() == ' '))
+    while (!rest.empty() &&
+           (rest.front() == ':' || rest.front() == '(' || rest.front() == ' '))
       rest.erase(0, 1);
     if (!rest.empty() && rest.back() == ')') rest.pop_back();
     return rest.empty() ? "closed" : rest;
@@ -293,7 +295,8 @@ class Agent::Impl {
                            : "";
     // The backend, except for the one-node local rendezvous (nothing to say
     // beyond the worker store).
-    if (cfg_.useDynamic || cfg_.maxNodes > 1) node += " (rendezvous: " + rdzv_->describe() + ")";
+    if (cfg_.useDynamic || cfg_.maxNodes > 1)
+      node += " (rendezvous: " + rdzv_->describe() + ")";
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
@@ -359,7 +362,8 @@ class Agent::Impl {
     peer_ = ev;
     // Nodes arriving or leaving is the elastic job's normal life, not a fault.
     if (ev.kind == RoundEnd::kMembershipChanged)
-      DDPRUN_NOTICE(describePeer(ev), "; stopping this node's workers to re-form the group");
+      DDPRUN_NOTICE(describePeer(ev),
+                    "; stopping this node's workers to re-form the group");
     else
       DDPRUN_WARN(describePeer(ev), "; stopping this node's workers");
     beginStop(SIGTERM, StopCause::kPeer);
@@ -401,9 +405,9 @@ class Agent::Impl {
                             peer_->kind == RoundEnd::kMembershipChanged;
     // The job is over when another node closed it (or its store is gone),
     // or when our own failure used up the budget.
-    const bool closed =
-        (peer_ && (peer_->kind == RoundEnd::kClosed || peer_->kind == RoundEnd::kStoreLost)) ||
-        (stopCause_ == StopCause::kOwnFailure && restartsLeft() <= 0);
+    const bool closed = (peer_ && (peer_->kind == RoundEnd::kClosed ||
+                                   peer_->kind == RoundEnd::kStoreLost)) ||
+                        (stopCause_ == StopCause::kOwnFailure && restartsLeft() <= 0);
     if (membership || (!closed && restartsLeft() > 0)) {
       restart(membership);
       return;
@@ -515,10 +519,10 @@ class Agent::Impl {
   // (the job is closed) instead of waiting for a node that will not return.
   void closeOnSignal(int sig) {
     if (cfg_.useDynamic) return;
-    rdzv_->reportFailure(round_.round,
-                         "node " + std::to_string(round_.groupRank) + " received " +
-                             signalName(sig),
-                         /*closeJob=*/true);
+    rdzv_->reportFailure(
+        round_.round,
+        "node " + std::to_string(round_.groupRank) + " received " + signalName(sig),
+        /*closeJob=*/true);
   }
 
   // ------------------------------------------------------------ the end

@@ -219,8 +219,9 @@ void checkNodes(const LaunchConfig& c) {
   if (c.standalone && c.maxNodes > 1)
     DDPRUN_THROW(
         InvalidArgument, "--standalone runs one node, but --nnodes is ",
-        c.minNodes == c.maxNodes ? std::to_string(c.maxNodes)
-                                 : std::to_string(c.minNodes) + ":" + std::to_string(c.maxNodes),
+        c.minNodes == c.maxNodes
+            ? std::to_string(c.maxNodes)
+            : std::to_string(c.minNodes) + ":" + std::to_string(c.maxNodes),
         ": drop --standalone and give --rdzv-backend=c10d --rdzv-endpoint HOST[:PORT] "
         "(elastic) or --node-rank, --master-addr and --master-port (static rendezvous)");
   if (c.minNodes != c.maxNodes && c.rdzvBackend != "c10d")
@@ -236,11 +237,11 @@ void checkLocalAddr(LaunchConfig& c) {
   if (c.localAddr.empty()) return;
   std::string a = c.localAddr;
   if (a.size() > 2 && a.front() == '[' && a.back() == ']') a = a.substr(1, a.size() - 2);
-  const bool nameChars =
-      !a.empty() && a.size() <= 253 && a.front() != '-' && a.front() != '.' &&
-      std::all_of(a.begin(), a.end(), [](unsigned char ch) {
-        return std::isalnum(ch) || ch == '-' || ch == '.' || ch == '_';
-      });
+  const bool nameChars = !a.empty() && a.size() <= 253 && a.front() != '-' &&
+                         a.front() != '.' &&
+                         std::all_of(a.begin(), a.end(), [](unsigned char ch) {
+                           return std::isalnum(ch) || ch == '-' || ch == '.' || ch == '_';
+                         });
   if (!net::isIpLiteral(a) && !nameChars)
     DDPRUN_THROW(InvalidArgument, "--local-addr '", str::escape(c.localAddr),
                  "': expected this node's host name or IP address, without a port (e.g. "
@@ -376,9 +377,10 @@ void warnC10dIgnores(LaunchConfig& c) {
     warn(c, str::join(ignored, " and ") +
                 " ignored: they are only used by the static rendezvous (as in torchrun)");
   if (c.useDynamic && given(c, "node_rank"))
-    warn(c,
-         "--node-rank ignored with --rdzv-backend=c10d: the rendezvous assigns node ranks "
-         "(the endpoint's host first, then the order of arrival)");
+    warn(
+        c,
+        "--node-rank ignored with --rdzv-backend=c10d: the rendezvous assigns node ranks "
+        "(the endpoint's host first, then the order of arrival)");
 }
 
 // is_host: --rdzv-conf is_host when given, else this machine is the
@@ -408,10 +410,11 @@ void checkDynamic(const LaunchConfig& c) {
 // torchrun, except across nodes, where every node must be told where to meet.
 void takeC10dPath(LaunchConfig& c) {
   if (c.rdzvEndpoint.empty() && c.maxNodes > 1)
-    DDPRUN_THROW(InvalidArgument,
-                 "--rdzv-endpoint: required with --rdzv-backend=c10d on several nodes: give "
-                 "HOST[:PORT] of the node that hosts the rendezvous, the same on every node "
-                 "(e.g. --rdzv-endpoint head:29400; the port defaults to 29400)");
+    DDPRUN_THROW(
+        InvalidArgument,
+        "--rdzv-endpoint: required with --rdzv-backend=c10d on several nodes: give "
+        "HOST[:PORT] of the node that hosts the rendezvous, the same on every node "
+        "(e.g. --rdzv-endpoint head:29400; the port defaults to 29400)");
   auto hp = parseEndpoint(c.rdzvEndpoint.empty() ? "localhost" : c.rdzvEndpoint, 29400);
   c.endpointHost = hp.host;
   c.endpointPort = hp.port;

@@ -107,9 +107,10 @@ std::vector<FlagInfo> makeFlags() {
           "master_port", "PORT", "",
           "Node 0's store port (static rendezvous; default 29500, or a free port on one "
           "node when not given)."),
-      value("local_addr", "HOST", "",
-            "The address this node advertises (c10d; never resolved): MASTER_ADDR when it "
-            "hosts the worker store."),
+      value(
+          "local_addr", "HOST", "",
+          "The address this node advertises (c10d; never resolved): MASTER_ADDR when it "
+          "hosts the worker store."),
       noEnv(value("logs_specs", "NAME", "",
                   "Accepted; Python entry points cannot be loaded.")),
       noEnv(choices(

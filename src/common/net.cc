@@ -35,7 +35,8 @@ std::string addressText(const sockaddr* sa) {
   char text[INET6_ADDRSTRLEN] = {};
   const void* raw = nullptr;
   if (sa->sa_family == AF_INET) raw = &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr;
-  if (sa->sa_family == AF_INET6) raw = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+  if (sa->sa_family == AF_INET6)
+    raw = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
   if (raw == nullptr || ::inet_ntop(sa->sa_family, raw, text, sizeof text) == nullptr)
     return "";
   return text;
@@ -52,7 +53,8 @@ bool sameName(const std::string& a, const std::string& b) {
 // Two address literals are the same address (::1 and 0:0::1 are).
 bool sameAddress(const std::string& a, const std::string& b) {
   in6_addr x6{}, y6{};
-  if (::inet_pton(AF_INET6, a.c_str(), &x6) == 1 && ::inet_pton(AF_INET6, b.c_str(), &y6) == 1)
+  if (::inet_pton(AF_INET6, a.c_str(), &x6) == 1 &&
+      ::inet_pton(AF_INET6, b.c_str(), &y6) == 1)
     return std::equal(x6.s6_addr, x6.s6_addr + 16, y6.s6_addr);
   in_addr x4{}, y4{};
   return ::inet_pton(AF_INET, a.c_str(), &x4) == 1 &&
@@ -89,7 +91,8 @@ bool isIpLiteral(const std::string& host) {
 bool isLoopbackHost(const std::string& host) {
   if (sameName(host, "localhost")) return true;
   in_addr a4{};
-  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
   in6_addr a6{};
   if (::inet_pton(AF_INET6, host.c_str(), &a6) != 1) return false;
   if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;

@@ -472,9 +472,10 @@ TEST(AgentStateMachine, MembershipChangeRestartsWithoutCounting) {
   ASSERT_EQ(h.launches->starts.size(), 2u);
   EXPECT_EQ(h.launches->starts[1].env.at("TORCHELASTIC_RESTART_COUNT"), "0");
   // Who changed it is named, and the restart is said to be free; not a warning.
-  EXPECT_NE(h.err.find("ddprun: the set of nodes changed (node 2 is waiting); restarting the "
-                       "workers (not counted as a restart)"),
-            std::string::npos)
+  EXPECT_NE(
+      h.err.find("ddprun: the set of nodes changed (node 2 is waiting); restarting the "
+                 "workers (not counted as a restart)"),
+      std::string::npos)
       << h.err;
   EXPECT_EQ(h.err.find("warning: the set of nodes"), std::string::npos) << h.err;
   EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
@@ -492,8 +493,10 @@ TEST(AgentStateMachine, MembershipChangeKeepsTheJobWideCount) {
   h.policy = [](int, int) { return Behaviour{}; };
   h.hook = [&h](FakeRendezvous& r, int round) {
     r.complete(round);
-    if (round == 0) r.emit({0, RoundEnd::kMembershipChanged, 1, "node 10.0.0.3 (pid 7) left"});
-    else h.agent->signal(SIGTERM);
+    if (round == 0)
+      r.emit({0, RoundEnd::kMembershipChanged, 1, "node 10.0.0.3 (pid 7) left"});
+    else
+      h.agent->signal(SIGTERM);
   };
   EXPECT_EQ(h.run(), 128 + SIGTERM);
   ASSERT_EQ(h.launches->starts.size(), 2u);
@@ -516,7 +519,8 @@ TEST(AgentStateMachine, RestartCountIsTheRendezvousJobWideCount) {
   ASSERT_EQ(h.launches->starts.size(), 2u);  // attempts 2 and 3; then the budget is spent
   EXPECT_EQ(h.launches->starts[0].env.at("TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_EQ(h.launches->starts[1].env.at("TORCHELASTIC_RESTART_COUNT"), "3");
-  EXPECT_NE(h.err.find("the job has used 2 of 3 restarts so far"), std::string::npos) << h.err;
+  EXPECT_NE(h.err.find("the job has used 2 of 3 restarts so far"), std::string::npos)
+      << h.err;
   EXPECT_NE(h.err.find("restart 3 of 3"), std::string::npos) << h.err;
   EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
   // The first failure leaves one restart (not closing), the second closes.
@@ -567,8 +571,9 @@ TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
   h.groups = 2;
   h.policy = [](int, int) { return Behaviour{0}; };
   EXPECT_EQ(h.run(), kExitSuccess);
-  EXPECT_EQ(count(h.err, "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2 "
-                         "(rendezvous: fake); worker store at 127.0.0.1:29999; logs in "),
+  EXPECT_EQ(count(h.err,
+                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2 "
+                  "(rendezvous: fake); worker store at 127.0.0.1:29999; logs in "),
             1u)
       << h.err;
 }
@@ -582,9 +587,12 @@ TEST(AgentConfig, DynamicOptionsFromTheFlags) {
   c.minNodes = 2;
   c.maxNodes = 4;
   c.localAddr = "10.0.0.7";
-  c.rdzvConf = {{"join_timeout", "90"},        {"last_call_timeout", "2.5"},
-                {"close_timeout", "7"},        {"read_timeout", "11"},
-                {"keep_alive_interval", "0.5"}, {"keep_alive_max_attempt", "4"},
+  c.rdzvConf = {{"join_timeout", "90"},
+                {"last_call_timeout", "2.5"},
+                {"close_timeout", "7"},
+                {"read_timeout", "11"},
+                {"keep_alive_interval", "0.5"},
+                {"keep_alive_max_attempt", "4"},
                 {"is_host", "no"}};
   finalizeConfig(c);
   ASSERT_TRUE(c.useDynamic);

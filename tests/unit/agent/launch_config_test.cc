@@ -264,10 +264,12 @@ TEST(LaunchConfig, NodeRules) {
 
   LaunchConfig standalone = twoNodes();
   standalone.standalone = true;
-  EXPECT_TRUE(contains(rejection(standalone), "--standalone runs one node, but --nnodes is 2"))
+  EXPECT_TRUE(
+      contains(rejection(standalone), "--standalone runs one node, but --nnodes is 2"))
       << rejection(standalone);
   standalone.minNodes = 1;
-  EXPECT_TRUE(contains(rejection(standalone), "--nnodes is 1:2")) << rejection(standalone);
+  EXPECT_TRUE(contains(rejection(standalone), "--nnodes is 1:2"))
+      << rejection(standalone);
 
   LaunchConfig rank = twoNodes();
   rank.nodeRank = 2;
@@ -396,8 +398,9 @@ TEST(LaunchConfig, C10dEndpointForms) {
 
 TEST(LaunchConfig, C10dAcrossNodesNeedsAnEndpoint) {
   auto why = rejection(c10d("", 2, 4));
-  EXPECT_TRUE(contains(why, "--rdzv-endpoint: required with --rdzv-backend=c10d on several "
-                            "nodes"))
+  EXPECT_TRUE(contains(why,
+                       "--rdzv-endpoint: required with --rdzv-backend=c10d on several "
+                       "nodes"))
       << why;
   EXPECT_TRUE(contains(why, "e.g. --rdzv-endpoint head:29400")) << why;
   // One node: torchrun's default, localhost.
@@ -426,11 +429,13 @@ TEST(LaunchConfig, C10dOneNodeFormsFromPytorchDocs) {
 
 TEST(LaunchConfig, C10dPortZeroOnlyForTheHost) {
   auto why = rejection(c10d("head.example:0", 2, 2));
-  EXPECT_TRUE(contains(why, "port 0 (a free port) works only on the agent that hosts the "
-                            "rendezvous"))
+  EXPECT_TRUE(contains(why,
+                       "port 0 (a free port) works only on the agent that hosts the "
+                       "rendezvous"))
       << why;
   EXPECT_TRUE(contains(why, "head.example:29400")) << why;
-  LaunchConfig client = c10d("localhost:0", 1, 1);  // forced client: it cannot find port 0
+  LaunchConfig client =
+      c10d("localhost:0", 1, 1);  // forced client: it cannot find port 0
   client.rdzvConf = {{"is_host", "false"}};
   EXPECT_TRUE(contains(rejection(client), "port 0")) << rejection(client);
 }

@@ -11,7 +11,8 @@ namespace {
 TEST(NetHost, IpLiterals) {
   for (const char* ip : {"10.0.0.1", "127.0.0.1", "::1", "fd00::2", "::ffff:10.1.2.3"})
     EXPECT_TRUE(isIpLiteral(ip)) << ip;
-  for (const char* no : {"", "localhost", "10.0.0", "[::1]", "10.0.0.1:80", "::1::2", "h.x"})
+  for (const char* no :
+       {"", "localhost", "10.0.0", "[::1]", "10.0.0.1:80", "::1::2", "h.x"})
     EXPECT_FALSE(isIpLiteral(no)) << no;
 }
 
@@ -19,8 +20,8 @@ TEST(NetHost, LoopbackHosts) {
   for (const char* lo : {"localhost", "LocalHost", "127.0.0.1", "127.9.8.7", "::1",
                          "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"})
     EXPECT_TRUE(isLoopbackHost(lo)) << lo;
-  for (const char* no : {"128.0.0.1", "10.0.0.1", "::2", "localhost.example", "::ffff:10.0.0.1",
-                         "", "127.0.0"})
+  for (const char* no : {"128.0.0.1", "10.0.0.1", "::2", "localhost.example",
+                         "::ffff:10.0.0.1", "", "127.0.0"})
     EXPECT_FALSE(isLoopbackHost(no)) << no;
 }
 
