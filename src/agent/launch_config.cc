@@ -374,8 +374,8 @@ net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
 void warnC10dIgnores(LaunchConfig& c) {
   auto ignored = givenOf(c, {"master_addr", "master_port"});
   if (!ignored.empty())
-    warn(c, str::join(ignored, " and ") +
-                " ignored: they are only used by the static rendezvous (as in torchrun)");
+    warn(c, str::join(ignored, " and ") + " ignored: only the static rendezvous uses " +
+                (ignored.size() == 1 ? "it" : "them") + " (as in torchrun)");
   if (c.useDynamic && given(c, "node_rank"))
     warn(
         c,
