@@ -49,7 +49,8 @@ std::string formatDuration(int64_t ms) {
 // thread, with that thread's store connection.
 class StateCell {
  public:
-  StateCell(store::Store& store, std::string key, std::shared_ptr<store::CancelToken> cancel)
+  StateCell(store::Store& store, std::string key,
+            std::shared_ptr<store::CancelToken> cancel)
       : store_(store), key_(std::move(key)), cancel_(std::move(cancel)) {}
 
   // The store's current state in one request: a compare_set that can never
@@ -173,7 +174,8 @@ class DynamicRendezvous final : public Rendezvous {
     if (joining_) cancel_->cancel();
     tasks_.push([this] { leave(); });
     if (!tasks_.drain(opts_.closeTimeout))
-      DDPRUN_DEBUG("rendezvous: leaving after ", formatDuration(opts_.closeTimeout.count()),
+      DDPRUN_DEBUG("rendezvous: leaving after ",
+                   formatDuration(opts_.closeTimeout.count()),
                    " without every report delivered");
     cancel_->cancel();
     leaveCancel_->cancel();
@@ -204,12 +206,13 @@ class DynamicRendezvous final : public Rendezvous {
   }
   int64_t now() const { return backend_.clock(); }
   std::exception_ptr cancelledJoin() const {
-    return std::make_exception_ptr(CancelledError("joining the rendezvous was cancelled"));
+    return std::make_exception_ptr(
+        CancelledError("joining the rendezvous was cancelled"));
   }
   std::string storeGone(const std::string& why) const {
-    return "the rendezvous store at " + backend_.storeAddress + " is gone or unreachable (" +
-           why + "); its host (the agent started on " + opts_.endpointHost +
-           ", or a ddprun-store) is a single point of failure";
+    return "the rendezvous store at " + backend_.storeAddress +
+           " is gone or unreachable (" + why + "); its host (the agent started on " +
+           opts_.endpointHost + ", or a ddprun-store) is a single point of failure";
   }
 
   // On the task thread. The result is posted even during shutdown: a
@@ -223,13 +226,15 @@ class DynamicRendezvous final : public Rendezvous {
       info = joinRound(localWorldSize);
     } catch (const IoError& e) {
       storeLost_ = true;
-      error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+      error =
+          std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
     } catch (const TimeoutError& e) {
       if (ownTimeout_) {  // peers are missing, not the store
         error = std::current_exception();
       } else {  // a store request that got no answer in time
         storeLost_ = true;
-        error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+        error =
+            std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
       }
     } catch (...) {
       error = std::current_exception();
@@ -285,8 +290,8 @@ class DynamicRendezvous final : public Rendezvous {
       turn.release();
       afterRead(*client_, s);
       if (outcome == JoinOutcome::kClosed)
-        DDPRUN_THROW(ClosedError, "the job ", opts_.runId, " is already over: ",
-                     s.closedReason);
+        DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
+                     " is already over: ", s.closedReason);
       if (outcome == JoinOutcome::kComplete) return roundInfo(s);
       if (outcome == JoinOutcome::kWaitEnd) {  // redundant: no deadline, as torchrun
         waitUntil({key(s.round, "end")}, INT64_MAX);
@@ -345,7 +350,8 @@ class DynamicRendezvous final : public Rendezvous {
   [[noreturn]] void giveUp(const State& seen) {
     ownTimeout_ = true;
     cell_->update([&](State& st) {
-      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_, now());
+      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_,
+                         now());
     });
     DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
                  " did not complete within ", formatDuration(opts_.joinTimeout.count()),
@@ -379,9 +385,9 @@ class DynamicRendezvous final : public Rendezvous {
         peers.push_back(id);
     if (peers == peers_) return;
     peers_ = peers;
-    liveness_->setPeers(std::move(peers), [this](const std::string& node, int64_t silentMs) {
-      onDead(node, silentMs);
-    });
+    liveness_->setPeers(
+        std::move(peers),
+        [this](const std::string& node, int64_t silentMs) { onDead(node, silentMs); });
   }
 
   // Writes round/<r>/complete and round/<r>/end as the state says, once per
@@ -475,8 +481,8 @@ class DynamicRendezvous final : public Rendezvous {
   void onDead(const std::string& node, int64_t silentMs) {
     std::lock_guard lock(deadMu_);
     if (stopping_) return;
-    const std::string why = detail::describeNode(node) + " missed heartbeats for " +
-                            formatDuration(silentMs);
+    const std::string why =
+        detail::describeNode(node) + " missed heartbeats for " + formatDuration(silentMs);
     try {
       if (!deadClient_) {
         deadClient_ = backend_.connect(cancel_, opts_.readTimeout);
@@ -602,7 +608,7 @@ class DynamicRendezvous final : public Rendezvous {
   NodeDesc me_;
   std::string nodeId_;  // me_.id, for the watchers (set before the first)
   std::unique_ptr<detail::Liveness> liveness_;
-  std::vector<std::string> peers_;      // watched by liveness_
+  std::vector<std::string> peers_;       // watched by liveness_
   std::vector<std::string> roundPeers_;  // the other participants of the last round
   int groupRank_ = -1;
   int roundSize_ = 0;
@@ -636,7 +642,8 @@ namespace detail {
 
 void validate(const DynamicOptions& o) {
   DDPRUN_CHECK(o.minNodes >= 1 && o.minNodes <= o.maxNodes,
-               "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":", o.maxNodes);
+               "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":",
+               o.maxNodes);
   for (auto [name, v] : {std::pair{"join_timeout", o.joinTimeout},
                          {"last_call_timeout", o.lastCallTimeout},
                          {"close_timeout", o.closeTimeout},

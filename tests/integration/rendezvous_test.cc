@@ -326,9 +326,8 @@ TEST(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
   uint16_t port = 0;
   auto host = dynamicHost(port, 3, 3);
   ASSERT_NE(port, 0);
-  EXPECT_EQ(host->rdzv->describe(),
-            "c10d, nodes 3:3, run it, store 127.0.0.1:" + std::to_string(port) +
-                " (hosted here)");
+  EXPECT_EQ(host->rdzv->describe(), "c10d, nodes 3:3, run it, store 127.0.0.1:" +
+                                        std::to_string(port) + " (hosted here)");
   auto a = dynamicNode(dynamicOptions(port, 3));
   auto b = dynamicNode(dynamicOptions(port, 3));
   a->join(2);
@@ -379,9 +378,9 @@ TEST(DynamicRendezvous, AnExplicitHostWhosePortIsTakenFailsNamingTheHolder) {
     makeDynamicRendezvous(o, [](std::function<void()>) {});
     FAIL() << "hosted on a port in use";
   } catch (const IoError& e) {
-    expectMentions(e.message(), {"port " + std::to_string(other->port()),
-                                 "in use by pid " + std::to_string(::getpid()),
-                                 "--rdzv-endpoint"});
+    expectMentions(e.message(),
+                   {"port " + std::to_string(other->port()),
+                    "in use by pid " + std::to_string(::getpid()), "--rdzv-endpoint"});
   }
 }
 
@@ -415,14 +414,16 @@ TEST(DynamicRendezvous, TheHostLeavingEndsTheRoundAndItsStoreIsGoneForTheRest) {
   host->rdzv->shutdown();  // a signal on the host: it leaves, and its store goes
   RoundEvent e = a->awaitEvent();
   EXPECT_EQ(e.kind, RoundEnd::kMembershipChanged);
-  expectMentions(e.reason, {"node 127.0.0.1 (pid " + std::to_string(::getpid()) + ") left"});
+  expectMentions(e.reason,
+                 {"node 127.0.0.1 (pid " + std::to_string(::getpid()) + ") left"});
   a->join(1);
   a->awaitJoin();
   try {
     a->rethrow();
     FAIL() << "joined without a store";
   } catch (const IoError& e) {
-    expectMentions(e.message(), {"127.0.0.1:" + std::to_string(port), "single point of failure"});
+    expectMentions(e.message(),
+                   {"127.0.0.1:" + std::to_string(port), "single point of failure"});
   }
 }
 
@@ -434,7 +435,8 @@ TEST(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
   uint16_t port = 0;
   auto host = dynamicHost(port, kNodes, kNodes);
   std::vector<std::unique_ptr<Node>> nodes;
-  for (int i = 1; i < kNodes; ++i) nodes.push_back(dynamicNode(dynamicOptions(port, kNodes)));
+  for (int i = 1; i < kNodes; ++i)
+    nodes.push_back(dynamicNode(dynamicOptions(port, kNodes)));
   const auto t0 = std::chrono::steady_clock::now();
   host->join(1);
   for (auto& n : nodes) n->join(1);
@@ -446,13 +448,14 @@ TEST(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
     ASSERT_FALSE(n->error);
     ranks.insert(n->info.groupRank);
   }
-  const auto ms = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
+  const auto ms =
+      std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
   EXPECT_EQ(host->info.groupRank, 0);
   EXPECT_EQ(ranks.size(), size_t{kNodes - 1});
   EXPECT_EQ(*ranks.begin(), 1);
   RecordProperty("form_ms", static_cast<int>(ms.count()));
-  std::cout << "[ figure ] " << kNodes << " nodes formed a round over TCP in " << ms.count()
-            << " ms\n";
+  std::cout << "[ figure ] " << kNodes << " nodes formed a round over TCP in "
+            << ms.count() << " ms\n";
   for (auto& n : nodes) n->rdzv->shutdown();
   host->rdzv->shutdown();
 }
