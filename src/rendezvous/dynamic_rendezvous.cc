@@ -195,7 +195,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::string describe() const override {
     return "c10d, nodes " + std::to_string(opts_.minNodes) + ":" +
            std::to_string(opts_.maxNodes) + ", run " + opts_.runId + ", store " +
-           backend_.storeAddress + (backend_.hosting ? " (hosted here)" : "");
+           backend_.storeAddress + (backend_.hosting ? ", hosted here" : "");
   }
 
  private:

@@ -327,7 +327,7 @@ TEST(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
   auto host = dynamicHost(port, 3, 3);
   ASSERT_NE(port, 0);
   EXPECT_EQ(host->rdzv->describe(), "c10d, nodes 3:3, run it, store 127.0.0.1:" +
-                                        std::to_string(port) + " (hosted here)");
+                                        std::to_string(port) + ", hosted here");
   auto a = dynamicNode(dynamicOptions(port, 3));
   auto b = dynamicNode(dynamicOptions(port, 3));
   a->join(2);

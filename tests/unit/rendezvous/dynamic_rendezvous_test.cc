@@ -506,7 +506,7 @@ TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
 TEST_F(DynamicRendezvousTest, DescribesItself) {
   auto m = member(0, true);
   EXPECT_EQ(m->rdzv().describe(),
-            "c10d, nodes 1:8, run job, store memory:29400 (hosted here)");
+            "c10d, nodes 1:8, run job, store memory:29400, hosted here");
 }
 
 }  // namespace
