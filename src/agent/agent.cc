@@ -377,8 +377,8 @@ class Agent::Impl {
                (ev.reason.empty() ? "" : " (" + ev.reason + ")");
       case RoundEnd::kMembershipChanged:
         return "the set of nodes changed" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
-      case RoundEnd::kStoreLost:
-        return "the rendezvous store is gone" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
+      case RoundEnd::kStoreLost:  // the backends' reasons name the store and its address
+        return ev.reason.empty() ? "the rendezvous store is gone" : ev.reason;
       case RoundEnd::kFinished: break;
     }
     return "the round ended";

@@ -635,6 +635,25 @@ TEST(AgentStateMachine, StoreLostAfterLocalSuccessIsSuccess) {
   EXPECT_EQ(h.run(), kExitSuccess);
 }
 
+// The endpoint's store gone while the workers run: the job is over (exit 1);
+// the backend's reason, which names the store, is said once, not wrapped.
+TEST(AgentStateMachine, StoreLostWhileRunningEndsTheJobNamingTheStore) {
+  Harness h(config(1, 3));
+  h.groups = 2;
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [](FakeRendezvous& r, int round) {
+    r.complete(round);
+    r.emit({round, RoundEnd::kStoreLost, -1, "the rendezvous store at head:29400 is gone"});
+  };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->joins, 1);  // no restart: nowhere to meet
+  EXPECT_NE(h.err.find("ddprun: warning: the rendezvous store at head:29400 is gone; "
+                       "stopping this node's workers"),
+            std::string::npos)
+      << h.err;
+  EXPECT_EQ(h.err.find("store is gone ("), std::string::npos) << h.err;
+}
+
 TEST(AgentStateMachine, JoinFailureIsASetupError) {
   Harness h(config(2, 5));
   h.hook = [](FakeRendezvous& r, int) {
