@@ -495,7 +495,7 @@ class Agent::Impl {
       case State::kRunning:
       case State::kSucceeded:
         DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
-        closeOnSignal(sig);
+        reportSignalToPeers(sig);
         if (state_ == State::kSucceeded) {
           finish(128 + sig);
           return;
@@ -517,7 +517,7 @@ class Agent::Impl {
   // is reported: a closing report would end the job for everybody. A static
   // job cannot go on with a node missing, so the others are told at once
   // (the job is closed) instead of waiting for a node that will not return.
-  void closeOnSignal(int sig) {
+  void reportSignalToPeers(int sig) {
     if (cfg_.useDynamic) return;
     rdzv_->reportFailure(
         round_.round,

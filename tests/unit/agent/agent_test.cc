@@ -372,8 +372,12 @@ TEST(AgentStateMachine, SignalDuringJoinEndsTheAgentAtOnce) {
   EXPECT_TRUE(h.launches->starts.empty());
 }
 
-TEST(AgentStateMachine, SignalWhileRunningIsForwardedAndClosesTheJob) {
-  Harness h(config(2, 3));
+// A static job cannot go on with a node missing: the others are told at once.
+TEST(AgentStateMachine, SignalWhileRunningWithTheStaticRendezvousClosesTheJob) {
+  LaunchConfig c = config(2, 3);
+  c.minNodes = c.maxNodes = 2;
+  Harness h(c);
+  h.groups = 2;
   h.policy = [](int, int) { return Behaviour{}; };
   h.hook = [&h](FakeRendezvous& r, int round) {
     r.complete(round);
