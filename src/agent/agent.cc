@@ -71,9 +71,8 @@ std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cf
   o.nnodes = cfg.maxNodes;
   o.runId = cfg.rdzvId;
   o.timeout = cfg.rdzvTimeout;
-  // TODO(lead): once StaticOptions has the liveness fields (branch liveness):
-  // o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-  // o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
   return rendezvous::makeStaticRendezvous(o, std::move(post));
 }
 
