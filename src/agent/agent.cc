@@ -294,8 +294,7 @@ class Agent::Impl {
                            : "";
     // The backend, except for the one-node local rendezvous (nothing to say
     // beyond the worker store).
-    if (cfg_.useDynamic || cfg_.maxNodes > 1)
-      node += " (rendezvous: " + rdzv_->describe() + ")";
+    if (cfg_.useDynamic || cfg_.maxNodes > 1) node += "; rendezvous " + rdzv_->describe();
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +

@@ -576,8 +576,8 @@ TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
   h.policy = [](int, int) { return Behaviour{0}; };
   EXPECT_EQ(h.run(), kExitSuccess);
   EXPECT_EQ(count(h.err,
-                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2 "
-                  "(rendezvous: fake); worker store at 127.0.0.1:29999; logs in "),
+                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2"
+                  "; rendezvous fake; worker store at 127.0.0.1:29999; logs in "),
             1u)
       << h.err;
 }
