@@ -454,8 +454,10 @@ class Agent::Impl {
                                         [](const WorkerFailure& f) { return !f.victim; });
     std::string text;
     if (!ownCulprit && peer_) {
-      text = "ddprun: " + describePeer(*peer_) +
-             "; this node's workers were stopped (see that node's report for the root cause)\n";
+      // A lost store has no node to point at.
+      const bool byNode = peer_->kind != RoundEnd::kStoreLost;
+      text = "ddprun: " + describePeer(*peer_) + "; this node's workers were stopped" +
+             (byNode ? " (see that node's report for the root cause)\n" : "\n");
     } else if (!failures_.empty()) {
       text = formatFailureSummary(cfg_.script, host_, failures_);
     }

@@ -656,6 +656,10 @@ TEST(AgentStateMachine, StoreLostWhileRunningEndsTheJobNamingTheStore) {
             std::string::npos)
       << h.err;
   EXPECT_EQ(h.err.find("store is gone ("), std::string::npos) << h.err;
+  EXPECT_NE(h.err.find("ddprun: the rendezvous store at head:29400 is gone; this node's "
+                       "workers were stopped\n"),
+            std::string::npos)
+      << h.err;
 }
 
 TEST(AgentStateMachine, JoinFailureIsASetupError) {
