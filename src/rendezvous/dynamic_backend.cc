@@ -50,9 +50,10 @@ std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
 // whoever listens there instead, as torchrun does; an explicit one fails.
 void hostEndpoint(DynamicOptions& opts, HostedStores& hosted) {
   try {
-    hosted.endpoint = hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
-                                "pass another port in --rdzv-endpoint (the same to every "
-                                "node), or stop that process");
+    hosted.endpoint =
+        hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
+                  "pass another port in --rdzv-endpoint (the same to every "
+                  "node), or stop that process");
     opts.endpointPort = hosted.endpoint->port();
   } catch (const IoError& e) {
     if (opts.isHostExplicit) throw;

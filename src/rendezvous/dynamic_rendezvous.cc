@@ -8,7 +8,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
+#include "ddprun/common/clock.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
@@ -30,6 +32,9 @@ using Millis = std::chrono::milliseconds;
 // rounds last as long as training does.
 constexpr Millis kWatchSlice{3'600'000};
 
+// How long a join waits for the join before it in line (see Turn).
+constexpr Millis kTurnPatience{2'000};
+
 // The <n> of node ids: distinct for every rendezvous of this process.
 std::atomic<int> nextLocalId{0};
 
@@ -44,44 +49,64 @@ std::string formatDuration(int64_t ms) {
 // thread, with that thread's store connection.
 class StateCell {
  public:
-  StateCell(store::Store& store, std::string key) : store_(store), key_(std::move(key)) {}
+  StateCell(store::Store& store, std::string key,
+            std::shared_ptr<store::CancelToken> cancel)
+      : store_(store), key_(std::move(key)), cancel_(std::move(cancel)) {}
 
   // The store's current state in one request: a compare_set that can never
   // match returns the value, or (the server's "lie" for a missing key) the
   // expected sentinel itself.
   State refresh() {
     static const std::string kSentinel = "\x01";
-    text_ = store_.compareSet(key_, kSentinel, kSentinel);
-    if (text_ == kSentinel) text_.clear();
-    return parse();
+    std::string got = store_.compareSet(key_, kSentinel, kSentinel);
+    adopt(got == kSentinel ? "" : std::move(got));
+    return state_;
   }
+  // Whether a state was ever read (else update() starts from "no state").
+  bool known() const { return !text_.empty(); }
 
   // Applies `change` to the latest state known and writes the result
   // against it; when the store holds something else, adopts that and applies
   // `change` again. Returns the state as written (or as found, when
   // `change` leaves it as it is).
+  //
+  // Many nodes arriving at once all miss but one per attempt: each miss
+  // backs off a random, growing moment (1 ms to 32 ms) so that the store
+  // serves a few attempts at a time rather than every node's (O(nodes^2)
+  // states of O(nodes) bytes).
   State update(const std::function<void(State&)>& change) {
+    Backoff backoff(kContention);
     for (;;) {
-      State s = parse();
+      State s = state_;
       change(s);
       std::string next = detail::toJson(s);
       if (next == text_) return s;
       std::string got = store_.compareSet(key_, text_, next);
       if (got == next) {
         text_ = std::move(next);
+        state_ = s;
         return s;
       }
       // The expected value back (and not ours) means the key is missing.
-      text_ = got == text_ ? "" : std::move(got);
+      adopt(got == text_ ? "" : std::move(got));
+      if (cancel_->sleepFor(backoff.next()))
+        DDPRUN_THROW(CancelledError, "a rendezvous state update was cancelled");
     }
   }
 
  private:
-  State parse() const { return text_.empty() ? State{} : detail::fromJson(text_, key_); }
+  void adopt(std::string text) {
+    state_ = text.empty() ? State{} : detail::fromJson(text, key_);
+    text_ = std::move(text);
+  }
+
+  static constexpr Backoff::Options kContention{Millis(1), 2.0, Millis(32), 1.0};
 
   store::Store& store_;
   const std::string key_;
+  const std::shared_ptr<store::CancelToken> cancel_;
   std::string text_;  // "" = no state in the store
+  State state_;       // text_ parsed
 };
 
 // Keys, under "ddprun/<run_id>/":
@@ -96,6 +121,7 @@ class StateCell {
 //                           finds it missing; the watchers WAIT on it
 //   round/<r>/left/<id>     the node read round r's end (the host waits for
 //                           these, bounded, before its store goes)
+//   turn, turn/<t>          join tickets and the end of ticket t's turn (see Turn)
 //
 // Threads: the agent's thread calls the interface; a task thread runs joins,
 // reports and the leave on `client_`, in order; a watcher thread per round
@@ -148,7 +174,8 @@ class DynamicRendezvous final : public Rendezvous {
     if (joining_) cancel_->cancel();
     tasks_.push([this] { leave(); });
     if (!tasks_.drain(opts_.closeTimeout))
-      DDPRUN_DEBUG("rendezvous: leaving after ", formatDuration(opts_.closeTimeout.count()),
+      DDPRUN_DEBUG("rendezvous: leaving after ",
+                   formatDuration(opts_.closeTimeout.count()),
                    " without every report delivered");
     cancel_->cancel();
     leaveCancel_->cancel();
@@ -168,7 +195,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::string describe() const override {
     return "c10d, nodes " + std::to_string(opts_.minNodes) + ":" +
            std::to_string(opts_.maxNodes) + ", run " + opts_.runId + ", store " +
-           backend_.storeAddress + (backend_.hosting ? " (hosted here)" : "");
+           backend_.storeAddress + (backend_.hosting ? ", hosted here" : "");
   }
 
  private:
@@ -179,12 +206,13 @@ class DynamicRendezvous final : public Rendezvous {
   }
   int64_t now() const { return backend_.clock(); }
   std::exception_ptr cancelledJoin() const {
-    return std::make_exception_ptr(CancelledError("joining the rendezvous was cancelled"));
+    return std::make_exception_ptr(
+        CancelledError("joining the rendezvous was cancelled"));
   }
   std::string storeGone(const std::string& why) const {
-    return "the rendezvous store at " + backend_.storeAddress + " is gone or unreachable (" +
-           why + "); its host (the agent started on " + opts_.endpointHost +
-           ", or a ddprun-store) is a single point of failure";
+    return "the rendezvous store at " + backend_.storeAddress +
+           " is gone or unreachable (" + why + "); its host (the agent started on " +
+           opts_.endpointHost + ", or a ddprun-store) is a single point of failure";
   }
 
   // On the task thread. The result is posted even during shutdown: a
@@ -197,7 +225,17 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       info = joinRound(localWorldSize);
     } catch (const IoError& e) {
-      error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+      storeLost_ = true;
+      error =
+          std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+    } catch (const TimeoutError& e) {
+      if (ownTimeout_) {  // peers are missing, not the store
+        error = std::current_exception();
+      } else {  // a store request that got no answer in time
+        storeLost_ = true;
+        error =
+            std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -217,7 +255,7 @@ class DynamicRendezvous final : public Rendezvous {
     } catch (const TimeoutError& e) {
       DDPRUN_THROW(IoError, e.message());
     }
-    cell_.emplace(*client_, stateKey());
+    cell_.emplace(*client_, stateKey(), cancel_);
     addr_ = !opts_.localAddr.empty() ? opts_.localAddr
             : backend_.hosting       ? opts_.endpointHost
                                      : backend_.localAddress(*client_);
@@ -232,12 +270,15 @@ class DynamicRendezvous final : public Rendezvous {
   // wait for what the step says, until this node takes part in a complete
   // round, the job is closed, or the join deadline passes.
   RoundInfo joinRound(int localWorldSize) {
+    ownTimeout_ = false;
+    if (storeLost_) DDPRUN_THROW(IoError, "it was lost before this join");
     DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
                  localWorldSize);
     ensureConnected();
     const int64_t deadline = now() + opts_.joinTimeout.count();
     me_.nproc = localWorldSize;
-    for (;;) {
+    for (bool first = true;; first = false) {
+      Turn turn = first ? takeTurn() : Turn{};
       cell_->refresh();
       JoinOutcome outcome{};
       NodeDesc trial;
@@ -246,10 +287,11 @@ class DynamicRendezvous final : public Rendezvous {
         outcome = detail::joinStep(st, trial, lim_, now());
       });
       me_ = trial;
+      turn.release();
       afterRead(*client_, s);
       if (outcome == JoinOutcome::kClosed)
-        DDPRUN_THROW(ClosedError, "the job ", opts_.runId, " is already over: ",
-                     s.closedReason);
+        DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
+                     " is already over: ", s.closedReason);
       if (outcome == JoinOutcome::kComplete) return roundInfo(s);
       if (outcome == JoinOutcome::kWaitEnd) {  // redundant: no deadline, as torchrun
         waitUntil({key(s.round, "end")}, INT64_MAX);
@@ -261,11 +303,55 @@ class DynamicRendezvous final : public Rendezvous {
     }
   }
 
+  // Joins take turns: nodes arriving together would otherwise all miss but
+  // one at every compare_set, each retry parsing and writing the whole state
+  // (O(nodes^2) work: seconds for 256 nodes on two cores). A ticket from a
+  // counter orders them; each waits for its predecessor's turn key, does its
+  // compare_set, and writes its own. Only an optimisation: the compare_set
+  // stays correct without it, so a predecessor that died (or is slow)
+  // holds the next one up for kTurnPatience at most.
+  class Turn {
+   public:
+    Turn() = default;
+    Turn(store::Store* store, std::string key) : store_(store), key_(std::move(key)) {}
+    Turn(Turn&& o) noexcept : store_(std::exchange(o.store_, nullptr)), key_(o.key_) {}
+    Turn& operator=(Turn&&) = delete;
+    ~Turn() { release(); }
+    void release() {
+      if (!store_) return;
+      try {
+        std::exchange(store_, nullptr)->set(key_, "");
+      } catch (const Error& e) {  // the next one waits a moment longer
+        DDPRUN_DEBUG("rendezvous: could not pass the turn on: ", e.message());
+      }
+    }
+
+   private:
+    store::Store* store_ = nullptr;
+    std::string key_;
+  };
+
+  Turn takeTurn() {
+    const int64_t ticket = client_->add(prefix() + "turn", 1);
+    if (ticket > 1) {
+      const std::string before = prefix() + "turn/" + std::to_string(ticket - 1);
+      try {
+        client_->wait({before}, kTurnPatience);
+        client_->deleteKey(before);  // nobody else waits for it
+      } catch (const TimeoutError&) {
+        DDPRUN_DEBUG("rendezvous: joining without the turn of ticket ", ticket - 1);
+      }
+    }
+    return Turn(client_.get(), prefix() + "turn/" + std::to_string(ticket));
+  }
+
   // The join deadline passed in a forming round: this node leaves it, then
   // says who came and who did not.
   [[noreturn]] void giveUp(const State& seen) {
+    ownTimeout_ = true;
     cell_->update([&](State& st) {
-      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_, now());
+      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_,
+                         now());
     });
     DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
                  " did not complete within ", formatDuration(opts_.joinTimeout.count()),
@@ -299,9 +385,9 @@ class DynamicRendezvous final : public Rendezvous {
         peers.push_back(id);
     if (peers == peers_) return;
     peers_ = peers;
-    liveness_->setPeers(std::move(peers), [this](const std::string& node, int64_t silentMs) {
-      onDead(node, silentMs);
-    });
+    liveness_->setPeers(
+        std::move(peers),
+        [this](const std::string& node, int64_t silentMs) { onDead(node, silentMs); });
   }
 
   // Writes round/<r>/complete and round/<r>/end as the state says, once per
@@ -351,6 +437,7 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       client_->wait({k}, opts_.readTimeout);
     } catch (const TimeoutError&) {
+      ownTimeout_ = true;
       DDPRUN_THROW(TimeoutError, "rendezvous round ", info.round,
                    ": group rank 0 did not publish the round's worker store (", k,
                    ") within ", formatDuration(opts_.readTimeout.count()));
@@ -394,12 +481,12 @@ class DynamicRendezvous final : public Rendezvous {
   void onDead(const std::string& node, int64_t silentMs) {
     std::lock_guard lock(deadMu_);
     if (stopping_) return;
-    const std::string why = detail::describeNode(node) + " missed heartbeats for " +
-                            formatDuration(silentMs);
+    const std::string why =
+        detail::describeNode(node) + " missed heartbeats for " + formatDuration(silentMs);
     try {
       if (!deadClient_) {
         deadClient_ = backend_.connect(cancel_, opts_.readTimeout);
-        deadCell_.emplace(*deadClient_, stateKey());
+        deadCell_.emplace(*deadClient_, stateKey(), cancel_);
       }
       deadCell_->refresh();
       State s = deadCell_->update(
@@ -419,10 +506,10 @@ class DynamicRendezvous final : public Rendezvous {
   // without it. The host then gives the round's other nodes a moment to read
   // its end before its store goes.
   void leave() {
-    if (!client_) return;  // never joined
+    if (!client_ || storeLost_) return;  // never joined, or nothing to tell
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
-      StateCell cell(*store, stateKey());
+      StateCell cell(*store, stateKey(), leaveCancel_);
       cell.refresh();
       State s = cell.update([&](State& st) {
         if (closedByMe_ || finished_)
@@ -432,6 +519,8 @@ class DynamicRendezvous final : public Rendezvous {
                              now());
       });
       ensureMarkers(*store, s);
+      if (lastJoined_ >= 0 && !backend_.hosting)  // the host need not wait for this node
+        store->set(key(lastJoined_, "left/" + nodeId_), "");
       if (backend_.hosting) awaitGoodbyes(*store);
     } catch (const Error& e) {
       DDPRUN_DEBUG("rendezvous: leaving without every goodbye: ", e.message());
@@ -487,6 +576,7 @@ class DynamicRendezvous final : public Rendezvous {
     } catch (const CancelledError&) {
       return;
     } catch (const Error& e) {
+      storeLost_ = true;
       event = {round, RoundEnd::kStoreLost, -1, storeGone(e.message())};
     }
     if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
@@ -518,7 +608,7 @@ class DynamicRendezvous final : public Rendezvous {
   NodeDesc me_;
   std::string nodeId_;  // me_.id, for the watchers (set before the first)
   std::unique_ptr<detail::Liveness> liveness_;
-  std::vector<std::string> peers_;      // watched by liveness_
+  std::vector<std::string> peers_;       // watched by liveness_
   std::vector<std::string> roundPeers_;  // the other participants of the last round
   int groupRank_ = -1;
   int roundSize_ = 0;
@@ -533,6 +623,10 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<int> lastJoined_{-1};
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> finished_{false};
+  std::atomic<bool> storeLost_{false};  // a join or a watcher found the store gone
+  // The task thread's: the TimeoutError is the join's own (peers missing),
+  // not a store request's.
+  bool ownTimeout_ = false;
   std::atomic<bool> closedByMe_{false};
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
@@ -548,7 +642,8 @@ namespace detail {
 
 void validate(const DynamicOptions& o) {
   DDPRUN_CHECK(o.minNodes >= 1 && o.minNodes <= o.maxNodes,
-               "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":", o.maxNodes);
+               "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":",
+               o.maxNodes);
   for (auto [name, v] : {std::pair{"join_timeout", o.joinTimeout},
                          {"last_call_timeout", o.lastCallTimeout},
                          {"close_timeout", o.closeTimeout},

@@ -84,7 +84,8 @@ JoinOutcome joinForming(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs
   assignSeq(s, me);
   s.participants.push_back(me);
   updateLastCall(s, lim, nowMs);
-  return completeIfDue(s, lim, nowMs) ? JoinOutcome::kComplete : JoinOutcome::kWaitComplete;
+  return completeIfDue(s, lim, nowMs) ? JoinOutcome::kComplete
+                                      : JoinOutcome::kWaitComplete;
 }
 
 }  // namespace
@@ -99,7 +100,8 @@ std::string describeNode(const std::string& id) {
   auto mid = last == std::string::npos || last == 0 ? std::string::npos
                                                     : id.rfind('_', last - 1);
   if (mid == std::string::npos) return "node " + id;
-  return "node " + id.substr(0, mid) + " (pid " + id.substr(mid + 1, last - mid - 1) + ")";
+  return "node " + id.substr(0, mid) + " (pid " + id.substr(mid + 1, last - mid - 1) +
+         ")";
 }
 
 std::string toJson(const State& s) {
@@ -162,7 +164,8 @@ JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
   if (!s.complete) return joinForming(s, me, lim, nowMs);
   // A running round: a newcomer with room makes it restart to admit it (the
   // end opens the next round, which it joins in the same step).
-  if (hasId(s.waitList, me.id) || hasId(s.redundancy, me.id)) return JoinOutcome::kWaitEnd;
+  if (hasId(s.waitList, me.id) || hasId(s.redundancy, me.id))
+    return JoinOutcome::kWaitEnd;
   assignSeq(s, me);
   if (count(s) >= lim.maxNodes) {
     s.redundancy.push_back({me.id, 0, me.seq, me.host});

@@ -7,9 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <iostream>
-#include <thread>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "ddprun/common/error.h"
 #include "dynamic_rendezvous_internal.h"
@@ -29,7 +29,8 @@ constexpr int64_t kStart = 1'700'000'000'000;  // the fake clock's first reading
 // A heartbeat whose peers the test reads and whose deaths it declares.
 class FakeLiveness final : public detail::Liveness {
  public:
-  void setPeers(std::vector<std::string> peers, detail::Heartbeat::OnDead onDead) override {
+  void setPeers(std::vector<std::string> peers,
+                detail::Heartbeat::OnDead onDead) override {
     std::lock_guard lock(mu_);
     peers_ = std::move(peers);
     onDead_ = std::move(onDead);
@@ -82,7 +83,9 @@ class DynamicRendezvousTest : public ::testing::Test {
       return hub_.connect(std::move(cancel));
     };
     b.localAddress = [](store::Store&) { return std::string(); };
-    b.startWorkerStore = [this] { return static_cast<uint16_t>(40000 + ++workerStores_); };
+    b.startWorkerStore = [this] {
+      return static_cast<uint16_t>(40000 + ++workerStores_);
+    };
     b.startLiveness = [m = m.get()](const std::string&) {
       auto l = std::make_unique<FakeLiveness>();
       m->beat = l.get();
@@ -100,7 +103,8 @@ class DynamicRendezvousTest : public ::testing::Test {
     b.pid = m->pid;
     b.storeAddress = "memory:29400";
     m->node = std::make_unique<Node>();
-    m->node->attach(detail::makeDynamicRendezvous(o, m->node->queue.post(), std::move(b)));
+    m->node->attach(
+        detail::makeDynamicRendezvous(o, m->node->queue.post(), std::move(b)));
     return m;
   }
   std::vector<std::unique_ptr<Member>> members(int n) {
@@ -121,7 +125,8 @@ class DynamicRendezvousTest : public ::testing::Test {
   // Waits until the state shows `n` participants in a forming round.
   void awaitForming(size_t n) {
     ASSERT_TRUE(hub_.awaitUntil([&] {
-      return hub_.has(stateKey()) && state().participants.size() == n && !state().complete;
+      return hub_.has(stateKey()) && state().participants.size() == n &&
+             !state().complete;
     }));
   }
   static void joinAll(std::vector<std::unique_ptr<Member>>& ms, int nproc = 1) {
@@ -248,9 +253,11 @@ TEST_F(DynamicRendezvousTest, AJoinTimeoutNamesWhoCameAndWhoIsMissing) {
   for (int i : {0, 1}) {
     const std::string msg = messageOf(*ms[i]->node);
     EXPECT_NE(msg.find("did not complete within 600 s"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("of at least 3 nodes joined (node 10.0.0."), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of at least 3 nodes joined (node 10.0.0."), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(" more needed"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("expected but missing: node 10.0.0.3 (pid 102)"), std::string::npos)
+    EXPECT_NE(msg.find("expected but missing: node 10.0.0.3 (pid 102)"),
+              std::string::npos)
         << msg;
     EXPECT_NE(msg.find("memory:29400"), std::string::npos) << msg;
   }
@@ -323,7 +330,8 @@ TEST_F(DynamicRendezvousTest, ADeadNodeRestartsTheSurvivorsAtOnce) {
   ms[0]->beat->declareDead(dead, 15'000);
   const std::string why = "node 10.0.0.3 (pid 102) missed heartbeats for 15 s";
   for (int i : {0, 1})
-    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank, why);
+    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank,
+                why);
   ms[1]->beat->declareDead(dead, 15'000);  // a second detector changes nothing
   ms[0]->node->join(1);
   ms[1]->node->join(1);
@@ -343,13 +351,15 @@ TEST_F(DynamicRendezvousTest, AFailureCountsOneRestartOnEveryNode) {
   ms[1]->rdzv().reportFailure(0, "rank 1 exited with 1", false);
   const int failing = ms[1]->node->info.groupRank;
   for (auto& m : ms)
-    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFailed, failing, "rank 1 exited with 1");
+    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFailed, failing,
+                "rank 1 exited with 1");
   joinAll(ms);
   for (auto& m : ms) {
     EXPECT_EQ(m->node->info.round, 1);
     EXPECT_EQ(m->node->info.restartCount, 1);
   }
-  EXPECT_EQ(ms[0]->node->info.workerStorePort, 40002) << "a fresh worker store each round";
+  EXPECT_EQ(ms[0]->node->info.workerStorePort, 40002)
+      << "a fresh worker store each round";
 }
 
 TEST_F(DynamicRendezvousTest, AClosedJobTurnsALateNodeAway) {
@@ -397,7 +407,8 @@ TEST_F(DynamicRendezvousTest, ManyNodesRacingFormExactlyOneRound) {
   EXPECT_EQ(ranks.size(), size_t{kNodes});
   EXPECT_EQ(*ranks.rbegin(), kNodes - 1);
   EXPECT_EQ(state().round, 0);
-  std::cout << "[ figure ] " << kNodes << " nodes formed a round on the in-memory store in "
+  std::cout << "[ figure ] " << kNodes
+            << " nodes formed a round on the in-memory store in "
             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
             << " ms\n";
 }
@@ -432,7 +443,8 @@ TEST_F(DynamicRendezvousTest, A256ThreadCompareSetRaceLosesNoUpdate) {
   std::set<std::string> ids;
   for (const auto& d : st.participants) ids.insert(d.id);
   EXPECT_EQ(ids.size(), size_t{kThreads});
-  std::cout << "[ figure ] " << kThreads << " threads: " << requests << " compare_sets in "
+  std::cout << "[ figure ] " << kThreads << " threads: " << requests
+            << " compare_sets in "
             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
             << " ms on the in-memory store\n";
 }
@@ -493,7 +505,8 @@ TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
 
 TEST_F(DynamicRendezvousTest, DescribesItself) {
   auto m = member(0, true);
-  EXPECT_EQ(m->rdzv().describe(), "c10d, nodes 1:8, run job, store memory:29400 (hosted here)");
+  EXPECT_EQ(m->rdzv().describe(),
+            "c10d, nodes 1:8, run job, store memory:29400, hosted here");
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ TEST(DynamicStateTest, GroupRanksPutTheHostFirstThenArrival) {
   std::vector<NodeDesc> ns = {node("c", 2), node("a", 3), node("b", 1, /*host=*/true)};
   joinAll(s, ns, lim);
   ASSERT_TRUE(s.complete);
-  EXPECT_EQ(ids(s.participants), (std::vector<std::string>{ns[2].id, ns[0].id, ns[1].id}));
+  EXPECT_EQ(ids(s.participants),
+            (std::vector<std::string>{ns[2].id, ns[0].id, ns[1].id}));
   EXPECT_EQ(s.participants[1].nproc, 2);
   EXPECT_EQ(rankOf(s, ns[1].id), 2);
   EXPECT_EQ(rankOf(s, "nobody"), -1);
@@ -115,7 +116,8 @@ TEST(DynamicStateTest, FailureCountsARestartMembershipDoesNot) {
   EXPECT_EQ(s.lastEndedRound, 0);
   EXPECT_EQ(s.lastEnd, "failed:0:rank 0 exited with 1");
   EXPECT_FALSE(endRound(s, 0, RoundEnd::kFailed, 0, "again")) << "the first end wins";
-  EXPECT_FALSE(endRound(s, 1, RoundEnd::kFailed, 0, "forming")) << "round 1 is not running";
+  EXPECT_FALSE(endRound(s, 1, RoundEnd::kFailed, 0, "forming"))
+      << "round 1 is not running";
   joinStep(s, a, lim, kT0);
   ASSERT_TRUE(endRound(s, 1, RoundEnd::kMembershipChanged, -1, "x"));
   EXPECT_EQ(s.restartCount, 1);
@@ -174,7 +176,8 @@ TEST(DynamicStateTest, BeyondMaxANodeWaitsInTheRedundancyListUntilOneLeaves) {
   EXPECT_EQ(joinStep(s, c, lim, kT0), JoinOutcome::kWaitEnd);
   EXPECT_EQ(ids(s.redundancy), (std::vector<std::string>{c.id}));
   EXPECT_EQ(s.round, 0) << "no round end for a node beyond MAX";
-  EXPECT_EQ(joinStep(s, c, lim, kT0), JoinOutcome::kWaitEnd) << "asking again changes nothing";
+  EXPECT_EQ(joinStep(s, c, lim, kT0), JoinOutcome::kWaitEnd)
+      << "asking again changes nothing";
 
   ASSERT_TRUE(removeNode(s, ns[0].id, "node a (pid 100) left", lim, kT0));
   EXPECT_EQ(s.round, 1);
@@ -242,9 +245,10 @@ TEST(DynamicStateTest, ShortfallNamesWhoJoinedAndWhoIsMissing) {
   ASSERT_TRUE(completeIfDue(s, lim, kT0 + 30'000));
   endRound(s, 0, RoundEnd::kFailed, 0, "x");
   joinStep(s, ns[0], lim, kT0);
-  EXPECT_EQ(describeShortfall(s, lim),
-            "1 of at least 3 nodes joined (node a (pid 100)); 2 more needed; expected but "
-            "missing: node b (pid 100), node c (pid 100)");
+  EXPECT_EQ(
+      describeShortfall(s, lim),
+      "1 of at least 3 nodes joined (node a (pid 100)); 2 more needed; expected but "
+      "missing: node b (pid 100), node c (pid 100)");
 }
 
 TEST(DynamicStateTest, JsonRoundTripsEveryField) {
@@ -271,9 +275,10 @@ TEST(DynamicStateTest, JsonRoundTripsEveryField) {
 
 TEST(DynamicStateTest, JunkIsAProtocolErrorNamingTheKey) {
   const std::string key = "ddprun/job/state";
-  for (const std::string junk :
-       {"", "Y2FuaW1hZGFt", "{}", "[1,2]", R"({"r":"one"})",
-        R"({"r":0,"c":false,"x":false,"p":[{"id":"a","s":0,"n":0}],"e":[],"w":[],"d":[],"lc":0,"rc":0,"er":-1,"ns":1})"}) {
+  for (
+      const std::string junk :
+      {"", "Y2FuaW1hZGFt", "{}", "[1,2]", R"({"r":"one"})",
+       R"({"r":0,"c":false,"x":false,"p":[{"id":"a","s":0,"n":0}],"e":[],"w":[],"d":[],"lc":0,"rc":0,"er":-1,"ns":1})"}) {
     try {
       fromJson(junk, key);
       ADD_FAILURE() << "accepted: " << junk;
@@ -288,7 +293,8 @@ TEST(DynamicStateTest, TheStateStaysCompactAt256Nodes) {
   Limits lim{256, 256, 30'000};
   State s;
   for (int i = 0; i < 256; ++i) {
-    NodeDesc d = node("10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256), 8);
+    NodeDesc d =
+        node("10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256), 8);
     joinStep(s, d, lim, kT0);
   }
   ASSERT_TRUE(s.complete);
