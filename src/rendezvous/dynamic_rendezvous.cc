@@ -505,8 +505,14 @@ class DynamicRendezvous final : public Rendezvous {
   // closed, stays closed; otherwise this node leaves and the others re-form
   // without it. The host then gives the round's other nodes a moment to read
   // its end before its store goes.
+  //
+  // A node that saw the job's end (finished or closed: the state is closed
+  // already, by the end itself) and does not host the store has nothing to
+  // tell: it must not reconnect, for the host may be gone by now (it stops
+  // once every node has read the end).
   void leave() {
     if (!client_ || storeLost_) return;  // never joined, or nothing to tell
+    if (jobEndSeen_ && !backend_.hosting) return;
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
       StateCell cell(*store, stateKey(), leaveCancel_);
@@ -571,6 +577,8 @@ class DynamicRendezvous final : public Rendezvous {
         event = {round, RoundEnd::kClosed, -1, e.message()};
       }
       if (event.kind == RoundEnd::kFinished) finished_ = true;
+      if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
+        jobEndSeen_ = true;
       lastEnded_ = std::max(lastEnded_.load(), round);
       sayLeft(*store, round);
     } catch (const CancelledError&) {
@@ -623,6 +631,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<int> lastJoined_{-1};
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> finished_{false};
+  std::atomic<bool> jobEndSeen_{false};  // a watcher read "finished" or "closed"
   std::atomic<bool> storeLost_{false};  // a join or a watcher found the store gone
   // The task thread's: the TimeoutError is the join's own (peers missing),
   // not a store request's.
