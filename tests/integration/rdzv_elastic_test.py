@@ -19,7 +19,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from elastic_case import (FAST_DEATH_S, FAST_KEEP_ALIVE, PATIENCE, SLACK,  # noqa: E402
-                          ElasticCase, latest_per_worker, listener_pid, of_round)
+                          ElasticCase, WAIT_GO, listener_pid, of_round)
 from procs import listening, signal_handled, wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 from storewire import RawClient  # noqa: E402
@@ -39,14 +39,16 @@ class ElasticTest(ElasticCase):
 
     def wait_ready(self, agent):
         """Until `agent` handles SIGINT (past its setup, in the rendezvous)."""
-        if not wait_for(lambda: signal_handled(agent.pid, signal.SIGINT) or agent.poll() is not None):
+        if not wait_for(lambda: signal_handled(agent.pid, signal.SIGINT)
+                        or agent.poll() is not None):
             self.fail("agent %s never got ready\n%s" % (agent.name, self.agents_said()))
         self.assertIsNone(agent.poll(), self.agents_said())
 
     def wait_hosting(self, agent):
         """Until `agent` listens on the endpoint's port, and checks it is the one."""
         if not wait_for(lambda: listening(self.port) or agent.poll() is not None):
-            self.fail("agent %s never listened on %d\n%s" % (agent.name, self.port, self.agents_said()))
+            self.fail("agent %s never listened on %d\n%s"
+                      % (agent.name, self.port, self.agents_said()))
         self.assertEqual(listener_pid(self.port, [agent.pid]), agent.pid, self.agents_said())
 
     def state(self):
@@ -69,6 +71,15 @@ class ElasticTest(ElasticCase):
             return st is not None and len(st.get("p", [])) >= n
         if not wait_for(joined, PATIENCE, interval=0.02):
             self.fail("%d nodes never joined; state %r\n%s" % (n, self.state(), self.agents_said()))
+
+    def wait_round(self, world_size, nodes=None, restart=None):
+        """The starts of a round of `world_size` workers (on `nodes`, at
+        restart count `restart`, if given) once every one of them started."""
+        def found(starts):
+            return of_round(starts, world_size, restart, nodes)
+        what = "a round of %d workers (nodes %s, restart %s)" % (world_size, nodes, restart)
+        self.wait_starts(lambda s: len(found(s)) == world_size, what)
+        return found(self.starts())
 
     def check_ranks(self, starts, nprocs):
         """One round's starts: ranks 0..W-1 once each, WORLD_SIZE right, each
@@ -146,20 +157,20 @@ class Membership(ElasticTest):
                 self.wait_hosting(agents[name])
             if n < 2:
                 self.wait_joined(n + 1)
-        first = self.wait_starts(lambda s: len(of_round(s, world_size=5)) == 5, "a round of 3 nodes")
+        first = self.wait_round(5)
         self.assertEqual(self.check_ranks(first, nprocs), {"a": 0, "b": 1, "c": 2})
         t0 = time.monotonic()
         agents["b"].signal(signal.SIGKILL)  # the middle one: c moves up
         survivors = {"a": 2, "c": 1}
-        second = self.wait_starts(lambda s: len(of_round(s, world_size=3, nodes=survivors)) == 3,
-                                  "the survivors' round of 2 nodes")
+        second = self.wait_round(3, nodes=survivors)
         took = time.monotonic() - t0
         print("kill -9 to the survivors' workers running: %.2f s (heartbeat timeout %.1f s)"
               % (took, FAST_DEATH_S), file=sys.stderr)
         self.assertLess(took, FAST_DEATH_S + SLACK, "detection took %.1f s" % took)
-        self.assert_gone([s["PID"] for s in first if s["NODE"] == "b"], "the killed agent's workers")
+        self.assert_gone([s["PID"] for s in first if s["NODE"] == "b"],
+                         "the killed agent's workers")
         self.assert_gone([s["PID"] for s in first if s["NODE"] != "b"], "the first round's workers")
-        group = self.check_ranks(of_round(second, world_size=3), survivors)
+        group = self.check_ranks(second, survivors)
         self.assertEqual(group, {"a": 0, "c": 1})
         self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in second}, {0})  # not a failure
         self.go()
@@ -177,17 +188,17 @@ class Membership(ElasticTest):
         a = self.agent("a", ep, "2:4", w, conf=conf)
         self.wait_hosting(a)
         b = self.agent("b", ep, "2:4", w, conf=conf)
-        first = self.wait_starts(lambda s: len(of_round(s, world_size=2)) == 2, "a round of 2 nodes")
+        first = self.wait_round(2)
         self.check_ranks(first, {"a": 1, "b": 1})
         c = self.agent("c", ep, "2:4", w, conf=conf)
-        second = self.wait_starts(lambda s: len(of_round(s, world_size=3)) == 3, "a round of 3 nodes")
-        group = self.check_ranks(of_round(second, world_size=3), {"a": 1, "b": 1, "c": 1})
+        second = self.wait_round(3)
+        group = self.check_ranks(second, {"a": 1, "b": 1, "c": 1})
         self.assertEqual(group, {"a": 0, "b": 1, "c": 2})  # arrival order kept across rounds
         self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in second}, {0})
         self.assert_gone([s["PID"] for s in first], "the first round's workers")
         self.go()
         self.assert_exits([a, b, c], 0)
-        self.assertEqual(len(second), 5, self.brief(second))  # nobody restarted twice
+        self.assertEqual(len(self.starts()), 5, self.brief(self.starts()))  # nobody restarted twice
         for x in (a, b):
             err = x.err()
             self.assertRegex(err, r"\(pid %d\) is waiting to join" % c.pid, err)
@@ -202,13 +213,13 @@ class Membership(ElasticTest):
             agents[name] = self.agent(name, ep, "2:3", w)  # default keep-alives: 15 s to a death
             if n < 2:
                 self.wait_joined(n + 1)
-        first = self.wait_starts(lambda s: len(of_round(s, world_size=3)) == 3, "a round of 3 nodes")
-        self.assertEqual(self.check_ranks(first, {"a": 1, "b": 1, "c": 1}), {"a": 0, "b": 1, "c": 2})
+        first = self.wait_round(3)
+        self.assertEqual(self.check_ranks(first, {"a": 1, "b": 1, "c": 1}),
+                         {"a": 0, "b": 1, "c": 2})
         agents["a"].signal(signal.SIGTERM)  # group rank 0, the round's worker store host, leaves
         self.assertEqual(self.exit_code(agents["a"]), 128 + signal.SIGTERM, self.agents_said())
-        second = self.wait_starts(lambda s: len(of_round(s, world_size=2)) == 2,
-                                  "the others' round of 2 nodes")
-        regroup = self.check_ranks(of_round(second, world_size=2), {"b": 1, "c": 1})
+        second = self.wait_round(2)
+        regroup = self.check_ranks(second, {"b": 1, "c": 1})
         self.assertEqual(regroup, {"b": 0, "c": 1})
         self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in second}, {0})
         self.assert_gone([s["PID"] for s in first], "the first round's workers")
@@ -281,7 +292,7 @@ class Ending(ElasticTest):
         w = self.worker()
         a = self.agent("a", ep, "2", w, conf=["is_host=1", *FAST_KEEP_ALIVE])
         b = self.agent("b", ep, "2", w, conf=["is_host=0", *FAST_KEEP_ALIVE])
-        starts = self.wait_starts(lambda s: len(of_round(s, world_size=2)) == 2, "a round of 2 nodes")
+        starts = self.wait_round(2)
         t0 = time.monotonic()
         a.signal(signal.SIGKILL)
         rc = self.exit_code(b)
@@ -313,11 +324,17 @@ class Restarts(ElasticTest):
                     'n=$((n+1)); [ $n -lt 2400 ] || exit 90; done\n'
                     'exit 6\n')
 
-    def start_pair(self, body):
-        ep = self.hosted_endpoint()
+    def start_pair(self, body, hosted=True):
+        """Agents a (group rank 0) and b, --max-restarts=1; the endpoint
+        hosted by a, or a separate store."""
+        ep = self.hosted_endpoint() if hosted else self.store_endpoint()
         w = self.worker(body)
-        a = self.agent("a", ep, "2", w, conf=["is_host=1"], extra=["--max-restarts=1"])
-        b = self.agent("b", ep, "2", w, conf=["is_host=0"], extra=["--max-restarts=1"])
+        a = self.agent("a", ep, "2", w, conf=["is_host=1"] if hosted else [],
+                       extra=["--max-restarts=1"])
+        if not hosted:
+            self.wait_joined(1)
+        b = self.agent("b", ep, "2", w, conf=["is_host=0"] if hosted else [],
+                       extra=["--max-restarts=1"])
         return a, b
 
     def counts(self):
@@ -330,14 +347,35 @@ class Restarts(ElasticTest):
         self.assertEqual(self.counts(), {"a": [0, 1], "b": [0, 1]}, self.agents_said())
         self.assertEqual({s["TORCHELASTIC_MAX_RESTARTS"] for s in self.starts()}, {1})
 
-    def test_the_restart_budget_is_job_wide(self):
-        a, b = self.start_pair(self.FAIL_ON_EACH)
+    def test_the_restart_budget_is_job_wide_and_its_end_closes_the_job(self):
+        a, b = self.start_pair(self.FAIL_ON_EACH, hosted=False)
         self.assert_exits([a, b], 1)
         self.assertEqual(self.counts(), {"a": [0, 1], "b": [0, 1]}, self.agents_said())
         self.assertIn("exitcode  : 6", b.err())  # b's own failure ended the job
         self.assertIn("the job failed on node 1", a.err())
         self.assertNotIn("Root Cause", a.err())  # the report is the failing node's
         self.assert_gone([s["PID"] for s in self.starts()], "the workers")
+        late = self.agent("late", "127.0.0.1:%d" % self.port, "2", self.worker(""))
+        self.assertEqual(self.exit_code(late), 0, self.agents_said())
+        self.assertIn("ddprun: the job %s is already over" % self.run_id, late.err())
+
+    def test_a_late_node_gets_the_jobs_restart_count(self):
+        # a and b fail once (restart 1 of 2); c arrives while restart 1 runs.
+        body = ('[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$NODE" = b ] && exit 5\n'
+                + WAIT_GO)
+        ep = self.hosted_endpoint()
+        w = self.worker(body)
+        conf = ["last_call_timeout=0.5"]
+        a = self.agent("a", ep, "2:3", w, conf=conf + ["is_host=1"], extra=["--max-restarts=2"])
+        self.wait_joined(1)
+        b = self.agent("b", ep, "2:3", w, conf=conf, extra=["--max-restarts=2"])
+        self.wait_round(2, restart=1)
+        c = self.agent("c", ep, "2:3", w, conf=conf, extra=["--max-restarts=2"])
+        last = self.wait_round(3)
+        self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in last}, {1}, self.brief(last))
+        self.go()
+        self.assert_exits([a, b, c], 0)
+        self.assertIn("the job has used 1 of 2 restarts", c.err())
 
 
 class OneNode(ElasticTest):
@@ -347,8 +385,8 @@ class OneNode(ElasticTest):
         self.assertEqual(self.exit_code(a), 0, self.agents_said())
         starts = self.starts()
         self.assertEqual(sorted(s["RANK"] for s in starts), [0, 1], self.brief(starts))
-        self.assertEqual({(s["WORLD_SIZE"], s["GROUP_WORLD_SIZE"], s["GROUP_RANK"]) for s in starts},
-                         {(2, 1, 0)})
+        self.assertEqual({(s["WORLD_SIZE"], s["GROUP_WORLD_SIZE"], s["GROUP_RANK"])
+                          for s in starts}, {(2, 1, 0)})
 
     def test_nnodes_1_to_2_runs_alone_after_the_last_call(self):
         ep = self.hosted_endpoint()

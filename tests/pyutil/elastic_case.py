@@ -102,7 +102,8 @@ class ElasticCase(DdprunCase):
             rec = {}
             for line in read(os.path.join(self.path("starts"), name)).splitlines():
                 k, _, v = line.partition("=")
-                rec[k] = int(v) if v.lstrip("-").isdigit() and k not in ("NODE", "MASTER_ADDR") else v
+                numeric = v.lstrip("-").isdigit() and k not in ("NODE", "MASTER_ADDR")
+                rec[k] = int(v) if numeric else v
             found.append(rec)
         return sorted(found, key=lambda r: r["T"])
 
@@ -191,14 +192,6 @@ def of_round(starts, world_size=None, restart=None, nodes=None):
             and (nodes is None or s["NODE"] in nodes)]
 
 
-def latest_per_worker(starts):
-    """The last start of each (node, local rank)."""
-    last = {}
-    for s in starts:
-        last[(s["NODE"], s["LOCAL_RANK"])] = s
-    return sorted(last.values(), key=lambda s: s["T"])
-
-
 def listener_pid(port, candidates):
     """Which of the `candidates` pids holds the socket listening on TCP
     `port` (IPv4 or IPv6), or None: read from /proc/net and /proc/PID/fd."""
@@ -228,4 +221,4 @@ def listener_pid(port, candidates):
 
 
 __all__ = ["Agent", "ElasticCase", "FAST_DEATH_S", "FAST_KEEP_ALIVE", "PATIENCE", "SANITIZED",
-           "SLACK", "WAIT_GO", "latest_per_worker", "listener_pid", "of_round"]
+           "SLACK", "WAIT_GO", "listener_pid", "of_round"]
