@@ -21,7 +21,7 @@ if [ "${DDPRUN_SANITIZE_PASS:-1}" = 1 ] && [ $# -eq 0 ]; then
   asan=${build}-asan
   cmake -S . -B "$asan" -DDDPRUN_SANITIZE=ON -DDDPRUN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
   cmake --build "$asan" -j"$(nproc)" --target unit_tests train_unit_tests store_integration_tests \
-    launcher_integration_tests rendezvous_integration_tests \
+    launcher_integration_tests rendezvous_integration_tests static_liveness_tests \
     ddprun-store ddprun coll_check
   # The collective matrix runs trimmed here (3 dtypes, sizes up to 4097); the
   # trainer's end-to-end runs (full epochs of a Debug build) only in the first pass.
