@@ -57,11 +57,15 @@ class ElasticTest(ElasticCase):
         fields in src/rendezvous/dynamic_state.h), with the leading "/" that
         PyTorch's clients, and ours, put on every key."""
         key = "/ddprun/%s/state" % self.run_id
-        if not hasattr(self, "_state_client"):
-            self._state_client = RawClient(self.port)
-            self.addCleanup(self._state_client.close)
-        c = self._state_client
-        return json.loads(c.get(key)) if c.check([key]) else None
+        try:
+            if getattr(self, "_state_client", None) is None:
+                self._state_client = RawClient(self.port)
+                self.addCleanup(self._state_client.close)
+            c = self._state_client
+            return json.loads(c.get(key)) if c.check([key]) else None
+        except OSError:  # no store there yet (its agent is starting), or gone
+            self._state_client = None
+            return None
 
     def wait_joined(self, n):
         """Until n nodes have joined the forming round (or it completed with
