@@ -37,6 +37,12 @@ SLACK = 10.0 if SANITIZED else 5.0
 FAST_KEEP_ALIVE = ("keep_alive_interval=0.2", "keep_alive_max_attempt=3")
 FAST_DEATH_S = 0.6
 
+# How long an agent may take to exit once its job is over: a bound against
+# hangs, below the default close_timeout (30 s) on purpose, so that an agent
+# that waits out the close timeout at the end of a job (a store already gone)
+# fails the test instead of passing by a hair.
+EXIT_PATIENCE = 20.0
+
 
 class Agent:
     """One ddprun agent started by ElasticCase.agent()."""
@@ -152,7 +158,7 @@ class ElasticCase(DdprunCase):
     def agents_said(self, agents=None):
         return "\n".join(a.describe() for a in (agents or self.agents))
 
-    def exit_code(self, agent, timeout=PATIENCE):
+    def exit_code(self, agent, timeout=EXIT_PATIENCE):
         """The agent's exit code; fails the test (with every agent's output)
         if it runs past `timeout`."""
         try:
@@ -161,7 +167,7 @@ class ElasticCase(DdprunCase):
             self.fail("agent %s still running after %.0f s\n%s"
                       % (agent.name, timeout, self.agents_said()))
 
-    def assert_exits(self, agents, code, timeout=PATIENCE):
+    def assert_exits(self, agents, code, timeout=EXIT_PATIENCE):
         for a in agents:
             rc = self.exit_code(a, timeout)
             self.assertEqual(rc, code, self.agents_said())
@@ -220,5 +226,5 @@ def listener_pid(port, candidates):
     return None
 
 
-__all__ = ["Agent", "ElasticCase", "FAST_DEATH_S", "FAST_KEEP_ALIVE", "PATIENCE", "SANITIZED",
-           "SLACK", "WAIT_GO", "listener_pid", "of_round"]
+__all__ = ["Agent", "ElasticCase", "EXIT_PATIENCE", "FAST_DEATH_S", "FAST_KEEP_ALIVE", "PATIENCE",
+           "SANITIZED", "SLACK", "WAIT_GO", "listener_pid", "of_round"]
