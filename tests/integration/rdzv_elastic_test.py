@@ -302,7 +302,7 @@ class Ending(ElasticTest):
         rc = self.exit_code(b)
         took = time.monotonic() - t0
         err = b.err()
-        self.assertNotIn(rc, (0, 128 + signal.SIGTERM), err)
+        self.assertEqual(rc, 1, err)  # docs/agent.md: the job is over (store lost)
         self.assertIn(ep, err)  # names the endpoint
         self.assertLess(took, FAST_DEATH_S + SLACK, "took %.1f s to notice" % took)
         self.assert_agent_messages_clean(err)
@@ -399,6 +399,7 @@ class OneNode(ElasticTest):
         starts = self.starts()
         self.assertEqual(len(starts), 1, self.brief(starts))
         self.assertEqual((starts[0]["WORLD_SIZE"], starts[0]["GROUP_WORLD_SIZE"]), (1, 1))
+        self.assertIn("c10d, nodes 1:2", a.err())  # the elastic rendezvous, not the local one
 
 
 if __name__ == "__main__":
