@@ -148,6 +148,23 @@ class Forming(ElasticTest):
         self.assertEqual(group, {"a": 0, "b": 1, "c": 2})  # no agent hosts: order of arrival
         self.assertTrue(self.endpoint_store.alive(), self.endpoint_store.stderr())
 
+    def test_ipv6_endpoint_and_local_addr_advertised(self):
+        # The endpoint as [::1]:PORT, hosted by a; a advertises 127.0.0.2
+        # (--local-addr, an IP: used as is), so the round's worker store,
+        # hosted by a, is given to every worker at that address; each worker
+        # connects to it.
+        self.port = reserve_port(self)
+        ep = "[::1]:%d" % self.port
+        w = self.worker('exec "$PYTHON_EXEC" -c "import os, socket; socket.create_connection('
+                        '(os.environ[\'MASTER_ADDR\'], int(os.environ[\'MASTER_PORT\'])), 10)"\n')
+        a = self.agent("a", ep, "2", w, conf=["is_host=1"], extra=["--local-addr=127.0.0.2"])
+        self.wait_hosting(a)
+        b = self.agent("b", ep, "2", w, conf=["is_host=0"])
+        self.assert_exits([a, b], 0)
+        starts = self.starts()
+        self.assertEqual(self.check_ranks(starts, {"a": 1, "b": 1}), {"a": 0, "b": 1})
+        self.assertEqual({s["MASTER_ADDR"] for s in starts}, {"127.0.0.2"}, self.brief(starts))
+
 
 class Membership(ElasticTest):
     def test_kill_9_of_a_node_the_survivors_reform_at_once_and_no_orphan(self):
