@@ -76,11 +76,14 @@ class ElasticTest(ElasticCase):
         if not wait_for(joined, PATIENCE, interval=0.02):
             self.fail("%d nodes never joined; state %r\n%s" % (n, self.state(), self.agents_said()))
 
-    def wait_round(self, world_size, nodes=None, restart=None):
+    def wait_round(self, world_size, nodes=None, restart=None, after=()):
         """The starts of a round of `world_size` workers (on `nodes`, at
-        restart count `restart`, if given) once every one of them started."""
+        restart count `restart`, if given; not among the starts `after`)
+        once every one of them started."""
+        seen = {s["PID"] for s in after}
+
         def found(starts):
-            return of_round(starts, world_size, restart, nodes)
+            return [s for s in of_round(starts, world_size, restart, nodes) if s["PID"] not in seen]
         what = "a round of %d workers (nodes %s, restart %s)" % (world_size, nodes, restart)
         self.wait_starts(lambda s: len(found(s)) == world_size, what)
         return found(self.starts())
@@ -167,7 +170,7 @@ class Forming(ElasticTest):
 
 
 class Membership(ElasticTest):
-    def test_kill_9_of_a_node_the_survivors_reform_at_once_and_no_orphan(self):
+    def test_kill_9_of_a_node_survivors_reform_at_once_no_orphan_and_it_can_rejoin(self):
         ep = self.hosted_endpoint()
         w = self.worker()
         nprocs = {"a": 2, "b": 2, "c": 1}
@@ -194,8 +197,14 @@ class Membership(ElasticTest):
         group = self.check_ranks(second, survivors)
         self.assertEqual(group, {"a": 0, "c": 1})
         self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in second}, {0})  # not a failure
+        # The node restarted (the same command again) rejoins: all three re-form.
+        agents["b2"] = self.agent("b2", ep, "2:3", w, nproc=2, conf=FAST_KEEP_ALIVE)
+        third = self.wait_round(5, after=first)
+        self.assertEqual(self.check_ranks(third, {"a": 2, "c": 1, "b2": 2}),
+                         {"a": 0, "c": 1, "b2": 2})
+        self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in third}, {0})
         self.go()
-        self.assert_exits([agents["a"], agents["c"]], 0)
+        self.assert_exits([agents["a"], agents["c"], agents["b2"]], 0)
         self.assertEqual(self.exit_code(agents["b"]), -signal.SIGKILL)
         for name in ("a", "c"):
             err = agents[name].err()
