@@ -152,6 +152,10 @@ class DynamicRendezvous final : public Rendezvous {
   void reportSuccess(int round) override {
     tasks_.push([this, round] {
       report(round, "its workers succeeded", [&] {
+        // First in the state (a newcomer must not end a round that is
+        // finishing), then the count; only the first node's update writes.
+        cell_->refresh();
+        cell_->update([&](State& st) { detail::markFinishing(st, round); });
         if (client_->add(key(round, "done"), 1) >= roundSize_)
           endRound(round, RoundEnd::kFinished, "");
       });
@@ -293,7 +297,8 @@ class DynamicRendezvous final : public Rendezvous {
         DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
                      " is already over: ", s.closedReason);
       if (outcome == JoinOutcome::kComplete) return roundInfo(s);
-      if (outcome == JoinOutcome::kWaitEnd) {  // redundant: no deadline, as torchrun
+      // Redundant, or waiting for a finishing round: no deadline, as torchrun.
+      if (outcome == JoinOutcome::kWaitEnd) {
         waitUntil({key(s.round, "end")}, INT64_MAX);
         continue;
       }
