@@ -294,8 +294,7 @@ class Agent::Impl {
                            : "";
     // The backend, except for the one-node local rendezvous (nothing to say
     // beyond the worker store).
-    if (cfg_.useDynamic || cfg_.maxNodes > 1)
-      node += " (rendezvous: " + rdzv_->describe() + ")";
+    if (cfg_.useDynamic || cfg_.maxNodes > 1) node += "; rendezvous " + rdzv_->describe();
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
@@ -376,8 +375,8 @@ class Agent::Impl {
                (ev.reason.empty() ? "" : " (" + ev.reason + ")");
       case RoundEnd::kMembershipChanged:
         return "the set of nodes changed" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
-      case RoundEnd::kStoreLost:
-        return "the rendezvous store is gone" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
+      case RoundEnd::kStoreLost:  // the backends' reasons name the store and its address
+        return ev.reason.empty() ? "the rendezvous store is gone" : ev.reason;
       case RoundEnd::kFinished: break;
     }
     return "the round ended";
@@ -455,8 +454,10 @@ class Agent::Impl {
                                         [](const WorkerFailure& f) { return !f.victim; });
     std::string text;
     if (!ownCulprit && peer_) {
-      text = "ddprun: " + describePeer(*peer_) +
-             "; this node's workers were stopped (see that node's report for the root cause)\n";
+      // A lost store has no node to point at.
+      const bool byNode = peer_->kind != RoundEnd::kStoreLost;
+      text = "ddprun: " + describePeer(*peer_) + "; this node's workers were stopped" +
+             (byNode ? " (see that node's report for the root cause)\n" : "\n");
     } else if (!failures_.empty()) {
       text = formatFailureSummary(cfg_.script, host_, failures_);
     }
@@ -494,7 +495,7 @@ class Agent::Impl {
       case State::kRunning:
       case State::kSucceeded:
         DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
-        closeOnSignal(sig);
+        reportSignalToPeers(sig);
         if (state_ == State::kSucceeded) {
           finish(128 + sig);
           return;
@@ -516,7 +517,7 @@ class Agent::Impl {
   // is reported: a closing report would end the job for everybody. A static
   // job cannot go on with a node missing, so the others are told at once
   // (the job is closed) instead of waiting for a node that will not return.
-  void closeOnSignal(int sig) {
+  void reportSignalToPeers(int sig) {
     if (cfg_.useDynamic) return;
     rdzv_->reportFailure(
         round_.round,

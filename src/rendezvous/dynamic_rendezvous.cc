@@ -152,6 +152,10 @@ class DynamicRendezvous final : public Rendezvous {
   void reportSuccess(int round) override {
     tasks_.push([this, round] {
       report(round, "its workers succeeded", [&] {
+        // First in the state (a newcomer must not end a round that is
+        // finishing), then the count; only the first node's update writes.
+        cell_->refresh();
+        cell_->update([&](State& st) { detail::markFinishing(st, round); });
         if (client_->add(key(round, "done"), 1) >= roundSize_)
           endRound(round, RoundEnd::kFinished, "");
       });
@@ -296,7 +300,8 @@ class DynamicRendezvous final : public Rendezvous {
         DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
                      " is already over: ", s.closedReason);
       if (outcome == JoinOutcome::kComplete) return roundInfo(s);
-      if (outcome == JoinOutcome::kWaitEnd) {  // redundant: no deadline, as torchrun
+      // Redundant, or waiting for a finishing round: no deadline, as torchrun.
+      if (outcome == JoinOutcome::kWaitEnd) {
         waitUntil({key(s.round, "end")}, INT64_MAX);
         continue;
       }
@@ -508,8 +513,14 @@ class DynamicRendezvous final : public Rendezvous {
   // closed, stays closed; otherwise this node leaves and the others re-form
   // without it. The host then gives the round's other nodes a moment to read
   // its end before its store goes.
+  //
+  // A node that saw the job's end (finished or closed: the state is closed
+  // already, by the end itself) and does not host the store has nothing to
+  // tell: it must not reconnect, for the host may be gone by now (it stops
+  // once every node has read the end).
   void leave() {
     if (!client_ || storeLost_) return;  // never joined, or nothing to tell
+    if (jobEndSeen_ && !backend_.hosting) return;
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
       StateCell cell(*store, stateKey(), leaveCancel_);
@@ -574,6 +585,8 @@ class DynamicRendezvous final : public Rendezvous {
         event = {round, RoundEnd::kClosed, -1, e.message()};
       }
       if (event.kind == RoundEnd::kFinished) finished_ = true;
+      if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
+        jobEndSeen_ = true;
       lastEnded_ = std::max(lastEnded_.load(), round);
       sayLeft(*store, round);
     } catch (const CancelledError&) {
@@ -626,6 +639,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<int> lastJoined_{-1};
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> finished_{false};
+  std::atomic<bool> jobEndSeen_{false};  // a watcher read "finished" or "closed"
   std::atomic<bool> storeLost_{false};  // a join or a watcher found the store gone
   // The task thread's: the TimeoutError is the join's own (peers missing),
   // not a store request's.

@@ -118,6 +118,7 @@ std::string toJson(const State& s) {
             {"ns", s.nextSeq}};
   if (s.closed) j["why"] = s.closedReason;
   if (s.lastEndedRound >= 0) j["end"] = s.lastEnd;
+  if (s.finishing) j["f"] = true;
   return j.dump();
 }
 
@@ -138,6 +139,7 @@ State fromJson(const std::string& text, const std::string& key) {
     s.lastEndedRound = j.at("er").get<int>();
     if (s.lastEndedRound >= 0) s.lastEnd = j.at("end").get<std::string>();
     s.nextSeq = j.at("ns").get<int64_t>();
+    s.finishing = j.value("f", false);
     if (s.round < 0 || s.restartCount < 0 || s.lastEndedRound >= s.round)
       throw std::invalid_argument("inconsistent rounds");
   } catch (const std::exception&) {  // nlohmann's errors and ours alike
@@ -172,6 +174,7 @@ JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
     return JoinOutcome::kWaitEnd;
   }
   s.waitList.push_back({me.id, 0, me.seq, me.host});
+  if (s.finishing) return JoinOutcome::kWaitEnd;  // its end admits us or closes the job
   endRound(s, s.round, RoundEnd::kMembershipChanged, -1,
            describeNode(me.id) + " is waiting to join");
   return joinForming(s, me, lim, nowMs);
@@ -208,8 +211,15 @@ bool endRound(State& s, int round, RoundEnd kind, int node, const std::string& w
     for (const auto& d : *list) s.expected.push_back(d.id);
   s.participants.clear();
   s.complete = false;
+  s.finishing = false;
   s.lastCallMs = 0;
   s.round = round + 1;
+  return true;
+}
+
+bool markFinishing(State& s, int round) {
+  if (s.round != round || !s.complete || s.finishing) return false;
+  s.finishing = true;
   return true;
 }
 

@@ -27,6 +27,7 @@
 //   lastEndedRound [er] and lastEnd [end]: the latest ended round and its
 //       round/<r>/end value (so any node can write a key whose writer died)
 //   nextSeq [ns]: the next arrival number
+//   finishing [f]: a node of the running round succeeded (only when true)
 //
 // Not thread-safe: plain values.
 #pragma once
@@ -62,6 +63,10 @@ struct State {
   int lastEndedRound = -1;
   std::string lastEnd;
   int64_t nextSeq = 0;
+  // A node of the running round reported that its workers succeeded: the
+  // round is ending (finished, or failed), so a newcomer waits for that end
+  // instead of ending the round (that would re-run finished workers).
+  bool finishing = false;
 };
 
 struct Limits {
@@ -93,7 +98,8 @@ enum class JoinOutcome {
 
 // One step of a node's join at `nowMs`: joins a forming round if it has room;
 // at a running round, goes to the wait list and ends the round (membership)
-// when it has room, else to the redundancy list; completes the round if due.
+// when it has room (only waits, when the round is finishing), else to the
+// redundancy list; completes the round if due.
 // Assigns me.seq on the first arrival (read it back from the state).
 JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs);
 
@@ -114,6 +120,10 @@ bool endRound(State& s, int round, RoundEnd kind, int node, const std::string& w
 // waits for it (which may complete it, at `nowMs`). False if it was in none.
 bool removeNode(State& s, const std::string& id, const std::string& why,
                 const Limits& lim, int64_t nowMs);
+
+// A node's workers of the running round `round` succeeded: marks it
+// finishing (see State). False if it already was, or `round` is not running.
+bool markFinishing(State& s, int round);
 
 // Closes the job (the first reason stays). False if already closed.
 bool close(State& s, const std::string& reason);

@@ -241,7 +241,7 @@ class AgentE2E(DdprunCase):
         cases = [(["--nproc-per-node=0", "x"], 2), (["--bogus", "x"], 2), ([], 2),
                  (["--nnodes=1:2", "x"], 2), (["--nnodes=2", "--node-rank=2", "x"], 2),
                  (["--nnodes=2", "--standalone", "x"], 2),
-                 (["--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "x"], 2),
+                 (["--rdzv-backend=c10d", "--nnodes=2", "x"], 2),
                  (["--log-dir=/proc/forbidden", "--standalone", "x"], 3)]
         for args, code in cases:
             p = self.run_ddprun(*args)

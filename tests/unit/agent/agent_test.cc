@@ -372,8 +372,12 @@ TEST(AgentStateMachine, SignalDuringJoinEndsTheAgentAtOnce) {
   EXPECT_TRUE(h.launches->starts.empty());
 }
 
-TEST(AgentStateMachine, SignalWhileRunningIsForwardedAndClosesTheJob) {
-  Harness h(config(2, 3));
+// A static job cannot go on with a node missing: the others are told at once.
+TEST(AgentStateMachine, SignalWhileRunningWithTheStaticRendezvousClosesTheJob) {
+  LaunchConfig c = config(2, 3);
+  c.minNodes = c.maxNodes = 2;
+  Harness h(c);
+  h.groups = 2;
   h.policy = [](int, int) { return Behaviour{}; };
   h.hook = [&h](FakeRendezvous& r, int round) {
     r.complete(round);
@@ -572,8 +576,8 @@ TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
   h.policy = [](int, int) { return Behaviour{0}; };
   EXPECT_EQ(h.run(), kExitSuccess);
   EXPECT_EQ(count(h.err,
-                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2 "
-                  "(rendezvous: fake); worker store at 127.0.0.1:29999; logs in "),
+                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2"
+                  "; rendezvous fake; worker store at 127.0.0.1:29999; logs in "),
             1u)
       << h.err;
 }
@@ -633,6 +637,29 @@ TEST(AgentStateMachine, StoreLostAfterLocalSuccessIsSuccess) {
   h.policy = [](int, int) { return Behaviour{0}; };
   h.afterSuccess = RoundEvent{0, RoundEnd::kStoreLost, 0, ""};
   EXPECT_EQ(h.run(), kExitSuccess);
+}
+
+// The endpoint's store gone while the workers run: the job is over (exit 1);
+// the backend's reason, which names the store, is said once, not wrapped.
+TEST(AgentStateMachine, StoreLostWhileRunningEndsTheJobNamingTheStore) {
+  Harness h(config(1, 3));
+  h.groups = 2;
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [](FakeRendezvous& r, int round) {
+    r.complete(round);
+    r.emit({round, RoundEnd::kStoreLost, -1, "the rendezvous store at head:29400 is gone"});
+  };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->joins, 1);  // no restart: nowhere to meet
+  EXPECT_NE(h.err.find("ddprun: warning: the rendezvous store at head:29400 is gone; "
+                       "stopping this node's workers"),
+            std::string::npos)
+      << h.err;
+  EXPECT_EQ(h.err.find("store is gone ("), std::string::npos) << h.err;
+  EXPECT_NE(h.err.find("ddprun: the rendezvous store at head:29400 is gone; this node's "
+                       "workers were stopped\n"),
+            std::string::npos)
+      << h.err;
 }
 
 TEST(AgentStateMachine, JoinFailureIsASetupError) {

@@ -166,6 +166,45 @@ TEST(DynamicStateTest, ANewcomerWithRoomEndsTheRunningRoundAndJoinsTheNext) {
   EXPECT_EQ(ids(s.participants), (std::vector<std::string>{ns[0].id, ns[1].id, c.id}));
 }
 
+// Ending a round whose nodes are succeeding would re-run finished workers:
+// the newcomer waits for the round's own end (finished: the job is over for it).
+TEST(DynamicStateTest, ANewcomerDoesNotEndARoundThatIsFinishing) {
+  Limits lim{2, 4, 30'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b")};
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(completeIfDue(s, lim, kT0 + 30'000));
+  EXPECT_FALSE(markFinishing(s, 1)) << "not the running round";
+  EXPECT_TRUE(markFinishing(s, 0));
+  EXPECT_FALSE(markFinishing(s, 0)) << "only the first success writes";
+  EXPECT_TRUE(fromJson(toJson(s), "k").finishing);
+  auto c = node("c");
+  EXPECT_EQ(joinStep(s, c, lim, kT0 + 40'000), JoinOutcome::kWaitEnd);
+  EXPECT_EQ(s.round, 0) << "the finishing round runs on";
+  EXPECT_EQ(ids(s.waitList), (std::vector<std::string>{c.id}));
+  ASSERT_TRUE(endRound(s, 0, RoundEnd::kFinished, -1, ""));
+  EXPECT_FALSE(s.finishing);
+  EXPECT_EQ(joinStep(s, c, lim, kT0 + 41'000), JoinOutcome::kClosed);
+}
+
+// A finishing round that fails instead admits the waiting node next round.
+TEST(DynamicStateTest, AFinishingRoundThatFailsAdmitsTheWaitingNode) {
+  Limits lim{2, 4, 30'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b")};
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(completeIfDue(s, lim, kT0 + 30'000));
+  ASSERT_TRUE(markFinishing(s, 0));
+  auto c = node("c");
+  ASSERT_EQ(joinStep(s, c, lim, kT0 + 40'000), JoinOutcome::kWaitEnd);
+  ASSERT_TRUE(endRound(s, 0, RoundEnd::kFailed, 1, "rank 1 exited with 1"));
+  EXPECT_EQ(s.restartCount, 1);
+  EXPECT_EQ(joinStep(s, c, lim, kT0 + 41'000), JoinOutcome::kWaitComplete);
+  joinAll(s, ns, lim, kT0 + 41'000);
+  EXPECT_TRUE(s.complete);
+  EXPECT_EQ(s.participants.size(), 3u);
+}
+
 TEST(DynamicStateTest, BeyondMaxANodeWaitsInTheRedundancyListUntilOneLeaves) {
   Limits lim{1, 2, 30'000};
   State s;
