@@ -283,6 +283,9 @@ class DynamicRendezvous final : public Rendezvous {
     me_.nproc = localWorldSize;
     for (bool first = true;; first = false) {
       Turn turn = first ? takeTurn() : Turn{};
+      // Read before the state, so that a node giving up names what it saw
+      // after its deadline, not before.
+      const bool late = now() >= deadline;
       cell_->refresh();
       JoinOutcome outcome{};
       NodeDesc trial;
@@ -302,7 +305,7 @@ class DynamicRendezvous final : public Rendezvous {
         waitUntil({key(s.round, "end")}, INT64_MAX);
         continue;
       }
-      if (now() >= deadline) giveUp(s);
+      if (late) giveUp(s);
       const int64_t until = s.lastCallMs ? std::min(deadline, s.lastCallMs) : deadline;
       waitUntil({key(s.round, "complete")}, until);
     }
