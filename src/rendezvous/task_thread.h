@@ -1,7 +1,6 @@
 // TaskThread: runs a rendezvous's store requests one at a time, in order, on
-// a thread of its own, off the agent's thread. (The dynamic rendezvous's
-// copy of the static one's class; static_rendezvous.cc can include this
-// header instead of its own.)
+// a thread of its own, off the agent's thread (the static and the dynamic
+// rendezvous).
 #pragma once
 
 #include <chrono>
