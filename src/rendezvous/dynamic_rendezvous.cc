@@ -553,17 +553,9 @@ class DynamicRendezvous final : public Rendezvous {
   // cancel_ too), so starting a round can end the previous round's watcher.
   void startWatcher(int round) {
     stopWatcher();
-    auto token = std::make_shared<store::CancelToken>();
-    watcherLink_ = cancel_->subscribe([token] { token->cancel(); });
-    watcherCancel_ = token;
-    watcher_ = std::thread([this, round, token] { watch(round, token); });
+    watcher_.start([this, round](const auto& token) { watch(round, token); });
   }
-  void stopWatcher() {
-    if (!watcher_.joinable()) return;
-    watcherCancel_->cancel();
-    watcher_.join();
-    cancel_->unsubscribe(watcherLink_);
-  }
+  void stopWatcher() { watcher_.stop(); }
 
   // On the watcher thread: waits for the round's end and posts it as a typed
   // event; a store that fails is kStoreLost; cancelled: nothing.
@@ -571,19 +563,7 @@ class DynamicRendezvous final : public Rendezvous {
     RoundEvent event;
     try {
       auto store = backend_.connect(token, opts_.readTimeout);
-      const auto endKey = key(round, "end");
-      for (bool ended = false; !ended;) {
-        try {
-          store->wait({endKey}, kWatchSlice);
-          ended = true;
-        } catch (const TimeoutError&) {  // a long round: wait on
-        }
-      }
-      try {
-        event = detail::decodeEnd(round, endKey, store->get(endKey));
-      } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
-        event = {round, RoundEnd::kClosed, -1, e.message()};
-      }
+      event = detail::awaitEnd(*store, round, key(round, "end"));
       if (event.kind == RoundEnd::kFinished) finished_ = true;
       if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
         jobEndSeen_ = true;
@@ -647,9 +627,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<bool> closedByMe_{false};
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
-  std::thread watcher_;
-  std::shared_ptr<store::CancelToken> watcherCancel_;
-  store::CancelToken::Id watcherLink_ = 0;
+  detail::WatcherThread watcher_{cancel_};
   detail::TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };
 

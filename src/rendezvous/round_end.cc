@@ -46,4 +46,20 @@ RoundEvent decodeEnd(int round, const std::string& key, const std::string& value
   return event;
 }
 
+RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey) {
+  constexpr std::chrono::milliseconds kSlice{3'600'000};
+  for (bool ended = false; !ended;) {
+    try {
+      store.wait({endKey}, kSlice);
+      ended = true;
+    } catch (const TimeoutError&) {  // a long round: wait on
+    }
+  }
+  try {
+    return decodeEnd(round, endKey, store.get(endKey));
+  } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
+    return {round, RoundEnd::kClosed, -1, e.message()};
+  }
+}
+
 }  // namespace ddprun::rendezvous::detail

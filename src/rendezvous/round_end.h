@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ddprun/rendezvous/rendezvous.h"
+#include "ddprun/store/store.h"
 
 namespace ddprun::rendezvous::detail {
 
@@ -15,5 +16,11 @@ namespace ddprun::rendezvous::detail {
 std::string encodeEnd(RoundEnd kind, int node, const std::string& why);
 // ProtocolError naming `key` for anything else.
 RoundEvent decodeEnd(int round, const std::string& key, const std::string& value);
+
+// A watcher's wait: blocks until `endKey` exists (asking again every hour:
+// rounds last as long as training does), then decodes it; junk there ends
+// the job (kClosed, node -1, the ProtocolError's message). Store errors and
+// CancelledError propagate.
+RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey);
 
 }  // namespace ddprun::rendezvous::detail

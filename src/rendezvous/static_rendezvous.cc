@@ -27,10 +27,6 @@ using detail::TaskThread;
 
 using Millis = std::chrono::milliseconds;
 
-// A watcher waits this long per request for the round's end, then asks again:
-// rounds last as long as training does.
-constexpr Millis kWatchSlice{3'600'000};
-
 // "900 s", or "150 ms" below a second (tests use short timeouts).
 std::string formatDuration(Millis d) {
   if (d.count() < 1000) return std::to_string(d.count()) + " ms";
@@ -345,17 +341,9 @@ class StaticRendezvous final : public Rendezvous {
   void startWatcher(int round) {
     stopWatcher();
     watchPeers(round);
-    auto token = std::make_shared<store::CancelToken>();
-    watcherLink_ = cancel_->subscribe([token] { token->cancel(); });
-    watcherCancel_ = token;
-    watcher_ = std::thread([this, round, token] { watch(round, token); });
+    watcher_.start([this, round](const auto& token) { watch(round, token); });
   }
-  void stopWatcher() {
-    if (!watcher_.joinable()) return;
-    watcherCancel_->cancel();
-    watcher_.join();
-    cancel_->unsubscribe(watcherLink_);
-  }
+  void stopWatcher() { watcher_.stop(); }
 
   // On the watcher thread: waits for the round's end and posts it as a typed
   // event; a store that fails is kStoreLost; cancelled: nothing.
@@ -363,19 +351,7 @@ class StaticRendezvous final : public Rendezvous {
     RoundEvent event;
     try {
       auto store = backend_.connect(token, opts_.timeout);
-      const auto endKey = key(round, "end");
-      for (bool ended = false; !ended;) {
-        try {
-          store->wait({endKey}, kWatchSlice);
-          ended = true;
-        } catch (const TimeoutError&) {  // a long round: wait on
-        }
-      }
-      try {
-        event = decodeEnd(round, endKey, store->get(endKey));
-      } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
-        event = {round, RoundEnd::kClosed, -1, e.message()};
-      }
+      event = detail::awaitEnd(*store, round, key(round, "end"));
       lastEnded_ = std::max(lastEnded_.load(), round);
       heartbeat_->setPeers({}, {});  // between rounds nobody is watched
       sayLeft(*store, round);
@@ -416,9 +392,7 @@ class StaticRendezvous final : public Rendezvous {
   std::unique_ptr<detail::Heartbeat> heartbeat_;
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.
-  std::thread watcher_;
-  std::shared_ptr<store::CancelToken> watcherCancel_;
-  store::CancelToken::Id watcherLink_ = 0;
+  detail::WatcherThread watcher_{cancel_};
   TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };
 
