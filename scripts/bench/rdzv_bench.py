@@ -285,6 +285,35 @@ def run(args, tmp):
     os.makedirs(args.out, exist_ok=True)
     with open(out_json, "w") as f:
         json.dump({"results": res, "table": table}, f, indent=1)
+    plot(res, os.path.join(args.out, "rdzv_bench.png"))
+
+
+def plot(res, path):
+    """Formation time against N, both launchers, log-log (skipped without
+    matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("ddprun", "torchrun"):
+        pts = sorted((int(n), r[name]["median_s"]) for n, r in res["formation"].items()
+                     if name in r)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("agents (N)")
+    ax.set_ylabel("last agent start -> all workers running (s)")
+    ax.set_title("c10d rendezvous formation, one 2-core machine")
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def report(res, args):
