@@ -19,6 +19,8 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
+#include "ddprun/rendezvous/dynamic_rendezvous.h"
 #include "ddprun/rendezvous/local_rendezvous.h"
 #include "ddprun/rendezvous/static_rendezvous.h"
 
@@ -30,12 +32,32 @@ using rendezvous::RoundEnd;
 using rendezvous::RoundEvent;
 using rendezvous::RoundInfo;
 
+rendezvous::DynamicOptions dynamicOptions(const LaunchConfig& cfg) {
+  rendezvous::DynamicOptions o;
+  o.endpointHost = cfg.endpointHost;
+  o.endpointPort = cfg.endpointPort;
+  o.isHost = cfg.isHost;
+  o.isHostExplicit = cfg.isHostExplicit;
+  o.runId = cfg.rdzvId;
+  o.minNodes = cfg.minNodes;
+  o.maxNodes = cfg.maxNodes;
+  o.localAddr = cfg.localAddr;
+  o.joinTimeout = cfg.c10d.joinTimeout;
+  o.lastCallTimeout = cfg.c10d.lastCallTimeout;
+  o.closeTimeout = cfg.c10d.closeTimeout;
+  o.readTimeout = cfg.c10d.readTimeout;
+  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  return o;
+}
+
 namespace {
-// The rendezvous the configuration asks for: local for one node (a fresh
-// worker store each round, on a free port unless --master-port was given),
-// static for several.
+// The rendezvous the configuration asks for (launch_config.h): dynamic for
+// c10d across nodes, local for one node, static for a fixed set of nodes.
 std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cfg,
                                                           rendezvous::Rendezvous::Post post) {
+  if (cfg.useDynamic)
+    return rendezvous::makeDynamicRendezvous(dynamicOptions(cfg), std::move(post));
   if (cfg.maxNodes == 1) {
     rendezvous::LocalOptions o;
     o.host = cfg.masterAddr;
@@ -49,6 +71,9 @@ std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cf
   o.nnodes = cfg.maxNodes;
   o.runId = cfg.rdzvId;
   o.timeout = cfg.rdzvTimeout;
+  // TODO(lead): once StaticOptions has the liveness fields (branch liveness):
+  // o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+  // o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
   return rendezvous::makeStaticRendezvous(o, std::move(post));
 }
 
@@ -177,25 +202,64 @@ class Agent::Impl {
   void onJoined(std::exception_ptr err, RoundInfo info) {
     if (state_ != State::kJoining) return;  // a signal ended the agent meanwhile
     if (err) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const CancelledError&) {
-        return;  // we asked for it
-      } catch (const std::exception& e) {
-        DDPRUN_DEBUG("rendezvous: ", e.what());
-        DDPRUN_ERROR(messageOf(e));
-      }
-      reporter_->event("rendezvous_failed", {}, restartCount_);
-      finish(kExitSetup);
+      onJoinFailed(err);
       return;
     }
     round_ = std::move(info);
+    adoptRestartCount();
     reporter_->event("rendezvous",
                      {{"round", round_.round}, {"group_rank", round_.groupRank},
                       {"group_world_size", round_.groupWorldSize},
                       {"world_size", round_.worldSize}, {"duration_s", secondsSince(joinStarted_)}},
                      restartCount_);
     startWorkers();
+  }
+
+  // A failed join: cancelled (we asked for it), the job already over (a late
+  // node: nothing to do, exit 0, as torchrun on RendezvousClosedError), or a
+  // setup error (peers missing, store unreachable: exit 3).
+  void onJoinFailed(std::exception_ptr err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const CancelledError&) {
+      return;
+    } catch (const rendezvous::ClosedError& e) {
+      DDPRUN_NOTICE("the job ", cfg_.rdzvId, " is already over (",
+                    closedReason(e.message()), "); nothing to do");
+      reporter_->event("rendezvous_closed", {{"reason", e.message()}}, restartCount_);
+      finish(kExitSuccess);
+      return;
+    } catch (const std::exception& e) {
+      DDPRUN_DEBUG("rendezvous: ", e.what());
+      DDPRUN_ERROR(messageOf(e));
+    }
+    reporter_->event("rendezvous_failed", {}, restartCount_);
+    finish(kExitSetup);
+  }
+
+  // The reason in a ClosedError's message, without a leading "the job <id>
+  // is already over" that our own line says already.
+  std::string closedReason(const std::string& message) const {
+    const std::string lead = "the job " + cfg_.rdzvId + " is already over";
+    if (message.rfind(lead, 0) != 0) return message;
+    std::string rest = str::trim(message.substr(lead.size()));
+    while (!rest.empty() &&
+           (rest.front() == ':' || rest.front() == '(' || rest.front() == ' '))
+      rest.erase(0, 1);
+    if (!rest.empty() && rest.back() == ')') rest.pop_back();
+    return rest.empty() ? "closed" : rest;
+  }
+
+  // The job-wide count of failed rounds, when the rendezvous keeps one (the
+  // same on every node): TORCHELASTIC_RESTART_COUNT, the attempt directory
+  // and the budget follow it. It differs from this node's own count only
+  // when this node missed rounds (it arrived late, or waited to be
+  // admitted); then say so, so that no message disagrees with it.
+  void adoptRestartCount() {
+    if (round_.restartCount < 0 || round_.restartCount == restartCount_) return;
+    DDPRUN_NOTICE("the job has used ", round_.restartCount, " of ", cfg_.maxRestarts,
+                  " restarts so far (counted for the whole job)");
+    restartCount_ = round_.restartCount;
   }
 
   void startWorkers() {
@@ -229,6 +293,10 @@ class Agent::Impl {
                            ? " on node " + std::to_string(round_.groupRank) + " of " +
                                  std::to_string(round_.groupWorldSize)
                            : "";
+    // The backend, except for the one-node local rendezvous (nothing to say
+    // beyond the worker store).
+    if (cfg_.useDynamic || cfg_.maxNodes > 1)
+      node += " (rendezvous: " + rdzv_->describe() + ")";
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
@@ -249,7 +317,7 @@ class Agent::Impl {
       failureWhy_ = "rank " + std::to_string(w->globalRank) + " (local_rank " +
                     std::to_string(w->localRank) + ", pid " + std::to_string(w->pid) +
                     ") exited with " + describeExit(w->exitCode);
-      const bool last = restartsLeft() == 0;
+      const bool last = restartsLeft() <= 0;
       rdzv_->reportFailure(round_.round, failureWhy_, /*closeJob=*/last);
       beginStop(SIGTERM, StopCause::kOwnFailure);
     } else if (group_->running() == 0) {
@@ -292,7 +360,12 @@ class Agent::Impl {
       return;
     }
     peer_ = ev;
-    DDPRUN_WARN(describePeer(ev), "; stopping this node's workers");
+    // Nodes arriving or leaving is the elastic job's normal life, not a fault.
+    if (ev.kind == RoundEnd::kMembershipChanged)
+      DDPRUN_NOTICE(describePeer(ev),
+                    "; stopping this node's workers to re-form the group");
+    else
+      DDPRUN_WARN(describePeer(ev), "; stopping this node's workers");
     beginStop(SIGTERM, StopCause::kPeer);
   }
 
@@ -332,9 +405,9 @@ class Agent::Impl {
                             peer_->kind == RoundEnd::kMembershipChanged;
     // The job is over when another node closed it (or its store is gone),
     // or when our own failure used up the budget.
-    const bool closed =
-        (peer_ && (peer_->kind == RoundEnd::kClosed || peer_->kind == RoundEnd::kStoreLost)) ||
-        (stopCause_ == StopCause::kOwnFailure && restartsLeft() == 0);
+    const bool closed = (peer_ && (peer_->kind == RoundEnd::kClosed ||
+                                   peer_->kind == RoundEnd::kStoreLost)) ||
+                        (stopCause_ == StopCause::kOwnFailure && restartsLeft() <= 0);
     if (membership || (!closed && restartsLeft() > 0)) {
       restart(membership);
       return;
@@ -353,7 +426,7 @@ class Agent::Impl {
       DDPRUN_WARN("worker group failed (", why, "); restart ", restartCount_, " of ",
                   cfg_.maxRestarts);
     } else {
-      DDPRUN_WARN(why, "; restarting the workers (not counted as a restart)");
+      DDPRUN_NOTICE(why, "; restarting the workers (not counted as a restart)");
     }
     reporter_->event("restart",
                      {{"restart_count", restartCount_}, {"restarts_left", restartsLeft()},
@@ -422,10 +495,7 @@ class Agent::Impl {
       case State::kRunning:
       case State::kSucceeded:
         DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
-        rdzv_->reportFailure(round_.round,
-                             "node " + std::to_string(round_.groupRank) + " received " +
-                                 signalName(sig),
-                             /*closeJob=*/true);
+        closeOnSignal(sig);
         if (state_ == State::kSucceeded) {
           finish(128 + sig);
           return;
@@ -439,6 +509,20 @@ class Agent::Impl {
         return;
       case State::kDone: return;
     }
+  }
+
+  // A signalled node leaves the job; whether the others go on without it is
+  // the rendezvous's to decide. The elastic rendezvous re-forms the group
+  // without this node (its shutdown() leaves rather than closes), so nothing
+  // is reported: a closing report would end the job for everybody. A static
+  // job cannot go on with a node missing, so the others are told at once
+  // (the job is closed) instead of waiting for a node that will not return.
+  void closeOnSignal(int sig) {
+    if (cfg_.useDynamic) return;
+    rdzv_->reportFailure(
+        round_.round,
+        "node " + std::to_string(round_.groupRank) + " received " + signalName(sig),
+        /*closeJob=*/true);
   }
 
   // ------------------------------------------------------------ the end

@@ -1,8 +1,5 @@
 #include "ddprun/agent/launch_config.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -219,21 +216,37 @@ void checkBackend(const LaunchConfig& c) {
 }
 
 void checkNodes(const LaunchConfig& c) {
-  if (c.minNodes != c.maxNodes)
-    DDPRUN_THROW(
-        InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
-        ": an elastic range needs the c10d rendezvous across nodes, which is not "
-        "supported yet in this version; give a fixed --nnodes N");
   if (c.standalone && c.maxNodes > 1)
     DDPRUN_THROW(
-        InvalidArgument, "--standalone runs one node, but --nnodes is ", c.maxNodes,
-        ": drop --standalone and give --node-rank, --master-addr and --master-port "
-        "(static rendezvous)");
-  if (!c.standalone && c.rdzvBackend == "c10d" && c.maxNodes > 1)
-    DDPRUN_THROW(InvalidArgument,
-                 "--rdzv-backend=c10d on several nodes (the elastic rendezvous) is not "
-                 "supported yet in this version; use the static rendezvous (--nnodes N "
-                 "--node-rank R --master-addr A --master-port P)");
+        InvalidArgument, "--standalone runs one node, but --nnodes is ",
+        c.minNodes == c.maxNodes
+            ? std::to_string(c.maxNodes)
+            : std::to_string(c.minNodes) + ":" + std::to_string(c.maxNodes),
+        ": drop --standalone and give --rdzv-backend=c10d --rdzv-endpoint HOST[:PORT] "
+        "(elastic) or --node-rank, --master-addr and --master-port (static rendezvous)");
+  if (c.minNodes != c.maxNodes && c.rdzvBackend != "c10d")
+    DDPRUN_THROW(InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
+                 ": an elastic range needs --rdzv-backend=c10d (with --rdzv-endpoint "
+                 "HOST[:PORT], the same on every node); the static rendezvous needs a "
+                 "fixed count: give --nnodes N");
+}
+
+// --local-addr is advertised as given (never resolved), so it must be a
+// host name or an address literal, without a port.
+void checkLocalAddr(LaunchConfig& c) {
+  if (c.localAddr.empty()) return;
+  std::string a = c.localAddr;
+  if (a.size() > 2 && a.front() == '[' && a.back() == ']') a = a.substr(1, a.size() - 2);
+  const bool nameChars = !a.empty() && a.size() <= 253 && a.front() != '-' &&
+                         a.front() != '.' &&
+                         std::all_of(a.begin(), a.end(), [](unsigned char ch) {
+                           return std::isalnum(ch) || ch == '-' || ch == '.' || ch == '_';
+                         });
+  if (!net::isIpLiteral(a) && !nameChars)
+    DDPRUN_THROW(InvalidArgument, "--local-addr '", str::escape(c.localAddr),
+                 "': expected this node's host name or IP address, without a port (e.g. "
+                 "--local-addr 10.0.0.5 or --local-addr node3.cluster)");
+  c.localAddr = a;
 }
 
 // ------------------------------------------------------------ --rdzv-conf
@@ -349,35 +362,6 @@ void takeStandalonePath(LaunchConfig& c, bool byDefault) {
   c.masterAddr = c.localAddr.empty() ? "localhost" : c.localAddr;
 }
 
-// An address of one of this machine's interfaces (no name lookup: a name
-// would need DNS, which finalizeConfig does not do).
-bool isInterfaceAddress(const std::string& host) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return false;
-  bool found = false;
-  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr) continue;
-    const int family = a->ifa_addr->sa_family;
-    const void* raw = nullptr;
-    if (family == AF_INET) raw = &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
-    if (family == AF_INET6)
-      raw = &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr;
-    char text[INET6_ADDRSTRLEN] = {};
-    found = raw != nullptr && ::inet_ntop(family, raw, text, sizeof text) != nullptr &&
-            host == text;
-  }
-  ::freeifaddrs(list);
-  return found;
-}
-
-// This machine: loopback, its host name (short or qualified) or an address
-// of one of its interfaces.
-bool isThisHost(const std::string& host) {
-  const std::string me = net::hostName();
-  return host == "localhost" || str::startsWith(host, "127.") || host == "::1" ||
-         host == me || str::startsWith(host, me + ".") || isInterfaceAddress(host);
-}
-
 net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
   try {
     return net::parseHostPort(text, defaultPort);
@@ -386,23 +370,61 @@ net::HostPort parseEndpoint(const std::string& text, uint16_t defaultPort) {
   }
 }
 
-// c10d on one node: nothing to agree on, so the local rendezvous serves it
-// (a free port each round); the run id is kept. The endpoint must be this
-// host: meeting a rendezvous elsewhere is the elastic rendezvous, not here yet.
-void takeLocalC10dPath(LaunchConfig& c) {
-  if (!c.rdzvEndpoint.empty()) {
-    auto hp = parseEndpoint(c.rdzvEndpoint, 29400);
-    if (!isThisHost(hp.host))
-      DDPRUN_THROW(
-          InvalidArgument, "--rdzv-endpoint ", c.rdzvEndpoint,
-          ": joining a c10d rendezvous hosted on another machine is not supported "
-          "yet in this version; on one node give an endpoint on this host "
-          "(localhost:0) or --standalone");
-  }
+// Warns once about flags the c10d rendezvous does not read (as torchrun).
+void warnC10dIgnores(LaunchConfig& c) {
   auto ignored = givenOf(c, {"master_addr", "master_port"});
   if (!ignored.empty())
-    warn(c, str::join(ignored, " and ") +
-                " ignored: they are only used by the static rendezvous (as in torchrun)");
+    warn(c, str::join(ignored, " and ") + " ignored: only the static rendezvous uses " +
+                (ignored.size() == 1 ? "it" : "them") + " (as in torchrun)");
+  if (c.useDynamic && given(c, "node_rank"))
+    warn(
+        c,
+        "--node-rank ignored with --rdzv-backend=c10d: the rendezvous assigns node ranks "
+        "(the endpoint's host first, then the order of arrival)");
+}
+
+// is_host: --rdzv-conf is_host when given, else this machine is the
+// endpoint's host (torchrun's inference, plus local interface addresses).
+void decideIsHost(LaunchConfig& c) {
+  c.isHostExplicit = c.c10d.isHost.has_value();
+  c.isHost = c.isHostExplicit ? *c.c10d.isHost : net::isThisHost(c.endpointHost);
+}
+
+// The dynamic rendezvous's own rules (see decideC10dPath).
+void checkDynamic(const LaunchConfig& c) {
+  if (c.endpointPort == 0 && !c.isHost)
+    DDPRUN_THROW(InvalidArgument, "--rdzv-endpoint ", c.rdzvEndpoint,
+                 ": port 0 (a free port) works only on the agent that hosts the "
+                 "rendezvous; give the port its host listens on, e.g. ",
+                 net::formatHostPort(c.endpointHost, 29400));
+  if (c.c10d.storeType != "tcp")
+    DDPRUN_THROW(InvalidArgument, "--rdzv-conf store_type=", c.c10d.storeType,
+                 ": ddprun's c10d rendezvous keeps its state in a TCP store at "
+                 "--rdzv-endpoint; drop store_type or give store_type=tcp");
+}
+
+// --rdzv-backend=c10d: the dynamic rendezvous across nodes, or (one node
+// hosting its own endpoint) the local rendezvous, which behaves the same
+// there without a store to host: one round at once, a free worker-store
+// port, the run id kept. The endpoint defaults to localhost:29400 as in
+// torchrun, except across nodes, where every node must be told where to meet.
+void takeC10dPath(LaunchConfig& c) {
+  if (c.rdzvEndpoint.empty() && c.maxNodes > 1)
+    DDPRUN_THROW(
+        InvalidArgument,
+        "--rdzv-endpoint: required with --rdzv-backend=c10d on several nodes: give "
+        "HOST[:PORT] of the node that hosts the rendezvous, the same on every node "
+        "(e.g. --rdzv-endpoint head:29400; the port defaults to 29400)");
+  auto hp = parseEndpoint(c.rdzvEndpoint.empty() ? "localhost" : c.rdzvEndpoint, 29400);
+  c.endpointHost = hp.host;
+  c.endpointPort = hp.port;
+  decideIsHost(c);
+  c.useDynamic = c.maxNodes > 1 || !c.isHost;
+  warnC10dIgnores(c);
+  if (c.useDynamic) {
+    checkDynamic(c);
+    return;
+  }
   c.masterPort = 0;
   c.masterAddr = c.localAddr.empty() ? "localhost" : c.localAddr;
 }
@@ -471,6 +493,7 @@ void finalizeConfig(LaunchConfig& c) {
   checkProgram(c);
   checkBackend(c);
   checkNodes(c);
+  checkLocalAddr(c);
   parseRdzvSettings(c);
   // torchrun 2.x's one-node default (PR #175699): the fixed port 29500 only
   // when asked for, so two jobs on one host never collide.
@@ -480,7 +503,7 @@ void finalizeConfig(LaunchConfig& c) {
   if (c.standalone || oneNodeDefault)
     takeStandalonePath(c, !c.standalone);
   else if (c.rdzvBackend == "c10d")
-    takeLocalC10dPath(c);
+    takeC10dPath(c);
   else
     takeStaticPath(c);
   warnUnhonoured(c);

@@ -64,11 +64,12 @@ std::vector<FlagInfo> makeFlags() {
   return {
       withShort(single(flag("help", "Show this help and exit.")), "-h"),
       value("nnodes", "N|MIN:MAX", "1:1",
-            "Number of nodes, or a range MIN:MAX (elastic: not yet)."),
+            "Number of nodes, or a range MIN:MAX (elastic, with --rdzv-backend=c10d)."),
       value("nproc_per_node", "N|cpu|gpu|auto", "1", "Workers per node."),
       value("rdzv_backend", "static|c10d", "static", "Rendezvous backend."),
       value("rdzv_endpoint", "HOST[:PORT]", "",
-            "Rendezvous endpoint; with static, node 0's address and port."),
+            "Where the nodes meet (c10d: port 29400 by default); with static, node 0's "
+            "address and port."),
       value("rdzv_id", "ID", "none", "Job id shared by every node."),
       value("rdzv_conf", "KEY=VALUE,...", "",
             "Rendezvous settings, e.g. timeout=900 (static), join_timeout=600 (c10d)."),
@@ -106,8 +107,10 @@ std::vector<FlagInfo> makeFlags() {
           "master_port", "PORT", "",
           "Node 0's store port (static rendezvous; default 29500, or a free port on one "
           "node when not given)."),
-      value("local_addr", "HOST", "",
-            "This node's address (c10d): MASTER_ADDR on one node."),
+      value(
+          "local_addr", "HOST", "",
+          "The address this node advertises (c10d; never resolved): MASTER_ADDR when it "
+          "hosts the worker store."),
       noEnv(value("logs_specs", "NAME", "",
                   "Accepted; Python entry points cannot be loaded.")),
       noEnv(choices(

@@ -1,12 +1,17 @@
 #include "ddprun/common/net.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <fstream>
 #include <set>
@@ -20,6 +25,101 @@ std::string hostName() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
   return buf;
+}
+
+namespace {
+
+// The text form of an AF_INET/AF_INET6 socket address; "" for others.
+std::string addressText(const sockaddr* sa) {
+  if (sa == nullptr) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw = nullptr;
+  if (sa->sa_family == AF_INET) raw = &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr;
+  if (sa->sa_family == AF_INET6)
+    raw = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+  if (raw == nullptr || ::inet_ntop(sa->sa_family, raw, text, sizeof text) == nullptr)
+    return "";
+  return text;
+}
+
+// Host names compare without regard to case (RFC 4343).
+bool sameName(const std::string& a, const std::string& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](unsigned char x, unsigned char y) {
+           return std::tolower(x) == std::tolower(y);
+         });
+}
+
+// Two address literals are the same address (::1 and 0:0::1 are).
+bool sameAddress(const std::string& a, const std::string& b) {
+  in6_addr x6{}, y6{};
+  if (::inet_pton(AF_INET6, a.c_str(), &x6) == 1 &&
+      ::inet_pton(AF_INET6, b.c_str(), &y6) == 1)
+    return std::equal(x6.s6_addr, x6.s6_addr + 16, y6.s6_addr);
+  in_addr x4{}, y4{};
+  return ::inet_pton(AF_INET, a.c_str(), &x4) == 1 &&
+         ::inet_pton(AF_INET, b.c_str(), &y4) == 1 && x4.s_addr == y4.s_addr;
+}
+
+// getaddrinfo(gethostname()): its canonical name or one of its addresses is `host`.
+bool matchesResolvedHostName(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(hostName().c_str(), nullptr, &hints, &list) != 0) return false;
+  bool found = false;
+  for (addrinfo* a = list; a != nullptr && !found; a = a->ai_next) {
+    if (a->ai_canonname != nullptr && sameName(host, a->ai_canonname)) found = true;
+    const std::string text = addressText(a->ai_addr);
+    if (!text.empty() && isIpLiteral(host) && sameAddress(host, text)) found = true;
+  }
+  ::freeaddrinfo(list);
+  return found;
+}
+
+}  // namespace
+
+bool isIpLiteral(const std::string& host) {
+  in6_addr a6{};
+  in_addr a4{};
+  return ::inet_pton(AF_INET, host.c_str(), &a4) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+}
+
+bool isLoopbackHost(const std::string& host) {
+  if (sameName(host, "localhost")) return true;
+  in_addr a4{};
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &a6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+}
+
+bool isLocalInterfaceAddress(const std::string& host) {
+  if (!isIpLiteral(host)) return false;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    const std::string text = addressText(a->ifa_addr);
+    found = !text.empty() && sameAddress(host, text);
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+bool isThisHost(const std::string& host) {
+  if (host.empty()) return false;
+  if (isLoopbackHost(host) || isLocalInterfaceAddress(host)) return true;
+  const std::string me = hostName();
+  if (sameName(host, me)) return true;
+  if (host.size() > me.size() + 1 && sameName(host.substr(0, me.size() + 1), me + "."))
+    return true;
+  return matchesResolvedHostName(host);
 }
 
 uint16_t parsePort(const std::string& text, const std::string& what) {

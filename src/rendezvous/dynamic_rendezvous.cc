@@ -1,12 +1,575 @@
-// Placeholder: implemented on the dynamic branch.
 #include "ddprun/rendezvous/dynamic_rendezvous.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <mutex>
+#include <optional>
+#include <thread>
+
 #include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
+#include "dynamic_rendezvous_internal.h"
+#include "dynamic_state.h"
+#include "round_end.h"
+#include "task_thread.h"
 
 namespace ddprun::rendezvous {
+namespace {
 
-std::unique_ptr<Rendezvous> makeDynamicRendezvous(const DynamicOptions&, Rendezvous::Post) {
-  DDPRUN_THROW(InvalidArgument, "the dynamic rendezvous is not built yet");
+using detail::JoinOutcome;
+using detail::NodeDesc;
+using detail::State;
+using Millis = std::chrono::milliseconds;
+
+// A watcher waits this long per request for the round's end, then asks again:
+// rounds last as long as training does.
+constexpr Millis kWatchSlice{3'600'000};
+
+// The <n> of node ids: distinct for every rendezvous of this process.
+std::atomic<int> nextLocalId{0};
+
+// "900 s", or "150 ms" below a second (tests use short timeouts).
+std::string formatDuration(int64_t ms) {
+  if (ms < 1000) return std::to_string(ms) + " ms";
+  return std::to_string(ms / 1000) + " s";
 }
 
+// One thread's view of the state key: the text it last read, and
+// compare_set against it (see dynamic_state.h). Not thread-safe: one per
+// thread, with that thread's store connection.
+class StateCell {
+ public:
+  StateCell(store::Store& store, std::string key) : store_(store), key_(std::move(key)) {}
+
+  // The store's current state in one request: a compare_set that can never
+  // match returns the value, or (the server's "lie" for a missing key) the
+  // expected sentinel itself.
+  State refresh() {
+    static const std::string kSentinel = "\x01";
+    text_ = store_.compareSet(key_, kSentinel, kSentinel);
+    if (text_ == kSentinel) text_.clear();
+    return parse();
+  }
+
+  // Applies `change` to the latest state known and writes the result
+  // against it; when the store holds something else, adopts that and applies
+  // `change` again. Returns the state as written (or as found, when
+  // `change` leaves it as it is).
+  State update(const std::function<void(State&)>& change) {
+    for (;;) {
+      State s = parse();
+      change(s);
+      std::string next = detail::toJson(s);
+      if (next == text_) return s;
+      std::string got = store_.compareSet(key_, text_, next);
+      if (got == next) {
+        text_ = std::move(next);
+        return s;
+      }
+      // The expected value back (and not ours) means the key is missing.
+      text_ = got == text_ ? "" : std::move(got);
+    }
+  }
+
+ private:
+  State parse() const { return text_.empty() ? State{} : detail::fromJson(text_, key_); }
+
+  store::Store& store_;
+  const std::string key_;
+  std::string text_;  // "" = no state in the store
+};
+
+// Keys, under "ddprun/<run_id>/":
+//   state                   the job's state (dynamic_state.h)
+//   hb/<node id>            heartbeats (heartbeat.h)
+//   round/<r>/complete      written once round r completed: the forming
+//                           round's participants WAIT on it
+//   round/<r>/worker_store  "host:port" of the round's worker store (group rank 0)
+//   round/<r>/done          nodes whose workers all succeeded (counter)
+//   round/<r>/end           how round r ended (round_end.h), copied from the
+//                           state by whoever wrote the end, or anyone who
+//                           finds it missing; the watchers WAIT on it
+//   round/<r>/left/<id>     the node read round r's end (the host waits for
+//                           these, bounded, before its store goes)
+//
+// Threads: the agent's thread calls the interface; a task thread runs joins,
+// reports and the leave on `client_`, in order; a watcher thread per round
+// waits for its end key; the heartbeat's watcher thread runs onDead on a
+// connection of its own. cancel_ reaches every connection but the leave's.
+class DynamicRendezvous final : public Rendezvous {
+ public:
+  DynamicRendezvous(DynamicOptions opts, Post post, detail::DynamicBackend backend)
+      : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {
+    lim_ = {opts_.minNodes, opts_.maxNodes, opts_.lastCallTimeout.count()};
+    if (backend_.pid == 0) backend_.pid = ::getpid();
+  }
+  ~DynamicRendezvous() override { shutdown(); }
+
+  void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
+
+  void join(int localWorldSize, JoinHandler done) override {
+    if (stopping_ || cancel_->cancelled()) {
+      post_([done = std::move(done), error = cancelledJoin()] { done(error, {}); });
+      return;
+    }
+    joining_ = true;
+    tasks_.push([this, localWorldSize, done = std::move(done)] {
+      runJoin(localWorldSize, done);
+    });
+  }
+
+  void reportSuccess(int round) override {
+    tasks_.push([this, round] {
+      report(round, "its workers succeeded", [&] {
+        if (client_->add(key(round, "done"), 1) >= roundSize_)
+          endRound(round, RoundEnd::kFinished, "");
+      });
+    });
+  }
+
+  void reportFailure(int round, const std::string& why, bool closeJob) override {
+    if (closeJob) closedByMe_ = true;
+    tasks_.push([this, round, why, closeJob] {
+      report(round, "the round failed", [&] {
+        endRound(round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, why);
+      });
+    });
+  }
+
+  // A pending join is cancelled at once. Otherwise queued reports go out
+  // first, then the leave (see leave()); all bounded by closeTimeout.
+  void shutdown() override {
+    if (stopping_.exchange(true)) return;
+    if (joining_) cancel_->cancel();
+    tasks_.push([this] { leave(); });
+    if (!tasks_.drain(opts_.closeTimeout))
+      DDPRUN_DEBUG("rendezvous: leaving after ", formatDuration(opts_.closeTimeout.count()),
+                   " without every report delivered");
+    cancel_->cancel();
+    leaveCancel_->cancel();
+    tasks_.stop();
+    stopWatcher();
+    if (liveness_) liveness_->stop();  // the task thread, its creator, has ended
+    {
+      std::lock_guard lock(deadMu_);
+      deadCell_.reset();
+      deadClient_.reset();
+    }
+    if (backend_.stopHosted) backend_.stopHosted();
+  }
+
+  void cancel() override { cancel_->cancel(); }
+
+  std::string describe() const override {
+    return "c10d, nodes " + std::to_string(opts_.minNodes) + ":" +
+           std::to_string(opts_.maxNodes) + ", run " + opts_.runId + ", store " +
+           backend_.storeAddress + (backend_.hosting ? " (hosted here)" : "");
+  }
+
+ private:
+  std::string prefix() const { return "ddprun/" + opts_.runId + "/"; }
+  std::string stateKey() const { return prefix() + "state"; }
+  std::string key(int round, const std::string& name) const {
+    return prefix() + "round/" + std::to_string(round) + "/" + name;
+  }
+  int64_t now() const { return backend_.clock(); }
+  std::exception_ptr cancelledJoin() const {
+    return std::make_exception_ptr(CancelledError("joining the rendezvous was cancelled"));
+  }
+  std::string storeGone(const std::string& why) const {
+    return "the rendezvous store at " + backend_.storeAddress + " is gone or unreachable (" +
+           why + "); its host (the agent started on " + opts_.endpointHost +
+           ", or a ddprun-store) is a single point of failure";
+  }
+
+  // On the task thread. The result is posted even during shutdown: a
+  // pending join always ends. The round's watcher starts only after the
+  // result is posted, so the agent never hears of a round's end before it
+  // has heard of the round.
+  void runJoin(int localWorldSize, const JoinHandler& done) {
+    std::exception_ptr error;
+    RoundInfo info;
+    try {
+      info = joinRound(localWorldSize);
+    } catch (const IoError& e) {
+      error = std::make_exception_ptr(IoError(storeGone(e.message()), e.file(), e.line()));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!error && cancel_->cancelled()) error = cancelledJoin();
+    if (!error) lastJoined_ = info.round;
+    joining_ = false;
+    const bool joined = !error;
+    post_([done, error = std::move(error), info] { done(error, info); });
+    if (joined) startWatcher(info.round);
+  }
+
+  // Connects once per rendezvous and fixes this node's id.
+  void ensureConnected() {
+    if (client_) return;
+    try {
+      client_ = backend_.connect(cancel_, opts_.joinTimeout);
+    } catch (const TimeoutError& e) {
+      DDPRUN_THROW(IoError, e.message());
+    }
+    cell_.emplace(*client_, stateKey());
+    addr_ = !opts_.localAddr.empty() ? opts_.localAddr
+            : backend_.hosting       ? opts_.endpointHost
+                                     : backend_.localAddress(*client_);
+    if (addr_.empty()) addr_ = net::hostName();
+    me_.id = detail::makeNodeId(addr_, backend_.pid, nextLocalId++);
+    me_.host = backend_.hosting;
+    nodeId_ = me_.id;
+    liveness_ = backend_.startLiveness(me_.id);
+  }
+
+  // The join loop (see dynamic_state.h): one step on the latest state, then
+  // wait for what the step says, until this node takes part in a complete
+  // round, the job is closed, or the join deadline passes.
+  RoundInfo joinRound(int localWorldSize) {
+    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
+                 localWorldSize);
+    ensureConnected();
+    const int64_t deadline = now() + opts_.joinTimeout.count();
+    me_.nproc = localWorldSize;
+    for (;;) {
+      cell_->refresh();
+      JoinOutcome outcome{};
+      NodeDesc trial;
+      State s = cell_->update([&](State& st) {
+        trial = me_;
+        outcome = detail::joinStep(st, trial, lim_, now());
+      });
+      me_ = trial;
+      afterRead(*client_, s);
+      if (outcome == JoinOutcome::kClosed)
+        DDPRUN_THROW(ClosedError, "the job ", opts_.runId, " is already over: ",
+                     s.closedReason);
+      if (outcome == JoinOutcome::kComplete) return roundInfo(s);
+      if (outcome == JoinOutcome::kWaitEnd) {  // redundant: no deadline, as torchrun
+        waitUntil({key(s.round, "end")}, INT64_MAX);
+        continue;
+      }
+      if (now() >= deadline) giveUp(s);
+      const int64_t until = s.lastCallMs ? std::min(deadline, s.lastCallMs) : deadline;
+      waitUntil({key(s.round, "complete")}, until);
+    }
+  }
+
+  // The join deadline passed in a forming round: this node leaves it, then
+  // says who came and who did not.
+  [[noreturn]] void giveUp(const State& seen) {
+    cell_->update([&](State& st) {
+      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_, now());
+    });
+    DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
+                 " did not complete within ", formatDuration(opts_.joinTimeout.count()),
+                 ": ", detail::describeShortfall(seen, lim_),
+                 ". Start the missing nodes with the same --rdzv-endpoint (",
+                 backend_.storeAddress, ") and --rdzv-id, or lower --nnodes' minimum");
+  }
+
+  bool waitUntil(const std::vector<std::string>& keys, int64_t untilMs) {
+    if (backend_.waitUntil) return backend_.waitUntil(*client_, keys, untilMs);
+    for (;;) {
+      const int64_t left = untilMs == INT64_MAX ? kWatchSlice.count() : untilMs - now();
+      if (left <= 0) return client_->check(keys);
+      try {
+        client_->wait(keys, Millis(std::min(left, kWatchSlice.count())));
+        return true;
+      } catch (const TimeoutError&) {  // a slice or the deadline: look again
+      }
+    }
+  }
+
+  // After every state read: the markers a dead writer may have left unwritten,
+  // and the nodes to watch.
+  void afterRead(store::Store& store, const State& s) {
+    ensureMarkers(store, s);
+    std::vector<std::string> peers;
+    for (const auto& d : s.participants)
+      if (d.id != me_.id) peers.push_back(d.id);
+    for (const auto& id : s.expected)
+      if (id != me_.id && std::find(peers.begin(), peers.end(), id) == peers.end())
+        peers.push_back(id);
+    if (peers == peers_) return;
+    peers_ = peers;
+    liveness_->setPeers(std::move(peers), [this](const std::string& node, int64_t silentMs) {
+      onDead(node, silentMs);
+    });
+  }
+
+  // Writes round/<r>/complete and round/<r>/end as the state says, once per
+  // round and node: the writer of the state change may have died before.
+  void ensureMarkers(store::Store& store, const State& s) {
+    std::lock_guard lock(markMu_);
+    const int done = s.complete ? s.round : s.lastEndedRound;
+    if (done > completeMarked_) {
+      store.set(key(done, "complete"), "");
+      completeMarked_ = done;
+    }
+    if (s.lastEndedRound > endMarked_) {
+      store.compareSet(key(s.lastEndedRound, "end"), "", s.lastEnd);
+      endMarked_ = s.lastEndedRound;
+    }
+  }
+
+  RoundInfo roundInfo(const State& s) {
+    RoundInfo info;
+    info.round = s.round;
+    info.groupRank = detail::rankOf(s, me_.id);
+    info.groupWorldSize = static_cast<int>(s.participants.size());
+    for (const auto& d : s.participants) info.localWorldSizes.push_back(d.nproc);
+    RankLayout layout = assignRanks(info.localWorldSizes);
+    info.baseRank = layout.baseRanks[info.groupRank];
+    info.worldSize = layout.worldSize;
+    info.restartCount = s.restartCount;
+    groupRank_ = info.groupRank;
+    roundSize_ = info.groupWorldSize;
+    roundPeers_.clear();
+    for (const auto& d : s.participants)
+      if (d.id != me_.id) roundPeers_.push_back(d.id);
+    workerStore(info);
+    return info;
+  }
+
+  // Group rank 0 starts the round's fresh worker store and publishes it; the
+  // others read it (published right after completion).
+  void workerStore(RoundInfo& info) {
+    const auto k = key(info.round, "worker_store");
+    if (info.groupRank == 0) {
+      info.workerStoreHost = addr_;
+      info.workerStorePort = backend_.startWorkerStore();
+      client_->set(k, net::formatHostPort(addr_, info.workerStorePort));
+      return;
+    }
+    try {
+      client_->wait({k}, opts_.readTimeout);
+    } catch (const TimeoutError&) {
+      DDPRUN_THROW(TimeoutError, "rendezvous round ", info.round,
+                   ": group rank 0 did not publish the round's worker store (", k,
+                   ") within ", formatDuration(opts_.readTimeout.count()));
+    }
+    const std::string value = client_->get(k);
+    try {
+      auto hp = net::parseHostPort(value, 0);
+      if (hp.port == 0) throw InvalidArgument("port 0");
+      info.workerStoreHost = hp.host;
+      info.workerStorePort = hp.port;
+    } catch (const InvalidArgument&) {
+      DDPRUN_THROW(ProtocolError, "the rendezvous store holds '", str::escape(value),
+                   "' under ", k, ", not host:port; is another job using --rdzv-id ",
+                   opts_.runId, " on this store?");
+    }
+  }
+
+  // On the task thread: the state change that ends `round`, then its key.
+  void endRound(int round, RoundEnd kind, const std::string& why) {
+    cell_->refresh();
+    State s = cell_->update(
+        [&](State& st) { detail::endRound(st, round, kind, groupRank_, why); });
+    ensureMarkers(*client_, s);
+  }
+
+  // On the task thread. Reports on a round that already ended change
+  // nothing (the first end won) and are skipped: the store may be gone.
+  void report(int round, const char* what, const std::function<void()>& request) {
+    if (round != lastJoined_ || lastEnded_ >= round || cancel_->cancelled()) return;
+    try {
+      request();
+    } catch (const CancelledError&) {
+      DDPRUN_DEBUG("rendezvous: not reporting that ", what, ": cancelled");
+    } catch (const Error& e) {
+      DDPRUN_WARN("could not tell the other nodes that ", what, ": ", e.message());
+    }
+  }
+
+  // On the heartbeat's thread: drops a silent node from the state (ending
+  // the running round it took part in), on a connection of its own.
+  void onDead(const std::string& node, int64_t silentMs) {
+    std::lock_guard lock(deadMu_);
+    if (stopping_) return;
+    const std::string why = detail::describeNode(node) + " missed heartbeats for " +
+                            formatDuration(silentMs);
+    try {
+      if (!deadClient_) {
+        deadClient_ = backend_.connect(cancel_, opts_.readTimeout);
+        deadCell_.emplace(*deadClient_, stateKey());
+      }
+      deadCell_->refresh();
+      State s = deadCell_->update(
+          [&](State& st) { detail::removeNode(st, node, why, lim_, now()); });
+      ensureMarkers(*deadClient_, s);
+      DDPRUN_INFO("rendezvous: ", why, "; dropped from the job");
+    } catch (const CancelledError&) {
+    } catch (const Error& e) {
+      DDPRUN_WARN("rendezvous: could not drop ", detail::describeNode(node), ": ",
+                  e.message());
+    }
+  }
+
+  // On the task thread, at shutdown, on a connection of its own (cancel()
+  // may have ended client_'s): a job that finished, or that this node
+  // closed, stays closed; otherwise this node leaves and the others re-form
+  // without it. The host then gives the round's other nodes a moment to read
+  // its end before its store goes.
+  void leave() {
+    if (!client_) return;  // never joined
+    try {
+      auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
+      StateCell cell(*store, stateKey());
+      cell.refresh();
+      State s = cell.update([&](State& st) {
+        if (closedByMe_ || finished_)
+          detail::close(st, "it finished");
+        else
+          detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " left", lim_,
+                             now());
+      });
+      ensureMarkers(*store, s);
+      if (backend_.hosting) awaitGoodbyes(*store);
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: leaving without every goodbye: ", e.message());
+    }
+  }
+
+  void awaitGoodbyes(store::Store& store) {
+    const int round = lastJoined_;
+    if (round < 0 || !store.check({key(round, "end")})) return;
+    std::vector<std::string> keys;
+    for (const auto& id : roundPeers_) keys.push_back(key(round, "left/" + id));
+    if (!keys.empty()) store.wait(keys, opts_.closeTimeout);
+  }
+
+  // Watchers: one per round, each with a token of its own (cancelled by
+  // cancel_ too), so starting a round can end the previous round's watcher.
+  void startWatcher(int round) {
+    stopWatcher();
+    auto token = std::make_shared<store::CancelToken>();
+    watcherLink_ = cancel_->subscribe([token] { token->cancel(); });
+    watcherCancel_ = token;
+    watcher_ = std::thread([this, round, token] { watch(round, token); });
+  }
+  void stopWatcher() {
+    if (!watcher_.joinable()) return;
+    watcherCancel_->cancel();
+    watcher_.join();
+    cancel_->unsubscribe(watcherLink_);
+  }
+
+  // On the watcher thread: waits for the round's end and posts it as a typed
+  // event; a store that fails is kStoreLost; cancelled: nothing.
+  void watch(int round, const std::shared_ptr<store::CancelToken>& token) {
+    RoundEvent event;
+    try {
+      auto store = backend_.connect(token, opts_.readTimeout);
+      const auto endKey = key(round, "end");
+      for (bool ended = false; !ended;) {
+        try {
+          store->wait({endKey}, kWatchSlice);
+          ended = true;
+        } catch (const TimeoutError&) {  // a long round: wait on
+        }
+      }
+      try {
+        event = detail::decodeEnd(round, endKey, store->get(endKey));
+      } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
+        event = {round, RoundEnd::kClosed, -1, e.message()};
+      }
+      if (event.kind == RoundEnd::kFinished) finished_ = true;
+      lastEnded_ = std::max(lastEnded_.load(), round);
+      sayLeft(*store, round);
+    } catch (const CancelledError&) {
+      return;
+    } catch (const Error& e) {
+      event = {round, RoundEnd::kStoreLost, -1, storeGone(e.message())};
+    }
+    if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+  }
+
+  // Best effort: the host may stop its store once every node read the end.
+  void sayLeft(store::Store& store, int round) {
+    try {
+      store.set(key(round, "left/" + nodeId_), "");
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ",
+                   e.message());
+    }
+  }
+
+  const DynamicOptions opts_;
+  const Post post_;
+  detail::DynamicBackend backend_;
+  detail::Limits lim_;
+  EventHandler handler_;  // set before the first join, read by watchers
+  const std::shared_ptr<store::CancelToken> cancel_ =
+      std::make_shared<store::CancelToken>();
+  const std::shared_ptr<store::CancelToken> leaveCancel_ =
+      std::make_shared<store::CancelToken>();
+  // The task thread's (set by the first join, read by watchers after it).
+  std::unique_ptr<store::Store> client_;
+  std::optional<StateCell> cell_;
+  std::string addr_;
+  NodeDesc me_;
+  std::string nodeId_;  // me_.id, for the watchers (set before the first)
+  std::unique_ptr<detail::Liveness> liveness_;
+  std::vector<std::string> peers_;      // watched by liveness_
+  std::vector<std::string> roundPeers_;  // the other participants of the last round
+  int groupRank_ = -1;
+  int roundSize_ = 0;
+  // The markers this node made sure of (any thread).
+  std::mutex markMu_;
+  int completeMarked_ = -1;
+  int endMarked_ = -1;
+  // onDead's connection (the heartbeat's thread).
+  std::mutex deadMu_;
+  std::unique_ptr<store::Store> deadClient_;
+  std::optional<StateCell> deadCell_;
+  std::atomic<int> lastJoined_{-1};
+  std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> closedByMe_{false};
+  std::atomic<bool> joining_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;
+  std::shared_ptr<store::CancelToken> watcherCancel_;
+  store::CancelToken::Id watcherLink_ = 0;
+  detail::TaskThread tasks_;  // last: destroyed first, its thread uses the members above
+};
+
+}  // namespace
+
+namespace detail {
+
+void validate(const DynamicOptions& o) {
+  DDPRUN_CHECK(o.minNodes >= 1 && o.minNodes <= o.maxNodes,
+               "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":", o.maxNodes);
+  for (auto [name, v] : {std::pair{"join_timeout", o.joinTimeout},
+                         {"last_call_timeout", o.lastCallTimeout},
+                         {"close_timeout", o.closeTimeout},
+                         {"read_timeout", o.readTimeout},
+                         {"keep_alive_interval", o.keepAliveInterval}})
+    DDPRUN_CHECK(v.count() > 0, "--rdzv-conf ", name, " must be positive");
+  DDPRUN_CHECK(o.keepAliveMaxAttempt >= 1,
+               "--rdzv-conf keep_alive_max_attempt must be at least 1, got ",
+               o.keepAliveMaxAttempt);
+  DDPRUN_CHECK(!o.runId.empty(), "--rdzv-id must not be empty");
+  DDPRUN_CHECK(!o.endpointHost.empty(), "--rdzv-endpoint needs a host");
+}
+
+std::unique_ptr<Rendezvous> makeDynamicRendezvous(const DynamicOptions& opts,
+                                                  Rendezvous::Post post,
+                                                  DynamicBackend backend) {
+  validate(opts);
+  DDPRUN_CHECK(backend.connect && backend.startWorkerStore && backend.startLiveness,
+               "a dynamic rendezvous needs a store");
+  return std::make_unique<DynamicRendezvous>(opts, std::move(post), std::move(backend));
+}
+
+}  // namespace detail
 }  // namespace ddprun::rendezvous

@@ -46,18 +46,22 @@ class LivenessTracker {
  public:
   explicit LivenessTracker(HeartbeatOptions opts) : opts_(opts) {}
 
-  // The nodes to watch from now on; nodes not listed are forgotten, new ones
-  // count as alive at `nowMs` (a node gets a full timeout to send its first
-  // beat).
+  // The nodes to watch from now on; nodes not listed are forgotten, nodes
+  // still listed keep their state, new ones count as alive at `nowMs` (a node
+  // gets a full timeout to send its first beat). A node listed twice is
+  // watched once.
   void watch(const std::vector<std::string>& nodes, int64_t nowMs);
   // What was read under a node's key at `nowMs` ("" when absent). A beat
-  // with a new seq renews the node; the same seq, junk or "" change nothing.
+  // with a new seq (any other than the last seen) renews the node as of its
+  // wall time if that is at most one interval before `nowMs`, else as of
+  // `nowMs`; never backwards. The same seq, junk, "" or an unwatched node
+  // change nothing.
   void observe(const std::string& node, const std::string& value, int64_t nowMs);
-  // Watched nodes silent for longer than the timeout at `nowMs`, in the
-  // order given to watch().
+  // Watched nodes silent for at least the timeout at `nowMs`, in the order
+  // given to watch().
   std::vector<std::string> expired(int64_t nowMs) const;
-  // The earliest time a watched node expires if nothing new is read;
-  // INT64_MAX when none is watched.
+  // The earliest time at which a watched node is expired() if nothing new is
+  // read; INT64_MAX when none is watched.
   int64_t nextExpiry() const;
   // How long `node` has been silent at `nowMs` (0 if not watched).
   int64_t silentFor(const std::string& node, int64_t nowMs) const;
@@ -74,11 +78,14 @@ class LivenessTracker {
 };
 
 // Beats for `self` and watches the peers, each on a thread of its own with a
-// store connection of its own (from `connect`). Thread-safe. onDead runs on
-// the watcher's thread, once per node per setPeers(); it must not block for
-// long (it may make store requests). Store errors while beating or watching
-// are retried at the next interval and logged at debug level: losing the
-// store is the rendezvous's concern, not this class's.
+// store connection of its own (from `connect`, called on that thread, with a
+// token that stop() cancels). Thread-safe. onDead runs on the watcher's
+// thread, once per node per setPeers() (the node is then no longer
+// watched); it must not block for long (it may make store requests, and may
+// call setPeers, but not stop). Store errors while beating or watching are
+// retried at the next interval and logged at debug level: losing the store
+// is the rendezvous's concern, not this class's. The watcher never polls
+// faster than the interval, except to wake at a peer's expiry.
 class Heartbeat {
  public:
   using Connect =
@@ -93,10 +100,13 @@ class Heartbeat {
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   // Watches these nodes (self is ignored if listed) from now on, replacing
-  // the previous set and callback. An empty list watches nobody.
+  // the previous set and callback (LivenessTracker::watch: nodes still
+  // listed keep their silence so far, new ones get a full timeout). An empty
+  // list watches nobody. Called from another thread than onDead's, it
+  // returns once the previous callback is not running and never will.
   void setPeers(std::vector<std::string> peers, OnDead onDead);
   // Stops both threads (their blocking calls are cancelled) and joins them.
-  // Idempotent. The last beat stays in the store.
+  // Idempotent; not from onDead. The last beat stays in the store.
   void stop();
 
  private:

@@ -12,6 +12,7 @@
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
+#include "heartbeat.h"
 #include "hosting.h"
 #include "round_end.h"
 #include "static_rendezvous_internal.h"
@@ -98,10 +99,16 @@ class TaskThread {
 //   end           how the round ended (see encodeEnd); the first writer wins
 //   left/<i>      node i no longer needs the agent store for this round
 //                 (node 0 waits for these, bounded, before stopping it)
+//   restarts      failed rounds of the job before this one (the first
+//                 writer wins; every node writes the same value)
+// and "ddprun/<run_id>/hb/node<i>": node i's heartbeat (heartbeat.h).
 //
 // Threads: the agent's thread calls the interface; a task thread runs join
 // and reports on `client_`, in order; a watcher thread per round waits for
-// its end key on a connection of its own. cancel_ reaches every connection.
+// its end key on a connection of its own; the heartbeat's two threads beat
+// and watch the peers during a round, each on a connection of its own; a
+// peer declared dead becomes a report on the task thread. cancel_ reaches
+// every connection but the heartbeat's, which stop at shutdown.
 class StaticRendezvous final : public Rendezvous {
  public:
   StaticRendezvous(StaticOptions opts, Post post, detail::StaticBackend backend)
@@ -154,6 +161,9 @@ class StaticRendezvous final : public Rendezvous {
     cancel_->cancel();
     tasks_.stop();
     stopWatcher();
+    // Beats until here, after this node said it left: its peers must not
+    // take a clean exit for a death.
+    if (heartbeat_) heartbeat_->stop();
     if (backend_.stopHosted) backend_.stopHosted();
   }
 
@@ -206,6 +216,8 @@ class StaticRendezvous final : public Rendezvous {
                  localWorldSize);
     const Deadline deadline(opts_.timeout);
     if (!client_) client_ = backend_.connect(cancel_, deadline.remaining());
+    if (!heartbeat_) startHeartbeat();
+    const int restarts = restartCount(round);
     client_->set(key(round, "node/" + std::to_string(opts_.nodeRank)),
                  std::to_string(localWorldSize));
     auto keys = nodeKeys(round, "node");
@@ -221,7 +233,78 @@ class StaticRendezvous final : public Rendezvous {
     info.localWorldSizes = std::move(sizes);
     info.workerStoreHost = opts_.masterAddr;
     info.workerStorePort = workerStorePort(round);
+    info.restartCount = restarts;
     return info;
+  }
+
+  // Round r's count is round r-1's, plus one if r-1 ended failed. This node
+  // joined r-1 and its end exists (this node saw it, or its own report made
+  // it, before this join), so every node computes the same value; the store
+  // keeps the first one written all the same.
+  int restartCount(int round) {
+    int count = 0;
+    if (round > 0) {
+      const auto prevKey = key(round - 1, "restarts"), endKey = key(round - 1, "end");
+      auto values = client_->multiGet({prevKey, endKey});
+      count = parseRestarts(prevKey, values[0]);
+      if (decodeEnd(round - 1, endKey, values[1]).kind == RoundEnd::kFailed) ++count;
+    }
+    const auto k = key(round, "restarts");
+    return parseRestarts(k, client_->compareSet(k, "", std::to_string(count)));
+  }
+  int parseRestarts(const std::string& k, const std::string& value) const {
+    int count = 0;
+    if (!str::parseInt(value, count, 0))
+      DDPRUN_THROW(ProtocolError, "the agent store holds '", str::escape(value),
+                   "' under ", k, ", not a number of restarts; is another job using ",
+                   "--rdzv-id ", opts_.runId, " on this store?");
+    return count;
+  }
+
+  // ------------------------------------------------------------ liveness
+  // On the task thread, at the first join once connected: this node beats
+  // from now until shutdown, and watches nobody until a round starts.
+  void startHeartbeat() {
+    detail::HeartbeatOptions o{opts_.keepAliveInterval, opts_.keepAliveMaxAttempt};
+    heartbeat_ = std::make_unique<detail::Heartbeat>(
+        o,
+        [this](std::shared_ptr<store::CancelToken> cancel) {
+          return backend_.connect(std::move(cancel), opts_.timeout);
+        },
+        "ddprun/" + opts_.runId + "/hb/", beatName(opts_.nodeRank));
+  }
+  static std::string beatName(int node) { return "node" + std::to_string(node); }
+
+  // During `round`, every other node is watched; one that goes silent is
+  // reported on the task thread (its store connection), in order with the
+  // reports of this node's workers.
+  void watchPeers(int round) {
+    std::vector<std::string> peers;
+    for (int i = 0; i < opts_.nnodes; ++i)
+      if (i != opts_.nodeRank) peers.push_back(beatName(i));
+    heartbeat_->setPeers(
+        std::move(peers), [this, round](const std::string& node, int64_t silentMs) {
+          int i = -1;
+          str::parseInt(std::string_view(node).substr(4), i, 0);
+          tasks_.push(
+              [this, round, i, silentMs] { declareDead(round, i, Millis(silentMs)); });
+        });
+  }
+
+  // On the task thread: ends the round as failed by node `i`, unless it
+  // said it left (a clean exit, or the round has ended anyway). The winner
+  // of the end also says goodbye for the dead node, so that node 0 does not
+  // wait for it at shutdown.
+  void declareDead(int round, int i, Millis silent) {
+    const std::string why = "node " + std::to_string(i) +
+                            "'s agent missed heartbeats for " + formatDuration(silent);
+    const auto left = key(round, "left/" + std::to_string(i));
+    report(round, "node " + std::to_string(i) + " is dead", [&] {
+      if (client_->check({left})) return;
+      DDPRUN_WARN("rendezvous round ", round, ": ", why, "; ending the round");
+      const auto end = encodeEnd(RoundEnd::kFailed, i, why);
+      if (client_->compareSet(key(round, "end"), "", end) == end) client_->set(left, "");
+    });
   }
 
   // The barrier: every node's key. On timeout, names the nodes still absent.
@@ -287,7 +370,7 @@ class StaticRendezvous final : public Rendezvous {
 
   // On the task thread. Reports on a round that already ended change
   // nothing (the first report won) and are skipped: the store may be gone.
-  void report(int round, const char* what, const std::function<void()>& request) {
+  void report(int round, const std::string& what, const std::function<void()>& request) {
     if (round != lastJoined_ || lastEnded_ >= round) return;
     try {
       request();
@@ -316,6 +399,7 @@ class StaticRendezvous final : public Rendezvous {
   // cancel_ too), so starting a round can end the previous round's watcher.
   void startWatcher(int round) {
     stopWatcher();
+    watchPeers(round);
     auto token = std::make_shared<store::CancelToken>();
     watcherLink_ = cancel_->subscribe([token] { token->cancel(); });
     watcherCancel_ = token;
@@ -348,6 +432,7 @@ class StaticRendezvous final : public Rendezvous {
         event = {round, RoundEnd::kClosed, -1, e.message()};
       }
       lastEnded_ = std::max(lastEnded_.load(), round);
+      heartbeat_->setPeers({}, {});  // between rounds nobody is watched
       sayLeft(*store, round);
     } catch (const CancelledError&) {
       return;
@@ -381,6 +466,9 @@ class StaticRendezvous final : public Rendezvous {
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
+  // Created by the task thread at the first join, before any watcher; used
+  // by watchers, and by shutdown() once those have stopped.
+  std::unique_ptr<detail::Heartbeat> heartbeat_;
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.
   std::thread watcher_;
@@ -419,6 +507,10 @@ void validate(const StaticOptions& opts) {
   DDPRUN_CHECK(opts.nnodes >= 1, "--nnodes must be at least 1, got ", opts.nnodes);
   DDPRUN_CHECK(opts.nodeRank >= 0 && opts.nodeRank < opts.nnodes, "--node-rank ",
                opts.nodeRank, " must be between 0 and --nnodes - 1 = ", opts.nnodes - 1);
+  DDPRUN_CHECK(opts.keepAliveInterval.count() > 0 && opts.keepAliveMaxAttempt > 0,
+               "--rdzv-conf keep_alive_interval and keep_alive_max_attempt must be "
+               "positive, got ",
+               opts.keepAliveInterval.count(), " ms and ", opts.keepAliveMaxAttempt);
 }
 
 }  // namespace

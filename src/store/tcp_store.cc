@@ -124,6 +124,17 @@ class TcpStore::Conn {
   }
   const std::string& addr() const { return addr_; }
   bool broken() const { return broken_; }
+  // The numeric IP this end of the connection is bound to ("" if unknown).
+  std::string localIp() const {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+    char host[NI_MAXHOST];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, nullptr, 0,
+                      NI_NUMERICHOST) != 0)
+      return "";
+    return host;
+  }
 
  private:
   // The Conn owns the descriptor from the start, so that cancel() can also
@@ -557,6 +568,10 @@ void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout
                  timeout.count(), " ms waiting for ", worldSize,
                  " arrivals in the store at ", address());
   });
+}
+
+std::string TcpStore::localAddress() {
+  return locked([](Conn& c) { return c.localIp(); });
 }
 
 }  // namespace ddprun::store

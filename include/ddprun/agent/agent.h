@@ -5,7 +5,8 @@
 //
 // States and transitions (every event arrives on the agent's one thread):
 //   kJoining  --joined-->           kRunning   (workers started)
-//   kJoining  --join failed-->      kDone(3)   (or kDone(1) if the job closed)
+//   kJoining  --join failed-->      kDone(3)
+//   kJoining  --job already over--> kDone(0)   (ClosedError: a late node)
 //   kRunning  --a worker failed-->  kStopping  (report failure; stop the rest)
 //   kRunning  --all succeeded-->    kSucceeded (report success; wait for peers)
 //   kRunning  --round failed/closed/membership elsewhere--> kStopping
@@ -14,6 +15,12 @@
 //                                   left, or membership change) | kDone(1)
 //   any       --signal S-->         kStopping(S) --all stopped--> kDone(128+S)
 //   kJoining  --signal S-->         kDone(128+S) at once (the join is cancelled)
+// The restart count is the rendezvous's job-wide one when it keeps one
+// (RoundInfo.restartCount), else this node's. A membership change restarts
+// without counting. On a signal the node leaves: with the elastic
+// (dynamic) rendezvous nothing is reported and shutdown() leaves, so the
+// other nodes re-form without it; with the static one the job is closed for
+// every node (it cannot go on with a node missing).
 // Not reusable: one Agent runs one job.
 #pragma once
 
@@ -23,6 +30,7 @@
 #include "ddprun/agent/launch_config.h"
 #include "ddprun/agent/launcher.h"
 #include "ddprun/agent/worker_spec.h"
+#include "ddprun/rendezvous/dynamic_rendezvous.h"
 #include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::agent {
@@ -38,7 +46,8 @@ constexpr int kExitSetup = 3;          // cannot listen, cannot create log dir, 
 struct AgentParts {
   std::unique_ptr<Launcher> launcher;
   // Builds the rendezvous (its results are posted to the agent's thread
-  // through `post`). Null: local for one node, static otherwise, from cfg.
+  // through `post`). Null: from cfg (dynamic when cfg.useDynamic, else local
+  // for one node, static otherwise).
   std::function<std::unique_ptr<rendezvous::Rendezvous>(rendezvous::Rendezvous::Post post)>
       makeRendezvous;
   Env environment;     // the agent's environment, inherited by workers
@@ -46,6 +55,11 @@ struct AgentParts {
   int consoleErr = 2;
   bool handleSignals = true;  // false in unit tests: deliver them with Agent::signal
 };
+
+// The dynamic rendezvous's options from a config that passed
+// finalizeConfig() with useDynamic: the endpoint, is_host, MIN:MAX, the run
+// id, --local-addr and the --rdzv-conf c10d settings.
+rendezvous::DynamicOptions dynamicOptions(const LaunchConfig& cfg);
 
 class Agent {
  public:

@@ -3,11 +3,23 @@
 //
 // Life cycle: the command line (src/cli/launch_cli.cc) fills the flag fields,
 // then finalizeConfig() checks every rule across flags and fills the derived
-// fields. After it, the rendezvous to use follows from two fields:
+// fields. After it, the rendezvous to use follows from three fields:
+//   useDynamic:    the dynamic (c10d-style, elastic) rendezvous: its store at
+//                  endpointHost:endpointPort, hosted by this agent when
+//                  isHost; minNodes..maxNodes nodes; settings in c10d;
+//                  localAddr advertised when given;
 //   maxNodes == 1: the local rendezvous, its store on masterAddr:masterPort
 //                  (port 0: a free port each round);
 //   maxNodes  > 1: the static rendezvous (rdzvBackend == "static") on
 //                  masterAddr:masterPort with rdzvTimeout.
+// --rdzv-backend=c10d takes the dynamic rendezvous when maxNodes > 1 (every
+// MIN:MAX range among them), and on one node when this agent does not host
+// the endpoint (it is another machine, or is_host=false: e.g. a separate
+// ddprun-store). c10d on one node hosting its own endpoint keeps the local
+// rendezvous: one node completes at once either way, so torchrun's
+// behaviour (one round, a free worker-store port, the run id kept) is the
+// same without a store to host. --standalone and torchrun 2.x's one-node
+// default are local too.
 // A plain value type; not synchronised.
 #pragma once
 
@@ -37,7 +49,11 @@ struct StdSpec {
 enum class NprocKind { kCount, kCpu, kGpu, kAuto };
 
 // The c10d rendezvous settings of --rdzv-conf (torchrun's names and
-// defaults), validated by finalizeConfig for the elastic rendezvous to come.
+// defaults), validated by finalizeConfig. The dynamic rendezvous uses
+// join_timeout, last_call_timeout, close_timeout, read_timeout,
+// keep_alive_interval, keep_alive_max_attempt and is_host; heartbeat_timeout
+// and use_libuv are validated and have no effect; store_type=file is refused
+// across nodes (the rendezvous store is a TCP store).
 struct C10dSettings {
   std::chrono::milliseconds joinTimeout{600'000};
   std::chrono::milliseconds lastCallTimeout{30'000};
@@ -78,6 +94,8 @@ struct LaunchConfig {
   int nodeRank = 0;
   std::string masterAddr = "127.0.0.1";
   uint16_t masterPort = 29500;  // finalizeConfig: 0 (a free port) on the standalone path
+  // --local-addr: the address this node advertises (validated: a host name
+  // or an IP literal, never reverse-resolved; brackets around IPv6 removed).
   std::string localAddr;
   std::string logsSpecs;
   std::string numaBinding;
@@ -114,6 +132,18 @@ struct LaunchConfig {
   std::chrono::milliseconds rdzvTimeout{900'000};
   // c10d backend (and --standalone): the rest of --rdzv-conf.
   C10dSettings c10d;
+  // The dynamic rendezvous (see the top of this file), and where it meets:
+  // --rdzv-endpoint without brackets (default localhost) and its port
+  // (default 29400; 0 = a free port, only when this agent hosts it).
+  bool useDynamic = false;
+  std::string endpointHost;
+  uint16_t endpointPort = 29400;
+  // This agent hosts the endpoint's store: --rdzv-conf is_host (explicit),
+  // else inferred as torchrun does (net::isThisHost: localhost, a loopback
+  // address, this host's name, its canonical name or addresses, or an
+  // address of a local interface).
+  bool isHost = false;
+  bool isHostExplicit = false;
   // Flags accepted for compatibility that this version cannot honour: one
   // warning each, printed once when the agent starts.
   std::vector<std::string> warnings;
@@ -122,8 +152,9 @@ struct LaunchConfig {
 // Checks every rule across flags (ranges, combinations, backend-specific
 // settings such as --rdzv-conf timeout) and fills the derived fields:
 // the one-node default of torchrun 2.x, --standalone's run id and port,
-// --rdzv-endpoint as master address and port for the static backend, one
-// warning per flag accepted but not honoured. Throws InvalidArgument naming
+// --rdzv-endpoint as master address and port for the static backend, the
+// dynamic rendezvous's endpoint and is_host for c10d, one warning per flag
+// accepted but not honoured. Throws InvalidArgument naming
 // the flag and the accepted forms (exit 2). Call it once per config.
 void finalizeConfig(LaunchConfig& cfg);
 

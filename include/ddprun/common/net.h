@@ -32,6 +32,25 @@ std::optional<std::string> findListeningProcess(uint16_t port);
 // This machine's host name (gethostname), "localhost" if it has none.
 std::string hostName();
 
+// True for an IPv4 or IPv6 literal ("10.0.0.1", "::1"; no brackets).
+bool isIpLiteral(const std::string& host);
+
+// True for "localhost" and loopback literals (127.0.0.0/8, ::1, and
+// IPv4-mapped ::ffff:127.x). No name lookup.
+bool isLoopbackHost(const std::string& host);
+
+// True when `host` is an address literal of one of this machine's network
+// interfaces (getifaddrs). No name lookup.
+bool isLocalInterfaceAddress(const std::string& host);
+
+// Whether `host` names this machine, as torchrun infers is_host for the c10d
+// rendezvous (_matches_machine_hostname), plus this machine's interface
+// addresses: localhost or a loopback literal; gethostname() itself (or a
+// name that starts with it and a dot); the canonical name or an address of
+// gethostname() as getaddrinfo resolves it (usually /etc/hosts; may ask DNS);
+// an address of a local interface. Never reverse-resolves `host`.
+bool isThisHost(const std::string& host);
+
 // Sets TCP_NODELAY; returns false on failure (never throws).
 bool setNoDelay(int fd);
 

@@ -10,6 +10,15 @@
 // lost). The keys are listed in static_rendezvous.cc; a job's are under
 // "ddprun/<run_id>/round/<r>/", as in earlier versions.
 //
+// Liveness: every node beats through the agent store (heartbeat.h) and, while
+// a round runs, watches every other node. A node silent for the heartbeat
+// timeout (its agent was killed, its host is gone) ends the round as kFailed
+// by that node on every surviving node, instead of leaving them to wait for
+// as long as their workers run. A node that left cleanly said so first and
+// is not declared dead. Node 0's death takes the agent store with it:
+// kStoreLost, as before. RoundInfo.restartCount is the job's number of
+// failed rounds before this one, kept in the store: the same on every node.
+//
 // Threading as in rendezvous.h: connecting, waiting for the peers, reports and
 // waiting for a round's end run on threads of the rendezvous; cancel() ends
 // each of those waits at once (a signal while node 0 waits for its peers, or
@@ -37,13 +46,19 @@ struct StaticOptions {
   // shutdown(): the most it waits for reports to go out and (node 0) for the
   // other nodes to read the round's end.
   std::chrono::milliseconds leaveTimeout{5'000};
+  // Liveness (--rdzv-conf keep_alive_interval, keep_alive_max_attempt): every
+  // node beats this often from its first join until shutdown; a node silent
+  // for keepAliveInterval * keepAliveMaxAttempt during a round is dead.
+  std::chrono::milliseconds keepAliveInterval{5'000};
+  int keepAliveMaxAttempt = 3;
 };
 
 // Node 0 starts listening on A:P at once, on every address (IoError naming
 // the holder if the port is taken: a setup error before any worker starts);
 // masterPort 0 picks a free port there, which describe() shows. Connecting
 // and waiting happen in join(), off the agent's thread, and cancel() ends
-// them at once. InvalidArgument unless 0 <= nodeRank < nnodes.
+// them at once. InvalidArgument unless 0 <= nodeRank < nnodes, and the
+// keep-alive interval and attempts are positive.
 std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
                                                  Rendezvous::Post post);
 

@@ -107,6 +107,10 @@ class TcpStore : public Store {
 
   wire::Dialect dialect() const { return dialect_; }
   std::string address() const;
+  // The numeric IP of this client's end of the connection (getsockname; never
+  // resolved to a name): the address by which the server's host reaches this
+  // one. Connects first if needed; "" if the system cannot tell.
+  std::string localAddress();
 
  private:
   explicit TcpStore(TcpStoreOptions opts);

@@ -129,6 +129,7 @@ class FakeRendezvous : public Rendezvous {
   }
   void reportSuccess(int round) override {
     log_->successes.push_back(round);
+    if (onSuccess) onSuccess();
     if (afterSuccess) emit(*afterSuccess);
     else if (autoFinish) emit({round, RoundEnd::kFinished, -1, ""});
   }
@@ -152,6 +153,7 @@ class FakeRendezvous : public Rendezvous {
     info.worldSize = groups_ * nproc_;
     info.workerStoreHost = "127.0.0.1";
     info.workerStorePort = 29999;
+    info.restartCount = jobRestarts ? jobRestarts(round) : -1;
     auto done = std::move(pending_);
     pending_ = nullptr;
     post_([done, info] { done(nullptr, info); });
@@ -168,6 +170,10 @@ class FakeRendezvous : public Rendezvous {
   }
   bool autoFinish = true;
   std::optional<RoundEvent> afterSuccess;  // sent instead of kFinished
+  // The job-wide restart count of each round (RoundInfo.restartCount);
+  // unset: -1, the backend keeps none.
+  std::function<int(int round)> jobRestarts;
+  std::function<void()> onSuccess;  // runs in reportSuccess
 
  private:
   Post post_;
@@ -199,6 +205,8 @@ struct Harness {
   int groupRank = 0, groups = 1;
   bool autoFinish = true;
   std::optional<RoundEvent> afterSuccess;
+  std::function<int(int round)> jobRestarts;
+  std::function<void()> onSuccess;
   std::shared_ptr<FakeLauncher::Log> launches;
   std::shared_ptr<FakeRendezvous::Log> rdzv = std::make_shared<FakeRendezvous::Log>();
   Agent* agent = nullptr;
@@ -218,6 +226,8 @@ struct Harness {
       auto r = std::make_unique<FakeRendezvous>(std::move(post), rdzv, hook, groupRank, groups);
       r->autoFinish = autoFinish;
       r->afterSuccess = afterSuccess;
+      r->jobRestarts = jobRestarts;
+      r->onSuccess = onSuccess;
       fake = r.get();
       return r;
     };
@@ -245,6 +255,12 @@ struct Harness {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
+  }
+  // The attempt directory `name` in the run directory under the log dir.
+  std::string startedDir(const std::string& name) const {
+    for (const auto& e : std::filesystem::directory_iterator(dir.file("logs")))
+      if (e.is_directory()) return (e.path() / name).string();
+    return dir.file("logs/none/" + name);
   }
   int startsInAttempt(int attempt) const {
     int n = 0;
@@ -371,6 +387,44 @@ TEST(AgentStateMachine, SignalWhileRunningIsForwardedAndClosesTheJob) {
   EXPECT_EQ(h.rdzv->joins, 1);              // no restart after a signal
 }
 
+// With the elastic rendezvous a signalled node leaves: nothing is reported
+// (a closing report would end the job for every node); shutdown() leaves.
+TEST(AgentStateMachine, SignalWithTheElasticRendezvousLeavesWithoutClosing) {
+  LaunchConfig c = config(2, 3);
+  c.useDynamic = true;
+  c.minNodes = 1;
+  c.maxNodes = 4;
+  Harness h(c);
+  h.groups = 2;
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    r.complete(round);
+    h.agent->signal(SIGTERM);
+  };
+  EXPECT_EQ(h.run(), 128 + SIGTERM);
+  ASSERT_EQ(h.launches->signals.size(), 2u);
+  for (const auto& s : h.launches->signals) EXPECT_EQ(s.second, SIGTERM);
+  EXPECT_TRUE(h.rdzv->failures.empty());  // neither a closing nor any failure report
+  EXPECT_TRUE(h.rdzv->shutdown);
+  EXPECT_EQ(h.rdzv->joins, 1);
+}
+
+// Same after the workers succeeded, while the node waits for the round's end.
+TEST(AgentStateMachine, SignalAfterLocalSuccessWithTheElasticRendezvousLeaves) {
+  LaunchConfig c = config(1, 0);
+  c.useDynamic = true;
+  c.maxNodes = 2;
+  Harness h(c);
+  h.groups = 2;
+  h.autoFinish = false;
+  h.policy = [](int, int) { return Behaviour{0}; };
+  h.onSuccess = [&h] { h.agent->signal(SIGINT); };
+  EXPECT_EQ(h.run(), 128 + SIGINT);
+  EXPECT_EQ(h.rdzv->successes, std::vector<int>{0});
+  EXPECT_TRUE(h.rdzv->failures.empty());
+  EXPECT_TRUE(h.rdzv->shutdown);
+}
+
 TEST(AgentStateMachine, PeerFailureStopsAndRestartsTogether) {
   Harness h(config(2, 1));
   h.groupRank = 0;
@@ -417,6 +471,146 @@ TEST(AgentStateMachine, MembershipChangeRestartsWithoutCounting) {
   EXPECT_EQ(joins, 2);
   ASSERT_EQ(h.launches->starts.size(), 2u);
   EXPECT_EQ(h.launches->starts[1].env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  // Who changed it is named, and the restart is said to be free; not a warning.
+  EXPECT_NE(
+      h.err.find("ddprun: the set of nodes changed (node 2 is waiting); restarting the "
+                 "workers (not counted as a restart)"),
+      std::string::npos)
+      << h.err;
+  EXPECT_EQ(h.err.find("warning: the set of nodes"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
+}
+
+// A membership change with the job-wide count: the count stays, no budget
+// is needed, and the round's workers see the same TORCHELASTIC_RESTART_COUNT.
+TEST(AgentStateMachine, MembershipChangeKeepsTheJobWideCount) {
+  LaunchConfig c = config(1, 2);
+  c.useDynamic = true;
+  c.maxNodes = 3;
+  Harness h(c);
+  h.groups = 2;
+  h.jobRestarts = [](int) { return 1; };  // one failed round before this node came
+  h.policy = [](int, int) { return Behaviour{}; };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    r.complete(round);
+    if (round == 0)
+      r.emit({0, RoundEnd::kMembershipChanged, 1, "node 10.0.0.3 (pid 7) left"});
+    else
+      h.agent->signal(SIGTERM);
+  };
+  EXPECT_EQ(h.run(), 128 + SIGTERM);
+  ASSERT_EQ(h.launches->starts.size(), 2u);
+  for (const auto& st : h.launches->starts)
+    EXPECT_EQ(st.env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_NE(h.err.find("node 10.0.0.3 (pid 7) left"), std::string::npos) << h.err;
+  // Said once, when this node first learned of it.
+  EXPECT_EQ(count(h.err, "the job has used 1 of 2 restarts"), 1u) << h.err;
+}
+
+// A node arriving after restarts were spent elsewhere takes the job's count
+// (workers, attempt directory, budget); its own restarts continue from it
+// and the "restart K of N" line agrees with the count the rendezvous gives.
+TEST(AgentStateMachine, RestartCountIsTheRendezvousJobWideCount) {
+  Harness h(config(1, 3));
+  h.groups = 2;
+  h.jobRestarts = [](int round) { return 2 + round; };  // round 0 of this node: 2 used
+  h.policy = [](int, int) { return Behaviour{1}; };     // every attempt fails
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  ASSERT_EQ(h.launches->starts.size(), 2u);  // attempts 2 and 3; then the budget is spent
+  EXPECT_EQ(h.launches->starts[0].env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(h.launches->starts[1].env.at("TORCHELASTIC_RESTART_COUNT"), "3");
+  EXPECT_NE(h.err.find("the job has used 2 of 3 restarts so far"), std::string::npos)
+      << h.err;
+  EXPECT_NE(h.err.find("restart 3 of 3"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
+  // The first failure leaves one restart (not closing), the second closes.
+  ASSERT_EQ(h.rdzv->failures.size(), 2u);
+  EXPECT_FALSE(h.rdzv->failures[0].second);
+  EXPECT_TRUE(h.rdzv->failures[1].second);
+  EXPECT_TRUE(std::filesystem::exists(h.startedDir("attempt_2")));
+  EXPECT_TRUE(std::filesystem::exists(h.startedDir("attempt_3")));
+  EXPECT_FALSE(std::filesystem::exists(h.startedDir("attempt_0")));
+}
+
+// A node that arrives after the job is over has nothing to do: one line, exit 0.
+TEST(AgentStateMachine, JobAlreadyOverExitsZeroWithOneLine) {
+  for (const auto& [message, reason] :
+       {std::pair<std::string, std::string>{"the job job7 is already over: finished",
+                                            "finished"},
+        {"the job job7 is already over (closed by node 1: rank 3 exited with 1)",
+         "closed by node 1: rank 3 exited with 1"},
+        {"closed after the last restart", "closed after the last restart"}}) {
+    LaunchConfig c = config(2, 1);
+    c.rdzvId = "job7";
+    c.useDynamic = true;
+    c.maxNodes = 4;
+    Harness h(c);
+    h.hook = [msg = message](FakeRendezvous& r, int) {
+      r.fail(std::make_exception_ptr(rendezvous::ClosedError(msg, "dyn.cc", 1)));
+    };
+    EXPECT_EQ(h.run(), kExitSuccess) << message;
+    EXPECT_TRUE(h.launches->starts.empty());
+    EXPECT_EQ(count(h.err, "ddprun: the job job7 is already over (" + reason +
+                               "); nothing to do\n"),
+              1u)
+        << h.err;
+    EXPECT_EQ(h.err.find("error"), std::string::npos) << h.err;
+    EXPECT_EQ(h.err.find("dyn.cc"), std::string::npos) << h.err;
+    EXPECT_TRUE(h.rdzv->failures.empty());
+  }
+}
+
+// Several nodes: the start line names the rendezvous (its describe()).
+TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
+  LaunchConfig c = config(2, 0);
+  c.minNodes = 2;
+  c.maxNodes = 4;
+  c.useDynamic = true;
+  Harness h(c);
+  h.groupRank = 1;
+  h.groups = 2;
+  h.policy = [](int, int) { return Behaviour{0}; };
+  EXPECT_EQ(h.run(), kExitSuccess);
+  EXPECT_EQ(count(h.err,
+                  "ddprun: started 2 workers (ranks 2-3 of 4) on node 1 of 2 "
+                  "(rendezvous: fake); worker store at 127.0.0.1:29999; logs in "),
+            1u)
+      << h.err;
+}
+
+TEST(AgentConfig, DynamicOptionsFromTheFlags) {
+  LaunchConfig c;
+  c.script = "train.py";
+  c.rdzvBackend = "c10d";
+  c.rdzvEndpoint = "[fd00::1]:29411";
+  c.rdzvId = "job7";
+  c.minNodes = 2;
+  c.maxNodes = 4;
+  c.localAddr = "10.0.0.7";
+  c.rdzvConf = {{"join_timeout", "90"},
+                {"last_call_timeout", "2.5"},
+                {"close_timeout", "7"},
+                {"read_timeout", "11"},
+                {"keep_alive_interval", "0.5"},
+                {"keep_alive_max_attempt", "4"},
+                {"is_host", "no"}};
+  finalizeConfig(c);
+  ASSERT_TRUE(c.useDynamic);
+  auto o = dynamicOptions(c);
+  EXPECT_EQ(o.endpointHost, "fd00::1");
+  EXPECT_EQ(o.endpointPort, 29411);
+  EXPECT_FALSE(o.isHost);
+  EXPECT_TRUE(o.isHostExplicit);
+  EXPECT_EQ(o.runId, "job7");
+  EXPECT_EQ(o.minNodes, 2);
+  EXPECT_EQ(o.maxNodes, 4);
+  EXPECT_EQ(o.localAddr, "10.0.0.7");
+  EXPECT_EQ(o.joinTimeout, std::chrono::seconds(90));
+  EXPECT_EQ(o.lastCallTimeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(o.closeTimeout, std::chrono::seconds(7));
+  EXPECT_EQ(o.readTimeout, std::chrono::seconds(11));
+  EXPECT_EQ(o.keepAliveInterval, std::chrono::milliseconds(500));
+  EXPECT_EQ(o.keepAliveMaxAttempt, 4);
 }
 
 TEST(AgentStateMachine, WaitsForTheRoundToFinishAfterLocalSuccess) {

@@ -124,6 +124,28 @@ TEST(LaunchCli, BothSpellingsAndScriptArgsPassThrough) {
   EXPECT_EQ(b.cfg.rdzvBackend, "static");
 }
 
+// The multi-node command of the README, typed the same on every node.
+TEST(LaunchCli, ElasticCommandLineOfTheReadme) {
+  auto p = parse({"--nnodes=2:4", "--nproc_per_node=8", "--rdzv_backend=c10d",
+                  "--rdzv_endpoint=head.example:29400", "--rdzv_id=job7",
+                  "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=2,is_host=0",
+                  "--local_addr=10.0.0.9", "train.py"});
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_TRUE(p.cfg.useDynamic);
+  EXPECT_EQ(p.cfg.minNodes, 2);
+  EXPECT_EQ(p.cfg.maxNodes, 4);
+  EXPECT_EQ(p.cfg.nprocPerNode, 8);
+  EXPECT_EQ(p.cfg.endpointHost, "head.example");
+  EXPECT_EQ(p.cfg.endpointPort, 29400);
+  EXPECT_EQ(p.cfg.rdzvId, "job7");
+  EXPECT_EQ(p.cfg.localAddr, "10.0.0.9");
+  EXPECT_EQ(p.cfg.c10d.keepAliveInterval, std::chrono::seconds(1));
+  EXPECT_EQ(p.cfg.c10d.keepAliveMaxAttempt, 2);
+  EXPECT_FALSE(p.cfg.isHost);
+  EXPECT_TRUE(p.cfg.isHostExplicit);
+  EXPECT_TRUE(p.cfg.warnings.empty());
+}
+
 TEST(LaunchCli, EveryFlagParses) {
   auto p = parse({"--nnodes=1",
                   "--nproc-per-node=gpu",
@@ -345,7 +367,7 @@ TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
       {{"--nnodes=3:2", "t.py"}, "MIN:MAX"},
       {{"--nnodes=1:2:3", "t.py"}, "--nnodes"},
       {{"--nnodes=abc", "t.py"}, "--nnodes"},
-      {{"--nnodes=1:4", "t.py"}, "not supported yet"},
+      {{"--nnodes=1:4", "t.py"}, "an elastic range needs --rdzv-backend=c10d"},
       {{"--nproc-per-node=0", "t.py"}, "--nproc-per-node"},
       {{"--nproc-per-node=xpu", "t.py"}, "'cpu', 'gpu' or 'auto'"},
       {{"--nproc-per-node=-2", "t.py"}, "--nproc-per-node"},
@@ -360,7 +382,11 @@ TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
       {{"--nnodes=2", "--node-rank=2", "t.py"}, "--node-rank 2 is out of range"},
       {{"--rdzv-backend=etcd", "t.py"}, "etcd"},
       {{"--rdzv-backend=zookeeper", "t.py"}, "--rdzv-backend"},
-      {{"--rdzv-backend=c10d", "--nnodes=2", "t.py"}, "not supported yet"},
+      {{"--rdzv-backend=c10d", "--nnodes=2", "t.py"}, "--rdzv-endpoint: required"},
+      {{"--rdzv-backend=c10d", "--nnodes=1:2", "--rdzv-endpoint=h:0", "t.py"}, "port 0"},
+      {{"--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=h", "--local-addr=h:1",
+        "t.py"},
+       "--local-addr"},
       {{"--standalone", "--nnodes=2", "t.py"}, "--standalone"},
       {{"--rdzv-conf=timeout", "t.py"}, "KEY=VALUE"},
       {{"--rdzv-conf==5", "t.py"}, "KEY=VALUE"},

@@ -250,24 +250,26 @@ TEST(LaunchConfig, ConfBoolsAsTorchrun) {
 }
 
 TEST(LaunchConfig, NodeRules) {
+  // A range needs c10d: the static rendezvous waits for a fixed count.
   LaunchConfig range = base();
   range.minNodes = 1;
   range.maxNodes = 4;
-  EXPECT_TRUE(contains(rejection(range), "--nnodes 1:4")) << rejection(range);
-  EXPECT_TRUE(contains(rejection(range), "not supported yet"));
+  EXPECT_TRUE(contains(rejection(range),
+                       "--nnodes 1:4: an elastic range needs --rdzv-backend=c10d"))
+      << rejection(range);
+  EXPECT_TRUE(contains(rejection(range), "give --nnodes N")) << rejection(range);
   range.rdzvBackend = "c10d";
-  EXPECT_TRUE(contains(rejection(range), "not supported yet"));
+  range.rdzvEndpoint = "head:29400";
+  EXPECT_EQ(rejection(range), "accepted");
 
   LaunchConfig standalone = twoNodes();
   standalone.standalone = true;
-  EXPECT_TRUE(contains(rejection(standalone), "--standalone runs one node"))
+  EXPECT_TRUE(
+      contains(rejection(standalone), "--standalone runs one node, but --nnodes is 2"))
       << rejection(standalone);
-
-  LaunchConfig c10d = twoNodes();
-  c10d.rdzvBackend = "c10d";
-  EXPECT_TRUE(contains(rejection(c10d), "--rdzv-backend=c10d on several nodes"))
-      << rejection(c10d);
-  EXPECT_TRUE(contains(rejection(c10d), "not supported yet"));
+  standalone.minNodes = 1;
+  EXPECT_TRUE(contains(rejection(standalone), "--nnodes is 1:2"))
+      << rejection(standalone);
 
   LaunchConfig rank = twoNodes();
   rank.nodeRank = 2;
@@ -330,11 +332,6 @@ TEST(LaunchConfig, LocalAddrAndEndpointWarnings) {
   EXPECT_EQ(countWarningsAbout(fixed, "--local-addr has no effect with the static"), 1);
   EXPECT_EQ(fixed.masterAddr, "127.0.0.1");
 
-  LaunchConfig remote = base();
-  remote.rdzvBackend = "c10d";
-  remote.rdzvEndpoint = "far.example:29400";
-  EXPECT_TRUE(contains(rejection(remote), "another machine is not supported yet"))
-      << rejection(remote);
   for (const std::string& here :
        {std::string("localhost:0"), std::string("127.0.0.1:29400"),
         std::string("[::1]:5"), std::string("localhost"), net::hostName() + ":29400"}) {
@@ -344,11 +341,171 @@ TEST(LaunchConfig, LocalAddrAndEndpointWarnings) {
     finalizeConfig(local);
     EXPECT_TRUE(local.warnings.empty()) << here;
     EXPECT_EQ(local.masterPort, 0) << here;
+    EXPECT_FALSE(local.useDynamic) << here;  // one node hosting it: the local rendezvous
+    EXPECT_TRUE(local.isHost) << here;
   }
   LaunchConfig badLocal = base();
   badLocal.rdzvBackend = "c10d";
   badLocal.rdzvEndpoint = "h:70000";
   EXPECT_TRUE(contains(rejection(badLocal), "--rdzv-endpoint")) << rejection(badLocal);
+}
+
+// ------------------------------------------------------------ c10d
+LaunchConfig c10d(const std::string& endpoint, int minNodes, int maxNodes) {
+  LaunchConfig c = base();
+  c.rdzvBackend = "c10d";
+  c.rdzvEndpoint = endpoint;
+  c.minNodes = minNodes;
+  c.maxNodes = maxNodes;
+  return c;
+}
+
+TEST(LaunchConfig, C10dAcrossNodesTakesTheDynamicRendezvous) {
+  LaunchConfig c = c10d("head.example:29411", 2, 4);
+  c.rdzvId = "job7";
+  finalizeConfig(c);
+  EXPECT_TRUE(c.useDynamic);
+  EXPECT_EQ(c.endpointHost, "head.example");
+  EXPECT_EQ(c.endpointPort, 29411);
+  EXPECT_FALSE(c.isHost);  // not this machine
+  EXPECT_FALSE(c.isHostExplicit);
+  EXPECT_EQ(c.rdzvId, "job7");
+  EXPECT_EQ(c.minNodes, 2);
+  EXPECT_EQ(c.maxNodes, 4);
+  EXPECT_TRUE(c.warnings.empty());
+
+  LaunchConfig fixed = c10d("head.example", 3, 3);  // N nodes, not a range: dynamic too
+  finalizeConfig(fixed);
+  EXPECT_TRUE(fixed.useDynamic);
+  EXPECT_EQ(fixed.endpointPort, 29400);  // torchrun's default c10d port
+}
+
+TEST(LaunchConfig, C10dEndpointForms) {
+  LaunchConfig v6 = c10d("[::1]:29500", 1, 2);
+  finalizeConfig(v6);
+  EXPECT_EQ(v6.endpointHost, "::1");
+  EXPECT_EQ(v6.endpointPort, 29500);
+  EXPECT_TRUE(v6.isHost);
+  LaunchConfig v6NoPort = c10d("[fd00::5]", 2, 2);
+  finalizeConfig(v6NoPort);
+  EXPECT_EQ(v6NoPort.endpointHost, "fd00::5");
+  EXPECT_EQ(v6NoPort.endpointPort, 29400);
+  for (const char* bad : {"head:70000", "head:x", "[::1", ":29400"}) {
+    auto why = rejection(c10d(bad, 2, 2));
+    EXPECT_TRUE(contains(why, "--rdzv-endpoint")) << bad << ": " << why;
+  }
+}
+
+TEST(LaunchConfig, C10dAcrossNodesNeedsAnEndpoint) {
+  auto why = rejection(c10d("", 2, 4));
+  EXPECT_TRUE(contains(why,
+                       "--rdzv-endpoint: required with --rdzv-backend=c10d on several "
+                       "nodes"))
+      << why;
+  EXPECT_TRUE(contains(why, "e.g. --rdzv-endpoint head:29400")) << why;
+  // One node: torchrun's default, localhost.
+  LaunchConfig one = c10d("", 1, 1);
+  finalizeConfig(one);
+  EXPECT_FALSE(one.useDynamic);
+  EXPECT_EQ(one.endpointHost, "localhost");
+}
+
+// The one-node forms of PyTorch's docs.
+TEST(LaunchConfig, C10dOneNodeFormsFromPytorchDocs) {
+  LaunchConfig one = c10d("localhost:0", 1, 1);  // --nnodes=1: the local rendezvous
+  one.rdzvId = "job";
+  finalizeConfig(one);
+  EXPECT_FALSE(one.useDynamic);
+  EXPECT_EQ(one.masterPort, 0);
+  EXPECT_EQ(one.rdzvId, "job");
+
+  LaunchConfig range = c10d("localhost:0", 1, 2);  // --nnodes=1:2: waits last call
+  finalizeConfig(range);
+  EXPECT_TRUE(range.useDynamic);
+  EXPECT_TRUE(range.isHost);
+  EXPECT_EQ(range.endpointPort, 0);  // hosted on a free port
+  EXPECT_TRUE(range.warnings.empty());
+}
+
+TEST(LaunchConfig, C10dPortZeroOnlyForTheHost) {
+  auto why = rejection(c10d("head.example:0", 2, 2));
+  EXPECT_TRUE(contains(why,
+                       "port 0 (a free port) works only on the agent that hosts the "
+                       "rendezvous"))
+      << why;
+  EXPECT_TRUE(contains(why, "head.example:29400")) << why;
+  LaunchConfig client =
+      c10d("localhost:0", 1, 1);  // forced client: it cannot find port 0
+  client.rdzvConf = {{"is_host", "false"}};
+  EXPECT_TRUE(contains(rejection(client), "port 0")) << rejection(client);
+}
+
+TEST(LaunchConfig, C10dIsHostInferredOrExplicit) {
+  for (const std::string& here :
+       {std::string("localhost"), std::string("127.0.0.1"), std::string("127.1.2.3"),
+        std::string("::1"), net::hostName()}) {
+    LaunchConfig c = c10d(net::formatHostPort(here, 29400), 2, 2);
+    finalizeConfig(c);
+    EXPECT_TRUE(c.isHost) << here;
+    EXPECT_FALSE(c.isHostExplicit) << here;
+  }
+  LaunchConfig forced = c10d("head.example", 2, 2);
+  forced.rdzvConf = {{"is_host", "yes"}};
+  finalizeConfig(forced);
+  EXPECT_TRUE(forced.isHost);
+  EXPECT_TRUE(forced.isHostExplicit);
+  LaunchConfig notHost = c10d("localhost", 2, 2);
+  notHost.rdzvConf = {{"is_host", "0"}};
+  finalizeConfig(notHost);
+  EXPECT_FALSE(notHost.isHost);
+  EXPECT_TRUE(notHost.isHostExplicit);
+  // One node whose endpoint is a separate store (is_host=false) meets there.
+  LaunchConfig oneClient = c10d("localhost:29400", 1, 1);
+  oneClient.rdzvConf = {{"is_host", "false"}};
+  finalizeConfig(oneClient);
+  EXPECT_TRUE(oneClient.useDynamic);
+  // One node and a remote endpoint: the dynamic rendezvous connects there.
+  LaunchConfig oneRemote = c10d("far.example:29400", 1, 1);
+  finalizeConfig(oneRemote);
+  EXPECT_TRUE(oneRemote.useDynamic);
+  EXPECT_FALSE(oneRemote.isHost);
+}
+
+TEST(LaunchConfig, C10dWarnsAboutStaticOnlyFlags) {
+  LaunchConfig c = c10d("head.example", 2, 2);
+  c.explicitFlags = {"master_addr", "master_port", "node_rank"};
+  finalizeConfig(c);
+  EXPECT_EQ(countWarningsAbout(c, "--master-addr and --master-port ignored"), 1);
+  EXPECT_EQ(countWarningsAbout(c, "--node-rank ignored with --rdzv-backend=c10d"), 1);
+}
+
+TEST(LaunchConfig, C10dStoreTypeFileRefusedAcrossNodes) {
+  LaunchConfig c = c10d("head.example", 2, 2);
+  c.rdzvConf = {{"store_type", "file"}};
+  EXPECT_TRUE(contains(rejection(c), "--rdzv-conf store_type=file")) << rejection(c);
+  LaunchConfig one = c10d("localhost", 1, 1);  // one node: nothing is stored
+  one.rdzvConf = {{"store_type", "file"}};
+  EXPECT_EQ(rejection(one), "accepted");
+}
+
+TEST(LaunchConfig, LocalAddrIsValidatedNeverResolved) {
+  for (const char* ok : {"10.0.0.5", "fd00::1", "node3.cluster", "n-1", "host_a"}) {
+    LaunchConfig c = c10d("head.example", 2, 2);
+    c.localAddr = ok;
+    finalizeConfig(c);
+    EXPECT_EQ(c.localAddr, ok);
+  }
+  LaunchConfig bracketed = c10d("head.example", 2, 2);
+  bracketed.localAddr = "[fd00::1]";
+  finalizeConfig(bracketed);
+  EXPECT_EQ(bracketed.localAddr, "fd00::1");
+  for (const char* bad : {"10.0.0.5:29400", "a b", "-x", "[x", "host/1", "::1::2"}) {
+    LaunchConfig c = c10d("head.example", 2, 2);
+    c.localAddr = bad;
+    auto why = rejection(c);
+    EXPECT_TRUE(contains(why, "--local-addr")) << bad << ": " << why;
+    EXPECT_TRUE(contains(why, "without a port")) << why;
+  }
 }
 
 TEST(LaunchConfig, UnhonouredFlagsWarnOnceEach) {

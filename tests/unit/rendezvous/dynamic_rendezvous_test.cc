@@ -1,1 +1,500 @@
-// Placeholder: tests come with the implementation.
+// The dynamic rendezvous's protocol on an in-memory store with a fake wall
+// clock: nodes are rendezvous objects of this process sharing one MemoryHub,
+// their results run on the test's thread through PostQueues, and heartbeats
+// are fakes whose deaths the test declares. No sockets, no sleeps.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <thread>
+#include <mutex>
+#include <set>
+
+#include "ddprun/common/error.h"
+#include "dynamic_rendezvous_internal.h"
+#include "dynamic_state.h"
+#include "rendezvous/memory_hub.h"
+#include "rendezvous/post_queue.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::MemoryHub;
+using testing::Node;
+
+constexpr int64_t kStart = 1'700'000'000'000;  // the fake clock's first reading
+
+// A heartbeat whose peers the test reads and whose deaths it declares.
+class FakeLiveness final : public detail::Liveness {
+ public:
+  void setPeers(std::vector<std::string> peers, detail::Heartbeat::OnDead onDead) override {
+    std::lock_guard lock(mu_);
+    peers_ = std::move(peers);
+    onDead_ = std::move(onDead);
+  }
+  void stop() override {
+    std::lock_guard lock(mu_);
+    onDead_ = nullptr;
+  }
+  std::vector<std::string> peers() {
+    std::lock_guard lock(mu_);
+    return peers_;
+  }
+  // What the heartbeat's watcher thread does when `node` went silent.
+  void declareDead(const std::string& node, int64_t silentMs) {
+    detail::Heartbeat::OnDead fn;
+    {
+      std::lock_guard lock(mu_);
+      fn = onDead_;
+    }
+    ASSERT_TRUE(fn) << "nobody is watched";
+    fn(node, silentMs);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> peers_;
+  detail::Heartbeat::OnDead onDead_;
+};
+
+// A node of the test: its rendezvous (which owns `beat`) and its address.
+struct Member {
+  std::unique_ptr<Node> node;
+  FakeLiveness* beat = nullptr;
+  std::string addr;
+  int64_t pid = 0;
+  Rendezvous& rdzv() { return *node->rdzv; }
+};
+
+class DynamicRendezvousTest : public ::testing::Test {
+ protected:
+  // Node i at 10.0.0.<i+1>, pid 100+i; `host` serves the endpoint.
+  std::unique_ptr<Member> member(int i, bool host = false) {
+    auto m = std::make_unique<Member>();
+    m->addr = "10.0.0." + std::to_string(i + 1);
+    m->pid = 100 + i;
+    DynamicOptions o = opts_;
+    o.localAddr = m->addr;
+    detail::DynamicBackend b;
+    b.connect = [this](std::shared_ptr<store::CancelToken> cancel, Millis) {
+      return hub_.connect(std::move(cancel));
+    };
+    b.localAddress = [](store::Store&) { return std::string(); };
+    b.startWorkerStore = [this] { return static_cast<uint16_t>(40000 + ++workerStores_); };
+    b.startLiveness = [m = m.get()](const std::string&) {
+      auto l = std::make_unique<FakeLiveness>();
+      m->beat = l.get();
+      return std::unique_ptr<detail::Liveness>(std::move(l));
+    };
+    b.clock = [this] { return clock_.load(); };
+    b.waitUntil = [this](store::Store& s, const std::vector<std::string>& keys,
+                         int64_t until) {
+      // check() throws CancelledError once the view is cancelled.
+      if (!hub_.awaitUntil([&] { return s.check(keys) || clock_ >= until; }))
+        throw std::runtime_error("a wait outlived the test's bound");
+      return s.check(keys);
+    };
+    b.hosting = host;
+    b.pid = m->pid;
+    b.storeAddress = "memory:29400";
+    m->node = std::make_unique<Node>();
+    m->node->attach(detail::makeDynamicRendezvous(o, m->node->queue.post(), std::move(b)));
+    return m;
+  }
+  std::vector<std::unique_ptr<Member>> members(int n) {
+    std::vector<std::unique_ptr<Member>> out;
+    for (int i = 0; i < n; ++i) out.push_back(member(i));
+    return out;
+  }
+  // Moves the fake clock and wakes every waiter to look at it.
+  void advance(int64_t ms) {
+    clock_ += ms;
+    hub_.set("tick", "");
+  }
+  std::string stateKey() const { return "ddprun/job/state"; }
+  std::string key(int round, const std::string& name) const {
+    return "ddprun/job/round/" + std::to_string(round) + "/" + name;
+  }
+  detail::State state() { return detail::fromJson(hub_.value(stateKey()), stateKey()); }
+  // Waits until the state shows `n` participants in a forming round.
+  void awaitForming(size_t n) {
+    ASSERT_TRUE(hub_.awaitUntil([&] {
+      return hub_.has(stateKey()) && state().participants.size() == n && !state().complete;
+    }));
+  }
+  static void joinAll(std::vector<std::unique_ptr<Member>>& ms, int nproc = 1) {
+    for (auto& m : ms) m->node->join(nproc);
+    for (auto& m : ms) {
+      m->node->awaitJoin();
+      ASSERT_FALSE(m->node->error) << "a join failed";
+    }
+  }
+
+  DynamicOptions opts_ = [] {
+    DynamicOptions o;
+    o.runId = "job";
+    o.endpointHost = "10.0.0.9";
+    o.minNodes = 1;
+    o.maxNodes = 8;
+    o.closeTimeout = 60s;
+    return o;
+  }();
+  MemoryHub hub_;  // first: outlives the nodes
+  std::atomic<int64_t> clock_{kStart};
+  std::atomic<int> workerStores_{0};
+};
+
+void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node,
+                 const std::string& why) {
+  EXPECT_EQ(e.round, round);
+  EXPECT_EQ(e.kind, kind) << toString(e.kind);
+  EXPECT_EQ(e.node, node);
+  EXPECT_EQ(e.reason, why);
+}
+
+std::string messageOf(Node& n) {
+  try {
+    n.rethrow();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST_F(DynamicRendezvousTest, ThreeNodesFormARoundHostFirstThenArrival) {
+  opts_.minNodes = opts_.maxNodes = 3;
+  auto a = member(0), host = member(1, /*host=*/true), c = member(2);
+  a->node->join(2);
+  awaitForming(1);
+  host->node->join(3);
+  awaitForming(2);
+  c->node->join(1);
+  for (auto* m : {a.get(), host.get(), c.get()}) {
+    m->node->awaitJoin();
+    ASSERT_FALSE(m->node->error) << messageOf(*m->node);
+  }
+  const std::vector<int> sizes = {3, 2, 1};
+  auto check = [&](Member& m, int groupRank, int baseRank) {
+    const RoundInfo& i = m.node->info;
+    EXPECT_EQ(i.round, 0);
+    EXPECT_EQ(i.groupRank, groupRank);
+    EXPECT_EQ(i.groupWorldSize, 3);
+    EXPECT_EQ(i.baseRank, baseRank);
+    EXPECT_EQ(i.worldSize, 6);
+    EXPECT_EQ(i.localWorldSizes, sizes);
+    EXPECT_EQ(i.workerStoreHost, "10.0.0.2") << "the host's advertised address";
+    EXPECT_EQ(i.workerStorePort, 40001);
+    EXPECT_EQ(i.restartCount, 0);
+  };
+  check(*host, 0, 0);
+  check(*a, 1, 3);
+  check(*c, 2, 5);
+  EXPECT_EQ(workerStores_, 1) << "only group rank 0 hosts the worker store";
+  EXPECT_EQ(hub_.value(key(0, "worker_store")), "10.0.0.2:40001");
+  auto peers = a->beat->peers();
+  EXPECT_EQ(peers.size(), 2u) << "each node watches the others of its round";
+}
+
+TEST_F(DynamicRendezvousTest, AtMinTheRoundWaitsForTheLastCall) {
+  opts_.minNodes = 2;
+  opts_.maxNodes = 4;
+  auto ms = members(2);
+  ms[0]->node->join(1);
+  ms[1]->node->join(1);
+  awaitForming(2);
+  EXPECT_EQ(state().lastCallMs, kStart + 30'000);
+  advance(29'999);
+  awaitForming(2);  // still forming after the tick was seen
+  EXPECT_EQ(ms[0]->node->queue.pending(), 0u);
+  advance(1);
+  for (auto& m : ms) {
+    m->node->awaitJoin();
+    ASSERT_FALSE(m->node->error) << messageOf(*m->node);
+    EXPECT_EQ(m->node->info.groupWorldSize, 2);
+  }
+}
+
+TEST_F(DynamicRendezvousTest, MaxCompletesAtOnce) {
+  opts_.minNodes = 1;
+  opts_.maxNodes = 3;
+  auto ms = members(3);
+  joinAll(ms);
+  std::set<int> ranks;
+  for (auto& m : ms) ranks.insert(m->node->info.groupRank);
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(clock_, kStart) << "no time had to pass";
+}
+
+TEST_F(DynamicRendezvousTest, AJoinTimeoutNamesWhoCameAndWhoIsMissing) {
+  opts_.minNodes = opts_.maxNodes = 3;
+  auto ms = members(3);
+  joinAll(ms);
+  ms[2]->rdzv().cancel();  // node 2 goes quiet; 0 and 1 fail their round
+  ms[0]->rdzv().reportFailure(0, "rank 0 exited with 1", false);
+  ms[0]->node->awaitEvent();
+  ms[1]->node->awaitEvent();
+  ms[0]->node->join(1);
+  ms[1]->node->join(1);
+  awaitForming(2);
+  advance(opts_.joinTimeout.count());
+  for (int i : {0, 1}) {
+    ms[i]->node->awaitJoin();
+    EXPECT_THROW(ms[i]->node->rethrow(), TimeoutError);
+  }
+  // Each names what it saw: the first to give up "2 of at least 3 nodes
+  // joined (...); 1 more needed", the second without the first.
+  for (int i : {0, 1}) {
+    const std::string msg = messageOf(*ms[i]->node);
+    EXPECT_NE(msg.find("did not complete within 600 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of at least 3 nodes joined (node 10.0.0."), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" more needed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected but missing: node 10.0.0.3 (pid 102)"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("memory:29400"), std::string::npos) << msg;
+  }
+  ASSERT_TRUE(hub_.awaitUntil([&] { return state().participants.empty(); }))
+      << "the nodes that gave up left the round";
+}
+
+TEST_F(DynamicRendezvousTest, ANewcomerRestartsTheRunningRoundAndJoinsTheNext) {
+  opts_.minNodes = 2;
+  opts_.maxNodes = 4;
+  auto ms = members(3);
+  ms[0]->node->join(1);
+  ms[1]->node->join(1);
+  awaitForming(2);
+  advance(30'000);
+  for (int i : {0, 1}) ms[i]->node->awaitJoin();
+  ms[2]->node->join(2);
+  const std::string why = "node 10.0.0.3 (pid 102) is waiting to join";
+  for (int i : {0, 1})
+    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, -1, why);
+  ms[0]->node->join(1);
+  ms[1]->node->join(1);
+  for (auto& m : ms) {
+    m->node->awaitJoin();
+    ASSERT_FALSE(m->node->error) << messageOf(*m->node);
+    EXPECT_EQ(m->node->info.round, 1);
+    EXPECT_EQ(m->node->info.groupWorldSize, 3) << "complete without a last call";
+    EXPECT_EQ(m->node->info.worldSize, 4);
+    EXPECT_EQ(m->node->info.restartCount, 0) << "a membership change is no failure";
+  }
+  EXPECT_EQ(ms[2]->node->info.groupRank, 2) << "the last to arrive";
+}
+
+TEST_F(DynamicRendezvousTest, BeyondMaxANodeWaitsUntilOneLeaves) {
+  opts_.minNodes = 1;
+  opts_.maxNodes = 2;
+  auto ms = members(3);
+  ms[0]->node->join(1);
+  awaitForming(1);
+  ms[1]->node->join(1);
+  for (int i : {0, 1}) ms[i]->node->awaitJoin();
+  ms[2]->node->join(1);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return state().redundancy.size() == 1; }));
+  EXPECT_EQ(ms[2]->node->queue.pending(), 0u) << "still waiting";
+  ms[1]->rdzv().shutdown();  // a signal: it leaves, the others go on without it
+  expectEvent(ms[0]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, 1,
+              "node 10.0.0.2 (pid 101) left");
+  ms[0]->node->join(1);
+  for (int i : {0, 2}) {
+    ms[i]->node->awaitJoin();
+    ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
+    EXPECT_EQ(ms[i]->node->info.round, 1);
+    EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
+  }
+  EXPECT_FALSE(state().closed) << "leaving never closes the job";
+}
+
+TEST_F(DynamicRendezvousTest, ADeadNodeRestartsTheSurvivorsAtOnce) {
+  opts_.minNodes = 2;
+  opts_.maxNodes = 3;
+  auto ms = members(3);
+  joinAll(ms);
+  std::string dead;
+  int deadRank = -1;
+  for (const auto& d : state().participants)
+    if (d.id.rfind("10.0.0.3_102_", 0) == 0) dead = d.id;
+  deadRank = detail::rankOf(state(), dead);
+  ASSERT_GE(deadRank, 0);
+  ms[2]->rdzv().cancel();  // it stops answering
+  ms[0]->beat->declareDead(dead, 15'000);
+  const std::string why = "node 10.0.0.3 (pid 102) missed heartbeats for 15 s";
+  for (int i : {0, 1})
+    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank, why);
+  ms[1]->beat->declareDead(dead, 15'000);  // a second detector changes nothing
+  ms[0]->node->join(1);
+  ms[1]->node->join(1);
+  for (int i : {0, 1}) {
+    ms[i]->node->awaitJoin();
+    ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
+    EXPECT_EQ(ms[i]->node->info.round, 1);
+    EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
+  }
+  EXPECT_EQ(clock_, kStart) << "the survivors did not wait for a last call";
+}
+
+TEST_F(DynamicRendezvousTest, AFailureCountsOneRestartOnEveryNode) {
+  opts_.maxNodes = 2;
+  auto ms = members(2);
+  joinAll(ms);
+  ms[1]->rdzv().reportFailure(0, "rank 1 exited with 1", false);
+  const int failing = ms[1]->node->info.groupRank;
+  for (auto& m : ms)
+    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFailed, failing, "rank 1 exited with 1");
+  joinAll(ms);
+  for (auto& m : ms) {
+    EXPECT_EQ(m->node->info.round, 1);
+    EXPECT_EQ(m->node->info.restartCount, 1);
+  }
+  EXPECT_EQ(ms[0]->node->info.workerStorePort, 40002) << "a fresh worker store each round";
+}
+
+TEST_F(DynamicRendezvousTest, AClosedJobTurnsALateNodeAway) {
+  opts_.maxNodes = 2;
+  auto ms = members(2);
+  joinAll(ms);
+  ms[0]->rdzv().reportFailure(0, "rank 0 exited with 1", /*closeJob=*/true);
+  for (auto& m : ms) EXPECT_EQ(m->node->awaitEvent().kind, RoundEnd::kClosed);
+  auto late = member(5);
+  late->node->join(1);
+  late->node->awaitJoin();
+  EXPECT_THROW(late->node->rethrow(), ClosedError);
+  EXPECT_EQ(messageOf(*late->node), "the job job is already over: rank 0 exited with 1");
+}
+
+TEST_F(DynamicRendezvousTest, AFinishedJobIsClosedALeavingNodeIsNot) {
+  opts_.maxNodes = 2;
+  auto ms = members(2);
+  joinAll(ms);
+  for (auto& m : ms) m->rdzv().reportSuccess(0);
+  for (auto& m : ms) expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+  for (auto& m : ms) m->rdzv().shutdown();
+  EXPECT_TRUE(state().closed);
+  EXPECT_EQ(state().closedReason, "it finished");
+  auto late = member(5);
+  late->node->join(1);
+  late->node->awaitJoin();
+  EXPECT_THROW(late->node->rethrow(), ClosedError);
+}
+
+TEST_F(DynamicRendezvousTest, ManyNodesRacingFormExactlyOneRound) {
+  constexpr int kNodes = 64;
+  opts_.minNodes = opts_.maxNodes = kNodes;
+  std::vector<std::unique_ptr<Member>> ms;
+  for (int i = 0; i < kNodes; ++i) ms.push_back(member(i));
+  const auto t0 = std::chrono::steady_clock::now();
+  joinAll(ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  std::set<int> ranks;
+  for (auto& m : ms) {
+    EXPECT_EQ(m->node->info.round, 0);
+    EXPECT_EQ(m->node->info.groupWorldSize, kNodes);
+    ranks.insert(m->node->info.groupRank);
+  }
+  EXPECT_EQ(ranks.size(), size_t{kNodes});
+  EXPECT_EQ(*ranks.rbegin(), kNodes - 1);
+  EXPECT_EQ(state().round, 0);
+  std::cout << "[ figure ] " << kNodes << " nodes formed a round on the in-memory store in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+            << " ms\n";
+}
+
+TEST_F(DynamicRendezvousTest, A256ThreadCompareSetRaceLosesNoUpdate) {
+  // The state's compare_set loop alone (no rendezvous), 256 threads adding
+  // one node each: every join is in the final state exactly once.
+  constexpr int kThreads = 256;
+  detail::Limits lim{kThreads, kThreads, 30'000};
+  std::atomic<int64_t> requests{0};
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      auto s = hub_.connect(std::make_shared<store::CancelToken>());
+      std::string text;
+      for (;;) {
+        detail::State st = text.empty() ? detail::State{} : detail::fromJson(text, "k");
+        detail::NodeDesc me{detail::makeNodeId("10.1.0." + std::to_string(i), 1, 0), 1};
+        detail::joinStep(st, me, lim, kStart);
+        std::string next = detail::toJson(st);
+        std::string got = s->compareSet(stateKey(), text, next);
+        ++requests;
+        if (got == next) return;
+        text = got == text ? "" : got;
+      }
+    });
+  for (auto& t : threads) t.join();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  detail::State st = state();
+  EXPECT_TRUE(st.complete);
+  std::set<std::string> ids;
+  for (const auto& d : st.participants) ids.insert(d.id);
+  EXPECT_EQ(ids.size(), size_t{kThreads});
+  std::cout << "[ figure ] " << kThreads << " threads: " << requests << " compare_sets in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+            << " ms on the in-memory store\n";
+}
+
+TEST_F(DynamicRendezvousTest, JunkUnderTheStateKeyIsAProtocolError) {
+  hub_.set(stateKey(), "Y2FuaW1hZGFt");
+  auto m = member(0);
+  m->node->join(1);
+  m->node->awaitJoin();
+  EXPECT_THROW(m->node->rethrow(), ProtocolError);
+  EXPECT_NE(messageOf(*m->node).find(stateKey()), std::string::npos);
+}
+
+TEST_F(DynamicRendezvousTest, ASurvivorWritesTheEndKeyAnEnderDiedBeforeWriting) {
+  opts_.maxNodes = 2;
+  auto ms = members(2);
+  joinAll(ms);
+  // Node 1 recorded a failure in the state and died before the end key.
+  detail::State st = state();
+  ASSERT_TRUE(detail::endRound(st, 0, RoundEnd::kFailed, 1, "rank 1 exited with 1"));
+  hub_.set(stateKey(), detail::toJson(st));
+  ASSERT_FALSE(hub_.has(key(0, "end")));
+  ms[1]->rdzv().cancel();
+  ms[0]->beat->declareDead(ms[0]->beat->peers().at(0), 15'000);
+  expectEvent(ms[0]->node->awaitEvent(), 0, RoundEnd::kFailed, 1, "rank 1 exited with 1");
+  EXPECT_EQ(state().restartCount, 1);
+}
+
+TEST_F(DynamicRendezvousTest, CancelEndsAPendingJoin) {
+  opts_.minNodes = 2;
+  auto m = member(0);
+  m->node->join(1);
+  awaitForming(1);
+  m->rdzv().cancel();
+  m->node->awaitJoin();
+  EXPECT_THROW(m->node->rethrow(), CancelledError);
+  m->node->join(1);
+  m->node->awaitJoin();
+  EXPECT_THROW(m->node->rethrow(), CancelledError) << "cancel cannot be undone";
+  m->rdzv().shutdown();
+  ASSERT_TRUE(hub_.awaitUntil([&] { return state().participants.empty(); }))
+      << "it left the forming round at shutdown";
+}
+
+TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
+  auto bad = [&](auto change) {
+    DynamicOptions o = opts_;
+    change(o);
+    EXPECT_THROW(detail::validate(o), InvalidArgument);
+  };
+  bad([](DynamicOptions& o) { o.minNodes = 0; });
+  bad([](DynamicOptions& o) { o.minNodes = 3, o.maxNodes = 2; });
+  bad([](DynamicOptions& o) { o.lastCallTimeout = 0ms; });
+  bad([](DynamicOptions& o) { o.keepAliveMaxAttempt = 0; });
+  bad([](DynamicOptions& o) { o.runId = ""; });
+  EXPECT_NO_THROW(detail::validate(opts_));
+}
+
+TEST_F(DynamicRendezvousTest, DescribesItself) {
+  auto m = member(0, true);
+  EXPECT_EQ(m->rdzv().describe(), "c10d, nodes 1:8, run job, store memory:29400 (hosted here)");
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous

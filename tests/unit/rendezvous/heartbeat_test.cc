@@ -1,1 +1,371 @@
-// Placeholder: tests come with the implementation.
+// Liveness: LivenessTracker's rules on a fake clock, and Heartbeat's two
+// threads on the in-memory store with a tiny real interval. No sockets, no
+// sleeps, no timing assertions: the Heartbeat tests wait on conditions
+// (beats written, reads made, deaths reported) with generous bounds.
+#include "heartbeat.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <climits>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "ddprun/common/error.h"
+#include "rendezvous/memory_hub.h"
+
+namespace ddprun::rendezvous::detail {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::MemoryHub;
+using Strings = std::vector<std::string>;
+
+// interval 1 s, 3 attempts: a node is dead 3000 ms after its last beat.
+HeartbeatOptions opts1s() { return {1000ms, 3}; }
+
+TEST(Beat, RoundTripsAndRejectsJunk) {
+  int64_t seq = -1, wall = -1;
+  ASSERT_TRUE(decodeBeat(encodeBeat(7, 1700000000123), seq, wall));
+  EXPECT_EQ(seq, 7);
+  EXPECT_EQ(wall, 1700000000123);
+  for (const char* junk : {"", "7", "7 ", " 7 8", "7 8 9", "x 8", "7 y", "-1 8", "7 -8",
+                           "7  8", "99999999999999999999 8"})
+    EXPECT_FALSE(decodeBeat(junk, seq, wall)) << "'" << junk << "'";
+}
+
+TEST(LivenessTracker, ANodeThatNeverBeatsGetsAFullTimeout) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 1000);
+  EXPECT_EQ(t.nextExpiry(), 4000);
+  EXPECT_TRUE(t.expired(3999).empty());
+  EXPECT_EQ(t.expired(4000), Strings{"a"});
+  EXPECT_EQ(t.silentFor("a", 4000), 3000);
+}
+
+TEST(LivenessTracker, ANewSeqRenewsAsOfTheBeatsWallTime) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 0);
+  t.observe("a", encodeBeat(0, 500), 600);
+  EXPECT_EQ(t.nextExpiry(), 3500);
+  EXPECT_TRUE(t.expired(3499).empty());
+  EXPECT_EQ(t.expired(3500), Strings{"a"});
+  t.observe("a", encodeBeat(1, 3000), 3400);
+  EXPECT_EQ(t.nextExpiry(), 6000);
+  EXPECT_EQ(t.silentFor("a", 3400), 400);
+}
+
+TEST(LivenessTracker, TheSameSeqJunkOrAnAbsentKeyChangeNothing) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 0);
+  t.observe("a", encodeBeat(4, 500), 600);
+  for (const std::string& v : {encodeBeat(4, 2000), std::string("junk"), std::string(""),
+                               std::string("5"), std::string("5 2000 1")})
+    t.observe("a", v, 2100);
+  EXPECT_EQ(t.nextExpiry(), 3500);
+  EXPECT_EQ(t.expired(3500), Strings{"a"});
+}
+
+TEST(LivenessTracker, AnyOtherSeqIsNewSoARestartedSenderRenews) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 0);
+  t.observe("a", encodeBeat(9, 500), 600);
+  t.observe("a", encodeBeat(0, 2000), 2100);  // the sender started over
+  EXPECT_EQ(t.nextExpiry(), 5000);
+}
+
+TEST(LivenessTracker, ASenderAheadIsRenewedAsOfTheWatchersClock) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 0);
+  t.observe("a", encodeBeat(0, 1'000'000), 1000);  // its clock is far ahead
+  EXPECT_EQ(t.nextExpiry(), 4000);
+  t.observe("a", encodeBeat(1, 2'000'000), 3000);
+  EXPECT_EQ(t.nextExpiry(), 6000) << "never declared dead while it beats";
+  EXPECT_TRUE(t.expired(5999).empty());
+}
+
+TEST(LivenessTracker, ASenderBehindIsRenewedAsOfTheWatchersClock) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 100'000);
+  t.observe("a", encodeBeat(0, 50'000), 101'000);  // 51 s behind
+  EXPECT_EQ(t.nextExpiry(), 104'000);
+  t.observe("a", encodeBeat(1, 52'000), 103'000);
+  EXPECT_EQ(t.nextExpiry(), 106'000);
+  EXPECT_TRUE(t.expired(105'999).empty());
+}
+
+TEST(LivenessTracker, ABeatAtMostOneIntervalOldIsTrusted) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 0);
+  t.observe("a", encodeBeat(0, 4000), 5000);  // exactly one interval old
+  EXPECT_EQ(t.nextExpiry(), 7000);
+  t.observe("a", encodeBeat(1, 5999), 7000);  // 1001 ms old: as of now
+  EXPECT_EQ(t.nextExpiry(), 10000);
+}
+
+TEST(LivenessTracker, AStaleBeatCannotCutTheFirstTimeout) {
+  LivenessTracker t(opts1s());
+  t.watch({"a"}, 1000);
+  t.observe("a", encodeBeat(3, 900), 1500);  // written before watch()
+  EXPECT_EQ(t.nextExpiry(), 4000);
+}
+
+TEST(LivenessTracker, WatchForgetsUnlistedNodesAndKeepsTheOthers) {
+  LivenessTracker t(opts1s());
+  t.watch({"a", "b"}, 0);
+  t.observe("a", encodeBeat(0, 100), 100);
+  t.watch({"b", "c"}, 2000);
+  EXPECT_EQ(t.watched(), (Strings{"b", "c"}));
+  EXPECT_EQ(t.silentFor("a", 2000), 0) << "forgotten";
+  EXPECT_EQ(t.nextExpiry(), 3000) << "b keeps its silence since 0";
+  EXPECT_EQ(t.expired(3000), Strings{"b"});
+  t.observe("a", encodeBeat(1, 2100), 2100);  // not watched: ignored
+  t.watch({"a", "b", "c"}, 2500);
+  EXPECT_EQ(t.silentFor("a", 2500), 0) << "a new node counts as alive at watch()";
+  EXPECT_EQ(t.expired(5000), (Strings{"b", "c"}));
+  EXPECT_EQ(t.expired(5500), (Strings{"a", "b", "c"}));
+}
+
+TEST(LivenessTracker, ExpiredKeepsTheWatchOrderAndDuplicatesCountOnce) {
+  LivenessTracker t(opts1s());
+  t.watch({"c", "a", "c", "b"}, 0);
+  EXPECT_EQ(t.watched(), (Strings{"c", "a", "b"}));
+  EXPECT_EQ(t.expired(3000), (Strings{"c", "a", "b"}));
+}
+
+TEST(LivenessTracker, NobodyWatchedNeverExpires) {
+  LivenessTracker t(opts1s());
+  EXPECT_EQ(t.nextExpiry(), INT64_MAX);
+  t.watch({"a"}, 0);
+  t.watch({}, 10);
+  EXPECT_EQ(t.nextExpiry(), INT64_MAX);
+  EXPECT_TRUE(t.expired(INT64_MAX / 2).empty());
+}
+
+// ---------------------------------------------------------------------------
+// Heartbeat on the in-memory store.
+
+// A store that forwards to a hub view, counting MULTI_GETs (the watcher's
+// reads once its peers' keys exist).
+class CountingStore : public store::Store {
+ public:
+  CountingStore(std::unique_ptr<store::Store> inner, std::atomic<int>& multiGets)
+      : inner_(std::move(inner)), multiGets_(multiGets) {}
+  void set(const std::string& k, std::string_view v) override { inner_->set(k, v); }
+  std::string get(const std::string& k) override { return inner_->get(k); }
+  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
+  std::string compareSet(const std::string& k, std::string_view e,
+                         std::string_view d) override {
+    return inner_->compareSet(k, e, d);
+  }
+  bool check(const std::vector<std::string>& ks) override { return inner_->check(ks); }
+  void wait(const std::vector<std::string>& ks, Millis t) override {
+    inner_->wait(ks, t);
+  }
+  using Store::wait;
+  bool deleteKey(const std::string& k) override { return inner_->deleteKey(k); }
+  int64_t numKeys() override { return inner_->numKeys(); }
+  void append(const std::string& k, std::string_view v) override { inner_->append(k, v); }
+  std::vector<std::string> multiGet(const std::vector<std::string>& ks) override {
+    ++multiGets_;
+    return inner_->multiGet(ks);
+  }
+  void multiSet(const std::vector<std::string>& ks,
+                const std::vector<std::string>& vs) override {
+    inner_->multiSet(ks, vs);
+  }
+
+ protected:
+  std::unique_ptr<store::Store> inner_;
+  std::atomic<int>& multiGets_;
+};
+
+// Every request blocks until cancelled (a store that stopped answering).
+class HungStore : public CountingStore {
+ public:
+  using CountingStore::CountingStore;
+  void set(const std::string&, std::string_view) override { hang(); }
+  bool check(const std::vector<std::string>&) override {
+    hang();
+    return false;
+  }
+  std::vector<std::string> multiGet(const std::vector<std::string>&) override {
+    hang();
+    return {};
+  }
+
+ private:
+  void hang() { inner_->wait({"never"}, 600s); }
+};
+
+// Beats go through; every read fails (counted in multiGets).
+class UnreadableStore : public CountingStore {
+ public:
+  using CountingStore::CountingStore;
+  bool check(const std::vector<std::string>&) override { fail(); }
+  std::vector<std::string> multiGet(const std::vector<std::string>&) override { fail(); }
+
+ private:
+  [[noreturn]] void fail() {
+    ++multiGets_;
+    DDPRUN_THROW(IoError, "reading is broken");
+  }
+};
+
+class HeartbeatTest : public ::testing::Test {
+ protected:
+  Heartbeat::Connect connect() {
+    return [this](std::shared_ptr<store::CancelToken> cancel) {
+      return std::make_unique<CountingStore>(hub_.connect(std::move(cancel)), multiGets_);
+    };
+  }
+  std::unique_ptr<Heartbeat> beating(const std::string& self, HeartbeatOptions o) {
+    return std::make_unique<Heartbeat>(o, connect(), "hb/", self);
+  }
+  int64_t seqOf(const std::string& node) {
+    int64_t seq = -1, wall = 0;
+    return decodeBeat(hub_.value("hb/" + node), seq, wall) ? seq : -1;
+  }
+  // A dead-node log, read by the test under its lock.
+  struct Deaths {
+    std::mutex mu;
+    std::vector<std::pair<std::string, int64_t>> seen;
+    Heartbeat::OnDead callback() {
+      return [this](const std::string& node, int64_t silent) {
+        std::lock_guard lock(mu);
+        seen.emplace_back(node, silent);
+      };
+    }
+    size_t count() {
+      std::lock_guard lock(mu);
+      return seen.size();
+    }
+  };
+
+  MemoryHub hub_;  // first: outlives the heartbeats
+  std::atomic<int> multiGets_{0};
+};
+
+TEST_F(HeartbeatTest, BeatsAtOnceAndThenEveryInterval) {
+  auto a = beating("a", {5ms, 3});
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 0; }));
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 3; }));
+  a->stop();
+  const int64_t last = seqOf("a");
+  EXPECT_GE(last, 3);
+  a->stop();  // idempotent
+  EXPECT_EQ(seqOf("a"), last) << "the last beat stays and no more come";
+}
+
+TEST_F(HeartbeatTest, APeerThatStopsBeatingIsReportedOnce) {
+  auto a = beating("a", {5ms, 3});
+  auto b = beating("b", {5ms, 3});
+  Deaths deaths;
+  a->setPeers({"a", "b"}, deaths.callback());  // self is ignored
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("b") >= 2; }));
+  b->stop();
+  ASSERT_TRUE(hub_.awaitUntil([&] { return deaths.count() >= 1; }));
+  // Many timeouts later (a's own beats mark the time), still one report.
+  const int64_t then = seqOf("a");
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  std::lock_guard lock(deaths.mu);
+  ASSERT_EQ(deaths.seen.size(), 1u);
+  EXPECT_EQ(deaths.seen[0].first, "b");
+  EXPECT_GE(deaths.seen[0].second, 15) << "silent for at least the timeout";
+}
+
+TEST_F(HeartbeatTest, ABeatingPeerIsNotReported) {
+  // A long timeout in beats (1000 intervals): a loaded machine cannot starve
+  // b's thread that long; the watcher reads every interval meanwhile.
+  auto a = beating("a", {5ms, 1000});
+  auto b = beating("b", {5ms, 1000});
+  Deaths deaths;
+  a->setPeers({"b"}, deaths.callback());
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("b") >= 0; }));
+  const int reads = multiGets_;
+  ASSERT_TRUE(hub_.awaitUntil([&] { return multiGets_ >= reads + 30; }));
+  EXPECT_EQ(deaths.count(), 0u);
+  a->stop();
+  b->stop();
+}
+
+TEST_F(HeartbeatTest, ANodeThatNeverBeatsIsReportedOncePerSetPeers) {
+  auto a = beating("a", {5ms, 3});
+  Deaths first, second;
+  // The callback may replace the peers itself (here: with the ghost again,
+  // and another callback); the ghost then gets a fresh full timeout.
+  a->setPeers({"ghost"}, [&](const std::string& node, int64_t silent) {
+    first.callback()(node, silent);
+    a->setPeers({"ghost"}, second.callback());
+  });
+  ASSERT_TRUE(hub_.awaitUntil([&] { return second.count() >= 1; }));
+  const int64_t then = seqOf("a");
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  EXPECT_EQ(first.count(), 1u);
+  EXPECT_EQ(second.count(), 1u);
+  EXPECT_FALSE(hub_.has("hb/ghost"));
+}
+
+TEST_F(HeartbeatTest, AnEmptyPeerListWatchesNobody) {
+  // The watcher's clock stands still until both calls are made, so the ghost
+  // cannot expire in between however slowly this thread runs.
+  std::atomic<int64_t> now{0};
+  Heartbeat a({5ms, 3}, connect(), "hb/", "a", [&] { return now.load(); });
+  Deaths deaths;
+  a.setPeers({"ghost"}, deaths.callback());
+  a.setPeers({}, {});
+  now = 1'000'000;
+  const int64_t then = seqOf("a");
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  EXPECT_EQ(deaths.count(), 0u);
+}
+
+TEST_F(HeartbeatTest, AFailedReadDeclaresNobodyDead) {
+  std::atomic<int64_t> now{0};
+  Heartbeat a(
+      {5ms, 3},
+      [this](std::shared_ptr<store::CancelToken> cancel) {
+        return std::make_unique<UnreadableStore>(hub_.connect(std::move(cancel)),
+                                                 multiGets_);
+      },
+      "hb/", "a", [&] { return now.load(); });
+  Deaths deaths;
+  a.setPeers({"ghost"}, deaths.callback());
+  now = 1'000'000;  // long expired, if only it could be read
+  const int64_t then = seqOf("a");
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= then + 20; }));
+  a.stop();
+  EXPECT_GE(multiGets_, 1) << "the watcher tried to read";
+  EXPECT_EQ(deaths.count(), 0u);
+}
+
+TEST_F(HeartbeatTest, StopReturnsWhileBothThreadsAreBlockedInTheStore) {
+  Heartbeat a(
+      {5ms, 3},
+      [this](std::shared_ptr<store::CancelToken> cancel) {
+        return std::make_unique<HungStore>(hub_.connect(std::move(cancel)), multiGets_);
+      },
+      "hb/", "a");
+  a.setPeers({"b"}, {});
+  ASSERT_TRUE(hub_.awaitWaiters(2)) << "the beater and the watcher are blocked";
+  auto stopped = std::async(std::launch::async, [&] { a.stop(); });
+  EXPECT_EQ(stopped.wait_for(60s), std::future_status::ready);
+}
+
+TEST_F(HeartbeatTest, StoreErrorsAreRetriedNotFatal) {
+  auto a = beating("a", {5ms, 3});
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 0; }));
+  hub_.fail();  // every request now fails; the threads go on trying
+  a->stop();
+}
+
+TEST(HeartbeatOptions, NeedAPositiveIntervalAndAttempts) {
+  MemoryHub hub;
+  auto connect = [&](std::shared_ptr<store::CancelToken> c) { return hub.connect(c); };
+  EXPECT_THROW(Heartbeat({0ms, 3}, connect, "hb/", "a"), InvalidArgument);
+  EXPECT_THROW(Heartbeat({5ms, 0}, connect, "hb/", "a"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous::detail

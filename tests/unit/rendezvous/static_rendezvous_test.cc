@@ -5,9 +5,12 @@
 
 #include <atomic>
 #include <latch>
+#include <map>
 #include <thread>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
+#include "heartbeat.h"
 #include "rendezvous/memory_hub.h"
 #include "rendezvous/post_queue.h"
 #include "static_rendezvous_internal.h"
@@ -22,7 +25,9 @@ using testing::Node;
 class StaticRendezvousTest : public ::testing::Test {
  protected:
   // Node `rank` of `nnodes` on the hub; node 0's worker stores get ports
-  // 40001, 40002, ... in the order it starts them.
+  // 40001, 40002, ... in the order it starts them. Heartbeats as keepAlive_
+  // says. kill(rank) ends all of the node's connections at once, as kill -9
+  // of its agent would: it falls silent without a word.
   std::unique_ptr<Node> node(int rank, int nnodes, Millis timeout = 60s) {
     StaticOptions o;
     o.masterAddr = "10.0.0.1";
@@ -30,9 +35,15 @@ class StaticRendezvousTest : public ::testing::Test {
     o.nnodes = nnodes;
     o.runId = "job";
     o.timeout = timeout;
+    o.keepAliveInterval = keepAlive_.interval;
+    o.keepAliveMaxAttempt = keepAlive_.maxAttempts;
     detail::StaticBackend b;
-    b.connect = [this](std::shared_ptr<store::CancelToken> cancel, Millis) {
-      return hub_.connect(std::move(cancel));
+    auto killed = kills_[rank] = std::make_shared<store::CancelToken>();
+    b.connect = [this, killed](std::shared_ptr<store::CancelToken> cancel, Millis) {
+      auto either = std::make_shared<store::CancelToken>();
+      cancel->subscribe([either] { either->cancel(); });
+      killed->subscribe([either] { either->cancel(); });
+      return hub_.connect(std::move(either));
     };
     b.startWorkerStore = [this] {
       return static_cast<uint16_t>(40000 + ++workerStores_);
@@ -59,9 +70,22 @@ class StaticRendezvousTest : public ::testing::Test {
   static std::string key(int round, const std::string& name) {
     return "ddprun/job/round/" + std::to_string(round) + "/" + name;
   }
+  void kill(int rank) { kills_.at(rank)->cancel(); }
+  // Node `rank`'s heartbeat seq in the store, -1 before its first beat.
+  int64_t beats(int rank) {
+    int64_t seq = -1, wall = 0;
+    auto v = hub_.value("ddprun/job/hb/node" + std::to_string(rank));
+    return detail::decodeBeat(v, seq, wall) ? seq : -1;
+  }
 
   MemoryHub hub_;  // first: outlives the nodes
   std::atomic<int> workerStores_{0};
+  // The default keep-alive: nobody is declared dead within a test.
+  detail::HeartbeatOptions keepAlive_{5s, 3};
+  // A short one, for the liveness tests. A live node's beat thread would
+  // have to stall 20 intervals for a false death: not even a loaded machine.
+  static constexpr detail::HeartbeatOptions kShortKeepAlive{10ms, 20};
+  std::map<int, std::shared_ptr<store::CancelToken>> kills_;
 };
 
 void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node,
@@ -271,6 +295,100 @@ TEST_F(StaticRendezvousTest, DescribesItself) {
   EXPECT_EQ(n->rdzv->describe(), "static, node 1 of 2, store memory:1");
 }
 
+TEST_F(StaticRendezvousTest, AKilledNodeEndsTheRoundAsFailedOnEveryOtherNode) {
+  keepAlive_ = kShortKeepAlive;
+  auto ns = nodes(3);
+  joinAll(ns);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(hub_.awaitUntil([&] { return beats(i) >= 0; }))
+        << "node " << i << " beats";
+  kill(2);
+  const std::string why = "node 2's agent missed heartbeats for ";
+  for (int i = 0; i < 2; ++i) {
+    RoundEvent e = ns[i]->awaitEvent();
+    EXPECT_EQ(e.round, 0);
+    EXPECT_EQ(e.kind, RoundEnd::kFailed) << toString(e.kind);
+    EXPECT_EQ(e.node, 2);
+    EXPECT_TRUE(str::startsWith(e.reason, why)) << e.reason;
+  }
+  EXPECT_TRUE(str::startsWith(hub_.value(key(0, "end")), "failed:2:" + why));
+  EXPECT_TRUE(ns[2]->events.empty()) << "a dead node hears nothing";
+  // Said for the dead node, right after the end: node 0 does not wait for
+  // its goodbye at shutdown.
+  EXPECT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "left/2")); }));
+}
+
+TEST_F(StaticRendezvousTest, ANodeThatLeftIsNotTakenForDead) {
+  keepAlive_ = kShortKeepAlive;
+  auto ns = nodes(3);
+  joinAll(ns);
+  ns[1]->rdzv->shutdown();  // says it left, then stops beating
+  ASSERT_TRUE(hub_.has(key(0, "left/1")));
+  // Many timeouts pass (node 0's own beats mark the time) ...
+  const int64_t then = beats(0);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return beats(0) >= then + 3 * 20; }));
+  EXPECT_FALSE(hub_.has(key(0, "end")));
+  // ... and the watchers are alive: a node that really dies is reported, and
+  // it is node 2, not node 1, although node 1 fell silent first.
+  kill(2);
+  RoundEvent e = ns[0]->awaitEvent();
+  EXPECT_EQ(e.kind, RoundEnd::kFailed) << toString(e.kind);
+  EXPECT_EQ(e.node, 2) << e.reason;
+}
+
+TEST_F(StaticRendezvousTest, NobodyIsWatchedBetweenRounds) {
+  keepAlive_ = kShortKeepAlive;
+  auto ns = nodes(2);
+  joinAll(ns);
+  ns[1]->rdzv->reportFailure(0, "rank 1 exited with 1", false);
+  for (auto& n : ns) n->awaitEvent();
+  // Node 1 is slow to come back (its workers take long to stop): it beats,
+  // but even silent it would not be declared dead before the next round.
+  kill(1);
+  const int64_t then = beats(0);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return beats(0) >= then + 3 * 20; }));
+  EXPECT_EQ(hub_.value(key(0, "end")), "failed:1:rank 1 exited with 1");
+  EXPECT_FALSE(hub_.has(key(1, "end")));
+  EXPECT_EQ(ns[0]->events.size(), 1u);
+}
+
+TEST_F(StaticRendezvousTest, TheRestartCountIsTheJobsFailedRoundsOnEveryNode) {
+  auto ns = nodes(3);
+  for (int round = 0; round < 3; ++round) {
+    joinAll(ns);
+    for (auto& n : ns) EXPECT_EQ(n->info.restartCount, round) << "round " << round;
+    EXPECT_EQ(hub_.value(key(round, "restarts")), std::to_string(round));
+    ns[round % 3]->rdzv->reportFailure(round, "rank exited with 1", false);
+    for (auto& n : ns) n->awaitEvent();
+  }
+}
+
+TEST_F(StaticRendezvousTest, TheFirstRestartCountWrittenWins) {
+  hub_.set(key(0, "restarts"), "5");  // say, an older agent's
+  auto ns = nodes(2);
+  joinAll(ns);
+  for (auto& n : ns) EXPECT_EQ(n->info.restartCount, 5);
+  ns[0]->rdzv->reportFailure(0, "rank 0 exited with 1", false);
+  for (auto& n : ns) n->awaitEvent();
+  joinAll(ns);
+  for (auto& n : ns) EXPECT_EQ(n->info.restartCount, 6);
+}
+
+TEST_F(StaticRendezvousTest, AJunkRestartCountIsAProtocolErrorNamingTheKey) {
+  hub_.set(key(0, "restarts"), "lots");
+  auto n0 = node(0, 1);
+  n0->join(1);
+  n0->awaitJoin();
+  try {
+    n0->rethrow();
+    FAIL() << "joined with a junk restart count";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(e.message().find("'lots' under ddprun/job/round/0/restarts"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
 TEST(StaticRendezvousOptions, ANodeRankOutsideTheJobIsRejected) {
   StaticOptions o;
   o.nnodes = 2;
@@ -279,6 +397,17 @@ TEST(StaticRendezvousOptions, ANodeRankOutsideTheJobIsRejected) {
     // Checked before node 0 would bind anything.
     EXPECT_THROW(makeStaticRendezvous(o, [](std::function<void()>) {}), InvalidArgument);
   }
+}
+
+TEST(StaticRendezvousOptions, AKeepAliveMustBePositive) {
+  StaticOptions o;
+  o.nnodes = 2;
+  o.nodeRank = 1;
+  o.keepAliveInterval = 0ms;
+  EXPECT_THROW(makeStaticRendezvous(o, [](std::function<void()>) {}), InvalidArgument);
+  o.keepAliveInterval = 5s;
+  o.keepAliveMaxAttempt = 0;
+  EXPECT_THROW(makeStaticRendezvous(o, [](std::function<void()>) {}), InvalidArgument);
 }
 
 TEST(CancelToken, RunsCallbacksOnceAndAtOnceWhenLate) {

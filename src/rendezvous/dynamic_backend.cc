@@ -1,0 +1,111 @@
+// The dynamic rendezvous's real backend: the endpoint's store (hosted here
+// or not), TcpStore clients, each round's worker store, and heartbeats
+// (heartbeat.h). Kept apart from dynamic_rendezvous.cc so that the unit
+// tests, which inject all of these, link without it.
+#include "ddprun/common/log.h"
+#include "ddprun/common/net.h"
+#include "ddprun/store/tcp_store_server.h"
+#include "dynamic_rendezvous_internal.h"
+#include "hosting.h"
+
+namespace ddprun::rendezvous {
+namespace detail {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+class HeartbeatLiveness final : public Liveness {
+ public:
+  template <typename... Args>
+  explicit HeartbeatLiveness(Args&&... args) : beat_(std::forward<Args>(args)...) {}
+  void setPeers(std::vector<std::string> peers, Heartbeat::OnDead onDead) override {
+    beat_.setPeers(std::move(peers), std::move(onDead));
+  }
+  void stop() override { beat_.stop(); }
+
+ private:
+  Heartbeat beat_;
+};
+
+// The host serves the endpoint for the rendezvous's whole life, and group
+// rank 0 each round's worker store; both stop at shutdown.
+struct HostedStores {
+  std::unique_ptr<store::TcpStoreServer> endpoint;
+  std::unique_ptr<store::TcpStoreServer> worker;
+};
+
+std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
+                                              std::shared_ptr<store::CancelToken> cancel,
+                                              Millis timeout) {
+  store::TcpStoreOptions o;
+  o.host = opts.endpointHost;
+  o.port = opts.endpointPort;
+  o.timeout = opts.readTimeout;
+  o.connectTimeout = timeout;
+  o.cancel = std::move(cancel);
+  return store::TcpStore::connect(o);
+}
+
+// Binds the endpoint's port. An inferred host whose port is taken joins
+// whoever listens there instead, as torchrun does; an explicit one fails.
+void hostEndpoint(DynamicOptions& opts, HostedStores& hosted) {
+  try {
+    hosted.endpoint = hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
+                                "pass another port in --rdzv-endpoint (the same to every "
+                                "node), or stop that process");
+    opts.endpointPort = hosted.endpoint->port();
+  } catch (const IoError& e) {
+    if (opts.isHostExplicit) throw;
+    DDPRUN_INFO("rendezvous: ", e.message(), "; joining it as a client");
+    opts.isHost = false;
+  }
+}
+
+}  // namespace
+
+DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
+  auto hosted = std::make_shared<HostedStores>();
+  if (opts.isHost) hostEndpoint(opts, *hosted);
+  DynamicBackend b;
+  b.hosting = hosted->endpoint != nullptr;
+  b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
+  b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
+    return connectEndpoint(opts, std::move(cancel), timeout);
+  };
+  b.localAddress = [](store::Store& s) {
+    auto* tcp = dynamic_cast<store::TcpStore*>(&s);
+    return tcp ? tcp->localAddress() : std::string();
+  };
+  b.startWorkerStore = [hosted] {
+    hosted->worker.reset();  // a fresh keyspace for every round
+    hosted->worker = hostStore("", 0, "the round's worker store", "");
+    return hosted->worker->port();
+  };
+  b.startLiveness = [opts](const std::string& self) -> std::unique_ptr<Liveness> {
+    HeartbeatOptions h;
+    h.interval = opts.keepAliveInterval;
+    h.maxAttempts = opts.keepAliveMaxAttempt;
+    Heartbeat::Connect connect = [opts](std::shared_ptr<store::CancelToken> cancel) {
+      return connectEndpoint(opts, std::move(cancel), opts.readTimeout);
+    };
+    return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
+                                               "ddprun/" + opts.runId + "/hb/", self);
+  };
+  b.stopHosted = [hosted] {
+    hosted->worker.reset();
+    hosted->endpoint.reset();
+  };
+  return b;
+}
+
+}  // namespace detail
+
+std::unique_ptr<Rendezvous> makeDynamicRendezvous(const DynamicOptions& opts,
+                                                  Rendezvous::Post post) {
+  detail::validate(opts);  // before binding anything
+  DynamicOptions resolved = opts;
+  auto backend = detail::makeDynamicTcpBackend(resolved);
+  return detail::makeDynamicRendezvous(resolved, std::move(post), std::move(backend));
+}
+
+}  // namespace ddprun::rendezvous

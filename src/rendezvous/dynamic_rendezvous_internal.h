@@ -1,0 +1,78 @@
+// The dynamic rendezvous with its store, clock and liveness injected, so that
+// its protocol (state compare_set, completion and end keys, heartbeats, wait
+// and redundancy lists, timeouts) runs on an in-memory store with a fake
+// clock in unit tests. makeDynamicRendezvous() builds the TCP backend: the
+// endpoint's store (hosted or not), TcpStore clients sharing a CancelToken,
+// each round's worker store and the Heartbeat of heartbeat.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/rendezvous/dynamic_rendezvous.h"
+#include "ddprun/store/store.h"
+#include "ddprun/store/tcp_store.h"
+#include "heartbeat.h"
+
+namespace ddprun::rendezvous::detail {
+
+// What the rendezvous needs of a Heartbeat (see there): tests declare nodes
+// dead by calling the OnDead they were given. Thread-safe.
+class Liveness {
+ public:
+  virtual ~Liveness() = default;
+  virtual void setPeers(std::vector<std::string> peers, Heartbeat::OnDead onDead) = 0;
+  virtual void stop() = 0;
+};
+
+struct DynamicBackend {
+  // Opens a new client of the endpoint's store, for one thread of the
+  // rendezvous; `timeout` bounds connecting. Every blocking call, connecting
+  // included, must end with CancelledError once `cancel` is cancelled.
+  // Errors: IoError, TimeoutError.
+  std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken> cancel,
+                                              std::chrono::milliseconds timeout)>
+      connect;
+  // This node's address as the endpoint sees it (the local IP of `store`'s
+  // connection), for a node with no --local-addr that does not host.
+  std::function<std::string(store::Store& store)> localAddress;
+  // Group rank 0: stops the previous round's worker store, starts a fresh one
+  // and returns its port.
+  std::function<uint16_t()> startWorkerStore;
+  // Beats for `self` under the job's heartbeat prefix, watching nobody yet.
+  std::function<std::unique_ptr<Liveness>(const std::string& self)> startLiveness;
+  // Called once at shutdown, after the rendezvous's threads have ended:
+  // stops the stores this node hosts. May be empty.
+  std::function<void()> stopHosted;
+  // Wall milliseconds: the last-call and join deadlines.
+  WallClock clock = systemWallMs;
+  // Blocks until every key exists (true) or the wall clock reaches `untilMs`
+  // (false); CancelledError once cancelled. Empty: store.wait with the time
+  // left on `clock`. Tests wait on their fake clock.
+  std::function<bool(store::Store& store, const std::vector<std::string>& keys,
+                     int64_t untilMs)>
+      waitUntil;
+  bool hosting = false;      // this node serves the endpoint: group rank 0
+  int64_t pid = 0;           // for the node id; 0: getpid()
+  std::string storeAddress;  // the endpoint, for messages: "10.0.0.1:29400"
+};
+
+// Preconditions: valid options (InvalidArgument, as makeDynamicRendezvous),
+// backend.connect, startWorkerStore and startLiveness set.
+std::unique_ptr<Rendezvous> makeDynamicRendezvous(const DynamicOptions& opts,
+                                                  Rendezvous::Post post,
+                                                  DynamicBackend backend);
+
+// The real backend. A host binds the endpoint's port here (explicit: IoError
+// naming the holder; inferred: a port in use makes it a client) and, for
+// port 0, writes the port it got into opts; opts.isHost says whether it hosts.
+DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts);
+
+// InvalidArgument for options that can never work.
+void validate(const DynamicOptions& opts);
+
+}  // namespace ddprun::rendezvous::detail
