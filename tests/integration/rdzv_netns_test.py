@@ -143,7 +143,9 @@ class ThreeHosts(DdprunCase):
 
     # ------------------------------------------------------------- the test
 
-    def test_a_host_cut_off_is_dropped_and_the_others_finish(self):
+    def form_three_and_cut_host_2(self):
+        """Three agents form one group; then host 2's link goes down.
+        Returns (the 3-node workers by host, when the link went down)."""
         for host in range(3):
             self.start_agent(host)
         three = self.wait_round(3, [0, 1, 2], PATIENCE)
@@ -153,9 +155,12 @@ class ThreeHosts(DdprunCase):
             self.assertEqual((w["group_world_size"], w["master_addr"]),
                              ("3", self.hosts.addrs[0]), w)
         self.assertEqual(sorted(int(w["rank"]) for w in three.values()), [0, 1, 2])
-
         cut = time.time()
         self.hosts.link(2, up=False)
+        return three, cut
+
+    def test_the_others_drop_a_cut_off_host_and_finish(self):
+        three, cut = self.form_three_and_cut_host_2()
         two = self.wait_round(2, [0, 1], HEARTBEAT_TIMEOUT_S + DETECTION_SLACK_S)
         reformed = max(float(w["started"]) for w in two.values()) - cut
         print("host 2 cut off -> 2-node workers running: %.3f s (heartbeat timeout %.1f s)"
@@ -167,17 +172,23 @@ class ThreeHosts(DdprunCase):
         for w in three.values():
             if w["node"] != "2":
                 self.assertFalse(alive(int(w["pid"])), "a 3-node worker survived the new round")
-
         for host in (0, 1):
             open(os.path.join(self.records, "finish_%d" % host), "w").close()
         for host in (0, 1):
             self.assertEqual(self.wait_exit(self.agents[host], what="agent %d" % host), 0,
                              self.outputs())
 
-        # The cut-off agent: it reaches nobody, so it ends by its own
-        # timeouts (store requests, then the join), naming the endpoint.
-        bound = READ_TIMEOUT_S * 4 + JOIN_TIMEOUT_S + PATIENCE
-        rc = self.wait_exit(self.agents[2], bound, "the cut-off agent")
+    def test_the_cut_off_agent_ends_naming_the_endpoint(self):
+        # It reaches nobody, so it must end by its own timeouts (liveness,
+        # store requests, then the join), stopping its workers: left running,
+        # they would be a second job believing it has 3 nodes.
+        self.form_three_and_cut_host_2()
+        bound = HEARTBEAT_TIMEOUT_S + READ_TIMEOUT_S * 4 + JOIN_TIMEOUT_S + PATIENCE
+        try:
+            rc = self.agents[2].wait(bound)
+        except subprocess.TimeoutExpired:
+            self.fail("the cut-off agent still running %.0f s after its link went down; "
+                      "its output:\n%s" % (bound, self.output(2)))
         err = self.output(2)
         self.assertNotEqual(rc, 0, err)
         self.assertIn(self.endpoint(), err)
