@@ -130,9 +130,13 @@ class Job:
         self.logs.append(log)
         return p
 
-    def wait_workers(self, pred, count, timeout):
+    def wait_workers(self, pred, count, timeout, killed=()):
+        """The stamps matching `pred` once there are `count`; raises if an
+        agent (not one of `killed`) fails first or `timeout` passes."""
+        def failed():
+            return any(p.poll() not in (None, 0) for p in self.procs if p not in killed)
         if not wait_for(lambda: len([s for s in stamps(self.dir) if pred(s)]) >= count
-                        or any(p.poll() not in (None, 0) for p in self.procs), timeout):
+                        or failed(), timeout):
             raise RuntimeError("%s: %d workers not running after %.0f s%s"
                                % (self.name, count, timeout, self.tail()))
         got = [s for s in stamps(self.dir) if pred(s)]
@@ -168,7 +172,7 @@ def formation(name, worker, tmp, n, timeout):
         t0 = time.time()
         job.start(n - 1)
         got = job.wait_workers(lambda s: True, n, timeout)
-        gap = max(s[0] for s in got) - t0
+        gap = (max(s[0] for s in got) - t0, min(s[0] for s in got) - t0)
         for p in job.procs:
             rc = p.wait(timeout)
             if rc != 0:
@@ -196,7 +200,7 @@ def failure(name, worker, tmp, conf, watch):
             survivors = [s[4] for s in three if s[1] != "2"]
             return (None if not reformed else max(s[0] for s in reformed) - killed,
                     all(alive(p) for p in survivors))
-        two = job.wait_workers(lambda s: s[3] == 2, 2, 120)
+        two = job.wait_workers(lambda s: s[3] == 2, 2, 120, killed=[job.procs[2]])
         return max(s[0] for s in two) - killed, True
     finally:
         job.close()
@@ -256,16 +260,19 @@ def run(args, tmp):
     for n in sizes:
         for name in [w for w in which if w == "ddprun" or n in theirs]:
             reps = args.reps if n <= 16 else max(1, min(args.reps, 3))
-            runs = [formation(name, worker, tmp, n, 600) for _ in range(reps)]
+            both = [formation(name, worker, tmp, n, 600) for _ in range(reps)]
+            runs, firsts = [b[0] for b in both], [b[1] for b in both]
             res["formation"].setdefault(str(n), {})[name] = {
-                "median_s": statistics.median(runs), "runs_s": runs}
-            print("formation", n, name, ["%.4f" % r for r in runs], file=sys.stderr)
+                "median_s": statistics.median(runs), "runs_s": runs,
+                "first_worker_median_s": statistics.median(firsts)}
+            print("formation", n, name, ["%.4f" % r for r in runs], "first worker",
+                  ["%.4f" % r for r in firsts], file=sys.stderr)
     # torchrun reads keep_alive_interval as whole seconds: its tightest is 1 s.
     keep = {"default (5 s x 3)": (None, None),
             "tight (0.1 s x 3; torchrun 1 s x 3)": (
                 "keep_alive_interval=0.1,keep_alive_max_attempt=3",
                 "keep_alive_interval=1,keep_alive_max_attempt=3")}
-    for label, (conf, their_conf) in keep.items():
+    for label, (conf, their_conf) in keep.items() if args.failure_reps > 0 else ():
         if "ddprun" in which:
             runs = [failure("ddprun", worker, tmp, conf, 0)[0]
                     for _ in range(args.failure_reps)]
@@ -324,7 +331,7 @@ def report(res, args):
         d = r.get("ddprun", {}).get("median_s")
         t = r.get("torchrun", {}).get("median_s")
         lines.append("| %s | %s | %s | %s |" % (
-            n, "%.4f" % d if d else "not run", "%.3f" % t if t else "skipped (memory)",
+            n, "%.4f" % d if d else "not run", "%.3f" % t if t else "skipped (memory)" if int(n) in res.get("torchrun_skipped", []) else "not run",
             "%.0fx" % (t / d) if t and d else "-"))
     lines += ["", "Failure: kill -9 of a non-host node of 3 (--nnodes=2:3) -> the survivors' "
               "new workers running (s):", "",
