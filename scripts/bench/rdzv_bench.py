@@ -145,12 +145,14 @@ class Job:
         return got
 
     def tail(self):
-        for log in self.logs:
+        """Each agent's exit code and the end of its output."""
+        out = ""
+        for i, (p, log) in enumerate(zip(self.procs, self.logs)):
             log.seek(0)
             text = log.read()
-            if text.strip():
-                return ":\n" + text[-3000:]
-        return ""
+            out += "\n--- agent %d (%s): %s" % (i, "running" if p.poll() is None else
+                                              "exit %d" % p.returncode, text[-1500:])
+        return out
 
     def close(self):
         """Kills every agent and worker still there, reaps, frees the port."""
@@ -267,6 +269,7 @@ def run(args, tmp):
                 "first_worker_median_s": statistics.median(firsts)}
             print("formation", n, name, ["%.4f" % r for r in runs], "first worker",
                   ["%.4f" % r for r in firsts], file=sys.stderr)
+            save(res, out_json)
     # torchrun reads keep_alive_interval as whole seconds: its tightest is 1 s.
     keep = {"default (5 s x 3)": (None, None),
             "tight (0.1 s x 3; torchrun 1 s x 3)": (
@@ -279,6 +282,7 @@ def run(args, tmp):
             res["failure"].setdefault(label, {})["ddprun"] = {
                 "median_s": statistics.median(runs), "max_s": max(runs), "runs_s": runs}
             print("failure", label, "ddprun", ["%.4f" % r for r in runs], file=sys.stderr)
+            save(res, out_json)
         if "torchrun" in which:
             gap, kept = failure("torchrun", worker, tmp, their_conf, args.torchrun_watch)
             res["failure"].setdefault(label, {})["torchrun"] = {"reformed_after_s": gap,
@@ -289,10 +293,15 @@ def run(args, tmp):
         load[name]["end"] = os.getloadavg()[0]
     table = report(res, args)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(out_json, "w") as f:
-        json.dump({"results": res, "table": table}, f, indent=1)
+    save(res, out_json, table)
     plot(res, os.path.join(args.out, "rdzv_bench.png"))
+
+
+def save(res, path, table=None):
+    """Writes what was measured so far (a later failure keeps it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"results": res, "table": table}, f, indent=1)
 
 
 def plot(res, path):
