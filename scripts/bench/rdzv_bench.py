@@ -35,7 +35,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(ROOT, "build/bin"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "pyutil"))
-from procs import alive, kill_all, status_kib, wait_for  # noqa: E402
+from procs import alive, kill_all, listening, wait_for  # noqa: E402
 from reserved_port import ReservedPort  # noqa: E402
 
 GiB = 1 << 30
@@ -120,6 +120,16 @@ class Job:
         self.procs = []
         self.logs = []
 
+    def start_host(self):
+        """Node 0, waited for until it listens: with a loopback endpoint every
+        agent may host, and the first to bind does. Node 0 must, so that the
+        node killed later (2) is never the store's host."""
+        p = self.start(0)
+        if not wait_for(lambda: listening(self.port.port) or p.poll() is not None, 60):
+            raise RuntimeError("%s: node 0 does not listen after 60 s%s" % (self.name,
+                                                                              self.tail()))
+        return p
+
     def start(self, node):
         log = open(os.path.join(self.dir, "agent_%d.log" % node), "w+")
         env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="ERROR", BENCH_NODE=str(node))
@@ -168,7 +178,8 @@ class Job:
 def formation(name, worker, tmp, n, timeout):
     job = Job(name, worker, tmp, "%d:%d" % (n, n), "exit")
     try:
-        for node in range(n - 1):
+        job.start_host()
+        for node in range(1, n - 1):
             job.start(node)
         settle([p.pid for p in job.procs])
         t0 = time.time()
@@ -189,7 +200,8 @@ def failure(name, worker, tmp, conf, watch):
     running; for torchrun, (None, survivors' workers alive) after `watch`."""
     job = Job(name, worker, tmp, "2:3", "hold", conf, max_restarts=3)
     try:
-        for node in range(3):
+        job.start_host()
+        for node in (1, 2):
             job.start(node)
         three = job.wait_workers(lambda s: s[3] == 3, 3, 120)
         settle([p.pid for p in job.procs])
@@ -241,7 +253,7 @@ def main():
 
 
 def run(args, tmp):
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = [int(x) for x in args.sizes.split(",") if x]
     worker = os.path.join(tmp, "worker")
     subprocess.run(["cc", "-O2", "-x", "c", "-", "-o", worker], input=WORKER_C.encode(),
                    check=True)
