@@ -21,6 +21,7 @@ class HeartbeatLiveness final : public Liveness {
   void setPeers(std::vector<std::string> peers, Heartbeat::OnDead onDead) override {
     beat_.setPeers(std::move(peers), std::move(onDead));
   }
+  void setOnLost(Heartbeat::OnLost onLost) override { beat_.setOnLost(std::move(onLost)); }
   void stop() override { beat_.stop(); }
 
  private:
@@ -34,13 +35,14 @@ struct HostedStores {
   std::unique_ptr<store::TcpStoreServer> worker;
 };
 
+// `timeout` bounds connecting, `requestTimeout` each request.
 std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
                                               std::shared_ptr<store::CancelToken> cancel,
-                                              Millis timeout) {
+                                              Millis timeout, Millis requestTimeout) {
   store::TcpStoreOptions o;
   o.host = opts.endpointHost;
   o.port = opts.endpointPort;
-  o.timeout = opts.readTimeout;
+  o.timeout = requestTimeout;
   o.connectTimeout = timeout;
   o.cancel = std::move(cancel);
   return store::TcpStore::connect(o);
@@ -71,7 +73,7 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
   b.hosting = hosted->endpoint != nullptr;
   b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
   b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
-    return connectEndpoint(opts, std::move(cancel), timeout);
+    return connectEndpoint(opts, std::move(cancel), timeout, opts.readTimeout);
   };
   b.localAddress = [](store::Store& s) {
     auto* tcp = dynamic_cast<store::TcpStore*>(&s);
@@ -86,8 +88,11 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     HeartbeatOptions h;
     h.interval = opts.keepAliveInterval;
     h.maxAttempts = opts.keepAliveMaxAttempt;
+    // Beats and their reads are small: a request that takes an interval
+    // means the link or the store is gone (Heartbeat::setOnLost).
     Heartbeat::Connect connect = [opts](std::shared_ptr<store::CancelToken> cancel) {
-      return connectEndpoint(opts, std::move(cancel), opts.readTimeout);
+      return connectEndpoint(opts, std::move(cancel), opts.keepAliveInterval,
+                             opts.keepAliveInterval);
     };
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);

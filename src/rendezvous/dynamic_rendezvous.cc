@@ -268,6 +268,22 @@ class DynamicRendezvous final : public Rendezvous {
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
+    liveness_->setOnLost([this](int64_t silentMs) { onLost(silentMs); });
+  }
+
+  // On the heartbeat's beating thread: no beat of this node reached the
+  // store for the heartbeat timeout (its link or the store is gone), so the
+  // other nodes have dropped it by now; the round is over for it. A join or
+  // a watcher blocked on the same dead link ends on its own timeouts.
+  void onLost(int64_t silentMs) {
+    storeLost_ = true;
+    const int round = lastJoined_;
+    if (stopping_ || round < 0 || lastEnded_ >= round || !handler_) return;
+    RoundEvent event{round, RoundEnd::kStoreLost, -1,
+                     storeGone("no heartbeat of this node reached it for " +
+                               formatDuration(silentMs) +
+                               ", so the other nodes have dropped it")};
+    post_([handler = handler_, event] { handler(event); });
   }
 
   // The join loop (see dynamic_state.h): one step on the latest state, then

@@ -26,6 +26,7 @@ class Liveness {
  public:
   virtual ~Liveness() = default;
   virtual void setPeers(std::vector<std::string> peers, Heartbeat::OnDead onDead) = 0;
+  virtual void setOnLost(Heartbeat::OnLost onLost) = 0;
   virtual void stop() = 0;
 };
 

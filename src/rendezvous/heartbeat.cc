@@ -144,6 +144,7 @@ struct Heartbeat::Impl {
   bool stopping_ = false;
   LivenessTracker tracker_;
   OnDead onDead_;
+  OnLost onLost_;  // guarded by mu_
   uint64_t generation_ = 0;  // bumped by setPeers: a callback of an older one is dropped
   std::recursive_mutex cbMu_;
 
@@ -173,17 +174,36 @@ struct Heartbeat::Impl {
 
 // First beat at once, then one per interval. A failed write is retried at the
 // next interval (TcpStore reconnects by itself; a failed connect is retried).
+// A node whose writes have failed for the timeout has been dropped by its
+// peers by now: onLost tells the rendezvous, once per such silence.
 void Heartbeat::Impl::beat() {
   std::unique_ptr<store::Store> store;
   const std::string key = prefix + self;
+  int64_t lastOk = clock();
+  bool lostTold = false;
   for (int64_t seq = 0;; ++seq) {
     try {
       if (!store) store = connect(beatCancel);
       store->set(key, encodeBeat(seq, clock()));
+      // SET has no reply in the protocol: the CHECK's reply (same connection,
+      // in order) says the beat arrived, not just that the kernel took it.
+      store->check({key});
+      lastOk = clock();
+      lostTold = false;
     } catch (const CancelledError&) {
       return;
     } catch (const Error& e) {
       DDPRUN_DEBUG("heartbeat: ", self, " could not beat: ", e.message());
+    }
+    const int64_t silent = clock() - lastOk;
+    if (!lostTold && silent >= opts.timeout().count()) {
+      lostTold = true;
+      OnLost onLost;
+      {
+        std::lock_guard lock(mu_);
+        onLost = onLost_;
+      }
+      if (onLost) onLost(silent);
     }
     if (beatCancel->sleepFor(opts.interval)) return;
   }
@@ -292,6 +312,11 @@ void Heartbeat::setPeers(std::vector<std::string> peers, OnDead onDead) {
   impl_->tracker_.watch(peers, impl_->clock());
   impl_->onDead_ = std::move(onDead);
   ++impl_->generation_;
+}
+
+void Heartbeat::setOnLost(OnLost onLost) {
+  std::lock_guard lock(impl_->mu_);
+  impl_->onLost_ = std::move(onLost);
 }
 
 void Heartbeat::stop() {

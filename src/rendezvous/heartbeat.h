@@ -91,6 +91,7 @@ class Heartbeat {
   using Connect =
       std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken>)>;
   using OnDead = std::function<void(const std::string& node, int64_t silentMs)>;
+  using OnLost = std::function<void(int64_t silentMs)>;
 
   // Starts beating at once under keyPrefix + self. Watches nobody yet.
   Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPrefix,
@@ -105,6 +106,12 @@ class Heartbeat {
   // list watches nobody. Called from another thread than onDead's, it
   // returns once the previous callback is not running and never will.
   void setPeers(std::vector<std::string> peers, OnDead onDead);
+  // Called once on the beating thread when this node has not written a beat
+  // for the timeout (its link or the store is gone: its peers drop it now),
+  // and again after a beat went through and another such silence. Give the
+  // beats' connections a request timeout of about one interval, or a
+  // blocked write delays this. Thread-safe; empty: nothing is called.
+  void setOnLost(OnLost onLost);
   // Stops both threads (their blocking calls are cancelled) and joins them.
   // Idempotent; not from onDead. The last beat stays in the store.
   void stop();

@@ -35,9 +35,23 @@ class FakeLiveness final : public detail::Liveness {
     peers_ = std::move(peers);
     onDead_ = std::move(onDead);
   }
+  void setOnLost(detail::Heartbeat::OnLost onLost) override {
+    std::lock_guard lock(mu_);
+    onLost_ = std::move(onLost);
+  }
   void stop() override {
     std::lock_guard lock(mu_);
     onDead_ = nullptr;
+    onLost_ = nullptr;
+  }
+  // What the heartbeat's beating thread does when this node could not beat.
+  void declareLost(int64_t silentMs) {
+    detail::Heartbeat::OnLost fn;
+    {
+      std::lock_guard lock(mu_);
+      fn = onLost_;
+    }
+    if (fn) fn(silentMs);
   }
   std::vector<std::string> peers() {
     std::lock_guard lock(mu_);
@@ -58,6 +72,7 @@ class FakeLiveness final : public detail::Liveness {
   std::mutex mu_;
   std::vector<std::string> peers_;
   detail::Heartbeat::OnDead onDead_;
+  detail::Heartbeat::OnLost onLost_;
 };
 
 // A node of the test: its rendezvous (which owns `beat`) and its address.
@@ -342,6 +357,23 @@ TEST_F(DynamicRendezvousTest, ADeadNodeRestartsTheSurvivorsAtOnce) {
     EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
   }
   EXPECT_EQ(clock_, kStart) << "the survivors did not wait for a last call";
+}
+
+// A node cut off from the store (its beats fail for the timeout) learns
+// that its round is over for it: the others have dropped it by now.
+TEST_F(DynamicRendezvousTest, ANodeThatCannotBeatEndsItsRoundAsStoreLost) {
+  opts_.minNodes = 2;
+  opts_.maxNodes = 3;
+  auto ms = members(3);
+  joinAll(ms);
+  ms[2]->beat->declareLost(15'000);
+  RoundEvent ev = ms[2]->node->awaitEvent();
+  EXPECT_EQ(ev.round, 0);
+  EXPECT_EQ(ev.kind, RoundEnd::kStoreLost);
+  EXPECT_NE(ev.reason.find("no heartbeat of this node reached it for 15 s"),
+            std::string::npos)
+      << ev.reason;
+  EXPECT_NE(ev.reason.find("single point of failure"), std::string::npos) << ev.reason;
 }
 
 TEST_F(DynamicRendezvousTest, AFailureCountsOneRestartOnEveryNode) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <climits>
 #include <future>
 #include <mutex>
@@ -351,6 +352,35 @@ TEST_F(HeartbeatTest, StopReturnsWhileBothThreadsAreBlockedInTheStore) {
   ASSERT_TRUE(hub_.awaitWaiters(2)) << "the beater and the watcher are blocked";
   auto stopped = std::async(std::launch::async, [&] { a.stop(); });
   EXPECT_EQ(stopped.wait_for(60s), std::future_status::ready);
+}
+
+// Beats that cannot be written for the timeout (a fake clock moved past
+// it while the store fails) are reported once, with the silence.
+TEST_F(HeartbeatTest, BeatsThatFailForTheTimeoutAreReportedLostOnce) {
+  std::atomic<int64_t> now{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> lost;
+  Heartbeat a({5ms, 3}, connect(), "hb/", "a", [&] { return now.load(); });
+  a.setOnLost([&](int64_t silent) {
+    std::lock_guard lock(mu);
+    lost.push_back(silent);
+    cv.notify_all();
+  });
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 2; }));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(lost.empty()) << "beats that go through are never lost";
+  }
+  hub_.fail();
+  now = 15;  // the timeout (5 ms x 3) since the last beat that went through
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return !lost.empty(); }));
+  EXPECT_GE(lost[0], 15);
+  lock.unlock();
+  now = 1000;  // much later, still failing: told once
+  a.stop();
+  EXPECT_EQ(lost.size(), 1u);
 }
 
 TEST_F(HeartbeatTest, StoreErrorsAreRetriedNotFatal) {
