@@ -244,7 +244,18 @@ def main():
     ap.add_argument("--merge", action="store_true",
                     help="keep the figures of launchers not run from the existing JSON")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="print the tables and redraw the plot from the existing JSON")
     args = ap.parse_args()
+    if args.report_only:
+        out_json = os.path.join(args.out, "rdzv_bench.json")
+        with open(out_json) as f:
+            res = json.load(f)["results"]
+        table = report(res, args)
+        print(table)
+        save(res, out_json, table)
+        plot(res, os.path.join(args.out, "rdzv_bench.png"))
+        return
     tmp = tempfile.mkdtemp(prefix="rdzv_bench_")
     try:
         run(args, tmp)
@@ -264,7 +275,7 @@ def run(args, tmp):
     if args.merge and os.path.exists(out_json):
         with open(out_json) as f:
             res = json.load(f)["results"]
-    if "torchrun" in which:
+    if "torchrun" in which and sizes:
         res.update(torchrun_skipped=[n for n in sizes if n not in theirs],
                    mem_available_gib=avail / GiB)
     res["cpus"] = os.cpu_count()
