@@ -19,7 +19,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from elastic_case import (FAST_DEATH_S, FAST_KEEP_ALIVE, PATIENCE, SLACK,  # noqa: E402
-                          ElasticCase, WAIT_GO, listener_pid, of_round)
+                          Agent, ElasticCase, WAIT_GO, listener_pid, of_round)
 from procs import listening, signal_handled, wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 from storewire import RawClient  # noqa: E402
@@ -426,6 +426,41 @@ class OneNode(ElasticTest):
         self.assertEqual(len(starts), 1, self.brief(starts))
         self.assertEqual((starts[0]["WORLD_SIZE"], starts[0]["GROUP_WORLD_SIZE"]), (1, 1))
         self.assertIn("c10d, nodes 1:2", a.err())  # the elastic rendezvous, not the local one
+
+
+class StaticLiveness(ElasticTest):
+    """The same liveness for the static rendezvous: after kill -9 of node 1's
+    agent, node 0 ends the round as failed within the heartbeat timeout
+    (before, it ran on for as long as its workers did, as torchrun's static
+    backend does)."""
+
+    def static_agent(self, name, rank, port, worker):
+        args = ["--nnodes=2", "--node-rank=%d" % rank, "--master-addr=127.0.0.1",
+                "--master-port=%d" % port, "--nproc-per-node=1",
+                "--rdzv-conf=" + ",".join(FAST_KEEP_ALIVE), "--no-python", worker]
+        out_path, err_path = self.path("agent_%s.out" % name), self.path("agent_%s.err" % name)
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            p = self.popen(*args, env={"NODE": name}, stdout=out, stderr=err)
+        a = Agent(name, p, out_path, err_path)
+        self.agents.append(a)
+        return a
+
+    def test_kill_9_of_node_1_ends_the_round_on_node_0_within_the_heartbeat_timeout(self):
+        port = reserve_port(self)
+        w = self.worker()
+        a = self.static_agent("a", 0, port, w)
+        b = self.static_agent("b", 1, port, w)
+        first = self.wait_round(2)
+        t0 = time.monotonic()
+        b.signal(signal.SIGKILL)
+        rc = self.exit_code(a)
+        took = time.monotonic() - t0
+        print("static: kill -9 of node 1 to node 0's exit: %.2f s (heartbeat timeout %.1f s)"
+              % (took, FAST_DEATH_S), file=sys.stderr)
+        self.assertEqual(rc, 1, self.agents_said())  # no restarts left: the job failed
+        self.assertLess(took, FAST_DEATH_S + SLACK, "detection took %.1f s" % took)
+        self.assertIn("node 1's agent missed heartbeats", a.err())
+        self.assert_gone([s["PID"] for s in first], "the workers of both nodes")
 
 
 if __name__ == "__main__":
