@@ -44,7 +44,8 @@ JOIN_TIMEOUT_S = 20
 # FIELDS order), then runs until $RECORDS/finish_<node> appears.
 WORKER = r'''#!/bin/sh
 f="$RECORDS/w_${NODE}_$$"
-echo "$NODE $GROUP_RANK $GROUP_WORLD_SIZE $WORLD_SIZE $RANK $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT $$ $(date +%s.%N)" > "$f.tmp"
+echo "$NODE $GROUP_RANK $GROUP_WORLD_SIZE $WORLD_SIZE $RANK $MASTER_ADDR" \
+     "$TORCHELASTIC_RESTART_COUNT $$ $(date +%s.%N)" > "$f.tmp"
 mv "$f.tmp" "$f"
 until [ -e "$RECORDS/finish_$NODE" ]; do sleep 0.02; done
 '''
