@@ -179,13 +179,6 @@ class ThreeHosts(DdprunCase):
             self.assertEqual(self.wait_exit(self.agents[host], what="agent %d" % host), 0,
                              self.outputs())
 
-    # Known defect (reported with the branch rdzv-bench): the cut-off agent
-    # waits on the round's end key for up to an hour per request
-    # (kWatchSlice) over a connection that neither answers nor resets, and
-    # its heartbeat treats failed reads as "decide nothing", so it never
-    # ends and its 3-node workers run on. Remove this marker with the fix:
-    # an unexpected success fails the run.
-    @unittest.expectedFailure
     def test_the_cut_off_agent_ends_naming_the_endpoint(self):
         # It reaches nobody, so it must end by its own timeouts (liveness,
         # store requests, then the join), stopping its workers: left running,
