@@ -133,11 +133,11 @@ class BeatReader {
 // so that setPeers() (from any other thread) returns only once the previous
 // callback is not running and never will.
 struct Heartbeat::Impl {
-  HeartbeatOptions opts;
-  Connect connect;
-  std::string prefix;
-  std::string self;
-  WallClock clock;
+  HeartbeatOptions opts_;
+  Connect connect_;
+  std::string prefix_;
+  std::string self_;
+  WallClock clock_;
 
   std::mutex mu_;
   std::condition_variable wake_;
@@ -148,18 +148,19 @@ struct Heartbeat::Impl {
   uint64_t generation_ = 0;  // bumped by setPeers: a callback of an older one is dropped
   std::recursive_mutex cbMu_;
 
-  std::shared_ptr<store::CancelToken> beatCancel = std::make_shared<store::CancelToken>();
-  std::shared_ptr<store::CancelToken> watchCancel =
+  std::shared_ptr<store::CancelToken> beatCancel_ =
       std::make_shared<store::CancelToken>();
-  std::thread beater, watcher;
+  std::shared_ptr<store::CancelToken> watchCancel_ =
+      std::make_shared<store::CancelToken>();
+  std::thread beater_, watcher_;
   std::mutex stopMu_;  // stop() from two threads joins once
 
   Impl(HeartbeatOptions o, Connect c, std::string p, std::string s, WallClock w)
-      : opts(o),
-        connect(std::move(c)),
-        prefix(std::move(p)),
-        self(std::move(s)),
-        clock(std::move(w)),
+      : opts_(o),
+        connect_(std::move(c)),
+        prefix_(std::move(p)),
+        self_(std::move(s)),
+        clock_(std::move(w)),
         tracker_(o) {}
 
   void beat();
@@ -178,25 +179,25 @@ struct Heartbeat::Impl {
 // peers by now: onLost tells the rendezvous, once per such silence.
 void Heartbeat::Impl::beat() {
   std::unique_ptr<store::Store> store;
-  const std::string key = prefix + self;
-  int64_t lastOk = clock();
+  const std::string key = prefix_ + self_;
+  int64_t lastOk = clock_();
   bool lostTold = false;
   for (int64_t seq = 0;; ++seq) {
     try {
-      if (!store) store = connect(beatCancel);
-      store->set(key, encodeBeat(seq, clock()));
+      if (!store) store = connect_(beatCancel_);
+      store->set(key, encodeBeat(seq, clock_()));
       // SET has no reply in the protocol: the CHECK's reply (same connection,
       // in order) says the beat arrived, not just that the kernel took it.
       store->check({key});
-      lastOk = clock();
+      lastOk = clock_();
       lostTold = false;
     } catch (const CancelledError&) {
       return;
     } catch (const Error& e) {
-      DDPRUN_DEBUG("heartbeat: ", self, " could not beat: ", e.message());
+      DDPRUN_DEBUG("heartbeat: ", self_, " could not beat: ", e.message());
     }
-    const int64_t silent = clock() - lastOk;
-    if (!lostTold && silent >= opts.timeout().count()) {
+    const int64_t silent = clock_() - lastOk;
+    if (!lostTold && silent >= opts_.timeout().count()) {
       lostTold = true;
       OnLost onLost;
       {
@@ -205,7 +206,7 @@ void Heartbeat::Impl::beat() {
       }
       if (onLost) onLost(silent);
     }
-    if (beatCancel->sleepFor(opts.interval)) return;
+    if (beatCancel_->sleepFor(opts_.interval)) return;
   }
 }
 
@@ -214,7 +215,7 @@ void Heartbeat::Impl::beat() {
 // and is retried after a full interval.
 void Heartbeat::Impl::watch() {
   std::unique_ptr<store::Store> store;
-  BeatReader reader(prefix);
+  BeatReader reader(prefix_);
   for (;;) {
     std::vector<std::string> nodes, values;
     {
@@ -233,13 +234,13 @@ Heartbeat::Impl::Read Heartbeat::Impl::readBeats(std::unique_ptr<store::Store>& 
                                                  const std::vector<std::string>& nodes,
                                                  std::vector<std::string>& values) {
   try {
-    if (!store) store = connect(watchCancel);
+    if (!store) store = connect_(watchCancel_);
     values = reader.read(*store, nodes);
     return Read::kDone;
   } catch (const CancelledError&) {
     return Read::kCancelled;
   } catch (const Error& e) {
-    DDPRUN_DEBUG("heartbeat: ", self, " could not read its peers' beats: ", e.message());
+    DDPRUN_DEBUG("heartbeat: ", self_, " could not read its peers' beats: ", e.message());
     return Read::kFailed;
   }
 }
@@ -254,7 +255,7 @@ void Heartbeat::Impl::decide(const std::vector<std::string>& nodes,
   uint64_t generation = 0;
   {
     std::lock_guard lock(mu_);
-    const int64_t now = clock();
+    const int64_t now = clock_();
     for (size_t i = 0; i < values.size(); ++i) tracker_.observe(nodes[i], values[i], now);
     auto gone = tracker_.expired(now);
     if (gone.empty()) return;
@@ -282,8 +283,8 @@ void Heartbeat::Impl::decide(const std::vector<std::string>& nodes,
 bool Heartbeat::Impl::sleep(bool fullInterval) {
   std::unique_lock lock(mu_);
   const int64_t expiry = tracker_.nextExpiry();
-  int64_t ms = opts.interval.count();
-  if (!fullInterval && expiry != INT64_MAX) ms = std::min(ms, expiry - clock());
+  int64_t ms = opts_.interval.count();
+  if (!fullInterval && expiry != INT64_MAX) ms = std::min(ms, expiry - clock_());
   ms = std::max<int64_t>(ms, 1);
   return !wake_.wait_for(lock, std::chrono::milliseconds(ms),
                          [this] { return stopping_; });
@@ -297,19 +298,19 @@ Heartbeat::Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPref
   DDPRUN_CHECK(connect && clock, "a heartbeat needs a store and a clock");
   impl_ = std::make_unique<Impl>(opts, std::move(connect), std::move(keyPrefix),
                                  std::move(self), std::move(clock));
-  impl_->beater = std::thread([impl = impl_.get()] { impl->beat(); });
-  impl_->watcher = std::thread([impl = impl_.get()] { impl->watch(); });
+  impl_->beater_ = std::thread([impl = impl_.get()] { impl->beat(); });
+  impl_->watcher_ = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
 Heartbeat::~Heartbeat() { stop(); }
 
 void Heartbeat::setPeers(std::vector<std::string> peers, OnDead onDead) {
-  peers.erase(std::remove(peers.begin(), peers.end(), impl_->self), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), impl_->self_), peers.end());
   // Taken first (recursive: onDead itself may call setPeers), so that the
   // old callback has returned before the new set is in place.
   std::lock_guard cbLock(impl_->cbMu_);
   std::lock_guard lock(impl_->mu_);
-  impl_->tracker_.watch(peers, impl_->clock());
+  impl_->tracker_.watch(peers, impl_->clock_());
   impl_->onDead_ = std::move(onDead);
   ++impl_->generation_;
 }
@@ -326,10 +327,10 @@ void Heartbeat::stop() {
     impl_->stopping_ = true;
   }
   impl_->wake_.notify_all();
-  impl_->beatCancel->cancel();
-  impl_->watchCancel->cancel();
-  if (impl_->beater.joinable()) impl_->beater.join();
-  if (impl_->watcher.joinable()) impl_->watcher.join();
+  impl_->beatCancel_->cancel();
+  impl_->watchCancel_->cancel();
+  if (impl_->beater_.joinable()) impl_->beater_.join();
+  if (impl_->watcher_.joinable()) impl_->watcher_.join();
 }
 
 }  // namespace ddprun::rendezvous::detail

@@ -214,7 +214,10 @@ class StaticRendezvous final : public Rendezvous {
         },
         "ddprun/" + opts_.runId + "/hb/", beatName(opts_.nodeRank));
   }
-  static std::string beatName(int node) { return "node" + std::to_string(node); }
+  static constexpr std::string_view kBeatName = "node";  // + the node's rank
+  static std::string beatName(int node) {
+    return std::string(kBeatName) + std::to_string(node);
+  }
 
   // During `round`, every other node is watched; one that goes silent is
   // reported on the task thread (its store connection), in order with the
@@ -226,7 +229,7 @@ class StaticRendezvous final : public Rendezvous {
     heartbeat_->setPeers(
         std::move(peers), [this, round](const std::string& node, int64_t silentMs) {
           int i = -1;
-          str::parseInt(std::string_view(node).substr(4), i, 0);
+          str::parseInt(std::string_view(node).substr(kBeatName.size()), i, 0);
           tasks_.push(
               [this, round, i, silentMs] { declareDead(round, i, Millis(silentMs)); });
         });
