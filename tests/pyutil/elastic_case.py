@@ -136,7 +136,7 @@ class ElasticCase(DdprunCase):
 
     def store(self, *args):
         """A separate ddprun-store on a free port (stopped when the test ends)."""
-        s = StoreServer(BIN, self.tmp, *args)
+        s = StoreServer(BIN, self.tmp, *args, capped=False)
         self.addCleanup(s.stop)
         return s
 

@@ -24,13 +24,16 @@ def cap_address_space():
 
 
 class StoreServer:
-    def __init__(self, bin_dir, tmp, *args, timeout=30.0):
+    def __init__(self, bin_dir, tmp, *args, timeout=30.0, capped=True):
+        """`capped`: under ADDRESS_SPACE_CAP (for attacks; a sanitizer build
+        cannot start under it, whose shadow memory is terabytes of address
+        space). A store that is only an endpoint needs no cap."""
         self.stderr_path = os.path.join(tmp, "store_%d.stderr" % id(self))
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
             [os.path.join(bin_dir, "ddprun-store"), "--port", "0", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._err,
-            preexec_fn=cap_address_space)
+            preexec_fn=cap_address_space if capped else None)
         self.pid = self.proc.pid
         # readline returns at the server's first line, or at EOF if it dies.
         line = self.proc.stdout.readline().decode(errors="replace")
