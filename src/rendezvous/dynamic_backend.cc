@@ -88,11 +88,13 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     HeartbeatOptions h;
     h.interval = opts.keepAliveInterval;
     h.maxAttempts = opts.keepAliveMaxAttempt;
-    // Beats and their reads are small: a request that takes an interval
-    // means the link or the store is gone (Heartbeat::setOnLost).
+    // Beats and their reads are small: a request still unanswered after the
+    // heartbeat timeout means the link or the store is gone (the peers drop
+    // this node then anyway: Heartbeat::setOnLost); a slower reply on a
+    // loaded machine is no reason to give up.
     Heartbeat::Connect connect = [opts](std::shared_ptr<store::CancelToken> cancel) {
       return connectEndpoint(opts, std::move(cancel), opts.keepAliveInterval,
-                             opts.keepAliveInterval);
+                             opts.keepAliveInterval * opts.keepAliveMaxAttempt);
     };
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);

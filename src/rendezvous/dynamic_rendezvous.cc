@@ -322,7 +322,13 @@ class DynamicRendezvous final : public Rendezvous {
         continue;
       }
       if (late) giveUp(s);
-      const int64_t until = s.lastCallMs ? std::min(deadline, s.lastCallMs) : deadline;
+      // The step runs again at least once per heartbeat timeout: a node
+      // dropped from the forming round for a silence (a machine stalled
+      // longer than that) finds itself out and joins again.
+      const int64_t heartbeatTimeout =
+          opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt;
+      int64_t until = std::min(deadline, now() + heartbeatTimeout);
+      if (s.lastCallMs) until = std::min(until, s.lastCallMs);
       waitUntil({key(s.round, "complete")}, until);
     }
   }

@@ -430,7 +430,14 @@ TEST(DynamicRendezvous, TheHostLeavingEndsTheRoundAndItsStoreIsGoneForTheRest) {
 TEST(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
   // A figure for the report, not a bound: the time from the last join call
   // to every node's round info, 256 nodes of this process on one store.
+  // Under AddressSanitizer (a Debug build ten times slower, ~1,000 threads
+  // on two cores) the store's one thread starves and nodes miss their
+  // heartbeats: the figure means nothing there, so 32 nodes check the logic.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr int kNodes = 32;
+#else
   constexpr int kNodes = 256;
+#endif
   net::raiseFileLimit();  // four connections per node, and the server's ends
   uint16_t port = 0;
   auto host = dynamicHost(port, kNodes, kNodes);
