@@ -19,7 +19,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddprun_case import BIN, PATIENCE, SANITIZED, DdprunCase, read  # noqa: E402
-from procs import alive, kill_all, wait_for  # noqa: E402
+from procs import alive, kill_all, listening_inodes, wait_for  # noqa: E402
 from store_server import StoreServer  # noqa: E402
 
 # The environment a worker records (plus NODE, PID and T, its start time in ns).
@@ -196,17 +196,7 @@ def of_round(starts, world_size=None, restart=None, nodes=None):
 def listener_pid(port, candidates):
     """Which of the `candidates` pids holds the socket listening on TCP
     `port` (IPv4 or IPv6), or None: read from /proc/net and /proc/PID/fd."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    cols = line.split()
-                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
-                        inodes.add("socket:[%s]" % cols[9])
-        except FileNotFoundError:
-            pass
+    inodes = listening_inodes(port)
     for pid in candidates:
         fd_dir = "/proc/%d/fd" % pid
         try:

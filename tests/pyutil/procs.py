@@ -93,8 +93,10 @@ def status_kib(pid, field):
     return None
 
 
-def listening(port):
-    """Whether some TCP socket on this host listens on `port` (IPv4 or v6)."""
+def listening_inodes(port):
+    """The socket inodes ("socket:[N]", as /proc/PID/fd links read) of the
+    TCP sockets on this host listening on `port` (IPv4 or v6)."""
+    inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -102,10 +104,15 @@ def listening(port):
                 for line in f:
                     cols = line.split()
                     if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
-                        return True
+                        inodes.add("socket:[%s]" % cols[9])
         except FileNotFoundError:
             pass
-    return False
+    return inodes
+
+
+def listening(port):
+    """Whether some TCP socket on this host listens on `port` (IPv4 or v6)."""
+    return bool(listening_inodes(port))
 
 
 def read_pids(path):
