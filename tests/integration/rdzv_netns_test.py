@@ -117,7 +117,7 @@ class ThreeHosts(DdprunCase):
         it is there: written then renamed)."""
         found = []
         for name in os.listdir(self.records):
-            if name.startswith("w_"):
+            if name.startswith("w_") and not name.endswith(".tmp"):  # one being written
                 found.append(dict(zip(FIELDS, read(os.path.join(self.records, name)).split())))
         return found
 
