@@ -229,4 +229,5 @@ class Messages(DdprunCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

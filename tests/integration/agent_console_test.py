@@ -194,4 +194,5 @@ class OutputVolume(DdprunCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

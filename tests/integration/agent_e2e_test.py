@@ -416,4 +416,5 @@ class StaticTwoNodes(DdprunCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

@@ -222,4 +222,5 @@ class SignalDuringJoin(DdprunCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

@@ -464,4 +464,5 @@ class StaticLiveness(ElasticTest):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

@@ -200,4 +200,5 @@ class ThreeHosts(DdprunCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    from testmain import main  # noqa: E402
+    main()

@@ -415,4 +415,5 @@ else:
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

@@ -19,6 +19,8 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
 DDPRUN = os.path.join(BIN, "ddprun")
 TRAIN = os.path.join(BIN, "train")
@@ -376,4 +378,5 @@ class TrainE2E(unittest.TestCase):
 if __name__ == "__main__":
     if not (os.access(DDPRUN, os.X_OK) and os.access(TRAIN, os.X_OK)):
         sys.exit("ddprun or train not built in " + BIN)
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()

@@ -86,6 +86,11 @@ class Matrix(LaunchTest):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("DDPRUN_TRANSPORT", p.stdout + p.stderr)
 
+
+class CudaMatrix(LaunchTest):
+    """The matrix on CUDA buffers: its own ctest entry (runtime_collectives_cuda),
+    reported as skipped where coll_check finds no GPU or CUDA was not built."""
+
     def test_cuda_matrix(self):
         p = subprocess.run(self.ddprun("--nproc-per-node=2", "--standalone",
                                        "--no-python", CHECK, "--device", "cuda"),
@@ -303,4 +308,5 @@ class Faults(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    from testmain import main  # noqa: E402
+    main()
