@@ -40,6 +40,12 @@ void HashStore::waitLocked(std::unique_lock<std::mutex>& lock,
                            const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto ready = [&] { return presentLocked(keys); };
+  if (ready()) return;
+  ++blocked_;  // under mu_; blockedWaiters() reads it under mu_ too
+  struct Unblock {
+    int& n;
+    ~Unblock() { --n; }
+  } unblock{blocked_};
   // A timeout too large to add to now() means "wait for ever".
   if (timeout >= std::chrono::duration_cast<Millis>(Clock::time_point::max() - Clock::now())) {
     written_.wait(lock, ready);
@@ -48,6 +54,11 @@ void HashStore::waitLocked(std::unique_lock<std::mutex>& lock,
   if (!written_.wait_until(lock, Clock::now() + timeout, ready))
     DDPRUN_THROW(TimeoutError, what, " timed out after ", timeout.count(),
                  " ms waiting for keys ", joinKeys(keys), " in the in-memory store");
+}
+
+int HashStore::blockedWaiters() {
+  std::lock_guard lock(mu_);
+  return blocked_;
 }
 
 void HashStore::set(const std::string& key, std::string_view value) {

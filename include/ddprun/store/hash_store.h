@@ -47,6 +47,11 @@ class HashStore : public Store {
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::string>& values) override;
 
+  // How many calls are blocked right now waiting for absent keys (get, wait,
+  // multiGet): lets a test start a writer once a reader is known to block,
+  // instead of sleeping and hoping.
+  int blockedWaiters();
+
  private:
   bool presentLocked(const std::vector<std::string>& keys) const;
   // Blocks (releasing the lock) until every key exists; TimeoutError after
@@ -57,6 +62,7 @@ class HashStore : public Store {
   std::mutex mu_;
   std::condition_variable written_;  // notified whenever a key is created or changed
   std::unordered_map<std::string, std::string> kv_;
+  int blocked_ = 0;  // guarded by mu_
 };
 
 }  // namespace ddprun::store

@@ -117,12 +117,13 @@ TEST(HashStoreTest, WaitTimesOutWithTimeoutError) {
 TEST(HashStoreTest, HugeTimeoutDoesNotOverflow) {
   HashStore s;
   std::thread t([&] {
-    std::this_thread::sleep_for(20ms);
+    while (s.blockedWaiters() == 0) std::this_thread::yield();  // the wait below blocks
     s.set("k", "v");
   });
   s.wait({"k"}, Millis::max());
   t.join();
   EXPECT_EQ(s.get("k"), "v");
+  EXPECT_EQ(s.blockedWaiters(), 0);  // the waiter is no longer counted once it returned
 }
 
 TEST(HashStoreTest, GetBlocksUntilAnotherThreadSets) {
@@ -130,7 +131,7 @@ TEST(HashStoreTest, GetBlocksUntilAnotherThreadSets) {
   s.setTimeout(10s);
   std::atomic<bool> setDone{false};
   std::thread writer([&] {
-    std::this_thread::sleep_for(30ms);
+    while (s.blockedWaiters() == 0) std::this_thread::yield();  // get() below blocks
     setDone = true;
     s.set("late", "value");
   });
