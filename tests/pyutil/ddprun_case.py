@@ -44,6 +44,14 @@ SANITIZED = _sanitized()
 # on speed.
 PATIENCE = 30.0
 
+# Timing bounds (an issue's "detected within the heartbeat timeout", "obeyed
+# within a second") depend on the machine's load, so they are not asserted by
+# default: DdprunCase.timing_bound() prints every measured figure with a
+# "TIMING" label, and asserts the bound only with DDPRUN_TIMING_ASSERTS=1 (a
+# quiet machine, e.g. when measuring for docs/benchmarks.md). What a test
+# asserts unconditionally is the outcome, awaited with PATIENCE-sized bounds.
+TIMING_ASSERTS = os.environ.get("DDPRUN_TIMING_ASSERTS") == "1"
+
 
 def read(path):
     with open(path) as f:
@@ -56,6 +64,14 @@ def read_bytes(path):
 
 
 class DdprunCase(unittest.TestCase):
+    def timing_bound(self, what, took, bound):
+        """Records that `what` took `took` s against the stated `bound` (s);
+        asserts took < bound only under DDPRUN_TIMING_ASSERTS=1."""
+        print("TIMING %s: %.2f s (bound %.1f s)%s" % (what, took, bound,
+              "" if took < bound else " OVER THE BOUND"), file=sys.stderr)
+        if TIMING_ASSERTS:
+            self.assertLess(took, bound, "%s took %.1f s" % (what, took))
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ddprun_test_")
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
