@@ -3,13 +3,15 @@
 #  - Debian's python3-torch (PyTorch 1.13) for wire-dialect interop tests
 #  - PyTorch 2.x from PyPI in a virtual environment ($DDPRUN_TORCH2_VENV,
 #    default /opt/ddprun-test/venv-torch2); skipped with DDPRUN_SKIP_TORCH2=1
-#  - clang's runtime (libFuzzer, sanitizers) and iproute2
+#  - clang's runtime (libFuzzer, sanitizers), iproute2, and stress-ng for
+#    scripts/test-under-load.sh
 # Idempotent and quick when everything is present.
 set -euo pipefail
 
 TORCH2_VERSION=${DDPRUN_TORCH2_VERSION:-2.15.0}
 VENV=${DDPRUN_TORCH2_VENV:-/opt/ddprun-test/venv-torch2}
-pkgs=(python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev iproute2)
+pkgs=(python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev iproute2
+      stress-ng)
 
 missing=()
 for p in "${pkgs[@]}"; do
