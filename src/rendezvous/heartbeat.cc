@@ -155,6 +155,7 @@ class BeatReader {
 
  private:
   void plan(const std::vector<std::string>& nodes);
+  void forget(const std::vector<std::string>& nodes);
   void probe(store::Store& store, const LivenessTracker& tracker, int64_t nowMs);
   enum : char { kUnknown, kAbsent, kFound };
   std::vector<char> bisect(store::Store& store, const LivenessTracker& tracker);
@@ -164,30 +165,40 @@ class BeatReader {
   const std::atomic<bool>& stopping_;
   bool stale_ = true;
   std::unordered_set<std::string> present_;  // nodes whose key was seen
+  std::unordered_set<std::string> probed_;   // probed, key not found (yet)
   std::vector<std::string> keys_;            // present keys, in watch order
   std::vector<size_t> at_;                   // keys_[j] is watched()[at_[j]]'s
-  std::vector<size_t> unseen_;               // watched nodes not in present_
+  // Watched nodes not in present_: unseen_[0, fresh_) not in probed_ either.
+  std::vector<size_t> unseen_;
+  size_t fresh_ = 0;
 };
 
 void BeatReader::plan(const std::vector<std::string>& nodes) {
   keys_.clear();
   at_.clear();
   unseen_.clear();
+  std::vector<size_t> known;  // in probed_
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!present_.count(nodes[i])) {
-      unseen_.push_back(i);
-      continue;
+    if (present_.count(nodes[i])) {
+      keys_.push_back(prefix_ + nodes[i]);
+      at_.push_back(i);
+    } else {
+      (probed_.count(nodes[i]) ? known : unseen_).push_back(i);
     }
-    keys_.push_back(prefix_ + nodes[i]);
-    at_.push_back(i);
   }
-  // Forget nodes no longer watched once they outnumber the watched ones.
-  if (present_.size() > 2 * nodes.size() + 64) {
-    std::unordered_set<std::string> kept;
-    for (size_t i : at_) kept.insert(nodes[i]);
-    present_ = std::move(kept);
-  }
+  fresh_ = unseen_.size();
+  unseen_.insert(unseen_.end(), known.begin(), known.end());
+  if (present_.size() + probed_.size() > 2 * nodes.size() + 64) forget(nodes);
   stale_ = false;
+}
+
+// Forgets the nodes no longer watched (once they outnumber the watched ones).
+void BeatReader::forget(const std::vector<std::string>& nodes) {
+  std::unordered_set<std::string> present, absent;
+  for (size_t i : at_) present.insert(nodes[i]);
+  for (size_t k = fresh_; k < unseen_.size(); ++k) absent.insert(nodes[unseen_[k]]);
+  present_ = std::move(present);
+  probed_ = std::move(absent);
 }
 
 std::vector<std::string> BeatReader::keysOf(size_t begin, size_t end,
@@ -199,11 +210,14 @@ std::vector<std::string> BeatReader::keysOf(size_t begin, size_t end,
 }
 
 // Which never-seen keys exist now. Their first beats have usually landed:
-// one CHECK of them all says so. Otherwise halves of the failing groups are
-// CHECKed, breadth first, up to kProbeChecks more (a few absent keys among
-// many are found in about 2 log2(n) CHECKs). A node due to expire now whose
-// key is still unknown gets a CHECK of its own: it must not be declared dead
-// while its key exists, and this happens once per node, not per wake-up.
+// one CHECK of the nodes never probed says so. Otherwise halves of the
+// failing groups are CHECKed, breadth first, up to kProbeChecks more (a few
+// absent keys among many are found in about 2 log2(n) CHECKs). The nodes
+// probed whose key was not found join probed_, which later wake-ups CHECK as
+// one group (never bisecting the same absent keys again). A node
+// due to expire now whose key is still unknown gets a CHECK of its own: it
+// must not be declared dead while its key exists; this happens once per
+// node (it is then dead, or seen), not per wake-up.
 void BeatReader::probe(store::Store& store, const LivenessTracker& tracker, int64_t nowMs) {
   std::vector<char> known = bisect(store, tracker);
   for (size_t k = 0; k < unseen_.size() && !stopping_; ++k) {
@@ -212,8 +226,11 @@ void BeatReader::probe(store::Store& store, const LivenessTracker& tracker, int6
   }
   bool any = false;
   for (size_t k = 0; k < unseen_.size(); ++k) {
+    const std::string& node = tracker.watched()[unseen_[k]];
+    if (k < fresh_ && known[k] != kFound) probed_.insert(node);
     if (known[k] != kFound) continue;
-    present_.insert(tracker.watched()[unseen_[k]]);
+    probed_.erase(node);
+    present_.insert(node);
     any = true;
   }
   if (any) plan(tracker.watched());
@@ -222,7 +239,10 @@ void BeatReader::probe(store::Store& store, const LivenessTracker& tracker, int6
 // Per position in unseen_: kFound, kAbsent (CHECKed alone) or kUnknown.
 std::vector<char> BeatReader::bisect(store::Store& store, const LivenessTracker& tracker) {
   std::vector<char> known(unseen_.size(), kUnknown);
-  std::deque<std::pair<size_t, size_t>> groups{{0, unseen_.size()}};
+  if (fresh_ < unseen_.size() && !stopping_ && store.check(keysOf(fresh_, unseen_.size(), tracker)))
+    std::fill(known.begin() + fresh_, known.end(), kFound);
+  std::deque<std::pair<size_t, size_t>> groups;
+  if (fresh_ > 0) groups.emplace_back(0, fresh_);
   for (int checks = 0; !groups.empty() && checks <= Heartbeat::kProbeChecks && !stopping_;
        ++checks) {
     auto [begin, end] = groups.front();

@@ -112,13 +112,17 @@ class LivenessTracker {
 //
 // A wake-up's cost, for n watched nodes: one MULTI_GET of the keys seen so
 // far and O(n) decisions. While some watched keys were never seen: one
-// CHECK of them all, at most kProbeChecks more to find which exist, and, for
-// each such node about to be declared dead, one CHECK (once per node per
-// setPeers: it is then dead, or seen). A node first seen that late is
-// renewed as of that read. The reads and decisions hold no lock that
-// stop(), setPeers() or setOnLost() take: stop() waits for at most one
-// store request or one onDead call in flight (and cancels the request), and
-// setPeers() for at most one onDead call.
+// CHECK of those not probed yet and at most kProbeChecks more to find which
+// exist (once per node), one CHECK of those probed before, and, for each
+// such node about to be declared dead, one CHECK (once per node per
+// setPeers: it is then dead, or seen). A node probed without a key whose key
+// appears later, while other probed keys are still absent, is seen at its
+// expiry's CHECK and renewed as of that read (a death within its first
+// timeout is then noticed up to a timeout late; never a false death). The
+// reads and decisions hold no lock that stop(), setPeers() or setOnLost()
+// take: stop() waits for at most one store request or one onDead call in
+// flight (and cancels the request), and setPeers() for at most one onDead
+// call.
 class Heartbeat {
  public:
   using Connect =
