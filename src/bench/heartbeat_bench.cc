@@ -95,7 +95,9 @@ class Counting : public store::Store {
   using Store::wait;
   bool deleteKey(const std::string& k) override { return enter()->deleteKey(k); }
   int64_t numKeys() override { return enter()->numKeys(); }
-  void append(const std::string& k, std::string_view v) override { enter()->append(k, v); }
+  void append(const std::string& k, std::string_view v) override {
+    enter()->append(k, v);
+  }
   Strings multiGet(const Strings& ks) override {
     stats_.count(ks);
     auto values = enter()->multiGet(ks);
@@ -103,7 +105,9 @@ class Counting : public store::Store {
     ++stats_.multiGets;
     return values;
   }
-  void multiSet(const Strings& ks, const Strings& vs) override { enter()->multiSet(ks, vs); }
+  void multiSet(const Strings& ks, const Strings& vs) override {
+    enter()->multiSet(ks, vs);
+  }
 
  private:
   store::Store* enter() {
@@ -138,7 +142,7 @@ class Backend {
     return store::TcpStore::connect(o);
   }
   hb::Heartbeat::Connect connect(Stats& stats) {
-    return [this, &stats](std::shared_ptr<store::CancelToken> cancel) {
+    return [this, &stats](const std::shared_ptr<store::CancelToken>& cancel) {
       return std::make_unique<Counting>(client(cancel), stats, cancel);
     };
   }
@@ -195,9 +199,10 @@ void perWakeUp(const Config& cfg, int n, bool halfKeyless) {
   const int64_t cpu1 = stats.watcherCpuNs();
   const double w = double(stats.multiGets - m0);
   h.stop();
-  std::printf("%-8s %-6s %6d  cpu/wake-up %9.1f us  calls/wake-up %8.1f  bytes/wake-up %10.0f\n",
-              halfKeyless ? "keyless" : "steady", cfg.tcp ? "tcp" : "memory", n,
-              (cpu1 - cpu0) / 1e3 / w, (stats.calls - c0) / w, (stats.bytes - b0) / w);
+  std::printf(
+      "%-8s %-6s %6d  cpu/wake-up %9.1f us  calls/wake-up %8.1f  bytes/wake-up %10.0f\n",
+      halfKeyless ? "keyless" : "steady", cfg.tcp ? "tcp" : "memory", n,
+      (cpu1 - cpu0) / 1e3 / w, (stats.calls - c0) / w, (stats.bytes - b0) / w);
 }
 
 // expiry: every node silent since setPeers; the clock jumps past the timeout.
@@ -212,9 +217,10 @@ void expiry(const Config& cfg, int n) {
   await([&] { return stats.haveClock.load(); });
   const int64_t c0 = stats.calls, cpu0 = stats.watcherCpuNs();
   const auto t0 = Steady::now();
-  now = 3 * cfg.intervalMs;
+  now = int64_t{3} * cfg.intervalMs;
   await([&] { return dead >= n; });
-  const double wallMs = std::chrono::duration<double, std::milli>(Steady::now() - t0).count();
+  const double wallMs =
+      std::chrono::duration<double, std::milli>(Steady::now() - t0).count();
   const int64_t cpu1 = stats.watcherCpuNs();
   h.stop();
   std::printf("%-8s %-6s %6d  cpu %10.1f ms  calls %8lld  wall %8.1f ms  deaths %d\n",
@@ -226,7 +232,7 @@ void expiry(const Config& cfg, int n) {
 // onDead of a mass expiry whose every onDead makes one store request.
 void stopLatency(const Config& cfg, int n) {
   Backend backend(cfg.tcp);
-  Stats stats, side;
+  Stats stats;
   auto own = backend.client(nullptr);  // onDead's connection
   std::atomic<int64_t> now{0};
   std::atomic<int> calls{0};
@@ -242,8 +248,8 @@ void stopLatency(const Config& cfg, int n) {
     sigwait(&set, &sig);
     h->stop();
     const auto ns = Steady::now().time_since_epoch().count() - sentNs;
-    std::printf("%-8s %-6s %6d  SIGTERM-to-stop() %9.2f ms  onDead calls %d of %d\n", "stop",
-                cfg.tcp ? "tcp" : "memory", n, ns / 1e6, calls.load(), n);
+    std::printf("%-8s %-6s %6d  SIGTERM-to-stop() %9.2f ms  onDead calls %d of %d\n",
+                "stop", cfg.tcp ? "tcp" : "memory", n, ns / 1e6, calls.load(), n);
   });
   h->setPeers(names("ghost", n), [&](const std::string& node, int64_t) {
     if (++calls == 1) {
@@ -253,7 +259,7 @@ void stopLatency(const Config& cfg, int n) {
     own->check({kPrefix + node});  // the rendezvous's request for this node
   });
   await([&] { return stats.haveClock.load(); });
-  now = 3 * cfg.intervalMs;
+  now = int64_t{3} * cfg.intervalMs;
   signals.join();
 }
 
@@ -264,7 +270,8 @@ int main(int argc, char** argv) {
   std::string kind = "memory";
   CLI::App app{"heartbeat_bench: the heartbeat watcher's cost at N watched nodes"};
   app.add_option("--nodes", cfg.nodes, "watched node counts")->delimiter(',');
-  app.add_option("--store", kind, "memory or tcp")->check(CLI::IsMember({"memory", "tcp"}));
+  app.add_option("--store", kind, "memory or tcp")
+      ->check(CLI::IsMember({"memory", "tcp"}));
   app.add_option("--wakeups", cfg.wakeups, "wake-ups averaged per figure");
   app.add_option("--interval-ms", cfg.intervalMs, "heartbeat interval");
   CLI11_PARSE(app, argc, argv);

@@ -4,10 +4,10 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
-#include <mutex>
 #include <deque>
-#include <unordered_set>
+#include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -96,7 +96,8 @@ std::vector<LivenessTracker::Silent> LivenessTracker::takeExpired(int64_t nowMs)
   size_t kept = 0;
   for (size_t i = 0; i < order_.size(); ++i) {
     if (nowMs >= expiresAt(i)) {
-      out.push_back({std::move(order_[i]), std::max<int64_t>(0, nowMs - seen_[i].lastBeatMs)});
+      out.push_back(
+          {std::move(order_[i]), std::max<int64_t>(0, nowMs - seen_[i].lastBeatMs)});
       continue;
     }
     if (kept != i) {
@@ -159,7 +160,8 @@ class BeatReader {
   void probe(store::Store& store, const LivenessTracker& tracker, int64_t nowMs);
   enum : char { kUnknown, kAbsent, kFound };
   std::vector<char> bisect(store::Store& store, const LivenessTracker& tracker);
-  std::vector<std::string> keysOf(size_t begin, size_t end, const LivenessTracker& t) const;
+  std::vector<std::string> keysOf(size_t begin, size_t end,
+                                  const LivenessTracker& t) const;
 
   std::string prefix_;
   const std::atomic<bool>& stopping_;
@@ -218,7 +220,8 @@ std::vector<std::string> BeatReader::keysOf(size_t begin, size_t end,
 // due to expire now whose key is still unknown gets a CHECK of its own: it
 // must not be declared dead while its key exists; this happens once per
 // node (it is then dead, or seen), not per wake-up.
-void BeatReader::probe(store::Store& store, const LivenessTracker& tracker, int64_t nowMs) {
+void BeatReader::probe(store::Store& store, const LivenessTracker& tracker,
+                       int64_t nowMs) {
   std::vector<char> known = bisect(store, tracker);
   for (size_t k = 0; k < unseen_.size() && !stopping_; ++k) {
     if (known[k] != kUnknown || tracker.expiresAt(unseen_[k]) > nowMs) continue;
@@ -237,9 +240,11 @@ void BeatReader::probe(store::Store& store, const LivenessTracker& tracker, int6
 }
 
 // Per position in unseen_: kFound, kAbsent (CHECKed alone) or kUnknown.
-std::vector<char> BeatReader::bisect(store::Store& store, const LivenessTracker& tracker) {
+std::vector<char> BeatReader::bisect(store::Store& store,
+                                     const LivenessTracker& tracker) {
   std::vector<char> known(unseen_.size(), kUnknown);
-  if (fresh_ < unseen_.size() && !stopping_ && store.check(keysOf(fresh_, unseen_.size(), tracker)))
+  if (fresh_ < unseen_.size() && !stopping_ &&
+      store.check(keysOf(fresh_, unseen_.size(), tracker)))
     std::fill(known.begin() + fresh_, known.end(), kFound);
   std::deque<std::pair<size_t, size_t>> groups;
   if (fresh_ > 0) groups.emplace_back(0, fresh_);
@@ -286,7 +291,7 @@ struct Heartbeat::Impl {
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};  // written under mu_ (for the sleep)
   std::shared_ptr<const Peers> peers_ = std::make_shared<Peers>();  // guarded by mu_
-  OnLost onLost_;                                                  // guarded by mu_
+  OnLost onLost_;                                                   // guarded by mu_
   std::atomic<uint64_t> generation_{0};  // bumped by setPeers under cbMu_ and mu_
   std::recursive_mutex cbMu_;
 

@@ -78,7 +78,9 @@ class LivenessTracker {
   // keeps the others, in order).
   std::vector<Silent> takeExpired(int64_t nowMs);
   // When watched()[i] is expired() if nothing new is read.
-  int64_t expiresAt(size_t i) const { return seen_[i].lastBeatMs + opts_.timeout().count(); }
+  int64_t expiresAt(size_t i) const {
+    return seen_[i].lastBeatMs + opts_.timeout().count();
+  }
   // The earliest time at which a watched node is expired() if nothing new is
   // read; INT64_MAX when none is watched.
   int64_t nextExpiry() const;

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <climits>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <mutex>
