@@ -196,11 +196,11 @@ void BeatReader::plan(const std::vector<std::string>& nodes) {
 
 // Forgets the nodes no longer watched (once they outnumber the watched ones).
 void BeatReader::forget(const std::vector<std::string>& nodes) {
-  std::unordered_set<std::string> present, absent;
+  std::unordered_set<std::string> present, probed;
   for (size_t i : at_) present.insert(nodes[i]);
-  for (size_t k = fresh_; k < unseen_.size(); ++k) absent.insert(nodes[unseen_[k]]);
+  for (size_t k = fresh_; k < unseen_.size(); ++k) probed.insert(nodes[unseen_[k]]);
   present_ = std::move(present);
-  probed_ = std::move(absent);
+  probed_ = std::move(probed);
 }
 
 std::vector<std::string> BeatReader::keysOf(size_t begin, size_t end,
@@ -227,16 +227,16 @@ void BeatReader::probe(store::Store& store, const LivenessTracker& tracker,
     if (known[k] != kUnknown || tracker.expiresAt(unseen_[k]) > nowMs) continue;
     if (store.check({prefix_ + tracker.watched()[unseen_[k]]})) known[k] = kFound;
   }
-  bool any = false;
+  bool found = false;
   for (size_t k = 0; k < unseen_.size(); ++k) {
     const std::string& node = tracker.watched()[unseen_[k]];
     if (k < fresh_ && known[k] != kFound) probed_.insert(node);
     if (known[k] != kFound) continue;
     probed_.erase(node);
     present_.insert(node);
-    any = true;
+    found = true;
   }
-  if (any) plan(tracker.watched());
+  if (found || fresh_ > 0) plan(tracker.watched());  // no node stays fresh
 }
 
 // Per position in unseen_: kFound, kAbsent (CHECKed alone) or kUnknown.

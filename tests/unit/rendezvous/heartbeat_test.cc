@@ -9,6 +9,7 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstdint>
 #include <future>
 #include <map>
 #include <mutex>
@@ -401,6 +402,9 @@ TEST_F(HeartbeatTest, StoreErrorsAreRetriedNotFatal) {
 struct WatchCounts {
   std::atomic<int> multiGets{0};
   std::atomic<int> checks{0};
+  // CHECKs of at least `whole` keys: with every key absent, one per wake-up.
+  size_t whole = SIZE_MAX;
+  std::atomic<int> wholeChecks{0};
   std::function<void()> afterMultiGet;
 };
 
@@ -411,6 +415,7 @@ class WatchCountingStore : public CountingStore {
       : CountingStore(std::move(inner), unused), counts_(counts) {}
   bool check(const std::vector<std::string>& ks) override {
     if (ks != Strings{"hb/a"}) ++counts_.checks;
+    if (ks.size() >= counts_.whole) ++counts_.wholeChecks;
     return inner_->check(ks);
   }
   std::vector<std::string> multiGet(const std::vector<std::string>& ks) override {
@@ -507,6 +512,21 @@ TEST_F(HeartbeatScaleTest, AWakeUpMakesBoundedRequestsWhateverTheNumberOfNodes) 
   ASSERT_TRUE(hub_.awaitUntil([&] { return counts_.multiGets >= 6; }));
   a.stop();
   const int wakeUps = counts_.multiGets;
+  EXPECT_LE(counts_.checks, 1 + Heartbeat::kProbeChecks + wakeUps + 1)
+      << counts_.checks << " CHECKs in " << wakeUps << " wake-ups";
+}
+
+// As above with no key at all (nothing found by the first probe): the
+// nodes probed in vain are not probed one by one again, each later wake-up
+// CHECKs them as one group.
+TEST_F(HeartbeatScaleTest, AWakeUpMakesBoundedRequestsWhenNoWatchedKeyExists) {
+  counts_.whole = 10000;
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", [] { return int64_t{0}; });
+  a.setPeers(names("ghost", 10000), {});
+  ASSERT_TRUE(hub_.awaitUntil([&] { return counts_.wholeChecks >= 6; }));
+  a.stop();
+  const int wakeUps = counts_.wholeChecks;
+  EXPECT_EQ(counts_.multiGets, 0);
   EXPECT_LE(counts_.checks, 1 + Heartbeat::kProbeChecks + wakeUps + 1)
       << counts_.checks << " CHECKs in " << wakeUps << " wake-ups";
 }
