@@ -4,9 +4,10 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
-#include <set>
 #include <thread>
+#include <unordered_set>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -38,15 +39,32 @@ bool decodeBeat(const std::string& value, int64_t& seq, int64_t& wallMs) {
 // LivenessTracker
 
 void LivenessTracker::watch(const std::vector<std::string>& nodes, int64_t nowMs) {
-  std::map<std::string, Seen> kept;
-  order_.clear();
+  std::vector<std::string> order;
+  std::vector<Seen> seen;
+  std::unordered_set<std::string_view> listed;  // views into `nodes`
+  order.reserve(nodes.size());
+  seen.reserve(nodes.size());
   for (const auto& node : nodes) {
-    if (kept.count(node)) continue;  // listed twice: watched once
-    auto it = seen_.find(node);
-    kept[node] = it != seen_.end() ? it->second : Seen{-1, nowMs};
-    order_.push_back(node);
+    if (!listed.insert(node).second) continue;  // listed twice: watched once
+    auto it = index_.find(node);
+    seen.push_back(it != index_.end() ? seen_[it->second] : Seen{-1, nowMs});
+    order.push_back(node);
   }
-  seen_ = std::move(kept);
+  order_ = std::move(order);
+  seen_ = std::move(seen);
+  reindex();
+}
+
+void LivenessTracker::reindex() {
+  index_.clear();
+  index_.reserve(order_.size());
+  for (size_t i = 0; i < order_.size(); ++i) index_.emplace(order_[i], i);
+}
+
+void LivenessTracker::observe(const std::string& node, const std::string& value,
+                              int64_t nowMs) {
+  auto it = index_.find(node);
+  if (it != index_.end()) observeAt(it->second, value, nowMs);
 }
 
 // A new seq renews the node. The beat's own time is trusted only when it is
@@ -54,12 +72,10 @@ void LivenessTracker::watch(const std::vector<std::string>& nodes, int64_t nowMs
 // old): a sender whose clock is skewed is renewed as of now instead, which
 // can only make the watcher more patient. The renewal never goes backwards,
 // so a stale beat seen for the first time cannot cut a node's first timeout.
-void LivenessTracker::observe(const std::string& node, const std::string& value,
-                              int64_t nowMs) {
-  auto it = seen_.find(node);
+void LivenessTracker::observeAt(size_t i, const std::string& value, int64_t nowMs) {
   int64_t seq = 0, wallMs = 0;
-  if (it == seen_.end() || !decodeBeat(value, seq, wallMs)) return;
-  Seen& s = it->second;
+  if (!decodeBeat(value, seq, wallMs)) return;
+  Seen& s = seen_[i];
   if (seq == s.seq) return;
   s.seq = seq;
   const int64_t age = nowMs - wallMs;
@@ -69,22 +85,44 @@ void LivenessTracker::observe(const std::string& node, const std::string& value,
 
 std::vector<std::string> LivenessTracker::expired(int64_t nowMs) const {
   std::vector<std::string> out;
-  for (const auto& node : order_)
-    if (nowMs >= seen_.at(node).lastBeatMs + opts_.timeout().count()) out.push_back(node);
+  for (size_t i = 0; i < order_.size(); ++i)
+    if (nowMs >= expiresAt(i)) out.push_back(order_[i]);
+  return out;
+}
+
+// One pass: the expired move out, the others move down in order.
+std::vector<LivenessTracker::Silent> LivenessTracker::takeExpired(int64_t nowMs) {
+  std::vector<Silent> out;
+  size_t kept = 0;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    if (nowMs >= expiresAt(i)) {
+      out.push_back(
+          {std::move(order_[i]), std::max<int64_t>(0, nowMs - seen_[i].lastBeatMs)});
+      continue;
+    }
+    if (kept != i) {
+      order_[kept] = std::move(order_[i]);
+      seen_[kept] = seen_[i];
+    }
+    ++kept;
+  }
+  if (out.empty()) return out;
+  order_.resize(kept);
+  seen_.resize(kept);
+  reindex();
   return out;
 }
 
 int64_t LivenessTracker::nextExpiry() const {
   int64_t earliest = INT64_MAX;
-  for (const auto& [node, s] : seen_)
-    earliest = std::min(earliest, s.lastBeatMs + opts_.timeout().count());
+  for (size_t i = 0; i < seen_.size(); ++i) earliest = std::min(earliest, expiresAt(i));
   return earliest;
 }
 
 int64_t LivenessTracker::silentFor(const std::string& node, int64_t nowMs) const {
-  auto it = seen_.find(node);
-  if (it == seen_.end()) return 0;
-  return std::max<int64_t>(0, nowMs - it->second.lastBeatMs);
+  auto it = index_.find(node);
+  if (it == index_.end()) return 0;
+  return std::max<int64_t>(0, nowMs - seen_[it->second].lastBeatMs);
 }
 
 // ---------------------------------------------------------------------------
@@ -92,47 +130,157 @@ int64_t LivenessTracker::silentFor(const std::string& node, int64_t nowMs) const
 
 namespace {
 
-// Reads the watched nodes' beat keys with as few requests as it can: keys
-// seen once exist for good (the last beat stays), so they go into one
-// MULTI_GET, which would block on an absent key; keys never seen yet are
-// CHECKed one by one first. In steady state: one request per wake-up.
+// Reads the watched nodes' beat keys for the watcher thread. Keys seen once
+// exist for good (the last beat stays), so they go into one MULTI_GET, which
+// would block on an absent key. Keys never seen are probed (probe()) with a
+// bounded number of CHECKs per wake-up. The read plan (keys, and which
+// watched node each is) is kept between wake-ups and rebuilt only when the
+// watched list changes or a key is first seen: a steady wake-up builds
+// nothing but the values it reads. Not thread-safe.
 class BeatReader {
  public:
-  explicit BeatReader(std::string prefix) : prefix_(std::move(prefix)) {}
+  BeatReader(std::string prefix, const std::atomic<bool>& stopping)
+      : prefix_(std::move(prefix)), stopping_(stopping) {}
 
-  // Values in the order of `nodes`, "" for absent keys.
-  std::vector<std::string> read(store::Store& store,
-                                const std::vector<std::string>& nodes) {
-    std::vector<std::string> keys;
-    std::vector<size_t> at;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      std::string k = prefix_ + nodes[i];
-      if (!present_.count(k) && store.check({k})) present_.insert(k);
-      if (!present_.count(k)) continue;
-      keys.push_back(std::move(k));
-      at.push_back(i);
-    }
-    std::vector<std::string> values(nodes.size());
-    if (keys.empty()) return values;
-    auto got = store.multiGet(keys);
-    for (size_t j = 0; j < at.size() && j < got.size(); ++j)
-      values[at[j]] = std::move(got[j]);
-    return values;
+  // The tracker's watched() changed: the plan is rebuilt at the next read.
+  void invalidate() { stale_ = true; }
+  // Reads at `nowMs`: the values of watched()[at()[j]], j in order.
+  std::vector<std::string> read(store::Store& store, const LivenessTracker& tracker,
+                                int64_t nowMs) {
+    if (stale_) plan(tracker.watched());
+    if (!unseen_.empty()) probe(store, tracker, nowMs);
+    if (keys_.empty()) return {};
+    return store.multiGet(keys_);
   }
+  const std::vector<size_t>& at() const { return at_; }
 
  private:
+  void plan(const std::vector<std::string>& nodes);
+  void forget(const std::vector<std::string>& nodes);
+  void probe(store::Store& store, const LivenessTracker& tracker, int64_t nowMs);
+  enum : char { kUnknown, kAbsent, kFound };
+  std::vector<char> bisect(store::Store& store, const LivenessTracker& tracker);
+  std::vector<std::string> keysOf(size_t begin, size_t end,
+                                  const LivenessTracker& t) const;
+
   std::string prefix_;
-  std::set<std::string> present_;
+  const std::atomic<bool>& stopping_;
+  bool stale_ = true;
+  std::unordered_set<std::string> present_;  // nodes whose key was seen
+  std::unordered_set<std::string> probed_;   // probed, key not found (yet)
+  std::vector<std::string> keys_;            // present keys, in watch order
+  std::vector<size_t> at_;                   // keys_[j] is watched()[at_[j]]'s
+  // Watched nodes not in present_: unseen_[0, fresh_) not in probed_ either.
+  std::vector<size_t> unseen_;
+  size_t fresh_ = 0;
 };
+
+void BeatReader::plan(const std::vector<std::string>& nodes) {
+  keys_.clear();
+  at_.clear();
+  unseen_.clear();
+  std::vector<size_t> known;  // in probed_
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (present_.count(nodes[i])) {
+      keys_.push_back(prefix_ + nodes[i]);
+      at_.push_back(i);
+    } else {
+      (probed_.count(nodes[i]) ? known : unseen_).push_back(i);
+    }
+  }
+  fresh_ = unseen_.size();
+  unseen_.insert(unseen_.end(), known.begin(), known.end());
+  if (present_.size() + probed_.size() > 2 * nodes.size() + 64) forget(nodes);
+  stale_ = false;
+}
+
+// Forgets the nodes no longer watched (once they outnumber the watched ones).
+void BeatReader::forget(const std::vector<std::string>& nodes) {
+  std::unordered_set<std::string> present, probed;
+  for (size_t i : at_) present.insert(nodes[i]);
+  for (size_t k = fresh_; k < unseen_.size(); ++k) probed.insert(nodes[unseen_[k]]);
+  present_ = std::move(present);
+  probed_ = std::move(probed);
+}
+
+std::vector<std::string> BeatReader::keysOf(size_t begin, size_t end,
+                                            const LivenessTracker& t) const {
+  std::vector<std::string> keys;
+  keys.reserve(end - begin);
+  for (size_t k = begin; k < end; ++k) keys.push_back(prefix_ + t.watched()[unseen_[k]]);
+  return keys;
+}
+
+// Which never-seen keys exist now. Their first beats have usually landed:
+// one CHECK of the nodes never probed says so. Otherwise halves of the
+// failing groups are CHECKed, breadth first, up to kProbeChecks more (a few
+// absent keys among many are found in about 2 log2(n) CHECKs). The nodes
+// probed whose key was not found join probed_, which later wake-ups CHECK as
+// one group (never bisecting the same absent keys again). A node
+// due to expire now whose key is still unknown gets a CHECK of its own: it
+// must not be declared dead while its key exists; this happens once per
+// node (it is then dead, or seen), not per wake-up.
+void BeatReader::probe(store::Store& store, const LivenessTracker& tracker,
+                       int64_t nowMs) {
+  std::vector<char> known = bisect(store, tracker);
+  for (size_t k = 0; k < unseen_.size() && !stopping_; ++k) {
+    if (known[k] != kUnknown || tracker.expiresAt(unseen_[k]) > nowMs) continue;
+    if (store.check({prefix_ + tracker.watched()[unseen_[k]]})) known[k] = kFound;
+  }
+  bool found = false;
+  for (size_t k = 0; k < unseen_.size(); ++k) {
+    const std::string& node = tracker.watched()[unseen_[k]];
+    if (k < fresh_ && known[k] != kFound) probed_.insert(node);
+    if (known[k] != kFound) continue;
+    probed_.erase(node);
+    present_.insert(node);
+    found = true;
+  }
+  if (found || fresh_ > 0) plan(tracker.watched());  // no node stays fresh
+}
+
+// Per position in unseen_: kFound, kAbsent (CHECKed alone) or kUnknown.
+std::vector<char> BeatReader::bisect(store::Store& store,
+                                     const LivenessTracker& tracker) {
+  std::vector<char> known(unseen_.size(), kUnknown);
+  if (fresh_ < unseen_.size() && !stopping_ &&
+      store.check(keysOf(fresh_, unseen_.size(), tracker)))
+    std::fill(known.begin() + fresh_, known.end(), kFound);
+  std::deque<std::pair<size_t, size_t>> groups;
+  if (fresh_ > 0) groups.emplace_back(0, fresh_);
+  for (int checks = 0; !groups.empty() && checks <= Heartbeat::kProbeChecks && !stopping_;
+       ++checks) {
+    auto [begin, end] = groups.front();
+    groups.pop_front();
+    if (store.check(keysOf(begin, end, tracker))) {
+      std::fill(known.begin() + begin, known.begin() + end, kFound);
+    } else if (end - begin == 1) {
+      known[begin] = kAbsent;
+    } else {
+      groups.emplace_back(begin, begin + (end - begin) / 2);
+      groups.emplace_back(begin + (end - begin) / 2, end);
+    }
+  }
+  return known;
+}
 
 }  // namespace
 
 // Threads: the beater writes on its own connection every interval; the
-// watcher reads the peers' keys on another and keeps the tracker. mu_ guards
-// the tracker, the callback and stopping_; cbMu_ is held while onDead runs,
-// so that setPeers() (from any other thread) returns only once the previous
-// callback is not running and never will.
+// watcher reads the peers' keys on another and owns the tracker and the
+// reader, so its reads and decisions need no lock. mu_ guards only what
+// other threads hand over (peers_, onLost_) and the sleep; cbMu_ is held
+// while one onDead call runs, so that setPeers() (from any other thread)
+// returns only once the previous callback is not running and never will.
 struct Heartbeat::Impl {
+  // What setPeers() hands the watcher: immutable, shared, never copied.
+  struct Peers {
+    std::vector<std::string> nodes;
+    int64_t sinceMs = 0;  // new nodes count as alive from here
+    OnDead onDead;
+    uint64_t generation = 0;
+  };
+
   HeartbeatOptions opts_;
   Connect connect_;
   std::string prefix_;
@@ -141,11 +289,10 @@ struct Heartbeat::Impl {
 
   std::mutex mu_;
   std::condition_variable wake_;
-  bool stopping_ = false;
-  LivenessTracker tracker_;
-  OnDead onDead_;
-  OnLost onLost_;  // guarded by mu_
-  uint64_t generation_ = 0;  // bumped by setPeers: a callback of an older one is dropped
+  std::atomic<bool> stopping_{false};  // written under mu_ (for the sleep)
+  std::shared_ptr<const Peers> peers_ = std::make_shared<Peers>();  // guarded by mu_
+  OnLost onLost_;                                                   // guarded by mu_
+  std::atomic<uint64_t> generation_{0};  // bumped by setPeers under cbMu_ and mu_
   std::recursive_mutex cbMu_;
 
   std::shared_ptr<store::CancelToken> beatCancel_ =
@@ -160,17 +307,24 @@ struct Heartbeat::Impl {
         connect_(std::move(c)),
         prefix_(std::move(p)),
         self_(std::move(s)),
-        clock_(std::move(w)),
-        tracker_(o) {}
+        clock_(std::move(w)) {}
+
+  // The watcher thread's own state.
+  struct Watch {
+    LivenessTracker tracker;
+    BeatReader reader;
+    std::shared_ptr<const Peers> peers;  // applied to the tracker
+    std::unique_ptr<store::Store> store;
+  };
 
   void beat();
+  void tellLost(int64_t silentMs);
   void watch();
+  std::shared_ptr<const Peers> currentPeers();
   enum class Read { kDone, kFailed, kCancelled };
-  Read readBeats(std::unique_ptr<store::Store>& store, BeatReader& reader,
-                 const std::vector<std::string>& nodes, std::vector<std::string>& values);
-  void decide(const std::vector<std::string>& nodes,
-              const std::vector<std::string>& values);
-  bool sleep(bool fullInterval);
+  Read readAndObserve(Watch& w, int64_t nowMs);
+  void report(const std::vector<LivenessTracker::Silent>& dead, const Peers& peers);
+  bool sleep(bool fullInterval, int64_t nextExpiry);
 };
 
 // First beat at once, then one per interval. A failed write is retried at the
@@ -199,44 +353,63 @@ void Heartbeat::Impl::beat() {
     const int64_t silent = clock_() - lastOk;
     if (!lostTold && silent >= opts_.timeout().count()) {
       lostTold = true;
-      OnLost onLost;
-      {
-        std::lock_guard lock(mu_);
-        onLost = onLost_;
-      }
-      if (onLost) onLost(silent);
+      tellLost(silent);
     }
     if (beatCancel_->sleepFor(opts_.interval)) return;
   }
 }
 
-// Each wake-up reads the watched keys and decides. A read that failed
-// decides nothing (a store that cannot be read says nothing about the peers)
-// and is retried after a full interval.
+void Heartbeat::Impl::tellLost(int64_t silentMs) {
+  OnLost onLost;
+  {
+    std::lock_guard lock(mu_);
+    onLost = onLost_;
+  }
+  if (onLost) onLost(silentMs);
+}
+
+std::shared_ptr<const Heartbeat::Impl::Peers> Heartbeat::Impl::currentPeers() {
+  std::lock_guard lock(mu_);
+  return peers_;
+}
+
+// Each wake-up takes up the latest setPeers(), reads the watched keys and
+// decides, all on this thread's own state. A read that failed decides
+// nothing (a store that cannot be read says nothing about the peers) and is
+// retried after a full interval. Deaths are decided only while the peers
+// read are still the current ones (else the next wake-up reads the new ones).
 void Heartbeat::Impl::watch() {
-  std::unique_ptr<store::Store> store;
-  BeatReader reader(prefix_);
-  for (;;) {
-    std::vector<std::string> nodes, values;
-    {
-      std::lock_guard lock(mu_);
-      nodes = tracker_.watched();
+  Watch w{LivenessTracker(opts_), BeatReader(prefix_, stopping_), nullptr, nullptr};
+  while (!stopping_) {
+    auto peers = currentPeers();
+    if (peers != w.peers) {
+      w.tracker.watch(peers->nodes, peers->sinceMs);
+      w.reader.invalidate();
+      w.peers = std::move(peers);
     }
-    Read read = nodes.empty() ? Read::kDone : readBeats(store, reader, nodes, values);
+    const int64_t now = clock_();
+    const Read read = readAndObserve(w, now);
     if (read == Read::kCancelled) return;
-    if (read == Read::kDone) decide(nodes, values);
-    if (!sleep(read == Read::kFailed)) return;
+    if (read == Read::kDone && w.peers->generation == generation_) {
+      auto dead = w.tracker.takeExpired(now);
+      if (!dead.empty()) w.reader.invalidate();
+      report(dead, *w.peers);
+    }
+    if (!sleep(read == Read::kFailed, w.tracker.nextExpiry())) return;
   }
 }
 
-Heartbeat::Impl::Read Heartbeat::Impl::readBeats(std::unique_ptr<store::Store>& store,
-                                                 BeatReader& reader,
-                                                 const std::vector<std::string>& nodes,
-                                                 std::vector<std::string>& values) {
+// The values read are observed as of `nowMs`, taken before the read: a beat
+// written meanwhile is newer than that, which never shortens a silence.
+Heartbeat::Impl::Read Heartbeat::Impl::readAndObserve(Watch& w, int64_t nowMs) {
+  if (w.tracker.watched().empty()) return Read::kDone;
   try {
-    if (!store) store = connect_(watchCancel_);
-    values = reader.read(*store, nodes);
-    return Read::kDone;
+    if (!w.store) w.store = connect_(watchCancel_);
+    auto values = w.reader.read(*w.store, w.tracker, nowMs);
+    const auto& at = w.reader.at();
+    for (size_t j = 0; j < values.size() && j < at.size(); ++j)
+      w.tracker.observeAt(at[j], values[j], nowMs);
+    return stopping_ ? Read::kCancelled : Read::kDone;
   } catch (const CancelledError&) {
     return Read::kCancelled;
   } catch (const Error& e) {
@@ -245,49 +418,28 @@ Heartbeat::Impl::Read Heartbeat::Impl::readBeats(std::unique_ptr<store::Store>& 
   }
 }
 
-// Feeds the tracker, then reports and forgets the nodes that expired (so
-// each is reported once per setPeers). The callbacks run outside mu_ but
-// under cbMu_, and only while no setPeers has replaced them.
-void Heartbeat::Impl::decide(const std::vector<std::string>& nodes,
-                             const std::vector<std::string>& values) {
-  std::vector<std::pair<std::string, int64_t>> dead;
-  OnDead onDead;
-  uint64_t generation = 0;
-  {
-    std::lock_guard lock(mu_);
-    const int64_t now = clock_();
-    for (size_t i = 0; i < values.size(); ++i) tracker_.observe(nodes[i], values[i], now);
-    auto gone = tracker_.expired(now);
-    if (gone.empty()) return;
-    std::vector<std::string> alive;
-    for (const auto& node : tracker_.watched())
-      if (std::find(gone.begin(), gone.end(), node) == gone.end()) alive.push_back(node);
-    for (const auto& node : gone) dead.emplace_back(node, tracker_.silentFor(node, now));
-    tracker_.watch(alive, now);
-    onDead = onDead_;
-    generation = generation_;
-  }
-  std::lock_guard cbLock(cbMu_);
-  for (const auto& [node, silent] : dead) {
-    {
-      std::lock_guard lock(mu_);
-      if (generation != generation_) return;  // setPeers replaced them meanwhile
-    }
-    if (onDead) onDead(node, silent);
+// One callback at a time under cbMu_, each only while neither stop() nor
+// setPeers() has come since: either waits for one callback at most, never
+// for the rest of the list.
+void Heartbeat::Impl::report(const std::vector<LivenessTracker::Silent>& dead,
+                             const Peers& peers) {
+  for (const auto& d : dead) {
+    std::lock_guard cbLock(cbMu_);
+    if (stopping_ || peers.generation != generation_) return;
+    if (peers.onDead) peers.onDead(d.node, d.silentMs);
   }
 }
 
 // Until the next interval or the earliest expiry, whichever comes first (at
 // least a millisecond, so a clock read just before an expiry cannot spin);
 // a full interval after a failed read. False once stopping.
-bool Heartbeat::Impl::sleep(bool fullInterval) {
-  std::unique_lock lock(mu_);
-  const int64_t expiry = tracker_.nextExpiry();
+bool Heartbeat::Impl::sleep(bool fullInterval, int64_t nextExpiry) {
   int64_t ms = opts_.interval.count();
-  if (!fullInterval && expiry != INT64_MAX) ms = std::min(ms, expiry - clock_());
+  if (!fullInterval && nextExpiry != INT64_MAX) ms = std::min(ms, nextExpiry - clock_());
   ms = std::max<int64_t>(ms, 1);
+  std::unique_lock lock(mu_);
   return !wake_.wait_for(lock, std::chrono::milliseconds(ms),
-                         [this] { return stopping_; });
+                         [this] { return stopping_.load(); });
 }
 
 Heartbeat::Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPrefix,
@@ -304,15 +456,20 @@ Heartbeat::Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPref
 
 Heartbeat::~Heartbeat() { stop(); }
 
+// The list is built here, on the caller's thread; the watcher takes it up at
+// its next wake-up with the time of this call.
 void Heartbeat::setPeers(std::vector<std::string> peers, OnDead onDead) {
   peers.erase(std::remove(peers.begin(), peers.end(), impl_->self_), peers.end());
+  auto next = std::make_shared<Impl::Peers>();
+  next->nodes = std::move(peers);
+  next->sinceMs = impl_->clock_();
+  next->onDead = std::move(onDead);
   // Taken first (recursive: onDead itself may call setPeers), so that the
   // old callback has returned before the new set is in place.
   std::lock_guard cbLock(impl_->cbMu_);
   std::lock_guard lock(impl_->mu_);
-  impl_->tracker_.watch(peers, impl_->clock_());
-  impl_->onDead_ = std::move(onDead);
-  ++impl_->generation_;
+  next->generation = ++impl_->generation_;
+  impl_->peers_ = std::move(next);
 }
 
 void Heartbeat::setOnLost(OnLost onLost) {
@@ -320,6 +477,8 @@ void Heartbeat::setOnLost(OnLost onLost) {
   impl_->onLost_ = std::move(onLost);
 }
 
+// stopping_ is set before the tokens are cancelled: a thread woken by the
+// cancel (in a store call, or in onDead through its store) finds it set.
 void Heartbeat::stop() {
   std::lock_guard stopLock(impl_->stopMu_);
   {

@@ -13,14 +13,20 @@
 //
 // LivenessTracker is that decision as a pure value (fake clock in tests);
 // Heartbeat runs it on two threads of its own.
+//
+// Cost (issue 16: a state of 700,000 participants): a wake-up is linear in
+// the watched nodes and makes a bounded number of store requests (see
+// Heartbeat); its reads and decisions run under no lock that stop() or a
+// setter waits on.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ddprun/store/store.h"
@@ -41,9 +47,15 @@ std::string encodeBeat(int64_t seq, int64_t wallMs);
 // False for anything that is not "<seq> <wall ms>".
 bool decodeBeat(const std::string& value, int64_t& seq, int64_t& wallMs);
 
-// Which watched nodes went silent. Not thread-safe; a plain value.
+// Which watched nodes went silent. Not thread-safe; a plain value. Every
+// call is O(1) (hash lookups) or O(watched nodes): no nested scans.
 class LivenessTracker {
  public:
+  struct Silent {
+    std::string node;
+    int64_t silentMs = 0;
+  };
+
   explicit LivenessTracker(HeartbeatOptions opts) : opts_(opts) {}
 
   // The nodes to watch from now on; nodes not listed are forgotten, nodes
@@ -57,9 +69,18 @@ class LivenessTracker {
   // `nowMs`; never backwards. The same seq, junk, "" or an unwatched node
   // change nothing.
   void observe(const std::string& node, const std::string& value, int64_t nowMs);
+  // observe() for watched()[i]. Precondition: i < watched().size().
+  void observeAt(size_t i, const std::string& value, int64_t nowMs);
   // Watched nodes silent for at least the timeout at `nowMs`, in the order
   // given to watch().
   std::vector<std::string> expired(int64_t nowMs) const;
+  // expired(), with how long each was silent, and forgets them (watched()
+  // keeps the others, in order).
+  std::vector<Silent> takeExpired(int64_t nowMs);
+  // When watched()[i] is expired() if nothing new is read.
+  int64_t expiresAt(size_t i) const {
+    return seen_[i].lastBeatMs + opts_.timeout().count();
+  }
   // The earliest time at which a watched node is expired() if nothing new is
   // read; INT64_MAX when none is watched.
   int64_t nextExpiry() const;
@@ -72,9 +93,13 @@ class LivenessTracker {
     int64_t seq = -1;
     int64_t lastBeatMs = 0;  // on the watcher's clock
   };
+  void reindex();
+
   HeartbeatOptions opts_;
-  std::vector<std::string> order_;
-  std::map<std::string, Seen> seen_;
+  std::vector<std::string> order_;  // watched, in watch() order
+  std::vector<Seen> seen_;          // seen_[i] is order_[i]'s
+  // order_[i] -> i; the views point into order_, rebuilt whenever it changes.
+  std::unordered_map<std::string_view, size_t> index_;
 };
 
 // Beats for `self` and watches the peers, each on a thread of its own with a
@@ -86,12 +111,28 @@ class LivenessTracker {
 // retried at the next interval and logged at debug level: losing the store
 // is the rendezvous's concern, not this class's. The watcher never polls
 // faster than the interval, except to wake at a peer's expiry.
+//
+// A wake-up's cost, for n watched nodes: one MULTI_GET of the keys seen so
+// far and O(n) decisions. While some watched keys were never seen: one
+// CHECK of those not probed yet and at most kProbeChecks more to find which
+// exist (once per node), one CHECK of those probed before, and, for each
+// such node about to be declared dead, one CHECK (once per node per
+// setPeers: it is then dead, or seen). A node probed without a key whose key
+// appears later, while other probed keys are still absent, is seen at its
+// expiry's CHECK and renewed as of that read (a death within its first
+// timeout is then noticed up to a timeout late; never a false death). The
+// reads and decisions hold no lock that stop(), setPeers() or setOnLost()
+// take: stop() waits for at most one store request or one onDead call in
+// flight (and cancels the request), and setPeers() for at most one onDead
+// call.
 class Heartbeat {
  public:
   using Connect =
       std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken>)>;
   using OnDead = std::function<void(const std::string& node, int64_t silentMs)>;
   using OnLost = std::function<void(int64_t silentMs)>;
+  // CHECKs per wake-up spent finding which of the never-seen keys exist.
+  static constexpr int kProbeChecks = 32;
 
   // Starts beating at once under keyPrefix + self. Watches nobody yet.
   Heartbeat(HeartbeatOptions opts, Connect connect, std::string keyPrefix,

@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <climits>
+#include <condition_variable>
+#include <cstdint>
 #include <future>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "ddprun/common/error.h"
@@ -388,6 +391,198 @@ TEST_F(HeartbeatTest, StoreErrorsAreRetriedNotFatal) {
   ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 0; }));
   hub_.fail();  // every request now fails; the threads go on trying
   a->stop();
+}
+
+// ---------------------------------------------------------------------------
+// Cost at scale (issue 16: thousands of watched nodes).
+
+// Counts the watcher's requests (its CHECKs: any but of the beater's own key
+// "hb/a"; its MULTI_GETs, one per wake-up once a key was seen), and runs
+// `afterMultiGet` after each MULTI_GET, on the calling thread.
+struct WatchCounts {
+  std::atomic<int> multiGets{0};
+  std::atomic<int> checks{0};
+  // CHECKs of at least `whole` keys: with every key absent, one per wake-up.
+  size_t whole = SIZE_MAX;
+  std::atomic<int> wholeChecks{0};
+  std::function<void()> afterMultiGet;
+};
+
+class WatchCountingStore : public CountingStore {
+ public:
+  WatchCountingStore(std::unique_ptr<store::Store> inner, std::atomic<int>& unused,
+                     WatchCounts& counts)
+      : CountingStore(std::move(inner), unused), counts_(counts) {}
+  bool check(const std::vector<std::string>& ks) override {
+    if (ks != Strings{"hb/a"}) ++counts_.checks;
+    if (ks.size() >= counts_.whole) ++counts_.wholeChecks;
+    return inner_->check(ks);
+  }
+  std::vector<std::string> multiGet(const std::vector<std::string>& ks) override {
+    ++counts_.multiGets;
+    auto values = inner_->multiGet(ks);
+    if (counts_.afterMultiGet) counts_.afterMultiGet();
+    return values;
+  }
+
+ private:
+  WatchCounts& counts_;
+};
+
+class HeartbeatScaleTest : public HeartbeatTest {
+ protected:
+  Heartbeat::Connect countingConnect() {
+    return [this](std::shared_ptr<store::CancelToken> cancel) {
+      {
+        std::lock_guard lock(tokensMu_);
+        tokens_[std::this_thread::get_id()] = cancel;
+      }
+      return std::make_unique<WatchCountingStore>(hub_.connect(std::move(cancel)),
+                                                  multiGets_, counts_);
+    };
+  }
+  // The token stop() cancels for the calling thread's connection.
+  std::shared_ptr<store::CancelToken> myToken() {
+    std::lock_guard lock(tokensMu_);
+    return tokens_.at(std::this_thread::get_id());
+  }
+  static Strings names(const std::string& stem, int n) {
+    Strings out;
+    for (int i = 0; i < n; ++i) out.push_back(stem + std::to_string(i));
+    return out;
+  }
+  void beatAll(const Strings& nodes, int64_t seq, int64_t wallMs) {
+    for (const auto& n : nodes) hub_.set("hb/" + n, encodeBeat(seq, wallMs));
+  }
+  // Returns once a whole wake-up has run after this call: the second
+  // MULTI_GET from now began after the first one's decisions.
+  void awaitWakeUp() {
+    const int from = counts_.multiGets;
+    ASSERT_TRUE(hub_.awaitUntil([&] { return counts_.multiGets >= from + 2; }));
+  }
+
+  WatchCounts counts_;
+  std::mutex tokensMu_;
+  std::map<std::thread::id, std::shared_ptr<store::CancelToken>> tokens_;
+};
+
+// 10,000 watched nodes on a fake clock: the 5,000 that never beat are
+// reported once each when their timeout passes, the 5,000 that beat never.
+TEST_F(HeartbeatScaleTest, AtTenThousandNodesTheDeadAreReportedOnceTheLiveNever) {
+  const Strings live = names("live", 5000), ghosts = names("ghost", 5000);
+  Strings all = live;
+  all.insert(all.end(), ghosts.begin(), ghosts.end());
+  std::atomic<int64_t> now{0};
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", [&] { return now.load(); });
+  Deaths deaths;
+  beatAll(live, 0, 0);
+  a.setPeers(all, deaths.callback());
+  awaitWakeUp();
+  now = 10;
+  awaitWakeUp();  // every wake-up that can read the next beats reads the clock at 10
+  beatAll(live, 1, 10);  // live again at 10: expires at 25
+  awaitWakeUp();
+  now = 15;  // the timeout since setPeers: the ghosts expire
+  ASSERT_TRUE(hub_.awaitUntil([&] { return deaths.count() >= ghosts.size(); }));
+  awaitWakeUp();
+  awaitWakeUp();
+  a.stop();
+  std::lock_guard lock(deaths.mu);
+  ASSERT_EQ(deaths.seen.size(), ghosts.size()) << "each dead node once";
+  std::set<std::string> reported;
+  for (const auto& [node, silent] : deaths.seen) {
+    reported.insert(node);
+    EXPECT_EQ(silent, 15) << node;
+  }
+  EXPECT_EQ(reported, std::set<std::string>(ghosts.begin(), ghosts.end()));
+}
+
+// The store requests of a wake-up do not grow with the watched nodes: of
+// 10,000, 5,000 never beat (no key), and still each wake-up makes one
+// MULTI_GET and one CHECK of the keyless nodes, after a first probe of at
+// most 1 + kProbeChecks CHECKs (the old reader CHECKed each absent key at
+// every wake-up: 5,000 requests).
+TEST_F(HeartbeatScaleTest, AWakeUpMakesBoundedRequestsWhateverTheNumberOfNodes) {
+  const Strings live = names("live", 5000), ghosts = names("ghost", 5000);
+  Strings all = live;
+  all.insert(all.end(), ghosts.begin(), ghosts.end());
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", [] { return int64_t{0}; });
+  beatAll(live, 0, 0);
+  a.setPeers(all, {});  // the clock stands still: nobody expires
+  ASSERT_TRUE(hub_.awaitUntil([&] { return counts_.multiGets >= 6; }));
+  a.stop();
+  const int wakeUps = counts_.multiGets;
+  EXPECT_LE(counts_.checks, 1 + Heartbeat::kProbeChecks + wakeUps + 1)
+      << counts_.checks << " CHECKs in " << wakeUps << " wake-ups";
+}
+
+// As above with no key at all (nothing found by the first probe): the
+// nodes probed in vain are not probed one by one again, each later wake-up
+// CHECKs them as one group.
+TEST_F(HeartbeatScaleTest, AWakeUpMakesBoundedRequestsWhenNoWatchedKeyExists) {
+  counts_.whole = 10000;
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", [] { return int64_t{0}; });
+  a.setPeers(names("ghost", 10000), {});
+  ASSERT_TRUE(hub_.awaitUntil([&] { return counts_.wholeChecks >= 6; }));
+  a.stop();
+  const int wakeUps = counts_.wholeChecks;
+  EXPECT_EQ(counts_.multiGets, 0);
+  EXPECT_LE(counts_.checks, 1 + Heartbeat::kProbeChecks + wakeUps + 1)
+      << counts_.checks << " CHECKs in " << wakeUps << " wake-ups";
+}
+
+// The watcher stuck anywhere in a wake-up (here: in a clock read just after
+// a MULTI_GET, where the old code held its lock to decide) holds no lock
+// that setOnLost() or setPeers() wait for.
+TEST_F(HeartbeatScaleTest, SettersDoNotWaitForAWakeUp) {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<std::thread::id> watcher{};
+  std::atomic<bool> armed{false};
+  counts_.afterMultiGet = [&] {
+    if (watcher.load() != std::thread::id()) return;
+    watcher = std::this_thread::get_id();
+    armed = true;
+  };
+  auto clock = [&]() -> int64_t {
+    if (armed && std::this_thread::get_id() == watcher.load() && armed.exchange(false)) {
+      entered.set_value();
+      released.wait();
+    }
+    return 0;
+  };
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", clock);
+  hub_.set("hb/b", encodeBeat(0, 0));
+  a.setPeers({"b"}, {});
+  ASSERT_EQ(entered.get_future().wait_for(60s), std::future_status::ready);
+  auto setters = std::async(std::launch::async, [&] {
+    a.setOnLost([](int64_t) {});
+    a.setPeers({"b", "c"}, [](const std::string&, int64_t) {});
+  });
+  const auto status = setters.wait_for(60s);
+  release.set_value();  // only now does the wake-up go on
+  EXPECT_EQ(status, std::future_status::ready) << "a setter waited for the wake-up";
+  setters.wait();
+  a.stop();
+}
+
+// stop() during a wake-up's callbacks waits for the one running, not for
+// the others: 1,000 nodes die at once, the first onDead blocks until stop()
+// cancels the watcher's store, and no further onDead runs after it.
+TEST_F(HeartbeatScaleTest, StopDoesNotWaitForTheRestOfAWakeUpsCallbacks) {
+  std::atomic<int64_t> now{0};
+  Heartbeat a({5ms, 3}, countingConnect(), "hb/", "a", [&] { return now.load(); });
+  std::promise<void> entered;
+  std::atomic<int> calls{0};
+  a.setPeers(names("ghost", 1000), [&](const std::string&, int64_t) {
+    if (++calls > 1) return;
+    entered.set_value();
+    myToken()->sleepFor(60s);  // a store request in flight, until cancelled
+  });
+  now = 15;
+  ASSERT_EQ(entered.get_future().wait_for(60s), std::future_status::ready);
+  a.stop();
+  EXPECT_EQ(calls, 1) << "stop() let the wake-up report the other dead nodes";
 }
 
 TEST(HeartbeatOptions, NeedAPositiveIntervalAndAttempts) {
