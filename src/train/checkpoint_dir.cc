@@ -95,14 +95,17 @@ std::vector<CheckpointFile> listCheckpoints(const std::string& dir) {
     }
   }
   if (ec)
-    DDPRUN_THROW(CheckpointError, dir, ": cannot list the checkpoint directory: ", ec.message());
-  std::sort(found.begin(), found.end(), [](const CheckpointFile& a, const CheckpointFile& b) {
-    return a.step != b.step ? a.step > b.step : a.path > b.path;
-  });
+    DDPRUN_THROW(CheckpointError, dir,
+                 ": cannot list the checkpoint directory: ", ec.message());
+  std::sort(found.begin(), found.end(),
+            [](const CheckpointFile& a, const CheckpointFile& b) {
+              return a.step != b.step ? a.step > b.step : a.path > b.path;
+            });
   return found;
 }
 
-std::vector<CheckpointFile> listCheckpoints(const std::string& dir, const std::string& tag) {
+std::vector<CheckpointFile> listCheckpoints(const std::string& dir,
+                                            const std::string& tag) {
   std::vector<CheckpointFile> all = listCheckpoints(dir), mine;
   for (auto& f : all)
     if (f.tag == tag) mine.push_back(std::move(f));
@@ -130,7 +133,8 @@ void pruneCheckpoints(const std::string& dir, const std::string& tag, int keep) 
   for (size_t i = static_cast<size_t>(keep); i < mine.size(); ++i) {
     std::error_code ec;
     if (!fs::remove(mine[i].path, ec) && ec)
-      DDPRUN_THROW(IoError, mine[i].path, ": cannot remove an old checkpoint: ", ec.message());
+      DDPRUN_THROW(IoError, mine[i].path,
+                   ": cannot remove an old checkpoint: ", ec.message());
   }
 }
 

@@ -31,10 +31,11 @@ std::string intField(const std::string& path, const Meta& m, const char* key, in
     *out = v;
     return "";
   }
-  std::string msg = path + ": metadata field '" + key + "' is \"" + str::escape(text, 40) + "\"";
+  std::string msg =
+      path + ": metadata field '" + key + "' is \"" + str::escape(text, 40) + "\"";
   if (!isInt) return msg + ", not an integer (a damaged or hand-edited checkpoint)";
-  return msg + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (" + why +
-         ")";
+  return msg + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (" +
+         why + ")";
 }
 
 bool isUnsigned(const std::string& text) {
@@ -50,10 +51,11 @@ std::string checkIdentity(const std::string& path, const Meta& m, const RunShape
     return path + " is not a checkpoint of ddprun's train (no format marker)";
   if (value(m, "model") != s.model || value(m, "optimizer") != s.optimizer)
     return path + " was written for model '" + value(m, "model") + "' with optimizer '" +
-           value(m, "optimizer") + "', this run trains '" + s.model + "' with '" + s.optimizer +
-           "'";
+           value(m, "optimizer") + "', this run trains '" + s.model + "' with '" +
+           s.optimizer + "'";
   out->run = value(m, "run");
-  const bool runFits = tag.empty() ? out->run.empty() : !out->run.empty() && runTag(out->run) == tag;
+  const bool runFits =
+      tag.empty() ? out->run.empty() : !out->run.empty() && runTag(out->run) == tag;
   if (!runFits)
     return path + ": metadata field 'run' is \"" + str::escape(out->run, 80) +
            "\", which does not match the run named in the file name";
@@ -81,16 +83,19 @@ std::map<std::string, std::string> checkpointMetadata(const RunShape& s,
           {"rng", p.rng}};
 }
 
-std::string readCheckpointMetadata(const std::string& path, const Meta& m, const RunShape& s,
-                                   const std::string& tag, CheckpointPosition* out) {
+std::string readCheckpointMetadata(const std::string& path, const Meta& m,
+                                   const RunShape& s, const std::string& tag,
+                                   CheckpointPosition* out) {
   CheckpointPosition p;
   if (auto e = checkIdentity(path, m, s, tag, &p); !e.empty()) return e;
   int64_t world = 0, batch = 0;
-  if (auto e = intField(path, m, "world", 1, INT32_MAX, "ranks", &world); !e.empty()) return e;
+  if (auto e = intField(path, m, "world", 1, INT32_MAX, "ranks", &world); !e.empty())
+    return e;
   if (auto e = intField(path, m, "batch_size", 1, INT32_MAX, "samples per rank", &batch);
       !e.empty())
     return e;
-  p.sameLayout = world == s.world && batch == s.batchSize && value(m, "seed") == std::to_string(s.seed);
+  p.sameLayout = world == s.world && batch == s.batchSize &&
+                 value(m, "seed") == std::to_string(s.seed);
   if (auto e = intField(path, m, "epoch", 0, s.epochs,
                         "this run has " + std::to_string(s.epochs) + " epochs", &p.epoch);
       !e.empty())

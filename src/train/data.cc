@@ -123,8 +123,10 @@ void checkCount(const GzReader& in, int64_t count, int64_t itemBytes,
   if (need > canHold) {
     fail(in.path(), "header claims " + std::to_string(count) + " samples (" +
                         std::to_string(need) + " bytes uncompressed), more than a " +
-                        std::to_string(in.fileBytes()) + "-byte file can hold at a plausible compression ratio (" +
-                        std::to_string(canHold) + " bytes at most; corrupt header? a "
+                        std::to_string(in.fileBytes()) +
+                        "-byte file can hold at a plausible compression ratio (" +
+                        std::to_string(canHold) +
+                        " bytes at most; corrupt header? a "
                         "genuine file that compresses better can be given uncompressed)");
   }
 }

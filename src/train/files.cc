@@ -26,7 +26,8 @@ const char* kindOf(mode_t m) {
 }
 
 std::string statProblem(const std::string& path) {
-  return errno == ENOENT ? "no such file" : std::string("cannot stat: ") + std::strerror(errno);
+  return errno == ENOENT ? "no such file"
+                         : std::string("cannot stat: ") + std::strerror(errno);
 }
 
 std::string exeOf(long pid) {
@@ -42,7 +43,8 @@ std::string replaceTargetProblem(const std::string& path) {
   if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : statProblem(path);
   if (S_ISREG(st.st_mode)) return "";
   return std::string("is ") + kindOf(st.st_mode) +
-         ": refusing to replace it with a regular file (name a regular file or a new path)";
+         ": refusing to replace it with a regular file (name a regular file or a new "
+         "path)";
 }
 
 std::string regularFileProblem(const std::string& path) {
@@ -59,7 +61,8 @@ std::string appendTargetProblem(const std::string& path) {
     fs::path dir = fs::path(path).parent_path();
     if (dir.empty()) dir = ".";
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) return "its directory " + dir.string() + " does not exist";
+    if (!fs::is_directory(dir, ec))
+      return "is in a directory that does not exist (" + dir.string() + ")";
     return "";
   }
   if (S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) return "";

@@ -23,7 +23,8 @@ bool valuesUsable(const LoadedTensor& t, const std::string& path, std::string* w
       int64_t v = 0;
       std::memcpy(&v, t.bytes.data() + 8 * i, 8);
       if (v < 0) {
-        *why = path + ": tensor '" + t.name + "' holds the negative count " + std::to_string(v);
+        *why = path + ": tensor '" + t.name + "' holds the negative count " +
+               std::to_string(v);
         return false;
       }
     }
@@ -36,7 +37,8 @@ bool valuesUsable(const LoadedTensor& t, const std::string& path, std::string* w
     std::memcpy(&v, t.bytes.data() + 4 * i, 4);
     if (!std::isfinite(v) || (nonNegative && v < 0)) {
       *why = path + ": tensor '" + t.name + "' holds " +
-             (std::isfinite(v) ? "a negative value" : "a non-finite value (NaN or infinity)") +
+             (std::isfinite(v) ? "a negative value"
+                               : "a non-finite value (NaN or infinity)") +
              " at element " + std::to_string(i) + ": the checkpoint is damaged";
       return false;
     }
@@ -61,12 +63,13 @@ std::vector<TensorView> modelTensors(Model& model, Optimizer* optim,
     }
   }
   if (optim)
-    for (auto& [name, t] : optim->state()) out.push_back({name, "F32", t->shape(), t->data()});
+    for (auto& [name, t] : optim->state())
+      out.push_back({name, "F32", t->shape(), t->data()});
   return out;
 }
 
-bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Optimizer* optim,
-              std::string* why) {
+bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
+              Optimizer* optim, std::string* why) {
   auto fits = [&](const std::string& name, const Shape& shape, const std::string& dtype) {
     const LoadedTensor* t = st.find(name);
     if (!t) {
@@ -75,7 +78,8 @@ bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Opti
     }
     if (t->shape != shape || t->dtype != dtype) {
       *why = path + ": tensor '" + name + "' is " + t->dtype + shapeString(t->shape) +
-             ", this model needs " + dtype + shapeString(shape) + " (written for another model)";
+             ", this model needs " + dtype + shapeString(shape) +
+             " (written for another model)";
       return false;
     }
     return true;
@@ -83,7 +87,8 @@ bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Opti
   for (Param* p : model.params())
     if (!fits(p->name, p->value.shape(), "F32")) return false;
   for (Buffer* b : model.buffers())
-    if (!fits(b->name, b->isCount ? Shape{} : b->value.shape(), b->isCount ? "I64" : "F32"))
+    if (!fits(b->name, b->isCount ? Shape{} : b->value.shape(),
+              b->isCount ? "I64" : "F32"))
       return false;
   std::vector<std::pair<std::string, Tensor*>> state;
   if (optim) state = optim->state();
@@ -103,7 +108,8 @@ bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Opti
       std::memcpy(b->value.data(), t->bytes.data(), b->value.bytes());
     }
   }
-  for (auto& [name, t] : state) std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
+  for (auto& [name, t] : state)
+    std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
   return true;
 }
 

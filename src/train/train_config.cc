@@ -28,8 +28,8 @@ std::string outOfRange(const char* flag, double v, FlagRange r, bool lowIncluded
   const bool ok = std::isfinite(v) && (lowIncluded ? v >= r.lo : v > r.lo) && v <= r.hi;
   if (ok) return "";
   std::ostringstream os;
-  os << flag << " must be a finite number in " << (lowIncluded ? "[" : "(") << r.lo << ", "
-     << r.hi << "] (got " << v << ")";
+  os << flag << " must be a finite number in " << (lowIncluded ? "[" : "(") << r.lo
+     << ", " << r.hi << "] (got " << v << ")";
   return os.str();
 }
 
@@ -46,12 +46,15 @@ std::string validate(const TrainConfig& c, int cpus) {
   if (c.batchSize <= 0)
     return "--batch-size must be positive (got " + std::to_string(c.batchSize) + ")";
   if (auto e = outOfRange("--lr", c.lr, kLrRange, false); !e.empty()) return e;
-  if (auto e = outOfRange("--momentum", c.momentum, kMomentumRange, true); !e.empty()) return e;
+  if (auto e = outOfRange("--momentum", c.momentum, kMomentumRange, true); !e.empty())
+    return e;
   if (c.momentum >= kMomentumRange.hi)
     return "--momentum must be below 1 (got " + std::to_string(c.momentum) + ")";
-  if (auto e = outOfRange("--weight-decay", c.weightDecay, kWeightDecayRange, true); !e.empty())
+  if (auto e = outOfRange("--weight-decay", c.weightDecay, kWeightDecayRange, true);
+      !e.empty())
     return e;
-  if (auto e = outOfRange("--bucket-cap-mb", c.bucketCapMb, kBucketMbRange, false); !e.empty())
+  if (auto e = outOfRange("--bucket-cap-mb", c.bucketCapMb, kBucketMbRange, false);
+      !e.empty())
     return e;
   if (auto e = outOfRange("--first-bucket-mb", c.firstBucketMb, kBucketMbRange, false);
       !e.empty())
@@ -65,7 +68,8 @@ std::string validate(const TrainConfig& c, int cpus) {
   if (c.maxSteps < 0 || c.trainSamples < 0 || c.testSamples < 0)
     return "--max-steps, --train-samples and --test-samples must be >= 0";
   if (c.trainSamples > kMaxIdxSamples || c.testSamples > kMaxIdxSamples)
-    return "--train-samples and --test-samples must be at most " + std::to_string(kMaxIdxSamples);
+    return "--train-samples and --test-samples must be at most " +
+           std::to_string(kMaxIdxSamples);
   if (c.threads < 1) return "--threads must be at least 1";
   if (c.threads > cpus)
     return "--threads " + std::to_string(c.threads) + " is more than the " +
@@ -97,11 +101,13 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "Learning rate, in (0, 10]")->capture_default_str();
-  app.add_option("--momentum", c.momentum, "SGD momentum, in [0, 1)")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum, in [0, 1)")
+      ->capture_default_str();
   app.add_option("--weight-decay", c.weightDecay, "In [0, 1]")->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "sgd | adam")->capture_default_str();
   app.add_option("--seed", c.seed, "Initialisation and shuffling seed")->capture_default_str();
-  app.add_option("--bucket-cap-mb", c.bucketCapMb, "Gradient bucket size (MiB), in (0, 1024]")
+  app.add_option("--bucket-cap-mb", c.bucketCapMb,
+                 "Gradient bucket size (MiB), in (0, 1024]")
       ->capture_default_str();
   app.add_option("--first-bucket-mb", c.firstBucketMb,
                  "Cap of the bucket reduced last (MiB), in (0, 1024]")
@@ -116,17 +122,20 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   app.add_option("--checkpoint-every", c.checkpointEvery,
                  "Also checkpoint every N steps (0: only at epoch ends)")->capture_default_str();
   app.add_option("--keep-checkpoints", c.keepCheckpoints)->capture_default_str();
-  app.add_flag("--resume", c.resume,
-               "Continue this run's newest checkpoint in --checkpoint-dir, else the run written "
-               "last (a group restarted by its launcher always resumes its own)");
-  app.add_option("--metrics", c.metrics,
-                 "Append metrics as JSON lines to this file (or a FIFO, a character device)");
+  app.add_flag(
+      "--resume", c.resume,
+      "Continue this run's newest checkpoint in --checkpoint-dir, else the run written "
+      "last (a group restarted by its launcher always resumes its own)");
+  app.add_option(
+      "--metrics", c.metrics,
+      "Append metrics as JSON lines to this file (or a FIFO, a character device)");
   app.add_option("--log-interval", c.logInterval, "Steps between progress lines")
       ->capture_default_str();
   app.add_option("--init", c.init, "Initial weights (safetensors, a regular file)");
-  app.add_option("--save", c.save,
-                 "Write the final model here (safetensors; an existing path must be a regular "
-                 "file)");
+  app.add_option(
+      "--save", c.save,
+      "Write the final model here (safetensors; an existing path must be a regular "
+      "file)");
   app.add_option("--max-steps", c.maxSteps, "Cap on steps per epoch (0: all)");
   app.add_option("--train-samples", c.trainSamples, "Use the first N training samples (0: all)");
   app.add_option("--test-samples", c.testSamples, "Use the first N test samples (0: all)");

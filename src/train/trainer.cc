@@ -8,11 +8,11 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
 #include "ddprun/store/hash_store.h"
-#include "ddprun/common/strings.h"
 #include "ddprun/train/checkpoint.h"
 #include "ddprun/train/checkpoint_dir.h"
 #include "ddprun/train/checkpoint_meta.h"
@@ -55,13 +55,19 @@ void broadcastString(ProcessGroup& pg, std::string& s) {
   runtime::broadcast(pg, {.buffer = &n, .count = 1, .dtype = DType::kInt64});
   s.resize(static_cast<size_t>(n));
   if (n > 0)
-    runtime::broadcast(pg, {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
+    runtime::broadcast(pg,
+                       {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
 }
 
 class Run {
  public:
-  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg, const TrainerIo& io)
-      : cfg_(cfg), data_(data), pg_(pg), io_(io), rank0_(pg.rank() == 0),
+  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
+      const TrainerIo& io)
+      : cfg_(cfg),
+        data_(data),
+        pg_(pg),
+        io_(io),
+        rank0_(pg.rank() == 0),
         metrics_(rank0_ ? cfg.metrics : std::string(), io.restarted || cfg.resume),
         progress_(io.progress, rank0_ && !cfg.quiet) {}
 
@@ -168,8 +174,12 @@ void Run::loadInit() {
 }
 
 RunShape Run::shape() const {
-  return {.model = cfg_.model, .optimizer = cfg_.optimizer, .epochs = cfg_.epochs,
-          .stepsPerEpoch = stepsPerEpoch_, .world = pg_.size(), .batchSize = cfg_.batchSize,
+  return {.model = cfg_.model,
+          .optimizer = cfg_.optimizer,
+          .epochs = cfg_.epochs,
+          .stepsPerEpoch = stepsPerEpoch_,
+          .world = pg_.size(),
+          .batchSize = cfg_.batchSize,
           .seed = cfg_.seed};
 }
 
@@ -190,8 +200,10 @@ bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   optim_->setSteps(p.optimizerSteps);
   rng_.restore(p.rng);
   if (!p.sameLayout && pos_.step != 0) {
-    notice("checkpoint " + file.path + " was taken with another world size, batch size or "
-           "seed: resuming at the start of epoch " + std::to_string(pos_.epoch + 1));
+    notice("checkpoint " + file.path +
+           " was taken with another world size, batch size or "
+           "seed: resuming at the start of epoch " +
+           std::to_string(pos_.epoch + 1));
     pos_.step = 0;
   }
   return true;
@@ -223,12 +235,16 @@ Run::StartPlan Run::planStart() {
   if (!io_.restarted && !cfg_.resume) {
     if (!listCheckpoints(cfg_.checkpointDir, tag_).empty()) {
       plan.kind = StartPlan::kRefuse;
-      plan.path = cfg_.checkpointDir + " holds checkpoints of an earlier launch with this run id ('" +
-                  runId_ + "'): pass --resume to continue them, or give this job another run id "
+      plan.path = cfg_.checkpointDir +
+                  " holds checkpoints of an earlier launch with this run id ('" + runId_ +
+                  "'): pass --resume to continue them, or give this job another run id "
                   "(--rdzv-id) or another --checkpoint-dir";
     } else if (!listCheckpoints(cfg_.checkpointDir).empty()) {
-      notice(cfg_.checkpointDir + " holds checkpoints of other runs: they are kept, and this run "
-             "(id '" + runId_ + "') starts from the beginning; pass --resume to continue the one "
+      notice(cfg_.checkpointDir +
+             " holds checkpoints of other runs: they are kept, and this run "
+             "(id '" +
+             runId_ +
+             "') starts from the beginning; pass --resume to continue the one "
              "written last");
     }
     return plan;
@@ -272,20 +288,29 @@ void Run::start() {
   if (!rank0_ && !applyCheckpoint({plan.path, plan.tag, 0}, &err))
     DDPRUN_THROW(CheckpointError, "cannot resume: ", err);
   reducer_->zeroGrad();
-  notice("resuming from " + plan.path + " (epoch " + std::to_string(pos_.epoch + 1) + ", step " +
-         std::to_string(pos_.step) + ", global step " + std::to_string(pos_.globalStep) + ")");
-  metrics_.write({{"type", "resume"}, {"checkpoint", plan.path}, {"epoch", pos_.epoch},
-                  {"step", pos_.step}, {"global_step", pos_.globalStep}, {"run", runId_}});
+  notice("resuming from " + plan.path + " (epoch " + std::to_string(pos_.epoch + 1) +
+         ", step " + std::to_string(pos_.step) + ", global step " +
+         std::to_string(pos_.globalStep) + ")");
+  metrics_.write({{"type", "resume"},
+                  {"checkpoint", plan.path},
+                  {"epoch", pos_.epoch},
+                  {"step", pos_.step},
+                  {"global_step", pos_.globalStep},
+                  {"run", runId_}});
 }
 
 void Run::saveCheckpoint() {
   if (!rank0_ || cfg_.checkpointDir.empty()) return;
   std::vector<std::vector<int64_t>> counts;
   const auto tensors = modelTensors(*model_, optim_.get(), counts);
-  CheckpointPosition p{.epoch = pos_.epoch, .step = pos_.step, .globalStep = pos_.globalStep,
-                       .optimizerSteps = optim_->steps(), .rng = rng_.state(), .run = runId_};
-  saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(tag_, pos_.globalStep), tensors,
-                  checkpointMetadata(shape(), p));
+  CheckpointPosition p{.epoch = pos_.epoch,
+                       .step = pos_.step,
+                       .globalStep = pos_.globalStep,
+                       .optimizerSteps = optim_->steps(),
+                       .rng = rng_.state(),
+                       .run = runId_};
+  saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(tag_, pos_.globalStep),
+                  tensors, checkpointMetadata(shape(), p));
   pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
 }
 
@@ -430,22 +455,27 @@ void Run::clearStaleTemporaries() {
   }
   if (!cfg_.save.empty()) {
     const std::filesystem::path save(cfg_.save);
-    const std::string dir = save.parent_path().empty() ? "." : save.parent_path().string();
+    const std::string dir =
+        save.parent_path().empty() ? "." : save.parent_path().string();
     const std::string base = save.filename().string();
-    for (std::string& n : removeStaleTemporaries(dir, [&](const std::string& name) {
-           return name == base;
-         }))
+    for (std::string& n : removeStaleTemporaries(
+             dir, [&](const std::string& name) { return name == base; }))
       removed.push_back(std::move(n));
   }
   if (!removed.empty())
-    notice("removed " + std::to_string(removed.size()) + " temporary file(s) of interrupted "
-           "saves: " + str::join(removed, ", "));
+    notice("removed " + std::to_string(removed.size()) +
+           " temporary file(s) of interrupted "
+           "saves: " +
+           str::join(removed, ", "));
 }
 
 nlohmann::json Run::execute() {
   if (data_.train.size < pg_.size())
-    DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size, " samples but there "
-                 "are ", pg_.size(), " ranks: every rank needs at least one sample (use fewer "
+    DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size,
+                 " samples but there "
+                 "are ",
+                 pg_.size(),
+                 " ranks: every rank needs at least one sample (use fewer "
                  "workers or more --train-samples)");
   runId_ = io_.runId;
   if (runId_.empty() && rank0_) runId_ = "train-" + str::randomToken(12);
@@ -456,11 +486,13 @@ nlohmann::json Run::execute() {
   if (rank0_) clearStaleTemporaries();
   setup();
   if (!cfg_.checkpointDir.empty()) start();
-  notice(std::string("model ") + cfg_.model + " (" + std::to_string(model_->numParameters()) +
-         " parameters, " + std::to_string(reducer_->numBuckets()) + " gradient bucket" +
+  notice(std::string("model ") + cfg_.model + " (" +
+         std::to_string(model_->numParameters()) + " parameters, " +
+         std::to_string(reducer_->numBuckets()) + " gradient bucket" +
          (reducer_->numBuckets() == 1 ? "" : "s") + "), " + std::to_string(pg_.size()) +
-         " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " + std::to_string(cfg_.batchSize) +
-         ", data " + data_.source + ", " + be_->describe());
+         " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " +
+         std::to_string(cfg_.batchSize) + ", data " + data_.source + ", " +
+         be_->describe());
   runStart_ = Clock::now();
   nlohmann::json lastEpoch;
   int64_t correct = 0, total = 0;
@@ -524,14 +556,17 @@ bool envRestarted() {
 // Returns "" or the error.
 std::string pathsProblem(const TrainConfig& cfg, bool rank0) {
   if (!cfg.init.empty())
-    if (auto e = regularFileProblem(cfg.init); !e.empty()) return "--init " + cfg.init + ": " + e;
+    if (auto e = regularFileProblem(cfg.init); !e.empty())
+      return "--init " + cfg.init + ": " + e;
   if (!rank0) return "";
   if (!cfg.save.empty()) {
-    if (auto e = replaceTargetProblem(cfg.save); !e.empty()) return "--save " + cfg.save + " " + e;
+    if (auto e = replaceTargetProblem(cfg.save); !e.empty())
+      return "--save " + cfg.save + " " + e;
     const std::filesystem::path dir = std::filesystem::path(cfg.save).parent_path();
     std::error_code ec;
     if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-      return "--save " + cfg.save + ": its directory " + dir.string() + " does not exist";
+      return "--save " + cfg.save + " is in a directory that does not exist (" +
+             dir.string() + ")";
   }
   if (!cfg.metrics.empty())
     if (auto e = appendTargetProblem(cfg.metrics); !e.empty())

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
@@ -536,6 +537,34 @@ class TrainE2E(unittest.TestCase):
         self.assertEqual(p.returncode, 1, "a metrics write error exited %d:\n%s"
                          % (p.returncode, p.stderr[-3000:]))
         self.assertIn("/dev/full", p.stderr)
+
+    def test_metrics_fifo_whose_reader_left_is_a_failure(self):
+        fifo = os.path.join(self.tmp, "m.fifo")
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        # More metrics than a pipe holds (about 500 lines of ~200 bytes): the
+        # run cannot end before the reader closes, it blocks in a write.
+        p = subprocess.Popen([TRAIN, "--metrics", fifo, "--epochs", "30", "--log-interval", "1",
+                              "--model", "mlp", *SMALL], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=self.tmp, env=clean_env())
+        try:  # until the first bytes arrive (before the writer opens, reads see EOF)
+            got, deadline = b"", time.time() + 120
+            while not got and time.time() < deadline and p.poll() is None:
+                select.select([reader], [], [], 1.0)
+                try:
+                    got = os.read(reader, 1)
+                except BlockingIOError:
+                    pass
+                if not got:
+                    time.sleep(0.005)  # EOF until the writer opens: poll, do not spin
+            self.assertTrue(got, "no metrics arrived (exit %s)" % p.poll())
+        finally:
+            os.close(reader)
+        out, err = p.communicate(timeout=240)
+        self.assertEqual(p.returncode, 1, "exit %d after the metrics reader left:\n%s"
+                         % (p.returncode, err[-3000:]))
+        self.assertIn(fifo, err)
+        self.assertIn("Broken pipe", err)
 
     def test_save_write_failure_exits_1_and_leaves_no_temporary(self):
         out = os.path.join(self.tmp, "model.safetensors")

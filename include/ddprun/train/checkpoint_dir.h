@@ -36,7 +36,8 @@ std::optional<CheckpointFile> parseCheckpointName(const std::string& fileName);
 // A missing directory has none; an unreadable one throws CheckpointError.
 std::vector<CheckpointFile> listCheckpoints(const std::string& dir);
 // Those of one run (tag), highest step first.
-std::vector<CheckpointFile> listCheckpoints(const std::string& dir, const std::string& tag);
+std::vector<CheckpointFile> listCheckpoints(const std::string& dir,
+                                            const std::string& tag);
 // The tag of the most recently modified checkpoint in `dir` (another run's,
 // for --resume), or nullopt when there is none.
 std::optional<std::string> lastWrittenRun(const std::string& dir);

@@ -20,7 +20,8 @@ namespace ddprun::train {
 struct RunShape {
   std::string model, optimizer;
   int64_t epochs = 1;
-  int64_t stepsPerEpoch = 0;  // of this run's configuration (world, batch, samples, --max-steps)
+  int64_t stepsPerEpoch =
+      0;  // of this run's configuration (world, batch, samples, --max-steps)
   int world = 1, batchSize = 1;
   uint64_t seed = 0;
 };

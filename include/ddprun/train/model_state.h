@@ -25,7 +25,7 @@ std::vector<TensorView> modelTensors(Model& model, Optimizer* optim,
 // model's dtype and shape, every float finite, variances and Adam's second
 // moments >= 0, batch counts >= 0. Returns false with the reason (naming
 // `path` and the tensor) otherwise.
-bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Optimizer* optim,
-              std::string* why);
+bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
+              Optimizer* optim, std::string* why);
 
 }  // namespace ddprun::train

@@ -15,23 +15,34 @@ namespace {
 using Meta = std::map<std::string, std::string>;
 
 RunShape shape() {
-  return {.model = "lenet", .optimizer = "adam", .epochs = 3, .stepsPerEpoch = 47, .world = 2,
-          .batchSize = 32, .seed = 7};
+  return {.model = "lenet",
+          .optimizer = "adam",
+          .epochs = 3,
+          .stepsPerEpoch = 47,
+          .world = 2,
+          .batchSize = 32,
+          .seed = 7};
 }
 
 // A valid checkpoint of run "job" at epoch 1, step 5 (global step 52).
 Meta good() {
-  CheckpointPosition p{.epoch = 1, .step = 5, .globalStep = 52, .optimizerSteps = 52,
-                       .rng = Rng(3).state(), .run = "job"};
+  CheckpointPosition p{.epoch = 1,
+                       .step = 5,
+                       .globalStep = 52,
+                       .optimizerSteps = 52,
+                       .rng = Rng(3).state(),
+                       .run = "job"};
   return checkpointMetadata(shape(), p);
 }
 
 // The error for `meta` with `key` set to `value` ("" when accepted).
-std::string with(const std::string& key, const std::string& value, const std::string& tag = "job") {
+std::string with(const std::string& key, const std::string& value,
+                 const std::string& tag = "job") {
   Meta m = good();
   m[key] = value;
   CheckpointPosition out;
-  return readCheckpointMetadata("/d/ckpt-job-000000052.safetensors", m, shape(), tag, &out);
+  return readCheckpointMetadata("/d/ckpt-job-000000052.safetensors", m, shape(), tag,
+                                &out);
 }
 
 TEST(CheckpointMetaTest, AValidFileRoundTrips) {
@@ -78,8 +89,10 @@ TEST(CheckpointMetaTest, OutOfRangeFieldsAreRefusedNamingFileAndField) {
   };
   for (const auto& c : cases) {
     const std::string err = with(c.key, c.value);
-    EXPECT_EQ(err.rfind("/d/ckpt-job-000000052.safetensors", 0), 0u) << c.key << ": " << err;
-    EXPECT_NE(err.find(c.needle), std::string::npos) << c.key << "=" << c.value << ": " << err;
+    EXPECT_EQ(err.rfind("/d/ckpt-job-000000052.safetensors", 0), 0u)
+        << c.key << ": " << err;
+    EXPECT_NE(err.find(c.needle), std::string::npos)
+        << c.key << "=" << c.value << ": " << err;
     if (c.key != "format" && c.key != "model") {
       EXPECT_NE(err.find("'" + c.key + "'"), std::string::npos) << err;
     }
@@ -89,7 +102,8 @@ TEST(CheckpointMetaTest, OutOfRangeFieldsAreRefusedNamingFileAndField) {
   m["epoch"] = "3";
   m["step"] = "5";
   CheckpointPosition out;
-  EXPECT_NE(readCheckpointMetadata("f", m, shape(), "job", &out).find("'step'"), std::string::npos);
+  EXPECT_NE(readCheckpointMetadata("f", m, shape(), "job", &out).find("'step'"),
+            std::string::npos);
 }
 
 TEST(CheckpointMetaTest, RunIdMustMatchTheFileName) {
@@ -113,7 +127,8 @@ TEST(CheckpointMetaTest, AnotherLayoutRestartsTheEpochButIsStillChecked) {
   ASSERT_EQ(readCheckpointMetadata("f", m, shape(), "job", &out), "");
   EXPECT_FALSE(out.sameLayout);
   m["epoch"] = "-1";
-  EXPECT_NE(readCheckpointMetadata("f", m, shape(), "job", &out).find("'epoch'"), std::string::npos);
+  EXPECT_NE(readCheckpointMetadata("f", m, shape(), "job", &out).find("'epoch'"),
+            std::string::npos);
 }
 
 }  // namespace

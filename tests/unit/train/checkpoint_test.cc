@@ -1,6 +1,6 @@
-#include "temp_dir.h"
 #include "ddprun/train/checkpoint.h"
 #include "ddprun/train/checkpoint_dir.h"
+#include "temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -282,7 +282,8 @@ TEST(CheckpointTest, SavingReplacesAtomicallyAndLeavesNoTemporaries) {
 TEST(CheckpointTest, SavingNeverReplacesWhatIsNotARegularFile) {
   TempDir dir;
   float f[1] = {1.0f};
-  const std::string fifo = dir.file("fifo"), link = dir.file("link"), target = dir.file("t");
+  const std::string fifo = dir.file("fifo"), link = dir.file("link"),
+                    target = dir.file("t");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   writeAll(target, "keep");
   fs::create_symlink(target, link);
@@ -312,7 +313,8 @@ TEST(CheckpointTest, FileNamesCarryTheRunAndTheStep) {
   EXPECT_EQ(checkpointFileName("", 12), "ckpt-000000012.safetensors");  // the older form
   EXPECT_THROW(checkpointFileName("r", -1), InvalidArgument);
   for (const std::string tag : {"r", "a-b", "3f2a-11d2-883f", "123"})
-    for (int64_t s : {int64_t{0}, int64_t{7}, int64_t{999999999}, int64_t{123456789012}}) {
+    for (int64_t s :
+         {int64_t{0}, int64_t{7}, int64_t{999999999}, int64_t{123456789012}}) {
       auto f = parseCheckpointName(checkpointFileName(tag, s));
       ASSERT_TRUE(f) << tag << " " << s;
       EXPECT_EQ(f->tag, tag);
@@ -345,7 +347,8 @@ TEST(CheckpointTest, ListAndPruneTouchOnlyTheRunsOwnFiles) {
   pruneCheckpoints(dir.file("missing"), "r", 1);  // nothing to do
   uint8_t byte = 1;
   auto save = [&](const std::string& tag, int64_t step) {
-    saveSafetensors(dir.file(checkpointFileName(tag, step)), {{"b", "U8", {1}, &byte}}, {});
+    saveSafetensors(dir.file(checkpointFileName(tag, step)), {{"b", "U8", {1}, &byte}},
+                    {});
   };
   // An older run went further (higher steps) than the new one.
   for (int64_t step : {100, 200, 300}) save("old", step);
@@ -355,12 +358,14 @@ TEST(CheckpointTest, ListAndPruneTouchOnlyTheRunsOwnFiles) {
   fs::create_directory(dir.file(checkpointFileName("new", 9)));  // not a regular file
   auto names = [&](const std::string& tag) {
     std::vector<std::string> out;
-    for (const auto& f : listCheckpoints(dir.path(), tag)) out.push_back(fs::path(f.path).filename());
+    for (const auto& f : listCheckpoints(dir.path(), tag))
+      out.push_back(fs::path(f.path).filename());
     return out;
   };
-  EXPECT_EQ(names("new"), (std::vector<std::string>{
-                              "ckpt-new-1000000000.safetensors", "ckpt-new-000000020.safetensors",
-                              "ckpt-new-000000007.safetensors", "ckpt-new-000000005.safetensors"}));
+  EXPECT_EQ(names("new"),
+            (std::vector<std::string>{
+                "ckpt-new-1000000000.safetensors", "ckpt-new-000000020.safetensors",
+                "ckpt-new-000000007.safetensors", "ckpt-new-000000005.safetensors"}));
   EXPECT_EQ(listCheckpoints(dir.path()).size(), 8u);
   EXPECT_EQ(listCheckpoints(dir.path())[0].step, 1000000000);
   pruneCheckpoints(dir.path(), "new", 10);

@@ -311,7 +311,8 @@ TEST(DataTest, HugeCountRefusedBeforeAllocating) {
 // a 1 MB gzip declaring 1.3 M images must not cost gigabytes per rank.
 TEST(DataTest, ImplausibleInflatedSizeRefusedBeforeAllocating) {
   TempDir dir;
-  writeFile(dir.file("img.gz"), gzipStored(idxImages(10000, samplePixels(100))));  // ~78 KB
+  writeFile(dir.file("img.gz"),
+            gzipStored(idxImages(10000, samplePixels(100))));  // ~78 KB
   writeFile(dir.file("lab.gz"), gzipStored(idxLabels(10000, sampleLabels(10000))));
   expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
                   {dir.file("img.gz"), "10000 samples", "7840016 bytes", "plausible"});

@@ -29,9 +29,11 @@ TEST(FilesTest, OnlyRegularFilesOrNothingAreReplaced) {
   EXPECT_EQ(replaceTargetProblem(dir.file("f")), "");
   EXPECT_EQ(replaceTargetProblem(dir.file("absent")), "");
   EXPECT_NE(replaceTargetProblem(dir.file("fifo")).find("FIFO"), std::string::npos);
-  EXPECT_NE(replaceTargetProblem(dir.file("link")).find("symbolic link"), std::string::npos);
+  EXPECT_NE(replaceTargetProblem(dir.file("link")).find("symbolic link"),
+            std::string::npos);
   EXPECT_NE(replaceTargetProblem(dir.file("d")).find("directory"), std::string::npos);
-  EXPECT_NE(replaceTargetProblem("/dev/null").find("character device"), std::string::npos);
+  EXPECT_NE(replaceTargetProblem("/dev/null").find("character device"),
+            std::string::npos);
   // Reading follows links but wants a regular file at the end.
   EXPECT_EQ(regularFileProblem(dir.file("link")), "");
   EXPECT_NE(regularFileProblem(dir.file("fifo")).find("FIFO"), std::string::npos);
@@ -41,7 +43,8 @@ TEST(FilesTest, OnlyRegularFilesOrNothingAreReplaced) {
   EXPECT_EQ(appendTargetProblem("/dev/null"), "");
   EXPECT_EQ(appendTargetProblem(dir.file("new.jsonl")), "");
   EXPECT_NE(appendTargetProblem(dir.file("d")).find("directory"), std::string::npos);
-  EXPECT_NE(appendTargetProblem(dir.file("missing/m.jsonl")).find("does not exist"),
+  EXPECT_NE(appendTargetProblem(dir.file("missing/m.jsonl"))
+                .find("directory that does not exist"),
             std::string::npos);
 }
 
@@ -51,8 +54,9 @@ TEST(FilesTest, StaleTemporariesOfGoneWritersAreRemoved) {
   // our parent is alive but runs another program.
   const std::string dead = "2147483646", self = std::to_string(::getpid()),
                     parent = std::to_string(::getppid());
-  for (const std::string& n : {"ckpt-a.tmp." + dead, "ckpt-b.tmp." + self, "ckpt-c.tmp." + parent,
-                               "other.tmp." + dead, std::string("ckpt-d.tmp.x1"), std::string("ckpt-e")})
+  for (const std::string& n :
+       {"ckpt-a.tmp." + dead, "ckpt-b.tmp." + self, "ckpt-c.tmp." + parent,
+        "other.tmp." + dead, std::string("ckpt-d.tmp.x1"), std::string("ckpt-e")})
     touch(dir.file(n));
   fs::create_directory(dir.file("ckpt-dir.tmp." + dead));
   fs::create_symlink(dir.file("ckpt-e"), dir.file("ckpt-link.tmp." + dead));
@@ -61,14 +65,15 @@ TEST(FilesTest, StaleTemporariesOfGoneWritersAreRemoved) {
   std::sort(removed.begin(), removed.end());
   EXPECT_EQ(removed, (std::vector<std::string>{"ckpt-a.tmp." + dead, "ckpt-b.tmp." + self,
                                                "ckpt-c.tmp." + parent}));
-  for (const std::string& n : {"other.tmp." + dead, std::string("ckpt-d.tmp.x1"),
-                               std::string("ckpt-e"), "ckpt-dir.tmp." + dead,
-                               "ckpt-link.tmp." + dead})
+  for (const std::string& n :
+       {"other.tmp." + dead, std::string("ckpt-d.tmp.x1"), std::string("ckpt-e"),
+        "ckpt-dir.tmp." + dead, "ckpt-link.tmp." + dead})
     EXPECT_TRUE(fs::exists(fs::symlink_status(dir.file(n)))) << n;
   EXPECT_FALSE(writerMayBeAlive(2147483646));
   EXPECT_FALSE(writerMayBeAlive(::getpid()));
-  EXPECT_TRUE(removeStaleTemporaries(dir.file("missing"), [](const std::string&) { return true; })
-                  .empty());
+  EXPECT_TRUE(removeStaleTemporaries(dir.file("missing"), [](const std::string&) {
+                return true;
+              }).empty());
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ ParseResult parse(std::vector<const char*> args, int cpus = 4) {
   return parseTrainArgs(static_cast<int>(args.size()), args.data(), cpus);
 }
 
-void expectRefused(std::vector<const char*> args, const std::string& needle, int cpus = 4) {
+void expectRefused(std::vector<const char*> args, const std::string& needle,
+                   int cpus = 4) {
   const ParseResult r = parse(args, cpus);
   EXPECT_FALSE(r.config) << args[0] << " " << args[1];
   EXPECT_EQ(r.exitCode, 2) << args[0] << " " << args[1];
@@ -24,8 +25,10 @@ void expectRefused(std::vector<const char*> args, const std::string& needle, int
 TEST(TrainConfigTest, FloatFlagsMustBeFiniteAndInRange) {
   for (const char* v : {"inf", "-inf", "nan", "1e308", "0", "-0.1", "10.5"})
     expectRefused({"--lr", v}, "--lr");
-  for (const char* v : {"nan", "inf", "-0.1", "1", "1.5"}) expectRefused({"--momentum", v}, "--momentum");
-  for (const char* v : {"nan", "inf", "-1e-9", "2"}) expectRefused({"--weight-decay", v}, "--weight-decay");
+  for (const char* v : {"nan", "inf", "-0.1", "1", "1.5"})
+    expectRefused({"--momentum", v}, "--momentum");
+  for (const char* v : {"nan", "inf", "-1e-9", "2"})
+    expectRefused({"--weight-decay", v}, "--weight-decay");
   for (const char* v : {"nan", "inf", "0", "4096"}) {
     expectRefused({"--bucket-cap-mb", v}, "--bucket-cap-mb");
     expectRefused({"--first-bucket-mb", v}, "--first-bucket-mb");
@@ -33,10 +36,14 @@ TEST(TrainConfigTest, FloatFlagsMustBeFiniteAndInRange) {
   const ParseResult r = parse({"--lr", "inf"});
   EXPECT_NE(r.output.find("(0, 10]"), std::string::npos) << r.output;
   // The ends of the ranges that are included.
-  for (std::vector<const char*> ok :
-       {std::vector<const char*>{"--lr", "10"}, {"--lr", "1e-6"}, {"--momentum", "0"},
-        {"--momentum", "0.99"}, {"--weight-decay", "0"}, {"--weight-decay", "1"},
-        {"--bucket-cap-mb", "1024"}, {"--first-bucket-mb", "0.01"}})
+  for (std::vector<const char*> ok : {std::vector<const char*>{"--lr", "10"},
+                                      {"--lr", "1e-6"},
+                                      {"--momentum", "0"},
+                                      {"--momentum", "0.99"},
+                                      {"--weight-decay", "0"},
+                                      {"--weight-decay", "1"},
+                                      {"--bucket-cap-mb", "1024"},
+                                      {"--first-bucket-mb", "0.01"}})
     EXPECT_TRUE(parse(ok).config) << ok[0] << " " << ok[1] << ": " << parse(ok).output;
 }
 
