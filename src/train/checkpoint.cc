@@ -1,5 +1,7 @@
 #include "ddprun/train/checkpoint.h"
 
+#include "ddprun/train/files.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,11 +30,14 @@ using Json = nlohmann::json;
 // the check comes before the header is read into memory.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
-constexpr const char* kCkptPrefix = "ckpt-";
-constexpr const char* kCkptSuffix = ".safetensors";
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   DDPRUN_THROW(CheckpointError, path, ": ", what);
+}
+
+// A write failure at run time (exit 1, not bad input).
+[[noreturn]] void failWrite(const std::string& path, const std::string& what) {
+  DDPRUN_THROW(CheckpointWriteError, path, ": ", what);
 }
 
 std::string errnoText() { return std::strerror(errno); }
@@ -143,7 +148,7 @@ void writeAll(const std::string& path, int fd, const void* data, uint64_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30));
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) fail(path, "write failed: " + errnoText());
+    if (w < 0) failWrite(path, "write failed: " + errnoText());
     p += w;
     n -= static_cast<uint64_t>(w);
   }
@@ -154,17 +159,20 @@ void fsyncDirectoryOf(const std::string& path) {
   if (dir.empty()) dir = ".";
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0 || ::fsync(fd.get()) != 0)
-    fail(path, "cannot fsync directory " + dir + ": " + errnoText());
+    failWrite(path, "cannot fsync directory " + dir + ": " + errnoText());
 }
 
 void writeTemp(const std::string& tmp, const std::string& header,
                const std::vector<Placed>& layout) {
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) fail(tmp, "cannot create: " + errnoText());
+  // A leftover of an earlier process with our pid is ours to replace; the
+  // new file is created exclusively and never through a symbolic link.
+  ::unlink(tmp.c_str());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (fd.get() < 0) failWrite(tmp, "cannot create: " + errnoText());
   writeAll(tmp, fd.get(), header.data(), header.size());
   for (const auto& p : layout) writeAll(tmp, fd.get(), p.view->data, p.bytes);
-  if (::fsync(fd.get()) != 0) fail(tmp, "fsync failed: " + errnoText());
-  if (!fd.close()) fail(tmp, "close failed: " + errnoText());
+  if (::fsync(fd.get()) != 0) failWrite(tmp, "fsync failed: " + errnoText());
+  if (!fd.close()) failWrite(tmp, "close failed: " + errnoText());
 }
 
 // ---- reading ----------------------------------------------------------------
@@ -329,11 +337,13 @@ void saveSafetensors(const std::string& path, const std::vector<TensorView>& ten
                      const std::map<std::string, std::string>& metadata) {
   std::vector<Placed> layout = planLayout(path, tensors);
   std::string header = buildHeader(path, layout, metadata);
+  if (const std::string problem = replaceTargetProblem(path); !problem.empty())
+    fail(path, problem);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     writeTemp(tmp, header, layout);
     if (::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(path, "cannot rename " + tmp + " over it: " + errnoText());
+      failWrite(path, "cannot rename " + tmp + " over it: " + errnoText());
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -342,7 +352,9 @@ void saveSafetensors(const std::string& path, const std::vector<TensorView>& ten
 }
 
 SafeTensors loadSafetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO returns at once (and fstat refuses it)
+  // instead of waiting for a writer; a regular file ignores the flag.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) fail(path, "cannot open: " + errnoText());
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: " + errnoText());
@@ -369,58 +381,6 @@ SafeTensors loadSafetensors(const std::string& path) {
     out.tensors.push_back(std::move(e.tensor));
   }
   return out;
-}
-
-std::string checkpointFileName(int64_t globalStep) {
-  DDPRUN_CHECK(globalStep >= 0, "global step ", globalStep);
-  std::string digits = std::to_string(globalStep);
-  if (digits.size() < 9) digits.insert(0, 9 - digits.size(), '0');
-  return kCkptPrefix + digits + kCkptSuffix;
-}
-
-std::optional<int64_t> checkpointStep(const std::string& fileName) {
-  const std::string_view name(fileName), prefix(kCkptPrefix), suffix(kCkptSuffix);
-  if (!name.starts_with(prefix) || !name.ends_with(suffix)) return std::nullopt;
-  std::string_view digits =
-      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.empty() || digits.size() > 18) return std::nullopt;
-  int64_t step = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    step = step * 10 + (c - '0');
-  }
-  // Only the canonical spelling counts, so we never list (or prune) a file
-  // we would not have written.
-  if (checkpointFileName(step) != fileName) return std::nullopt;
-  return step;
-}
-
-std::vector<std::string> listCheckpoints(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec) && !ec) return {};
-  std::vector<std::pair<int64_t, std::string>> found;
-  fs::directory_iterator it(dir, ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    std::error_code typeEc;
-    if (!it->is_regular_file(typeEc)) continue;
-    std::string name = it->path().filename().string();
-    if (auto step = checkpointStep(name)) found.emplace_back(*step, it->path().string());
-  }
-  if (ec) fail(dir, "cannot list the checkpoint directory: " + ec.message());
-  std::sort(found.begin(), found.end(), std::greater<>());
-  std::vector<std::string> paths;
-  paths.reserve(found.size());
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
-  return paths;
-}
-
-void pruneCheckpoints(const std::string& dir, int keep) {
-  DDPRUN_CHECK(keep >= 0, "keep is ", keep);
-  std::vector<std::string> all = listCheckpoints(dir);
-  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
-    std::error_code ec;
-    if (!fs::remove(all[i], ec) && ec) fail(all[i], "cannot remove: " + ec.message());
-  }
 }
 
 }  // namespace ddprun::train

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <new>
 
 namespace ddprun::train {
 
@@ -17,20 +18,18 @@ namespace {
 constexpr int kImageSide = 28;
 constexpr int64_t kImageBytes = int64_t{kImageSide} * kImageSide;
 constexpr int kNumClasses = 10;
-// Deflate cannot expand data by more than about 1032:1, so a gzip file of S
-// bytes holds at most this many times S uncompressed bytes (plus a little for
-// tiny files); a header claiming more is corrupt, whatever the cap says.
-constexpr int64_t kMaxDeflateRatio = 1032;
-constexpr int64_t kMaxDeflateSlack = 1024;
-// Pixels are read in pieces this large, so memory grows with the data that is
-// really there rather than with what a header claims.
+// How much larger than its file a sample section may be. Deflate could
+// expand up to about 1032:1, but image and label files compress far less
+// (Fashion-MNIST 1.8:1, MNIST 4.8:1), so a header claiming more than 64 times
+// the file's size (plus 1 MiB for tiny files) is refused before anything is
+// allocated: a small file must not cost gigabytes per rank. A genuine set
+// that compresses better can be given uncompressed (plain IDX files are read
+// too, and for them the bound is the file itself).
+constexpr int64_t kMaxInflateRatio = 64;
+constexpr int64_t kInflateSlack = int64_t{1} << 20;
+// Pixels are read in pieces this large into memory reserved once for the
+// whole (bounded) section: no regrowth copy, no second full-size buffer.
 constexpr int64_t kReadChunk = int64_t{1} << 20;
-// Up front, room is reserved for at most this many times the file's size (or
-// what the header claims, if less): real image data compresses far less than
-// this (Fashion-MNIST about 1.8:1), so it is read in place with no regrowth
-// copy, while a corrupt header cannot reserve much more than the file could
-// plausibly hold. Reserved pages cost no memory until data is written there.
-constexpr int64_t kReserveRatio = 16;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   DDPRUN_THROW(DataError, path, ": ", what, "; ", kDataHint);
@@ -119,22 +118,30 @@ void checkCount(const GzReader& in, int64_t count, int64_t itemBytes,
                         " samples, more than the limit of " +
                         std::to_string(kMaxIdxSamples) + " (corrupt header?)");
   }
-  int64_t need = headerBytes + count * itemBytes;
-  int64_t canHold = in.fileBytes() * kMaxDeflateRatio + kMaxDeflateSlack;
+  const int64_t need = headerBytes + count * itemBytes;
+  const int64_t canHold = in.fileBytes() * kMaxInflateRatio + kInflateSlack;
   if (need > canHold) {
     fail(in.path(), "header claims " + std::to_string(count) + " samples (" +
-                        std::to_string(need) + " bytes), more than a " +
+                        std::to_string(need) + " bytes uncompressed), more than a " +
                         std::to_string(in.fileBytes()) +
-                        "-byte file can hold (corrupt header?)");
+                        "-byte file can hold at a plausible compression ratio (" +
+                        std::to_string(canHold) +
+                        " bytes at most; corrupt header? a "
+                        "genuine file that compresses better can be given uncompressed)");
   }
 }
 
-// Reads n items of itemBytes each, growing the buffer as data arrives.
+// Reads n items of itemBytes each (n * itemBytes was bounded by checkCount).
 std::vector<uint8_t> readItems(GzReader& in, int64_t n, int64_t itemBytes,
                                int64_t declared) {
+  const int64_t total = n * itemBytes;
   std::vector<uint8_t> out;
-  int64_t total = n * itemBytes;
-  out.reserve(static_cast<size_t>(std::min(total, in.fileBytes() * kReserveRatio)));
+  try {
+    out.reserve(static_cast<size_t>(total));
+  } catch (const std::bad_alloc&) {
+    fail(in.path(), "out of memory for " + std::to_string(n) + " samples (" +
+                        std::to_string(total) + " bytes)");
+  }
   while (static_cast<int64_t>(out.size()) < total) {
     int64_t have = static_cast<int64_t>(out.size());
     int64_t step = std::min(kReadChunk, total - have);

@@ -1,6 +1,9 @@
 #include "ddprun/train/metrics.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -10,19 +13,64 @@
 #include <nlohmann/json.hpp>
 
 #include "ddprun/common/error.h"
+#include "ddprun/train/files.h"
 
 namespace ddprun::train {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
-  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  if (!out_) DDPRUN_THROW(IoError, "cannot write the metrics file ", path, ": ", std::strerror(errno));
+  if (const std::string problem = appendTargetProblem(path); !problem.empty())
+    DDPRUN_THROW(InvalidArgument, "--metrics ", path, " ", problem);
+  // O_NONBLOCK for the open only: a FIFO without a reader fails (ENXIO)
+  // instead of blocking the run; O_TRUNC leaves FIFOs and devices alone.
+  const int flags =
+      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (append ? 0 : O_TRUNC);
+  fd_ = ::open(path.c_str(), flags, 0644);
+  if (fd_ < 0)
+    DDPRUN_THROW(InvalidArgument, "cannot open the metrics file ", path, ": ",
+                 errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno));
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
 }
 
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+// write(2) with SIGPIPE blocked on this thread: a FIFO whose reader left
+// gives EPIPE (a named failure) instead of killing the process. A SIGPIPE
+// raised by this write is consumed before the mask is restored.
+ssize_t writeNoSigpipe(int fd, const char* data, size_t n) {
+  sigset_t pipe, old;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe, &old);
+  const ssize_t w = ::write(fd, data, n);
+  const int err = errno;
+  if (w < 0 && err == EPIPE) {
+    const timespec zero{0, 0};
+    ::sigtimedwait(&pipe, nullptr, &zero);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return w;
+}
+
+}  // namespace
+
 void MetricsWriter::write(const nlohmann::json& j) {
-  if (!out_.is_open()) return;
-  out_ << j.dump() << '\n';
-  out_.flush();
+  if (fd_ < 0) return;
+  const std::string line = j.dump() + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t w = writeNoSigpipe(fd_, line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      DDPRUN_THROW(IoError, "cannot write the metrics file ", path_, ": ",
+                   w < 0 ? std::strerror(errno) : "nothing written");
+    done += static_cast<size_t>(w);
+  }
 }
 
 Progress::Progress(std::FILE* out, bool enabled)

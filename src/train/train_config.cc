@@ -1,7 +1,11 @@
 #include "ddprun/train/train_config.h"
 
+#include <sched.h>
+
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <sstream>
+#include <thread>
 
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/data.h"
@@ -18,7 +22,18 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 // Returns an error sentence, or "" when the configuration is usable.
-std::string validate(const TrainConfig& c) {
+// "" when `v` is finite and within `r` (the low end included only when
+// `lowIncluded`), else the error sentence naming the flag and the range.
+std::string outOfRange(const char* flag, double v, FlagRange r, bool lowIncluded) {
+  const bool ok = std::isfinite(v) && (lowIncluded ? v >= r.lo : v > r.lo) && v <= r.hi;
+  if (ok) return "";
+  std::ostringstream os;
+  os << flag << " must be a finite number in " << (lowIncluded ? "[" : "(") << r.lo
+     << ", " << r.hi << "] (got " << v << ")";
+  return os.str();
+}
+
+std::string validate(const TrainConfig& c, int cpus) {
   const auto& models = Model::names();
   if (std::find(models.begin(), models.end(), c.model) == models.end())
     return "unknown model '" + c.model + "': choose one of " + joined(models);
@@ -30,10 +45,20 @@ std::string validate(const TrainConfig& c) {
   if (c.epochs <= 0) return "--epochs must be positive (got " + std::to_string(c.epochs) + ")";
   if (c.batchSize <= 0)
     return "--batch-size must be positive (got " + std::to_string(c.batchSize) + ")";
-  if (!(c.lr > 0)) return "--lr must be positive";
-  if (c.momentum < 0 || c.weightDecay < 0) return "--momentum and --weight-decay must be >= 0";
-  if (!(c.bucketCapMb > 0) || !(c.firstBucketMb > 0))
-    return "--bucket-cap-mb and --first-bucket-mb must be positive";
+  if (auto e = outOfRange("--lr", c.lr, kLrRange, false); !e.empty()) return e;
+  if (auto e = outOfRange("--momentum", c.momentum, kMomentumRange, true); !e.empty())
+    return e;
+  if (c.momentum >= kMomentumRange.hi)
+    return "--momentum must be below 1 (got " + std::to_string(c.momentum) + ")";
+  if (auto e = outOfRange("--weight-decay", c.weightDecay, kWeightDecayRange, true);
+      !e.empty())
+    return e;
+  if (auto e = outOfRange("--bucket-cap-mb", c.bucketCapMb, kBucketMbRange, false);
+      !e.empty())
+    return e;
+  if (auto e = outOfRange("--first-bucket-mb", c.firstBucketMb, kBucketMbRange, false);
+      !e.empty())
+    return e;
   if (c.logInterval <= 0) return "--log-interval must be positive";
   if (c.checkpointEvery < 0) return "--checkpoint-every must be >= 0";
   if (c.checkpointEvery > 0 && c.checkpointDir.empty())
@@ -42,13 +67,28 @@ std::string validate(const TrainConfig& c) {
   if (c.resume && c.checkpointDir.empty()) return "--resume needs --checkpoint-dir";
   if (c.maxSteps < 0 || c.trainSamples < 0 || c.testSamples < 0)
     return "--max-steps, --train-samples and --test-samples must be >= 0";
+  if (c.trainSamples > kMaxIdxSamples || c.testSamples > kMaxIdxSamples)
+    return "--train-samples and --test-samples must be at most " +
+           std::to_string(kMaxIdxSamples);
   if (c.threads < 1) return "--threads must be at least 1";
+  if (c.threads > cpus)
+    return "--threads " + std::to_string(c.threads) + " is more than the " +
+           std::to_string(cpus) + " CPUs this process may run on: give at most " +
+           std::to_string(cpus) + " (more math threads than CPUs only slows each step)";
   return "";
 }
 
 }  // namespace
 
-ParseResult parseTrainArgs(int argc, const char* const* argv) {
+int availableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   TrainConfig c;
   c.data = kDefaultDataDir;
   CLI::App app{"train: the bundled data-parallel trainer (run it under ddprun, torchrun or alone)",
@@ -60,14 +100,17 @@ ParseResult parseTrainArgs(int argc, const char* const* argv) {
                  "when the default directory is absent)")->capture_default_str();
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();
-  app.add_option("--lr", c.lr, "Learning rate")->capture_default_str();
-  app.add_option("--momentum", c.momentum)->capture_default_str();
-  app.add_option("--weight-decay", c.weightDecay)->capture_default_str();
+  app.add_option("--lr", c.lr, "Learning rate, in (0, 10]")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum, in [0, 1)")
+      ->capture_default_str();
+  app.add_option("--weight-decay", c.weightDecay, "In [0, 1]")->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "sgd | adam")->capture_default_str();
   app.add_option("--seed", c.seed, "Initialisation and shuffling seed")->capture_default_str();
-  app.add_option("--bucket-cap-mb", c.bucketCapMb, "Gradient bucket size (MiB)")
+  app.add_option("--bucket-cap-mb", c.bucketCapMb,
+                 "Gradient bucket size (MiB), in (0, 1024]")
       ->capture_default_str();
-  app.add_option("--first-bucket-mb", c.firstBucketMb, "Cap of the bucket reduced last (MiB)")
+  app.add_option("--first-bucket-mb", c.firstBucketMb,
+                 "Cap of the bucket reduced last (MiB), in (0, 1024]")
       ->capture_default_str();
   app.add_flag("--scale-lr", c.scaleLr, "Multiply --lr by the world size");
   app.add_flag("--sync-bn", c.syncBn, "Synchronise batch norm statistics across ranks");
@@ -79,18 +122,26 @@ ParseResult parseTrainArgs(int argc, const char* const* argv) {
   app.add_option("--checkpoint-every", c.checkpointEvery,
                  "Also checkpoint every N steps (0: only at epoch ends)")->capture_default_str();
   app.add_option("--keep-checkpoints", c.keepCheckpoints)->capture_default_str();
-  app.add_flag("--resume", c.resume,
-               "Continue from the newest checkpoint in --checkpoint-dir (a group restarted by "
-               "its launcher always does)");
-  app.add_option("--metrics", c.metrics, "Write metrics as JSON lines to this file");
+  app.add_flag(
+      "--resume", c.resume,
+      "Continue this run's newest checkpoint in --checkpoint-dir, else the run written "
+      "last (a group restarted by its launcher always resumes its own)");
+  app.add_option(
+      "--metrics", c.metrics,
+      "Append metrics as JSON lines to this file (or a FIFO, a character device)");
   app.add_option("--log-interval", c.logInterval, "Steps between progress lines")
       ->capture_default_str();
-  app.add_option("--init", c.init, "Initial weights (safetensors)");
-  app.add_option("--save", c.save, "Write the final model here (safetensors)");
+  app.add_option("--init", c.init, "Initial weights (safetensors, a regular file)");
+  app.add_option(
+      "--save", c.save,
+      "Write the final model here (safetensors; an existing path must be a regular "
+      "file)");
   app.add_option("--max-steps", c.maxSteps, "Cap on steps per epoch (0: all)");
   app.add_option("--train-samples", c.trainSamples, "Use the first N training samples (0: all)");
   app.add_option("--test-samples", c.testSamples, "Use the first N test samples (0: all)");
-  app.add_option("--threads", c.threads, "Math library threads per rank")->capture_default_str();
+  app.add_option("--threads", c.threads,
+                 "Math library threads per rank (at most the CPUs this process may use)")
+      ->capture_default_str();
   app.add_flag("--quiet", c.quiet, "No progress lines");
 
   ParseResult r;
@@ -104,7 +155,7 @@ ParseResult parseTrainArgs(int argc, const char* const* argv) {
     r.output = std::string(e.what()) + " (see train --help)";
     return r;
   }
-  if (const std::string err = validate(c); !err.empty()) {
+  if (const std::string err = validate(c, cpus); !err.empty()) {
     r.exitCode = 2;
     r.output = err;
     return r;

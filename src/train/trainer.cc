@@ -8,12 +8,17 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
 #include "ddprun/store/hash_store.h"
 #include "ddprun/train/checkpoint.h"
+#include "ddprun/train/checkpoint_dir.h"
+#include "ddprun/train/checkpoint_meta.h"
+#include "ddprun/train/files.h"
 #include "ddprun/train/metrics.h"
+#include "ddprun/train/model_state.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
 
@@ -43,11 +48,27 @@ void allReduceSum(ProcessGroup& pg, std::vector<double>& v) {
     runtime::allReduce(pg, {.output = v.data(), .count = v.size(), .dtype = DType::kFloat64});
 }
 
+// Gives every rank rank 0's string.
+void broadcastString(ProcessGroup& pg, std::string& s) {
+  if (pg.size() == 1) return;
+  auto n = static_cast<int64_t>(s.size());
+  runtime::broadcast(pg, {.buffer = &n, .count = 1, .dtype = DType::kInt64});
+  s.resize(static_cast<size_t>(n));
+  if (n > 0)
+    runtime::broadcast(pg,
+                       {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
+}
+
 class Run {
  public:
-  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg, const TrainerIo& io)
-      : cfg_(cfg), data_(data), pg_(pg), io_(io), rank0_(pg.rank() == 0),
-        metrics_(rank0_ ? cfg.metrics : std::string(), io.resume),
+  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
+      const TrainerIo& io)
+      : cfg_(cfg),
+        data_(data),
+        pg_(pg),
+        io_(io),
+        rank0_(pg.rank() == 0),
+        metrics_(rank0_ ? cfg.metrics : std::string(), io.restarted || cfg.resume),
         progress_(io.progress, rank0_ && !cfg.quiet) {}
 
   nlohmann::json execute();
@@ -63,8 +84,14 @@ class Run {
   void setup();
   void bindGrads();
   void loadInit();
-  void resume();
-  bool applyCheckpoint(const std::string& path, std::string* why);
+  struct StartPlan;
+  void clearStaleTemporaries();
+  int64_t computeStepsPerEpoch() const;
+  RunShape shape() const;
+  std::vector<CheckpointFile> resumeCandidates();
+  StartPlan planStart();
+  void start();
+  bool applyCheckpoint(const CheckpointFile& file, std::string* why);
   void trainEpoch();
   // Copies samples idx[0..n) of `d` into the batch buffers; returns the
   // input tensor (a view of them).
@@ -73,13 +100,14 @@ class Run {
   void report(int64_t stepsInEpoch, bool force);
   std::pair<int64_t, int64_t> evaluate();
   void saveCheckpoint();
-  std::vector<TensorView> modelTensors(std::vector<std::vector<int64_t>>& counts, bool withOptim);
 
   const TrainConfig& cfg_;
   const DataSplit& data_;
   ProcessGroup& pg_;
   TrainerIo io_;
   bool rank0_;
+  std::string runId_, tag_;  // this run's identity (checkpoint_dir.h)
+  int64_t stepsPerEpoch_ = 0;
   MetricsWriter metrics_;
   Progress progress_;
   std::unique_ptr<Backend> be_;
@@ -138,48 +166,6 @@ void Run::bindGrads() {
     ps[i]->grad = Tensor::view(reducer_->grad(i), ps[i]->value.shape(), be_->device());
 }
 
-// Copies a file's tensors into the model (and optimizer state when present).
-// Returns false with a reason when the file does not fit this model.
-bool copyInto(const SafeTensors& st, const std::string& path, Model& model, Optimizer* optim,
-              std::string* why) {
-  auto fits = [&](const std::string& name, const Shape& shape, const std::string& dtype) {
-    const LoadedTensor* t = st.find(name);
-    if (!t) {
-      *why = path + " has no tensor '" + name + "': it was not written for this model";
-      return false;
-    }
-    if (t->shape != shape || t->dtype != dtype) {
-      *why = path + ": tensor '" + name + "' is " + t->dtype + shapeString(t->shape) +
-             ", this model needs " + dtype + shapeString(shape) + " (written for another model)";
-      return false;
-    }
-    return true;
-  };
-  for (Param* p : model.params())
-    if (!fits(p->name, p->value.shape(), "F32")) return false;
-  for (Buffer* b : model.buffers())
-    if (!fits(b->name, b->isCount ? Shape{} : b->value.shape(), b->isCount ? "I64" : "F32"))
-      return false;
-  std::vector<std::pair<std::string, Tensor*>> state;
-  if (optim) state = optim->state();
-  for (auto& [name, t] : state)
-    if (!fits(name, t->shape(), "F32")) return false;
-  for (Param* p : model.params())
-    std::memcpy(p->value.data(), st.find(p->name)->bytes.data(), p->value.bytes());
-  for (Buffer* b : model.buffers()) {
-    const LoadedTensor* t = st.find(b->name);
-    if (b->isCount) {
-      int64_t n = 0;
-      std::memcpy(&n, t->bytes.data(), 8);
-      b->value.data()[0] = static_cast<float>(n);
-    } else {
-      std::memcpy(b->value.data(), t->bytes.data(), b->value.bytes());
-    }
-  }
-  for (auto& [name, t] : state) std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
-  return true;
-}
-
 void Run::loadInit() {
   const SafeTensors st = loadSafetensors(cfg_.init);
   std::string why;
@@ -187,123 +173,145 @@ void Run::loadInit() {
     DDPRUN_THROW(CheckpointError, "--init ", why);
 }
 
-bool Run::applyCheckpoint(const std::string& path, std::string* why) {
+RunShape Run::shape() const {
+  return {.model = cfg_.model,
+          .optimizer = cfg_.optimizer,
+          .epochs = cfg_.epochs,
+          .stepsPerEpoch = stepsPerEpoch_,
+          .world = pg_.size(),
+          .batchSize = cfg_.batchSize,
+          .seed = cfg_.seed};
+}
+
+// Every field is checked before anything of the file is used; the model,
+// optimizer and position change only when the whole file fits.
+bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   SafeTensors st;
   try {
-    st = loadSafetensors(path);
+    st = loadSafetensors(file.path);
   } catch (const CheckpointError& e) {
     *why = e.message();
     return false;
   }
-  auto meta = [&](const char* k) -> std::string {
-    auto it = st.metadata.find(k);
-    return it == st.metadata.end() ? std::string() : it->second;
-  };
-  if (meta("format") != "ddprun-train-1") {
-    *why = path + " is not a checkpoint of ddprun's train (no format marker)";
-    return false;
-  }
-  if (meta("model") != cfg_.model || meta("optimizer") != cfg_.optimizer) {
-    *why = path + " was written for model '" + meta("model") + "' with optimizer '" +
-           meta("optimizer") + "', this run trains '" + cfg_.model + "' with '" + cfg_.optimizer + "'";
-    return false;
-  }
-  if (!copyInto(st, path, *model_, optim_.get(), why)) return false;
-  try {
-    pos_.epoch = std::stoll(meta("epoch"));
-    pos_.step = std::stoll(meta("step"));
-    pos_.globalStep = std::stoll(meta("global_step"));
-    optim_->setSteps(std::stoll(meta("optimizer_steps")));
-    rng_.restore(meta("rng"));
-    const bool sameLayout = meta("world") == std::to_string(pg_.size()) &&
-                            meta("batch_size") == std::to_string(cfg_.batchSize) &&
-                            meta("seed") == std::to_string(cfg_.seed);
-    if (!sameLayout && pos_.step != 0) {
-      notice("checkpoint " + path + " was taken with another world size, batch size or seed: "
-             "resuming at the start of epoch " + std::to_string(pos_.epoch + 1));
-      pos_.step = 0;
-    }
-  } catch (const std::exception&) {
-    *why = path + " has malformed metadata";
-    return false;
+  CheckpointPosition p;
+  *why = readCheckpointMetadata(file.path, st.metadata, shape(), file.tag, &p);
+  if (!why->empty() || !copyInto(st, file.path, *model_, optim_.get(), why)) return false;
+  pos_ = {.epoch = p.epoch, .step = p.step, .globalStep = p.globalStep};
+  optim_->setSteps(p.optimizerSteps);
+  rng_.restore(p.rng);
+  if (!p.sameLayout && pos_.step != 0) {
+    notice("checkpoint " + file.path +
+           " was taken with another world size, batch size or "
+           "seed: resuming at the start of epoch " +
+           std::to_string(pos_.epoch + 1));
+    pos_.step = 0;
   }
   return true;
 }
 
-// Rank 0 picks the newest checkpoint that loads (naming every one it
-// refuses); the others load the same file.
-void Run::resume() {
-  int64_t chosen = -1;
-  std::string refused;
-  if (rank0_) {
-    for (const std::string& path : listCheckpoints(cfg_.checkpointDir)) {
-      std::string why;
-      if (applyCheckpoint(path, &why)) {
-        chosen = *checkpointStep(std::filesystem::path(path).filename().string());
-        notice("resuming from " + path + " (epoch " + std::to_string(pos_.epoch + 1) + ", step " +
-               std::to_string(pos_.step) + ")");
-        break;
-      }
-      notice("refusing checkpoint: " + why);
-      refused += (refused.empty() ? "" : "; ") + why;
-    }
-    if (chosen < 0 && !refused.empty()) chosen = -2;  // nothing usable
-  }
-  if (pg_.size() > 1)
-    runtime::broadcast(pg_, {.buffer = &chosen, .count = 1, .dtype = DType::kInt64});
-  if (chosen == -2)
-    DDPRUN_THROW(CheckpointError, "no usable checkpoint in ", cfg_.checkpointDir,
-                 rank0_ ? ": " + refused : std::string(),
-                 ". Remove the bad files or point --checkpoint-dir elsewhere");
-  if (chosen == -1) {
-    notice("no checkpoint in " + cfg_.checkpointDir + ": starting from the beginning");
-    return;
-  }
-  if (!rank0_) {
-    const std::string path = cfg_.checkpointDir + "/" + checkpointFileName(chosen);
-    std::string why;
-    if (!applyCheckpoint(path, &why)) DDPRUN_THROW(CheckpointError, "cannot resume: ", why);
-  }
-  reducer_->zeroGrad();
+// Rank 0's choice of where to start, made before any rank trains.
+struct Run::StartPlan {
+  enum Kind : int64_t { kFresh = 0, kResume = 1, kNoUsable = 2, kRefuse = 3 };
+  int64_t kind = kFresh;
+  std::string path, tag;  // kResume: the checkpoint; kNoUsable, kRefuse: the reason
+};
+
+// The checkpoints a start may resume from: this run's own (a launcher
+// restart, or a relaunch with the same run id and --resume); with --resume and
+// none of its own, those of the run written last.
+std::vector<CheckpointFile> Run::resumeCandidates() {
+  std::vector<CheckpointFile> mine = listCheckpoints(cfg_.checkpointDir, tag_);
+  if (!mine.empty() || !cfg_.resume) return mine;
+  const std::optional<std::string> last = lastWrittenRun(cfg_.checkpointDir);
+  if (!last) return {};
+  notice("--resume: continuing the run whose checkpoint was written last (" +
+         (last->empty() ? std::string("files without a run id") : "run '" + *last + "'") +
+         "); this run's own checkpoints are named after its id '" + runId_ + "'");
+  return listCheckpoints(cfg_.checkpointDir, *last);
 }
 
-std::vector<TensorView> Run::modelTensors(std::vector<std::vector<int64_t>>& counts,
-                                          bool withOptim) {
-  std::vector<TensorView> out;
-  for (Param* p : model_->params())
-    out.push_back({p->name, "F32", p->value.shape(), p->value.data()});
-  counts.reserve(model_->buffers().size());
-  for (Buffer* b : model_->buffers()) {
-    if (b->isCount) {
-      counts.push_back({static_cast<int64_t>(b->value.data()[0])});
-      out.push_back({b->name, "I64", {}, counts.back().data()});
-    } else {
-      out.push_back({b->name, "F32", b->value.shape(), b->value.data()});
+Run::StartPlan Run::planStart() {
+  StartPlan plan;
+  if (!io_.restarted && !cfg_.resume) {
+    if (!listCheckpoints(cfg_.checkpointDir, tag_).empty()) {
+      plan.kind = StartPlan::kRefuse;
+      plan.path = cfg_.checkpointDir +
+                  " holds checkpoints of an earlier launch with this run id ('" + runId_ +
+                  "'): pass --resume to continue them, or give this job another run id "
+                  "(--rdzv-id) or another --checkpoint-dir";
+    } else if (!listCheckpoints(cfg_.checkpointDir).empty()) {
+      notice(cfg_.checkpointDir +
+             " holds checkpoints of other runs: they are kept, and this run "
+             "(id '" +
+             runId_ +
+             "') starts from the beginning; pass --resume to continue the one "
+             "written last");
     }
+    return plan;
   }
-  if (withOptim)
-    for (auto& [name, t] : optim_->state()) out.push_back({name, "F32", t->shape(), t->data()});
-  return out;
+  std::string refused;
+  for (const CheckpointFile& f : resumeCandidates()) {
+    std::string why;
+    if (applyCheckpoint(f, &why)) {
+      plan = {StartPlan::kResume, f.path, f.tag};
+      return plan;
+    }
+    notice("refusing checkpoint: " + why);
+    refused += (refused.empty() ? "" : "; ") + why;
+  }
+  if (!refused.empty()) plan = {StartPlan::kNoUsable, refused, ""};
+  return plan;
+}
+
+// Rank 0 decides (naming every checkpoint it refuses); the others follow and
+// load the same file.
+void Run::start() {
+  StartPlan plan;
+  if (rank0_) plan = planStart();
+  if (pg_.size() > 1) {
+    runtime::broadcast(pg_, {.buffer = &plan.kind, .count = 1, .dtype = DType::kInt64});
+    broadcastString(pg_, plan.path);
+    broadcastString(pg_, plan.tag);
+  }
+  const std::string why = rank0_ ? ": " + plan.path : std::string(" (rank 0 says why)");
+  if (plan.kind == StartPlan::kRefuse) DDPRUN_THROW(InvalidArgument, "cannot start", why);
+  if (plan.kind == StartPlan::kNoUsable)
+    DDPRUN_THROW(CheckpointError, "no usable checkpoint in ", cfg_.checkpointDir, why,
+                 ". Remove the bad files or point --checkpoint-dir elsewhere");
+  if (plan.kind == StartPlan::kFresh) {
+    if (io_.restarted || cfg_.resume)
+      notice("no checkpoint of this run in " + cfg_.checkpointDir +
+             ": starting from the beginning");
+    return;
+  }
+  std::string err;
+  if (!rank0_ && !applyCheckpoint({plan.path, plan.tag, 0}, &err))
+    DDPRUN_THROW(CheckpointError, "cannot resume: ", err);
+  reducer_->zeroGrad();
+  notice("resuming from " + plan.path + " (epoch " + std::to_string(pos_.epoch + 1) +
+         ", step " + std::to_string(pos_.step) + ", global step " +
+         std::to_string(pos_.globalStep) + ")");
+  metrics_.write({{"type", "resume"},
+                  {"checkpoint", plan.path},
+                  {"epoch", pos_.epoch},
+                  {"step", pos_.step},
+                  {"global_step", pos_.globalStep},
+                  {"run", runId_}});
 }
 
 void Run::saveCheckpoint() {
   if (!rank0_ || cfg_.checkpointDir.empty()) return;
   std::vector<std::vector<int64_t>> counts;
-  const auto tensors = modelTensors(counts, true);
-  const std::map<std::string, std::string> meta = {
-      {"format", "ddprun-train-1"},
-      {"model", cfg_.model},
-      {"optimizer", cfg_.optimizer},
-      {"epoch", std::to_string(pos_.epoch)},
-      {"step", std::to_string(pos_.step)},
-      {"global_step", std::to_string(pos_.globalStep)},
-      {"optimizer_steps", std::to_string(optim_->steps())},
-      {"world", std::to_string(pg_.size())},
-      {"batch_size", std::to_string(cfg_.batchSize)},
-      {"seed", std::to_string(cfg_.seed)},
-      {"rng", rng_.state()}};
-  saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(pos_.globalStep), tensors, meta);
-  pruneCheckpoints(cfg_.checkpointDir, cfg_.keepCheckpoints);
+  const auto tensors = modelTensors(*model_, optim_.get(), counts);
+  CheckpointPosition p{.epoch = pos_.epoch,
+                       .step = pos_.step,
+                       .globalStep = pos_.globalStep,
+                       .optimizerSteps = optim_->steps(),
+                       .rng = rng_.state(),
+                       .run = runId_};
+  saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(tag_, pos_.globalStep),
+                  tensors, checkpointMetadata(shape(), p));
+  pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
 }
 
 Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
@@ -424,36 +432,67 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1])};
 }
 
-nlohmann::json Run::execute() {
-  if (data_.train.size < pg_.size())
-    DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size, " samples but there "
-                 "are ", pg_.size(), " ranks: every rank needs at least one sample (use fewer "
-                 "workers or more --train-samples)");
-  if (rank0_ && !cfg_.checkpointDir.empty()) {
+int64_t Run::computeStepsPerEpoch() const {
+  const int64_t perRank = (data_.train.size + pg_.size() - 1) / pg_.size();
+  int64_t steps = (perRank + cfg_.batchSize - 1) / cfg_.batchSize;
+  if (cfg_.maxSteps > 0) steps = std::min(steps, cfg_.maxSteps);
+  return steps;
+}
+
+// Rank 0, at start: the checkpoint directory exists, and the temporaries of
+// writers that died mid-save (here or at --save's path) are gone.
+void Run::clearStaleTemporaries() {
+  std::vector<std::string> removed;
+  if (!cfg_.checkpointDir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg_.checkpointDir, ec);
     if (ec)
       DDPRUN_THROW(InvalidArgument, "cannot create --checkpoint-dir ", cfg_.checkpointDir, ": ",
                    ec.message());
+    removed = removeStaleTemporaries(cfg_.checkpointDir, [](const std::string& name) {
+      return parseCheckpointName(name).has_value();
+    });
   }
+  if (!cfg_.save.empty()) {
+    const std::filesystem::path save(cfg_.save);
+    const std::string dir =
+        save.parent_path().empty() ? "." : save.parent_path().string();
+    const std::string base = save.filename().string();
+    for (std::string& n : removeStaleTemporaries(
+             dir, [&](const std::string& name) { return name == base; }))
+      removed.push_back(std::move(n));
+  }
+  if (!removed.empty())
+    notice("removed " + std::to_string(removed.size()) +
+           " temporary file(s) of interrupted "
+           "saves: " +
+           str::join(removed, ", "));
+}
+
+nlohmann::json Run::execute() {
+  if (data_.train.size < pg_.size())
+    DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size,
+                 " samples but there "
+                 "are ",
+                 pg_.size(),
+                 " ranks: every rank needs at least one sample (use fewer "
+                 "workers or more --train-samples)");
+  runId_ = io_.runId;
+  if (runId_.empty() && rank0_) runId_ = "train-" + str::randomToken(12);
+  broadcastString(pg_, runId_);
+  tag_ = runTag(runId_);
+  stepsPerEpoch_ = computeStepsPerEpoch();
+  totalSteps_ = stepsPerEpoch_ * cfg_.epochs;
+  if (rank0_) clearStaleTemporaries();
   setup();
-  if (io_.resume && !cfg_.checkpointDir.empty()) {
-    resume();
-  } else if (rank0_ && !cfg_.checkpointDir.empty() && !listCheckpoints(cfg_.checkpointDir).empty()) {
-    notice(cfg_.checkpointDir + " holds checkpoints of an earlier run: starting from the "
-           "beginning (they will be replaced); pass --resume to continue from them");
-  }
-  notice(std::string("model ") + cfg_.model + " (" + std::to_string(model_->numParameters()) +
-         " parameters, " + std::to_string(reducer_->numBuckets()) + " gradient bucket" +
+  if (!cfg_.checkpointDir.empty()) start();
+  notice(std::string("model ") + cfg_.model + " (" +
+         std::to_string(model_->numParameters()) + " parameters, " +
+         std::to_string(reducer_->numBuckets()) + " gradient bucket" +
          (reducer_->numBuckets() == 1 ? "" : "s") + "), " + std::to_string(pg_.size()) +
-         " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " + std::to_string(cfg_.batchSize) +
-         ", data " + data_.source + ", " + be_->describe());
-  {
-    const int64_t perRank = (data_.train.size + pg_.size() - 1) / pg_.size();
-    int64_t steps = (perRank + cfg_.batchSize - 1) / cfg_.batchSize;
-    if (cfg_.maxSteps > 0) steps = std::min(steps, cfg_.maxSteps);
-    totalSteps_ = steps * cfg_.epochs;
-  }
+         " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " +
+         std::to_string(cfg_.batchSize) + ", data " + data_.source + ", " +
+         be_->describe());
   runStart_ = Clock::now();
   nlohmann::json lastEpoch;
   int64_t correct = 0, total = 0;
@@ -485,7 +524,7 @@ nlohmann::json Run::execute() {
   const double secs = since(runStart_);
   if (rank0_ && !cfg_.save.empty()) {
     std::vector<std::vector<int64_t>> counts;
-    saveSafetensors(cfg_.save, modelTensors(counts, false),
+    saveSafetensors(cfg_.save, modelTensors(*model_, nullptr, counts),
                     {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
   }
   nlohmann::json j = {
@@ -510,6 +549,29 @@ nlohmann::json Run::execute() {
 
 bool envRestarted() {
   return env::integer("TORCHELASTIC_RESTART_COUNT", 0, 0, INT32_MAX) > 0;
+}
+
+// The files named on the command line, checked before any work: --init is
+// read by every rank; --save and --metrics are written by rank 0 only.
+// Returns "" or the error.
+std::string pathsProblem(const TrainConfig& cfg, bool rank0) {
+  if (!cfg.init.empty())
+    if (auto e = regularFileProblem(cfg.init); !e.empty())
+      return "--init " + cfg.init + ": " + e;
+  if (!rank0) return "";
+  if (!cfg.save.empty()) {
+    if (auto e = replaceTargetProblem(cfg.save); !e.empty())
+      return "--save " + cfg.save + " " + e;
+    const std::filesystem::path dir = std::filesystem::path(cfg.save).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+      return "--save " + cfg.save + " is in a directory that does not exist (" +
+             dir.string() + ")";
+  }
+  if (!cfg.metrics.empty())
+    if (auto e = appendTargetProblem(cfg.metrics); !e.empty())
+      return "--metrics " + cfg.metrics + " " + e;
+  return "";
 }
 
 DataSplit loadData(const TrainConfig& cfg) {
@@ -550,11 +612,17 @@ int trainMain(int argc, const char* const* argv) {
     return pr.exitCode;
   }
   const TrainConfig& cfg = *pr.config;
+  const bool rank0 = env::integer("RANK", 0, 0, INT32_MAX) == 0;
+  if (const std::string e = pathsProblem(cfg, rank0); !e.empty()) {
+    std::fprintf(stderr, "train: error: %s\n", e.c_str());
+    return 2;
+  }
   try {
     const DataSplit data = loadData(cfg);
     auto pg = joinGroup();
     TrainerIo io;
-    io.resume = envRestarted() || cfg.resume;
+    io.restarted = envRestarted();
+    io.runId = env::get("TORCHELASTIC_RUN_ID").value_or("");
     const nlohmann::json summary = runTraining(cfg, data, *pg, io);
     if (pg->rank() == 0) {
       std::fprintf(stdout, "%s\n", summary.dump().c_str());

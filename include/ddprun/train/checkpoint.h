@@ -1,6 +1,6 @@
 // Checkpoints in the safetensors format, so that PyTorch (or anything else
-// that reads safetensors) loads our models, and a directory of them named by
-// global step so that a restarted run resumes from the newest.
+// that reads safetensors) loads our models. The directory of them, named by
+// run and global step, is checkpoint_dir.h.
 //
 // File layout (https://github.com/huggingface/safetensors):
 //   u64 little-endian N | N bytes of JSON header | tensor bytes
@@ -15,7 +15,9 @@
 //
 // Writes are atomic: a reader sees either the old file or the whole new one,
 // and after a crash at most a leftover "<name>.tmp.<pid>" (which the listing
-// ignores). The loader checks every field before it trusts it; in particular
+// ignores and the trainer removes at its next start, files.h). Only a regular
+// file (or nothing) is ever replaced: a device node, FIFO or symbolic link at
+// the target is refused. The loader checks every field before it trusts it; in particular
 // the header length against the file size before allocating.
 //
 // Thread-safety: the functions keep no state; concurrent saves to the same
@@ -34,10 +36,16 @@
 
 namespace ddprun::train {
 
-// A malformed or unreadable checkpoint, a failed write, or tensors that
-// cannot be saved. The message names the file and what is wrong.
+// A malformed or unreadable checkpoint, a target that may not be replaced, or
+// tensors that cannot be saved: bad input (the trainer exits 2). The message
+// names the file and what is wrong.
 class CheckpointError : public InvalidArgument {
   using InvalidArgument::InvalidArgument;
+};
+// Writing failed at run time (disk full, I/O error, rename refused): not bad
+// input (the trainer exits 1). The message names the file and the errno text.
+class CheckpointWriteError : public IoError {
+  using IoError::IoError;
 };
 
 // Bytes per element of a safetensors dtype: F64, I64 -> 8; F32, I32 -> 4;
@@ -75,29 +83,17 @@ struct SafeTensors {
 // Writes `tensors` and `metadata` to `path` atomically: the bytes go to
 // "<path>.tmp.<pid>" in the same directory, are fsync'ed and renamed over
 // `path`, then the directory is fsync'ed. Names must be unique, non-empty and
-// not "__metadata__"; dtypes known; dims >= 0. Throws CheckpointError (the
-// temporary file is removed on failure).
+// not "__metadata__"; dtypes known; dims >= 0; `path` absent or a regular file
+// (else CheckpointError). Throws CheckpointError for those, CheckpointWriteError
+// when writing fails (the temporary file is removed on failure).
 void saveSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                      const std::map<std::string, std::string>& metadata);
 
-// Reads and validates a whole file: header length within the file (and at
+// Reads and validates a whole file (a regular file: a FIFO is refused, never
+// waited on): header length within the file (and at
 // most 100 MB, the reference limit) before allocating, the JSON, every dtype,
 // shape * dtype size == offset span, offsets within the file, tensors
 // contiguous from 0 to the end of the file. Throws CheckpointError.
 SafeTensors loadSafetensors(const std::string& path);
-
-// A checkpoint directory holds "ckpt-<global step, zero-padded to 9
-// digits>.safetensors" files (more digits past 999999999).
-std::string checkpointFileName(int64_t globalStep);  // globalStep >= 0
-// The step in a checkpoint file name (no directory), or nullopt when the name
-// is not one (e.g. a leftover "ckpt-000000010.safetensors.tmp.123").
-std::optional<int64_t> checkpointStep(const std::string& fileName);
-// Paths ("<dir>/<name>") of the checkpoints in `dir`, newest (highest step)
-// first. A missing directory has none; an unreadable one throws
-// CheckpointError.
-std::vector<std::string> listCheckpoints(const std::string& dir);
-// Removes all but the newest `keep` (>= 0) checkpoints in `dir`; other files
-// are left alone. Throws CheckpointError when a removal fails.
-void pruneCheckpoints(const std::string& dir, int keep);
 
 }  // namespace ddprun::train

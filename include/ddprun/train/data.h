@@ -12,10 +12,10 @@
 //
 // The IDX reader trusts nothing in a file: magic numbers, dimensions, counts,
 // label values and truncation are all checked, and a header's sample count is
-// checked against a cap and against what the compressed file could possibly
-// hold before any memory is set aside for it. Pixels are read straight into
-// the Dataset, with no second full-size buffer. Every problem is reported as a
-// DataError that names the file and says how to get good data.
+// checked against a cap and against what the compressed file can plausibly
+// hold (64 times its size plus 1 MiB) before any memory is set aside for it. Pixels are
+// read straight into the Dataset, with no second full-size buffer. Every problem is
+// reported as a DataError that names the file and says how to get good data.
 //
 // Thread-safety: the functions are pure (apart from reading files) and may be
 // called from several threads at once; a Dataset is a plain value.

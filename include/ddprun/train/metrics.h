@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -14,17 +13,27 @@
 
 namespace ddprun::train {
 
-// Appends one JSON object per line, flushed, so a reader (or a killed run)
-// sees every complete line. Disabled when the path is empty. `append` keeps
-// what an earlier attempt wrote (a restarted group resumes its metrics).
+// Appends one JSON object per line with one write(2) each, so a reader (or a
+// killed run) sees every complete line. Disabled when the path is empty.
+// `append` keeps what an earlier attempt wrote (a restarted group resumes its
+// metrics). The target is a regular file or a stream (files.h): a FIFO needs
+// a reader when the writer opens it (no waiting). Owns its descriptor.
 class MetricsWriter {
  public:
-  MetricsWriter(const std::string& path, bool append);  // throws IoError naming the path
+  // Throws InvalidArgument naming the path when it cannot be opened (bad
+  // input: exit 2).
+  MetricsWriter(const std::string& path, bool append);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // Throws IoError naming the path when the line cannot be written (disk
+  // full, no reader left): a run-time failure (exit 1).
   void write(const nlohmann::json& j);
-  bool enabled() const { return out_.is_open(); }
+  bool enabled() const { return fd_ >= 0; }
 
  private:
-  std::ofstream out_;
+  std::string path_;
+  int fd_ = -1;
 };
 
 // Rank 0's progress line: rewritten in place on a terminal, one line per

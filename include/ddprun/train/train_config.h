@@ -41,11 +41,26 @@ struct TrainConfig {
   bool quiet = false;  // no progress lines
 };
 
+// The accepted ranges of the float flags (finite numbers only; docs/train.md
+// lists them). --lr's low end and the buckets' are excluded, --momentum's high
+// end is excluded.
+struct FlagRange {
+  double lo, hi;
+};
+inline constexpr FlagRange kLrRange{0.0, 10.0};
+inline constexpr FlagRange kMomentumRange{0.0, 1.0};
+inline constexpr FlagRange kWeightDecayRange{0.0, 1.0};
+inline constexpr FlagRange kBucketMbRange{0.0, 1024.0};
+
+// The CPUs this process may run on (its affinity mask): --threads' limit.
+int availableCpus();
+
 struct ParseResult {
   std::optional<TrainConfig> config;  // empty: exit with exitCode
   int exitCode = 0;
   std::string output;  // help text (exit 0) or the error (exit 2)
 };
-ParseResult parseTrainArgs(int argc, const char* const* argv);
+// `cpus` bounds --threads (injected by tests).
+ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus = availableCpus());
 
 }  // namespace ddprun::train

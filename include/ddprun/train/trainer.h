@@ -11,9 +11,12 @@
 // global steps and at each epoch end: parameters and buffers under their
 // PyTorch names, optimizer state as "optim.<param>.<slot>", and metadata
 // (model, epoch, next step, global step, optimizer steps, world, batch size,
-// seed, RNG state). A group restarted by its launcher
-// (TORCHELASTIC_RESTART_COUNT > 0) resumes from the newest valid checkpoint
-// and reaches the same final parameters as an uninterrupted run.
+// seed, RNG state, run id). Checkpoint files carry the run's identity
+// (checkpoint_dir.h): pruning and resuming touch only this run's files. A
+// group restarted by its launcher (TORCHELASTIC_RESTART_COUNT > 0) resumes
+// from this run's newest valid checkpoint, every field range-checked first
+// (checkpoint_meta.h), writes a {"type": "resume"} metrics record, and
+// reaches the same final parameters as an uninterrupted run.
 //
 // Thread-safety: a Trainer runs on one thread; several Trainers (one per
 // rank) may run in one process over distinct ProcessGroups (tests).
@@ -33,7 +36,14 @@ namespace ddprun::train {
 
 struct TrainerIo {
   std::FILE* progress = stderr;  // rank 0's progress lines and notices
-  bool resume = false;           // resume from the newest checkpoint in checkpointDir
+  // This run's identity, the same on every rank and across the launcher's
+  // restarts of the group (TORCHELASTIC_RUN_ID); "" makes a fresh one (rank 0
+  // draws it, every rank uses it) that lives as long as this call.
+  std::string runId;
+  // Restarted by the launcher (TORCHELASTIC_RESTART_COUNT > 0): resume from
+  // this run's newest valid checkpoint (TrainConfig::resume does so on a
+  // first start too, and may continue another run's files).
+  bool restarted = false;
 };
 
 // Runs the whole job on this rank and returns the final summary (the same
@@ -45,8 +55,9 @@ nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data,
 
 // The `train` program: parses flags, loads data, joins the process group
 // (ddprun, torchrun, or alone), trains, prints the final JSON line on rank 0.
-// Returns the exit code: 0 done, 1 training failed (a peer died, I/O), 2 bad
-// input (flags, data files, checkpoints, more ranks than samples).
+// Returns the exit code: 0 done, 1 training failed (a peer died, a write
+// failed at run time), 2 bad input (flags, data files, checkpoints, output
+// paths that may not be replaced, more ranks than samples).
 int trainMain(int argc, const char* const* argv);
 
 }  // namespace ddprun::train

@@ -1,8 +1,11 @@
-#include "temp_dir.h"
 #include "ddprun/train/checkpoint.h"
+#include "ddprun/train/checkpoint_dir.h"
+#include "temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -10,6 +13,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ddprun::train {
@@ -235,10 +239,11 @@ TEST(CheckpointTest, BadTensorsAreNotSaved) {
   refused({{"", "F32", {1}, f}}, "invalid tensor name");
   refused({{"a", "U8", {int64_t{1} << 40, int64_t{1} << 40}, f}}, "too large");
   EXPECT_TRUE(filesIn(dir.path()).empty());
+  // A write that fails at run time is an I/O failure (exit 1), not bad input.
   try {
     saveSafetensors(dir.file("no/such/dir/x.safetensors"), {{"a", "F32", {1}, f}}, {});
     ADD_FAILURE() << "saved into a missing directory";
-  } catch (const CheckpointError& e) {
+  } catch (const CheckpointWriteError& e) {
     EXPECT_NE(e.message().find("cannot create"), std::string::npos) << e.message();
   }
   EXPECT_THROW(dtypeSize("Q8"), CheckpointError);
@@ -249,70 +254,148 @@ TEST(CheckpointTest, BadTensorsAreNotSaved) {
 
 TEST(CheckpointTest, SavingReplacesAtomicallyAndLeavesNoTemporaries) {
   TempDir dir;
-  const std::string path = dir.file(checkpointFileName(10));
+  const std::string path = dir.file(checkpointFileName("run", 10));
   std::vector<float> a(1000, 1.0f), b(2000, 2.0f);
   saveSafetensors(path, {{"w", "F32", {1000}, a.data()}}, {{"v", "1"}});
+  // A leftover of an earlier process that had our pid is replaced.
+  writeAll(path + ".tmp." + std::to_string(::getpid()), "stale");
   saveSafetensors(path, {{"w", "F32", {2000}, b.data()}}, {{"v", "2"}});
   SafeTensors st = loadSafetensors(path);
   EXPECT_EQ(st.metadata.at("v"), "2");
   ASSERT_EQ(st.tensors.size(), 1u);
   EXPECT_EQ(bytesOf(st.tensors[0]), bytesOf(b));
-  EXPECT_EQ(filesIn(dir.path()), std::vector<std::string>{checkpointFileName(10)});
+  EXPECT_EQ(filesIn(dir.path()), std::vector<std::string>{checkpointFileName("run", 10)});
 
   // A writer that crashed before its rename leaves "<name>.tmp.<pid>": it is
   // not a checkpoint, so neither listed, loaded on resume, nor pruned.
-  const std::string leftover = dir.file(checkpointFileName(20) + ".tmp.12345");
+  const std::string leftover = dir.file(checkpointFileName("run", 20) + ".tmp.12345");
   writeAll(leftover, "partial");
-  EXPECT_EQ(listCheckpoints(dir.path()), std::vector<std::string>{path});
-  pruneCheckpoints(dir.path(), 0);
+  ASSERT_EQ(listCheckpoints(dir.path()).size(), 1u);
+  EXPECT_EQ(listCheckpoints(dir.path())[0].path, path);
+  pruneCheckpoints(dir.path(), "run", 0);
   EXPECT_TRUE(fs::exists(leftover));
   EXPECT_FALSE(fs::exists(path));
 }
 
-TEST(CheckpointTest, FileNamesAndSteps) {
-  EXPECT_EQ(checkpointFileName(0), "ckpt-000000000.safetensors");
-  EXPECT_EQ(checkpointFileName(1234), "ckpt-000001234.safetensors");
-  EXPECT_EQ(checkpointFileName(1234567890), "ckpt-1234567890.safetensors");
-  EXPECT_THROW(checkpointFileName(-1), InvalidArgument);
-  for (int64_t s : {int64_t{0}, int64_t{7}, int64_t{999999999}, int64_t{123456789012}})
-    EXPECT_EQ(checkpointStep(checkpointFileName(s)), s);
-  EXPECT_EQ(checkpointStep("ckpt-12.safetensors"), std::nullopt);
-  EXPECT_EQ(checkpointStep("ckpt-000000012.safetensors.tmp.99"), std::nullopt);
-  EXPECT_EQ(checkpointStep("ckpt-00000001x.safetensors"), std::nullopt);
-  EXPECT_EQ(checkpointStep("ckpt-.safetensors"), std::nullopt);
-  EXPECT_EQ(checkpointStep("model.safetensors"), std::nullopt);
-  EXPECT_EQ(checkpointStep("ckpt-99999999999999999999.safetensors"), std::nullopt);
+// Only a regular file (or nothing) is replaced: a FIFO, a symbolic link or a
+// directory at the target is refused (bad input) and left as it was.
+TEST(CheckpointTest, SavingNeverReplacesWhatIsNotARegularFile) {
+  TempDir dir;
+  float f[1] = {1.0f};
+  const std::string fifo = dir.file("fifo"), link = dir.file("link"),
+                    target = dir.file("t");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  writeAll(target, "keep");
+  fs::create_symlink(target, link);
+  fs::create_directory(dir.file("sub"));
+  for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
+           {fifo, "FIFO"}, {link, "symbolic link"}, {dir.file("sub"), "directory"}}) {
+    try {
+      saveSafetensors(path, {{"a", "F32", {1}, f}}, {});
+      ADD_FAILURE() << "replaced a " << kind;
+    } catch (const CheckpointError& e) {
+      EXPECT_EQ(e.message().rfind(path + ": ", 0), 0u) << e.message();
+      EXPECT_NE(e.message().find(kind), std::string::npos) << e.message();
+    }
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(readAll(target), "keep");
+  EXPECT_TRUE(fs::is_directory(dir.file("sub")));
+  // Reading a FIFO is refused at once, never waited on (no writer exists).
+  expectRefused(fifo, "not a regular file");
 }
 
-TEST(CheckpointTest, ListIsNewestFirstAndPruneKeepsTheNewest) {
+TEST(CheckpointTest, FileNamesCarryTheRunAndTheStep) {
+  EXPECT_EQ(checkpointFileName("r1", 0), "ckpt-r1-000000000.safetensors");
+  EXPECT_EQ(checkpointFileName("a-b", 1234), "ckpt-a-b-000001234.safetensors");
+  EXPECT_EQ(checkpointFileName("r", 1234567890), "ckpt-r-1234567890.safetensors");
+  EXPECT_EQ(checkpointFileName("", 12), "ckpt-000000012.safetensors");  // the older form
+  EXPECT_THROW(checkpointFileName("r", -1), InvalidArgument);
+  for (const std::string tag : {"r", "a-b", "3f2a-11d2-883f", "123"})
+    for (int64_t s :
+         {int64_t{0}, int64_t{7}, int64_t{999999999}, int64_t{123456789012}}) {
+      auto f = parseCheckpointName(checkpointFileName(tag, s));
+      ASSERT_TRUE(f) << tag << " " << s;
+      EXPECT_EQ(f->tag, tag);
+      EXPECT_EQ(f->step, s);
+    }
+  auto legacy = parseCheckpointName("ckpt-000000012.safetensors");
+  ASSERT_TRUE(legacy);
+  EXPECT_EQ(legacy->tag, "");
+  EXPECT_EQ(legacy->step, 12);
+  EXPECT_EQ(parseCheckpointName("ckpt-12.safetensors"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("ckpt-r-000000012.safetensors.tmp.99"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("ckpt-r-00000001x.safetensors"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("ckpt-r-.safetensors"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("ckpt-a b-000000001.safetensors"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("model.safetensors"), std::nullopt);
+  EXPECT_EQ(parseCheckpointName("ckpt-99999999999999999999.safetensors"), std::nullopt);
+  // Run ids that are not safe in a file name become a stable hash tag.
+  EXPECT_EQ(runTag("job_7.a-b"), "job_7.a-b");
+  const std::string hashed = runTag("my job/with spaces");
+  EXPECT_EQ(hashed.size(), 17u);
+  EXPECT_EQ(hashed[0], 'x');
+  EXPECT_EQ(runTag("my job/with spaces"), hashed);
+  EXPECT_NE(runTag("my job/with spaces!"), hashed);
+  EXPECT_EQ(runTag(std::string(65, 'a')).size(), 17u);
+}
+
+TEST(CheckpointTest, ListAndPruneTouchOnlyTheRunsOwnFiles) {
   TempDir dir;
   EXPECT_TRUE(listCheckpoints(dir.file("missing")).empty());
-  pruneCheckpoints(dir.file("missing"), 1);  // nothing to do
+  pruneCheckpoints(dir.file("missing"), "r", 1);  // nothing to do
   uint8_t byte = 1;
-  for (int64_t step : {int64_t{5}, int64_t{100}, int64_t{20}, int64_t{1000000000}})
-    saveSafetensors(dir.file(checkpointFileName(step)), {{"b", "U8", {1}, &byte}}, {});
+  auto save = [&](const std::string& tag, int64_t step) {
+    saveSafetensors(dir.file(checkpointFileName(tag, step)), {{"b", "U8", {1}, &byte}},
+                    {});
+  };
+  // An older run went further (higher steps) than the new one.
+  for (int64_t step : {100, 200, 300}) save("old", step);
+  save("", 400);  // a file of the older naming, no run
+  for (int64_t step : {5, 1000000000, 20, 7}) save("new", step);
   writeAll(dir.file("notes.txt"), "keep me");
-  fs::create_directory(dir.file(checkpointFileName(7)));  // not a regular file
-  auto names = [&] {
+  fs::create_directory(dir.file(checkpointFileName("new", 9)));  // not a regular file
+  auto names = [&](const std::string& tag) {
     std::vector<std::string> out;
-    for (const auto& p : listCheckpoints(dir.path()))
-      out.push_back(fs::path(p).filename());
+    for (const auto& f : listCheckpoints(dir.path(), tag))
+      out.push_back(fs::path(f.path).filename());
     return out;
   };
-  EXPECT_EQ(names(), (std::vector<std::string>{
-                         "ckpt-1000000000.safetensors", "ckpt-000000100.safetensors",
-                         "ckpt-000000020.safetensors", "ckpt-000000005.safetensors"}));
-  EXPECT_EQ(listCheckpoints(dir.path())[0], dir.file("ckpt-1000000000.safetensors"));
-  pruneCheckpoints(dir.path(), 10);
-  EXPECT_EQ(names().size(), 4u);
-  pruneCheckpoints(dir.path(), 2);
-  EXPECT_EQ(names(), (std::vector<std::string>{"ckpt-1000000000.safetensors",
-                                               "ckpt-000000100.safetensors"}));
-  pruneCheckpoints(dir.path(), 0);
-  EXPECT_TRUE(names().empty());
+  EXPECT_EQ(names("new"),
+            (std::vector<std::string>{
+                "ckpt-new-1000000000.safetensors", "ckpt-new-000000020.safetensors",
+                "ckpt-new-000000007.safetensors", "ckpt-new-000000005.safetensors"}));
+  EXPECT_EQ(listCheckpoints(dir.path()).size(), 8u);
+  EXPECT_EQ(listCheckpoints(dir.path())[0].step, 1000000000);
+  pruneCheckpoints(dir.path(), "new", 10);
+  EXPECT_EQ(names("new").size(), 4u);
+  pruneCheckpoints(dir.path(), "new", 2);
+  EXPECT_EQ(names("new"), (std::vector<std::string>{"ckpt-new-1000000000.safetensors",
+                                                    "ckpt-new-000000020.safetensors"}));
+  EXPECT_EQ(names("old").size(), 3u) << "another run's checkpoints were pruned";
+  EXPECT_EQ(names("").size(), 1u);
+  pruneCheckpoints(dir.path(), "new", 0);
+  EXPECT_TRUE(names("new").empty());
+  EXPECT_EQ(names("old").size(), 3u);
   EXPECT_TRUE(fs::exists(dir.file("notes.txt")));
-  EXPECT_TRUE(fs::is_directory(dir.file(checkpointFileName(7))));
-  EXPECT_THROW(pruneCheckpoints(dir.path(), -1), InvalidArgument);
+  EXPECT_TRUE(fs::is_directory(dir.file(checkpointFileName("new", 9))));
+  EXPECT_THROW(pruneCheckpoints(dir.path(), "new", -1), InvalidArgument);
+  EXPECT_THROW(pruneCheckpoints(dir.path(), "", 1), InvalidArgument);
+}
+
+TEST(CheckpointTest, LastWrittenRunIsTheNewestFilesRun) {
+  TempDir dir;
+  EXPECT_EQ(lastWrittenRun(dir.path()), std::nullopt);
+  uint8_t byte = 1;
+  const auto t0 = fs::file_time_type::clock::now();
+  for (const auto& [tag, step, age] : std::vector<std::tuple<std::string, int64_t, int>>{
+           {"a", 900, 30}, {"b", 10, 10}, {"c", 50, 20}}) {
+    const std::string p = dir.file(checkpointFileName(tag, step));
+    saveSafetensors(p, {{"b", "U8", {1}, &byte}}, {});
+    fs::last_write_time(p, t0 - std::chrono::seconds(age));
+  }
+  EXPECT_EQ(lastWrittenRun(dir.path()), "b");
 }
 
 }  // namespace

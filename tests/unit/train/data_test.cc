@@ -305,6 +305,24 @@ TEST(DataTest, HugeCountRefusedBeforeAllocating) {
                   {dir.file("lab.gz"), "2147483648 samples", "limit"});
 }
 
+// A header that deflate could in principle satisfy (at most ~1032:1) but no
+// image file plausibly does (more than 64 times the file plus 1 MiB) is
+// refused, naming the file and the sizes, before memory is set aside for it:
+// a 1 MB gzip declaring 1.3 M images must not cost gigabytes per rank.
+TEST(DataTest, ImplausibleInflatedSizeRefusedBeforeAllocating) {
+  TempDir dir;
+  writeFile(dir.file("img.gz"),
+            gzipStored(idxImages(10000, samplePixels(100))));  // ~78 KB
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(10000, sampleLabels(10000))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "10000 samples", "7840016 bytes", "plausible"});
+  // Within the bound, a genuinely short file is reported as truncated.
+  writeFile(dir.file("img.gz"), gzipStored(idxImages(2000, samplePixels(100))));
+  writeFile(dir.file("lab.gz"), gzipStored(idxLabels(2000, sampleLabels(2000))));
+  expectDataError([&] { loadIdxPair(dir.file("img.gz"), dir.file("lab.gz")); },
+                  {dir.file("img.gz"), "truncated"});
+}
+
 TEST(DataTest, RealFashionMnistIfInstalled) {
   if (!fashionMnistPresent(kDefaultDataDir))
     GTEST_SKIP() << "dataset-fashion-mnist not installed";

@@ -15,6 +15,7 @@
 
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/checkpoint.h"
+#include "ddprun/train/checkpoint_dir.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/trainer.h"
 #include "rank_threads.h"
@@ -129,6 +130,60 @@ TEST_F(TrainerTest, ManySmallBucketsGiveTheSameResultAsOne) {
   EXPECT_GE(a["gradient_buckets"].get<int>(), 3);
   EXPECT_LT(b["gradient_buckets"].get<int>(), a["gradient_buckets"].get<int>());
   EXPECT_EQ(a["params_sha256"], b["params_sha256"]);
+}
+
+// Checkpoints carry the run's identity: a fresh run into a directory with an
+// older run's (higher-step) checkpoints keeps them and its own; a restart of
+// the group resumes its own run on every rank (rank 0 chooses, rank 1 loads
+// the file it names) and ends where the uninterrupted run ended.
+TEST_F(TrainerTest, ARestartResumesItsOwnRunAndKeepsOtherRuns) {
+  const std::string ckpt = dir_ + "/ckpt";
+  auto run = [&](const std::string& runId, bool restarted, int steps, uint64_t seed) {
+    TrainConfig c = base("mlp", 16, steps);
+    c.quiet = true;
+    c.seed = seed;
+    c.checkpointDir = ckpt;
+    c.checkpointEvery = 2;
+    c.keepCheckpoints = 2;
+    nlohmann::json out;
+    std::mutex mu;
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    runRanks(2, [&](ProcessGroup& pg) {
+      TrainerIo io{.progress = devnull, .runId = runId, .restarted = restarted};
+      nlohmann::json j = runTraining(c, data_, pg, io);
+      std::lock_guard lock(mu);
+      if (pg.rank() == 0) out = j;
+    });
+    std::fclose(devnull);
+    return out;
+  };
+  auto names = [&](const std::string& tag) {
+    std::vector<int64_t> steps;
+    for (const CheckpointFile& f : listCheckpoints(ckpt, tag)) steps.push_back(f.step);
+    return steps;
+  };
+  run("old", false, 12, 1);
+  EXPECT_EQ(names("old"), (std::vector<int64_t>{12, 10}));
+  const nlohmann::json fresh = run("new", false, 6, 2);
+  EXPECT_EQ(names("new"), (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(names("old"), (std::vector<int64_t>{12, 10}));
+  const nlohmann::json again = run("new", true, 6, 2);
+  EXPECT_EQ(again["params_sha256"], fresh["params_sha256"]);
+  EXPECT_EQ(again["steps"], 0);  // resumed after the last step: nothing left to train
+  // A first start of a run id that has checkpoints: refused on every rank
+  // (none is left waiting in a collective), as bad input.
+  try {
+    run("new", false, 6, 2);
+    ADD_FAILURE() << "a second launch of run 'new' started";
+  } catch (const ddprun::testing::RankFailure& f) {
+    EXPECT_THROW(std::rethrow_exception(f.cause()), InvalidArgument);
+  }
+  // No run id given: rank 0 draws one and every rank uses it.
+  run("", false, 2, 3);
+  size_t drawn = 0;
+  for (const CheckpointFile& f : listCheckpoints(ckpt))
+    drawn += f.tag.rfind("train-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(drawn, 1u);
 }
 
 // The reducer hook and no_sync, on the model directly.

@@ -1,0 +1,116 @@
+#include "ddprun/train/model_state.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ddprun::train {
+namespace {
+
+// Second moments and variances are never negative.
+bool mustBeNonNegative(const std::string& name) {
+  auto endsWith = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  return endsWith(".exp_avg_sq") || endsWith("running_var");
+}
+
+// Every float finite (and >= 0 where it must be), every count >= 0.
+bool valuesUsable(const LoadedTensor& t, const std::string& path, std::string* why) {
+  const size_t n = t.numel();
+  if (t.dtype == "I64") {
+    for (size_t i = 0; i < n; ++i) {
+      int64_t v = 0;
+      std::memcpy(&v, t.bytes.data() + 8 * i, 8);
+      if (v < 0) {
+        *why = path + ": tensor '" + t.name + "' holds the negative count " +
+               std::to_string(v);
+        return false;
+      }
+    }
+    return true;
+  }
+  if (t.dtype != "F32") return true;
+  const bool nonNegative = mustBeNonNegative(t.name);
+  for (size_t i = 0; i < n; ++i) {
+    float v = 0;
+    std::memcpy(&v, t.bytes.data() + 4 * i, 4);
+    if (!std::isfinite(v) || (nonNegative && v < 0)) {
+      *why = path + ": tensor '" + t.name + "' holds " +
+             (std::isfinite(v) ? "a negative value"
+                               : "a non-finite value (NaN or infinity)") +
+             " at element " + std::to_string(i) + ": the checkpoint is damaged";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<TensorView> modelTensors(Model& model, Optimizer* optim,
+                                     std::vector<std::vector<int64_t>>& counts) {
+  std::vector<TensorView> out;
+  for (Param* p : model.params())
+    out.push_back({p->name, "F32", p->value.shape(), p->value.data()});
+  counts.reserve(model.buffers().size());
+  for (Buffer* b : model.buffers()) {
+    if (b->isCount) {
+      counts.push_back({static_cast<int64_t>(b->value.data()[0])});
+      out.push_back({b->name, "I64", {}, counts.back().data()});
+    } else {
+      out.push_back({b->name, "F32", b->value.shape(), b->value.data()});
+    }
+  }
+  if (optim)
+    for (auto& [name, t] : optim->state())
+      out.push_back({name, "F32", t->shape(), t->data()});
+  return out;
+}
+
+bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
+              Optimizer* optim, std::string* why) {
+  auto fits = [&](const std::string& name, const Shape& shape, const std::string& dtype) {
+    const LoadedTensor* t = st.find(name);
+    if (!t) {
+      *why = path + " has no tensor '" + name + "': it was not written for this model";
+      return false;
+    }
+    if (t->shape != shape || t->dtype != dtype) {
+      *why = path + ": tensor '" + name + "' is " + t->dtype + shapeString(t->shape) +
+             ", this model needs " + dtype + shapeString(shape) +
+             " (written for another model)";
+      return false;
+    }
+    return true;
+  };
+  for (Param* p : model.params())
+    if (!fits(p->name, p->value.shape(), "F32")) return false;
+  for (Buffer* b : model.buffers())
+    if (!fits(b->name, b->isCount ? Shape{} : b->value.shape(),
+              b->isCount ? "I64" : "F32"))
+      return false;
+  std::vector<std::pair<std::string, Tensor*>> state;
+  if (optim) state = optim->state();
+  for (auto& [name, t] : state)
+    if (!fits(name, t->shape(), "F32")) return false;
+  for (const LoadedTensor& t : st.tensors)
+    if (!valuesUsable(t, path, why)) return false;
+  for (Param* p : model.params())
+    std::memcpy(p->value.data(), st.find(p->name)->bytes.data(), p->value.bytes());
+  for (Buffer* b : model.buffers()) {
+    const LoadedTensor* t = st.find(b->name);
+    if (b->isCount) {
+      int64_t n = 0;
+      std::memcpy(&n, t->bytes.data(), 8);
+      b->value.data()[0] = static_cast<float>(n);
+    } else {
+      std::memcpy(b->value.data(), t->bytes.data(), b->value.bytes());
+    }
+  }
+  for (auto& [name, t] : state)
+    std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
+  return true;
+}
+
+}  // namespace ddprun::train
