@@ -246,10 +246,28 @@ class TcpStoreServer::Impl : public Outbox {
       flushDirty();
       return err;
     } catch (const std::exception& e) {
-      dirty_.clear();
+      // The client being served is closed by the caller. Output made in the
+      // same call for others (a woken waiter, a watcher) is still theirs:
+      // flush it. Only clearing the list left their `dirty` flags set, so
+      // bufferFor() never listed them again and they were never written to.
       ++extraRejected_;
-      return std::string("internal error while serving it: ") + e.what();
+      std::string why = std::string("internal error while serving it: ") + e.what();
+      try {
+        flushDirty();
+      } catch (const std::exception&) {
+        forgetDirty();
+      }
+      return why;
     }
+  }
+
+  // Drops the pending flushes and their flags (when even flushing failed).
+  void forgetDirty() {
+    for (ConnId id : dirty_) {
+      auto it = sessions_.find(id);
+      if (it != sessions_.end()) it->second->dirty = false;
+    }
+    dirty_.clear();
   }
 
   // After receive()/resume(): close whoever must go, apply backpressure,

@@ -192,6 +192,33 @@ class HostileStoreTest(unittest.TestCase):
         self.assertIn("bad_alloc", srv.stderr(), "the closing line names the failure")
         self.assertEqual(srv.terminate(), 0)
 
+    @unittest.skipIf(SANITIZED, "needs the address-space cap, which the sanitizer build runs without")
+    def test_a_waiter_woken_just_before_an_allocation_failure_is_still_told(self):
+        """One packet: a SET that wakes a waiter, then a 5 GiB MULTI_GET that
+        fails its allocation (caps lifted, as above). The failure closes its
+        client; the waiter's STOP_WAITING, made by the SET in the same call,
+        must still be written (it was dropped, and the waiter never written
+        to again, when the failure discarded the pending flushes)."""
+        srv = self.server(64 * 1024, "--max-reply-bytes", "64G", "--max-unsent-bytes", "64G")
+        round_trip(srv.port, "big", ONE_MIB)
+        waiter = self.client(srv)
+        # CHECK's reply after the WAIT proves the WAIT is registered.
+        waiter.send(waiter.wire.wait(["go"]) + waiter.wire.check(["go"]))
+        self.assertEqual(waiter.recv_exact(1), b"\x01", "CHECK: not ready")
+        attacker = self.client(srv)
+        attacker.send(attacker.wire.set("go", b"1") + attacker.wire.multi_get(["big"] * 5000))
+        self.assertTrue(attacker.closed_by_server(PATIENCE), "the attacker was not disconnected")
+        waiter.sock.settimeout(PATIENCE)
+        try:
+            woken = waiter.recv_exact(1)
+        except OSError as e:
+            self.fail("the waiter was not told its key arrived: %r; stderr:\n%s"
+                      % (e, srv.stderr()[-3000:]))
+        self.assertEqual(woken, b"\x00", "STOP_WAITING")
+        self.assertIn("bad_alloc", srv.stderr())
+        self.assert_serves_others(srv, "a failed allocation right after a wake-up")
+        self.assertEqual(srv.terminate(), 0)
+
     def test_200_slow_readers(self):
         srv = self.server(32)
         round_trip(srv.port, "big", ONE_MIB)
