@@ -117,6 +117,11 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
       "File holding a shared secret clients must prove they know before the "
       "store serves them (not readable by others; default: $DDPRUN_RDZV_TOKEN, "
       "else no authentication)");
+  double authSeconds = std::chrono::duration<double>(opts.authTimeout).count();
+  app.add_option("--auth-timeout", authSeconds,
+                 "With a token: close a connection that has not authenticated this many "
+                 "seconds after it connected (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--log-level", out.logLevel, "debug, info, warning, error or off")
       ->check(CLI::IsMember({"debug", "info", "warning", "error", "off"}));
   try {
@@ -131,6 +136,7 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
     opts.idleTimeout =
         std::chrono::milliseconds(static_cast<int64_t>(idleSeconds * 1000));
     opts.busyPoll = std::chrono::microseconds(busyPollUs);
+    opts.authTimeout = std::chrono::milliseconds(static_cast<int64_t>(authSeconds * 1000));
     readToken(tokenFile, out);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -43,8 +43,13 @@ class StoreAuthTest(unittest.TestCase):
         token = os.path.join(self.tmp, "token")
         with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
             f.write(SECRET + b"\n")
-        self.srv = StoreServer(BIN, self.tmp, "--token-file", token, capped=False)
-        self.addCleanup(self.srv.stop)
+        self.token = token
+        self.srv = self.store()
+
+    def store(self, *args):
+        srv = StoreServer(BIN, self.tmp, "--token-file", self.token, *args, capped=False)
+        self.addCleanup(srv.stop)
+        return srv
 
     def client(self, dialect=V2):
         c = RawClient(self.srv.port, dialect, timeout=PATIENCE)
@@ -79,6 +84,19 @@ class StoreAuthTest(unittest.TestCase):
         self.assertIn("unauthenticated client", err)
         self.assertIn(":%d" % port, err, "the log line names the peer")
         self.assertNotIn(SECRET.decode(), err)
+
+    def test_a_silent_connection_is_closed_after_the_auth_timeout(self):
+        self.srv.stop()
+        self.srv = self.store("--auth-timeout", "5")
+        owner = self.client()
+        authenticate(owner)
+        silent = self.client()  # VALIDATE only, then nothing
+        self.assertTrue(silent.closed_by_server(PATIENCE),
+                        "an unauthenticated connection outlived --auth-timeout")
+        owner.set("/still", b"here")  # an authenticated one is never timed out
+        self.assertEqual(owner.get("/still"), b"here")
+        self.assertEqual(self.srv.terminate(), 0)
+        self.assertIn("did not authenticate in time", self.srv.stderr())
 
     def test_pytorch_tcpstore_without_the_token_is_refused(self):
         script = r'''
