@@ -11,6 +11,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/store/auth.h"
 #include "ddprun/version.h"
 
 namespace ddprun::cli {
@@ -41,6 +42,19 @@ uint64_t parseByteSize(const std::string& text, const std::string& flag) {
                  "' is too large (at most 16 EiB; try a smaller number)");
   return value * mult;
 }
+
+namespace {
+// The secret from --token-file, else from the environment, else none.
+void readToken(const std::string& tokenFile, StoreCliConfig& out) {
+  if (!tokenFile.empty()) {
+    out.server.authToken = store::auth::loadSecret(tokenFile);
+    out.tokenSource = "--token-file " + tokenFile;
+  } else if (auto secret = store::auth::secretFromEnv()) {
+    out.server.authToken = std::move(*secret);
+    out.tokenSource = store::auth::kTokenEnv;
+  }
+}
+}  // namespace
 
 int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
   CLI::App app{
@@ -97,6 +111,17 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
                  "cuts round-trip latency, costs CPU only right after activity "
                  "(default 100, 0 disables)")
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
+  std::string tokenFile;
+  app.add_option(
+      "--token-file", tokenFile,
+      "File holding a shared secret clients must prove they know before the "
+      "store serves them (not readable by others; default: $DDPRUN_RDZV_TOKEN, "
+      "else no authentication)");
+  double authSeconds = std::chrono::duration<double>(opts.authTimeout).count();
+  app.add_option("--auth-timeout", authSeconds,
+                 "With a token: close a connection that has not authenticated this many "
+                 "seconds after it connected (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--log-level", out.logLevel, "debug, info, warning, error or off")
       ->check(CLI::IsMember({"debug", "info", "warning", "error", "off"}));
   try {
@@ -111,6 +136,8 @@ int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out) {
     opts.idleTimeout =
         std::chrono::milliseconds(static_cast<int64_t>(idleSeconds * 1000));
     opts.busyPoll = std::chrono::microseconds(busyPollUs);
+    opts.authTimeout = std::chrono::milliseconds(static_cast<int64_t>(authSeconds * 1000));
+    readToken(tokenFile, out);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
@@ -146,6 +173,8 @@ int runStoreCli(int argc, const char* const* argv) {
     std::cerr << "ddprun-store: error: " << e.message() << "\n";
     return kExitListen;
   }
+  if (!cfg.tokenSource.empty())
+    DDPRUN_INFO("clients must authenticate with the secret from ", cfg.tokenSource);
   std::printf("ddprun-store listening on %s\n", server->address().c_str());
   std::fflush(stdout);
   int sig = 0;

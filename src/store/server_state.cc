@@ -5,6 +5,8 @@
 #include <cstdlib>
 
 #include "ddprun/common/strings.h"
+#include "ddprun/store/auth.h"
+#include "server_conn.h"
 
 namespace ddprun::store {
 
@@ -19,26 +21,15 @@ constexpr size_t kEntryOverhead = 64;
 // a vector and allocator headers.
 static size_t registrationCost(const std::string& key) { return 2 * key.size() + 160; }
 
-struct ServerState::Conn {
-  ConnId id = 0;
-  std::string detect;  // first bytes, until the dialect is known (<= 5)
-  std::optional<wire::RequestParser> parser;
-  std::string held;     // input not processed because of backpressure (charged)
-  size_t unsent = 0;    // output charged and not yet reported sent()
-  int64_t awaited = 0;  // keys still missing for a pending WAIT/BARRIER
-  std::vector<std::string> waitKeys;   // each charged key + overhead
-  std::vector<std::string> watchKeys;  // distinct; each charged key + overhead
-  bool doomed = false;                 // closeLater() was asked; write nothing more
-};
-
-ServerState::ServerState(ServerLimits limits, Outbox& outbox)
-    : limits_(limits), outbox_(outbox) {}
+ServerState::ServerState(ServerLimits limits, Outbox& outbox, ServerAuth auth)
+    : limits_(limits), outbox_(outbox), auth_(std::move(auth)) {}
 
 ServerState::~ServerState() = default;
 
 void ServerState::open(ConnId id) {
   auto c = std::make_unique<Conn>();
   c->id = id;
+  c->authed = auth_.secret.empty();
   conns_[id] = std::move(c);
 }
 
@@ -147,7 +138,7 @@ std::string ServerState::process(Conn& c, std::string_view data, size_t& used) {
       used += take;
       auto d = wire::detectDialect(c.detect);
       if (!d) continue;
-      c.parser.emplace(*d, limits_.wire, [this](size_t n) {
+      c.parser.emplace(*d, wireLimits(c), [this](size_t n) {
         std::string err;
         reserve(n, err);
         return err;
@@ -526,7 +517,12 @@ std::string ServerState::put(Conn& c, size_t bytes, Write&& write) {
 }
 
 std::string ServerState::execute(Conn& c, wire::Request& r) {
+  if (!c.authed) return authStep(c, r);
   const std::string& key = r.keys.empty() ? std::string() : r.keys[0];
+  if (!auth_.secret.empty() && r.cmd == Command::kGet && key == auth::kVerdictKey) {
+    std::string proof = auth::serverProof(auth_.secret, c.nonce);
+    return put(c, 8 + proof.size(), [&](wire::Writer& w) { w.bytes(proof); });
+  }
   switch (r.cmd) {
     case Command::kValidate:
       if (r.u32 != wire::kValidationMagic) return "bad VALIDATE magic";

@@ -13,6 +13,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/store/auth.h"
 
 namespace ddprun::store {
 
@@ -280,12 +281,15 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
           if (echo != probe.u32)
             DDPRUN_THROW(ProtocolError, "the store at ", address(),
                          " echoed PING ", echo, " instead of ", probe.u32);
-        } else {
+        } else if (opts_.authToken.empty()) {
+          // With a token the nonce GET is the legacy probe instead: a
+          // server that requires a token refuses anything else before it.
           probe.cmd = Command::kGetNumKeys;
           wire::encodeRequest(dialect_, probe, hello);
           conn_->sendAll(hello);
           conn_->readReply(Command::kGetNumKeys, deadline, "the legacy handshake");
         }
+        if (!opts_.authToken.empty()) authenticate(deadline);
         return;
       } catch (const IoError& e) {
         // Hung up on our handshake: a server of another dialect.
@@ -314,6 +318,59 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
                lastErr,
                "); check that the server is running and that host and port are "
                "right");
+}
+
+// The client's half of the exchange in auth.h. The nonce GET, proof SET and
+// verdict GET are pipelined after the nonce arrives. An IoError before the
+// nonce (a server of the other dialect hanging up) is left to the caller's
+// dialect fallback; after it, a closed connection means a refused token.
+void TcpStore::authenticate(Deadline deadline) {
+  std::string out;
+  wire::encodeRequest(dialect_, request(Command::kGet, {std::string(auth::kNonceKey)}),
+                      out);
+  conn_->sendAll(out);
+  std::string nonce = std::move(
+      conn_->readReply(Command::kGet, deadline, "the authentication nonce").values[0]);
+  authenticated_ = false;
+  if (nonce.empty()) {
+    if (!warnedOpen_)
+      DDPRUN_WARN("the store at ", address(),
+                  " requires no token: this client's token "
+                  "is not checked, and anyone who can reach the store can use it");
+    warnedOpen_ = true;
+    return;
+  }
+  if (nonce.size() != auth::kNonceBytes) {
+    conn_.reset();
+    DDPRUN_THROW(ProtocolError, "the store at ", address(), " sent a ", nonce.size(),
+                 "-byte authentication nonce (expected ", auth::kNonceBytes, ")");
+  }
+  out.clear();
+  wire::encodeRequest(dialect_,
+                      request(Command::kSet, {std::string(auth::kProofKey)},
+                              {auth::clientProof(opts_.authToken, nonce)}),
+                      out);
+  wire::encodeRequest(dialect_, request(Command::kGet, {std::string(auth::kVerdictKey)}),
+                      out);
+  std::string verdict;
+  try {
+    conn_->sendAll(out);
+    verdict = std::move(
+        conn_->readReply(Command::kGet, deadline, "the authentication proof").values[0]);
+  } catch (const IoError&) {
+    conn_.reset();
+    DDPRUN_THROW(auth::AuthError, "the store at ", address(),
+                 " refused this client's token (it closed the connection on the proof); "
+                 "give every node and the store the same secret (--token-file or ",
+                 auth::kTokenEnv, ")");
+  }
+  if (!auth::proofEquals(verdict, auth::serverProof(opts_.authToken, nonce))) {
+    conn_.reset();
+    DDPRUN_THROW(auth::AuthError, "the store at ", address(),
+                 " accepted this client's token but could not prove it knows the secret "
+                 "itself: is it the store you meant to reach?");
+  }
+  authenticated_ = true;
 }
 
 void TcpStore::ensureConnected() {

@@ -37,7 +37,9 @@ std::string endpointText(const tcp::endpoint& ep) {
 class TcpStoreServer::Impl : public Outbox {
  public:
   explicit Impl(const TcpStoreServerOptions& opts)
-      : opts_(opts), state_(opts.limits, *this), acceptor_(io_) {}
+      : opts_(opts),
+        state_(opts.limits, *this, ServerAuth{opts.authToken, {}}),
+        acceptor_(io_) {}
 
   void bind() {
     net::raiseFileLimit();
@@ -77,7 +79,7 @@ class TcpStoreServer::Impl : public Outbox {
 
   void run() {
     accept();
-    if (opts_.idleTimeout.count() > 0) armIdleTimer();
+    if (opts_.idleTimeout.count() > 0 || !opts_.authToken.empty()) armIdleTimer();
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -148,6 +150,7 @@ class TcpStoreServer::Impl : public Outbox {
     bool dirty = false;
     bool readPaused = false;
     bool closed = false;
+    std::chrono::steady_clock::time_point openedAt = std::chrono::steady_clock::now();
     // When the partial request now held began arriving (idle timeout).
     std::optional<std::chrono::steady_clock::time_point> partialSince;
   };
@@ -246,10 +249,28 @@ class TcpStoreServer::Impl : public Outbox {
       flushDirty();
       return err;
     } catch (const std::exception& e) {
-      dirty_.clear();
+      // The client being served is closed by the caller. Output made in the
+      // same call for others (a woken waiter, a watcher) is still theirs:
+      // flush it. Only clearing the list left their `dirty` flags set, so
+      // bufferFor() never listed them again and they were never written to.
       ++extraRejected_;
-      return std::string("internal error while serving it: ") + e.what();
+      std::string why = std::string("internal error while serving it: ") + e.what();
+      try {
+        flushDirty();
+      } catch (const std::exception&) {
+        forgetDirty();
+      }
+      return why;
     }
+  }
+
+  // Drops the pending flushes and their flags (when even flushing failed).
+  void forgetDirty() {
+    for (ConnId id : dirty_) {
+      auto it = sessions_.find(id);
+      if (it != sessions_.end()) it->second->dirty = false;
+    }
+    dirty_.clear();
   }
 
   // After receive()/resume(): close whoever must go, apply backpressure,
@@ -284,32 +305,51 @@ class TcpStoreServer::Impl : public Outbox {
 
   void closeLogged(const SessionPtr& s, const std::string& why) {
     std::string note;
-    if (closeLog_.admit(std::chrono::steady_clock::now(), note))
+    auto now = std::chrono::steady_clock::now();
+    if (!state_.authenticated(s->id)) {
+      if (authLog_.admit(now, note))
+        DDPRUN_WARN("unauthenticated client ", s->peer, " closed: ", why, note);
+    } else if (closeLog_.admit(now, note)) {
       DDPRUN_WARN("closing connection from ", s->peer, ": ", why, note);
+    }
     close(s);
   }
 
   // Closes connections that have held a partial request for longer than
-  // opts_.idleTimeout (a slow-loris sender pins its buffers otherwise).
+  // opts_.idleTimeout (a slow-loris sender pins its buffers otherwise), and
+  // with a secret, those still unauthenticated opts_.authTimeout after
+  // they were accepted.
   void armIdleTimer() {
-    auto period = std::max<std::chrono::steady_clock::duration>(
-        opts_.idleTimeout / 4, std::chrono::milliseconds(10));
+    auto period = std::chrono::steady_clock::duration::max();
+    if (opts_.idleTimeout.count() > 0)
+      period = std::min<decltype(period)>(period, opts_.idleTimeout / 4);
+    if (!opts_.authToken.empty())
+      period = std::min<decltype(period)>(period, opts_.authTimeout / 4);
+    period = std::max<decltype(period)>(period, std::chrono::milliseconds(10));
     idleTimer_.expires_after(period);
     idleTimer_.async_wait([this](error_code ec) {
       if (ec) return;
-      auto now = std::chrono::steady_clock::now();
-      std::vector<SessionPtr> idle;
-      for (auto& [id, s] : sessions_)
-        if (s->partialSince && now - *s->partialSince > opts_.idleTimeout)
-          idle.push_back(s);
-      for (auto& s : idle) {
-        ++extraRejected_;
-        closeLogged(
-            s,
-            "a partial request was held longer than the idle timeout (--idle-timeout)");
-      }
+      closeIdle(std::chrono::steady_clock::now());
       armIdleTimer();
     });
+  }
+
+  void closeIdle(std::chrono::steady_clock::time_point now) {
+    std::vector<std::pair<SessionPtr, const char*>> idle;
+    for (auto& [id, s] : sessions_) {
+      if (opts_.idleTimeout.count() > 0 && s->partialSince &&
+          now - *s->partialSince > opts_.idleTimeout)
+        idle.emplace_back(s,
+                          "a partial request was held longer than the idle timeout "
+                          "(--idle-timeout)");
+      else if (!opts_.authToken.empty() && now - s->openedAt > opts_.authTimeout &&
+               !state_.authenticated(id))
+        idle.emplace_back(s, "it did not authenticate in time");
+    }
+    for (auto& [s, why] : idle) {
+      ++extraRejected_;
+      closeLogged(s, why);
+    }
   }
 
   void flushDirty() {
@@ -387,6 +427,7 @@ class TcpStoreServer::Impl : public Outbox {
   asio::steady_timer idleTimer_{io_};
   LogLimiter refuseLog_;
   LogLimiter closeLog_;
+  LogLimiter authLog_;
   std::vector<char> readBuf_ = std::vector<char>(kReadChunk);
   ConnId nextId_ = 1;
   std::atomic<size_t> liveConnections_{0};

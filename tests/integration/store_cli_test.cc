@@ -11,6 +11,13 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "ddprun/store/auth.h"
 #include "ddprun/store/tcp_store.h"
 
 namespace {
@@ -155,6 +162,111 @@ TEST(StoreCliBinary, UnresolvableHostExitsThree) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 3);
   EXPECT_NE(c.stderrText.find("no-such-host.invalid"), std::string::npos) << c.stderrText;
+}
+
+// A temporary directory holding one token file, removed at the end.
+struct TokenDir {
+  std::string dir;
+  TokenDir() {
+    char tmpl[] = "/tmp/ddprun_store_token_XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+  }
+  ~TokenDir() { std::filesystem::remove_all(dir); }
+  std::string file(const std::string& content, mode_t mode) {
+    std::string path = dir + "/token";
+    std::ofstream(path, std::ios::trunc) << content;
+    chmod(path.c_str(), mode);
+    return path;
+  }
+};
+
+const std::string kSecret = "s3cret-for-the-store-test";
+
+ddprun::store::TcpStoreOptions clientOf(uint16_t port, std::string token) {
+  ddprun::store::TcpStoreOptions o;
+  o.port = port;
+  o.timeout = std::chrono::milliseconds(30000);
+  o.connectTimeout = std::chrono::milliseconds(30000);
+  o.authToken = std::move(token);
+  return o;
+}
+
+TEST(StoreCliBinary, TokenFileAdmitsOnlyClientsWithTheSecret) {
+  TokenDir t;
+  Child c({kStore, "--port", "0", "--token-file", t.file(kSecret + "\n", 0600)});
+  uint16_t port = startAndGetPort(c);
+  for (auto dialect :
+       {ddprun::store::ClientDialect::kV2, ddprun::store::ClientDialect::kLegacy}) {
+    auto o = clientOf(port, kSecret);
+    o.dialect = dialect;
+    auto s = ddprun::store::TcpStore::connect(o);
+    EXPECT_TRUE(s->authenticated());
+    s->set("k", "v");
+    EXPECT_EQ(s->get("k"), "v");
+  }
+  try {
+    ddprun::store::TcpStore::connect(clientOf(port, "not the secret"));
+    ADD_FAILURE() << "a wrong token was accepted";
+  } catch (const ddprun::store::auth::AuthError& e) {
+    EXPECT_NE(e.message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("same secret"), std::string::npos) << e.message();
+  }
+  // No token: the handshake is allowed, the first request closes it.
+  auto anonymous = ddprun::store::TcpStore::connect(clientOf(port, ""));
+  EXPECT_FALSE(anonymous->authenticated());
+  EXPECT_THROW(
+      {
+        anonymous->set("k", "overwritten");  // no reply: the refusal shows next
+        anonymous->get("k");
+      },
+      ddprun::IoError);
+  auto owner = ddprun::store::TcpStore::connect(clientOf(port, kSecret));
+  EXPECT_EQ(owner->get("k"), "v");
+  kill(c.pid, SIGTERM);
+  EXPECT_EQ(WEXITSTATUS(c.wait(10s)), 0);
+  EXPECT_NE(c.stderrText.find("unauthenticated client"), std::string::npos)
+      << c.stderrText;
+  EXPECT_NE(c.stderrText.find("--token-file"), std::string::npos) << c.stderrText;
+  EXPECT_EQ(c.stderrText.find(kSecret), std::string::npos) << "the secret was logged";
+}
+
+TEST(StoreCliBinary, TokenFromTheEnvironment) {
+  setenv(ddprun::store::auth::kTokenEnv, kSecret.c_str(), 1);
+  Child c({kStore, "--port", "0"});
+  unsetenv(ddprun::store::auth::kTokenEnv);
+  uint16_t port = startAndGetPort(c);
+  auto s = ddprun::store::TcpStore::connect(clientOf(port, kSecret));
+  EXPECT_TRUE(s->authenticated());
+  EXPECT_THROW(ddprun::store::TcpStore::connect(clientOf(port, "wrong")),
+               ddprun::store::auth::AuthError);
+}
+
+TEST(StoreCliBinary, ATokenClientUsesAnOpenStoreAndSaysSo) {
+  Child c({kStore, "--port", "0"});
+  auto s = ddprun::store::TcpStore::connect(clientOf(startAndGetPort(c), kSecret));
+  EXPECT_FALSE(s->authenticated());
+  s->set("k", "v");
+  EXPECT_EQ(s->get("k"), "v");
+}
+
+TEST(StoreCliBinary, UnsafeOrEmptyTokenFilesExitTwo) {
+  TokenDir t;
+  std::string secret = "world-readable-secret";
+  for (auto [content, mode, expected] :
+       {std::tuple<std::string, mode_t, std::string>{secret, 0644, "chmod 600"},
+        {"\n", 0600, "is empty"},
+        {secret, 0600, "cannot open"}}) {
+    std::string path = t.file(content, mode);
+    if (expected == "cannot open") path += ".missing";
+    Child c({kStore, "--port", "0", "--token-file", path});
+    int status = c.wait(10s);
+    ASSERT_TRUE(WIFEXITED(status)) << expected;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << expected;
+    EXPECT_NE(c.stderrText.find(expected), std::string::npos) << c.stderrText;
+    EXPECT_EQ(c.stderrText.find(secret), std::string::npos) << c.stderrText;
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,59 @@ class HostileStoreTest(unittest.TestCase):
         attacker.send(attacker.wire.multi_get(["big"] * 5000))  # a 5 GiB reply
         self.assert_survived(srv, "MULTI_GET of a 1 MiB key x 5000")
 
+    def cpu_hog(self):
+        """Two busy processes for the rest of the test (stress-ng --cpu 2 if
+        installed, else Python loops), killed at cleanup: the server then
+        gets the CPU in slices, as on the loaded CI machines of issue 16."""
+        if shutil.which("stress-ng"):
+            cmd = ["stress-ng", "--cpu", "2", "--timeout", "300", "--quiet"]
+            hogs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)]
+        else:
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     start_new_session=True) for _ in range(2)]
+
+        def stop():
+            for h in hogs:
+                try:
+                    os.killpg(h.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                h.wait()
+        self.addCleanup(stop)
+
+    def test_a_paused_client_does_not_keep_another_from_being_served_under_cpu_load(self):
+        """Issue 16's scenario on a standalone store, with the CPU taken by
+        two hogs: A's 3,000 pipelined GETs of a 1 MiB value, never read, pause
+        A (backpressure); B's MULTI_GET of that key x 5,000 (5 GiB) must still
+        be read and refused by closing B, a fresh client must be served, and A
+        must only be paused: its replies arrive, in order, once it reads.
+        A's SET is confirmed (CHECK) before B asks: a 1 MiB SET is read in
+        64 KiB chunks with other clients served between them, and a
+        MULTI_GET applied before it would rightly get 5,000 empty values."""
+        self.cpu_hog()
+        srv = self.server(32)
+        for trial in range(5):
+            a = RawClient(srv.port, timeout=PATIENCE)
+            a.set("big", ONE_MIB)
+            self.assertTrue(a.check(["big"]))
+            a.send(a.wire.get("big") * 3000)
+            b = RawClient(srv.port, timeout=PATIENCE)
+            b.send(b.wire.multi_get(["big"] * 5000))
+            self.assertTrue(b.closed_by_server(PATIENCE),
+                            "trial %d: the 5 GiB MULTI_GET's connection was neither refused "
+                            "nor closed while another client was paused; stderr:\n%s"
+                            % (trial, srv.stderr()[-3000:]))
+            self.assert_serves_others(srv, "a paused client and a refused MULTI_GET")
+            a.sock.settimeout(PATIENCE)
+            for _ in range(8):  # A was held back, not dropped: it is served as it reads
+                (n,) = struct.unpack("<Q", a.recv_exact(8))
+                self.assertEqual(n, MiB)
+                self.assertEqual(a.recv_exact(n), ONE_MIB)
+            a.close()
+            b.close()
+        self.assert_survived(srv, "issue 16: a paused client and a 5 GiB MULTI_GET under CPU load")
+
     @unittest.skipIf(SANITIZED, "needs the address-space cap, which the sanitizer build runs without")
     def test_an_allocation_failure_closes_only_its_client(self):
         """With the caps lifted above the machine, a 5 GiB MULTI_GET reply is
@@ -136,6 +190,33 @@ class HostileStoreTest(unittest.TestCase):
         self.assertTrue(attacker.closed_by_server(PATIENCE), "the attacker was not disconnected")
         self.assert_serves_others(srv, "a failed 5 GiB allocation")
         self.assertIn("bad_alloc", srv.stderr(), "the closing line names the failure")
+        self.assertEqual(srv.terminate(), 0)
+
+    @unittest.skipIf(SANITIZED, "needs the address-space cap, which the sanitizer build runs without")
+    def test_a_waiter_woken_just_before_an_allocation_failure_is_still_told(self):
+        """One packet: a SET that wakes a waiter, then a 5 GiB MULTI_GET that
+        fails its allocation (caps lifted, as above). The failure closes its
+        client; the waiter's STOP_WAITING, made by the SET in the same call,
+        must still be written (it was dropped, and the waiter never written
+        to again, when the failure discarded the pending flushes)."""
+        srv = self.server(64 * 1024, "--max-reply-bytes", "64G", "--max-unsent-bytes", "64G")
+        round_trip(srv.port, "big", ONE_MIB)
+        waiter = self.client(srv)
+        # CHECK's reply after the WAIT proves the WAIT is registered.
+        waiter.send(waiter.wire.wait(["go"]) + waiter.wire.check(["go"]))
+        self.assertEqual(waiter.recv_exact(1), b"\x01", "CHECK: not ready")
+        attacker = self.client(srv)
+        attacker.send(attacker.wire.set("go", b"1") + attacker.wire.multi_get(["big"] * 5000))
+        self.assertTrue(attacker.closed_by_server(PATIENCE), "the attacker was not disconnected")
+        waiter.sock.settimeout(PATIENCE)
+        try:
+            woken = waiter.recv_exact(1)
+        except OSError as e:
+            self.fail("the waiter was not told its key arrived: %r; stderr:\n%s"
+                      % (e, srv.stderr()[-3000:]))
+        self.assertEqual(woken, b"\x00", "STOP_WAITING")
+        self.assertIn("bad_alloc", srv.stderr())
+        self.assert_serves_others(srv, "a failed allocation right after a wake-up")
         self.assertEqual(srv.terminate(), 0)
 
     def test_200_slow_readers(self):
@@ -326,6 +407,11 @@ def touch(name):
 if os.environ["LOCAL_RANK"] == "0":
     a = RawClient(port, host=host)
     a.set("big", b"x" * (1 << 20))
+    # SET has no reply: CHECK's proves the value is stored before b asks for
+    # it. The server reads a 1 MiB SET in 64 KiB chunks, serving other
+    # connections between them, so without it b's MULTI_GET could be served
+    # first (5,000 empty values, 40 KB: neither refused nor 5 GiB).
+    assert a.check(["big"])
     a.send(a.wire.get("big") * 3000)  # 3 GiB of replies, never read
     # A request the store must refuse: its reply alone would be 5 GiB.
     b = RawClient(port, host=host)
@@ -350,7 +436,7 @@ if os.environ["LOCAL_RANK"] == "0":
     except OSError:
         pass
     with open(os.path.join(d, "attacker_verdict"), "w") as f:
-        f.write(verdict)
+        f.write(verdict if verdict == "closed" else "%%s after %%d bytes" %% (verdict, got))
 else:
     wait_file("flood_sent")
     for i in range(20):
@@ -407,7 +493,7 @@ else:
         self.assertEqual(p.returncode, 0, "the job's exit is not its workers':\n" + err[-3000:])
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "done")), "the good worker did not finish")
         with open(os.path.join(self.tmp, "attacker_verdict")) as f:
-            self.assertEqual(f.read(), "closed",
+            self.assertEqual(f.read(), "closed",  # else "open|served after N bytes"
                              "the store did not disconnect the worker's 5 GiB MULTI_GET:\n"
                              + err[-3000:])
         if not SANITIZED:

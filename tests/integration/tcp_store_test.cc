@@ -312,6 +312,25 @@ TEST(TcpStoreConnect, ClientWaitsForALateServer) {
   EXPECT_EQ(s->get("k"), "v");
 }
 
+// A legacy connection has no CANCEL_WAIT: a timed-out wait reconnects, and
+// the new connection must authenticate again or its next request is refused.
+TEST(TcpStoreAuth, EveryReconnectAuthenticatesAgain) {
+  TcpStoreServerOptions opts;
+  opts.authToken = "reconnect-secret";
+  auto server = TcpStoreServer::start(opts);
+  TcpStoreOptions o;
+  o.port = server->port();
+  o.dialect = ClientDialect::kLegacy;
+  o.authToken = opts.authToken;
+  auto s = TcpStore::connect(o);
+  EXPECT_TRUE(s->authenticated());
+  EXPECT_THROW(s->wait({"never"}, 50ms), TimeoutError);  // drops the connection
+  s->set("k", "v");
+  EXPECT_EQ(s->get("k"), "v");
+  EXPECT_TRUE(s->authenticated());
+  EXPECT_EQ(server->stats().connectionsRejected, 0u);
+}
+
 TEST(TcpStoreServerBind, PortInUseNamesTheAddressAndHolder) {
   auto first = TcpStoreServer::start({"", 0, {}});
   try {

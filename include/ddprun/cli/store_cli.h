@@ -19,6 +19,9 @@ constexpr int kExitListen = 3;
 struct StoreCliConfig {
   store::TcpStoreServerOptions server;
   std::string logLevel = "info";
+  // Where server.authToken came from (--token-file PATH or the environment
+  // variable), for the startup line; empty when the store is open.
+  std::string tokenSource;
 };
 
 // Parses "1048576", "64K", "8M", "1G" (binary units). Throws InvalidArgument.

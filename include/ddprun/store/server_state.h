@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,17 @@ class Outbox {
   }
 };
 
+// Shared-secret authentication of connections (the exchange is in auth.h).
+// With a secret, a new connection may send only VALIDATE, PING (PyTorch's
+// handshake) and the exchange, at most 8 requests
+// of at most a few hundred bytes each; anything else closes it. Without one
+// (the default) every connection is served at once, as in PyTorch.
+struct ServerAuth {
+  std::string secret;
+  // A fresh nonce per connection; auth::newNonce() when empty (tests inject).
+  std::function<std::string()> nonce;
+};
+
 struct ServerStats {
   uint64_t requests = 0;
   uint64_t connectionsRejected = 0;  // closed for a protocol or limit error
@@ -70,7 +82,7 @@ struct ServerStats {
 
 class ServerState {
  public:
-  ServerState(ServerLimits limits, Outbox& outbox);
+  ServerState(ServerLimits limits, Outbox& outbox, ServerAuth auth = {});
   ~ServerState();
   ServerState(const ServerState&) = delete;
   ServerState& operator=(const ServerState&) = delete;
@@ -101,6 +113,9 @@ class ServerState {
 
   ServerStats stats() const;
   const ServerLimits& limits() const { return limits_; }
+  // False while a connection of a server with a secret has not proved it
+  // knows it (true for every connection of an open server).
+  bool authenticated(ConnId id) const;
   // The dialect a connection settled on, if it has sent enough to tell.
   std::optional<wire::Dialect> dialectOf(ConnId id) const;
 
@@ -110,6 +125,9 @@ class ServerState {
   std::string feed(Conn& c, std::string_view data, size_t& used);
   std::string hold(Conn& c, std::string_view rest);
   std::string execute(Conn& c, wire::Request& r);
+  std::string authStep(Conn& c, wire::Request& r);
+  std::string authProof(Conn& c, const wire::Request& r);
+  const wire::Limits& wireLimits(const Conn& c) const;
   std::string* reply(Conn& c, size_t bytes, std::string& error);
   template <typename Write>
   std::string put(Conn& c, size_t bytes, Write&& write);
@@ -134,6 +152,7 @@ class ServerState {
 
   ServerLimits limits_;
   Outbox& outbox_;
+  ServerAuth auth_;
   std::unordered_map<ConnId, std::unique_ptr<Conn>> conns_;
   std::unordered_map<std::string, std::string> kv_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;

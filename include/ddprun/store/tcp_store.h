@@ -67,6 +67,12 @@ struct TcpStoreOptions {
   ClientDialect dialect = ClientDialect::kAuto;
   // Null: calls end only by their timeouts. Set: see CancelToken.
   std::shared_ptr<CancelToken> cancel;
+  // Shared secret (auth.h). Set: connect() and every reconnect prove it to
+  // the server and check the server's proof in return; a server that
+  // refuses it (or cannot prove it knows it) is an auth::AuthError, never
+  // retried. A server that requires no token (PyTorch's, or an open
+  // ddprun-store) is used anyway, with one warning: authenticated() says so.
+  std::string authToken{};
 };
 
 class TcpStore : public Store {
@@ -106,6 +112,9 @@ class TcpStore : public Store {
   void barrier(const std::string& key, int64_t worldSize, Millis timeout);
 
   wire::Dialect dialect() const { return dialect_; }
+  // True when the server checked this client's token (and proved its own).
+  // False with no token, or against a server that requires none.
+  bool authenticated() const { return authenticated_; }
   std::string address() const;
   // The numeric IP of this client's end of the connection (getsockname; never
   // resolved to a name): the address by which the server's host reaches this
@@ -117,6 +126,7 @@ class TcpStore : public Store {
   class Conn;
   void ensureConnected();
   void connectAndHandshake(Deadline deadline);
+  void authenticate(Deadline deadline);
   std::string roundTripPrefix() const;
   void send(const wire::Request& r);
   void waitLocked(const std::vector<std::string>& wireKeys, Millis timeout,
@@ -129,6 +139,8 @@ class TcpStore : public Store {
 
   TcpStoreOptions opts_;
   wire::Dialect dialect_ = wire::Dialect::kV2;
+  bool authenticated_ = false;
+  bool warnedOpen_ = false;  // "the server requires no token" was logged
   std::unique_ptr<Conn> conn_;
   std::mutex mu_;
   std::string sendBuf_;

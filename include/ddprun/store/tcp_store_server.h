@@ -32,6 +32,14 @@ struct TcpStoreServerOptions {
   // A connection that holds a partial request for longer than this is
   // closed. Zero (the default, as in PyTorch) disables the check.
   std::chrono::milliseconds idleTimeout{0};
+  // Shared secret (auth.h). Empty: open, as PyTorch. Set: a connection may
+  // send only the handshake and the authentication exchange until it has
+  // proved it knows the secret; anything else closes it, with one
+  // rate-limited "unauthenticated client" warning naming the peer.
+  std::string authToken{};
+  // With a secret: a connection not authenticated this long after it was
+  // accepted is closed (one that connects and stays silent holds a slot).
+  std::chrono::milliseconds authTimeout{30'000};
 };
 
 class TcpStoreServer {

@@ -136,6 +136,9 @@ class RequestParser {
   Request& request() { return req_; }
   // Forgets the completed request and starts on the next one.
   void next();
+  // Replaces the limits; call between requests (after next()). The server
+  // parses tightly until a connection has authenticated, then widens them.
+  void setLimits(const Limits& limits) { limits_ = limits; }
   // Bytes the current (partial or completed) request has reserved through the
   // hook; the caller releases them once the request is done with.
   size_t declaredBytes() const { return declared_; }

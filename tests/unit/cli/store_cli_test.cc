@@ -1,8 +1,15 @@
 #include "ddprun/cli/store_cli.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "ddprun/common/error.h"
+#include "ddprun/store/auth.h"
 
 namespace ddprun::cli {
 namespace {
@@ -93,6 +100,32 @@ TEST(StoreCli, UsageErrorsExitTwo) {
     EXPECT_EQ(rc, kExitUsage) << args[0];
     EXPECT_NE(err.find("--help"), std::string::npos) << err;
   }
+}
+
+TEST(StoreCli, TokenFileThenEnvironmentThenOpen) {
+  char tmpl[] = "/tmp/ddprun_store_cli_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string path = std::string(tmpl) + "/token";
+  std::ofstream(path) << "from-file\n";
+  chmod(path.c_str(), 0600);
+  setenv(store::auth::kTokenEnv, "from-env", 1);
+  StoreCliConfig withFile, withEnv, open;
+  EXPECT_EQ(parse({"--token-file", path.c_str()}, withFile), -1);
+  EXPECT_EQ(withFile.server.authToken, "from-file");
+  EXPECT_EQ(withFile.tokenSource, "--token-file " + path);
+  EXPECT_EQ(parse({}, withEnv), -1);
+  EXPECT_EQ(withEnv.server.authToken, "from-env");
+  unsetenv(store::auth::kTokenEnv);
+  EXPECT_EQ(parse({}, open), -1);
+  EXPECT_EQ(open.server.authToken, "");
+  chmod(path.c_str(), 0644);
+  StoreCliConfig unsafe;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(parse({"--token-file", path.c_str()}, unsafe), kExitUsage);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
+  EXPECT_EQ(err.find("from-file"), std::string::npos) << err;
+  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace
