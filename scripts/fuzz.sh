@@ -20,11 +20,12 @@ out=${DDPRUN_FUZZ_DIR:-$root/build-fuzz}
 mkdir -p "$out"
 bin=$out/store_fuzz
 srcs=("$root"/tests/fuzz/store_fuzz.cc "$root"/src/store/wire.cc "$root"/src/store/server_state.cc
-      "$root"/src/common/error.cc "$root"/src/common/strings.cc)
+      "$root"/src/store/server_auth.cc "$root"/src/store/auth.cc
+      "$root"/src/common/error.cc "$root"/src/common/strings.cc "$root"/src/common/env.cc)
 if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" "$root"/include -newer "$bin" 2>/dev/null | head -1)" ]; then
   echo "fuzz: building $bin with $cxx"
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root/include" "${srcs[@]}" -o "$bin"
+    -I"$root/include" "${srcs[@]}" -lcrypto -o "$bin"
 fi
 run=$(mktemp -d "$out/run.XXXXXX")
 cp "$root"/tests/fuzz/corpus/* "$run/"
