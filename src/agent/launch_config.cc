@@ -9,6 +9,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
+#include "ddprun/store/auth.h"
 
 namespace ddprun::agent {
 
@@ -291,6 +292,12 @@ bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings
     out.isHost = confBool(key, value);
   } else if (key == "use_libuv") {
     out.useLibuv = confBool(key, value);
+  } else if (key == "token_file") {
+    if (value.empty())
+      DDPRUN_THROW(InvalidArgument,
+                   "--rdzv-conf token_file='': expected the path of a file holding the "
+                   "rendezvous store's shared secret, e.g. token_file=/etc/ddprun/job.token");
+    out.tokenFile = value;
   } else if (key == "store_type") {
     if (value != "tcp" && value != "file")
       DDPRUN_THROW(InvalidArgument, "--rdzv-conf store_type='", str::escape(value),
@@ -323,7 +330,12 @@ void parseRdzvSettings(LaunchConfig& c) {
          "--rdzv-conf: unknown key(s) " + str::join(unknown, ", ") +
              " ignored (known: timeout, join_timeout, last_call_timeout, close_timeout, "
              "read_timeout, heartbeat_timeout, keep_alive_interval, "
-             "keep_alive_max_attempt, is_host, store_type, use_libuv)");
+             "keep_alive_max_attempt, is_host, store_type, use_libuv, token_file)");
+  // The rendezvous store's secret: the file wins over the environment.
+  if (!c.c10d.tokenFile.empty())
+    c.rdzvSecret = store::auth::loadSecret(c.c10d.tokenFile);
+  else if (auto fromEnv = store::auth::secretFromEnv())
+    c.rdzvSecret = *fromEnv;
 }
 
 // ------------------------------------------------------------ the three paths

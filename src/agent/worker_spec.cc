@@ -11,6 +11,7 @@
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
+#include "ddprun/store/auth.h"
 
 namespace ddprun::agent {
 
@@ -147,6 +148,9 @@ Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank
               const std::string& errorFile, const Env& agentEnv) {
   const rendezvous::RoundInfo& round = attempt.round;
   Env env = agentEnv;
+  // The rendezvous store's secret is the agents' alone: a worker that could
+  // read it could forge heartbeats and round ends (docs/rendezvous.md).
+  env.erase(store::auth::kTokenEnv);
   int rank = round.baseRank + localRank;
   auto set = [&](const char* k, const std::string& v) { env[k] = v; };
   set("RANK", std::to_string(rank));

@@ -65,6 +65,9 @@ struct C10dSettings {
   std::optional<bool> isHost;     // unset: inferred from the endpoint
   std::string storeType = "tcp";  // tcp | file
   bool useLibuv = true;
+  // token_file: a file holding the shared secret of the rendezvous store
+  // (docs/rendezvous.md, "Authentication"); $DDPRUN_RDZV_TOKEN otherwise.
+  std::string tokenFile;
 };
 
 struct LaunchConfig {
@@ -76,6 +79,10 @@ struct LaunchConfig {
   std::string rdzvEndpoint;
   std::string rdzvId = "none";
   std::map<std::string, std::string> rdzvConf;  // --rdzv-conf as given (KEY -> VALUE)
+  // The rendezvous store's shared secret (from c10d.tokenFile or
+  // $DDPRUN_RDZV_TOKEN), empty for an open store. Never printed or logged,
+  // and never passed on to the workers.
+  std::string rdzvSecret;
   bool standalone = false;
   int maxRestarts = 0;
   double monitorInterval = 0.1;  // accepted for compatibility; exits are events

@@ -4,11 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
+#include "temp_dir.h"
 
 namespace ddprun::agent {
 namespace {
@@ -230,6 +235,43 @@ TEST(LaunchConfig, C10dRdzvConfKeysAreValidated) {
     EXPECT_TRUE(contains(msg, std::string("--rdzv-conf ") + key + "='" + value + "'"))
         << key << "=" << value << ": " << msg;
   }
+}
+
+// The rendezvous store's secret: token_file wins over $DDPRUN_RDZV_TOKEN; a
+// file anyone may read is refused naming the file, never echoing the secret.
+TEST(LaunchConfig, RdzvTokenFromTheFileThenTheEnvironment) {
+  ddprun::testing::TempDir dir;
+  const std::string path = dir.file("job.token");
+  {
+    std::ofstream(path) << "s3cret-from-file\n";
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  ::setenv("DDPRUN_RDZV_TOKEN", "s3cret-from-env", 1);
+  LaunchConfig c = base();
+  c.rdzvBackend = "c10d";
+  c.rdzvConf = {{"token_file", path}};
+  finalizeConfig(c);
+  EXPECT_EQ(c.rdzvSecret, "s3cret-from-file");
+  EXPECT_TRUE(c.warnings.empty());
+
+  LaunchConfig e = base();
+  e.rdzvBackend = "c10d";
+  finalizeConfig(e);
+  EXPECT_EQ(e.rdzvSecret, "s3cret-from-env");
+  ::unsetenv("DDPRUN_RDZV_TOKEN");
+  LaunchConfig open = base();
+  finalizeConfig(open);
+  EXPECT_EQ(open.rdzvSecret, "");
+
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  LaunchConfig w = base();
+  w.rdzvConf = {{"token_file", path}};
+  std::string msg = rejection(w);
+  EXPECT_TRUE(contains(msg, path)) << msg;
+  EXPECT_FALSE(contains(msg, "s3cret")) << msg;
+  LaunchConfig empty = base();
+  empty.rdzvConf = {{"token_file", ""}};
+  EXPECT_TRUE(contains(rejection(empty), "token_file")) << rejection(empty);
 }
 
 TEST(LaunchConfig, UnknownRdzvConfKeysWarnOnce) {

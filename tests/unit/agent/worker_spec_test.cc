@@ -270,6 +270,14 @@ TEST(WorkerEnv, TorchrunContract) {
   EXPECT_EQ(e.count("CUDA_VISIBLE_DEVICES"), 0u);
 }
 
+TEST(WorkerEnv, TheRendezvousSecretIsNotPassedOn) {
+  LaunchConfig c;
+  AttemptInfo a;
+  Env e = workerEnv(c, a, 0, "", {{"DDPRUN_RDZV_TOKEN", "secret"}, {"HOME", "/root"}});
+  EXPECT_EQ(e.count("DDPRUN_RDZV_TOKEN"), 0u);
+  EXPECT_EQ(e["HOME"], "/root");
+}
+
 TEST(WorkerEnv, KeepsUserNcclSettingAndVirtualLocalRank) {
   LaunchConfig c;
   c.virtualLocalRank = true;
