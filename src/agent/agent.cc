@@ -73,6 +73,7 @@ std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cf
   o.timeout = cfg.rdzvTimeout;
   o.keepAliveInterval = cfg.c10d.keepAliveInterval;
   o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.authSecret = cfg.rdzvSecret;
   return rendezvous::makeStaticRendezvous(o, std::move(post));
 }
 

@@ -13,9 +13,12 @@ namespace ddprun::rendezvous::detail {
 // Starts a store server on bindHost:port ("" = every address, 0 = a free
 // port). Throws IoError: for a port in use, "<role> cannot listen on port P:
 // it is in use by pid N (name); <fix>"; otherwise the server's message and
-// the fix.
+// the fix. A non-empty `secret` makes the store admit only clients that
+// prove they know it (store/auth.h): the rendezvous store of a job given
+// --rdzv-conf token_file; a round's worker store stays open to PyTorch.
 std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost,
                                                  uint16_t port, const std::string& role,
-                                                 const std::string& fix);
+                                                 const std::string& fix,
+                                                 const std::string& secret = "");
 
 }  // namespace ddprun::rendezvous::detail

@@ -33,10 +33,12 @@ namespace detail {
 // in terms of ddprun-store; a rendezvous knows the flag, so it says that.
 std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, uint16_t port,
                                                  const std::string& role,
-                                                 const std::string& fix) {
+                                                 const std::string& fix,
+                                                 const std::string& secret) {
   store::TcpStoreServerOptions opts;
   opts.host = bindHost;
   opts.port = port;
+  opts.authToken = secret;
   try {
     return store::TcpStoreServer::start(opts);
   } catch (const IoError& e) {

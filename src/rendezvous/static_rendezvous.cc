@@ -415,6 +415,7 @@ std::unique_ptr<store::Store> connectAgentStore(
   o.timeout = opts.timeout;
   o.connectTimeout = timeout;
   o.cancel = std::move(cancel);
+  o.authToken = opts.authSecret;
   try {
     return store::TcpStore::connect(o);
   } catch (const TimeoutError& e) {
@@ -454,7 +455,8 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
     hosted->agent =
         hostStore("", opts.masterPort, "node 0's agent store",
                   "pass another --master-port (the same to every node), or stop "
-                  "that process");
+                  "that process",
+                  opts.authSecret);
     opts.masterPort = hosted->agent->port();
   }
   StaticBackend b;

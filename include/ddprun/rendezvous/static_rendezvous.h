@@ -51,6 +51,9 @@ struct StaticOptions {
   // for keepAliveInterval * keepAliveMaxAttempt during a round is dead.
   std::chrono::milliseconds keepAliveInterval{5'000};
   int keepAliveMaxAttempt = 3;
+  // The agent store's shared secret (--rdzv-conf token_file): node 0's store
+  // admits only agents that know it; empty: open, as torchrun's.
+  std::string authSecret;
 };
 
 // Node 0 starts listening on A:P at once, on every address (IoError naming
