@@ -361,7 +361,8 @@ void TcpStore::authenticate(Deadline deadline) {
     conn_.reset();
     DDPRUN_THROW(auth::AuthError, "the store at ", address(),
                  " refused this client's token (it closed the connection on the proof); "
-                 "give every node and the store the same secret (--token-file or ",
+                 "give every node and the store the same secret (ddprun --rdzv-conf "
+                 "token_file=PATH, ddprun-store --token-file PATH, or $",
                  auth::kTokenEnv, ")");
   }
   if (!auth::proofEquals(verdict, auth::serverProof(opts_.authToken, nonce))) {
