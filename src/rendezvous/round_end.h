@@ -22,5 +22,9 @@ RoundEvent decodeEnd(int round, const std::string& key, const std::string& value
 // the job (kClosed, node -1, the ProtocolError's message). Store errors and
 // CancelledError propagate.
 RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey);
+// The two halves of awaitEnd: the raw value once `endKey` exists, and its
+// decoding (junk: kClosed, node -1, the ProtocolError's message).
+std::string awaitEndValue(store::Store& store, const std::string& endKey);
+RoundEvent decodeEndOrClose(int round, const std::string& endKey, const std::string& value);
 
 }  // namespace ddprun::rendezvous::detail
