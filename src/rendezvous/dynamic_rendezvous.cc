@@ -600,7 +600,16 @@ class DynamicRendezvous final : public Rendezvous {
       try {
         State s = cell_->update(
             [&](State& st) { detail::endRound(st, round, kind, groupRank_, why); });
-        if (s.lastEndedRound >= round) return ensureMarkers(*client_, s);
+        if (s.lastEndedRound >= round) {
+          ensureMarkers(*client_, s);
+          // Rounds after it ended too: its key was written then (a no-op),
+          // unless the state was rewritten past it; its watchers must wake.
+          if (s.lastEndedRound > round)
+            client_->compareSet(key(round, "end"), "",
+                                detail::encodeEnd(RoundEnd::kMembershipChanged, -1,
+                                                  "the state says later rounds ran"));
+          return;
+        }
         tampered = Tamper{describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
       } catch (const StateCell::StateGone&) {
         tampered = Tamper{describeTamper(round, "the state was deleted"), false};
