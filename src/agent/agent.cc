@@ -351,13 +351,17 @@ class Agent::Impl {
     if (ev.kind == RoundEnd::kFinished) {
       // Running still: the round's end says every node succeeded, so ours
       // will too; exit when they have (onExit), never wait for another event.
-      if (state_ == State::kSucceeded) finish(kExitSuccess);
-      else roundFinished_ = true;
+      if (state_ == State::kSucceeded) {
+        finish(kExitSuccess);
+      } else {
+        roundFinished_ = true;
+      }
       return;
     }
     // A failure naming this node is ours only if this node reported one
     // (another program may have written it): otherwise it is a peer's.
-    const bool ours = ev.node == round_.groupRank && stopCause_ == StopCause::kOwnFailure &&
+    const bool ours = ev.node == round_.groupRank &&
+                      stopCause_ == StopCause::kOwnFailure &&
                       (ev.kind == RoundEnd::kFailed || ev.kind == RoundEnd::kClosed);
     if (ours) return;  // we reported it and are already stopping
     if (ev.kind == RoundEnd::kStoreLost && state_ == State::kSucceeded) {
@@ -579,7 +583,7 @@ class Agent::Impl {
   StopCause stopCause_ = StopCause::kNone;
   RoundInfo round_;
   std::optional<RoundEvent> peer_;  // how the round ended elsewhere
-  bool roundFinished_ = false;  // the round's end said finished while ours ran
+  bool roundFinished_ = false;      // the round's end said finished while ours ran
   std::string failureWhy_;         // our own first failure of the attempt
   std::vector<WorkerFailure> failures_;
   std::chrono::steady_clock::time_point joinStarted_;

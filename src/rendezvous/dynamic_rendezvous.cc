@@ -193,7 +193,8 @@ class DynamicRendezvous final : public Rendezvous {
         // A state tampered with: an invalid one ends the round at once, a
         // deleted or changed one lets the workers' outcome decide.
         auto tampered = checkRound(round);
-        if (tampered && tampered->invalid) return bury(round, RoundEnd::kFinished, "", *tampered);
+        if (tampered && tampered->invalid)
+          return bury(round, RoundEnd::kFinished, "", *tampered);
         if (!tampered) {
           try {
             cell_->update([&](State& st) { detail::markFinishing(st, round); });
@@ -393,19 +394,19 @@ class DynamicRendezvous final : public Rendezvous {
   // The state as a join reads it. A node that has seen this job's state and
   // finds it gone or invalid (another program deleted or overwrote it)
   // leaves a closed state in its place, so that no node starts the job
-  // again over the old rounds' keys, and fails with the reason. A node new
-  // to the job only reports what it found (JobMismatchError or
-  // ProtocolError), touching nothing.
+  // again over the old rounds' keys, and fails with the reason (other job
+  // settings in the state are tampering then). A node new to the job only
+  // reports what it found (JobMismatchError or ProtocolError), touching
+  // nothing.
   void readForJoin() {
     std::string why;
     try {
       cell_->refresh();
       if (cell_->known() || !seenState_) return;
-      why = "the rendezvous state under " + stateKey() + " was deleted while this node was in the job";
-    } catch (const JobMismatchError&) {
-      throw;
-    } catch (const ProtocolError& e) {
-      if (!seenState_) throw;
+      why = "the rendezvous state under " + stateKey() +
+            " was deleted while this node was in the job";
+    } catch (const ProtocolError& e) {  // JobMismatchError too
+      if (!seenState_) throw;           // as it is: nothing of ours to protect
       why = e.message();
     }
     Tamper t{why, true};
@@ -610,7 +611,8 @@ class DynamicRendezvous final : public Rendezvous {
                                                   "the state says later rounds ran"));
           return;
         }
-        tampered = Tamper{describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
+        tampered =
+            Tamper{describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
       } catch (const StateCell::StateGone&) {
         tampered = Tamper{describeTamper(round, "the state was deleted"), false};
       } catch (const ProtocolError& e) {
@@ -640,7 +642,8 @@ class DynamicRendezvous final : public Rendezvous {
   }
   std::string describeTamper(int round, const std::string& why) const {
     return "the rendezvous state under " + stateKey() + " changed while round " +
-           std::to_string(round) + " ran (" + why + "); another program deleted or overwrote it";
+           std::to_string(round) + " ran (" + why +
+           "); another program deleted or overwrote it";
   }
 
   // Ends `round` without its state, which another program deleted, changed

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <string_view>
-#include <nlohmann/json.hpp>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
@@ -124,7 +124,8 @@ State parseState(const json& j) {
   s.participants = listFromJson(j.at("p"), true, most, "p");
   const json& e = j.at("e");
   if (!e.is_array() || e.size() > most + waiting)
-    throw Bad("\"e\" is not a list of at most " + std::to_string(most + waiting) + " ids");
+    throw Bad("\"e\" is not a list of at most " + std::to_string(most + waiting) +
+              " ids");
   for (const auto& id : e) s.expected.push_back(idIn(id));
   s.waitList = listFromJson(j.at("w"), false, waiting, "w");
   s.redundancy = listFromJson(j.at("d"), false, waiting, "d");
@@ -233,7 +234,8 @@ std::string toJson(const State& s) {
 
 State fromJson(const std::string& text, const std::string& key, const Limits& lim) {
   const char* const what = "which is not a ddprun dynamic rendezvous state";
-  const char* const hint = "; is another job or program using this --rdzv-id on this store?";
+  const char* const hint =
+      "; is another job or program using this --rdzv-id on this store?";
   const size_t most = maxStateBytes(lim.maxNodes);
   if (text.size() > most)  // before parsing: its memory is what an attacker wants
     DDPRUN_THROW(ProtocolError, "the rendezvous store holds ", text.size(),
@@ -259,9 +261,9 @@ std::string jobMismatch(const State& s, const Limits& lim) {
   if (j.maxNodes == 0) return "";
   const std::string by = " (set by " + describeNode(j.by) + ")";
   if (j.minNodes != lim.minNodes || j.maxNodes != lim.maxNodes)
-    return "--nnodes " + std::to_string(lim.minNodes) + ":" + std::to_string(lim.maxNodes) +
-           " differs from the job's " + std::to_string(j.minNodes) + ":" +
-           std::to_string(j.maxNodes) + by;
+    return "--nnodes " + std::to_string(lim.minNodes) + ":" +
+           std::to_string(lim.maxNodes) + " differs from the job's " +
+           std::to_string(j.minNodes) + ":" + std::to_string(j.maxNodes) + by;
   if (j.lastCallMs != lim.lastCallMs)
     return "--rdzv-conf last_call_timeout (" + std::to_string(lim.lastCallMs) +
            " ms) differs from the job's (" + std::to_string(j.lastCallMs) + " ms)" + by;
@@ -296,7 +298,8 @@ std::string validate(const State& s, const Limits& lim) {
   if (hosts > 1) return std::to_string(hosts) + " nodes hosting the store";
   for (const auto* list : {&s.participants, &s.waitList, &s.redundancy})
     for (const auto& d : *list)
-      if (d.seq >= s.nextSeq) return "node " + d.id + " has an arrival number not yet given";
+      if (d.seq >= s.nextSeq)
+        return "node " + d.id + " has an arrival number not yet given";
   if (s.round == kMaxRound && !s.closed) return "an open job at the last round";
   if (s.finishing && !s.complete) return "a forming round that is finishing";
   if (s.complete && s.lastCallMs != 0) return "a complete round with a last call";
@@ -415,12 +418,15 @@ bool close(State& s, const std::string& reason) {
   return true;
 }
 
-std::string roundTampered(const std::optional<State>& s, int round, const std::string& me) {
+std::string roundTampered(const std::optional<State>& s, int round,
+                          const std::string& me) {
   if (!s) return "the state was deleted";
   if (s->lastEndedRound >= round) return "";  // it ended: the first end won
   if (s->round == round && s->complete && rankOf(*s, me) >= 0) return "";  // running
   return "the state says round " + std::to_string(s->round) + " is " +
-         (s->closed ? "closed" : s->complete ? "running" : "forming") +
+         (s->closed     ? "closed"
+          : s->complete ? "running"
+                        : "forming") +
          (s->round == round && s->complete ? " without this node" : "") +
          ", though this node runs round " + std::to_string(round);
 }

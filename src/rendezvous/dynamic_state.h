@@ -92,7 +92,7 @@ struct State {
 struct Limits {
   int minNodes = 1;
   int maxNodes = 1;
-  int64_t lastCallMs = 30'000;  // last_call_timeout
+  int64_t lastCallMs = 30'000;   // last_call_timeout
   int64_t heartbeatMs = 15'000;  // keep_alive_interval * keep_alive_max_attempt
 };
 
@@ -190,7 +190,8 @@ bool close(State& s, const std::string& reason);
 // round runs, or the state records that it ended), else what is wrong ("the
 // state was deleted", "the state says round 0 is forming"...). A state
 // changed that way means something else than this job's nodes wrote it.
-std::string roundTampered(const std::optional<State>& s, int round, const std::string& me);
+std::string roundTampered(const std::optional<State>& s, int round,
+                          const std::string& me);
 
 // What ended round `round` if its end key holds `value`, checked against
 // the state (nullopt: missing or invalid, nothing to check against): the

@@ -62,7 +62,8 @@ std::string awaitEndValue(store::Store& store, const std::string& endKey) {
   }
 }
 
-RoundEvent decodeEndOrClose(int round, const std::string& endKey, const std::string& value) {
+RoundEvent decodeEndOrClose(int round, const std::string& endKey,
+                            const std::string& value) {
   try {
     return decodeEnd(round, endKey, value);
   } catch (const ProtocolError& e) {  // junk where the end should be: stop the job

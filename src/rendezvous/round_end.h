@@ -25,6 +25,7 @@ RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey);
 // The two halves of awaitEnd: the raw value once `endKey` exists, and its
 // decoding (junk: kClosed, node -1, the ProtocolError's message).
 std::string awaitEndValue(store::Store& store, const std::string& endKey);
-RoundEvent decodeEndOrClose(int round, const std::string& endKey, const std::string& value);
+RoundEvent decodeEndOrClose(int round, const std::string& endKey,
+                            const std::string& value);
 
 }  // namespace ddprun::rendezvous::detail

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -553,7 +553,8 @@ TEST_F(TamperTest, ADeletedStateAndAFailureCloseTheJob) {
     RoundEvent e = m->node->awaitEvent();
     EXPECT_EQ(e.kind, RoundEnd::kClosed) << "no state to restart from";
     EXPECT_EQ(e.node, rank);
-    EXPECT_NE(e.reason.find("rank 0 exited with 1; the job cannot restart"), std::string::npos)
+    EXPECT_NE(e.reason.find("rank 0 exited with 1; the job cannot restart"),
+              std::string::npos)
         << e.reason;
     EXPECT_NE(e.reason.find("the state was deleted"), std::string::npos) << e.reason;
   }
@@ -587,7 +588,8 @@ TEST_F(TamperTest, AChangedStateLetsTheWorkersDecide) {
 
 TEST_F(TamperTest, AForgedEndIsIgnoredAndTheGenuineOneAwaited) {
   const int rank = ms_[0]->node->info.groupRank;
-  for (const std::string forged : {std::string("finished"), "failed:" + std::to_string(rank) + ":x"}) {
+  for (const std::string forged :
+       {std::string("finished"), "failed:" + std::to_string(rank) + ":x"}) {
     hub_.set(key(0, "end"), forged);
     // Every watcher reads it, finds the state says the round runs, and
     // deletes it.
@@ -597,6 +599,22 @@ TEST_F(TamperTest, AForgedEndIsIgnoredAndTheGenuineOneAwaited) {
   for (auto& m : ms_) EXPECT_TRUE(m->node->events.empty()) << "the workers run on";
   for (auto& m : ms_) m->rdzv().reportSuccess(0);
   for (auto& m : ms_) expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+}
+
+TEST_F(TamperTest, ANodeOfTheJobDoesNotStartItAgainWhenItsStateIsGone) {
+  ms_[0]->rdzv().reportFailure(0, "rank 0 exited with 1", false);
+  for (auto& m : ms_) EXPECT_EQ(m->node->awaitEvent().kind, RoundEnd::kFailed);
+  rogue_->deleteKey(stateKey());
+  ms_[0]->node->join(1);
+  ms_[0]->node->awaitJoin();
+  EXPECT_THROW(ms_[0]->node->rethrow(), ProtocolError);
+  EXPECT_NE(messageOf(*ms_[0]->node).find("was deleted while this node was in the job"),
+            std::string::npos)
+      << messageOf(*ms_[0]->node);
+  EXPECT_TRUE(state().closed) << "not a fresh round 0 over round 0's old keys";
+  ms_[1]->node->join(1);
+  ms_[1]->node->awaitJoin();
+  EXPECT_THROW(ms_[1]->node->rethrow(), ClosedError);
 }
 
 TEST_F(DynamicRendezvousTest, ANodeWithOtherSettingsIsRefusedWithoutTouchingTheState) {
@@ -612,8 +630,8 @@ TEST_F(DynamicRendezvousTest, ANodeWithOtherSettingsIsRefusedWithoutTouchingTheS
   odd->node->join(1);
   odd->node->awaitJoin();
   EXPECT_THROW(odd->node->rethrow(), JobMismatchError);
-  EXPECT_NE(messageOf(*odd->node).find(
-                "--nnodes 1:2 differs from the job's 3:4 (set by node 10.0.0."),
+  EXPECT_NE(messageOf(*odd->node)
+                .find("--nnodes 1:2 differs from the job's 3:4 (set by node 10.0.0."),
             std::string::npos)
       << messageOf(*odd->node);
   odd->rdzv().shutdown();
@@ -669,7 +687,8 @@ TEST_F(DynamicRendezvousTest, FinishedRoundsLeaveNoKeysBehind) {
     ASSERT_EQ(ms[0]->node->info.round, r);
     ms[r % 2]->rdzv().reportFailure(r, "rank 0 exited with 1", false);
     for (auto& m : ms) ASSERT_EQ(m->node->awaitEvent().round, r);
-    if (r == 10) after10 = hub_.connect(std::make_shared<store::CancelToken>())->numKeys();
+    if (r == 10)
+      after10 = hub_.connect(std::make_shared<store::CancelToken>())->numKeys();
   }
   const int64_t keys = hub_.connect(std::make_shared<store::CancelToken>())->numKeys();
   std::cout << "[ figure ] store keys after " << kRounds << " rounds of 2 nodes: " << keys

@@ -375,9 +375,11 @@ TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {[](auto& j) { j["r"] = 2147483647; }, "\"r\" = 2147483647 is outside [0, 2147483646]"},
+      {[](auto& j) { j["r"] = 2147483647; },
+       "\"r\" = 2147483647 is outside [0, 2147483646]"},
       {[](auto& j) { j["r"] = -1; }, "\"r\" = -1 is outside"},
-      {[](auto& j) { j["p"][0]["n"] = 2147483647; }, "\"n\" = 2147483647 is outside [1, 4096]"},
+      {[](auto& j) { j["p"][0]["n"] = 2147483647; },
+       "\"n\" = 2147483647 is outside [1, 4096]"},
       {[](auto& j) { j["p"][0]["n"] = 0; }, "\"n\" = 0 is outside"},
       {[](auto& j) { j["p"][0]["s"] = -1; }, "\"s\" = -1 is outside"},
       {[](auto& j) { j["ns"] = 18446744073709551615ull; }, "\"ns\" is not an integer"},
@@ -403,10 +405,13 @@ TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
        },
        "--nnodes 1:2 differs from the job's 1:3"},
       {[](auto& j) { j["p"][0]["s"] = 7; }, "an arrival number not yet given"},
-      {[](auto& j) { j["f"] = true, j["c"] = false; }, "a forming round that is finishing"},
-      {[](auto& j) { j["r"] = 1, j["er"] = 0, j["end"] = "exploded"; }, "is not a round's end"},
+      {[](auto& j) { j["f"] = true, j["c"] = false; },
+       "a forming round that is finishing"},
+      {[](auto& j) { j["r"] = 1, j["er"] = 0, j["end"] = "exploded"; },
+       "is not a round's end"},
       {[](auto& j) { j["r"] = 1, j["er"] = 0, j["end"] = "failed:9:x"; }, "names node 9"},
-      {[](auto& j) { j["j"]["n"] = "3:4"; }, "--nnodes 1:2 differs from the job's 3:4 (set by node a (pid 100))"},
+      {[](auto& j) { j["j"]["n"] = "3:4"; },
+       "--nnodes 1:2 differs from the job's 3:4 (set by node a (pid 100))"},
       {[](auto& j) { j.erase("j"); }, "not a ddprun dynamic rendezvous state"},
   };
   for (const auto& c : cases) {
@@ -457,8 +462,9 @@ TEST(DynamicStateTest, TheJobsSettingsAreRecordedByTheFirstJoin) {
   EXPECT_EQ(jobMismatch(s, lim), "");
   EXPECT_EQ(jobMismatch(s, Limits{1, 2, 30'000, 15'000}),
             "--nnodes 1:2 differs from the job's 3:4 (set by node a (pid 100))");
-  EXPECT_NE(jobMismatch(s, Limits{3, 4, 1'000, 15'000}).find("last_call_timeout (1000 ms)"),
-            std::string::npos);
+  EXPECT_NE(
+      jobMismatch(s, Limits{3, 4, 1'000, 15'000}).find("last_call_timeout (1000 ms)"),
+      std::string::npos);
   EXPECT_NE(jobMismatch(s, Limits{3, 4, 30'000, 600}).find("heartbeat timeout"),
             std::string::npos);
   State t = fromJson(toJson(s), "k", lim);
@@ -489,8 +495,10 @@ TEST(DynamicStateTest, ATamperedStateIsToldFromARoundThatRunsOrEnded) {
   ASSERT_TRUE(s.complete);
   EXPECT_EQ(roundTampered(s, 0, ns[0].id), "");
   EXPECT_EQ(roundTampered(std::nullopt, 0, ns[0].id), "the state was deleted");
-  EXPECT_NE(roundTampered(State{}, 0, ns[0].id).find("round 0 is forming"), std::string::npos);
-  EXPECT_NE(roundTampered(s, 0, node("z").id).find("without this node"), std::string::npos);
+  EXPECT_NE(roundTampered(State{}, 0, ns[0].id).find("round 0 is forming"),
+            std::string::npos);
+  EXPECT_NE(roundTampered(s, 0, node("z").id).find("without this node"),
+            std::string::npos);
   // A forged end is not backed by the state: the round still runs there.
   EXPECT_EQ(trustedEnd(s, 0, "finished"), std::nullopt);
   EXPECT_EQ(trustedEnd(std::nullopt, 0, "finished"), "finished") << "nothing to check";
