@@ -17,8 +17,8 @@
 #include "ddprun/common/strings.h"
 #include "dynamic_rendezvous_internal.h"
 #include "dynamic_state.h"
-#include "state_cell.h"
 #include "round_end.h"
+#include "state_cell.h"
 #include "task_thread.h"
 
 namespace ddprun::rendezvous {
@@ -26,8 +26,8 @@ namespace {
 
 using detail::JoinOutcome;
 using detail::NodeDesc;
-using detail::StateCell;
 using detail::State;
+using detail::StateCell;
 using Millis = std::chrono::milliseconds;
 
 // A watcher waits this long per request for the round's end, then asks again:
@@ -292,9 +292,7 @@ class DynamicRendezvous final : public Rendezvous {
       // The step runs again at least once per heartbeat timeout: a node
       // dropped from the forming round for a silence (a machine stalled
       // longer than that) finds itself out and joins again.
-      const int64_t heartbeatTimeout =
-          opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt;
-      int64_t until = std::min(deadline, now() + heartbeatTimeout);
+      int64_t until = std::min(deadline, now() + heartbeatTimeout().count());
       if (s.lastCallMs) until = std::min(until, s.lastCallMs);
       waitUntil({key(s.round, "complete")}, until);
     }
@@ -562,7 +560,12 @@ class DynamicRendezvous final : public Rendezvous {
   // changed: the workers' outcome decides (finished stays finished; a
   // failure closes the job, which has no state left to restart from).
   void bury(int round, RoundEnd kind, const std::string& why, const Tamper& t) {
-    int node = groupRank_;
+    bury(*client_, cell_->raw(), round, kind, groupRank_, why, t);
+  }
+  // The same on any thread's connection; `raw`: the state as read there,
+  // `node`: this node's group rank in `round`.
+  void bury(store::Store& store, const std::string& raw, int round, RoundEnd kind,
+            int node, const std::string& why, const Tamper& t) {
     std::string reason = why;
     if (t.invalid) {
       kind = RoundEnd::kClosed, node = -1, reason = t.why;
@@ -571,12 +574,12 @@ class DynamicRendezvous final : public Rendezvous {
     }
     const std::string end = detail::encodeEnd(kind, node, reason);
     const State tomb = detail::tombstone(
-        round, end, kind == RoundEnd::kFinished ? "it finished" : reason, lim_, me_.id);
+        round, end, kind == RoundEnd::kFinished ? "it finished" : reason, lim_, nodeId_);
     DDPRUN_ERROR("rendezvous: ", t.why, "; round ", round, " ends as ",
                  kind == RoundEnd::kFinished ? "finished" : "closed");
-    client_->compareSet(stateKey(), cell_->raw(), detail::toJson(tomb));
-    client_->compareSet(key(round, "end"), "", end);
-    client_->compareSet(key(round, "worker_store"), "", kNoWorkerStore);
+    store.compareSet(stateKey(), raw, detail::toJson(tomb));
+    store.compareSet(key(round, "end"), "", end);
+    store.compareSet(key(round, "worker_store"), "", kNoWorkerStore);
   }
 
   // On the task thread. Reports on a round that already ended change
@@ -694,7 +697,9 @@ class DynamicRendezvous final : public Rendezvous {
                              const std::shared_ptr<store::CancelToken>& token) {
     const std::string endKey = key(round, "end");
     for (;;) {
-      const std::string value = detail::awaitEndValue(store, endKey);
+      const std::string value =
+          detail::awaitEndValue(store, endKey, heartbeatTimeout(),
+                                [&] { checkWhileRunning(store, round, token); });
       auto trusted = detail::trustedEnd(readState(store, token), round, value);
       if (trusted) return detail::decodeEndOrClose(round, endKey, *trusted);
       DDPRUN_WARN("rendezvous: ", endKey, " holds '", str::escape(value, 80),
@@ -705,6 +710,24 @@ class DynamicRendezvous final : public Rendezvous {
       if (auto again = readState(store, token); again && again->lastEndedRound == round)
         store.compareSet(endKey, "", again->lastEnd);
     }
+  }
+
+  // On the watcher's thread, once per heartbeat timeout while the round
+  // runs: an invalid state ends it now (closed on every node), not only
+  // when a node's workers end. A deleted or changed one is left to the
+  // reports: the workers' outcome decides then.
+  void checkWhileRunning(store::Store& store, int round,
+                         const std::shared_ptr<store::CancelToken>& token) {
+    StateCell cell(store, stateKey(), lim_, token);
+    try {
+      cell.refresh();
+    } catch (const ProtocolError& e) {
+      bury(store, cell.raw(), round, RoundEnd::kClosed, -1, "",
+           Tamper{e.message(), true});
+    }
+  }
+  Millis heartbeatTimeout() const {
+    return opts_.keepAliveInterval * opts_.keepAliveMaxAttempt;
   }
 
   // The state for a check, nullopt if missing or invalid.

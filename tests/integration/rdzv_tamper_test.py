@@ -90,8 +90,14 @@ class StateUnderARunningRound(TamperCase):
 
     def test_an_invalid_state_is_a_clear_error_on_every_agent_and_is_replaced(self):
         agents, _ = self.pair()
+        t0 = time.monotonic()
         self.rogue.set(self.key("state"), b"Y2FuaW1hZGFt")
-        self.finish_all(agents, 1, "junk state: workers' end to every exit")
+        # The workers are never let go: the agents look at the state once per
+        # heartbeat timeout while they run, stop them and exit 1. Before the
+        # fix nothing looked, and after the workers' end both waited for ever.
+        self.assert_exits(agents, 1)
+        figure("junk state while the workers run: tampering to every exit",
+               time.monotonic() - t0)
         for a in agents:
             self.assert_said(a, "'Y2FuaW1hZGFt' under ddprun/%s/state" % self.run_id)
         st = self.state()

@@ -578,6 +578,24 @@ TEST_F(TamperTest, AnInvalidStateClosesTheRoundOnEveryNodeAndIsReplaced) {
   EXPECT_NE(state().closedReason.find("Y2FuaW1hZGFt"), std::string::npos);
 }
 
+// Without any report (the workers run on): each watcher looks at the state
+// once per heartbeat timeout (here 3 x 10 ms of real time, the store's own
+// wait timeout) and ends the round at the first invalid one it sees.
+TEST_F(DynamicRendezvousTest, AnInvalidStateIsNoticedWhileTheWorkersRun) {
+  opts_.minNodes = opts_.maxNodes = 2;
+  opts_.keepAliveInterval = 10ms;
+  auto ms = members(2);
+  joinAll(ms);
+  hub_.set(stateKey(), R"({"r":"one"})");
+  for (auto& m : ms) {
+    RoundEvent e = m->node->awaitEvent();
+    EXPECT_EQ(e.kind, RoundEnd::kClosed);
+    EXPECT_EQ(e.node, -1);
+    EXPECT_NE(e.reason.find("under ddprun/job/state"), std::string::npos) << e.reason;
+  }
+  EXPECT_TRUE(state().closed);
+}
+
 TEST_F(TamperTest, AChangedStateLetsTheWorkersDecide) {
   detail::State other = state();
   other.round = 0, other.complete = false, other.participants.clear();
