@@ -220,6 +220,10 @@ class DynamicRendezvous final : public Rendezvous {
                                      : backend_.localAddress(*client_);
     if (addr_.empty()) addr_ = net::hostName();
     me_.id = detail::makeNodeId(addr_, backend_.pid, nextLocalId++);
+    if (!detail::isValidNodeId(me_.id))
+      DDPRUN_THROW(InvalidArgument, "this node's address '", str::escape(addr_, 80),
+                   "' cannot name it in the rendezvous (at most 240 characters of "
+                   "letters, digits and ._-:%[]); pass another --local-addr");
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);

@@ -67,12 +67,8 @@ std::string textIn(const json& j, const char* name, size_t maxBytes) {
 // Node ids are "<addr>_<pid>_<n>": printable, no quotes or controls.
 std::string idIn(const json& j) {
   std::string id = j.is_string() ? j.get<std::string>() : textIn(j, "id", kMaxIdBytes);
-  const bool ok = !id.empty() && id.size() <= kMaxIdBytes &&
-                  std::all_of(id.begin(), id.end(), [](char c) {
-                    return std::isalnum(static_cast<unsigned char>(c)) ||
-                           std::string_view("._-:%[]").find(c) != std::string_view::npos;
-                  });
-  if (!ok) throw Bad("a node id \"" + str::escape(id, 40) + "\" is not <addr>_<pid>_<n>");
+  if (!isValidNodeId(id))
+    throw Bad("a node id \"" + str::escape(id, 40) + "\" is not <addr>_<pid>_<n>");
   return id;
 }
 
@@ -187,6 +183,14 @@ JoinOutcome joinForming(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs
 }
 
 }  // namespace
+
+bool isValidNodeId(const std::string& id) {
+  return !id.empty() && id.size() <= kMaxIdBytes &&
+         std::all_of(id.begin(), id.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) ||
+                  std::string_view("._-:%[]").find(c) != std::string_view::npos;
+         });
+}
 
 std::string makeNodeId(const std::string& addr, int64_t pid, int n) {
   return addr + "_" + std::to_string(pid) + "_" + std::to_string(n);

@@ -114,6 +114,8 @@ size_t maxStateBytes(int maxNodes);
 // "<addr>_<pid>_<n>"; "node <addr> (pid <pid>)" for messages (the id itself
 // if it has not that form).
 std::string makeNodeId(const std::string& addr, int64_t pid, int n);
+// What a state accepts as a node id: 1 to kMaxIdBytes of [A-Za-z0-9._:%[]-].
+bool isValidNodeId(const std::string& id);
 std::string describeNode(const std::string& id);
 
 std::string toJson(const State& s);

@@ -421,6 +421,16 @@ TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
   }
 }
 
+TEST(DynamicStateTest, NodeIdsAreCheckedBothWays) {
+  EXPECT_TRUE(isValidNodeId(makeNodeId("10.0.0.2", 42, 0)));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("fe80::1%eth0", 42, 0)));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("my_host-1.example.com", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("a b", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("x\"y", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId(std::string(kMaxIdBytes, 'a'), 42, 0)));
+  EXPECT_FALSE(isValidNodeId(""));
+}
+
 TEST(DynamicStateTest, AnOversizedValueIsRefusedBeforeItIsParsed) {
   const Limits lim{1, 2, 30'000, 15'000};
   // Far more than 2 nodes can need, and not even JSON past the first
