@@ -251,8 +251,9 @@ class DynamicRendezvous final : public Rendezvous {
   RoundInfo joinRound(int localWorldSize) {
     ownTimeout_ = false;
     if (storeLost_) DDPRUN_THROW(IoError, "it was lost before this join");
-    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
-                 localWorldSize);
+    DDPRUN_CHECK(localWorldSize > 0 && localWorldSize <= detail::kMaxNproc,
+                 "a node of an elastic job runs 1 to ", detail::kMaxNproc,
+                 " workers, got ", localWorldSize);
     ensureConnected();
     const int64_t deadline = now() + opts_.joinTimeout.count();
     me_.nproc = localWorldSize;
@@ -813,6 +814,8 @@ void validate(const DynamicOptions& o) {
   DDPRUN_CHECK(o.minNodes >= 1 && o.minNodes <= o.maxNodes,
                "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":",
                o.maxNodes);
+  DDPRUN_CHECK(o.maxNodes <= detail::kMaxNodesEver, "--nnodes MAX must be at most ",
+               detail::kMaxNodesEver, ", got ", o.maxNodes);
   for (auto [name, v] : {std::pair{"join_timeout", o.joinTimeout},
                          {"last_call_timeout", o.lastCallTimeout},
                          {"close_timeout", o.closeTimeout},

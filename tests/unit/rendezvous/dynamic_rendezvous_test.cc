@@ -726,6 +726,7 @@ TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
   bad([](DynamicOptions& o) { o.lastCallTimeout = 0ms; });
   bad([](DynamicOptions& o) { o.keepAliveMaxAttempt = 0; });
   bad([](DynamicOptions& o) { o.runId = ""; });
+  bad([](DynamicOptions& o) { o.maxNodes = detail::kMaxNodesEver + 1; });
   EXPECT_NO_THROW(detail::validate(opts_));
 }
 
