@@ -48,6 +48,7 @@ rendezvous::DynamicOptions dynamicOptions(const LaunchConfig& cfg) {
   o.readTimeout = cfg.c10d.readTimeout;
   o.keepAliveInterval = cfg.c10d.keepAliveInterval;
   o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.authSecret = cfg.rdzvSecret;
   return o;
 }
 
@@ -229,6 +230,12 @@ class Agent::Impl {
       reporter_->event("rendezvous_closed", {{"reason", e.message()}}, restartCount_);
       finish(kExitSuccess);
       return;
+    } catch (const rendezvous::JobMismatchError& e) {
+      // This node's job-wide flags differ from the job's: a usage error.
+      DDPRUN_ERROR(e.message());
+      reporter_->event("rendezvous_failed", {{"reason", e.message()}}, restartCount_);
+      finish(kExitUsage);
+      return;
     } catch (const std::exception& e) {
       DDPRUN_DEBUG("rendezvous: ", e.what());
       DDPRUN_ERROR(messageOf(e));
@@ -323,6 +330,7 @@ class Agent::Impl {
       state_ = State::kSucceeded;
       reporter_->event("succeeded", {}, restartCount_);
       rdzv_->reportSuccess(round_.round);
+      if (roundFinished_) finish(kExitSuccess);
     }
   }
 
@@ -343,10 +351,19 @@ class Agent::Impl {
     if (state_ == State::kDone || ev.round != round_.round) return;  // stale
     if (state_ == State::kIdle || state_ == State::kJoining) return;
     if (ev.kind == RoundEnd::kFinished) {
-      if (state_ == State::kSucceeded) finish(kExitSuccess);
+      // Running still: the round's end says every node succeeded, so ours
+      // will too; exit when they have (onExit), never wait for another event.
+      if (state_ == State::kSucceeded) {
+        finish(kExitSuccess);
+      } else {
+        roundFinished_ = true;
+      }
       return;
     }
+    // A failure naming this node is ours only if this node reported one
+    // (another program may have written it): otherwise it is a peer's.
     const bool ours = ev.node == round_.groupRank &&
+                      stopCause_ == StopCause::kOwnFailure &&
                       (ev.kind == RoundEnd::kFailed || ev.kind == RoundEnd::kClosed);
     if (ours) return;  // we reported it and are already stopping
     if (ev.kind == RoundEnd::kStoreLost && state_ == State::kSucceeded) {
@@ -372,6 +389,8 @@ class Agent::Impl {
     switch (ev.kind) {
       case RoundEnd::kFailed:
       case RoundEnd::kClosed:
+        if (ev.node < 0)  // no node's workers: the rendezvous closed it
+          return "the job was closed" + (ev.reason.empty() ? "" : " (" + ev.reason + ")");
         return "the job failed on node " + std::to_string(ev.node) +
                (ev.reason.empty() ? "" : " (" + ev.reason + ")");
       case RoundEnd::kMembershipChanged:
@@ -443,6 +462,7 @@ class Agent::Impl {
     failures_.clear();
     failures_.shrink_to_fit();
     peer_.reset();
+    roundFinished_ = false;
     failureWhy_.clear();
     stopCause_ = StopCause::kNone;
   }
@@ -565,6 +585,7 @@ class Agent::Impl {
   StopCause stopCause_ = StopCause::kNone;
   RoundInfo round_;
   std::optional<RoundEvent> peer_;  // how the round ended elsewhere
+  bool roundFinished_ = false;      // the round's end said finished while ours ran
   std::string failureWhy_;         // our own first failure of the attempt
   std::vector<WorkerFailure> failures_;
   std::chrono::steady_clock::time_point joinStarted_;

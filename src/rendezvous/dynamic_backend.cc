@@ -45,6 +45,7 @@ std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
   o.timeout = requestTimeout;
   o.connectTimeout = timeout;
   o.cancel = std::move(cancel);
+  o.authToken = opts.authSecret;
   return store::TcpStore::connect(o);
 }
 
@@ -55,7 +56,8 @@ void hostEndpoint(DynamicOptions& opts, HostedStores& hosted) {
     hosted.endpoint =
         hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
                   "pass another port in --rdzv-endpoint (the same to every "
-                  "node), or stop that process");
+                  "node), or stop that process",
+                  opts.authSecret);
     opts.endpointPort = hosted.endpoint->port();
   } catch (const IoError& e) {
     if (opts.isHostExplicit) throw;

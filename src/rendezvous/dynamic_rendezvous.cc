@@ -18,6 +18,7 @@
 #include "dynamic_rendezvous_internal.h"
 #include "dynamic_state.h"
 #include "round_end.h"
+#include "state_cell.h"
 #include "task_thread.h"
 
 namespace ddprun::rendezvous {
@@ -26,11 +27,16 @@ namespace {
 using detail::JoinOutcome;
 using detail::NodeDesc;
 using detail::State;
+using detail::StateCell;
 using Millis = std::chrono::milliseconds;
 
 // A watcher waits this long per request for the round's end, then asks again:
 // rounds last as long as training does.
 constexpr Millis kWatchSlice{3'600'000};
+
+// What the node ending a round writes under round/<r>/worker_store when group
+// rank 0 has not published one: the nodes waiting for it see the end.
+const std::string kNoWorkerStore = "-";
 
 // How long a join waits for the join before it in line (see Turn).
 constexpr Millis kTurnPatience{2'000};
@@ -44,71 +50,6 @@ std::string formatDuration(int64_t ms) {
   return std::to_string(ms / 1000) + " s";
 }
 
-// One thread's view of the state key: the text it last read, and
-// compare_set against it (see dynamic_state.h). Not thread-safe: one per
-// thread, with that thread's store connection.
-class StateCell {
- public:
-  StateCell(store::Store& store, std::string key,
-            std::shared_ptr<store::CancelToken> cancel)
-      : store_(store), key_(std::move(key)), cancel_(std::move(cancel)) {}
-
-  // The store's current state in one request: a compare_set that can never
-  // match returns the value, or (the server's "lie" for a missing key) the
-  // expected sentinel itself.
-  State refresh() {
-    static const std::string kSentinel = "\x01";
-    std::string got = store_.compareSet(key_, kSentinel, kSentinel);
-    adopt(got == kSentinel ? "" : std::move(got));
-    return state_;
-  }
-  // Whether a state was ever read (else update() starts from "no state").
-  bool known() const { return !text_.empty(); }
-
-  // Applies `change` to the latest state known and writes the result
-  // against it; when the store holds something else, adopts that and applies
-  // `change` again. Returns the state as written (or as found, when
-  // `change` leaves it as it is).
-  //
-  // Many nodes arriving at once all miss but one per attempt: each miss
-  // backs off a random, growing moment (1 ms to 32 ms) so that the store
-  // serves a few attempts at a time rather than every node's (O(nodes^2)
-  // states of O(nodes) bytes).
-  State update(const std::function<void(State&)>& change) {
-    Backoff backoff(kContention);
-    for (;;) {
-      State s = state_;
-      change(s);
-      std::string next = detail::toJson(s);
-      if (next == text_) return s;
-      std::string got = store_.compareSet(key_, text_, next);
-      if (got == next) {
-        text_ = std::move(next);
-        state_ = s;
-        return s;
-      }
-      // The expected value back (and not ours) means the key is missing.
-      adopt(got == text_ ? "" : std::move(got));
-      if (cancel_->sleepFor(backoff.next()))
-        DDPRUN_THROW(CancelledError, "a rendezvous state update was cancelled");
-    }
-  }
-
- private:
-  void adopt(std::string text) {
-    state_ = text.empty() ? State{} : detail::fromJson(text, key_);
-    text_ = std::move(text);
-  }
-
-  static constexpr Backoff::Options kContention{Millis(1), 2.0, Millis(32), 1.0};
-
-  store::Store& store_;
-  const std::string key_;
-  const std::shared_ptr<store::CancelToken> cancel_;
-  std::string text_;  // "" = no state in the store
-  State state_;       // text_ parsed
-};
-
 // Keys, under "ddprun/<run_id>/":
 //   state                   the job's state (dynamic_state.h)
 //   hb/<node id>            heartbeats (heartbeat.h)
@@ -121,6 +62,9 @@ class StateCell {
 //                           finds it missing; the watchers WAIT on it
 //   round/<r>/left/<id>     the node read round r's end (the host waits for
 //                           these, bounded, before its store goes)
+//   Round r-2's keys go when round r completes (group rank 0 deletes them;
+//   each node its own left/<id>): a node still in round r-2 was dropped
+//   two rounds ago.
 //   turn, turn/<t>          join tickets and the end of ticket t's turn (see Turn)
 //
 // Threads: the agent's thread calls the interface; a task thread runs joins,
@@ -131,7 +75,8 @@ class DynamicRendezvous final : public Rendezvous {
  public:
   DynamicRendezvous(DynamicOptions opts, Post post, detail::DynamicBackend backend)
       : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {
-    lim_ = {opts_.minNodes, opts_.maxNodes, opts_.lastCallTimeout.count()};
+    lim_ = {opts_.minNodes, opts_.maxNodes, opts_.lastCallTimeout.count(),
+            opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt};
     if (backend_.pid == 0) backend_.pid = ::getpid();
   }
   ~DynamicRendezvous() override { shutdown(); }
@@ -154,10 +99,20 @@ class DynamicRendezvous final : public Rendezvous {
       report(round, "its workers succeeded", [&] {
         // First in the state (a newcomer must not end a round that is
         // finishing), then the count; only the first node's update writes.
-        cell_->refresh();
-        cell_->update([&](State& st) { detail::markFinishing(st, round); });
-        if (client_->add(key(round, "done"), 1) >= roundSize_)
-          endRound(round, RoundEnd::kFinished, "");
+        // A state tampered with: an invalid one ends the round at once, a
+        // deleted or changed one lets the workers' outcome decide.
+        auto tampered = checkRound(round);
+        if (tampered && tampered->invalid)
+          return bury(round, RoundEnd::kFinished, "", *tampered);
+        if (!tampered) {
+          try {
+            cell_->update([&](State& st) { detail::markFinishing(st, round); });
+          } catch (const ProtocolError&) {  // endRound() looks again
+          }
+        }
+        if (client_->add(key(round, "done"), 1) < roundSize_) return;
+        if (tampered) return bury(round, RoundEnd::kFinished, "", *tampered);
+        endRound(round, RoundEnd::kFinished, "");
       });
     });
   }
@@ -259,12 +214,16 @@ class DynamicRendezvous final : public Rendezvous {
     } catch (const TimeoutError& e) {
       DDPRUN_THROW(IoError, e.message());
     }
-    cell_.emplace(*client_, stateKey(), cancel_);
+    cell_.emplace(*client_, stateKey(), lim_, cancel_);
     addr_ = !opts_.localAddr.empty() ? opts_.localAddr
             : backend_.hosting       ? opts_.endpointHost
                                      : backend_.localAddress(*client_);
     if (addr_.empty()) addr_ = net::hostName();
     me_.id = detail::makeNodeId(addr_, backend_.pid, nextLocalId++);
+    if (!detail::isValidNodeId(me_.id))
+      DDPRUN_THROW(InvalidArgument, "this node's address '", str::escape(addr_, 80),
+                   "' cannot name it in the rendezvous (at most 240 characters of "
+                   "letters, digits and ._-:%[]); pass another --local-addr");
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
@@ -292,8 +251,9 @@ class DynamicRendezvous final : public Rendezvous {
   RoundInfo joinRound(int localWorldSize) {
     ownTimeout_ = false;
     if (storeLost_) DDPRUN_THROW(IoError, "it was lost before this join");
-    DDPRUN_CHECK(localWorldSize > 0, "a node needs at least one worker, got ",
-                 localWorldSize);
+    DDPRUN_CHECK(localWorldSize > 0 && localWorldSize <= detail::kMaxNproc,
+                 "a node of an elastic job runs 1 to ", detail::kMaxNproc,
+                 " workers, got ", localWorldSize);
     ensureConnected();
     const int64_t deadline = now() + opts_.joinTimeout.count();
     me_.nproc = localWorldSize;
@@ -302,20 +262,32 @@ class DynamicRendezvous final : public Rendezvous {
       // Read before the state, so that a node giving up names what it saw
       // after its deadline, not before.
       const bool late = now() >= deadline;
-      cell_->refresh();
+      readForJoin();
       JoinOutcome outcome{};
       NodeDesc trial;
-      State s = cell_->update([&](State& st) {
-        trial = me_;
-        outcome = detail::joinStep(st, trial, lim_, now());
-      });
+      State s = cell_->update(
+          [&](State& st) {
+            trial = me_;
+            outcome = detail::joinStep(st, trial, lim_, now());
+          },
+          /*mayCreate=*/!seenState_);
+      seenState_ = true;
+      lastRoundSeen_ = s.round;
       me_ = trial;
       turn.release();
       afterRead(*client_, s);
       if (outcome == JoinOutcome::kClosed)
         DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
                      " is already over: ", s.closedReason);
-      if (outcome == JoinOutcome::kComplete) return roundInfo(s);
+      if (outcome == JoinOutcome::kFull)
+        DDPRUN_THROW(InvalidArgument, "job ", opts_.runId, " already has ",
+                     detail::waitingCap(opts_.maxNodes),
+                     " nodes waiting for a place beyond --nnodes' maximum ",
+                     opts_.maxNodes, "; start fewer nodes or raise the maximum");
+      if (outcome == JoinOutcome::kComplete) {
+        if (auto info = roundInfo(s)) return *info;
+        continue;  // the round ended before it started: join the next
+      }
       // Redundant, or waiting for a finishing round: no deadline, as torchrun.
       if (outcome == JoinOutcome::kWaitEnd) {
         waitUntil({key(s.round, "end")}, INT64_MAX);
@@ -325,12 +297,34 @@ class DynamicRendezvous final : public Rendezvous {
       // The step runs again at least once per heartbeat timeout: a node
       // dropped from the forming round for a silence (a machine stalled
       // longer than that) finds itself out and joins again.
-      const int64_t heartbeatTimeout =
-          opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt;
-      int64_t until = std::min(deadline, now() + heartbeatTimeout);
+      int64_t until = std::min(deadline, now() + heartbeatTimeout().count());
       if (s.lastCallMs) until = std::min(until, s.lastCallMs);
       waitUntil({key(s.round, "complete")}, until);
     }
+  }
+
+  // The state as a join reads it. A node that has seen this job's state and
+  // finds it gone or invalid (another program deleted or overwrote it)
+  // leaves a closed state in its place, so that no node starts the job
+  // again over the old rounds' keys, and fails with the reason (other job
+  // settings in the state are tampering then). A node new to the job only
+  // reports what it found (JobMismatchError or ProtocolError), touching
+  // nothing.
+  void readForJoin() {
+    std::string why;
+    try {
+      cell_->refresh();
+      if (cell_->known() || !seenState_) return;
+      why = "the rendezvous state under " + stateKey() +
+            " was deleted while this node was in the job";
+    } catch (const ProtocolError& e) {  // JobMismatchError too
+      if (!seenState_) throw;           // as it is: nothing of ours to protect
+      why = e.message();
+    }
+    Tamper t{why, true};
+    bury(lastRoundSeen_, RoundEnd::kClosed, "", t);
+    DDPRUN_THROW(ProtocolError, why, "; the job ", opts_.runId,
+                 " is closed: start it again with another --rdzv-id");
   }
 
   // Joins take turns: nodes arriving together would otherwise all miss but
@@ -431,11 +425,16 @@ class DynamicRendezvous final : public Rendezvous {
     }
     if (s.lastEndedRound > endMarked_) {
       store.compareSet(key(s.lastEndedRound, "end"), "", s.lastEnd);
+      // Nodes still waiting for the round's worker store wake up and see
+      // the end (group rank 0 may be the node that was dropped).
+      store.compareSet(key(s.lastEndedRound, "worker_store"), "", kNoWorkerStore);
       endMarked_ = s.lastEndedRound;
     }
   }
 
-  RoundInfo roundInfo(const State& s) {
+  // The complete round's info, or nullopt if it ended before group rank 0
+  // published its worker store.
+  std::optional<RoundInfo> roundInfo(const State& s) {
     RoundInfo info;
     info.round = s.round;
     info.groupRank = detail::rankOf(s, me_.id);
@@ -450,19 +449,22 @@ class DynamicRendezvous final : public Rendezvous {
     roundPeers_.clear();
     for (const auto& d : s.participants)
       if (d.id != me_.id) roundPeers_.push_back(d.id);
-    workerStore(info);
+    if (!workerStore(info)) return std::nullopt;
     return info;
   }
 
   // Group rank 0 starts the round's fresh worker store and publishes it; the
-  // others read it (published right after completion).
-  void workerStore(RoundInfo& info) {
+  // others read it (published right after completion). False: the round
+  // ended first (group rank 0 died or stalled, and was dropped: whoever
+  // wrote the end also wrote kNoWorkerStore there).
+  bool workerStore(RoundInfo& info) {
     const auto k = key(info.round, "worker_store");
     if (info.groupRank == 0) {
       info.workerStoreHost = addr_;
       info.workerStorePort = backend_.startWorkerStore();
       client_->set(k, net::formatHostPort(addr_, info.workerStorePort));
-      return;
+      forgetRound(info.round - 2);
+      return true;
     }
     try {
       client_->wait({k}, opts_.readTimeout);
@@ -473,6 +475,11 @@ class DynamicRendezvous final : public Rendezvous {
                    ") within ", formatDuration(opts_.readTimeout.count()));
     }
     const std::string value = client_->get(k);
+    if (value == kNoWorkerStore || client_->check({key(info.round, "end")})) {
+      DDPRUN_INFO("rendezvous: round ", info.round,
+                  " ended before it started; joining the next one");
+      return false;
+    }
     try {
       auto hp = net::parseHostPort(value, 0);
       if (hp.port == 0) throw InvalidArgument("port 0");
@@ -483,14 +490,101 @@ class DynamicRendezvous final : public Rendezvous {
                    "' under ", k, ", not host:port; is another job using --rdzv-id ",
                    opts_.runId, " on this store?");
     }
+    return true;
   }
 
-  // On the task thread: the state change that ends `round`, then its key.
+  // Deletes the keys of a round that ended two rounds ago (their readers
+  // are gone: see the keys above); best effort.
+  void forgetRound(int round) {
+    if (round < 0) return;
+    try {
+      for (const char* name : {"complete", "worker_store", "done", "end"})
+        client_->deleteKey(key(round, name));
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: round ", round, "'s keys stay: ", e.message());
+    }
+  }
+
+  // On the task thread: the state change that ends `round`, then its key;
+  // bury() if the state no longer describes the round.
   void endRound(int round, RoundEnd kind, const std::string& why) {
-    cell_->refresh();
-    State s = cell_->update(
-        [&](State& st) { detail::endRound(st, round, kind, groupRank_, why); });
-    ensureMarkers(*client_, s);
+    auto tampered = checkRound(round);
+    if (!tampered) {
+      try {
+        State s = cell_->update(
+            [&](State& st) { detail::endRound(st, round, kind, groupRank_, why); });
+        if (s.lastEndedRound >= round) {
+          ensureMarkers(*client_, s);
+          // Rounds after it ended too: its key was written then (a no-op),
+          // unless the state was rewritten past it; its watchers must wake.
+          if (s.lastEndedRound > round)
+            client_->compareSet(key(round, "end"), "",
+                                detail::encodeEnd(RoundEnd::kMembershipChanged, -1,
+                                                  "the state says later rounds ran"));
+          return;
+        }
+        tampered =
+            Tamper{describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
+      } catch (const StateCell::StateGone&) {
+        tampered = Tamper{describeTamper(round, "the state was deleted"), false};
+      } catch (const ProtocolError& e) {
+        tampered = Tamper{e.message(), true};
+      }
+    }
+    bury(round, kind, why, *tampered);
+  }
+
+  // What is wrong with the state for the running round `round`, or nullopt
+  // (it runs, or ended legitimately). Invalid: it cannot be parsed or
+  // validated; otherwise it was deleted or describes something else.
+  struct Tamper {
+    std::string why;
+    bool invalid = false;
+  };
+  std::optional<Tamper> checkRound(int round) {
+    try {
+      State s = cell_->refresh();
+      const std::string why = detail::roundTampered(
+          cell_->known() ? std::optional<State>(s) : std::nullopt, round, me_.id);
+      if (why.empty()) return std::nullopt;
+      return Tamper{describeTamper(round, why), false};
+    } catch (const ProtocolError& e) {  // JobMismatchError too: not what this job wrote
+      return Tamper{e.message(), true};
+    }
+  }
+  std::string describeTamper(int round, const std::string& why) const {
+    return "the rendezvous state under " + stateKey() + " changed while round " +
+           std::to_string(round) + " ran (" + why +
+           "); another program deleted or overwrote it";
+  }
+
+  // Ends `round` without its state, which another program deleted, changed
+  // or made invalid: a closed state replaces whatever is there (no node
+  // starts the job again over the old rounds' keys), then the round's end
+  // key says how it ended. Invalid: the job closes on every node. Deleted or
+  // changed: the workers' outcome decides (finished stays finished; a
+  // failure closes the job, which has no state left to restart from).
+  void bury(int round, RoundEnd kind, const std::string& why, const Tamper& t) {
+    bury(*client_, cell_->raw(), round, kind, groupRank_, why, t);
+  }
+  // The same on any thread's connection; `raw`: the state as read there,
+  // `node`: this node's group rank in `round`.
+  void bury(store::Store& store, const std::string& raw, int round, RoundEnd kind,
+            int node, const std::string& why, const Tamper& t) {
+    std::string reason = why;
+    if (t.invalid) {
+      kind = RoundEnd::kClosed, node = -1, reason = t.why;
+    } else if (kind != RoundEnd::kFinished) {
+      kind = RoundEnd::kClosed, reason = why + "; the job cannot restart: " + t.why;
+    }
+    const std::string end = detail::encodeEnd(kind, node, reason);
+    const State tomb = detail::tombstone(
+        round, end, kind == RoundEnd::kFinished ? "it finished" : reason, lim_, nodeId_);
+    DDPRUN_ERROR("rendezvous: ", t.why, "; round ", round, " ends as ",
+                 kind == RoundEnd::kFinished ? "finished" : "closed");
+    store.compareSet(stateKey(), raw, detail::toJson(tomb));
+    store.compareSet(key(round, "end"), "", end);
+    store.compareSet(key(round, "worker_store"), "", kNoWorkerStore);
   }
 
   // On the task thread. Reports on a round that already ended change
@@ -516,7 +610,7 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       if (!deadClient_) {
         deadClient_ = backend_.connect(cancel_, opts_.readTimeout);
-        deadCell_.emplace(*deadClient_, stateKey(), cancel_);
+        deadCell_.emplace(*deadClient_, stateKey(), lim_, cancel_);
       }
       deadCell_->refresh();
       State s = deadCell_->update(
@@ -545,7 +639,7 @@ class DynamicRendezvous final : public Rendezvous {
     if (jobEndSeen_ && !backend_.hosting) return;
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
-      StateCell cell(*store, stateKey(), leaveCancel_);
+      StateCell cell(*store, stateKey(), lim_, leaveCancel_);
       cell.refresh();
       State s = cell.update([&](State& st) {
         if (closedByMe_ || finished_)
@@ -585,7 +679,7 @@ class DynamicRendezvous final : public Rendezvous {
     RoundEvent event;
     try {
       auto store = backend_.connect(token, opts_.readTimeout);
-      event = detail::awaitEnd(*store, round, key(round, "end"));
+      event = awaitTrustedEnd(*store, round, token);
       if (event.kind == RoundEnd::kFinished) finished_ = true;
       if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
         jobEndSeen_ = true;
@@ -600,10 +694,65 @@ class DynamicRendezvous final : public Rendezvous {
     if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
   }
 
+  // Round `round`'s end as the state backs it (detail::trustedEnd). A key
+  // the state does not back (it says the round still runs) was written by
+  // another program: deleted, then the genuine end is awaited (whoever
+  // ends the round writes it again: see ensureMarkers).
+  RoundEvent awaitTrustedEnd(store::Store& store, int round,
+                             const std::shared_ptr<store::CancelToken>& token) {
+    const std::string endKey = key(round, "end");
+    for (;;) {
+      const std::string value =
+          detail::awaitEndValue(store, endKey, heartbeatTimeout(),
+                                [&] { checkWhileRunning(store, round, token); });
+      auto trusted = detail::trustedEnd(readState(store, token), round, value);
+      if (trusted) return detail::decodeEndOrClose(round, endKey, *trusted);
+      DDPRUN_WARN("rendezvous: ", endKey, " holds '", str::escape(value, 80),
+                  "', but the job's state says round ", round,
+                  " still runs: another program wrote it; ignored");
+      store.deleteKey(endKey);
+      // A genuine end recorded meanwhile: its key may have just been deleted.
+      if (auto again = readState(store, token); again && again->lastEndedRound == round)
+        store.compareSet(endKey, "", again->lastEnd);
+    }
+  }
+
+  // On the watcher's thread, once per heartbeat timeout while the round
+  // runs: an invalid state ends it now (closed on every node), not only
+  // when a node's workers end. A deleted or changed one is left to the
+  // reports: the workers' outcome decides then.
+  void checkWhileRunning(store::Store& store, int round,
+                         const std::shared_ptr<store::CancelToken>& token) {
+    StateCell cell(store, stateKey(), lim_, token);
+    try {
+      cell.refresh();
+    } catch (const ProtocolError& e) {
+      bury(store, cell.raw(), round, RoundEnd::kClosed, -1, "",
+           Tamper{e.message(), true});
+    }
+  }
+  Millis heartbeatTimeout() const {
+    return opts_.keepAliveInterval * opts_.keepAliveMaxAttempt;
+  }
+
+  // The state for a check, nullopt if missing or invalid.
+  std::optional<State> readState(store::Store& store,
+                                 const std::shared_ptr<store::CancelToken>& token) {
+    StateCell cell(store, stateKey(), lim_, token);
+    try {
+      State s = cell.refresh();
+      if (cell.known()) return s;
+    } catch (const ProtocolError&) {
+    }
+    return std::nullopt;
+  }
+
   // Best effort: the host may stop its store once every node read the end.
+  // Its goodbye of two rounds ago is read by nobody now.
   void sayLeft(store::Store& store, int round) {
     try {
       store.set(key(round, "left/" + nodeId_), "");
+      if (round >= 2) store.deleteKey(key(round - 2, "left/" + nodeId_));
     } catch (const Error& e) {
       DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ",
                    e.message());
@@ -630,6 +779,10 @@ class DynamicRendezvous final : public Rendezvous {
   std::vector<std::string> roundPeers_;  // the other participants of the last round
   int groupRank_ = -1;
   int roundSize_ = 0;
+  // The task thread's: a valid state of this job was read (a missing one is
+  // then tampering, never "no job yet"), and its latest round.
+  bool seenState_ = false;
+  int lastRoundSeen_ = 0;
   // The markers this node made sure of (any thread).
   std::mutex markMu_;
   int completeMarked_ = -1;
@@ -661,6 +814,8 @@ void validate(const DynamicOptions& o) {
   DDPRUN_CHECK(o.minNodes >= 1 && o.minNodes <= o.maxNodes,
                "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", o.minNodes, ":",
                o.maxNodes);
+  DDPRUN_CHECK(o.maxNodes <= detail::kMaxNodesEver, "--nnodes MAX must be at most ",
+               detail::kMaxNodesEver, ", got ", o.maxNodes);
   for (auto [name, v] : {std::pair{"join_timeout", o.joinTimeout},
                          {"last_call_timeout", o.lastCallTimeout},
                          {"close_timeout", o.closeTimeout},

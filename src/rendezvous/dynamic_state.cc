@@ -1,7 +1,12 @@
 #include "dynamic_state.h"
 
 #include <algorithm>
+#include <cctype>
+#include <climits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <string_view>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
@@ -35,20 +40,109 @@ json listToJson(const std::vector<NodeDesc>& v, bool withNproc) {
   return a;
 }
 
+// What a state field is wrong with; fromJson turns it into a ProtocolError.
+struct Bad : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An integer in [lo, hi], read as int64 (a number beyond int64 or not an
+// integer at all is refused, never converted).
+int64_t intIn(const json& j, const char* name, int64_t lo, int64_t hi) {
+  const json& v = j.at(name);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
+    throw Bad(std::string("\"") + name + "\" is not an integer");
+  const int64_t n = v.get<int64_t>();
+  if (n < lo || n > hi)
+    throw Bad(std::string("\"") + name + "\" = " + std::to_string(n) + " is outside [" +
+              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return n;
+}
+std::string textIn(const json& j, const char* name, size_t maxBytes) {
+  std::string t = j.at(name).get<std::string>();
+  if (t.size() > maxBytes)
+    throw Bad(std::string("\"") + name + "\" is longer than " + std::to_string(maxBytes) +
+              " bytes");
+  return t;
+}
+// Node ids are "<addr>_<pid>_<n>": printable, no quotes or controls.
+std::string idIn(const json& j) {
+  std::string id = j.is_string() ? j.get<std::string>() : textIn(j, "id", kMaxIdBytes);
+  if (!isValidNodeId(id))
+    throw Bad("a node id \"" + str::escape(id, 40) + "\" is not <addr>_<pid>_<n>");
+  return id;
+}
+
 NodeDesc nodeFromJson(const json& j, bool withNproc) {
   NodeDesc d;
-  d.id = j.at("id").get<std::string>();
-  d.seq = j.at("s").get<int64_t>();
+  d.id = idIn(j);
+  d.seq = intIn(j, "s", 0, kMaxSeq);
   d.host = j.value("h", false);
-  if (withNproc) d.nproc = j.at("n").get<int>();
-  if (d.id.empty() || d.seq < 0 || (withNproc && d.nproc < 1))
-    throw std::invalid_argument("bad node entry");
+  if (withNproc) d.nproc = static_cast<int>(intIn(j, "n", 1, kMaxNproc));
   return d;
 }
-std::vector<NodeDesc> listFromJson(const json& a, bool withNproc) {
+std::vector<NodeDesc> listFromJson(const json& a, bool withNproc, size_t most,
+                                   const char* name) {
+  if (!a.is_array() || a.size() > most)
+    throw Bad(std::string("\"") + name + "\" is not a list of at most " +
+              std::to_string(most) + " nodes");
   std::vector<NodeDesc> v;
+  v.reserve(a.size());
   for (const auto& j : a) v.push_back(nodeFromJson(j, withNproc));
   return v;
+}
+
+JobSettings jobFromJson(const json& j) {
+  JobSettings job;
+  const std::string n = textIn(j, "n", 32);
+  const auto parts = str::split(n, ':');
+  if (parts.size() != 2 || !str::parseInt(parts[0], job.minNodes, 1, kMaxNodesEver) ||
+      !str::parseInt(parts[1], job.maxNodes, job.minNodes, kMaxNodesEver))
+    throw Bad("the job's \"n\" = \"" + str::escape(n, 40) + "\" is not MIN:MAX");
+  job.lastCallMs = intIn(j, "lc", 1, INT64_MAX / 4);
+  job.heartbeatMs = intIn(j, "hb", 1, INT64_MAX / 4);
+  job.by = idIn(j.at("by"));
+  return job;
+}
+
+// Lists are bounded by the job's own MAX as the state records it (a node
+// whose MAX differs must still be told so: jobMismatch); the raw size was
+// bounded by this node's MAX before parsing, and validate() then checks
+// the counts against this node's settings.
+State parseState(const json& j) {
+  State s;
+  s.job = jobFromJson(j.at("j"));
+  const size_t most = static_cast<size_t>(s.job.maxNodes);
+  const size_t waiting = static_cast<size_t>(waitingCap(s.job.maxNodes));
+  s.round = static_cast<int>(intIn(j, "r", 0, kMaxRound));
+  s.complete = j.at("c").get<bool>();
+  s.closed = j.at("x").get<bool>();
+  if (s.closed) s.closedReason = textIn(j, "why", kMaxTextBytes);
+  s.participants = listFromJson(j.at("p"), true, most, "p");
+  const json& e = j.at("e");
+  if (!e.is_array() || e.size() > most + waiting)
+    throw Bad("\"e\" is not a list of at most " + std::to_string(most + waiting) +
+              " ids");
+  for (const auto& id : e) s.expected.push_back(idIn(id));
+  s.waitList = listFromJson(j.at("w"), false, waiting, "w");
+  s.redundancy = listFromJson(j.at("d"), false, waiting, "d");
+  s.lastCallMs = intIn(j, "lc", 0, INT64_MAX / 4);
+  s.restartCount = static_cast<int>(intIn(j, "rc", 0, s.round));
+  s.lastEndedRound = static_cast<int>(intIn(j, "er", -1, int64_t{s.round} - 1));
+  if (s.lastEndedRound >= 0) s.lastEnd = textIn(j, "end", kMaxTextBytes);
+  s.nextSeq = intIn(j, "ns", 0, kMaxSeq);
+  s.finishing = j.value("f", false);
+  return s;
+}
+
+json jobToJson(const JobSettings& job) {
+  return {{"n", std::to_string(job.minNodes) + ":" + std::to_string(job.maxNodes)},
+          {"lc", job.lastCallMs},
+          {"hb", job.heartbeatMs},
+          {"by", job.by}};
+}
+
+std::string cut(const std::string& text) {
+  return text.size() <= kMaxTextBytes ? text : text.substr(0, kMaxTextBytes);
 }
 
 // Whether every expected node has joined (false when none is expected:
@@ -76,12 +170,12 @@ void assignSeq(State& s, NodeDesc& me) {
 
 JoinOutcome joinForming(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
   eraseId(s.waitList, me.id);
+  assignSeq(s, me);
   if (count(s) >= lim.maxNodes) {  // cannot happen (MAX completes): be safe
     if (!hasId(s.redundancy, me.id)) s.redundancy.push_back({me.id, 0, me.seq, me.host});
     return JoinOutcome::kWaitEnd;
   }
   eraseId(s.redundancy, me.id);
-  assignSeq(s, me);
   s.participants.push_back(me);
   updateLastCall(s, lim, nowMs);
   return completeIfDue(s, lim, nowMs) ? JoinOutcome::kComplete
@@ -89,6 +183,14 @@ JoinOutcome joinForming(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs
 }
 
 }  // namespace
+
+bool isValidNodeId(const std::string& id) {
+  return !id.empty() && id.size() <= kMaxIdBytes &&
+         std::all_of(id.begin(), id.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) ||
+                  std::string_view("._-:%[]").find(c) != std::string_view::npos;
+         });
+}
 
 std::string makeNodeId(const std::string& addr, int64_t pid, int n) {
   return addr + "_" + std::to_string(pid) + "_" + std::to_string(n);
@@ -104,6 +206,17 @@ std::string describeNode(const std::string& id) {
          ")";
 }
 
+int64_t waitingCap(int maxNodes) { return 2 * int64_t{maxNodes} + 256; }
+
+size_t maxStateBytes(int maxNodes) {
+  // Each node entry at most an id and a few numbers; a node can be listed
+  // twice (a participant or waiting, and expected); two texts of at most
+  // kMaxTextBytes, each escaped at worst to 6 bytes a byte; and the rest.
+  const int64_t entries = 2 * (int64_t{maxNodes} + waitingCap(maxNodes));
+  return static_cast<size_t>(entries * int64_t(kMaxIdBytes + 64) +
+                             2 * 6 * int64_t(kMaxTextBytes) + 1024);
+}
+
 std::string toJson(const State& s) {
   json j = {{"r", s.round},
             {"c", s.complete},
@@ -115,40 +228,95 @@ std::string toJson(const State& s) {
             {"lc", s.lastCallMs},
             {"rc", s.restartCount},
             {"er", s.lastEndedRound},
-            {"ns", s.nextSeq}};
+            {"ns", s.nextSeq},
+            {"j", jobToJson(s.job)}};
   if (s.closed) j["why"] = s.closedReason;
   if (s.lastEndedRound >= 0) j["end"] = s.lastEnd;
   if (s.finishing) j["f"] = true;
   return j.dump();
 }
 
-State fromJson(const std::string& text, const std::string& key) {
-  State s;
+State fromJson(const std::string& text, const std::string& key, const Limits& lim) {
+  const char* const what = "which is not a ddprun dynamic rendezvous state";
+  const char* const hint =
+      "; is another job or program using this --rdzv-id on this store?";
+  const size_t most = maxStateBytes(lim.maxNodes);
+  if (text.size() > most)  // before parsing: its memory is what an attacker wants
+    DDPRUN_THROW(ProtocolError, "the rendezvous store holds ", text.size(),
+                 " bytes under ", key, ", more than a state of --nnodes at most ",
+                 lim.maxNodes, " can take (", most, ")", hint);
   try {
-    json j = json::parse(text);
-    s.round = j.at("r").get<int>();
-    s.complete = j.at("c").get<bool>();
-    s.closed = j.at("x").get<bool>();
-    if (s.closed) s.closedReason = j.at("why").get<std::string>();
-    s.participants = listFromJson(j.at("p"), true);
-    s.expected = j.at("e").get<std::vector<std::string>>();
-    s.waitList = listFromJson(j.at("w"), false);
-    s.redundancy = listFromJson(j.at("d"), false);
-    s.lastCallMs = j.at("lc").get<int64_t>();
-    s.restartCount = j.at("rc").get<int>();
-    s.lastEndedRound = j.at("er").get<int>();
-    if (s.lastEndedRound >= 0) s.lastEnd = j.at("end").get<std::string>();
-    s.nextSeq = j.at("ns").get<int64_t>();
-    s.finishing = j.value("f", false);
-    if (s.round < 0 || s.restartCount < 0 || s.lastEndedRound >= s.round)
-      throw std::invalid_argument("inconsistent rounds");
-  } catch (const std::exception&) {  // nlohmann's errors and ours alike
+    return parseState(json::parse(text));
+  } catch (const Bad& e) {
     DDPRUN_THROW(ProtocolError, "the rendezvous store holds '", str::escape(text, 80),
-                 "' under ", key,
-                 ", which is not a ddprun dynamic rendezvous state; is another job or "
-                 "program using this --rdzv-id on this store?");
+                 "' under ", key, ", ", what, " (", e.what(), ")", hint);
+  } catch (const std::exception&) {  // nlohmann's errors
+    DDPRUN_THROW(ProtocolError, "the rendezvous store holds '", str::escape(text, 80),
+                 "' under ", key, ", ", what, hint);
   }
-  return s;
+}
+
+State fromJson(const std::string& text, const std::string& key) {
+  return fromJson(text, key, Limits{1, kMaxNodesEver, 1, 1});
+}
+
+std::string jobMismatch(const State& s, const Limits& lim) {
+  const JobSettings& j = s.job;
+  if (j.maxNodes == 0) return "";
+  const std::string by = " (set by " + describeNode(j.by) + ")";
+  if (j.minNodes != lim.minNodes || j.maxNodes != lim.maxNodes)
+    return "--nnodes " + std::to_string(lim.minNodes) + ":" +
+           std::to_string(lim.maxNodes) + " differs from the job's " +
+           std::to_string(j.minNodes) + ":" + std::to_string(j.maxNodes) + by;
+  if (j.lastCallMs != lim.lastCallMs)
+    return "--rdzv-conf last_call_timeout (" + std::to_string(lim.lastCallMs) +
+           " ms) differs from the job's (" + std::to_string(j.lastCallMs) + " ms)" + by;
+  if (j.heartbeatMs != lim.heartbeatMs)
+    return "the heartbeat timeout (--rdzv-conf keep_alive_interval * "
+           "keep_alive_max_attempt: " +
+           std::to_string(lim.heartbeatMs) + " ms) differs from the job's (" +
+           std::to_string(j.heartbeatMs) + " ms)" + by;
+  return "";
+}
+
+std::string validate(const State& s, const Limits& lim) {
+  const int64_t n = count(s);
+  if (n > lim.maxNodes)
+    return std::to_string(n) + " participants, more than --nnodes' maximum " +
+           std::to_string(lim.maxNodes);
+  if (s.complete && n < lim.minNodes)
+    return "a complete round of " + std::to_string(n) + " participants, fewer than " +
+           std::to_string(lim.minNodes);
+  if (int64_t(s.waitList.size() + s.redundancy.size()) > waitingCap(lim.maxNodes))
+    return "more than " + std::to_string(waitingCap(lim.maxNodes)) + " waiting nodes";
+  if (int64_t(s.expected.size()) > lim.maxNodes + waitingCap(lim.maxNodes))
+    return std::to_string(s.expected.size()) + " expected nodes";
+  std::set<std::string> ids;
+  int64_t world = 0, hosts = 0;
+  for (const auto& d : s.participants) {
+    if (!ids.insert(d.id).second) return "node " + d.id + " takes part twice";
+    world += d.nproc;  // each at most kMaxNproc: no overflow
+    hosts += d.host ? 1 : 0;
+  }
+  if (world > INT32_MAX) return "a WORLD_SIZE of " + std::to_string(world);
+  if (hosts > 1) return std::to_string(hosts) + " nodes hosting the store";
+  for (const auto* list : {&s.participants, &s.waitList, &s.redundancy})
+    for (const auto& d : *list)
+      if (d.seq >= s.nextSeq)
+        return "node " + d.id + " has an arrival number not yet given";
+  if (s.round == kMaxRound && !s.closed) return "an open job at the last round";
+  if (s.finishing && !s.complete) return "a forming round that is finishing";
+  if (s.complete && s.lastCallMs != 0) return "a complete round with a last call";
+  if (s.lastEndedRound >= 0) {
+    try {
+      RoundEvent e = decodeEnd(s.lastEndedRound, "end", s.lastEnd);
+      if (e.node < -1 || e.node >= lim.maxNodes)
+        return "the last end names node " + std::to_string(e.node);
+    } catch (const ProtocolError&) {
+      return "the last end '" + str::escape(s.lastEnd, 40) + "' is not a round's end";
+    }
+  }
+  return "";
 }
 
 int rankOf(const State& s, const std::string& id) {
@@ -159,6 +327,8 @@ int rankOf(const State& s, const std::string& id) {
 
 JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
   if (s.closed) return JoinOutcome::kClosed;
+  if (s.job.maxNodes == 0)
+    s.job = {lim.minNodes, lim.maxNodes, lim.lastCallMs, lim.heartbeatMs, me.id};
   if (hasId(s.participants, me.id)) {
     if (!s.complete) completeIfDue(s, lim, nowMs);
     return s.complete ? JoinOutcome::kComplete : JoinOutcome::kWaitComplete;
@@ -168,6 +338,8 @@ JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
   // end opens the next round, which it joins in the same step).
   if (hasId(s.waitList, me.id) || hasId(s.redundancy, me.id))
     return JoinOutcome::kWaitEnd;
+  if (int64_t(s.waitList.size() + s.redundancy.size()) >= waitingCap(lim.maxNodes))
+    return JoinOutcome::kFull;
   assignSeq(s, me);
   if (count(s) >= lim.maxNodes) {
     s.redundancy.push_back({me.id, 0, me.seq, me.host});
@@ -200,7 +372,7 @@ bool endRound(State& s, int round, RoundEnd kind, int node, const std::string& w
               const std::string& gone) {
   if (s.round != round || !s.complete) return false;
   s.lastEndedRound = round;
-  s.lastEnd = encodeEnd(kind, node, why);
+  s.lastEnd = cut(encodeEnd(kind, node, why));
   if (kind == RoundEnd::kFailed) ++s.restartCount;
   if (kind == RoundEnd::kClosed) close(s, why);
   if (kind == RoundEnd::kFinished) close(s, "it finished");
@@ -214,6 +386,8 @@ bool endRound(State& s, int round, RoundEnd kind, int node, const std::string& w
   s.finishing = false;
   s.lastCallMs = 0;
   s.round = round + 1;
+  if (s.round >= kMaxRound)  // refuse rather than wrap
+    close(s, "its rounds reached the limit of " + std::to_string(kMaxRound));
   return true;
 }
 
@@ -244,8 +418,40 @@ bool removeNode(State& s, const std::string& id, const std::string& why,
 bool close(State& s, const std::string& reason) {
   if (s.closed) return false;
   s.closed = true;
-  s.closedReason = reason;
+  s.closedReason = cut(reason);
   return true;
+}
+
+std::string roundTampered(const std::optional<State>& s, int round,
+                          const std::string& me) {
+  if (!s) return "the state was deleted";
+  if (s->lastEndedRound >= round) return "";  // it ended: the first end won
+  if (s->round == round && s->complete && rankOf(*s, me) >= 0) return "";  // running
+  return "the state says round " + std::to_string(s->round) + " is " +
+         (s->closed     ? "closed"
+          : s->complete ? "running"
+                        : "forming") +
+         (s->round == round && s->complete ? " without this node" : "") +
+         ", though this node runs round " + std::to_string(round);
+}
+
+std::optional<std::string> trustedEnd(const std::optional<State>& s, int round,
+                                      const std::string& value) {
+  if (!s) return value;
+  if (s->lastEndedRound == round) return s->lastEnd;
+  if (s->lastEndedRound > round) return value;
+  return std::nullopt;
+}
+
+State tombstone(int round, const std::string& end, const std::string& why,
+                const Limits& lim, const std::string& me) {
+  State s;
+  s.round = round + 1;
+  s.lastEndedRound = round;
+  s.lastEnd = cut(end);
+  s.job = {lim.minNodes, lim.maxNodes, lim.lastCallMs, lim.heartbeatMs, me};
+  close(s, why);
+  return s;
 }
 
 std::string describeShortfall(const State& s, const Limits& lim) {

@@ -28,11 +28,20 @@
 //       round/<r>/end value (so any node can write a key whose writer died)
 //   nextSeq [ns]: the next arrival number
 //   finishing [f]: a node of the running round succeeded (only when true)
+//   job [j]: the job-wide settings, recorded by the node that created the
+//       state: {n: "MIN:MAX", lc: last_call_timeout ms, hb: heartbeat
+//       timeout ms, by: node id}; a node whose own differ is refused
+//
+// Everything read from the store is checked before use: the raw value's
+// size against what MAX nodes can need (before parsing), every integer as
+// int64 against explicit bounds (never narrowed, never wrapped), then the
+// whole against this job's settings (validate()).
 //
 // Not thread-safe: plain values.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +56,15 @@ struct NodeDesc {
   int nproc = 0;      // participants only
   int64_t seq = -1;   // first arrival in the job; -1: not assigned yet
   bool host = false;  // hosts the endpoint's store: group rank 0
+};
+
+// The settings every node of a job must share (see job [j] above).
+struct JobSettings {
+  int minNodes = 0;  // 0: not recorded (a state that was never written)
+  int maxNodes = 0;
+  int64_t lastCallMs = 0;
+  int64_t heartbeatMs = 0;
+  std::string by;  // the node that created the state
 };
 
 struct State {
@@ -67,23 +85,60 @@ struct State {
   // round is ending (finished, or failed), so a newcomer waits for that end
   // instead of ending the round (that would re-run finished workers).
   bool finishing = false;
+  JobSettings job;
 };
 
+// This node's settings of the job (see JobSettings).
 struct Limits {
   int minNodes = 1;
   int maxNodes = 1;
-  int64_t lastCallMs = 30'000;  // last_call_timeout
+  int64_t lastCallMs = 30'000;   // last_call_timeout
+  int64_t heartbeatMs = 15'000;  // keep_alive_interval * keep_alive_max_attempt
 };
+
+// Bounds on what a state may hold. Rounds stop (the job closes) at kMaxRound
+// rather than wrap; nproc, sequence numbers, ids and texts are bounded so
+// that no sum or increment of them overflows.
+constexpr int64_t kMaxRound = 2'147'483'646;   // INT32_MAX - 1
+constexpr int64_t kMaxNproc = 4'096;           // workers of one node
+constexpr int64_t kMaxSeq = int64_t{1} << 40;  // arrivals in one job
+constexpr size_t kMaxIdBytes = 256;            // a node id
+constexpr size_t kMaxTextBytes = 4'096;        // a closed reason, a round's end
+// Nodes that may wait (wait list + redundancy list) beyond the MAX
+// participants; a node beyond these is refused (JoinOutcome::kFull).
+int64_t waitingCap(int maxNodes);
+// The largest state a job of `maxNodes` can legitimately write: a raw value
+// above it is refused before it is parsed.
+size_t maxStateBytes(int maxNodes);
 
 // "<addr>_<pid>_<n>"; "node <addr> (pid <pid>)" for messages (the id itself
 // if it has not that form).
 std::string makeNodeId(const std::string& addr, int64_t pid, int n);
+// What a state accepts as a node id: 1 to kMaxIdBytes of [A-Za-z0-9._:%[]-].
+bool isValidNodeId(const std::string& id);
 std::string describeNode(const std::string& id);
 
 std::string toJson(const State& s);
-// ProtocolError naming `key` for anything that is not a state this code
-// wrote (another program, or another job using the same run id).
+// ProtocolError naming `key` (and what is wrong) for anything that is not a
+// state this code wrote (another program, or another job using the same run
+// id): junk, a value larger than maxStateBytes(lim.maxNodes) (checked before
+// parsing), an integer out of its bounds. Does not check the state against
+// the job's settings: see jobMismatch() and validate().
+State fromJson(const std::string& text, const std::string& key, const Limits& lim);
+// For tests and tools: with a bound of kMaxNodesEver nodes.
 State fromJson(const std::string& text, const std::string& key);
+constexpr int kMaxNodesEver = 65'536;
+
+// How this node's settings differ from the job's recorded in `s` ("" if they
+// do not, or none are recorded): "--nnodes 1:2 differs from the job's 3:4
+// (set by node X (pid P))".
+std::string jobMismatch(const State& s, const Limits& lim);
+// Whether `s` is a state this job can be in, given its settings (assumes no
+// jobMismatch): participant counts within MIN..MAX, ids unique, at most one
+// host, seqs below the next one, rounds and the restart count consistent,
+// the last end decodable, the sum of nproc a valid WORLD_SIZE. "" if valid,
+// else the first thing wrong.
+std::string validate(const State& s, const Limits& lim);
 
 // Group rank of `id` in the state's participants, -1 if absent.
 int rankOf(const State& s, const std::string& id);
@@ -94,13 +149,16 @@ enum class JoinOutcome {
   kComplete,      // `me` takes part in the complete round s.round
   kWaitComplete,  // `me` joined the forming round s.round: wait for it to complete
   kWaitEnd,       // `me` waits (redundancy list) for the running round s.round to end
+  kFull,          // waitingCap nodes already wait: `me` is refused, s unchanged
 };
 
 // One step of a node's join at `nowMs`: joins a forming round if it has room;
 // at a running round, goes to the wait list and ends the round (membership)
 // when it has room (only waits, when the round is finishing), else to the
 // redundancy list; completes the round if due.
-// Assigns me.seq on the first arrival (read it back from the state).
+// Assigns me.seq on the first arrival (read it back from the state). The
+// first join of a job records the job's settings (`lim`, by `me`).
+// Precondition: jobMismatch(s, lim) is "".
 JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs);
 
 // Completes the forming round if it is due at `nowMs` (see above): orders the
@@ -111,7 +169,8 @@ bool completeIfDue(State& s, const Limits& lim, int64_t nowMs);
 // Ends the running round `round` (no change, false, if s.round is another
 // round, still forming, or already ended). Failed: restartCount + 1; closed
 // and finished: the job closes. Opens round + 1, forming, expecting the
-// participants other than `gone` plus the waiting and redundant nodes.
+// participants other than `gone` plus the waiting and redundant nodes; the
+// job closes when round + 1 reaches kMaxRound. `why` is cut to kMaxTextBytes.
 bool endRound(State& s, int round, RoundEnd kind, int node, const std::string& why,
               const std::string& gone = "");
 
@@ -127,6 +186,30 @@ bool markFinishing(State& s, int round);
 
 // Closes the job (the first reason stays). False if already closed.
 bool close(State& s, const std::string& reason);
+
+// Whether `s` (nullopt: no state in the store) still describes the running
+// round `round` that `me` takes part in, or its legitimate end: "" if so (the
+// round runs, or the state records that it ended), else what is wrong ("the
+// state was deleted", "the state says round 0 is forming"...). A state
+// changed that way means something else than this job's nodes wrote it.
+std::string roundTampered(const std::optional<State>& s, int round,
+                          const std::string& me);
+
+// What ended round `round` if its end key holds `value`, checked against
+// the state (nullopt: missing or invalid, nothing to check against): the
+// state's own record when it has one for that round (a different key value
+// was forged), nullopt when the state says the round is still running (the
+// key was forged: every genuine end is recorded in the state before its
+// key is written), else `value`.
+std::optional<std::string> trustedEnd(const std::optional<State>& s, int round,
+                                      const std::string& value);
+
+// The state left behind once tampering ended round `round` (its state was
+// deleted, changed or invalid): closed with `why`, round `round` ended as
+// `end`, the job's settings `lim` (by `me`). Later joins get a ClosedError
+// naming `why`, never a state that cannot be parsed.
+State tombstone(int round, const std::string& end, const std::string& why,
+                const Limits& lim, const std::string& me);
 
 // For a join that timed out: who joined, how many more are needed, who was
 // expected but is missing.

@@ -46,20 +46,35 @@ RoundEvent decodeEnd(int round, const std::string& key, const std::string& value
   return event;
 }
 
-RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey) {
-  constexpr std::chrono::milliseconds kSlice{3'600'000};
-  for (bool ended = false; !ended;) {
+std::string awaitEndValue(store::Store& store, const std::string& endKey,
+                          std::chrono::milliseconds slice,
+                          const std::function<void()>& onSlice) {
+  // Read with a compare_set that never matches (it returns the value, or
+  // the sentinel itself when the key is missing): another node may delete
+  // a forged value between the wait and the read, and a GET would fail.
+  static const std::string kSentinel = "\x01";
+  for (;;) {
     try {
-      store.wait({endKey}, kSlice);
-      ended = true;
+      store.wait({endKey}, slice);
+      std::string value = store.compareSet(endKey, kSentinel, kSentinel);
+      if (value != kSentinel) return value;
     } catch (const TimeoutError&) {  // a long round: wait on
+      if (onSlice) onSlice();
     }
   }
+}
+
+RoundEvent decodeEndOrClose(int round, const std::string& endKey,
+                            const std::string& value) {
   try {
-    return decodeEnd(round, endKey, store.get(endKey));
+    return decodeEnd(round, endKey, value);
   } catch (const ProtocolError& e) {  // junk where the end should be: stop the job
     return {round, RoundEnd::kClosed, -1, e.message()};
   }
+}
+
+RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey) {
+  return decodeEndOrClose(round, endKey, awaitEndValue(store, endKey));
 }
 
 }  // namespace ddprun::rendezvous::detail

@@ -4,6 +4,8 @@
 // The first writer of a round's end wins (compare_set against "").
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 
 #include "ddprun/rendezvous/rendezvous.h"
@@ -22,5 +24,13 @@ RoundEvent decodeEnd(int round, const std::string& key, const std::string& value
 // the job (kClosed, node -1, the ProtocolError's message). Store errors and
 // CancelledError propagate.
 RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey);
+// The two halves of awaitEnd: the raw value once `endKey` exists, and its
+// decoding (junk: kClosed, node -1, the ProtocolError's message).
+// `onSlice` (if set) runs every `slice` while the key is missing.
+std::string awaitEndValue(store::Store& store, const std::string& endKey,
+                          std::chrono::milliseconds slice = std::chrono::hours(1),
+                          const std::function<void()>& onSlice = nullptr);
+RoundEvent decodeEndOrClose(int round, const std::string& endKey,
+                            const std::string& value);
 
 }  // namespace ddprun::rendezvous::detail

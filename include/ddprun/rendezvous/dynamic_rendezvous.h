@@ -32,6 +32,18 @@
 //   - shutdown() after the job finished (or after a closing report) closes
 //     the rendezvous: later joins get ClosedError. shutdown() otherwise (a
 //     signal) leaves: the node is removed and the others re-form without it.
+//   - The job-wide settings (--nnodes, last_call_timeout, the heartbeat
+//     timeout) are recorded in the state by the node that creates it; a
+//     node whose settings differ is refused with JobMismatchError without
+//     touching the state (the agent exits 2), and the others go on.
+//   - Everything read from the store is validated before use (state size,
+//     integer bounds, counts within MAX). A state that is deleted, changed
+//     or invalid under a running round ends that round (the workers'
+//     outcome still decides: finished, or closed on a failure since the
+//     job cannot restart); an invalid one closes the job on every node. A
+//     round's end key that the state does not back is ignored (deleted)
+//     and the genuine end awaited. See docs/rendezvous.md, "What a rogue
+//     or broken client can and cannot do".
 //   - The endpoint is a single point of failure, as in torchrun: once its
 //     store is gone, the round ends as kStoreLost on every other node and
 //     joins fail with IoError naming the endpoint.
@@ -47,6 +59,13 @@
 #include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::rendezvous {
+
+// join() found a state whose job-wide settings differ from this node's; the
+// message names both ("--nnodes 1:2 differs from the job's 3:4 (set by node
+// X)"). The state is left untouched. The agent exits 2 (a usage error).
+class JobMismatchError : public ProtocolError {
+  using ProtocolError::ProtocolError;
+};
 
 struct DynamicOptions {
   std::string endpointHost = "localhost";  // --rdzv-endpoint host (no brackets)
@@ -69,6 +88,11 @@ struct DynamicOptions {
   std::chrono::milliseconds readTimeout{60'000};  // one store request
   std::chrono::milliseconds keepAliveInterval{5'000};
   int keepAliveMaxAttempt = 3;
+  // The rendezvous store's shared secret (--rdzv-conf token_file): a store
+  // this agent hosts admits only clients that know it, and every connection
+  // of this agent proves it (docs/rendezvous.md, "Authentication"); empty:
+  // open, as torchrun's. The round's worker store stays open.
+  std::string authSecret;
 };
 
 // Validates (InvalidArgument: 1 <= minNodes <= maxNodes, positive timeouts).

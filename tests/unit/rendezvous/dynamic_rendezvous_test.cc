@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -521,6 +522,199 @@ TEST_F(DynamicRendezvousTest, CancelEndsAPendingJoin) {
       << "it left the forming round at shutdown";
 }
 
+// Issue 16: another program changes the job's keys under a running round.
+// The round still ends (never a wait for ever), the workers' outcome still
+// decides, and no invalid state is left for the next node.
+class TamperTest : public DynamicRendezvousTest {
+ protected:
+  void SetUp() override {
+    opts_.minNodes = opts_.maxNodes = 2;
+    ms_ = members(2);
+    joinAll(ms_);
+    rogue_ = hub_.connect(std::make_shared<store::CancelToken>());
+  }
+  std::vector<std::unique_ptr<Member>> ms_;
+  std::unique_ptr<store::Store> rogue_;
+};
+
+TEST_F(TamperTest, ADeletedStateStillFinishesWhenEveryWorkerSucceeds) {
+  rogue_->deleteKey(stateKey());
+  for (auto& m : ms_) m->rdzv().reportSuccess(0);
+  for (auto& m : ms_) expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+  EXPECT_TRUE(state().closed) << "a closed state, not an empty one, is left";
+  EXPECT_EQ(state().closedReason, "it finished");
+}
+
+TEST_F(TamperTest, ADeletedStateAndAFailureCloseTheJob) {
+  rogue_->deleteKey(stateKey());
+  ms_[0]->rdzv().reportFailure(0, "rank 0 exited with 1", false);
+  const int rank = ms_[0]->node->info.groupRank;
+  for (auto& m : ms_) {
+    RoundEvent e = m->node->awaitEvent();
+    EXPECT_EQ(e.kind, RoundEnd::kClosed) << "no state to restart from";
+    EXPECT_EQ(e.node, rank);
+    EXPECT_NE(e.reason.find("rank 0 exited with 1; the job cannot restart"),
+              std::string::npos)
+        << e.reason;
+    EXPECT_NE(e.reason.find("the state was deleted"), std::string::npos) << e.reason;
+  }
+  auto late = member(5);
+  late->node->join(1);
+  late->node->awaitJoin();
+  EXPECT_THROW(late->node->rethrow(), ClosedError) << "the job is not started again";
+}
+
+TEST_F(TamperTest, AnInvalidStateClosesTheRoundOnEveryNodeAndIsReplaced) {
+  hub_.set(stateKey(), "Y2FuaW1hZGFt");
+  ms_[1]->rdzv().reportSuccess(0);  // the first report sees it
+  for (auto& m : ms_) {
+    RoundEvent e = m->node->awaitEvent();
+    EXPECT_EQ(e.kind, RoundEnd::kClosed);
+    EXPECT_EQ(e.node, -1);
+    EXPECT_NE(e.reason.find("'Y2FuaW1hZGFt' under ddprun/job/state"), std::string::npos)
+        << e.reason;
+  }
+  EXPECT_TRUE(state().closed) << "valid again: closed, naming what was found";
+  EXPECT_NE(state().closedReason.find("Y2FuaW1hZGFt"), std::string::npos);
+}
+
+// Without any report (the workers run on): each watcher looks at the state
+// once per heartbeat timeout (here 3 x 10 ms of real time, the store's own
+// wait timeout) and ends the round at the first invalid one it sees.
+TEST_F(DynamicRendezvousTest, AnInvalidStateIsNoticedWhileTheWorkersRun) {
+  opts_.minNodes = opts_.maxNodes = 2;
+  opts_.keepAliveInterval = 10ms;
+  auto ms = members(2);
+  joinAll(ms);
+  hub_.set(stateKey(), R"({"r":"one"})");
+  for (auto& m : ms) {
+    RoundEvent e = m->node->awaitEvent();
+    EXPECT_EQ(e.kind, RoundEnd::kClosed);
+    EXPECT_EQ(e.node, -1);
+    EXPECT_NE(e.reason.find("under ddprun/job/state"), std::string::npos) << e.reason;
+  }
+  EXPECT_TRUE(state().closed);
+}
+
+TEST_F(TamperTest, AChangedStateLetsTheWorkersDecide) {
+  detail::State other = state();
+  other.round = 0, other.complete = false, other.participants.clear();
+  hub_.set(stateKey(), detail::toJson(other));
+  for (auto& m : ms_) m->rdzv().reportSuccess(0);
+  for (auto& m : ms_) expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+}
+
+TEST_F(TamperTest, AForgedEndIsIgnoredAndTheGenuineOneAwaited) {
+  const int rank = ms_[0]->node->info.groupRank;
+  for (const std::string& forged :
+       {std::string("finished"), "failed:" + std::to_string(rank) + ":x"}) {
+    hub_.set(key(0, "end"), forged);
+    // Every watcher reads it, finds the state says the round runs, and
+    // deletes it.
+    ASSERT_TRUE(hub_.awaitUntil([&] { return !hub_.has(key(0, "end")); }));
+    ASSERT_TRUE(hub_.awaitWaiters(2)) << "both watchers wait again";
+  }
+  for (auto& m : ms_) EXPECT_TRUE(m->node->events.empty()) << "the workers run on";
+  for (auto& m : ms_) m->rdzv().reportSuccess(0);
+  for (auto& m : ms_) expectEvent(m->node->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
+}
+
+TEST_F(TamperTest, ANodeOfTheJobDoesNotStartItAgainWhenItsStateIsGone) {
+  ms_[0]->rdzv().reportFailure(0, "rank 0 exited with 1", false);
+  for (auto& m : ms_) EXPECT_EQ(m->node->awaitEvent().kind, RoundEnd::kFailed);
+  rogue_->deleteKey(stateKey());
+  ms_[0]->node->join(1);
+  ms_[0]->node->awaitJoin();
+  EXPECT_THROW(ms_[0]->node->rethrow(), ProtocolError);
+  EXPECT_NE(messageOf(*ms_[0]->node).find("was deleted while this node was in the job"),
+            std::string::npos)
+      << messageOf(*ms_[0]->node);
+  EXPECT_TRUE(state().closed) << "not a fresh round 0 over round 0's old keys";
+  ms_[1]->node->join(1);
+  ms_[1]->node->awaitJoin();
+  EXPECT_THROW(ms_[1]->node->rethrow(), ClosedError);
+}
+
+TEST_F(DynamicRendezvousTest, ANodeWithOtherSettingsIsRefusedWithoutTouchingTheState) {
+  opts_.minNodes = 3;
+  opts_.maxNodes = 4;
+  auto good = members(2);
+  for (auto& m : good) m->node->join(1);
+  awaitForming(2);
+  const std::string before = hub_.value(stateKey());
+  opts_.minNodes = 1;
+  opts_.maxNodes = 2;
+  auto odd = member(7);
+  odd->node->join(1);
+  odd->node->awaitJoin();
+  EXPECT_THROW(odd->node->rethrow(), JobMismatchError);
+  EXPECT_NE(messageOf(*odd->node)
+                .find("--nnodes 1:2 differs from the job's 3:4 (set by node 10.0.0."),
+            std::string::npos)
+      << messageOf(*odd->node);
+  odd->rdzv().shutdown();
+  EXPECT_EQ(hub_.value(stateKey()), before);
+  opts_.minNodes = 3;
+  opts_.maxNodes = 4;
+  auto third = member(2);
+  third->node->join(1);
+  awaitForming(3);
+  advance(opts_.lastCallTimeout.count());
+  for (auto* m : {good[0].get(), good[1].get(), third.get()}) {
+    m->node->awaitJoin();
+    ASSERT_FALSE(m->node->error) << messageOf(*m->node);
+    EXPECT_EQ(m->node->info.groupWorldSize, 3) << "the others go on";
+  }
+}
+
+// Group rank 0 completes a round but never publishes its worker store (it
+// stalled); once it is dropped, the others re-form without it instead of
+// waiting read_timeout for the key.
+TEST_F(DynamicRendezvousTest, GroupRankZeroDroppedBeforePublishingReformsTheRound) {
+  opts_.minNodes = 1;
+  opts_.maxNodes = 2;
+  auto a = member(0), b = member(1);
+  a->node->join(1);
+  awaitForming(1);
+  a->rdzv().cancel();  // stalls: it will never look at the round again
+  a->node->awaitJoin();
+  b->node->join(1);  // MAX: completes round 0 with a as group rank 0
+  ASSERT_TRUE(hub_.awaitUntil([&] { return state().complete; }));
+  ASSERT_TRUE(hub_.awaitWaiters(1)) << "b waits for the worker store";
+  const std::string aId = state().participants.at(0).id;
+  b->beat->declareDead(aId, 15'000);
+  b->node->awaitJoin();
+  ASSERT_FALSE(b->node->error) << messageOf(*b->node);
+  EXPECT_EQ(b->node->info.round, 1);
+  EXPECT_EQ(b->node->info.groupRank, 0);
+  EXPECT_EQ(b->node->info.groupWorldSize, 1);
+}
+
+// Issue 16: every round left ~8 keys behind. Round r-2's go when round r
+// completes: the count stays flat however many rounds a job runs.
+TEST_F(DynamicRendezvousTest, FinishedRoundsLeaveNoKeysBehind) {
+  opts_.maxNodes = 2;
+  auto ms = members(2);
+  // 2,000 by default (a few seconds); DDPRUN_TEST_ROUNDS=10000 for the
+  // figure in docs/benchmarks.md.
+  const char* env = std::getenv("DDPRUN_TEST_ROUNDS");
+  const int kRounds = env ? std::atoi(env) : 2'000;
+  int64_t after10 = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    joinAll(ms);
+    ASSERT_EQ(ms[0]->node->info.round, r);
+    ms[r % 2]->rdzv().reportFailure(r, "rank 0 exited with 1", false);
+    for (auto& m : ms) ASSERT_EQ(m->node->awaitEvent().round, r);
+    if (r == 10)
+      after10 = hub_.connect(std::make_shared<store::CancelToken>())->numKeys();
+  }
+  const int64_t keys = hub_.connect(std::make_shared<store::CancelToken>())->numKeys();
+  std::cout << "[ figure ] store keys after " << kRounds << " rounds of 2 nodes: " << keys
+            << " (after 10: " << after10 << ")\n";
+  EXPECT_LE(keys, after10) << "bounded, not growing with the rounds";
+  EXPECT_LT(keys, 30);
+}
+
 TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
   auto bad = [&](auto change) {
     DynamicOptions o = opts_;
@@ -532,6 +726,7 @@ TEST_F(DynamicRendezvousTest, OptionsAreValidated) {
   bad([](DynamicOptions& o) { o.lastCallTimeout = 0ms; });
   bad([](DynamicOptions& o) { o.keepAliveMaxAttempt = 0; });
   bad([](DynamicOptions& o) { o.runId = ""; });
+  bad([](DynamicOptions& o) { o.maxNodes = detail::kMaxNodesEver + 1; });
   EXPECT_NO_THROW(detail::validate(opts_));
 }
 

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
+
 #include "ddprun/common/error.h"
 #include "round_end.h"
 
@@ -338,6 +341,189 @@ TEST(DynamicStateTest, TheStateStaysCompactAt256Nodes) {
   }
   ASSERT_TRUE(s.complete);
   EXPECT_LT(toJson(s).size(), 256u * 60) << "a few tens of bytes per node";
+}
+
+// A valid one-node running state of a 1:2 job at round `round`, as JSON,
+// with `patch` applied (issue 16: values a rogue client may write).
+std::string stateWith(const std::function<void(nlohmann::json&)>& patch) {
+  Limits lim{1, 2, 30'000, 15'000};
+  State s;
+  auto a = node("a", 2);
+  joinStep(s, a, lim, kT0);
+  completeIfDue(s, lim, kT0 + 30'000);
+  auto j = nlohmann::json::parse(toJson(s));
+  patch(j);
+  return j.dump();
+}
+
+std::string refusal(const std::string& text, const Limits& lim) {
+  try {
+    State s = fromJson(text, "ddprun/job/state", lim);
+    std::string bad = jobMismatch(s, lim);
+    if (bad.empty()) bad = validate(s, lim);
+    return bad.empty() ? "accepted" : bad;
+  } catch (const ProtocolError& e) {
+    return e.message();
+  }
+}
+
+TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
+  const Limits lim{1, 2, 30'000, 15'000};
+  EXPECT_EQ(refusal(stateWith([](auto&) {}), lim), "accepted");
+  struct Case {
+    std::function<void(nlohmann::json&)> patch;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& j) { j["r"] = 2147483647; },
+       "\"r\" = 2147483647 is outside [0, 2147483646]"},
+      {[](auto& j) { j["r"] = -1; }, "\"r\" = -1 is outside"},
+      {[](auto& j) { j["p"][0]["n"] = 2147483647; },
+       "\"n\" = 2147483647 is outside [1, 4096]"},
+      {[](auto& j) { j["p"][0]["n"] = 0; }, "\"n\" = 0 is outside"},
+      {[](auto& j) { j["p"][0]["s"] = -1; }, "\"s\" = -1 is outside"},
+      {[](auto& j) { j["ns"] = 18446744073709551615ull; }, "\"ns\" is not an integer"},
+      {[](auto& j) { j["rc"] = 5; }, "\"rc\" = 5 is outside [0, 0]"},
+      {[](auto& j) { j["er"] = 0; }, "\"er\" = 0 is outside [-1, -1]"},
+      {[](auto& j) { j["p"][0]["n"] = 2.5; }, "\"n\" is not an integer"},
+      {[](auto& j) { j["p"][0]["id"] = "a\"b"; }, "is not <addr>_<pid>_<n>"},
+      {[](auto& j) { j["p"].push_back(j["p"][0]); }, "takes part twice"},
+      {[](auto& j) {
+         for (int i = 0; i < 2; ++i) {
+           auto d = j["p"][0];
+           d["id"] = "b_1_" + std::to_string(i);
+           j["p"].push_back(d);
+         }
+       },
+       "\"p\" is not a list of at most 2 nodes"},
+      {[](auto& j) {
+         j["j"]["n"] = "1:3";
+         auto d = j["p"][0];
+         d["id"] = "b_1_0";
+         j["p"].push_back(d);
+         j["p"].push_back(d);
+       },
+       "--nnodes 1:2 differs from the job's 1:3"},
+      {[](auto& j) { j["p"][0]["s"] = 7; }, "an arrival number not yet given"},
+      {[](auto& j) { j["f"] = true, j["c"] = false; },
+       "a forming round that is finishing"},
+      {[](auto& j) { j["r"] = 1, j["er"] = 0, j["end"] = "exploded"; },
+       "is not a round's end"},
+      {[](auto& j) { j["r"] = 1, j["er"] = 0, j["end"] = "failed:9:x"; }, "names node 9"},
+      {[](auto& j) { j["j"]["n"] = "3:4"; },
+       "--nnodes 1:2 differs from the job's 3:4 (set by node a (pid 100))"},
+      {[](auto& j) { j.erase("j"); }, "not a ddprun dynamic rendezvous state"},
+  };
+  for (const auto& c : cases) {
+    const std::string text = stateWith(c.patch);
+    const std::string got = refusal(text, lim);
+    EXPECT_NE(got.find(c.says), std::string::npos) << text << "\n -> " << got;
+  }
+}
+
+TEST(DynamicStateTest, NodeIdsAreCheckedBothWays) {
+  EXPECT_TRUE(isValidNodeId(makeNodeId("10.0.0.2", 42, 0)));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("fe80::1%eth0", 42, 0)));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("my_host-1.example.com", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("a b", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("x\"y", 42, 0)));
+  EXPECT_FALSE(isValidNodeId(makeNodeId(std::string(kMaxIdBytes, 'a'), 42, 0)));
+  EXPECT_FALSE(isValidNodeId(""));
+}
+
+TEST(DynamicStateTest, AnOversizedValueIsRefusedBeforeItIsParsed) {
+  const Limits lim{1, 2, 30'000, 15'000};
+  // Far more than 2 nodes can need, and not even JSON past the first
+  // bytes: refused by its size alone, before any parsing.
+  std::string huge = "{\"p\":[" + std::string(maxStateBytes(2), '[');
+  const std::string got = refusal(huge, lim);
+  EXPECT_NE(got.find(std::to_string(huge.size()) + " bytes under ddprun/job/state"),
+            std::string::npos)
+      << got;
+  EXPECT_LT(maxStateBytes(2), 1u << 20) << "a 2-node job's state stays well under 1 MB";
+  // The largest legitimate state fits: MAX participants with long ids,
+  // every waiting place taken, long texts.
+  Limits big{1, 256, 30'000, 15'000};
+  State s;
+  const std::string pad(200, 'x');
+  for (int i = 0; i < 256; ++i) {
+    NodeDesc d{makeNodeId(pad + std::to_string(i), 4'194'304, i), 8, -1, false};
+    joinStep(s, d, big, kT0);
+  }
+  for (int64_t i = 0; i < waitingCap(256); ++i) {
+    NodeDesc d{makeNodeId(pad + "w" + std::to_string(i), 4'194'304, 0), 1, -1, false};
+    EXPECT_EQ(joinStep(s, d, big, kT0), JoinOutcome::kWaitEnd);
+  }
+  NodeDesc extra = node("one-too-many");
+  EXPECT_EQ(joinStep(s, extra, big, kT0), JoinOutcome::kFull);
+  close(s, std::string(10'000, '\x01'));  // cut to kMaxTextBytes, escaped 6x
+  EXPECT_LE(toJson(s).size(), maxStateBytes(256));
+  EXPECT_EQ(refusal(toJson(s), big), "accepted");
+}
+
+TEST(DynamicStateTest, TheJobsSettingsAreRecordedByTheFirstJoin) {
+  Limits lim{3, 4, 30'000, 15'000};
+  State s;
+  auto a = node("a");
+  joinStep(s, a, lim, kT0);
+  EXPECT_EQ(s.job.minNodes, 3);
+  EXPECT_EQ(s.job.maxNodes, 4);
+  EXPECT_EQ(s.job.by, a.id);
+  EXPECT_EQ(jobMismatch(s, lim), "");
+  EXPECT_EQ(jobMismatch(s, Limits{1, 2, 30'000, 15'000}),
+            "--nnodes 1:2 differs from the job's 3:4 (set by node a (pid 100))");
+  EXPECT_NE(
+      jobMismatch(s, Limits{3, 4, 1'000, 15'000}).find("last_call_timeout (1000 ms)"),
+      std::string::npos);
+  EXPECT_NE(jobMismatch(s, Limits{3, 4, 30'000, 600}).find("heartbeat timeout"),
+            std::string::npos);
+  State t = fromJson(toJson(s), "k", lim);
+  EXPECT_EQ(t.job.by, a.id);
+  EXPECT_EQ(t.job.heartbeatMs, 15'000);
+}
+
+TEST(DynamicStateTest, RoundsStopAtTheLimitInsteadOfWrapping) {
+  Limits lim{1, 1, 30'000, 15'000};
+  State s;
+  auto a = node("a");
+  joinStep(s, a, lim, kT0);
+  s.round = static_cast<int>(kMaxRound) - 1;
+  s.restartCount = 7;
+  ASSERT_TRUE(endRound(s, s.round, RoundEnd::kFailed, 0, "x"));
+  EXPECT_EQ(s.round, kMaxRound);
+  EXPECT_TRUE(s.closed);
+  EXPECT_NE(s.closedReason.find("limit"), std::string::npos);
+  EXPECT_EQ(refusal(toJson(s), lim), "accepted");
+  EXPECT_EQ(joinStep(s, a, lim, kT0), JoinOutcome::kClosed);
+}
+
+TEST(DynamicStateTest, ATamperedStateIsToldFromARoundThatRunsOrEnded) {
+  Limits lim{1, 2, 30'000, 15'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b")};
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(roundTampered(s, 0, ns[0].id), "");
+  EXPECT_EQ(roundTampered(std::nullopt, 0, ns[0].id), "the state was deleted");
+  EXPECT_NE(roundTampered(State{}, 0, ns[0].id).find("round 0 is forming"),
+            std::string::npos);
+  EXPECT_NE(roundTampered(s, 0, node("z").id).find("without this node"),
+            std::string::npos);
+  // A forged end is not backed by the state: the round still runs there.
+  EXPECT_EQ(trustedEnd(s, 0, "finished"), std::nullopt);
+  EXPECT_EQ(trustedEnd(std::nullopt, 0, "finished"), "finished") << "nothing to check";
+  State ended = s;
+  endRound(ended, 0, RoundEnd::kFailed, 1, "rank 1 exited with 1");
+  EXPECT_EQ(roundTampered(ended, 0, ns[0].id), "") << "it ended: the first end won";
+  EXPECT_EQ(trustedEnd(ended, 0, "failed:1:rank 1 exited with 1"),
+            "failed:1:rank 1 exited with 1");
+  EXPECT_EQ(trustedEnd(ended, 0, "finished"), "failed:1:rank 1 exited with 1")
+      << "the state's record wins over a rewritten key";
+  State tomb = tombstone(0, "finished", "it finished", lim, ns[0].id);
+  EXPECT_EQ(refusal(toJson(tomb), lim), "accepted");
+  EXPECT_TRUE(tomb.closed);
+  EXPECT_EQ(trustedEnd(tomb, 0, "finished"), "finished");
+  EXPECT_EQ(roundTampered(tomb, 0, ns[0].id), "");
 }
 
 }  // namespace
