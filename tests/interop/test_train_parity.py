@@ -9,7 +9,11 @@ For LeNet and LeNet with BatchNorm (train-mode batch statistics):
      s-1 steps (`train --max-steps s-1 --save`) and computes step s: the loss
      agrees within 1e-4, the gradient train applied (recovered from its
      parameters after s-2, s-1 and s steps through SGD's momentum rule)
-     agrees with PyTorch's, and so do the BatchNorm running statistics;
+     agrees with PyTorch's within 1e-4 (or, where PyTorch's own gradient
+     jumps by more than that under a 1e-7..1e-6 nudge of the weights, with
+     one of those branches: a ReLU or max-pool decision at rounding level,
+     which some CPUs' kernels tip one way and some the other), and so do the
+     BatchNorm running statistics;
   3. train's final weights (--save) load into PyTorch's module with
      load_state_dict(strict=True), and PyTorch's accuracy with them on the full
      test set is the count train reported, exactly.
@@ -138,6 +142,51 @@ def load_state(path, model_name):
     return model
 
 
+# A state can sit where the gradient is discontinuous: a ReLU input or a
+# max-pool's two largest values within rounding of each other, so that float32
+# rounding alone decides which way the gradient goes (with LeNet-BN on
+# Fashion-MNIST this happens at some step on some CPUs: PyTorch's own
+# gradient from train's state after step 2 then moves by 1.7e-4 under a 1e-7
+# relative nudge of the weights, depending on the BLAS kernel). There, train's
+# gradient must match one of PyTorch's own branches, found by such nudges.
+BRANCH_NUDGES = [(rel, seed) for rel in (1e-7, 1e-6) for seed in (1, 2, 3, 4)]
+
+
+def nearby_gradients(state, xb, yb):
+    """PyTorch's gradients from `state` (float64, and float32 with the
+    weights nudged by BRANCH_NUDGES): {name: [gradient, ...]}."""
+    out = {}
+    for dtype, rel, seed in [(torch.float64, 0.0, 0)] + [(torch.float32, r, s)
+                                                         for r, s in BRANCH_NUDGES]:
+        m = copy.deepcopy(state)
+        if rel:
+            g = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.mul_(1 + rel * torch.randn(p.shape, generator=g))
+        m = m.to(dtype)
+        m.train()
+        F.cross_entropy(m(xb.to(dtype)), yb).backward()
+        for n, p in m.named_parameters():
+            out.setdefault(n, []).append(p.grad.float())
+    return out
+
+
+def explained_by_a_branch(model_name, s, n, applied, theirs, branches):
+    """The distance from train's gradient to the nearest of PyTorch's own
+    branches, if PyTorch's gradient itself jumps by more than GRAD_TOL near
+    this state (else the distance to PyTorch's, unchanged)."""
+    jump = max((g - theirs).abs().max().item() for g in branches[n])
+    direct = (applied - theirs).abs().max().item()
+    if jump <= GRAD_TOL:
+        return direct
+    nearest = min((applied - g).abs().max().item() for g in branches[n])
+    print("  %s step %d %s: PyTorch's own gradient jumps by %.2e within a 1e-6 nudge "
+          "(a ReLU/max-pool decision at rounding level); train's is %.2e from the nearest "
+          "branch (%.2e from the unnudged one)" % (model_name, s, n, jump, nearest, direct))
+    return nearest
+
+
 def check_step_by_step(model_name, tmp, init, ours, xy):
     """PyTorch computes step s from train's state after s-1 steps."""
     states = [load_state(init, model_name)]
@@ -156,6 +205,7 @@ def check_step_by_step(model_name, tmp, init, ours, xy):
         xb, yb = batch(xy, s)
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
+        branches = None  # PyTorch's own gradients near this state, if needed
         d = abs(loss.item() - ours[s - 1])
         worst["loss"] = max(worst["loss"], d)
         check(d <= LOSS_TOL, "%s step %d from train's state: train's loss %.7f, PyTorch %.7f"
@@ -169,6 +219,10 @@ def check_step_by_step(model_name, tmp, init, ours, xy):
             if r is not None:
                 applied = applied - MOMENTUM * (r[n] - q[n]) / lr
             diff = (applied - param.grad).abs().max().item()
+            if diff > GRAD_TOL:
+                if branches is None:
+                    branches = nearby_gradients(prev, xb, yb)
+                diff = explained_by_a_branch(model_name, s, n, applied, param.grad, branches)
             worst["grad"] = max(worst["grad"], diff)
             check(diff <= GRAD_TOL, "%s step %d: the gradient train applied to %s differs from "
                   "PyTorch's by %.3g (max |grad| %.3g)" % (model_name, s, n, diff,
