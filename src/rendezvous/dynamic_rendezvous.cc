@@ -16,6 +16,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "dynamic_rendezvous_internal.h"
+#include "job_keys.h"
 #include "dynamic_state.h"
 #include "round_end.h"
 #include "state_cell.h"
@@ -24,19 +25,17 @@
 namespace ddprun::rendezvous {
 namespace {
 
+using detail::JobKeys;
 using detail::JoinOutcome;
 using detail::NodeDesc;
 using detail::State;
 using detail::StateCell;
+using detail::Tamper;
 using Millis = std::chrono::milliseconds;
 
 // A watcher waits this long per request for the round's end, then asks again:
 // rounds last as long as training does.
 constexpr Millis kWatchSlice{3'600'000};
-
-// What the node ending a round writes under round/<r>/worker_store when group
-// rank 0 has not published one: the nodes waiting for it see the end.
-const std::string kNoWorkerStore = "-";
 
 // How long a join waits for the join before it in line (see Turn).
 constexpr Millis kTurnPatience{2'000};
@@ -50,22 +49,7 @@ std::string formatDuration(int64_t ms) {
   return std::to_string(ms / 1000) + " s";
 }
 
-// Keys, under "ddprun/<run_id>/":
-//   state                   the job's state (dynamic_state.h)
-//   hb/<node id>            heartbeats (heartbeat.h)
-//   round/<r>/complete      written once round r completed: the forming
-//                           round's participants WAIT on it
-//   round/<r>/worker_store  "host:port" of the round's worker store (group rank 0)
-//   round/<r>/done          nodes whose workers all succeeded (counter)
-//   round/<r>/end           how round r ended (round_end.h), copied from the
-//                           state by whoever wrote the end, or anyone who
-//                           finds it missing; the watchers WAIT on it
-//   round/<r>/left/<id>     the node read round r's end (the host waits for
-//                           these, bounded, before its store goes)
-//   Round r-2's keys go when round r completes (group rank 0 deletes them;
-//   each node its own left/<id>): a node still in round r-2 was dropped
-//   two rounds ago.
-//   turn, turn/<t>          join tickets and the end of ticket t's turn (see Turn)
+// Keys: job_keys.h.
 //
 // Threads: the agent's thread calls the interface; a task thread runs joins,
 // reports and the leave on `client_`, in order; a watcher thread per round
@@ -74,9 +58,12 @@ std::string formatDuration(int64_t ms) {
 class DynamicRendezvous final : public Rendezvous {
  public:
   DynamicRendezvous(DynamicOptions opts, Post post, detail::DynamicBackend backend)
-      : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {
-    lim_ = {opts_.minNodes, opts_.maxNodes, opts_.lastCallTimeout.count(),
-            opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt};
+      : opts_(std::move(opts)),
+        post_(std::move(post)),
+        backend_(std::move(backend)),
+        lim_{opts_.minNodes, opts_.maxNodes, opts_.lastCallTimeout.count(),
+             opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt},
+        keys_(opts_.runId, lim_) {
     if (backend_.pid == 0) backend_.pid = ::getpid();
   }
   ~DynamicRendezvous() override { shutdown(); }
@@ -158,11 +145,8 @@ class DynamicRendezvous final : public Rendezvous {
   }
 
  private:
-  std::string prefix() const { return "ddprun/" + opts_.runId + "/"; }
-  std::string stateKey() const { return prefix() + "state"; }
-  std::string key(int round, const std::string& name) const {
-    return prefix() + "round/" + std::to_string(round) + "/" + name;
-  }
+  std::string stateKey() const { return keys_.stateKey(); }
+  std::string key(int round, const std::string& name) const { return keys_.key(round, name); }
   int64_t now() const { return backend_.clock(); }
   std::exception_ptr cancelledJoin() const {
     return std::make_exception_ptr(
@@ -356,9 +340,9 @@ class DynamicRendezvous final : public Rendezvous {
   };
 
   Turn takeTurn() {
-    const int64_t ticket = client_->add(prefix() + "turn", 1);
+    const int64_t ticket = client_->add(keys_.jobKey("turn"), 1);
     if (ticket > 1) {
-      const std::string before = prefix() + "turn/" + std::to_string(ticket - 1);
+      const std::string before = keys_.jobKey("turn/") + std::to_string(ticket - 1);
       try {
         client_->wait({before}, kTurnPatience);
         client_->deleteKey(before);  // nobody else waits for it
@@ -366,7 +350,7 @@ class DynamicRendezvous final : public Rendezvous {
         DDPRUN_DEBUG("rendezvous: joining without the turn of ticket ", ticket - 1);
       }
     }
-    return Turn(client_.get(), prefix() + "turn/" + std::to_string(ticket));
+    return Turn(client_.get(), keys_.jobKey("turn/") + std::to_string(ticket));
   }
 
   // The join deadline passed in a forming round: this node leaves it, then
@@ -424,10 +408,7 @@ class DynamicRendezvous final : public Rendezvous {
       completeMarked_ = done;
     }
     if (s.lastEndedRound > endMarked_) {
-      store.compareSet(key(s.lastEndedRound, "end"), "", s.lastEnd);
-      // Nodes still waiting for the round's worker store wake up and see
-      // the end (group rank 0 may be the node that was dropped).
-      store.compareSet(key(s.lastEndedRound, "worker_store"), "", kNoWorkerStore);
+      keys_.writeEnd(store, s.lastEndedRound, s.lastEnd);
       endMarked_ = s.lastEndedRound;
     }
   }
@@ -456,14 +437,14 @@ class DynamicRendezvous final : public Rendezvous {
   // Group rank 0 starts the round's fresh worker store and publishes it; the
   // others read it (published right after completion). False: the round
   // ended first (group rank 0 died or stalled, and was dropped: whoever
-  // wrote the end also wrote kNoWorkerStore there).
+  // wrote the end also wrote detail::kNoWorkerStore there).
   bool workerStore(RoundInfo& info) {
     const auto k = key(info.round, "worker_store");
     if (info.groupRank == 0) {
       info.workerStoreHost = addr_;
       info.workerStorePort = backend_.startWorkerStore();
       client_->set(k, net::formatHostPort(addr_, info.workerStorePort));
-      forgetRound(info.round - 2);
+      keys_.forgetRound(*client_, info.round - 2);
       return true;
     }
     try {
@@ -475,7 +456,7 @@ class DynamicRendezvous final : public Rendezvous {
                    ") within ", formatDuration(opts_.readTimeout.count()));
     }
     const std::string value = client_->get(k);
-    if (value == kNoWorkerStore || client_->check({key(info.round, "end")})) {
+    if (value == detail::kNoWorkerStore || client_->check({key(info.round, "end")})) {
       DDPRUN_INFO("rendezvous: round ", info.round,
                   " ended before it started; joining the next one");
       return false;
@@ -491,18 +472,6 @@ class DynamicRendezvous final : public Rendezvous {
                    opts_.runId, " on this store?");
     }
     return true;
-  }
-
-  // Deletes the keys of a round that ended two rounds ago (their readers
-  // are gone: see the keys above); best effort.
-  void forgetRound(int round) {
-    if (round < 0) return;
-    try {
-      for (const char* name : {"complete", "worker_store", "done", "end"})
-        client_->deleteKey(key(round, name));
-    } catch (const Error& e) {
-      DDPRUN_DEBUG("rendezvous: round ", round, "'s keys stay: ", e.message());
-    }
   }
 
   // On the task thread: the state change that ends `round`, then its key;
@@ -524,9 +493,9 @@ class DynamicRendezvous final : public Rendezvous {
           return;
         }
         tampered =
-            Tamper{describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
+            Tamper{keys_.describeTamper(round, detail::roundTampered(s, round, me_.id)), false};
       } catch (const StateCell::StateGone&) {
-        tampered = Tamper{describeTamper(round, "the state was deleted"), false};
+        tampered = Tamper{keys_.describeTamper(round, "the state was deleted"), false};
       } catch (const ProtocolError& e) {
         tampered = Tamper{e.message(), true};
       }
@@ -535,56 +504,22 @@ class DynamicRendezvous final : public Rendezvous {
   }
 
   // What is wrong with the state for the running round `round`, or nullopt
-  // (it runs, or ended legitimately). Invalid: it cannot be parsed or
-  // validated; otherwise it was deleted or describes something else.
-  struct Tamper {
-    std::string why;
-    bool invalid = false;
-  };
+  // (it runs, or ended legitimately).
   std::optional<Tamper> checkRound(int round) {
     try {
       State s = cell_->refresh();
       const std::string why = detail::roundTampered(
           cell_->known() ? std::optional<State>(s) : std::nullopt, round, me_.id);
       if (why.empty()) return std::nullopt;
-      return Tamper{describeTamper(round, why), false};
+      return Tamper{keys_.describeTamper(round, why), false};
     } catch (const ProtocolError& e) {  // JobMismatchError too: not what this job wrote
       return Tamper{e.message(), true};
     }
   }
-  std::string describeTamper(int round, const std::string& why) const {
-    return "the rendezvous state under " + stateKey() + " changed while round " +
-           std::to_string(round) + " ran (" + why +
-           "); another program deleted or overwrote it";
-  }
 
-  // Ends `round` without its state, which another program deleted, changed
-  // or made invalid: a closed state replaces whatever is there (no node
-  // starts the job again over the old rounds' keys), then the round's end
-  // key says how it ended. Invalid: the job closes on every node. Deleted or
-  // changed: the workers' outcome decides (finished stays finished; a
-  // failure closes the job, which has no state left to restart from).
+  // Ends `round` without its state (JobKeys::bury), on the task thread.
   void bury(int round, RoundEnd kind, const std::string& why, const Tamper& t) {
-    bury(*client_, cell_->raw(), round, kind, groupRank_, why, t);
-  }
-  // The same on any thread's connection; `raw`: the state as read there,
-  // `node`: this node's group rank in `round`.
-  void bury(store::Store& store, const std::string& raw, int round, RoundEnd kind,
-            int node, const std::string& why, const Tamper& t) {
-    std::string reason = why;
-    if (t.invalid) {
-      kind = RoundEnd::kClosed, node = -1, reason = t.why;
-    } else if (kind != RoundEnd::kFinished) {
-      kind = RoundEnd::kClosed, reason = why + "; the job cannot restart: " + t.why;
-    }
-    const std::string end = detail::encodeEnd(kind, node, reason);
-    const State tomb = detail::tombstone(
-        round, end, kind == RoundEnd::kFinished ? "it finished" : reason, lim_, nodeId_);
-    DDPRUN_ERROR("rendezvous: ", t.why, "; round ", round, " ends as ",
-                 kind == RoundEnd::kFinished ? "finished" : "closed");
-    store.compareSet(stateKey(), raw, detail::toJson(tomb));
-    store.compareSet(key(round, "end"), "", end);
-    store.compareSet(key(round, "worker_store"), "", kNoWorkerStore);
+    keys_.bury(*client_, cell_->raw(), round, kind, groupRank_, why, t, nodeId_);
   }
 
   // On the task thread. Reports on a round that already ended change
@@ -679,12 +614,12 @@ class DynamicRendezvous final : public Rendezvous {
     RoundEvent event;
     try {
       auto store = backend_.connect(token, opts_.readTimeout);
-      event = awaitTrustedEnd(*store, round, token);
+      event = keys_.awaitTrustedEnd(*store, round, token, heartbeatTimeout(), nodeId_);
       if (event.kind == RoundEnd::kFinished) finished_ = true;
       if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
         jobEndSeen_ = true;
       lastEnded_ = std::max(lastEnded_.load(), round);
-      sayLeft(*store, round);
+      keys_.sayLeft(*store, round, nodeId_);
     } catch (const CancelledError&) {
       return;
     } catch (const Error& e) {
@@ -694,75 +629,15 @@ class DynamicRendezvous final : public Rendezvous {
     if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
   }
 
-  // Round `round`'s end as the state backs it (detail::trustedEnd). A key
-  // the state does not back (it says the round still runs) was written by
-  // another program: deleted, then the genuine end is awaited (whoever
-  // ends the round writes it again: see ensureMarkers).
-  RoundEvent awaitTrustedEnd(store::Store& store, int round,
-                             const std::shared_ptr<store::CancelToken>& token) {
-    const std::string endKey = key(round, "end");
-    for (;;) {
-      const std::string value =
-          detail::awaitEndValue(store, endKey, heartbeatTimeout(),
-                                [&] { checkWhileRunning(store, round, token); });
-      auto trusted = detail::trustedEnd(readState(store, token), round, value);
-      if (trusted) return detail::decodeEndOrClose(round, endKey, *trusted);
-      DDPRUN_WARN("rendezvous: ", endKey, " holds '", str::escape(value, 80),
-                  "', but the job's state says round ", round,
-                  " still runs: another program wrote it; ignored");
-      store.deleteKey(endKey);
-      // A genuine end recorded meanwhile: its key may have just been deleted.
-      if (auto again = readState(store, token); again && again->lastEndedRound == round)
-        store.compareSet(endKey, "", again->lastEnd);
-    }
-  }
-
-  // On the watcher's thread, once per heartbeat timeout while the round
-  // runs: an invalid state ends it now (closed on every node), not only
-  // when a node's workers end. A deleted or changed one is left to the
-  // reports: the workers' outcome decides then.
-  void checkWhileRunning(store::Store& store, int round,
-                         const std::shared_ptr<store::CancelToken>& token) {
-    StateCell cell(store, stateKey(), lim_, token);
-    try {
-      cell.refresh();
-    } catch (const ProtocolError& e) {
-      bury(store, cell.raw(), round, RoundEnd::kClosed, -1, "",
-           Tamper{e.message(), true});
-    }
-  }
   Millis heartbeatTimeout() const {
     return opts_.keepAliveInterval * opts_.keepAliveMaxAttempt;
-  }
-
-  // The state for a check, nullopt if missing or invalid.
-  std::optional<State> readState(store::Store& store,
-                                 const std::shared_ptr<store::CancelToken>& token) {
-    StateCell cell(store, stateKey(), lim_, token);
-    try {
-      State s = cell.refresh();
-      if (cell.known()) return s;
-    } catch (const ProtocolError&) {
-    }
-    return std::nullopt;
-  }
-
-  // Best effort: the host may stop its store once every node read the end.
-  // Its goodbye of two rounds ago is read by nobody now.
-  void sayLeft(store::Store& store, int round) {
-    try {
-      store.set(key(round, "left/" + nodeId_), "");
-      if (round >= 2) store.deleteKey(key(round - 2, "left/" + nodeId_));
-    } catch (const Error& e) {
-      DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ",
-                   e.message());
-    }
   }
 
   const DynamicOptions opts_;
   const Post post_;
   detail::DynamicBackend backend_;
-  detail::Limits lim_;
+  const detail::Limits lim_;
+  const JobKeys keys_;
   EventHandler handler_;  // set before the first join, read by watchers
   const std::shared_ptr<store::CancelToken> cancel_ =
       std::make_shared<store::CancelToken>();

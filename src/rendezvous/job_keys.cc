@@ -1,0 +1,100 @@
+#include "job_keys.h"
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
+#include "ddprun/common/strings.h"
+#include "round_end.h"
+#include "state_cell.h"
+
+namespace ddprun::rendezvous::detail {
+
+std::string JobKeys::describeTamper(int round, const std::string& why) const {
+  return "the rendezvous state under " + stateKey() + " changed while round " +
+         std::to_string(round) + " ran (" + why +
+         "); another program deleted or overwrote it";
+}
+
+void JobKeys::writeEnd(store::Store& store, int round, const std::string& end) const {
+  store.compareSet(key(round, "end"), "", end);
+  // Nodes still waiting for the round's worker store wake up and see the
+  // end (group rank 0 may be the node that was dropped).
+  store.compareSet(key(round, "worker_store"), "", kNoWorkerStore);
+}
+
+std::optional<State> JobKeys::readState(
+    store::Store& store, const std::shared_ptr<store::CancelToken>& token) const {
+  StateCell cell(store, stateKey(), lim_, token);
+  try {
+    State s = cell.refresh();
+    if (cell.known()) return s;
+  } catch (const ProtocolError&) {
+  }
+  return std::nullopt;
+}
+
+void JobKeys::bury(store::Store& store, const std::string& raw, int round, RoundEnd kind,
+                   int node, const std::string& why, const Tamper& t,
+                   const std::string& nodeId) const {
+  std::string reason = why;
+  if (t.invalid) {
+    kind = RoundEnd::kClosed, node = -1, reason = t.why;
+  } else if (kind != RoundEnd::kFinished) {
+    kind = RoundEnd::kClosed, reason = why + "; the job cannot restart: " + t.why;
+  }
+  const std::string end = encodeEnd(kind, node, reason);
+  const State tomb =
+      tombstone(round, end, kind == RoundEnd::kFinished ? "it finished" : reason, lim_, nodeId);
+  DDPRUN_ERROR("rendezvous: ", t.why, "; round ", round, " ends as ",
+               kind == RoundEnd::kFinished ? "finished" : "closed");
+  store.compareSet(stateKey(), raw, toJson(tomb));
+  writeEnd(store, round, end);
+}
+
+RoundEvent JobKeys::awaitTrustedEnd(store::Store& store, int round,
+                                    const std::shared_ptr<store::CancelToken>& token,
+                                    std::chrono::milliseconds slice,
+                                    const std::string& nodeId) const {
+  const std::string endKey = key(round, "end");
+  const auto checkWhileRunning = [&] {
+    StateCell cell(store, stateKey(), lim_, token);
+    try {
+      cell.refresh();
+    } catch (const ProtocolError& e) {
+      bury(store, cell.raw(), round, RoundEnd::kClosed, -1, "", Tamper{e.message(), true},
+           nodeId);
+    }
+  };
+  for (;;) {
+    const std::string value = awaitEndValue(store, endKey, slice, checkWhileRunning);
+    auto trusted = trustedEnd(readState(store, token), round, value);
+    if (trusted) return decodeEndOrClose(round, endKey, *trusted);
+    DDPRUN_WARN("rendezvous: ", endKey, " holds '", str::escape(value, 80),
+                "', but the job's state says round ", round,
+                " still runs: another program wrote it; ignored");
+    store.deleteKey(endKey);
+    // A genuine end recorded meanwhile: its key may have just been deleted.
+    if (auto again = readState(store, token); again && again->lastEndedRound == round)
+      store.compareSet(endKey, "", again->lastEnd);
+  }
+}
+
+void JobKeys::forgetRound(store::Store& store, int round) const {
+  if (round < 0) return;
+  try {
+    for (const char* name : {"complete", "worker_store", "done", "end"})
+      store.deleteKey(key(round, name));
+  } catch (const Error& e) {
+    DDPRUN_DEBUG("rendezvous: round ", round, "'s keys stay: ", e.message());
+  }
+}
+
+void JobKeys::sayLeft(store::Store& store, int round, const std::string& nodeId) const {
+  try {
+    store.set(key(round, "left/" + nodeId), "");
+    if (round >= 2) store.deleteKey(key(round - 2, "left/" + nodeId));
+  } catch (const Error& e) {
+    DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ", e.message());
+  }
+}
+
+}  // namespace ddprun::rendezvous::detail
