@@ -200,10 +200,8 @@ bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   optim_->setSteps(p.optimizerSteps);
   rng_.restore(p.rng);
   if (!p.sameLayout && pos_.step != 0) {
-    notice("checkpoint " + file.path +
-           " was taken with another world size, batch size or "
-           "seed: resuming at the start of epoch " +
-           std::to_string(pos_.epoch + 1));
+    notice("checkpoint " + file.path + " was taken with another world size, batch size or "
+           "seed: resuming at the start of epoch " + std::to_string(pos_.epoch + 1));
     pos_.step = 0;
   }
   return true;
@@ -240,12 +238,9 @@ Run::StartPlan Run::planStart() {
                   "'): pass --resume to continue them, or give this job another run id "
                   "(--rdzv-id) or another --checkpoint-dir";
     } else if (!listCheckpoints(cfg_.checkpointDir).empty()) {
-      notice(cfg_.checkpointDir +
-             " holds checkpoints of other runs: they are kept, and this run "
-             "(id '" +
-             runId_ +
-             "') starts from the beginning; pass --resume to continue the one "
-             "written last");
+      notice(cfg_.checkpointDir + " holds checkpoints of other runs: they are kept, and this "
+             "run (id '" + runId_ + "') starts from the beginning; pass --resume to "
+             "continue the one written last");
     }
     return plan;
   }
@@ -464,19 +459,15 @@ void Run::clearStaleTemporaries() {
   }
   if (!removed.empty())
     notice("removed " + std::to_string(removed.size()) +
-           " temporary file(s) of interrupted "
-           "saves: " +
-           str::join(removed, ", "));
+           " temporary file(s) of interrupted saves: " + str::join(removed, ", "));
 }
 
 nlohmann::json Run::execute() {
   if (data_.train.size < pg_.size())
     DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size,
-                 " samples but there "
-                 "are ",
-                 pg_.size(),
-                 " ranks: every rank needs at least one sample (use fewer "
-                 "workers or more --train-samples)");
+                 " samples but there are ", pg_.size(),
+                 " ranks: every rank needs at least one sample (use fewer workers or more "
+                 "--train-samples)");
   runId_ = io_.runId;
   if (runId_.empty() && rank0_) runId_ = "train-" + str::randomToken(12);
   broadcastString(pg_, runId_);
