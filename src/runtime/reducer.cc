@@ -239,7 +239,9 @@ void Reducer::launch(size_t b, bool inlineLast) {
     o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
          .op = ReduceOp::kSum, .device = mem_->device()};
   }
+  std::function<void()> fence = mem_->producedFence();
   if (inlineLast) {
+    if (fence) fence();
     if (pg_.size() > 1) allReduce(pg_, o);
     (*timing_)[slot].finished = ReducerStats::Clock::now();
     return;
@@ -248,6 +250,7 @@ void Reducer::launch(size_t b, bool inlineLast) {
   internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].started = ReducerStats::Clock::now();
   });
+  if (fence) internal::enqueue(pg_, "reducer fence", std::move(fence));
   if (pg_.size() > 1) allReduceAsync(pg_, o);
   bk.work = internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].finished = ReducerStats::Clock::now();

@@ -17,6 +17,7 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
 #include "dnnl_conv.h"
 
@@ -355,11 +356,18 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
     return std::make_unique<Linear>(std::move(n), in, out);
   }
-  std::unique_ptr<Layer> conv2d(std::string n, int64_t c, int64_t oc, int k, int pad) override {
-    return makeDnnlConv2d(std::move(n), c, oc, k, pad);
+  std::unique_ptr<Layer> conv2d(std::string n, const Conv2dSpec& s) override {
+    DDPRUN_CHECK(s.stride == 1 && s.bias, n, ": the CPU backend's convolutions have stride 1 "
+                 "and a bias");
+    return makeDnnlConv2d(std::move(n), s.inC, s.outC, s.kernel, s.pad);
   }
-  std::unique_ptr<Layer> maxPool2d(std::string n, int k) override {
-    return std::make_unique<MaxPool2d>(std::move(n), k);
+  std::unique_ptr<Layer> maxPool2d(std::string n, const Pool2dSpec& s) override {
+    DDPRUN_CHECK((s.stride == 0 || s.stride == s.kernel) && s.pad == 0, n,
+                 ": the CPU backend pools with stride = window and no padding");
+    return std::make_unique<MaxPool2d>(std::move(n), s.kernel);
+  }
+  std::unique_ptr<Layer> globalAvgPool(std::string n) override {
+    DDPRUN_THROW(InvalidArgument, n, ": global average pooling is not in the CPU backend yet");
   }
   std::unique_ptr<Layer> relu(std::string n) override { return std::make_unique<Relu>(std::move(n)); }
   std::unique_ptr<Layer> flatten(std::string n) override {
@@ -371,7 +379,7 @@ class CpuBackend final : public Backend {
 
   // loss = mean_i (logsumexp(z_i) - z_i[y_i]); dL/dz = (softmax(z) - onehot(y)) / N
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
-                      int64_t* correct) override {
+                      int64_t* correct, float gradScale) override {
     const int64_t n = logits.dim(0), k = logits.dim(1);
     if (dlogits) dlogits->ensure(logits.shape());
     double total = 0.0;
@@ -392,7 +400,8 @@ class CpuBackend final : public Backend {
       if (dlogits) {
         float* d = dlogits->data() + i * k;
         for (int64_t j = 0; j < k; ++j)
-          d[j] = static_cast<float>((std::exp(z[j] - lse) - (j == y ? 1.0 : 0.0)) / n);
+          d[j] = static_cast<float>((std::exp(z[j] - lse) - (j == y ? 1.0 : 0.0)) / n) *
+                 gradScale;
       }
     }
     if (correct) *correct = hits;
@@ -427,6 +436,37 @@ class CpuBackend final : public Backend {
       const float denom = std::sqrt(v[i]) / bc2Sqrt + eps;
       w[i] -= stepSize * (m[i] / denom);
     }
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    DDPRUN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add of ",
+                 shapeString(a.shape()), " and ", shapeString(b.shape()), " into ",
+                 shapeString(out.shape()));
+    const float* x = a.data();
+    const float* y = b.data();
+    float* o = out.data();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] + y[i];
+  }
+  void zero(Tensor& t) override { t.zero(); }
+  void copy(const Tensor& src, Tensor& dst) override {
+    DDPRUN_CHECK(src.numel() == dst.numel(), "copy of ", shapeString(src.shape()), " into ",
+                 shapeString(dst.shape()));
+    if (src.numel() && src.data() != dst.data())
+      std::memcpy(dst.data(), src.data(), src.bytes());
+  }
+  void resizeBilinear(const Tensor&, int64_t, int64_t, Tensor&) override {
+    DDPRUN_THROW(InvalidArgument, "bilinear resizing is not in the CPU backend yet");
+  }
+  bool scaleAndCheckFinite(float* data, size_t n, float scale) override {
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+      data[i] *= scale;
+      finite &= std::isfinite(data[i]);
+    }
+    return finite;
+  }
+  void synchronize() override {}
+  std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup& pg) override {
+    return runtime::makeCpuGradientMemory(pg);
   }
   void upload(const float* host, float* dst, size_t n) override {
     if (n && host != dst) std::memcpy(dst, host, n * sizeof(float));

@@ -33,4 +33,14 @@ void Rng::restore(const std::string& s) {
   gen_ = g;
 }
 
+const char* precisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
 }  // namespace ddprun::train

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,12 @@ class GradientMemory {
   // dst16[i] = to16(src[i] * scale); dst[i] = float(src16[i]).
   virtual void compress(const float* src, void* dst16, size_t n, float scale, DType t) = 0;
   virtual void decompress(const void* src16, float* dst, size_t n, DType t) = 0;
+  // Called on the training thread when a bucket is launched. Returns what the
+  // communication thread runs before that bucket's all-reduce: a device
+  // implementation records an event after the kernels that wrote the
+  // gradients and waits for it there, so the training thread never blocks
+  // inside backward. Empty (the default) when memory is current at once (CPU).
+  virtual std::function<void()> producedFence() { return {}; }
 };
 std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg);
 

@@ -24,6 +24,7 @@
 
 namespace ddprun::runtime {
 class ProcessGroup;
+class GradientMemory;
 }
 
 namespace ddprun::train {
@@ -78,6 +79,26 @@ class Layer {
   std::string name_;
 };
 
+// Convolution geometry: square kernel, stride and zero padding; `bias`
+// false for convolutions followed by batch norm (ResNet's bias=False).
+struct Conv2dSpec {
+  int64_t inC = 0, outC = 0;
+  int kernel = 1, stride = 1, pad = 0;
+  bool bias = true;
+};
+// Max pooling: square window, stride (0: the window), zero-free padding
+// (padded positions never win: PyTorch's -inf padding), floor mode.
+struct Pool2dSpec {
+  int kernel = 2, stride = 0, pad = 0;
+};
+
+// Arithmetic of the device's compute: fp32; tf32 (tensor-core inputs rounded
+// to 10-bit mantissas, fp32 accumulate); bf16/fp16 (autocast: convolutions and
+// matrix products take 16-bit inputs, everything else and the master weights
+// stay fp32). The CPU backend computes fp32 only.
+enum class Precision : uint8_t { kFp32, kTf32, kBf16, kFp16 };
+const char* precisionName(Precision p);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -88,9 +109,19 @@ class Backend {
   // Parameters are zero here; Model::initialize draws them (PyTorch's
   // default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases).
   virtual std::unique_ptr<Layer> linear(std::string name, int64_t in, int64_t out) = 0;
-  virtual std::unique_ptr<Layer> conv2d(std::string name, int64_t inC, int64_t outC, int kernel,
-                                        int pad) = 0;
-  virtual std::unique_ptr<Layer> maxPool2d(std::string name, int kernel) = 0;
+  virtual std::unique_ptr<Layer> conv2d(std::string name, const Conv2dSpec& spec) = 0;
+  // Stride 1 with bias (LeNet's convolutions).
+  std::unique_ptr<Layer> conv2d(std::string name, int64_t inC, int64_t outC, int kernel, int pad) {
+    return conv2d(std::move(name), Conv2dSpec{inC, outC, kernel, 1, pad, true});
+  }
+  virtual std::unique_ptr<Layer> maxPool2d(std::string name, const Pool2dSpec& spec) = 0;
+  // Window k, stride k (PyTorch's MaxPool2d(k)).
+  std::unique_ptr<Layer> maxPool2d(std::string name, int k) {
+    return maxPool2d(std::move(name), Pool2dSpec{k, k, 0});
+  }
+  // [N, C, H, W] -> [N, C]: AdaptiveAvgPool2d(1) then flatten(1) (torchvision's
+  // ResNet head).
+  virtual std::unique_ptr<Layer> globalAvgPool(std::string name) = 0;
   virtual std::unique_ptr<Layer> relu(std::string name) = 0;
   virtual std::unique_ptr<Layer> flatten(std::string name) = 0;
   // `sync` non-null: SyncBatchNorm over that group (statistics all-reduced in
@@ -98,25 +129,59 @@ class Backend {
   virtual std::unique_ptr<Layer> batchNorm2d(std::string name, int64_t channels,
                                              runtime::ProcessGroup* sync) = 0;
 
-  // Mean cross-entropy of the batch; writes dL/dlogits when asked and counts
-  // the rows whose arg-max equals the label.
+  // Mean cross-entropy of the batch; writes dL/dlogits (times `gradScale`,
+  // the fp16 loss scale) when asked and counts the rows whose arg-max equals
+  // the label. `labels` is host memory (the backend uploads what it needs).
+  // Returns once the loss is known on the host.
   virtual double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
-                              int64_t* correct) = 0;
+                              int64_t* correct, float gradScale = 1.0f) = 0;
 
-  // Optimizer kernels (torch.optim semantics, see optim.h).
+  // Optimizer kernels (torch.optim semantics, see optim.h); pointers are
+  // this backend's memory.
   virtual void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr,
                          float momentum, float weightDecay, bool firstStep) = 0;
   virtual void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr,
                           float beta1, float beta2, float eps, float weightDecay,
                           int64_t step) = 0;
 
-  // Host <-> backend memory (identity copies on CPU).
+  // Element-wise work on this backend's memory, ordered with its layers.
+  // out = a + b (out may be a or b; same number of elements).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void zero(Tensor& t) = 0;
+  // dst gets src's elements (same number of elements; dst keeps its shape).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // y = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+  // for [N, C, H, W] x (y is given that shape).
+  virtual void resizeBilinear(const Tensor& x, int64_t h, int64_t w, Tensor& y) = 0;
+  // data *= scale over n elements; returns false when any result is not
+  // finite (the fp16 loss scaler's overflow check). Waits for the answer.
+  virtual bool scaleAndCheckFinite(float* data, size_t n, float scale) = 0;
+
+  // Host <-> backend memory (identity copies on CPU). Synchronous: on return
+  // the host side may be reused or read.
   virtual void upload(const float* host, float* dst, size_t n) = 0;
   virtual void download(const float* src, float* host, size_t n) = 0;
+  // Waits until everything issued so far has finished (timing, benchmarks).
+  virtual void synchronize() = 0;
+
+  // Where the reducer keeps gradient buckets for this backend: the CPU's
+  // shared heap, or device memory ordered after this backend's compute (the
+  // all-reduce of a bucket starts only once the kernels that wrote its
+  // gradients finished, without the training thread waiting).
+  virtual std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup& pg) = 0;
 };
 
 // The CPU backend; `threads` is OpenBLAS's thread count (1 keeps runs
 // bitwise reproducible and fits one worker per core).
 std::unique_ptr<Backend> makeCpuBackend(int threads = 1);
+
+// The CUDA backend (cuDNN, cuBLASLt, our kernels) on GPU `device`, computing
+// on its own stream. Throws InvalidArgument when this build has no CUDA or
+// the device does not exist, IoError for CUDA failures.
+struct CudaBackendOptions {
+  int device = 0;
+  Precision precision = Precision::kFp32;
+};
+std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 
 }  // namespace ddprun::train
