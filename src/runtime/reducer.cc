@@ -246,11 +246,12 @@ void Reducer::launch(size_t b, bool inlineLast) {
     (*timing_)[slot].finished = ReducerStats::Clock::now();
     return;
   }
+  // The fence first: the bucket's time starts once its gradients exist.
+  if (fence) internal::enqueue(pg_, "reducer fence", std::move(fence));
   auto timing = timing_;
   internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].started = ReducerStats::Clock::now();
   });
-  if (fence) internal::enqueue(pg_, "reducer fence", std::move(fence));
   if (pg_.size() > 1) allReduceAsync(pg_, o);
   bk.work = internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].finished = ReducerStats::Clock::now();

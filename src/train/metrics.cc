@@ -93,12 +93,10 @@ void Progress::finish() {
   std::fflush(out_);
 }
 
-std::string parametersSha256(const std::vector<Param*>& params,
-                             const std::vector<Buffer*>& buffers) {
+std::string sha256Hex(const std::vector<std::pair<const void*, size_t>>& spans) {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   DDPRUN_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "SHA-256 init");
-  for (const Param* p : params) EVP_DigestUpdate(ctx.get(), p->value.data(), p->value.bytes());
-  for (const Buffer* b : buffers) EVP_DigestUpdate(ctx.get(), b->value.data(), b->value.bytes());
+  for (const auto& [p, n] : spans) EVP_DigestUpdate(ctx.get(), p, n);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);

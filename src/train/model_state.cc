@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "ddprun/train/metrics.h"
+
 namespace ddprun::train {
 namespace {
 
@@ -48,28 +50,42 @@ bool valuesUsable(const LoadedTensor& t, const std::string& path, std::string* w
 
 }  // namespace
 
-std::vector<TensorView> modelTensors(Model& model, Optimizer* optim,
+const float* HostSnapshot::read(const Tensor& t) {
+  if (t.device() == Device::kCpu) return t.data();
+  std::vector<float>& c = copies_.emplace_back(static_cast<size_t>(t.numel()));
+  be_.download(t.data(), c.data(), c.size());
+  return c.data();
+}
+
+std::vector<TensorView> modelTensors(Model& model, Optimizer* optim, HostSnapshot& snap,
                                      std::vector<std::vector<int64_t>>& counts) {
   std::vector<TensorView> out;
   for (Param* p : model.params())
-    out.push_back({p->name, "F32", p->value.shape(), p->value.data()});
+    out.push_back({p->name, "F32", p->value.shape(), snap.read(p->value)});
   counts.reserve(model.buffers().size());
   for (Buffer* b : model.buffers()) {
     if (b->isCount) {
-      counts.push_back({static_cast<int64_t>(b->value.data()[0])});
+      counts.push_back({static_cast<int64_t>(snap.read(b->value)[0])});
       out.push_back({b->name, "I64", {}, counts.back().data()});
     } else {
-      out.push_back({b->name, "F32", b->value.shape(), b->value.data()});
+      out.push_back({b->name, "F32", b->value.shape(), snap.read(b->value)});
     }
   }
   if (optim)
     for (auto& [name, t] : optim->state())
-      out.push_back({name, "F32", t->shape(), t->data()});
+      out.push_back({name, "F32", t->shape(), snap.read(*t)});
   return out;
 }
 
+std::string modelSha256(const Model& model, HostSnapshot& snap) {
+  std::vector<std::pair<const void*, size_t>> spans;
+  for (const Param* p : model.params()) spans.emplace_back(snap.read(p->value), p->value.bytes());
+  for (const Buffer* b : model.buffers()) spans.emplace_back(snap.read(b->value), b->value.bytes());
+  return sha256Hex(spans);
+}
+
 bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
-              Optimizer* optim, std::string* why) {
+              Optimizer* optim, Backend& be, std::string* why) {
   auto fits = [&](const std::string& name, const Shape& shape, const std::string& dtype) {
     const LoadedTensor* t = st.find(name);
     if (!t) {
@@ -96,20 +112,25 @@ bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
     if (!fits(name, t->shape(), "F32")) return false;
   for (const LoadedTensor& t : st.tensors)
     if (!valuesUsable(t, path, why)) return false;
-  for (Param* p : model.params())
-    std::memcpy(p->value.data(), st.find(p->name)->bytes.data(), p->value.bytes());
+  // The loaded bytes are F32 little-endian, allocated by operator new (aligned
+  // for float): uploaded as they are.
+  auto put = [&](Tensor& dst, const LoadedTensor& src) {
+    be.upload(reinterpret_cast<const float*>(src.bytes.data()), dst.data(),
+              static_cast<size_t>(dst.numel()));
+  };
+  for (Param* p : model.params()) put(p->value, *st.find(p->name));
   for (Buffer* b : model.buffers()) {
     const LoadedTensor* t = st.find(b->name);
     if (b->isCount) {
       int64_t n = 0;
       std::memcpy(&n, t->bytes.data(), 8);
-      b->value.data()[0] = static_cast<float>(n);
+      const float f = static_cast<float>(n);
+      be.upload(&f, b->value.data(), 1);
     } else {
-      std::memcpy(b->value.data(), t->bytes.data(), b->value.bytes());
+      put(b->value, *t);
     }
   }
-  for (auto& [name, t] : state)
-    std::memcpy(t->data(), st.find(name)->bytes.data(), t->bytes());
+  for (auto& [name, t] : state) put(*t, *st.find(name));
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
 #include "ddprun/store/hash_store.h"
@@ -59,6 +60,76 @@ void broadcastString(ProcessGroup& pg, std::string& s) {
                        {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
 }
 
+// fp16's dynamic loss scale (torch.cuda.amp.GradScaler's defaults: 2^16 to
+// start, halved after a step whose gradients overflowed (that step is
+// skipped), doubled after 2000 clean steps). DDPRUN_LOSS_SCALE (an integer)
+// sets the start
+// (tests force an overflow with it).
+class LossScaler {
+ public:
+  explicit LossScaler(bool on) : on_(on) {
+    if (on_)
+      scale_ = static_cast<float>(env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62));
+  }
+  bool on() const { return on_; }
+  float scale() const { return on_ ? scale_ : 1.0f; }
+  void update(bool finite) {
+    if (!on_) return;
+    if (!finite) {
+      ++skipped_;
+      scale_ = std::max(scale_ * 0.5f, 1.0f);
+      clean_ = 0;
+    } else if (++clean_ == kGrowthInterval) {
+      scale_ *= 2.0f;
+      clean_ = 0;
+    }
+  }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  static constexpr int64_t kGrowthInterval = 2000;
+  bool on_;
+  float scale_ = 1.0f;
+  int64_t clean_ = 0, skipped_ = 0;
+};
+
+Precision parsePrecision(const std::string& p) {
+  if (p == "tf32") return Precision::kTf32;
+  if (p == "bf16") return Precision::kBf16;
+  if (p == "fp16") return Precision::kFp16;
+  return Precision::kFp32;
+}
+
+// Whether --device asks for CUDA: `cuda`, or `auto` with a GPU visible.
+// Throws InvalidArgument for `cuda` without one, and for a 16-bit or tf32
+// --precision on the CPU.
+bool useCuda(const TrainConfig& cfg) {
+  const bool gpu = runtime::cudaBuilt() && runtime::cudaDeviceCount() > 0;
+  if (cfg.device == "cuda" && !gpu)
+    DDPRUN_THROW(InvalidArgument, "--device cuda: ",
+                 runtime::cudaBuilt() ? "no CUDA GPU is visible on this machine (no device, no "
+                                        "driver, or CUDA_VISIBLE_DEVICES hides them)"
+                                      : "this train was built without CUDA",
+                 "; use --device cpu or --device auto");
+  const bool cuda = cfg.device == "cuda" || (cfg.device == "auto" && gpu);
+  if (!cuda && cfg.precision != "fp32")
+    DDPRUN_THROW(InvalidArgument, "--precision ", cfg.precision, " needs the CUDA backend, and ",
+                 cfg.device == "cpu" ? "--device cpu was given"
+                                     : "no CUDA GPU is visible (--device auto chose the CPU)",
+                 "; the CPU computes in fp32 only");
+  return cuda;
+}
+
+// The backend --device chooses; a CUDA one on this process's GPU
+// (LOCAL_RANK modulo the visible GPUs, DDPRUN_CUDA_DEVICE overrides; ranks
+// may share a GPU).
+std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg) {
+  if (useCuda(cfg))
+    return makeCudaBackend({.device = runtime::cudaSelectedDevice(),
+                            .precision = parsePrecision(cfg.precision)});
+  return makeCpuBackend(cfg.threads);
+}
+
 class Run {
  public:
   Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
@@ -82,6 +153,8 @@ class Run {
     }
   }
   void setup();
+  void syncBuffers();
+  bool unscaleGrads(float invScale);
   void bindGrads();
   void loadInit();
   struct StartPlan;
@@ -120,6 +193,8 @@ class Run {
   std::vector<float> xbuf_;
   std::vector<int32_t> ybuf_;
   Tensor dlogits_;
+  Tensor xdev_, xin_;  // the batch on the backend's device, and upsampled
+  LossScaler scaler_{cfg_.precision == "fp16"};
   // progress accounting
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
          epochLossCount_ = 0;
@@ -130,7 +205,7 @@ class Run {
 };
 
 void Run::setup() {
-  be_ = makeCpuBackend(cfg_.threads);
+  be_ = makeBackend(cfg_);
   model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr);
   rng_ = Rng(cfg_.seed);
   model_->initialize(rng_);
@@ -148,7 +223,7 @@ void Run::setup() {
   ro.bucketCapBytes = static_cast<size_t>(cfg_.bucketCapMb * 1024 * 1024);
   ro.firstBucketBytes = static_cast<size_t>(cfg_.firstBucketMb * 1024 * 1024);
   ro.hook = *runtime::parseCommHook(cfg_.commHook);
-  reducer_ = std::make_unique<runtime::Reducer>(pg_, infos, ro);
+  reducer_ = std::make_unique<runtime::Reducer>(pg_, infos, ro, be_->gradientMemory(pg_));
   bindGrads();
 
   OptimizerOptions oo;
@@ -157,6 +232,33 @@ void Run::setup() {
   oo.momentum = cfg_.momentum;
   oo.weightDecay = cfg_.weightDecay;
   optim_ = Optimizer::create(oo, *be_, model_->params());
+}
+
+// PyTorch DDP's broadcast_buffers=True: before each training forward, every
+// rank takes rank 0's buffers (batch norm running statistics). Evaluation runs
+// the local module as the reference script does (ddp.module, no broadcast), so
+// each rank evaluates with rank 0's statistics updated by its own last batch.
+// With --sync-bn the statistics are global and the broadcast changes nothing.
+void Run::syncBuffers() {
+  if (pg_.size() == 1 || model_->buffers().empty()) return;
+  std::vector<std::pair<float*, size_t>> arrays;
+  for (Buffer* b : model_->buffers()) arrays.emplace_back(b->value.data(), b->value.numel());
+  runtime::broadcastFromRank0(pg_, arrays, be_->device());
+}
+
+// fp16: divides every (averaged) gradient by the loss scale, bucket by
+// bucket; false when any is not finite (identical on every rank: the
+// gradients were all-reduced).
+bool Run::unscaleGrads(float invScale) {
+  bool finite = true;
+  for (size_t b = 0; b < reducer_->numBuckets(); ++b) {
+    const auto& ps = reducer_->bucketParams(b);
+    if (ps.empty()) continue;
+    size_t n = 0;
+    for (size_t i : ps) n += reducer_->param(i).count;
+    finite &= be_->scaleAndCheckFinite(reducer_->grad(ps.front()), n, invScale);
+  }
+  return finite;
 }
 
 // Gradients live in the reducer's buckets ("gradient as bucket view").
@@ -169,7 +271,7 @@ void Run::bindGrads() {
 void Run::loadInit() {
   const SafeTensors st = loadSafetensors(cfg_.init);
   std::string why;
-  if (!copyInto(st, cfg_.init, *model_, nullptr, &why))
+  if (!copyInto(st, cfg_.init, *model_, nullptr, *be_, &why))
     DDPRUN_THROW(CheckpointError, "--init ", why);
 }
 
@@ -195,7 +297,7 @@ bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   }
   CheckpointPosition p;
   *why = readCheckpointMetadata(file.path, st.metadata, shape(), file.tag, &p);
-  if (!why->empty() || !copyInto(st, file.path, *model_, optim_.get(), why)) return false;
+  if (!why->empty() || !copyInto(st, file.path, *model_, optim_.get(), *be_, why)) return false;
   pos_ = {.epoch = p.epoch, .step = p.step, .globalStep = p.globalStep};
   optim_->setSteps(p.optimizerSteps);
   rng_.restore(p.rng);
@@ -297,7 +399,8 @@ void Run::start() {
 void Run::saveCheckpoint() {
   if (!rank0_ || cfg_.checkpointDir.empty()) return;
   std::vector<std::vector<int64_t>> counts;
-  const auto tensors = modelTensors(*model_, optim_.get(), counts);
+  HostSnapshot snap(*be_);
+  const auto tensors = modelTensors(*model_, optim_.get(), snap, counts);
   CheckpointPosition p{.epoch = pos_.epoch,
                        .step = pos_.step,
                        .globalStep = pos_.globalStep,
@@ -309,29 +412,62 @@ void Run::saveCheckpoint() {
   pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
 }
 
+// The batch is assembled on the host, uploaded to the backend's device and,
+// when the model's input is larger than the data's images (--image-size),
+// upsampled there (bilinear, as F.interpolate).
 Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
   xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
   ybuf_.resize(static_cast<size_t>(n));
   gatherBatch(d, idx, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
+  const Shape& in = model_->inputShape();
   Shape xs = {n};
-  for (int64_t s : model_->inputShape()) xs.push_back(s);
-  return Tensor::view(xbuf_.data(), xs);
+  for (int64_t s : in) xs.push_back(s);
+  if (numelOf(in) == d.sampleElems()) {
+    if (be_->device() == Device::kCpu) return Tensor::view(xbuf_.data(), xs);
+    xdev_.ensure(xs, be_->allocator());
+    be_->upload(xbuf_.data(), xdev_.data(), xbuf_.size());
+    return xdev_;
+  }
+  // Square images of in[0] channels at the data's own size.
+  const int64_t side = static_cast<int64_t>(
+      std::lround(std::sqrt(static_cast<double>(d.sampleElems() / in[0]))));
+  DDPRUN_CHECK(in.size() == 3 && side * side * in[0] == d.sampleElems(), "the data's samples (",
+               d.sampleElems(), " values) do not fit the model's input ", shapeString(in));
+  const Shape native = {n, in[0], side, side};
+  Tensor src = Tensor::view(xbuf_.data(), native);
+  if (be_->device() != Device::kCpu) {
+    xdev_.ensure(native, be_->allocator());
+    be_->upload(xbuf_.data(), xdev_.data(), xbuf_.size());
+    src = xdev_;
+  }
+  xin_.ensure(xs, be_->allocator());
+  be_->resizeBilinear(src, in[1], in[2], xin_);
+  return xin_;
 }
 
 void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
+  // On a device the clock reads bracket finished work: the backend is
+  // synchronised after backward (the bucket all-reduces already run behind
+  // it) and after the optimizer.
+  const bool device = be_->device() != Device::kCpu;
   auto t0 = Clock::now();
   const Tensor x = gather(data_.train, idx, n);
+  syncBuffers();
   auto t1 = Clock::now();
   const Tensor& logits = model_->forward(x, true);
-  const double loss = be_->crossEntropy(logits, ybuf_.data(), &dlogits_, nullptr);
+  const double loss = be_->crossEntropy(logits, ybuf_.data(), &dlogits_, nullptr, scaler_.scale());
   model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
+  if (device) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
   reducer_->finalize();
   if (reducer_->layoutVersion() != layout) bindGrads();
   auto t3 = Clock::now();
-  optim_->step();
+  const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
+  scaler_.update(finite);
+  if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
   reducer_->zeroGrad();
+  if (device) be_->synchronize();
   auto t4 = Clock::now();
   time_.data += std::chrono::duration<double>(t1 - t0).count();
   time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count();
@@ -484,6 +620,8 @@ nlohmann::json Run::execute() {
          " rank" + (pg_.size() == 1 ? "" : "s") + " x batch " +
          std::to_string(cfg_.batchSize) + ", data " + data_.source + ", " +
          be_->describe());
+  if (scaler_.on())
+    notice("fp16: dynamic loss scaling from " + std::to_string(scaler_.scale()));
   runStart_ = Clock::now();
   nlohmann::json lastEpoch;
   int64_t correct = 0, total = 0;
@@ -513,9 +651,11 @@ nlohmann::json Run::execute() {
   }
   if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
   const double secs = since(runStart_);
+  HostSnapshot snap(*be_);
   if (rank0_ && !cfg_.save.empty()) {
     std::vector<std::vector<int64_t>> counts;
-    saveSafetensors(cfg_.save, modelTensors(*model_, nullptr, counts),
+    HostSnapshot snap(*be_);
+    saveSafetensors(cfg_.save, modelTensors(*model_, nullptr, snap, counts),
                     {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
   }
   nlohmann::json j = {
@@ -524,7 +664,9 @@ nlohmann::json Run::execute() {
       {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
       {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
-      {"params_sha256", parametersSha256(model_->params(), model_->buffers())},
+      {"params_sha256", modelSha256(*model_, snap)},
+      {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
+      {"backend", be_->describe()}, {"precision", cfg_.precision},
       {"breakdown", {{"data_s", time_.data}, {"forward_backward_s", time_.fwdBwd},
                      {"comm_wait_s", time_.comm}, {"optimizer_s", time_.optim}}},
       {"comm_hidden_fraction", time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed /
@@ -532,6 +674,10 @@ nlohmann::json Run::execute() {
                                                    : nlohmann::json(nullptr)},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};
+  if (scaler_.on()) {
+    j["skipped_steps"] = scaler_.skipped();
+    j["loss_scale"] = scaler_.scale();
+  }
   nlohmann::json fin = j;
   fin["type"] = "final";
   metrics_.write(fin);
@@ -609,6 +755,7 @@ int trainMain(int argc, const char* const* argv) {
     return 2;
   }
   try {
+    useCuda(cfg);  // --device/--precision against this machine, before any work
     const DataSplit data = loadData(cfg);
     auto pg = joinGroup();
     TrainerIo io;

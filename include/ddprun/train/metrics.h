@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -49,10 +50,9 @@ class Progress {
   bool enabled_, tty_, dirty_ = false;
 };
 
-// SHA-256 (hex) of the parameters' bytes in registration order, then the
-// buffers' (float32 little-endian): equal hashes mean bitwise-equal models.
-std::string parametersSha256(const std::vector<Param*>& params,
-                             const std::vector<Buffer*>& buffers);
+// SHA-256 (hex) of these byte ranges, in order (model_state.h's modelSha256:
+// parameters then buffers, equal hashes mean bitwise-equal models).
+std::string sha256Hex(const std::vector<std::pair<const void*, size_t>>& spans);
 double peakRssMb();
 std::string formatSeconds(double s);  // "1m05s", "12s"
 

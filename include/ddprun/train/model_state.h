@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -14,18 +15,37 @@
 
 namespace ddprun::train {
 
+// Host-readable elements of tensors that may live on a device: a CPU tensor
+// is read in place, a device tensor is downloaded into a copy this object
+// owns. Pointers stay valid while it lives.
+class HostSnapshot {
+ public:
+  explicit HostSnapshot(Backend& be) : be_(be) {}
+  const float* read(const Tensor& t);
+
+ private:
+  Backend& be_;
+  std::deque<std::vector<float>> copies_;
+};
+
 // The model's parameters and buffers (and the optimizer's state when `optim`
-// is not null) as views for saveSafetensors. Count buffers are stored as I64
-// in `counts`, which must outlive the views.
-std::vector<TensorView> modelTensors(Model& model, Optimizer* optim,
+// is not null) as host views for saveSafetensors, read through `snap`. Count
+// buffers are stored as I64 in `counts`. `snap` and `counts` must outlive the
+// views.
+std::vector<TensorView> modelTensors(Model& model, Optimizer* optim, HostSnapshot& snap,
                                      std::vector<std::vector<int64_t>>& counts);
+
+// SHA-256 (hex) of the parameters' then the buffers' float32 bytes, read
+// through `snap` (metrics.h's parametersSha256 over host copies).
+std::string modelSha256(const Model& model, HostSnapshot& snap);
 
 // Copies a file's tensors into the model (and optimizer state when `optim` is
 // not null). Nothing is copied unless every tensor fits: present, of this
 // model's dtype and shape, every float finite, variances and Adam's second
 // moments >= 0, batch counts >= 0. Returns false with the reason (naming
 // `path` and the tensor) otherwise.
+// Elements are written through `be` (uploaded to a device backend).
 bool copyInto(const SafeTensors& st, const std::string& path, Model& model,
-              Optimizer* optim, std::string* why);
+              Optimizer* optim, Backend& be, std::string* why);
 
 }  // namespace ddprun::train

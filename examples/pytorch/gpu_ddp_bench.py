@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""PyTorch DDP on the GPU: the reference side of scripts/bench/train_bench.py --device cuda.
+
+    torchrun --nproc_per_node=N examples/pytorch/gpu_ddp_bench.py --model resnet18 \
+        --image-size 224 --batch-size 128 --precision bf16 --steps 40 --warmup 10
+
+The recipe `train --device cuda` runs: torchvision's ResNet-18 layout (the
+module is defined here when torchvision is missing) or LeNet, SGD with
+momentum 0.9, CIFAR-sized 3x32x32 batches (or 1x28x28 for LeNet) in pinned
+host memory copied to the GPU with non_blocking=True and upsampled there with
+F.interpolate(mode="bilinear") to --image-size, as the DDP tutorial does.
+Precision: fp32 (TF32 off everywhere), tf32 (cuDNN and matmul TF32 on), bf16
+and fp16 (torch.autocast, channels_last: PyTorch's fast path; fp16 with a
+GradScaler). NCCL when each rank has its own GPU, gloo when ranks share one
+(NCCL refuses duplicate GPUs). Timed: --steps after --warmup, between
+torch.cuda.synchronize() calls; the step-time breakdown (data, forward+
+backward, optimizer) from CUDA events. Rank 0 prints one JSON line.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        idt = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + idt)
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18's layout and state_dict names."""
+
+    def __init__(self, num_classes=10, stem="imagenet"):
+        super().__init__()
+        if stem == "cifar":
+            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.maxpool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        chans, cin, layers = [64, 128, 256, 512], 64, []
+        for i, c in enumerate(chans):
+            stride = 1 if i == 0 else 2
+            layers.append(nn.Sequential(BasicBlock(cin, c, stride), BasicBlock(c, c, 1)))
+            cin = c
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(400, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def build(args):
+    if args.model == "lenet":
+        return LeNet()
+    if args.stem == "imagenet" and not args.own_resnet:
+        try:
+            import torchvision
+            return torchvision.models.resnet18(num_classes=args.num_classes)
+        except ImportError:
+            pass
+    return ResNet18(args.num_classes, args.stem)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18", choices=("resnet18", "lenet"))
+    ap.add_argument("--stem", default="imagenet", choices=("imagenet", "cifar"))
+    ap.add_argument("--num-classes", type=int, default=10)
+    ap.add_argument("--image-size", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"))
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--own-resnet", action="store_true", help="this file's module, not torchvision's")
+    args = ap.parse_args()
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ngpu = torch.cuda.device_count()
+    dev = torch.device("cuda", local % ngpu)
+    torch.cuda.set_device(dev)
+    shared = world > ngpu
+    backend = "gloo" if shared else "nccl"
+    if world > 1:
+        dist.init_process_group(backend)
+    tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    fmt = torch.channels_last if half is not None and args.model == "resnet18" else torch.contiguous_format
+
+    torch.manual_seed(0)
+    model = build(args).to(dev, memory_format=fmt)
+    ddp = model
+    if world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
+    loss_fn = nn.CrossEntropyLoss()
+
+    shape = (1, 28, 28) if args.model == "lenet" else (3, 32, 32)
+    size = args.image_size or shape[1]
+    g = torch.Generator().manual_seed(local)
+    nbatch = 8
+    xs = [torch.randn((args.batch_size,) + shape, generator=g).pin_memory() for _ in range(nbatch)]
+    ys = [torch.randint(0, args.num_classes, (args.batch_size,), generator=g).pin_memory()
+          for _ in range(nbatch)]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    parts = {"data_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0}
+
+    def step(i, timed):
+        ev[0].record()
+        x = xs[i % nbatch].to(dev, non_blocking=True)
+        y = ys[i % nbatch].to(dev, non_blocking=True)
+        if size != shape[1]:
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        x = x.contiguous(memory_format=fmt)
+        ev[1].record()
+        with torch.autocast("cuda", dtype=half, enabled=half is not None):
+            loss = loss_fn(ddp(x), y)
+        if scaler:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        ev[2].record()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        ev[3].record()
+        if timed:
+            ev[3].synchronize()
+            parts["data_s"] += ev[0].elapsed_time(ev[1]) / 1e3
+            parts["forward_backward_s"] += ev[1].elapsed_time(ev[2]) / 1e3
+            parts["optimizer_s"] += ev[2].elapsed_time(ev[3]) / 1e3
+        return loss
+
+    for i in range(args.warmup):
+        step(i, False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(dev)
+    # Throughput run (no per-step synchronisation), then a breakdown run.
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        loss = step(i, False)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    for i in range(min(args.steps, 10)):
+        step(i, True)
+    n_breakdown = min(args.steps, 10)
+    if world > 1:
+        dist.barrier()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({
+            "side": "pytorch", "torch": torch.__version__, "model": args.model,
+            "precision": args.precision, "world": world, "comm_backend": backend if world > 1 else None,
+            "batch_size": args.batch_size, "image_size": size, "steps": args.steps,
+            "train_seconds": secs, "samples_per_second": args.steps * args.batch_size * world / secs,
+            "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20,
+            "breakdown_per_step": {k: v / n_breakdown for k, v in parts.items()},
+            "final_loss": float(loss), "device": torch.cuda.get_device_name(dev)}), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
