@@ -3,7 +3,7 @@
 
     /opt/ddprun-test/venv-torch2/bin/python scripts/bench/train_bench.py [--quick]
     python3 scripts/bench/train_bench.py --device cuda [--quick]   # the GPU comparison
-                                                          # (train_bench_gpu.py)
+                                                          # (resnet_bench.py)
 
 Recipe: LeNet, batch 64 per rank, SGD lr 0.05 momentum 0.9, 1 epoch of
 Fashion-MNIST (60000 train / 10000 test), OMP_NUM_THREADS=1 and one thread per
@@ -358,13 +358,12 @@ def plot(res, stem):
 
 
 def main():
-    if "--device" in sys.argv:  # --device cuda: the GPU comparison (train_bench_gpu.py)
+    if "--device" in sys.argv:  # --device cuda: the GPU comparison (resnet_bench.py)
         i = sys.argv.index("--device")
         dev = sys.argv[i + 1] if i + 1 < len(sys.argv) else ""
         if dev == "cuda":
-            rest = sys.argv[1:i] + sys.argv[i + 2:]
-            gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_bench_gpu.py")
-            os.execv(sys.executable, [sys.executable, gpu] + rest)
+            gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resnet_bench.py")
+            os.execv(sys.executable, [sys.executable, gpu] + sys.argv[1:])
         if dev != "cpu":
             sys.exit("--device: choose cpu or cuda")
         del sys.argv[i:i + 2]

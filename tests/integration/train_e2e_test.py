@@ -328,6 +328,14 @@ class TrainE2E(unittest.TestCase):
         self.refused(self.train_alone("--batch-size", "0", *SMALL), "batch-size", what="batch 0")
         self.refused(self.train_alone("--epochs", "0", *SMALL), "epochs", what="epochs 0")
 
+    def test_device_cuda_without_a_gpu_exits_2(self):
+        # CUDA_VISIBLE_DEVICES="" hides every GPU, also on a machine that has one.
+        p = self.train_alone("--device", "cuda", *SMALL, env=clean_env(CUDA_VISIBLE_DEVICES=""))
+        self.refused(p, "--device cuda", ("no CUDA GPU", "without CUDA"), "--device cpu",
+                     what="--device cuda without a GPU")
+        p = self.train_alone("--device", "cpu", "--precision", "bf16", *SMALL)
+        self.refused(p, "--precision", what="--precision bf16 on the CPU")
+
     def test_missing_data_names_the_file_and_the_remedy(self):
         p = self.train_alone("--data", "/nonexistent", "--train-samples", "64")
         self.refused(p, "/nonexistent", ("setup.sh", "--data synthetic"), what="--data /nonexistent")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""`train --device cuda` against PyTorch DDP on the same GPU, in one run.
+"""`train` against PyTorch DDP on ResNet-18 (and LeNet on the GPU), in one run.
 
-    python3 scripts/bench/train_bench_gpu.py [--quick] [--out DIR]
+    python3 scripts/bench/resnet_bench.py --device cuda [--quick] [--out DIR]
     (also: scripts/bench/train_bench.py --device cuda ...)
+    /opt/ddprun-test/venv-torch2/bin/python scripts/bench/resnet_bench.py --device cpu
 
 Cases (each ours then PyTorch's, same model, batch, optimizer, precision):
   - ResNet-18, CIFAR-sized synthetic batches upsampled on the GPU to 224x224,
@@ -10,14 +11,16 @@ Cases (each ours then PyTorch's, same model, batch, optimizer, precision):
     autocast and channels_last), 1 rank; and 2 ranks sharing the GPU in tf32
     (the DDP tutorial's 1 vs 2 processes; on one GPU they time-slice it).
   - LeNet, 1x28x28 synthetic, batch 64, fp32, 1 rank.
+--device cpu: ResNet-18 with the CIFAR stem at 32x32, batch 32 per rank, fp32,
+1 and 2 workers, one thread each (OMP_NUM_THREADS=1; both sides on oneDNN).
 Ours: ddprun --standalone --nproc_per_node=N --no_python train --device cuda
 ... with --metrics; throughput = the samples of the steps after --warmup over
 the time between the step records that bracket them (step records carry
-elapsed seconds). PyTorch: examples/pytorch/gpu_ddp_bench.py under the same
+elapsed seconds). PyTorch: examples/pytorch/ddp_bench.py under the same
 ddprun (gloo across ranks sharing a GPU, where NCCL refuses). Peak device
 memory: ours from the caching allocator's high-water mark, PyTorch's
-torch.cuda.max_memory_allocated. Writes train_bench_gpu.json and
-train_bench_gpu.png to --out (default docs/) and prints a markdown table.
+torch.cuda.max_memory_allocated. Writes resnet_bench_<device>.json and
+resnet_bench_<device>.png to --out (default docs/) and prints a markdown table.
 """
 import argparse
 import json
@@ -29,10 +32,15 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(ROOT, "build/bin"))
-REF = os.path.join(ROOT, "examples/pytorch/gpu_ddp_bench.py")
+REF = os.path.join(ROOT, "examples/pytorch/ddp_bench.py")
 
 
-def cases(quick):
+def cases(quick, device):
+    if device == "cpu":
+        steps, warm = (4, 2) if quick else (20, 5)
+        return [dict(name="resnet18-cifar32-cpu-%dw" % w, model="resnet18", stem="cifar", image=0,
+                     batch=32, precision="fp32", world=w, steps=steps, warmup=warm, device="cpu")
+                for w in (1, 2)]
     steps, warm = (10, 5) if quick else (40, 10)
     out = []
     for prec in ("fp32", "tf32", "bf16"):
@@ -42,6 +50,8 @@ def cases(quick):
                     precision="tf32", world=2, steps=steps, warmup=warm))
     out.append(dict(name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
                     world=1, steps=steps * 10, warmup=warm * 5))
+    for c in out:
+        c.update(device="cuda", stem="imagenet")
     return out
 
 
@@ -65,19 +75,21 @@ def ours(c, timeout):
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         total = c["warmup"] + c["steps"]
-        args = [os.path.join(BIN, "train"), "--device", "cuda", "--model", c["model"],
+        args = [os.path.join(BIN, "train"), "--device", c["device"], "--model", c["model"],
                 "--batch-size", str(c["batch"]), "--precision", c["precision"],
                 "--lr", "0.05", "--momentum", "0.9", "--max-steps", str(total),
                 "--train-samples", str(total * c["batch"] * c["world"]),
                 "--test-samples", "256", "--metrics", metrics,
                 "--log-interval", str(c["warmup"]), "--quiet"]
         if c["model"] == "resnet18":
-            args += ["--data", "synthetic-cifar", "--image-size", str(c["image"])]
+            args += ["--data", "synthetic-cifar", "--stem", c["stem"]]
+            if c["image"]:
+                args += ["--image-size", str(c["image"])]
         else:
             args += ["--data", "synthetic"]
         cmd = [os.path.join(BIN, "ddprun"), "--standalone", "--nproc_per_node=%d" % c["world"],
                "--no_python"] + args
-        p = run(cmd, timeout)
+        p = run(cmd, timeout, {"OMP_NUM_THREADS": "1"})
         fin = last_json(p.stdout)
         steps = {}
         with open(metrics) as f:
@@ -97,12 +109,13 @@ def ours(c, timeout):
 
 def pytorch(c, py, timeout):
     args = [py, "-u", REF, "--model", c["model"], "--batch-size", str(c["batch"]),
-            "--precision", c["precision"], "--steps", str(c["steps"]), "--warmup", str(c["warmup"])]
+            "--precision", c["precision"], "--steps", str(c["steps"]), "--warmup", str(c["warmup"]),
+            "--device", c["device"], "--stem", c["stem"], "--threads", "1"]
     if c["image"]:
         args += ["--image-size", str(c["image"])]
     cmd = [os.path.join(BIN, "ddprun"), "--standalone", "--nproc_per_node=%d" % c["world"],
            "--no_python"] + args
-    return last_json(run(cmd, timeout).stdout)
+    return last_json(run(cmd, timeout, {"OMP_NUM_THREADS": "1"}).stdout)
 
 
 def plot(res, path):
@@ -120,13 +133,15 @@ def plot(res, path):
     axes[0].set_ylabel("samples/s")
     axes[0].set_yscale("log")
     axes[0].legend()
-    axes[0].set_title("Throughput on %s" % res["gpu"])
+    axes[0].set_title("Throughput on %s" % (res["gpu"] if res["device"] == "cuda" else res["cpu"]),
+                      fontsize=9)
     parts = ["data_s", "forward_backward_s", "comm_wait_s", "optimizer_s"]
     rn = [r for r in res["results"] if r["case"]["model"] == "resnet18"]
+    cut = len("resnet18-")
     bottoms = [0.0] * (2 * len(rn))
     labels = []
     for r in rn:
-        labels += ["ours\n" + r["case"]["name"][13:], "torch\n" + r["case"]["name"][13:]]
+        labels += ["ours\n" + r["case"]["name"][cut:], "torch\n" + r["case"]["name"][cut:]]
     for p in parts:
         vals = []
         for r in rn:
@@ -145,6 +160,8 @@ def plot(res, path):
 def table(res):
     lines = ["| case | ours samples/s | PyTorch samples/s | ours/PyTorch | ours peak MiB | "
              "PyTorch peak MiB | comm hidden |", "|---|---:|---:|---:|---:|---:|---:|"]
+    if res["device"] == "cpu":
+        lines[0] = lines[0].replace("peak MiB", "peak device MiB")
     for r in res["results"]:
         o, t = r["ours"], r["pytorch"]
         hid = o.get("comm_hidden_fraction")
@@ -152,25 +169,29 @@ def table(res):
             r["case"]["name"], o["samples_per_second"], t["samples_per_second"],
             o["samples_per_second"] / t["samples_per_second"],
             "%.0f" % o["peak_device_mb"] if o.get("peak_device_mb") else "-",
-            t["peak_device_mb"], "%.0f%%" % (100 * hid) if hid is not None else "-"))
+            "%.0f" % t["peak_device_mb"] if t.get("peak_device_mb") else "-",
+            "%.0f%%" % (100 * hid) if hid is not None else "-"))
     return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
     ap.add_argument("--python", default=sys.executable, help="Python with PyTorch (CUDA)")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--timeout", type=float, default=600)
     o = ap.parse_args()
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    gpu = []
+    if o.device == "cuda":
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), "?")
-    res = {"gpu": gpu[0] if gpu else "?", "cpu": cpu, "date": time.strftime("%Y-%m-%d"),
-           "results": []}
-    for c in cases(o.quick):
+    res = {"device": o.device, "gpu": gpu[0] if gpu else None, "cpu": cpu,
+           "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "results": []}
+    for c in cases(o.quick, o.device):
         if o.only and c["name"] not in o.only.split(","):
             continue
         entry = {"case": c}
@@ -185,11 +206,11 @@ def main():
         res["results"].append(entry)
         print(json.dumps(entry), flush=True)
     os.makedirs(o.out, exist_ok=True)
-    with open(os.path.join(o.out, "train_bench_gpu.json"), "w") as f:
+    with open(os.path.join(o.out, "resnet_bench_%s.json" % o.device), "w") as f:
         json.dump(res, f, indent=1)
     print(table(res))
     try:
-        plot(res, os.path.join(o.out, "train_bench_gpu.png"))
+        plot(res, os.path.join(o.out, "resnet_bench_%s.png" % o.device))
     except Exception as e:
         print("plot failed: %s" % e, file=sys.stderr)
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch DDP on the GPU: the reference side of scripts/bench/train_bench.py --device cuda.
+"""PyTorch DDP, the reference side of scripts/bench/resnet_bench.py (GPU or CPU).
 
-    torchrun --nproc_per_node=N examples/pytorch/gpu_ddp_bench.py --model resnet18 \
+    torchrun --nproc_per_node=N examples/pytorch/ddp_bench.py --model resnet18 \
         --image-size 224 --batch-size 128 --precision bf16 --steps 40 --warmup 10
+    torchrun --nproc_per_node=2 examples/pytorch/ddp_bench.py --device cpu \
+        --stem cifar --batch-size 32 --threads 1
 
 The recipe `train --device cuda` runs: torchvision's ResNet-18 layout (the
 module is defined here when torchvision is missing) or LeNet, SGD with
@@ -14,7 +16,9 @@ and fp16 (torch.autocast, channels_last: PyTorch's fast path; fp16 with a
 GradScaler). NCCL when each rank has its own GPU, gloo when ranks share one
 (NCCL refuses duplicate GPUs). Timed: --steps after --warmup, between
 torch.cuda.synchronize() calls; the step-time breakdown (data, forward+
-backward, optimizer) from CUDA events. Rank 0 prints one JSON line.
+backward, optimizer) from CUDA events. --device cpu: gloo, fp32, --threads
+intra-op threads per rank (oneDNN convolutions), wall-clock breakdown. Rank 0
+prints one JSON line.
 """
 import argparse
 import json
@@ -116,21 +120,30 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--own-resnet", action="store_true", help="this file's module, not torchvision's")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--threads", type=int, default=1, help="CPU: intra-op threads per rank")
     args = ap.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    ngpu = torch.cuda.device_count()
-    dev = torch.device("cuda", local % ngpu)
-    torch.cuda.set_device(dev)
-    shared = world > ngpu
-    backend = "gloo" if shared else "nccl"
+    cuda = args.device == "cuda"
+    if cuda:
+        ngpu = torch.cuda.device_count()
+        dev = torch.device("cuda", local % ngpu)
+        torch.cuda.set_device(dev)
+        backend = "gloo" if world > ngpu else "nccl"
+    else:
+        if args.precision != "fp32":
+            raise SystemExit("--device cpu: fp32 only")
+        torch.set_num_threads(args.threads)
+        dev = torch.device("cpu")
+        backend = "gloo"
     if world > 1:
         dist.init_process_group(backend)
     tf32 = args.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = cuda
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     fmt = torch.channels_last if half is not None and args.model == "resnet18" else torch.contiguous_format
 
@@ -138,7 +151,7 @@ def main():
     model = build(args).to(dev, memory_format=fmt)
     ddp = model
     if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
     loss_fn = nn.CrossEntropyLoss()
@@ -147,10 +160,23 @@ def main():
     size = args.image_size or shape[1]
     g = torch.Generator().manual_seed(local)
     nbatch = 8
-    xs = [torch.randn((args.batch_size,) + shape, generator=g).pin_memory() for _ in range(nbatch)]
-    ys = [torch.randint(0, args.num_classes, (args.batch_size,), generator=g).pin_memory()
+    pin = (lambda t: t.pin_memory()) if cuda else (lambda t: t)
+    xs = [pin(torch.randn((args.batch_size,) + shape, generator=g)) for _ in range(nbatch)]
+    ys = [pin(torch.randint(0, args.num_classes, (args.batch_size,), generator=g))
           for _ in range(nbatch)]
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+
+    class WallEvent:  # torch.cuda.Event's interface on the CPU
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    ev = [torch.cuda.Event(enable_timing=True) if cuda else WallEvent() for _ in range(4)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     parts = {"data_s": 0.0, "forward_backward_s": 0.0, "optimizer_s": 0.0}
 
     def step(i, timed):
@@ -161,7 +187,7 @@ def main():
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
         x = x.contiguous(memory_format=fmt)
         ev[1].record()
-        with torch.autocast("cuda", dtype=half, enabled=half is not None):
+        with torch.autocast(args.device, dtype=half, enabled=half is not None):
             loss = loss_fn(ddp(x), y)
         if scaler:
             scaler.scale(loss).backward()
@@ -184,13 +210,14 @@ def main():
 
     for i in range(args.warmup):
         step(i, False)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(dev)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
     # Throughput run (no per-step synchronisation), then a breakdown run.
     t0 = time.perf_counter()
     for i in range(args.steps):
         loss = step(i, False)
-    torch.cuda.synchronize()
+    sync()
     secs = time.perf_counter() - t0
     for i in range(min(args.steps, 10)):
         step(i, True)
@@ -203,9 +230,10 @@ def main():
             "precision": args.precision, "world": world, "comm_backend": backend if world > 1 else None,
             "batch_size": args.batch_size, "image_size": size, "steps": args.steps,
             "train_seconds": secs, "samples_per_second": args.steps * args.batch_size * world / secs,
-            "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20,
+            "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None,
             "breakdown_per_step": {k: v / n_breakdown for k, v in parts.items()},
-            "final_loss": float(loss), "device": torch.cuda.get_device_name(dev)}), flush=True)
+            "final_loss": loss.item(),
+            "device": torch.cuda.get_device_name(dev) if cuda else "cpu"}), flush=True)
     if world > 1:
         dist.destroy_process_group()
 

@@ -1,0 +1,186 @@
+"""`train --device cuda` end to end, on a GPU (skipped, with the reason, without one).
+
+- CPU and CUDA train the same: same seed (so the same initial weights), same
+  batches, fp32, 20 steps: per-step losses within 1e-4.
+- 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4).
+- Resume after kill -9 on CUDA ends with bitwise the same weights as an
+  uninterrupted run (the CUDA backend's default kernels are deterministic).
+- A CPU checkpoint resumes on CUDA and a CUDA checkpoint on the CPU.
+- fp16: dynamic loss scaling recovers from a forced overflow (skipped steps
+  counted in the final JSON, training goes on).
+The GPU is probed by asking train itself (`--device cuda` for one step): a
+build without CUDA or a machine without a visible GPU skips every test."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import shutil
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pyutil"))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from train_e2e_test import (DDPRUN, TRAIN, clean_env, final_json, descendants, env_of,  # noqa: E402
+                            records, step_lines, checkpoints, read)
+
+SMALL = ["--data", "synthetic", "--train-samples", "1024", "--test-samples", "256"]
+LOSS_TOL = 1e-4
+
+
+def probe():
+    """None when train can run on CUDA here, else why not."""
+    try:
+        p = subprocess.run([TRAIN, "--device", "cuda", "--max-steps", "1", "--quiet",
+                            "--epochs", "1", *SMALL], capture_output=True, text=True,
+                           timeout=300, env=clean_env())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "train --device cuda could not run: %s" % e
+    if p.returncode == 2 and ("no CUDA GPU" in p.stderr or "without CUDA" in p.stderr):
+        return p.stderr.strip().splitlines()[-1]
+    return None
+
+
+NO_GPU = probe() if os.access(TRAIN, os.X_OK) else "train not built"
+
+
+def losses(path):
+    return [r["loss"] for r in step_lines(path)]
+
+
+@unittest.skipIf(NO_GPU is not None, "no GPU: %s" % NO_GPU)
+class TrainGpu(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="train_gpu_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def run_ok(self, cmd, what, env=None, timeout=600):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.tmp,
+                           env=env or clean_env())
+        self.assertEqual(p.returncode, 0, "%s exited %d\nstdout:\n%s\nstderr:\n%s"
+                         % (what, p.returncode, p.stdout[-3000:], p.stderr[-5000:]))
+        res = final_json(p.stdout)
+        self.assertIsNotNone(res, "%s printed no final JSON" % what)
+        return res
+
+    def train(self, name, *args, nproc=0, env=None):
+        metrics = os.path.join(self.tmp, name + ".jsonl")
+        cmd = [TRAIN] if nproc == 0 else [DDPRUN, "--standalone", "--nproc_per_node=%d" % nproc,
+                                          "--no_python", TRAIN]
+        res = self.run_ok(cmd + list(args) + ["--metrics", metrics, "--log-interval", "1",
+                                              "--quiet"], name, env=env)
+        return res, losses(metrics)
+
+    def compare(self, what, a, b, tol=LOSS_TOL):
+        self.assertEqual(len(a), len(b), "%s: %d vs %d logged steps" % (what, len(a), len(b)))
+        worst = max(abs(x - y) for x, y in zip(a, b))
+        print("\n%s: worst |loss diff| over %d steps %.2e" % (what, len(a), worst), file=sys.stderr)
+        self.assertLessEqual(worst, tol, "%s: losses differ by %.3g\n%s\n%s" % (what, worst, a, b))
+
+    def test_cpu_and_cuda_train_the_same_fp32(self):
+        models = [("lenet", SMALL), ("lenet-bn", SMALL),
+                  ("resnet18", ["--data", "synthetic-cifar", "--stem", "cifar",
+                                "--train-samples", "640", "--test-samples", "64"])]
+        for model, data in models:
+            flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
+                     "--no-shuffle", "--lr", "0.01", "--precision", "fp32"]
+            cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
+            gpu, lg = self.train(model + "_cuda", "--device", "cuda", *flags)
+            self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
+            self.compare("%s cpu vs cuda" % model, lc, lg)
+            self.assertEqual(len(lg), 20)
+
+    def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
+        flags = ["--device", "cuda", "--model", "lenet", *SMALL, "--max-steps", "10",
+                 "--no-shuffle"]
+        two, l2 = self.train("two", *flags, "--batch-size", "16", nproc=2)
+        one, l1 = self.train("one", *flags, "--batch-size", "32")
+        self.assertEqual((two["world"], one["world"]), (2, 1))
+        self.compare("2 ranks x 16 vs 1 rank x 32 on one GPU", l2, l1)
+
+    def test_resume_after_sigkill_on_cuda_is_bitwise(self):
+        flags = ["--device", "cuda", "--model", "lenet-bn", "--data", "synthetic",
+                 "--train-samples", "3000", "--test-samples", "300", "--epochs", "2",
+                 "--batch-size", "32", "--checkpoint-every", "5", "--log-interval", "1"]
+        ref = self.run_ok([DDPRUN, "--standalone", "--nproc_per_node=2", "--no_python", TRAIN,
+                           *flags, "--checkpoint-dir", os.path.join(self.tmp, "ref")],
+                          "uninterrupted run")
+        ckpt_dir = os.path.join(self.tmp, "ckpt")
+        metrics = os.path.join(self.tmp, "m.jsonl")
+        out, err = (open(os.path.join(self.tmp, n), "w+") for n in ("out", "err"))
+        agent = subprocess.Popen([DDPRUN, "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                                  "--no_python", TRAIN, *flags, "--checkpoint-dir", ckpt_dir,
+                                  "--metrics", metrics],
+                                 stdout=out, stderr=err, cwd=self.tmp, env=clean_env())
+        try:
+            victim = None
+            deadline = time.time() + 300
+            while time.time() < deadline and agent.poll() is None:
+                if len(step_lines(metrics)) >= 12 and checkpoints(ckpt_dir):
+                    workers = {env_of(c).get("LOCAL_RANK"): c for c in descendants(agent.pid)}
+                    if "1" in workers:
+                        victim = workers["1"]
+                        os.kill(victim, signal.SIGKILL)
+                        break
+                time.sleep(0.005)
+            self.assertIsNotNone(victim, "no worker to kill: rc %s\n%s"
+                                 % (agent.poll(), read(err.name)[-3000:]))
+            rc = agent.wait(timeout=300)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+            out.close()
+            err.close()
+        self.assertEqual(rc, 0, "the restarted job failed:\n" + read(err.name)[-5000:])
+        res = final_json(read(out.name))
+        self.assertEqual(len([r for r in records(metrics) if r.get("type") == "resume"]), 1)
+        self.assertEqual(res["params_sha256"], ref["params_sha256"],
+                         "resumed CUDA run ends with other weights than the uninterrupted one")
+
+    def test_checkpoints_move_between_cpu_and_cuda(self):
+        base = ["--model", "lenet-bn", *SMALL, "--batch-size", "32", "--no-shuffle",
+                "--epochs", "2", "--max-steps", "8", "--checkpoint-every", "4"]
+        ref, _ = self.train("ref_cpu", "--device", "cpu", *base)
+        for first, second in (("cpu", "cuda"), ("cuda", "cpu")):
+            d = os.path.join(self.tmp, "ck_" + first)
+            env = clean_env(TORCHELASTIC_RUN_ID="move-" + first)
+            self.train("a_" + first, "--device", first, *base, "--checkpoint-dir", d, env=env)
+            # Keep only the checkpoint at global step 4: the run resumes there
+            # on the other device and trains the remaining 12 steps.
+            kept = [n for n in checkpoints(d) if n.endswith("-000000004.safetensors")]
+            self.assertEqual(len(kept), 1, "no checkpoint at step 4 in %s" % checkpoints(d))
+            for n in checkpoints(d):
+                if n not in kept:
+                    os.remove(os.path.join(d, n))
+            res, ls = self.train("b_" + first, "--device", second, *base, "--checkpoint-dir", d,
+                                 "--resume", env=env)
+            self.assertEqual(res["device"], second)
+            self.assertEqual(len(ls), 12, "the resumed run did not start at step 5")
+            self.assertAlmostEqual(res["final_loss"], ref["final_loss"], delta=1e-3,
+                                   msg="%s -> %s resume drifted from the CPU-only run"
+                                   % (first, second))
+
+    def test_fp16_loss_scaling_recovers_from_an_overflow(self):
+        flags = ["--device", "cuda", "--precision", "fp16", "--model", "lenet", *SMALL,
+                 "--max-steps", "30", "--batch-size", "32"]
+        probe16 = subprocess.run([TRAIN, *flags[:4], "--max-steps", "1", *SMALL, "--quiet"],
+                                 capture_output=True, text=True, env=clean_env(), timeout=300)
+        if probe16.returncode == 2 and "not available" in probe16.stderr:
+            self.skipTest(probe16.stderr.strip().splitlines()[-1])
+        start = 2 ** 40  # dy * 2^40 overflows fp16 (max 65504) at once
+        res, ls = self.train("fp16", *flags, env=clean_env(DDPRUN_LOSS_SCALE=str(start)))
+        print("\nfp16: %d skipped steps, loss scale %g -> %g, loss %.4f -> %.4f"
+              % (res["skipped_steps"], start, res["loss_scale"], ls[0], ls[-1]), file=sys.stderr)
+        self.assertGreater(res["skipped_steps"], 0, "no overflow was detected at scale 2^40")
+        self.assertLess(res["skipped_steps"], 30, "the scaler never recovered")
+        self.assertLess(res["loss_scale"], start)
+        self.assertLess(ls[-1], ls[0], "fp16 training did not reduce the loss after recovering")
+
+
+if __name__ == "__main__":
+    from testmain import main  # noqa: E402
+    main()
