@@ -166,10 +166,23 @@ class Run {
   void start();
   bool applyCheckpoint(const CheckpointFile& file, std::string* why);
   void trainEpoch();
-  // Copies samples idx[0..n) of `d` into the batch buffers; returns the
-  // input tensor (a view of them).
-  Tensor gather(const Dataset& d, const int64_t* idx, int64_t n);
-  void step(const int64_t* idx, int64_t n, int64_t stepsInEpoch);
+  // Host batches, double-buffered: while the device runs step k's backward,
+  // the host assembles step k+1's batch in the other buffer.
+  struct HostBatch {
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    const int64_t* idx = nullptr;  // the indices it holds (nullptr: none)
+    int64_t n = 0;
+  };
+  // Copies samples idx[0..n) of `d` into host batch `b`.
+  void assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n);
+  // The model's input for host batch `b` (a view of it on the CPU; uploaded,
+  // and upsampled to --image-size, on a device).
+  Tensor toInput(const HostBatch& b, const Dataset& d);
+  // One step on samples idx[0..n); next/nextN: the following step's samples
+  // (nullptr at the epoch's end), assembled while this step's backward runs.
+  void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
+            int64_t stepsInEpoch);
   void report(int64_t stepsInEpoch, bool force);
   std::pair<int64_t, int64_t> evaluate();
   void saveCheckpoint();
@@ -190,8 +203,8 @@ class Run {
   Rng rng_;
   Position pos_;
   Breakdown time_;
-  std::vector<float> xbuf_;
-  std::vector<int32_t> ybuf_;
+  HostBatch batches_[2];
+  int cur_ = 0;  // batches_[cur_]: this step's
   Tensor dlogits_;
   Tensor xdev_, xin_;  // the batch on the backend's device, and upsampled
   LossScaler scaler_{cfg_.precision == "fp16"};
@@ -412,20 +425,27 @@ void Run::saveCheckpoint() {
   pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
 }
 
-// The batch is assembled on the host, uploaded to the backend's device and,
-// when the model's input is larger than the data's images (--image-size),
-// upsampled there (bilinear, as F.interpolate).
-Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
-  xbuf_.resize(static_cast<size_t>(n * d.sampleElems()));
-  ybuf_.resize(static_cast<size_t>(n));
-  gatherBatch(d, idx, static_cast<size_t>(n), xbuf_.data(), ybuf_.data());
+void Run::assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n) {
+  b.x.resize(static_cast<size_t>(n * d.sampleElems()));
+  b.y.resize(static_cast<size_t>(n));
+  gatherBatch(d, idx, static_cast<size_t>(n), b.x.data(), b.y.data());
+  b.idx = idx;
+  b.n = n;
+}
+
+// The batch is uploaded to the backend's device and, when the model's input is
+// larger than the data's images (--image-size), upsampled there (bilinear, as
+// F.interpolate).
+Tensor Run::toInput(const HostBatch& b, const Dataset& d) {
   const Shape& in = model_->inputShape();
+  const int64_t n = b.n;
   Shape xs = {n};
   for (int64_t s : in) xs.push_back(s);
+  float* host = const_cast<float*>(b.x.data());  // views are mutable; nobody writes it
   if (numelOf(in) == d.sampleElems()) {
-    if (be_->device() == Device::kCpu) return Tensor::view(xbuf_.data(), xs);
+    if (be_->device() == Device::kCpu) return Tensor::view(host, xs);
     xdev_.ensure(xs, be_->allocator());
-    be_->upload(xbuf_.data(), xdev_.data(), xbuf_.size());
+    be_->upload(host, xdev_.data(), b.x.size());
     return xdev_;
   }
   // Square images of in[0] channels at the data's own size.
@@ -434,10 +454,10 @@ Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
   DDPRUN_CHECK(in.size() == 3 && side * side * in[0] == d.sampleElems(), "the data's samples (",
                d.sampleElems(), " values) do not fit the model's input ", shapeString(in));
   const Shape native = {n, in[0], side, side};
-  Tensor src = Tensor::view(xbuf_.data(), native);
+  Tensor src = Tensor::view(host, native);
   if (be_->device() != Device::kCpu) {
     xdev_.ensure(native, be_->allocator());
-    be_->upload(xbuf_.data(), xdev_.data(), xbuf_.size());
+    be_->upload(host, xdev_.data(), b.x.size());
     src = xdev_;
   }
   xin_.ensure(xs, be_->allocator());
@@ -445,18 +465,31 @@ Tensor Run::gather(const Dataset& d, const int64_t* idx, int64_t n) {
   return xin_;
 }
 
-void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
+void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
+               int64_t stepsInEpoch) {
   // On a device the clock reads bracket finished work: the backend is
   // synchronised after backward (the bucket all-reduces already run behind
   // it) and after the optimizer.
   const bool device = be_->device() != Device::kCpu;
   auto t0 = Clock::now();
-  const Tensor x = gather(data_.train, idx, n);
+  HostBatch& hb = batches_[cur_];
+  if (hb.idx != idx || hb.n != n) assemble(hb, data_.train, idx, n);
+  const Tensor x = toInput(hb, data_.train);
   syncBuffers();
   auto t1 = Clock::now();
   const Tensor& logits = model_->forward(x, true);
-  const double loss = be_->crossEntropy(logits, ybuf_.data(), &dlogits_, nullptr, scaler_.scale());
+  const double loss = be_->crossEntropy(logits, hb.y.data(), &dlogits_, nullptr, scaler_.scale());
   model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
+  // The next batch is assembled while the device still runs backward.
+  double prefetch = 0;
+  cur_ ^= 1;
+  if (next) {
+    const auto p0 = Clock::now();
+    assemble(batches_[cur_], data_.train, next, nextN);
+    prefetch = since(p0);
+  } else {
+    batches_[cur_].idx = nullptr;
+  }
   if (device) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
@@ -469,8 +502,8 @@ void Run::step(const int64_t* idx, int64_t n, int64_t stepsInEpoch) {
   reducer_->zeroGrad();
   if (device) be_->synchronize();
   auto t4 = Clock::now();
-  time_.data += std::chrono::duration<double>(t1 - t0).count();
-  time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count();
+  time_.data += std::chrono::duration<double>(t1 - t0).count() + prefetch;
+  time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count() - prefetch;
   time_.comm += std::chrono::duration<double>(t3 - t2).count();
   time_.optim += std::chrono::duration<double>(t4 - t3).count();
   const auto& st = reducer_->lastStats();
@@ -534,8 +567,11 @@ void Run::trainEpoch() {
   int64_t steps = (n + b - 1) / b;
   if (cfg_.maxSteps > 0) steps = std::min(steps, cfg_.maxSteps);
   intervalStart_ = Clock::now();
-  for (int64_t s = pos_.step; s < steps; ++s)
-    step(idx.data() + s * b, std::min(b, n - s * b), steps);
+  for (int64_t s = pos_.step; s < steps; ++s) {
+    const bool last = s + 1 == steps;
+    step(idx.data() + s * b, std::min(b, n - s * b), last ? nullptr : idx.data() + (s + 1) * b,
+         last ? 0 : std::min(b, n - (s + 1) * b), steps);
+  }
 }
 
 // Exact split: every test sample is evaluated once across the ranks.
@@ -553,9 +589,12 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   int64_t correct = 0;
   for (size_t at = 0; at < idx.size(); at += chunk) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(idx.size() - at));
-    const Tensor x = gather(d, idx.data() + at, n);
+    HostBatch& hb = batches_[cur_];
+    assemble(hb, d, idx.data() + at, n);
+    const Tensor x = toInput(hb, d);
+    hb.idx = nullptr;  // test samples: never taken for a training step
     int64_t hits = 0;
-    be_->crossEntropy(model_->forward(x, false), ybuf_.data(), nullptr, &hits);
+    be_->crossEntropy(model_->forward(x, false), hb.y.data(), nullptr, &hits);
     correct += hits;
   }
   std::vector<double> v = {static_cast<double>(correct), static_cast<double>(idx.size())};
