@@ -19,6 +19,7 @@
 #include "../shm/shm_comm.h"
 #include "cuda_comm.h"
 #include "ddprun/runtime/cuda.h"
+#include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/store/store.h"
 
@@ -39,19 +40,6 @@ size_t ipcMinBytes() {
   const char* v = std::getenv("DDPRUN_CUDA_IPC_MIN_BYTES");
   return v ? std::strtoull(v, nullptr, 10) : size_t{1} << 20;
 }
-
-#define CUDA_OK(call)                                                                  \
-  do {                                                                                 \
-    cudaError_t err_ = (call);                                                         \
-    if (err_ != cudaSuccess)                                                           \
-      DDPRUN_THROW(::ddprun::IoError, #call, ": ", cudaGetErrorString(err_));          \
-  } while (0)
-#define NCCL_OK(call)                                                                  \
-  do {                                                                                 \
-    ncclResult_t r_ = (call);                                                          \
-    if (r_ != ncclSuccess)                                                             \
-      DDPRUN_THROW(::ddprun::IoError, #call, ": ", ncclGetErrorString(r_));            \
-  } while (0)
 
 // Resolved once: every collective binds its thread to it (no driver query
 // on the hot path).
@@ -173,7 +161,7 @@ void launchReduce(DType t, ReduceOp op, const PtrSet& s, int k, const PtrSet& d,
     case DType::kInt64: launchTyped<long long>(op, s, k, d, m, count, avgDiv, st); break;
     case DType::kUInt8: launchTyped<uint8_t>(op, s, k, d, m, count, avgDiv, st); break;
   }
-  CUDA_OK(cudaGetLastError());
+  DDPRUN_CUDA_OK(cudaGetLastError());
 }
 
 // ------------------------------------------------------------------- NCCL
@@ -204,10 +192,10 @@ class NcclComm : public CudaComm {
  public:
   NcclComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
     ncclUniqueId id{};
-    if (pg.rank() == 0) NCCL_OK(ncclGetUniqueId(&id));
+    if (pg.rank() == 0) DDPRUN_NCCL_OK(ncclGetUniqueId(&id));
     host_.broadcast(&id, sizeof(id), 0);
-    CUDA_OK(cudaStreamCreate(&stream_));
-    NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
+    DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
+    DDPRUN_NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
   }
   ~NcclComm() override {
     if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
@@ -221,32 +209,32 @@ class NcclComm : public CudaComm {
   // element of an out-of-place 4097-float all-reduce unwritten on one rank
   // (seen on an H100), and integer avg must truncate like the other paths.
   void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+    DDPRUN_NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
     divide(op, out, count, t);
     finish("allReduce");
   }
   void broadcast(void* buf, size_t bytes, int root) override {
-    NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    DDPRUN_NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
     finish("broadcast");
   }
   void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
     const bool equal = std::all_of(bytes.begin(), bytes.end(), [&](size_t b) { return b == bytes[0]; });
     if (equal) {
-      NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
+      DDPRUN_NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
     } else {  // unequal pieces: one broadcast per rank, fused in a group
-      NCCL_OK(ncclGroupStart());
+      DDPRUN_NCCL_OK(ncclGroupStart());
       size_t off = 0;
       for (int r = 0; r < size(); ++r) {
         char* dst = static_cast<char*>(out) + off;
-        NCCL_OK(ncclBroadcast(r == me() ? in : dst, dst, bytes[r], ncclUint8, r, comm_, stream_));
+        DDPRUN_NCCL_OK(ncclBroadcast(r == me() ? in : dst, dst, bytes[r], ncclUint8, r, comm_, stream_));
         off += bytes[r];
       }
-      NCCL_OK(ncclGroupEnd());
+      DDPRUN_NCCL_OK(ncclGroupEnd());
     }
     finish("allGather");
   }
   void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+    DDPRUN_NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
     divide(op, out, count, t);
     finish("reduceScatter");
   }
@@ -276,7 +264,7 @@ class NcclComm : public CudaComm {
                             pg_.options().timeout.count() / 1000.0, " s (a peer stalled or died)");
       std::this_thread::yield();
     }
-    CUDA_OK(cudaStreamSynchronize(stream_));
+    DDPRUN_CUDA_OK(cudaStreamSynchronize(stream_));
   }
 
   ProcessGroup& pg_;
@@ -290,7 +278,7 @@ class NcclComm : public CudaComm {
 // A group of one: every collective is a device-to-device copy (or nothing).
 class SelfComm : public CudaComm {
  public:
-  explicit SelfComm(ProcessGroup& pg) : pg_(pg) { CUDA_OK(cudaStreamCreate(&stream_)); }
+  explicit SelfComm(ProcessGroup& pg) : pg_(pg) { DDPRUN_CUDA_OK(cudaStreamCreate(&stream_)); }
   ~SelfComm() override { cudaStreamDestroy(stream_); }
   std::string name() const override { return "self"; }
   int size() const override { return 1; }
@@ -305,13 +293,13 @@ class SelfComm : public CudaComm {
   void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp) override {
     copy(out, in, count * dtypeSize(t));
   }
-  void barrier() override { CUDA_OK(cudaStreamSynchronize(stream_)); }
+  void barrier() override { DDPRUN_CUDA_OK(cudaStreamSynchronize(stream_)); }
   void abort(int) noexcept override {}
 
  private:
   void copy(void* dst, const void* src, size_t bytes) {
     if (dst == src || bytes == 0) return;
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    DDPRUN_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     syncStream(stream_, pg_.options().timeout, "copy");
   }
   ProcessGroup& pg_;
@@ -324,7 +312,7 @@ class SelfComm : public CudaComm {
 class StagedComm : public CudaComm {
  public:
   StagedComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
-    CUDA_OK(cudaStreamCreate(&stream_));
+    DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
   }
   ~StagedComm() override {
     if (pinned_) cudaFreeHost(pinned_);
@@ -365,9 +353,9 @@ class StagedComm : public CudaComm {
  private:
   char* stage(const void* dev, size_t bytes, size_t room) {
     if (room > pinnedBytes_) {
-      if (pinned_) CUDA_OK(cudaFreeHost(pinned_));
+      if (pinned_) DDPRUN_CUDA_OK(cudaFreeHost(pinned_));
       pinned_ = nullptr;
-      CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), room, cudaHostAllocDefault));
+      DDPRUN_CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), room, cudaHostAllocDefault));
       pinnedBytes_ = room;
     }
     if (dev && bytes) copy(pinned_, dev, bytes, cudaMemcpyDeviceToHost);
@@ -378,7 +366,7 @@ class StagedComm : public CudaComm {
   }
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     if (!bytes) return;
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    DDPRUN_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
     syncStream(stream_, pg_.options().timeout, "staging copy");
   }
 
@@ -429,10 +417,10 @@ class IpcComm : public CudaComm {
     if (n > kMaxIpcPeers)
       DDPRUN_THROW(InvalidArgument, n, " ranks share this host's GPUs; the CUDA IPC path "
                    "supports ", kMaxIpcPeers, " (set DDPRUN_CUDA_TRANSPORT=staged)");
-    CUDA_OK(cudaStreamCreate(&stream_));
-    CUDA_OK(cudaMalloc(&mine_, scratch_));
+    DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
+    DDPRUN_CUDA_OK(cudaMalloc(&mine_, scratch_));
     cudaIpcMemHandle_t handle{};
-    CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
+    DDPRUN_CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
     std::vector<cudaIpcMemHandle_t> all(n);
     std::vector<size_t> bytes(n, sizeof(handle));
     shm.allGather(&handle, all.data(), bytes);
@@ -443,7 +431,7 @@ class IpcComm : public CudaComm {
         continue;
       }
       void* p = nullptr;
-      CUDA_OK(cudaIpcOpenMemHandle(&p, all[j], cudaIpcMemLazyEnablePeerAccess));
+      DDPRUN_CUDA_OK(cudaIpcOpenMemHandle(&p, all[j], cudaIpcMemLazyEnablePeerAccess));
       peers_[j] = static_cast<char*>(p);
     }
     shm.barrier();
@@ -468,7 +456,7 @@ class IpcComm : public CudaComm {
     const size_t chunk = scratch_ / es;
     for (size_t e0 = 0; e0 < count; e0 += chunk) {
       const size_t len = std::min(chunk, count - e0);
-      CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + e0 * es, len * es,
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + e0 * es, len * es,
                               cudaMemcpyDeviceToDevice, stream_));
       step("allReduce");
       const Partition part(len, n);
@@ -476,7 +464,7 @@ class IpcComm : public CudaComm {
       for (int j = 0; j < n; ++j) s.p[j] = d.p[j] = peers_[j] + part.offset(me()) * es;
       launchReduce(t, op, s, n, d, n, part.length(me()), op == ReduceOp::kAvg ? n : 1, stream_);
       step("allReduce");
-      CUDA_OK(cudaMemcpyAsync(static_cast<char*>(out) + e0 * es, mine_, len * es,
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(out) + e0 * es, mine_, len * es,
                               cudaMemcpyDeviceToDevice, stream_));
     }
     syncStream(stream_, pg_.options().timeout, "allReduce");
@@ -486,11 +474,11 @@ class IpcComm : public CudaComm {
     for (size_t off = 0; off < bytes; off += scratch_) {
       const size_t len = std::min(scratch_, bytes - off);
       if (me() == root)
-        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<char*>(buf) + off, len,
+        DDPRUN_CUDA_OK(cudaMemcpyAsync(mine_, static_cast<char*>(buf) + off, len,
                                 cudaMemcpyDeviceToDevice, stream_));
       step("broadcast");
       if (me() != root)
-        CUDA_OK(cudaMemcpyAsync(static_cast<char*>(buf) + off, peers_[root], len,
+        DDPRUN_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(buf) + off, peers_[root], len,
                                 cudaMemcpyDeviceToDevice, stream_));
       step("broadcast");
     }
@@ -501,17 +489,17 @@ class IpcComm : public CudaComm {
     const int n = size();
     char* o = static_cast<char*>(out);
     if (in != o + off[me()] && bytes[me()])
-      CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(o + off[me()], in, bytes[me()], cudaMemcpyDeviceToDevice, stream_));
     const size_t maxLen = *std::max_element(bytes.begin(), bytes.end());
     for (size_t k0 = 0; k0 < maxLen; k0 += scratch_) {
       if (bytes[me()] > k0)
-        CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + k0,
+        DDPRUN_CUDA_OK(cudaMemcpyAsync(mine_, static_cast<const char*>(in) + k0,
                                 std::min(scratch_, bytes[me()] - k0),
                                 cudaMemcpyDeviceToDevice, stream_));
       step("allGather");
       for (int j = 0; j < n; ++j)
         if (j != me() && bytes[j] > k0)
-          CUDA_OK(cudaMemcpyAsync(o + off[j] + k0, peers_[j], std::min(scratch_, bytes[j] - k0),
+          DDPRUN_CUDA_OK(cudaMemcpyAsync(o + off[j] + k0, peers_[j], std::min(scratch_, bytes[j] - k0),
                                   cudaMemcpyDeviceToDevice, stream_));
       step("allGather");
     }
@@ -524,7 +512,7 @@ class IpcComm : public CudaComm {
     const size_t chunk = std::max<size_t>(1, scratch_ / (n * es));
     for (size_t e0 = 0; e0 < count; e0 += chunk) {
       const size_t len = std::min(chunk, count - e0);
-      CUDA_OK(cudaMemcpy2DAsync(mine_, len * es, static_cast<const char*>(in) + e0 * es, count * es,
+      DDPRUN_CUDA_OK(cudaMemcpy2DAsync(mine_, len * es, static_cast<const char*>(in) + e0 * es, count * es,
                                 len * es, n, cudaMemcpyDeviceToDevice, stream_));
       step("reduceScatter");
       PtrSet s{}, d{};
@@ -562,7 +550,7 @@ class IpcComm : public CudaComm {
     const std::string key(reinterpret_cast<const char*>(&h), sizeof(h));
     if (auto it = mapped_.find(key); it != mapped_.end()) return it->second;
     void* p = nullptr;
-    CUDA_OK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+    DDPRUN_CUDA_OK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
     mapped_[key] = static_cast<char*>(p);
     order_.push_back(key);
     if (order_.size() > kMaxMapped) {
@@ -578,8 +566,8 @@ class IpcComm : public CudaComm {
     mine.ok = exportPtr(in, &mine.in, &mine.inOff) && exportPtr(out, &mine.out, &mine.outOff);
     // Peers read my input from their own contexts: work queued before this
     // call (on the default stream too: ours is a blocking stream) must be done.
-    if (!ready_) CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(ready_, stream_));
+    if (!ready_) DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    DDPRUN_CUDA_OK(cudaEventRecord(ready_, stream_));
     syncStream(stream_, pg_.options().timeout, "allReduce");
     std::vector<DirectRecord> all(n);
     shm_.allGather(&mine, all.data(), std::vector<size_t>(n, sizeof(DirectRecord)));
@@ -637,7 +625,7 @@ int cudaDeviceCount() {
 
 int cudaSelectedDevice() { return envDevice(); }
 
-void cudaBindThread() { CUDA_OK(cudaSetDevice(envDevice())); }
+void cudaBindThread() { DDPRUN_CUDA_OK(cudaSetDevice(envDevice())); }
 
 std::string cudaTransportName(ProcessGroup& pg) {
   std::string name;
@@ -647,9 +635,9 @@ std::string cudaTransportName(ProcessGroup& pg) {
 
 void* cudaAllocDevice(size_t bytes) {
   requireGpu();
-  CUDA_OK(cudaSetDevice(envDevice()));
+  DDPRUN_CUDA_OK(cudaSetDevice(envDevice()));
   void* p = nullptr;
-  CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  DDPRUN_CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
   return p;
 }
 void cudaFreeDevice(void* p) {
@@ -657,18 +645,18 @@ void cudaFreeDevice(void* p) {
 }
 void cudaCopyToDevice(void* dst, const void* src, size_t bytes) {
   // From pageable memory cudaMemcpy may return before the DMA has landed.
-  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaStreamSynchronize(0));
+  if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  DDPRUN_CUDA_OK(cudaStreamSynchronize(0));
 }
 void cudaCopyToHost(void* dst, const void* src, size_t bytes) {
-  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 void cudaCopyOnDevice(void* dst, const void* src, size_t bytes) {
-  if (bytes) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
-void cudaSynchronize() { CUDA_OK(cudaDeviceSynchronize()); }
+void cudaSynchronize() { DDPRUN_CUDA_OK(cudaDeviceSynchronize()); }
 double cudaNowSeconds() {
-  CUDA_OK(cudaDeviceSynchronize());
+  DDPRUN_CUDA_OK(cudaDeviceSynchronize());
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -677,9 +665,9 @@ double cudaNowSeconds() {
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* shm) {
   requireGpu();
   const int dev = envDevice();
-  CUDA_OK(cudaSetDevice(dev));
+  DDPRUN_CUDA_OK(cudaSetDevice(dev));
   char bus[32] = {0};
-  CUDA_OK(cudaDeviceGetPCIBusId(bus, sizeof(bus), dev));
+  DDPRUN_CUDA_OK(cudaDeviceGetPCIBusId(bus, sizeof(bus), dev));
   std::string ident = pg.options().hostId + "|" + bus;
   ident.resize(128, '\0');
   std::vector<char> all(128 * pg.size());

@@ -1,0 +1,80 @@
+// The CUDA backend's device memory: a caching allocator in front of
+// cudaMalloc, so that a training step (which frees and re-requests the same
+// sizes every iteration) costs no cudaMalloc/cudaFree, both of which
+// synchronise the device.
+//
+// Sizes are rounded to a size class (512-byte multiples up to 1 MiB, then a
+// quarter of a power of two: at most 25% waste) and freed blocks wait in a
+// free list per class. Reuse is stream-ordered on the backend's single compute
+// stream: a block freed by the host may be handed out again at once, because
+// every kernel that used it was issued to the same stream before any kernel
+// that will use it next. Memory touched by other streams (the gradient
+// buckets the collectives read) does not come from here.
+//
+// Lifetime: tensors remember the allocator that made them and may outlive the
+// backend. detach() (the backend's destructor) waits for the stream, returns
+// the cache to CUDA and, if blocks are still in use, keeps the allocator alive
+// in "orphan" mode, where free() calls cudaFree directly and the allocator
+// deletes itself with its last block.
+//
+// Thread-safety: all members are safe to call from any thread (one mutex).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "ddprun/train/tensor.h"
+
+namespace ddprun::train::cuda {
+
+struct AllocatorStats {
+  size_t inUse = 0;   // bytes handed out (size classes, not requests)
+  size_t peak = 0;    // largest inUse so far
+  size_t cached = 0;  // bytes in the free lists
+  size_t mallocs = 0; // cudaMalloc calls so far
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  CachingAllocator(int device, cudaStream_t stream);
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  // n floats, zero-filled (an asynchronous memset on the stream), 256-byte
+  // aligned (cudaMalloc's alignment).
+  float* alloc(size_t n) override;
+  void free(float* p) override;
+  // Raw bytes, not zeroed (workspaces, scratch).
+  void* allocBytes(size_t bytes);
+  void freeBytes(void* p);
+
+  AllocatorStats stats() const;
+  // Returns every cached block to CUDA (waits for the stream first).
+  void releaseCached();
+  // The backend is going away: see the lifetime note above. `this` must not
+  // be used by the caller afterwards.
+  void detach();
+
+  static size_t sizeClass(size_t bytes);
+
+ private:
+  ~CachingAllocator();
+  void* take(size_t cls);
+  void releaseCachedLocked();
+
+  int device_;
+  cudaStream_t stream_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;    // size class -> blocks
+  std::unordered_map<void*, size_t> live_;       // block -> size class
+  AllocatorStats stats_;
+  bool orphan_ = false;
+};
+
+}  // namespace ddprun::train::cuda

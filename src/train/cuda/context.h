@@ -1,0 +1,104 @@
+// What every part of the CUDA backend shares: the device, the precision, the
+// one compute stream (non-blocking; every cuDNN, cuBLASLt, kernel and copy of
+// the backend goes to it), the cuDNN and cuBLASLt handles bound to that
+// stream, the caching allocator, a grow-only workspace and pinned staging.
+//
+// Layers hold a shared_ptr to the context, so a model may outlive its
+// backend object; the allocator itself survives its last tensor (see
+// caching_allocator.h).
+//
+// Thread-safety: one training thread uses a context (as a Backend). The
+// stream and allocator may be touched from other threads as their own notes
+// say (the gradient memory's fence waits for events from the communication
+// thread).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "caching_allocator.h"
+#include "ddprun/train/layers.h"
+#include "resources.h"
+
+namespace ddprun::train::cuda {
+
+class Context {
+ public:
+  // Sets `device` current on the calling thread and creates the stream and
+  // handles. Precondition: the device exists.
+  Context(int device, Precision precision);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const { return device_; }
+  Precision precision() const { return precision_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  cudnnHandle_t cudnn() const { return cudnn_.get(); }
+  cublasLtHandle_t lt() const { return lt_.get(); }
+  CachingAllocator& allocator() { return *alloc_; }
+  const std::string& deviceName() const { return deviceName_; }
+
+  // Makes this context's device current on the calling thread (cheap).
+  void bind() const;
+  // Waits for everything issued to the stream.
+  void synchronize() const { stream_.synchronize(); }
+  // At least `bytes` of device scratch, valid until the next call (stream
+  // ordered: a later kernel never overlaps an earlier one on the stream).
+  void* workspace(size_t bytes);
+  // Host <-> device through pinned staging; synchronous.
+  void upload(const void* host, void* dst, size_t bytes);
+  void download(const void* src, void* host, size_t bytes);
+  // Copies `bytes` of device memory into pinned memory and waits: small
+  // results (a loss, a flag) read back with one transfer.
+  void readBack(const void* src, void* host, size_t bytes);
+
+ private:
+  int device_;
+  Precision precision_;
+  std::string deviceName_;
+  Stream stream_;
+  CudnnHandle cudnn_;
+  LtHandle lt_;
+  CachingAllocator* alloc_ = nullptr;  // detached (not deleted) in ~Context
+  void* workspace_ = nullptr;
+  size_t workspaceBytes_ = 0;
+  PinnedBuffer staging_;
+  PinnedBuffer small_;
+};
+
+// An owned device buffer of `T` from the context's allocator (scratch that
+// is not a float Tensor: labels, double sums, flags).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
+  ~DeviceArray() { release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* ensure(size_t n) {
+    if (n > n_ || !p_) {
+      release();
+      p_ = static_cast<T*>(ctx_->allocator().allocBytes(std::max<size_t>(n, 1) * sizeof(T)));
+      n_ = n;
+    }
+    return p_;
+  }
+  T* get() const { return p_; }
+
+ private:
+  void release() {
+    if (p_) ctx_->allocator().freeBytes(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  std::shared_ptr<Context> ctx_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace ddprun::train::cuda

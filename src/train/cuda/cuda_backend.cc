@@ -1,0 +1,263 @@
+// The CUDA backend of `train`: cuDNN (convolution, pooling, batch norm),
+// cuBLASLt (linear) and our kernels (loss, optimizers, element-wise), all on
+// one non-blocking compute stream per backend; memory from a caching
+// allocator. See cuda_layers.h for the layers, context.h for what they share.
+#include <cudnn.h>
+
+#include <vector>
+
+#include "cuda_layers.h"
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/cuda.h"
+#include "kernels.h"
+
+namespace ddprun::train {
+
+namespace cuda {
+
+Param makeDeviceParam(Context& ctx, const std::string& name, const Shape& shape) {
+  Param p;
+  p.name = name;
+  p.value = Tensor(shape, ctx.allocator());
+  p.grad = Tensor(shape, ctx.allocator());
+  return p;
+}
+
+namespace {
+
+class Relu final : public Layer {
+ public:
+  Relu(std::shared_ptr<Context> ctx, std::string name)
+      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
+  Shape outputShape(const Shape& s) const override { return s; }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    ctx_->bind();
+    y.ensure(x.shape(), ctx_->allocator());
+    launchRelu(x.data(), y.data(), static_cast<size_t>(x.numel()), ctx_->stream());
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    ctx_->bind();
+    dx->ensure(x.shape(), ctx_->allocator());
+    launchReluBackward(y.data(), dy.data(), dx->data(), static_cast<size_t>(x.numel()),
+                       ctx_->stream());
+  }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+};
+
+class Flatten final : public Layer {
+ public:
+  explicit Flatten(std::string name) : Layer(std::move(name)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
+    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override { y = x.reshaped(outputShape(x.shape())); }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (dx) *dx = dy.reshaped(x.shape());
+  }
+};
+
+// AdaptiveAvgPool2d(1) + flatten: [N, C, H, W] -> [N, C].
+class GlobalAvgPool final : public Layer {
+ public:
+  GlobalAvgPool(std::shared_ptr<Context> ctx, std::string name)
+      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[2] > 0 && s[3] > 0, name(),
+                 " expects [N, C, H, W] with H, W > 0, got ", shapeString(s));
+    return {s[0], s[1]};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    launchGlobalAvgPool(x.data(), y.data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3),
+                        ctx_->stream());
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    ctx_->bind();
+    dx->ensure(x.shape(), ctx_->allocator());
+    launchGlobalAvgPoolBackward(dy.data(), dx->data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3),
+                                ctx_->stream());
+  }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+};
+
+void checkSame(const Tensor& a, const Tensor& b, const char* what) {
+  DDPRUN_CHECK(a.numel() == b.numel(), what, " of ", shapeString(a.shape()), " and ",
+               shapeString(b.shape()), ": element counts differ");
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o)
+      : ctx_(std::make_shared<Context>(o.device, o.precision)), labels_(ctx_), rowLoss_(ctx_),
+        rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_) {}
+  ~CudaBackend() override {
+    try {
+      ctx_->bind();
+      ctx_->synchronize();
+    } catch (...) {  // a destructor must not throw; the context cleans up regardless
+    }
+  }
+
+  Device device() const override { return Device::kCuda; }
+  Allocator& allocator() override { return ctx_->allocator(); }
+  std::string describe() const override {
+    const size_t v = cudnnGetVersion();
+    return "cuda:" + std::to_string(ctx_->device()) + " (" + ctx_->deviceName() + ", cuDNN " +
+           std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
+           precisionName(ctx_->precision()) + ")";
+  }
+
+  std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
+    return makeLinear(ctx_, std::move(n), in, out);
+  }
+  std::unique_ptr<Layer> conv2d(std::string n, const Conv2dSpec& s) override {
+    return makeConv2d(ctx_, std::move(n), s);
+  }
+  std::unique_ptr<Layer> maxPool2d(std::string n, const Pool2dSpec& s) override {
+    return makeMaxPool2d(ctx_, std::move(n), s);
+  }
+  std::unique_ptr<Layer> globalAvgPool(std::string n) override {
+    return std::make_unique<GlobalAvgPool>(ctx_, std::move(n));
+  }
+  std::unique_ptr<Layer> relu(std::string n) override {
+    return std::make_unique<Relu>(ctx_, std::move(n));
+  }
+  std::unique_ptr<Layer> flatten(std::string n) override {
+    return std::make_unique<Flatten>(std::move(n));
+  }
+  std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
+    return makeBatchNorm2d(ctx_, std::move(n), c, s);
+  }
+
+  double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                      int64_t* correct, float gradScale) override {
+    DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
+                 shapeString(logits.shape()));
+    ctx_->bind();
+    const int64_t n = logits.dim(0), k = logits.dim(1);
+    for (int64_t i = 0; i < n; ++i)
+      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
+    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
+    int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
+    // Through pinned memory; the read-back below waits for this copy too.
+    int32_t* pin = static_cast<int32_t*>(labelsPinned_.ensure(std::max<int64_t>(n, 1) * 4));
+    std::copy(labels, labels + n, pin);
+    if (n)
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(dLabels, pin, static_cast<size_t>(n) * 4,
+                                     cudaMemcpyHostToDevice, ctx_->stream()));
+    launchCrossEntropy(logits.data(), dLabels, n, k, dlogits ? dlogits->data() : nullptr,
+                       gradScale, rowLoss_.ensure(static_cast<size_t>(n)),
+                       rowHit_.ensure(static_cast<size_t>(n)), ceResult_.ensure(1),
+                       ctx_->stream());
+    CeResult r;
+    ctx_->readBack(ceResult_.get(), &r, sizeof(r));
+    if (correct) *correct = r.correct;
+    return n ? r.lossSum / static_cast<double>(n) : 0.0;
+  }
+
+  void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
+                 float wd, bool first) override {
+    ctx_->bind();
+    launchSgd(w, g, buf, n, lr, momentum, wd, first, ctx_->stream());
+  }
+  void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                  float b2, float eps, float wd, int64_t step) override {
+    ctx_->bind();
+    launchAdam(w, g, m, v, n, kmath::adamScalars(lr, b1, b2, step), b1, b2, eps, wd,
+               ctx_->stream());
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    checkSame(a, b, "add");
+    checkSame(a, out, "add");
+    ctx_->bind();
+    launchAdd(a.data(), b.data(), out.data(), static_cast<size_t>(a.numel()), ctx_->stream());
+  }
+  void zero(Tensor& t) override {
+    if (!t.numel()) return;
+    ctx_->bind();
+    DDPRUN_CUDA_OK(cudaMemsetAsync(t.data(), 0, t.bytes(), ctx_->stream()));
+  }
+  void copy(const Tensor& src, Tensor& dst) override {
+    checkSame(src, dst, "copy");
+    if (!src.numel() || src.data() == dst.data()) return;
+    ctx_->bind();
+    DDPRUN_CUDA_OK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice,
+                                   ctx_->stream()));
+  }
+  void resizeBilinear(const Tensor& x, int64_t h, int64_t w, Tensor& y) override {
+    DDPRUN_CHECK(x.rank() == 4 && x.dim(2) > 0 && x.dim(3) > 0 && h > 0 && w > 0,
+                 "bilinear resize of ", shapeString(x.shape()), " to ", h, "x", w);
+    ctx_->bind();
+    y.ensure({x.dim(0), x.dim(1), h, w}, ctx_->allocator());
+    launchResizeBilinear(x.data(), y.data(), x.dim(0) * x.dim(1), x.dim(2), x.dim(3), h, w,
+                         ctx_->stream());
+  }
+  bool scaleAndCheckFinite(float* data, size_t n, float scale) override {
+    ctx_->bind();
+    int* flag = flag_.ensure(1);
+    DDPRUN_CUDA_OK(cudaMemsetAsync(flag, 0, sizeof(int), ctx_->stream()));
+    launchScaleCheckFinite(data, n, scale, flag, ctx_->stream());
+    int nonFinite = 0;
+    ctx_->readBack(flag, &nonFinite, sizeof(int));
+    return nonFinite == 0;
+  }
+
+  void upload(const float* host, float* dst, size_t n) override {
+    ctx_->bind();
+    ctx_->upload(host, dst, n * sizeof(float));
+  }
+  void download(const float* src, float* host, size_t n) override {
+    ctx_->bind();
+    ctx_->download(src, host, n * sizeof(float));
+  }
+  void synchronize() override {
+    ctx_->bind();
+    ctx_->synchronize();
+  }
+  std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup&) override {
+    if (runtime::cudaSelectedDevice() != ctx_->device())
+      DDPRUN_THROW(InvalidArgument, "the CUDA backend computes on cuda:", ctx_->device(),
+                   " but the runtime's CUDA collectives use cuda:", runtime::cudaSelectedDevice(),
+                   " (LOCAL_RANK modulo the GPU count, or DDPRUN_CUDA_DEVICE); make the backend "
+                   "on runtime::cudaSelectedDevice()");
+    return makeGradientMemory(ctx_);
+  }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  DeviceArray<int32_t> labels_;
+  DeviceArray<double> rowLoss_;
+  DeviceArray<int> rowHit_;
+  DeviceArray<CeResult> ceResult_;
+  DeviceArray<int> flag_;
+  PinnedBuffer labelsPinned_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o) {
+  const int count = runtime::cudaDeviceCount();
+  if (count == 0)
+    DDPRUN_THROW(InvalidArgument, "--device cuda: no CUDA GPU is visible on this machine (no "
+                 "device or no driver); use --device cpu");
+  if (o.device < 0 || o.device >= count)
+    DDPRUN_THROW(InvalidArgument, "cuda:", o.device, " does not exist: this machine has ", count,
+                 " CUDA device", count == 1 ? "" : "s", " (cuda:0", count > 1 ? "..cuda:" : "",
+                 count > 1 ? std::to_string(count - 1) : std::string(), ")");
+  if (o.precision == Precision::kBf16 || o.precision == Precision::kFp16)
+    DDPRUN_THROW(InvalidArgument, "precision ", precisionName(o.precision),
+                 " is not available in the CUDA backend yet; use fp32 or tf32");
+  return std::make_unique<cuda::CudaBackend>(o);
+}
+
+}  // namespace ddprun::train

@@ -1,0 +1,46 @@
+// The CUDA backend's layers and gradient memory, made by cuda_backend.cc.
+// Internal header of src/train/cuda/.
+//
+// Every layer computes on its context's stream and allocates from its
+// context's allocator; tensors at the layer boundary are NCHW (or [N, F])
+// float32 device memory. Parameters are created zero (the model initialises
+// them); gradients accumulate (+=) into Param::grad, read at each backward
+// (it usually points into the reducer's bucket memory). Thread-safety: one
+// training thread per layer, as every Layer.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "context.h"
+#include "ddprun/runtime/reducer.h"
+#include "ddprun/train/layers.h"
+
+namespace ddprun::train::cuda {
+
+// cuDNN convolution (weights OIHW, optional bias), algorithms found once per
+// input shape (cudnnFind*, deterministic ones only) and cached.
+std::unique_ptr<Layer> makeConv2d(std::shared_ptr<Context> ctx, std::string name,
+                                  const Conv2dSpec& spec);
+// cuDNN max pooling (CUDNN_POOLING_MAX_DETERMINISTIC, padding never wins).
+std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string name,
+                                     const Pool2dSpec& spec);
+// Batch norm: cuDNN (spatial) without `sync`; with `sync`, SyncBatchNorm from
+// our own kernels plus all-reduces of the sums over `sync` on device buffers.
+std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string name,
+                                       int64_t channels, runtime::ProcessGroup* sync);
+// cuBLASLt linear layer: y = x W^T + b.
+std::unique_ptr<Layer> makeLinear(std::shared_ptr<Context> ctx, std::string name, int64_t in,
+                                  int64_t out);
+// ReLU, flatten (a view) and global average pooling: our kernels.
+std::unique_ptr<Layer> makeRelu(std::shared_ptr<Context> ctx, std::string name);
+std::unique_ptr<Layer> makeFlatten(std::string name);
+std::unique_ptr<Layer> makeGlobalAvgPool(std::shared_ptr<Context> ctx, std::string name);
+
+// Gradient buckets in device memory, ordered after the context's stream.
+std::unique_ptr<runtime::GradientMemory> makeGradientMemory(std::shared_ptr<Context> ctx);
+
+// A parameter of `shape` in the context's memory, value and gradient zero.
+Param makeDeviceParam(Context& ctx, const std::string& name, const Shape& shape);
+
+}  // namespace ddprun::train::cuda

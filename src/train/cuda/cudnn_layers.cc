@@ -1,0 +1,400 @@
+// The cuDNN layers of the CUDA backend: convolution, max pooling, batch norm.
+//
+// API choice: cuDNN's legacy ("v7") descriptor API (cudnnConvolutionForward,
+// cudnnFindConvolution*Algorithm, cudnnPoolingForward,
+// cudnnBatchNormalization*), deprecated in cuDNN 9 but present in 9.19,
+// rather than the graph API through cudnn-frontend: it covers every
+// operation here (NCHW float, fixed shapes per model) with a few calls each,
+// needs no extra header-only dependency, and its algorithm search is one call
+// per direction whose result we cache per input shape. The graph API would pay
+// off for fused patterns (conv + bias + ReLU, 16-bit runtime fusion), which
+// this backend does not do yet; moving there is local to this file.
+//
+// Precision: fp32 sets CUDNN_FMA_MATH on every convolution (no tensor cores,
+// no TF32); tf32 sets CUDNN_TENSOR_OP_MATH (TF32 tensor cores for float data)
+// and uses the math type cuDNN's search reports for the chosen algorithm.
+// fp32 also keeps to algorithms that sum products directly (no FFT or
+// Winograd transforms, whose rounding error is larger), see sumsDirectly().
+// Determinism: only algorithms cuDNN reports as deterministic are chosen, so
+// runs repeat bitwise (backward-filter/data have non-deterministic atomics
+// algorithms, which we skip).
+#include <array>
+#include <map>
+#include <optional>
+
+#include "cuda_layers.h"
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/cuda.h"
+#include "kernels.h"
+
+namespace ddprun::train::cuda {
+
+namespace {
+const float kOne = 1.0f, kZero = 0.0f;
+// cuDNN's algorithm search skips algorithms needing more workspace than this.
+constexpr size_t kMaxWorkspace = size_t{512} << 20;
+
+cudnnMathType_t searchMathType(Precision p) {
+  return p == Precision::kFp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+}
+
+// Algorithms that sum the products directly (implicit/explicit GEMM, direct):
+// fp32 uses only these. FFT and Winograd transforms trade accuracy for speed
+// (on an H100 with cuDNN 9.14, the fastest backward-data for LeNet's 5x5
+// conv1 was off by up to 0.9% of the gradient's scale from oneDNN, which
+// agrees with a float64 reference; the direct algorithms agree with both);
+// tf32, already approximate, may use every algorithm.
+bool sumsDirectly(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool sumsDirectly(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool sumsDirectly(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// The first (fastest) deterministic successful result within the workspace
+// limit whose math type and algorithm the precision allows. cuDNN returns
+// them sorted by time.
+template <typename Perf>
+Perf choose(const Perf* perfs, int n, Precision p, const std::string& layer, const char* what) {
+  for (int i = 0; i < n; ++i) {
+    const Perf& r = perfs[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC ||
+        r.memory > kMaxWorkspace || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+      continue;
+    if (p == Precision::kFp32 && (r.mathType == CUDNN_TENSOR_OP_MATH || !sumsDirectly(r.algo)))
+      continue;
+    Perf chosen = r;
+    // Strict fp32: call with FMA math whatever the search labelled it.
+    if (p == Precision::kFp32) chosen.mathType = CUDNN_FMA_MATH;
+    return chosen;
+  }
+  DDPRUN_THROW(runtime::CudaError, layer, ": cuDNN found no deterministic ", what,
+               " algorithm for this shape within ", kMaxWorkspace >> 20, " MiB of workspace (",
+               n, " candidates, precision ", precisionName(p), ")");
+}
+
+// ------------------------------------------------------------ convolution
+class Conv2d final : public Layer {
+ public:
+  Conv2d(std::shared_ptr<Context> ctx, std::string name, const Conv2dSpec& s)
+      : Layer(name), ctx_(std::move(ctx)), s_(s),
+        w_(makeDeviceParam(*ctx_, name + ".weight", {s.outC, s.inC, s.kernel, s.kernel})) {
+    DDPRUN_CHECK(s.inC > 0 && s.outC > 0 && s.kernel > 0 && s.stride > 0 && s.pad >= 0, name,
+                 ": invalid convolution (in ", s.inC, ", out ", s.outC, ", kernel ", s.kernel,
+                 ", stride ", s.stride, ", pad ", s.pad, ")");
+    if (s.bias) b_ = makeDeviceParam(*ctx_, name + ".bias", {s.outC});
+    xDesc_ = TensorDesc::create();
+    yDesc_ = TensorDesc::create();
+    biasDesc_ = TensorDesc::create();
+    wDesc_ = FilterDesc::create();
+    conv_ = ConvDesc::create();
+    setTensor4d(biasDesc_, 1, s.outC, 1, 1);
+    DDPRUN_CUDNN_OK(cudnnSetFilter4dDescriptor(wDesc_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                               static_cast<int>(s.outC), static_cast<int>(s.inC),
+                                               s.kernel, s.kernel));
+    DDPRUN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv_, s.pad, s.pad, s.stride, s.stride, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  }
+  Shape outputShape(const Shape& x) const override {
+    DDPRUN_CHECK(x.size() == 4 && x[1] == s_.inC && x[2] + 2 * s_.pad >= s_.kernel &&
+                     x[3] + 2 * s_.pad >= s_.kernel,
+                 name(), " expects [N, ", s_.inC, ", H, W] with H, W + 2*", s_.pad, " >= ",
+                 s_.kernel, ", got ", shapeString(x));
+    return {x[0], s_.outC, (x[2] + 2 * s_.pad - s_.kernel) / s_.stride + 1,
+            (x[3] + 2 * s_.pad - s_.kernel) / s_.stride + 1};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    if (x.dim(0) == 0) return;
+    setShapes(x.shape(), y.shape());
+    Algos& a = algos(x.shape());
+    if (!a.fwd) {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perfs{};
+      int n = 0;
+      DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, searchMathType(ctx_->precision())));
+      DDPRUN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithm(ctx_->cudnn(), xDesc_, wDesc_, conv_,
+                                                           yDesc_, perfs.size(), &n, perfs.data()));
+      a.fwd = choose(perfs.data(), n, ctx_->precision(), name(), "forward");
+    }
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.fwd->mathType));
+    DDPRUN_CUDNN_OK(cudnnConvolutionForward(
+        ctx_->cudnn(), &kOne, xDesc_, x.data(), wDesc_, w_.value.data(), conv_, a.fwd->algo,
+        ctx_->workspace(a.fwd->memory), a.fwd->memory, &kZero, yDesc_, y.data()));
+    if (s_.bias)
+      DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
+                                     yDesc_, y.data()));
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    ctx_->bind();
+    if (dx) dx->ensure(x.shape(), ctx_->allocator());
+    if (x.dim(0) == 0) return;
+    setShapes(x.shape(), y.shape());
+    Algos& a = algos(x.shape());
+    findBackward(a, dx != nullptr);
+    if (s_.bias)
+      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kOne, yDesc_, dy.data(), &kOne,
+                                                   biasDesc_, b_.grad.data()));
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.filter->mathType));
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(
+        ctx_->cudnn(), &kOne, xDesc_, x.data(), yDesc_, dy.data(), conv_, a.filter->algo,
+        ctx_->workspace(a.filter->memory), a.filter->memory, &kOne, wDesc_, w_.grad.data()));
+    if (!dx) return;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.data->mathType));
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(
+        ctx_->cudnn(), &kOne, wDesc_, w_.value.data(), yDesc_, dy.data(), conv_, a.data->algo,
+        ctx_->workspace(a.data->memory), a.data->memory, &kZero, xDesc_, dx->data()));
+  }
+  std::vector<Param*> params() override {
+    if (s_.bias) return {&w_, &b_};
+    return {&w_};
+  }
+
+ private:
+  struct Algos {
+    std::optional<cudnnConvolutionFwdAlgoPerf_t> fwd;
+    std::optional<cudnnConvolutionBwdDataAlgoPerf_t> data;
+    std::optional<cudnnConvolutionBwdFilterAlgoPerf_t> filter;
+  };
+  void setShapes(const Shape& x, const Shape& y) {
+    setTensor4d(xDesc_, x[0], x[1], x[2], x[3]);
+    setTensor4d(yDesc_, y[0], y[1], y[2], y[3]);
+  }
+  Algos& algos(const Shape& x) { return cache_[{x[0], x[2], x[3]}]; }
+  void findBackward(Algos& a, bool needData) {
+    const cudnnMathType_t m = searchMathType(ctx_->precision());
+    if (!a.filter) {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> p{};
+      int n = 0;
+      DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
+      DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithm(
+          ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
+      a.filter = choose(p.data(), n, ctx_->precision(), name(), "backward-filter");
+    }
+    if (needData && !a.data) {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> p{};
+      int n = 0;
+      DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
+      DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
+          ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
+      a.data = choose(p.data(), n, ctx_->precision(), name(), "backward-data");
+    }
+  }
+
+  std::shared_ptr<Context> ctx_;
+  Conv2dSpec s_;
+  Param w_, b_;
+  TensorDesc xDesc_, yDesc_, biasDesc_;
+  FilterDesc wDesc_;
+  ConvDesc conv_;
+  std::map<std::array<int64_t, 3>, Algos> cache_;  // (N, H, W) -> algorithms
+};
+
+// ------------------------------------------------------------ max pooling
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(std::shared_ptr<Context> ctx, std::string name, const Pool2dSpec& s)
+      : Layer(std::move(name)), ctx_(std::move(ctx)), k_(s.kernel),
+        stride_(s.stride ? s.stride : s.kernel), pad_(s.pad) {
+    DDPRUN_CHECK(k_ > 0 && stride_ > 0 && pad_ >= 0 && pad_ <= k_ / 2, this->name(),
+                 ": invalid max pooling (kernel ", k_, ", stride ", stride_, ", pad ", pad_,
+                 "; PyTorch needs pad <= kernel / 2)");
+    desc_ = PoolDesc::create();
+    DDPRUN_CUDNN_OK(cudnnSetPooling2dDescriptor(desc_, CUDNN_POOLING_MAX_DETERMINISTIC,
+                                                CUDNN_NOT_PROPAGATE_NAN, k_, k_, pad_, pad_,
+                                                stride_, stride_));
+    xDesc_ = TensorDesc::create();
+    yDesc_ = TensorDesc::create();
+  }
+  Shape outputShape(const Shape& x) const override {
+    DDPRUN_CHECK(x.size() == 4 && x[2] + 2 * pad_ >= k_ && x[3] + 2 * pad_ >= k_, name(),
+                 " expects [N, C, H, W] with H, W + 2*", pad_, " >= ", k_, ", got ",
+                 shapeString(x));
+    return {x[0], x[1], (x[2] + 2 * pad_ - k_) / stride_ + 1, (x[3] + 2 * pad_ - k_) / stride_ + 1};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    if (y.numel() == 0) return;
+    setShapes(x.shape(), y.shape());
+    DDPRUN_CUDNN_OK(cudnnPoolingForward(ctx_->cudnn(), desc_, &kOne, xDesc_, x.data(), &kZero,
+                                        yDesc_, y.data()));
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    ctx_->bind();
+    dx->ensure(x.shape(), ctx_->allocator());
+    if (y.numel() == 0) return;
+    setShapes(x.shape(), y.shape());
+    DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kOne, yDesc_, y.data(), yDesc_,
+                                         dy.data(), xDesc_, x.data(), &kZero, xDesc_,
+                                         dx->data()));
+  }
+
+ private:
+  void setShapes(const Shape& x, const Shape& y) {
+    setTensor4d(xDesc_, x[0], x[1], x[2], x[3]);
+    setTensor4d(yDesc_, y[0], y[1], y[2], y[3]);
+  }
+  std::shared_ptr<Context> ctx_;
+  int k_, stride_, pad_;
+  PoolDesc desc_;
+  TensorDesc xDesc_, yDesc_;
+};
+
+// ------------------------------------------------------------- batch norm
+// Without `sync`: cuDNN's spatial batch norm (training: batch statistics,
+// running mean/var updated with factor 0.1 and the unbiased variance, as
+// PyTorch; backward accumulates dgamma/dbeta with beta = 1).
+// With `sync` (SyncBatchNorm): the CPU backend's algorithm on our kernels:
+// per-channel sums in double, all-reduced (with the element count) over the
+// group on device buffers; then the squared deviations likewise; backward
+// all-reduces S1 = sum dy, S2 = sum dy*xhat and the count. dgamma/dbeta are
+// the local sums (the reducer averages them like every gradient). Each
+// all-reduce waits for the stream first: SyncBN is synchronous by nature.
+// Eval mode uses cuDNN's inference kernel with the running statistics either way.
+class BatchNorm2d final : public Layer {
+ public:
+  BatchNorm2d(std::shared_ptr<Context> ctx, std::string name, int64_t c,
+              runtime::ProcessGroup* sync)
+      : Layer(name), ctx_(std::move(ctx)), c_(c), sync_(sync),
+        w_(makeDeviceParam(*ctx_, name + ".weight", {c})),
+        b_(makeDeviceParam(*ctx_, name + ".bias", {c})), sums_(ctx_), sqdev_(ctx_) {
+    DDPRUN_CHECK(c > 0, name, ": batch norm needs at least one channel");
+    if (sync_ && runtime::cudaSelectedDevice() != ctx_->device())
+      DDPRUN_THROW(InvalidArgument, name, ": SyncBatchNorm on cuda:", ctx_->device(),
+                   " but the runtime's CUDA collectives use cuda:", runtime::cudaSelectedDevice(),
+                   " (LOCAL_RANK modulo the GPU count, or DDPRUN_CUDA_DEVICE); make the backend "
+                   "on that device");
+    rm_ = {name + ".running_mean", Tensor({c}, ctx_->allocator()), false};
+    rv_ = {name + ".running_var", Tensor({c}, ctx_->allocator()), false};
+    nbt_ = {name + ".num_batches_tracked", Tensor({1}, ctx_->allocator()), true};
+    const std::vector<float> ones(static_cast<size_t>(c), 1.0f);
+    ctx_->upload(ones.data(), w_.value.data(), ones.size() * sizeof(float));
+    ctx_->upload(ones.data(), rv_.value.data(), ones.size() * sizeof(float));
+    xDesc_ = TensorDesc::create();
+    bnDesc_ = TensorDesc::create();
+    setTensor4d(bnDesc_, 1, c, 1, 1);
+    saveMean_ = Tensor({c}, ctx_->allocator());
+    saveInvStd_ = Tensor({c}, ctx_->allocator());
+  }
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
+                 shapeString(s));
+    return s;
+  }
+  void forward(const Tensor& x, Tensor& y, bool training) override {
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    trained_ = training;
+    if (!training) {
+      if (x.numel() == 0) return;
+      setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+      DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardInference(
+          ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, xDesc_, x.data(), xDesc_,
+          y.data(), bnDesc_, w_.value.data(), b_.value.data(), rm_.value.data(),
+          rv_.value.data(), kEps));
+      return;
+    }
+    if (sync_) {
+      syncForward(x, y);
+    } else {
+      DDPRUN_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, name(), ": batch norm in training needs "
+                   "more than one value per channel, got input ", shapeString(x.shape()));
+      setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+      DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
+          ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, xDesc_, x.data(), xDesc_,
+          y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(),
+          rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+    }
+    launchAddScalar(nbt_.value.data(), 1.0f, ctx_->stream());
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward (batch norm keeps "
+                 "batch statistics only in training)");
+    ctx_->bind();
+    if (sync_) return syncBackward(x, dy, dx);
+    Tensor* out = dx;
+    if (!out) out = &scratch_;
+    out->ensure(x.shape(), ctx_->allocator());
+    if (x.numel() == 0) return;
+    setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+    DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
+        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kOne, xDesc_, x.data(),
+        xDesc_, dy.data(), xDesc_, out->data(), bnDesc_, w_.value.data(), w_.grad.data(),
+        b_.grad.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+  }
+  std::vector<Param*> params() override { return {&w_, &b_}; }
+  std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
+
+ private:
+  static constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+  void allReduce(double* buf, size_t count) {
+    ctx_->synchronize();  // the group's stream does not wait for ours
+    runtime::allReduce(*sync_, {.output = buf, .count = count, .dtype = runtime::DType::kFloat64,
+                                .device = runtime::Device::kCuda});
+  }
+  void syncForward(const Tensor& x, Tensor& y) {
+    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+    double* q = sqdev_.ensure(static_cast<size_t>(c_));
+    launchChannelSum(x.data(), n, c_, hw, s, ctx_->stream());
+    allReduce(s, static_cast<size_t>(c_ + 1));
+    double count = 0;
+    ctx_->readBack(s + c_, &count, sizeof(count));
+    DDPRUN_CHECK(count > 0, name(), ": empty batch");
+    launchChannelSquaredDeviation(x.data(), n, c_, hw, s, q, ctx_->stream());
+    allReduce(q, static_cast<size_t>(c_));
+    launchBnFinishStats(s, q, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
+                        rm_.value.data(), rv_.value.data(), ctx_->stream());
+    xhat_.ensure(x.shape(), ctx_->allocator());
+    launchBnNormalize(x.data(), saveMean_.data(), saveInvStd_.data(), w_.value.data(),
+                      b_.value.data(), xhat_.data(), y.data(), n, c_, hw, ctx_->stream());
+  }
+  void syncBackward(const Tensor& x, const Tensor& dy, Tensor* dx) {
+    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+    launchBnBackwardSums(dy.data(), xhat_.data(), n, c_, hw, s, ctx_->stream());
+    launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), ctx_->stream());
+    allReduce(s, static_cast<size_t>(2 * c_ + 1));
+    if (!dx) return;
+    dx->ensure(x.shape(), ctx_->allocator());
+    launchBnBackwardData(dy.data(), xhat_.data(), s, w_.value.data(), saveInvStd_.data(),
+                         dx->data(), n, c_, hw, ctx_->stream());
+  }
+
+  std::shared_ptr<Context> ctx_;
+  int64_t c_;
+  runtime::ProcessGroup* sync_;
+  Param w_, b_;
+  Buffer rm_, rv_, nbt_;
+  TensorDesc xDesc_, bnDesc_;
+  Tensor saveMean_, saveInvStd_, scratch_, xhat_;
+  DeviceArray<double> sums_, sqdev_;
+  bool trained_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> makeConv2d(std::shared_ptr<Context> ctx, std::string name,
+                                  const Conv2dSpec& spec) {
+  return std::make_unique<Conv2d>(std::move(ctx), std::move(name), spec);
+}
+std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string name,
+                                     const Pool2dSpec& spec) {
+  return std::make_unique<MaxPool2d>(std::move(ctx), std::move(name), spec);
+}
+std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string name,
+                                       int64_t channels, runtime::ProcessGroup* sync) {
+  return std::make_unique<BatchNorm2d>(std::move(ctx), std::move(name), channels, sync);
+}
+
+}  // namespace ddprun::train::cuda

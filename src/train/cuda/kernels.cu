@@ -1,0 +1,384 @@
+// The CUDA backend's own kernels; see kernels.h. Element math comes from
+// kernel_math.h (shared with the CPU tests); these files only map threads to
+// elements. Reductions run in a fixed order (per-thread strided partial sums,
+// then a fixed tree), so results are bitwise reproducible run to run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "../kernel_math.h"
+#include "ddprun/runtime/cuda_check.h"
+#include "kernels.h"
+
+namespace ddprun::train::cuda {
+
+namespace {
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements.
+int blocksFor(size_t n) {
+  return static_cast<int>(std::min<size_t>((n + kThreads - 1) / kThreads, 8192));
+}
+
+void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
+
+#define DDPRUN_GRID_LOOP(i, n)                                                    \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// Sum of `v` over the block (kThreads threads), valid in thread 0. Fixed tree.
+__device__ double blockSum(double v) {
+  __shared__ double s[kThreads];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double r = s[0];
+  __syncthreads();  // s may be reused by a second call
+  return r;
+}
+
+// ---------------------------------------------------------- element-wise
+__global__ void reluKernel(const float* x, float* y, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) y[i] = kmath::reluForward(x[i]);
+}
+__global__ void reluBackwardKernel(const float* y, const float* dy, float* dx, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) dx[i] = kmath::reluBackward(y[i], dy[i]);
+}
+__global__ void addKernel(const float* a, const float* b, float* out, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+}
+__global__ void addScalarKernel(float* p, float v) { *p += v; }
+__global__ void scaleCheckKernel(float* data, size_t n, float scale, int* nonFinite) {
+  bool ok = true;
+  DDPRUN_GRID_LOOP(i, n) ok &= kmath::scaleFinite(data[i], scale);
+  if (!ok) atomicExch(nonFinite, 1);  // any writer: the flag is all that matters
+}
+
+// ------------------------------------------------------------- optimizers
+__global__ void sgdKernel(float* w, const float* g, float* buf, size_t n, float lr,
+                          float momentum, float wd, bool first) {
+  DDPRUN_GRID_LOOP(i, n) {
+    float dummy = 0.0f;
+    kmath::sgdStep(w[i], g[i], buf ? buf[i] : dummy, lr, momentum, wd, first);
+  }
+}
+__global__ void adamKernel(float* w, const float* g, float* m, float* v, size_t n,
+                           kmath::AdamScalars s, float b1, float b2, float eps, float wd) {
+  DDPRUN_GRID_LOOP(i, n) kmath::adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
+}
+
+// ---------------------------------------------------------- cross-entropy
+__global__ void crossEntropyRowsKernel(const float* logits, const int32_t* labels, int64_t n,
+                                       int64_t k, float* dlogits, float gradScale,
+                                       double* rowLoss, int* rowHit) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float* z = logits + i * k;
+  const int32_t y = labels[i];
+  const kmath::CeRow r = kmath::crossEntropyRow(z, k);
+  rowLoss[i] = kmath::crossEntropyLoss(z, r, y);
+  rowHit[i] = r.arg == y;
+  if (dlogits) {
+    float* d = dlogits + i * k;
+    for (int64_t j = 0; j < k; ++j) d[j] = kmath::crossEntropyGrad(z[j], r.lse, j == y, n, gradScale);
+  }
+}
+__global__ void crossEntropyReduceKernel(const double* rowLoss, const int* rowHit, int64_t n,
+                                         CeResult* out) {
+  double loss = 0.0, hits = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    loss += rowLoss[i];
+    hits += rowHit[i];
+  }
+  loss = blockSum(loss);
+  hits = blockSum(hits);
+  if (threadIdx.x == 0) {
+    out->lossSum = loss;
+    out->correct = static_cast<long long>(hits);
+  }
+}
+
+__global__ void columnSumKernel(const float* dy, float* db, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  double s = 0.0;
+  for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
+  db[c] += static_cast<float>(s);
+}
+
+// ------------------------------------------------------- pooling, resize
+// One warp per plane.
+__global__ void globalAvgPoolKernel(const float* x, float* y, int64_t planes, int64_t hw) {
+  const int64_t p = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (p >= planes) return;  // whole warps leave together
+  const float* in = x + p * hw;
+  float s = 0.0f;
+  for (int64_t q = lane; q < hw; q += 32) s += in[q];
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+  if (lane == 0) y[p] = s / static_cast<float>(hw);
+}
+__global__ void globalAvgPoolBackwardKernel(const float* dy, float* dx, int64_t planes,
+                                            int64_t hw) {
+  const size_t n = static_cast<size_t>(planes * hw);
+  DDPRUN_GRID_LOOP(i, n) dx[i] = dy[i / hw] / static_cast<float>(hw);
+}
+__global__ void resizeKernel(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                             int64_t oh, int64_t ow) {
+  const size_t n = static_cast<size_t>(planes * oh * ow);
+  DDPRUN_GRID_LOOP(i, n) {
+    const int64_t ox = static_cast<int64_t>(i % ow);
+    const int64_t oy = static_cast<int64_t>((i / ow) % oh);
+    const int64_t p = static_cast<int64_t>(i / (ow * oh));
+    const kmath::Lerp r = kmath::bilinearIndex(oy, h, oh);
+    const kmath::Lerp c = kmath::bilinearIndex(ox, w, ow);
+    y[i] = kmath::bilinearAt(x + p * h * w, w, r, c);
+  }
+}
+
+// ------------------------------------------------------ sync batch norm
+// One block per channel; the (n, hw) elements of channel ch.
+__global__ void channelSumKernel(const float* x, int64_t n, int64_t c, int64_t hw, double* out) {
+  const int64_t ch = blockIdx.x;
+  double s = 0.0;
+  for (int64_t e = threadIdx.x; e < n * hw; e += blockDim.x)
+    s += x[((e / hw) * c + ch) * hw + e % hw];
+  s = blockSum(s);
+  if (threadIdx.x == 0) {
+    out[ch] = s;
+    if (ch == 0) out[c] = static_cast<double>(n * hw);
+  }
+}
+__global__ void channelSqDevKernel(const float* x, int64_t n, int64_t c, int64_t hw,
+                                   const double* sums, double* out) {
+  const int64_t ch = blockIdx.x;
+  const double mean = sums[ch] / sums[c];
+  double s = 0.0;
+  for (int64_t e = threadIdx.x; e < n * hw; e += blockDim.x) {
+    const double d = x[((e / hw) * c + ch) * hw + e % hw] - mean;
+    s += d * d;
+  }
+  s = blockSum(s);
+  if (threadIdx.x == 0) out[ch] = s;
+}
+__global__ void bnFinishStatsKernel(const double* sums, const double* sqdev, int64_t c,
+                                    double eps, double momentum, float* mean, float* invstd,
+                                    float* runningMean, float* runningVar) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= c) return;
+  const double count = sums[c];
+  const double mu = sums[ch] / count, var = sqdev[ch] / count;
+  mean[ch] = static_cast<float>(mu);
+  invstd[ch] = kmath::bnInvStd(var, eps);
+  if (runningMean)
+    kmath::bnRunningUpdate(runningMean[ch], runningVar[ch], mu, var, count, momentum);
+}
+__global__ void bnNormalizeKernel(const float* x, const float* mean, const float* invstd,
+                                  const float* gamma, const float* beta, float* xhat, float* y,
+                                  int64_t n, int64_t c, int64_t hw) {
+  const size_t total = static_cast<size_t>(n * c * hw);
+  DDPRUN_GRID_LOOP(i, total) {
+    const int64_t ch = static_cast<int64_t>(i / hw) % c;
+    const float xh = kmath::bnXhat(x[i], mean[ch], invstd[ch]);
+    xhat[i] = xh;
+    y[i] = kmath::bnOut(xh, gamma[ch], beta[ch]);
+  }
+}
+__global__ void bnBackwardSumsKernel(const float* dy, const float* xhat, int64_t n, int64_t c,
+                                     int64_t hw, double* out) {
+  const int64_t ch = blockIdx.x;
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t e = threadIdx.x; e < n * hw; e += blockDim.x) {
+    const int64_t idx = ((e / hw) * c + ch) * hw + e % hw;
+    const float g = dy[idx];
+    s1 += g;
+    s2 += static_cast<double>(g) * xhat[idx];
+  }
+  s1 = blockSum(s1);
+  s2 = blockSum(s2);
+  if (threadIdx.x == 0) {
+    out[ch] = s1;
+    out[c + ch] = s2;
+    if (ch == 0) out[2 * c] = static_cast<double>(n * hw);
+  }
+}
+__global__ void bnParamGradsKernel(const double* sums, int64_t c, float* dgamma, float* dbeta) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= c) return;
+  dgamma[ch] += static_cast<float>(sums[c + ch]);
+  dbeta[ch] += static_cast<float>(sums[ch]);
+}
+__global__ void bnBackwardDataKernel(const float* dy, const float* xhat, const double* sums,
+                                     const float* gamma, const float* invstd, float* dx, int64_t n,
+                                     int64_t c, int64_t hw) {
+  const size_t total = static_cast<size_t>(n * c * hw);
+  const double m = sums[2 * c];
+  DDPRUN_GRID_LOOP(i, total) {
+    const int64_t ch = static_cast<int64_t>(i / hw) % c;
+    const float k1 = static_cast<float>(sums[ch] / m), k2 = static_cast<float>(sums[c + ch] / m);
+    dx[i] = kmath::bnBackward(dy[i], xhat[i], gamma[ch] * invstd[ch], k1, k2);
+  }
+}
+
+// ------------------------------------------------------ gradient buckets
+__global__ void compressKernel(const float* src, void* dst16, size_t n, float scale, bool bf16) {
+  DDPRUN_GRID_LOOP(i, n) {
+    const float v = src[i] * scale;
+    if (bf16)
+      static_cast<__nv_bfloat16*>(dst16)[i] = __float2bfloat16_rn(v);
+    else
+      static_cast<__half*>(dst16)[i] = __float2half_rn(v);
+  }
+}
+__global__ void decompressKernel(const void* src16, float* dst, size_t n, bool bf16) {
+  DDPRUN_GRID_LOOP(i, n) {
+    dst[i] = bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(src16)[i])
+                  : __half2float(static_cast<const __half*>(src16)[i]);
+  }
+}
+
+int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+}  // namespace
+
+void launchRelu(const float* x, float* y, size_t n, cudaStream_t s) {
+  if (!n) return;
+  reluKernel<<<blocksFor(n), kThreads, 0, s>>>(x, y, n);
+  checkLaunch();
+}
+void launchReluBackward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t s) {
+  if (!n) return;
+  reluBackwardKernel<<<blocksFor(n), kThreads, 0, s>>>(y, dy, dx, n);
+  checkLaunch();
+}
+void launchAdd(const float* a, const float* b, float* out, size_t n, cudaStream_t s) {
+  if (!n) return;
+  addKernel<<<blocksFor(n), kThreads, 0, s>>>(a, b, out, n);
+  checkLaunch();
+}
+void launchAddScalar(float* p, float v, cudaStream_t s) {
+  addScalarKernel<<<1, 1, 0, s>>>(p, v);
+  checkLaunch();
+}
+void launchScaleCheckFinite(float* data, size_t n, float scale, int* nonFinite, cudaStream_t s) {
+  if (!n) return;
+  scaleCheckKernel<<<blocksFor(n), kThreads, 0, s>>>(data, n, scale, nonFinite);
+  checkLaunch();
+}
+void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
+               bool first, cudaStream_t s) {
+  if (!n) return;
+  sgdKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, buf, n, lr, momentum, wd, first);
+  checkLaunch();
+}
+void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars sc,
+                float b1, float b2, float eps, float wd, cudaStream_t s) {
+  if (!n) return;
+  adamKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, m, v, n, sc, b1, b2, eps, wd);
+  checkLaunch();
+}
+void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                        float* dlogits, float gradScale, double* rowLoss, int* rowHit,
+                        CeResult* out, cudaStream_t s) {
+  if (n > 0) {
+    crossEntropyRowsKernel<<<rowsBlocks(n), kThreads, 0, s>>>(logits, labels, n, k, dlogits,
+                                                              gradScale, rowLoss, rowHit);
+    checkLaunch();
+  }
+  crossEntropyReduceKernel<<<1, kThreads, 0, s>>>(rowLoss, rowHit, n, out);
+  checkLaunch();
+}
+void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
+                               cudaStream_t s) {
+  if (cols <= 0) return;
+  columnSumKernel<<<rowsBlocks(cols), kThreads, 0, s>>>(dy, db, rows, cols);
+  checkLaunch();
+}
+void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw, cudaStream_t s) {
+  if (planes <= 0) return;
+  const int warpsPerBlock = kThreads / 32;
+  globalAvgPoolKernel<<<static_cast<int>((planes + warpsPerBlock - 1) / warpsPerBlock), kThreads,
+                        0, s>>>(x, y, planes, hw);
+  checkLaunch();
+}
+void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int64_t hw,
+                                 cudaStream_t s) {
+  if (planes * hw <= 0) return;
+  globalAvgPoolBackwardKernel<<<blocksFor(static_cast<size_t>(planes * hw)), kThreads, 0, s>>>(
+      dy, dx, planes, hw);
+  checkLaunch();
+}
+void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                          int64_t oh, int64_t ow, cudaStream_t s) {
+  const size_t n = static_cast<size_t>(planes * oh * ow);
+  if (!n) return;
+  resizeKernel<<<blocksFor(n), kThreads, 0, s>>>(x, y, planes, h, w, oh, ow);
+  checkLaunch();
+}
+void launchChannelSum(const float* x, int64_t n, int64_t c, int64_t hw, double* out,
+                      cudaStream_t s) {
+  if (c <= 0) return;
+  channelSumKernel<<<static_cast<int>(c), kThreads, 0, s>>>(x, n, c, hw, out);
+  checkLaunch();
+}
+void launchChannelSquaredDeviation(const float* x, int64_t n, int64_t c, int64_t hw,
+                                   const double* sums, double* out, cudaStream_t s) {
+  if (c <= 0) return;
+  channelSqDevKernel<<<static_cast<int>(c), kThreads, 0, s>>>(x, n, c, hw, sums, out);
+  checkLaunch();
+}
+void launchBnFinishStats(const double* sums, const double* sqdev, int64_t c, double eps,
+                         double momentum, float* mean, float* invstd, float* runningMean,
+                         float* runningVar, cudaStream_t s) {
+  if (c <= 0) return;
+  bnFinishStatsKernel<<<rowsBlocks(c), kThreads, 0, s>>>(sums, sqdev, c, eps, momentum, mean,
+                                                         invstd, runningMean, runningVar);
+  checkLaunch();
+}
+void launchBnNormalize(const float* x, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, float* xhat, float* y, int64_t n,
+                       int64_t c, int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * c * hw);
+  if (!total) return;
+  bnNormalizeKernel<<<blocksFor(total), kThreads, 0, s>>>(x, mean, invstd, gamma, beta, xhat, y,
+                                                          n, c, hw);
+  checkLaunch();
+}
+void launchBnBackwardSums(const float* dy, const float* xhat, int64_t n, int64_t c, int64_t hw,
+                          double* out, cudaStream_t s) {
+  if (c <= 0) return;
+  bnBackwardSumsKernel<<<static_cast<int>(c), kThreads, 0, s>>>(dy, xhat, n, c, hw, out);
+  checkLaunch();
+}
+void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
+                        cudaStream_t s) {
+  if (c <= 0) return;
+  bnParamGradsKernel<<<rowsBlocks(c), kThreads, 0, s>>>(sums, c, dgamma, dbeta);
+  checkLaunch();
+}
+void launchBnBackwardData(const float* dy, const float* xhat, const double* sums,
+                          const float* gamma, const float* invstd, float* dx, int64_t n, int64_t c,
+                          int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * c * hw);
+  if (!total) return;
+  bnBackwardDataKernel<<<blocksFor(total), kThreads, 0, s>>>(dy, xhat, sums, gamma, invstd, dx, n,
+                                                             c, hw);
+  checkLaunch();
+}
+void launchCompress16(const float* src, void* dst16, size_t n, float scale, bool bf16,
+                      cudaStream_t s) {
+  if (!n) return;
+  compressKernel<<<blocksFor(n), kThreads, 0, s>>>(src, dst16, n, scale, bf16);
+  checkLaunch();
+}
+void launchDecompress16(const void* src16, float* dst, size_t n, bool bf16, cudaStream_t s) {
+  if (!n) return;
+  decompressKernel<<<blocksFor(n), kThreads, 0, s>>>(src16, dst, n, bf16);
+  checkLaunch();
+}
+
+}  // namespace ddprun::train::cuda

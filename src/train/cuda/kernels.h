@@ -1,0 +1,98 @@
+// The CUDA backend's own kernels (kernels.cu), for the work cuDNN and cuBLASLt
+// do not cover: the loss, the optimizer steps, small element-wise operations,
+// bilinear resizing, global average pooling, the sums of SyncBatchNorm and the
+// gradient buckets' 16-bit compression. Each launcher enqueues on `stream`
+// and returns at once; the element math is kernel_math.h's.
+//
+// Preconditions: pointers are device memory of the current device, sized as
+// the arguments say; n == 0 launches nothing. Launch errors throw CudaError.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../kernel_math.h"
+
+namespace ddprun::train::cuda {
+
+// ---------------------------------------------------------- element-wise
+void launchRelu(const float* x, float* y, size_t n, cudaStream_t stream);
+void launchReluBackward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t stream);
+void launchAdd(const float* a, const float* b, float* out, size_t n, cudaStream_t stream);
+// *p += v (one element: num_batches_tracked).
+void launchAddScalar(float* p, float v, cudaStream_t stream);
+// data *= scale; *nonFinite becomes nonzero when a result is not finite
+// (the caller zeroes it first).
+void launchScaleCheckFinite(float* data, size_t n, float scale, int* nonFinite,
+                            cudaStream_t stream);
+
+// ------------------------------------------------------------- optimizers
+void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
+               bool first, cudaStream_t stream);
+void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars s,
+                float b1, float b2, float eps, float wd, cudaStream_t stream);
+
+// ---------------------------------------------------------- cross-entropy
+struct CeResult {
+  double lossSum = 0.0;
+  long long correct = 0;
+};
+// Per row: loss into rowLoss[i], arg-max hit into rowHit[i], and (dlogits
+// non-null) the gradient row. Then one block sums the rows in a fixed order
+// into *out (deterministic). labels are device int32 in [0, k).
+void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                        float* dlogits, float gradScale, double* rowLoss, int* rowHit,
+                        CeResult* out, cudaStream_t stream);
+
+// db[c] += sum_r dy[r * cols + c], summed in double (the linear layer's bias
+// gradient; rows in order, so deterministic).
+void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
+                               cudaStream_t stream);
+
+// ------------------------------------------------------- pooling, resize
+// y[p] = mean of plane p (hw elements) for `planes` planes.
+void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw,
+                         cudaStream_t stream);
+// dx[p * hw + q] = dy[p] / hw.
+void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int64_t hw,
+                                 cudaStream_t stream);
+// F.interpolate bilinear, align_corners=False, plane by plane.
+void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                          int64_t oh, int64_t ow, cudaStream_t stream);
+
+// ------------------------------------------------------ sync batch norm
+// NCHW x with n, c, hw. out[ch] = sum over (n, hw) of x; out[c] = n * hw.
+void launchChannelSum(const float* x, int64_t n, int64_t c, int64_t hw, double* out,
+                      cudaStream_t stream);
+// out[ch] = sum (x - mean)^2 with mean = sums[ch] / sums[c] (the global sums).
+void launchChannelSquaredDeviation(const float* x, int64_t n, int64_t c, int64_t hw,
+                                   const double* sums, double* out, cudaStream_t stream);
+// From global sums (count at sums[c]) and squared deviations: mean and invstd
+// (float) per channel; training: the running statistics update (momentum).
+void launchBnFinishStats(const double* sums, const double* sqdev, int64_t c, double eps,
+                         double momentum, float* mean, float* invstd, float* runningMean,
+                         float* runningVar, cudaStream_t stream);
+// xhat = (x - mean) * invstd; y = xhat * gamma + beta.
+void launchBnNormalize(const float* x, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, float* xhat, float* y, int64_t n,
+                       int64_t c, int64_t hw, cudaStream_t stream);
+// out[ch] = sum dy, out[c + ch] = sum dy * xhat, out[2c] = n * hw.
+void launchBnBackwardSums(const float* dy, const float* xhat, int64_t n, int64_t c, int64_t hw,
+                          double* out, cudaStream_t stream);
+// dgamma[ch] += sums[c + ch]; dbeta[ch] += sums[ch] (the local sums).
+void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
+                        cudaStream_t stream);
+// dx from the global sums (count at sums[2c]).
+void launchBnBackwardData(const float* dy, const float* xhat, const double* sums,
+                          const float* gamma, const float* invstd, float* dx, int64_t n, int64_t c,
+                          int64_t hw, cudaStream_t stream);
+
+// ------------------------------------------------------ gradient buckets
+// dst16[i] = to16(src[i] * scale) (round to nearest even); bf16 or fp16.
+void launchCompress16(const float* src, void* dst16, size_t n, float scale, bool bf16,
+                      cudaStream_t stream);
+void launchDecompress16(const void* src16, float* dst, size_t n, bool bf16, cudaStream_t stream);
+
+}  // namespace ddprun::train::cuda

@@ -1,0 +1,157 @@
+// The element-wise mathematics of the trainer's own kernels, written once for
+// the CPU and the GPU: every function is `__host__ __device__` under nvcc
+// (DDPRUN_HD is empty for the host compiler), so the CUDA kernels in
+// src/train/cuda/kernels.cu call exactly what tests/unit/train/kernel_math_test.cc
+// checks on the CPU against the CPU backend.
+//
+// The formulas follow the CPU backend (cpu_backend.cc) operation for
+// operation, including which intermediate values are float and which double,
+// so the two backends agree to rounding (nvcc may still contract a*b+c into
+// one FMA where the host compiler does not).
+//
+// Thread-safety: pure functions. Preconditions are stated per function.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define DDPRUN_HD __host__ __device__
+#else
+#define DDPRUN_HD
+#endif
+
+namespace ddprun::train::kmath {
+
+// ------------------------------------------------------------- optimizers
+// torch.optim.SGD (dampening 0, no Nesterov) on one element:
+// g' = g + wd*w; buf = g' on the first step, else momentum*buf + g'; w -= lr*buf.
+DDPRUN_HD inline void sgdStep(float& w, float g, float& buf, float lr, float momentum, float wd,
+                              bool first) {
+  float d = wd != 0.0f ? g + wd * w : g;
+  if (momentum != 0.0f) {
+    buf = first ? d : momentum * buf + d;
+    d = buf;
+  }
+  w -= lr * d;
+}
+
+// The per-step scalars of torch.optim.Adam, computed once on the host:
+// stepSize = lr / (1 - b1^t), bc2Sqrt = sqrt(1 - b2^t) (in double, rounded).
+struct AdamScalars {
+  float stepSize = 0.0f;
+  float bc2Sqrt = 1.0f;
+};
+inline AdamScalars adamScalars(float lr, float b1, float b2, int64_t step) {
+  const double bc1 = 1.0 - pow(static_cast<double>(b1), static_cast<double>(step));
+  const double bc2 = 1.0 - pow(static_cast<double>(b2), static_cast<double>(step));
+  return {static_cast<float>(lr / bc1), static_cast<float>(sqrt(bc2))};
+}
+
+// torch.optim.Adam (no amsgrad) on one element: m = b1 m + (1-b1) g';
+// v = b2 v + (1-b2) g'^2; w -= stepSize * m / (sqrt(v)/bc2Sqrt + eps).
+DDPRUN_HD inline void adamStep(float& w, float g, float& m, float& v, AdamScalars s, float b1,
+                               float b2, float eps, float wd) {
+  const float d = wd != 0.0f ? g + wd * w : g;
+  m = m * b1 + (1.0f - b1) * d;
+  v = v * b2 + (1.0f - b2) * d * d;
+  const float denom = sqrtf(v) / s.bc2Sqrt + eps;
+  w -= s.stepSize * (m / denom);
+}
+
+// ---------------------------------------------------------- cross-entropy
+// One row of logits z[0..k) (k >= 1): the arg max (first maximum, as the CPU
+// backend and torch.argmax) and log-sum-exp in double, shifted by the max.
+struct CeRow {
+  int64_t arg = 0;
+  double lse = 0.0;
+};
+DDPRUN_HD inline CeRow crossEntropyRow(const float* z, int64_t k) {
+  int64_t arg = 0;
+  for (int64_t j = 1; j < k; ++j)
+    if (z[j] > z[arg]) arg = j;
+  const float mx = z[arg];
+  double se = 0.0;
+  for (int64_t j = 0; j < k; ++j) se += exp(static_cast<double>(z[j] - mx));
+  return {arg, mx + log(se)};
+}
+// The row's loss: lse - z[label].
+DDPRUN_HD inline double crossEntropyLoss(const float* z, CeRow r, int32_t label) {
+  return r.lse - z[label];
+}
+// dL/dz_j of the batch mean over n rows, times the loss scale:
+// (softmax_j - [j == label]) / n * gradScale.
+DDPRUN_HD inline float crossEntropyGrad(float zj, double lse, bool isLabel, int64_t n,
+                                        float gradScale) {
+  return static_cast<float>((exp(zj - lse) - (isLabel ? 1.0 : 0.0)) / static_cast<double>(n)) *
+         gradScale;
+}
+
+// ------------------------------------------------------------- element-wise
+DDPRUN_HD inline float reluForward(float x) { return x > 0.0f ? x : 0.0f; }
+// From the layer's output (as the CPU backend): the gradient passes where y > 0.
+DDPRUN_HD inline float reluBackward(float y, float g) { return y > 0.0f ? g : 0.0f; }
+
+// Finite: neither infinite nor NaN (NaN fails every comparison).
+DDPRUN_HD inline bool isFiniteF(float x) { return fabsf(x) <= 3.40282347e+38f; }
+// x *= scale; true when the result is finite (the loss scaler's check).
+DDPRUN_HD inline bool scaleFinite(float& x, float scale) {
+  x *= scale;
+  return isFiniteF(x);
+}
+
+// -------------------------------------------------------- bilinear resize
+// F.interpolate(mode="bilinear", align_corners=False) along one axis: output
+// index `dst` of `outSize` reads input rows i0 and i1 of `inSize` with weights
+// l0 and l1 (PyTorch's area_pixel_compute_source_index: scale in/out in
+// float, source = scale * (dst + 0.5) - 0.5 clamped at 0). inSize, outSize >= 1.
+struct Lerp {
+  int64_t i0 = 0, i1 = 0;
+  float l0 = 1.0f, l1 = 0.0f;
+};
+DDPRUN_HD inline Lerp bilinearIndex(int64_t dst, int64_t inSize, int64_t outSize) {
+  const float scale = static_cast<float>(inSize) / static_cast<float>(outSize);
+  float src = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
+  if (src < 0.0f) src = 0.0f;
+  Lerp r;
+  r.i0 = static_cast<int64_t>(src);
+  if (r.i0 > inSize - 1) r.i0 = inSize - 1;
+  r.i1 = r.i0 + (r.i0 < inSize - 1 ? 1 : 0);
+  float l1 = src - static_cast<float>(r.i0);
+  l1 = l1 < 0.0f ? 0.0f : (l1 > 1.0f ? 1.0f : l1);
+  r.l1 = l1;
+  r.l0 = 1.0f - l1;
+  return r;
+}
+// One output element from an input plane of width w.
+DDPRUN_HD inline float bilinearAt(const float* plane, int64_t w, Lerp row, Lerp col) {
+  const float* r0 = plane + row.i0 * w;
+  const float* r1 = plane + row.i1 * w;
+  return row.l0 * (col.l0 * r0[col.i0] + col.l1 * r0[col.i1]) +
+         row.l1 * (col.l0 * r1[col.i0] + col.l1 * r1[col.i1]);
+}
+
+// -------------------------------------------------------------- batch norm
+// Training-mode statistics from the (global) sums: mean = s/count, biased
+// var = q/count; invstd = 1/sqrt(var + eps) rounded to float.
+DDPRUN_HD inline float bnInvStd(double var, double eps) {
+  return static_cast<float>(1.0 / sqrt(var + eps));
+}
+// PyTorch's running statistics: momentum-weighted, the variance unbiased by
+// count/(count-1) (count > 1; 1 keeps it biased).
+DDPRUN_HD inline void bnRunningUpdate(float& rm, float& rv, double mean, double var, double count,
+                                      double momentum) {
+  const double unbias = count > 1 ? count / (count - 1) : 1.0;
+  rm = static_cast<float>((1 - momentum) * rm + momentum * mean);
+  rv = static_cast<float>((1 - momentum) * rv + momentum * var * unbias);
+}
+// xhat = (x - mean) * invstd; y = xhat * gamma + beta.
+DDPRUN_HD inline float bnXhat(float x, float mean, float invstd) { return (x - mean) * invstd; }
+DDPRUN_HD inline float bnOut(float xhat, float gamma, float beta) { return xhat * gamma + beta; }
+// dx = gamma*invstd * (dy - S1/M - xhat * S2/M) with k1 = S1/M, k2 = S2/M and
+// scale = gamma*invstd (S1 = sum dy, S2 = sum dy*xhat over the global batch).
+DDPRUN_HD inline float bnBackward(float dy, float xhat, float scale, float k1, float k2) {
+  return scale * (dy - k1 - xhat * k2);
+}
+
+}  // namespace ddprun::train::kmath

@@ -1,0 +1,788 @@
+// The CUDA backend of `train`, layer by layer against the CPU backend on the
+// same random inputs and parameters (forward outputs, dL/dx, accumulated
+// parameter gradients, batch norm buffers), plus the loss, the optimizers,
+// the element-wise operations, the gradient memory and the error messages.
+//
+// Where the CPU backend lacks a layer configuration (it says "CPU backend" in
+// an InvalidArgument: strided or bias-free convolution, padded pooling, global
+// average pooling, bilinear resize while those are being written), the layer
+// is checked against a naive double-precision reference in this file instead,
+// and the test says so on its output.
+//
+// Without a GPU every test skips (GTEST_SKIP); ctest reports them as skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/caching_allocator.h"
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/cuda.h"
+#include "ddprun/runtime/cuda_check.h"
+#include "ddprun/runtime/reducer.h"
+#include "ddprun/train/layers.h"
+#include "kernel_math.h"
+#include "rank_threads.h"
+
+namespace ddprun::train {
+namespace {
+
+#define DDPRUN_REQUIRE_GPU()                                                           \
+  do {                                                                                 \
+    if (runtime::cudaDeviceCount() == 0)                                               \
+      GTEST_SKIP() << "no CUDA GPU on this machine: CUDA backend test skipped (the "   \
+                      "code compiled and linked)";                                     \
+  } while (0)
+
+std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+Tensor hostTensor(const Shape& s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t(s);
+  const auto v = randomVector(static_cast<size_t>(t.numel()), seed, lo, hi);
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
+}
+
+Tensor copyOf(const Tensor& t) {
+  Tensor c(t.shape());
+  std::copy(t.data(), t.data() + t.numel(), c.data());
+  return c;
+}
+
+std::vector<float> hostValues(const Tensor& t) {
+  return std::vector<float>(t.data(), t.data() + t.numel());
+}
+
+// |got - want| <= rtol * (|want| + 0.1 * max|want|): relative, with a floor
+// at a tenth of the tensor's scale (sums of many terms near zero).
+void expectClose(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = rtol * (std::fabs(want[i]) + 0.1 * scale) + 1e-30;
+    worst = std::max(worst, err / (std::fabs(want[i]) + 0.1 * scale + 1e-30));
+    if (!(err <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements off; worst relative error " << worst;
+}
+
+bool cpuLacks(const InvalidArgument& e) {
+  return std::string(e.what()).find("CPU backend") != std::string::npos;
+}
+
+// ---------------------------------------------------------------- references
+// Naive double-precision layers for configurations the CPU backend lacks.
+class RefConv2d final : public Layer {
+ public:
+  explicit RefConv2d(const Conv2dSpec& s) : Layer("ref"), s_(s) {
+    w_ = {"w", Tensor({s.outC, s.inC, s.kernel, s.kernel}), Tensor({s.outC, s.inC, s.kernel, s.kernel})};
+    b_ = {"b", Tensor({s.outC}), Tensor({s.outC})};
+  }
+  Shape outputShape(const Shape& x) const override {
+    return {x[0], s_.outC, (x[2] + 2 * s_.pad - s_.kernel) / s_.stride + 1,
+            (x[3] + 2 * s_.pad - s_.kernel) / s_.stride + 1};
+  }
+  // Calls f(n, o, i, j, c, a, b, xIndex) for every in-bounds tap.
+  template <typename F>
+  void taps(const Shape& x, const Shape& y, F f) const {
+    for (int64_t n = 0; n < y[0]; ++n)
+      for (int64_t o = 0; o < y[1]; ++o)
+        for (int64_t i = 0; i < y[2]; ++i)
+          for (int64_t j = 0; j < y[3]; ++j)
+            for (int64_t c = 0; c < x[1]; ++c)
+              for (int a = 0; a < s_.kernel; ++a)
+                for (int b = 0; b < s_.kernel; ++b) {
+                  const int64_t ii = i * s_.stride - s_.pad + a, jj = j * s_.stride - s_.pad + b;
+                  if (ii < 0 || jj < 0 || ii >= x[2] || jj >= x[3]) continue;
+                  f(n, o, i, j, c, a, b, ((n * x[1] + c) * x[2] + ii) * x[3] + jj);
+                }
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(outputShape(x.shape()));
+    const Shape& ys = y.shape();
+    std::vector<double> acc(static_cast<size_t>(y.numel()), 0.0);
+    taps(x.shape(), ys, [&](int64_t n, int64_t o, int64_t i, int64_t j, int64_t c, int a, int b,
+                            int64_t xi) {
+      acc[((n * ys[1] + o) * ys[2] + i) * ys[3] + j] +=
+          static_cast<double>(w_.value.data()[((o * s_.inC + c) * s_.kernel + a) * s_.kernel + b]) *
+          x.data()[xi];
+    });
+    for (int64_t e = 0; e < y.numel(); ++e)
+      y.data()[e] = static_cast<float>(acc[e] + (s_.bias ? b_.value.data()[(e / (ys[2] * ys[3])) % ys[1]] : 0.0f));
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    const Shape& ys = y.shape();
+    std::vector<double> dw(static_cast<size_t>(w_.value.numel()), 0.0), dxs(static_cast<size_t>(x.numel()), 0.0);
+    taps(x.shape(), ys, [&](int64_t n, int64_t o, int64_t i, int64_t j, int64_t c, int a, int b,
+                            int64_t xi) {
+      const double g = dy.data()[((n * ys[1] + o) * ys[2] + i) * ys[3] + j];
+      const int64_t wi = ((o * s_.inC + c) * s_.kernel + a) * s_.kernel + b;
+      dw[wi] += g * x.data()[xi];
+      dxs[xi] += g * w_.value.data()[wi];
+    });
+    for (size_t k = 0; k < dw.size(); ++k) w_.grad.data()[k] += static_cast<float>(dw[k]);
+    if (s_.bias) {
+      std::vector<double> db(static_cast<size_t>(s_.outC), 0.0);
+      for (int64_t e = 0; e < dy.numel(); ++e) db[(e / (ys[2] * ys[3])) % ys[1]] += dy.data()[e];
+      for (int64_t o = 0; o < s_.outC; ++o) b_.grad.data()[o] += static_cast<float>(db[o]);
+    }
+    if (dx) {
+      dx->ensure(x.shape());
+      for (size_t k = 0; k < dxs.size(); ++k) dx->data()[k] = static_cast<float>(dxs[k]);
+    }
+  }
+  std::vector<Param*> params() override {
+    if (s_.bias) return {&w_, &b_};
+    return {&w_};
+  }
+
+ private:
+  Conv2dSpec s_;
+  Param w_, b_;
+};
+
+// Max pooling with -inf padding; the first maximum in scan order wins.
+class RefMaxPool final : public Layer {
+ public:
+  explicit RefMaxPool(const Pool2dSpec& s)
+      : Layer("ref"), k_(s.kernel), st_(s.stride ? s.stride : s.kernel), p_(s.pad) {}
+  Shape outputShape(const Shape& x) const override {
+    return {x[0], x[1], (x[2] + 2 * p_ - k_) / st_ + 1, (x[3] + 2 * p_ - k_) / st_ + 1};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(outputShape(x.shape()));
+    arg_.assign(static_cast<size_t>(y.numel()), -1);
+    const int64_t h = x.dim(2), w = x.dim(3), oh = y.dim(2), ow = y.dim(3);
+    for (int64_t pl = 0; pl < y.dim(0) * y.dim(1); ++pl)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          int64_t best = -1;
+          for (int a = 0; a < k_; ++a)
+            for (int b = 0; b < k_; ++b) {
+              const int64_t ii = i * st_ - p_ + a, jj = j * st_ - p_ + b;
+              if (ii < 0 || jj < 0 || ii >= h || jj >= w) continue;
+              const int64_t idx = (pl * h + ii) * w + jj;
+              if (best < 0 || x.data()[idx] > x.data()[best]) best = idx;
+            }
+          arg_[(pl * oh + i) * ow + j] = best;
+          y.data()[(pl * oh + i) * ow + j] = x.data()[best];
+        }
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    dx->ensure(x.shape());
+    std::fill(dx->data(), dx->data() + dx->numel(), 0.0f);
+    for (int64_t e = 0; e < y.numel(); ++e) dx->data()[arg_[e]] += dy.data()[e];
+  }
+
+ private:
+  int k_, st_, p_;
+  std::vector<int64_t> arg_;
+};
+
+class RefAvgPool final : public Layer {
+ public:
+  RefAvgPool() : Layer("ref") {}
+  Shape outputShape(const Shape& x) const override { return {x[0], x[1]}; }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(outputShape(x.shape()));
+    const int64_t hw = x.dim(2) * x.dim(3);
+    for (int64_t p = 0; p < y.numel(); ++p) {
+      double s = 0;
+      for (int64_t q = 0; q < hw; ++q) s += x.data()[p * hw + q];
+      y.data()[p] = static_cast<float>(s / hw);
+    }
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    dx->ensure(x.shape());
+    const int64_t hw = x.dim(2) * x.dim(3);
+    for (int64_t e = 0; e < x.numel(); ++e) dx->data()[e] = dy.data()[e / hw] / static_cast<float>(hw);
+  }
+};
+
+// ------------------------------------------------------------------ fixture
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DDPRUN_REQUIRE_GPU();
+    cpu_ = makeCpuBackend(1);
+    gpu_ = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+  }
+
+  Tensor toGpu(const Tensor& host, Backend* be = nullptr) {
+    Backend& b = be ? *be : *gpu_;
+    Tensor t(host.shape(), b.allocator());
+    b.upload(host.data(), t.data(), static_cast<size_t>(host.numel()));
+    return t;
+  }
+  std::vector<float> fromGpu(const Tensor& t, Backend* be = nullptr) {
+    Backend& b = be ? *be : *gpu_;
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    b.download(t.data(), v.data(), v.size());
+    return v;
+  }
+
+  // The reference for a layer: the CPU backend's, or `ref` where the CPU
+  // backend lacks the configuration.
+  std::unique_ptr<Layer> reference(const std::function<std::unique_ptr<Layer>()>& cpu,
+                                   const std::function<std::unique_ptr<Layer>()>& ref) {
+    try {
+      return cpu();
+    } catch (const InvalidArgument& e) {
+      if (!cpuLacks(e)) throw;
+      std::cout << "[ note     ] the CPU backend lacks this layer (" << e.message()
+                << "): checked against the test's naive reference\n";
+      return ref();
+    }
+  }
+
+  // Same random parameters and initial gradients (so accumulation shows) in
+  // both layers; forward and backward on the same input; everything compared.
+  void checkLayer(Layer& ref, Layer& gpu, const Shape& in, bool training, double rtol,
+                  uint64_t seed = 1) {
+    auto rp = ref.params();
+    auto gp = gpu.params();
+    ASSERT_EQ(rp.size(), gp.size());
+    for (size_t i = 0; i < rp.size(); ++i) {
+      ASSERT_EQ(rp[i]->value.shape(), gp[i]->value.shape()) << gp[i]->name;
+      Tensor v = hostTensor(rp[i]->value.shape(), seed * 100 + i, -0.5f, 0.5f);
+      if (gp[i]->name.find("bn") != std::string::npos && gp[i]->name.ends_with(".weight"))
+        v = hostTensor(rp[i]->value.shape(), seed * 100 + i, 0.5f, 1.5f);
+      Tensor g = hostTensor(rp[i]->value.shape(), seed * 100 + 50 + i, -0.1f, 0.1f);
+      std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
+      std::copy(g.data(), g.data() + g.numel(), rp[i]->grad.data());
+      gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
+      gpu_->upload(g.data(), gp[i]->grad.data(), static_cast<size_t>(g.numel()));
+    }
+    const Tensor x = hostTensor(in, seed, -2.0f, 2.0f);
+    const Tensor xg = toGpu(x);
+    Tensor yr, yg;
+    try {
+      ref.forward(x, yr, training);
+    } catch (const InvalidArgument& e) {
+      if (cpuLacks(e)) GTEST_SKIP() << "the CPU backend lacks this layer: " << e.message();
+      throw;
+    }
+    gpu.forward(xg, yg, training);
+    ASSERT_EQ(yr.shape(), yg.shape());
+    expectClose(fromGpu(yg), hostValues(yr), rtol, gpu.name() + " forward");
+    if (!training) return;
+    const Tensor dy = hostTensor(yr.shape(), seed + 7);
+    const Tensor dyg = toGpu(dy);
+    Tensor dxr, dxg;
+    ref.backward(x, yr, dy, &dxr);
+    gpu.backward(xg, yg, dyg, &dxg);
+    ASSERT_EQ(dxr.shape(), dxg.shape());
+    expectClose(fromGpu(dxg), hostValues(dxr), rtol, gpu.name() + " dx");
+    for (size_t i = 0; i < rp.size(); ++i)
+      expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), rtol, gp[i]->name + " grad");
+    auto rb = ref.buffers();
+    auto gb = gpu.buffers();
+    ASSERT_EQ(rb.size(), gb.size());
+    for (size_t i = 0; i < rb.size(); ++i)
+      expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), rtol, gb[i]->name);
+  }
+
+  // Against the CPU backend where it has the configuration, and always
+  // against the float64 reference as well.
+  void checkConv(const Conv2dSpec& s, const Shape& in, double rtol = 1e-4) {
+    auto ref = reference([&] { return cpu_->conv2d("conv", s); },
+                         [&] { return std::make_unique<RefConv2d>(s); });
+    auto gpu = gpu_->conv2d("conv", s);
+    checkLayer(*ref, *gpu, in, true, rtol);
+    RefConv2d exact(s);
+    auto gpu2 = gpu_->conv2d("conv", s);
+    checkLayer(exact, *gpu2, in, true, rtol, 2);
+  }
+  void checkPool(const Pool2dSpec& s, const Shape& in) {
+    auto ref = reference([&] { return cpu_->maxPool2d("pool", s); },
+                         [&] { return std::make_unique<RefMaxPool>(s); });
+    auto gpu = gpu_->maxPool2d("pool", s);
+    checkLayer(*ref, *gpu, in, true, 1e-6);
+  }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+// ------------------------------------------------------------- convolution
+TEST_F(CudaBackendTest, ConvStride1Pad1Bias) { checkConv({3, 8, 3, 1, 1, true}, {2, 3, 10, 9}); }
+TEST_F(CudaBackendTest, ConvLeNet5x5Pad2) { checkConv({1, 6, 5, 1, 2, true}, {3, 1, 28, 28}); }
+TEST_F(CudaBackendTest, ConvStride2Pad1NoBias) { checkConv({4, 8, 3, 2, 1, false}, {2, 4, 11, 12}); }
+TEST_F(CudaBackendTest, ConvStride2Kernel1NoBias) { checkConv({8, 16, 1, 2, 0, false}, {2, 8, 8, 8}); }
+TEST_F(CudaBackendTest, ConvResNetStem7x7) { checkConv({3, 8, 7, 2, 3, false}, {2, 3, 20, 20}); }
+TEST_F(CudaBackendTest, ConvStride2Pad1Bias) { checkConv({3, 5, 3, 2, 1, true}, {2, 3, 9, 9}); }
+
+TEST_F(CudaBackendTest, ConvTf32IsCloseAndDeterministic) {
+  auto tf32 = makeCudaBackend({.device = 0, .precision = Precision::kTf32});
+  EXPECT_NE(tf32->describe().find("tf32"), std::string::npos) << tf32->describe();
+  const Conv2dSpec s{16, 16, 3, 1, 1, true};
+  auto ref = cpu_->conv2d("conv", s);
+  std::swap(gpu_, tf32);  // checkLayer uploads through gpu_
+  auto gpu = gpu_->conv2d("conv", s);
+  checkLayer(*ref, *gpu, {4, 16, 12, 12}, true, 1e-2);
+  // Same inputs again: bitwise the same gradients (deterministic algorithms).
+  auto w1 = fromGpu(gpu->params()[0]->grad);
+  auto again = gpu_->conv2d("conv", s);
+  auto again2 = cpu_->conv2d("conv", s);
+  checkLayer(*again2, *again, {4, 16, 12, 12}, true, 1e-2);
+  EXPECT_EQ(w1, fromGpu(again->params()[0]->grad));
+  std::swap(gpu_, tf32);
+}
+
+// ----------------------------------------------------------------- pooling
+TEST_F(CudaBackendTest, MaxPool2x2) { checkPool({2, 2, 0}, {2, 3, 8, 10}); }
+TEST_F(CudaBackendTest, MaxPool2x2OddInput) { checkPool({2, 0, 0}, {2, 3, 9, 7}); }
+TEST_F(CudaBackendTest, MaxPool3x3Stride2Pad1) { checkPool({3, 2, 1}, {2, 4, 11, 12}); }
+
+TEST_F(CudaBackendTest, GlobalAvgPool) {
+  auto ref = reference([&] { return cpu_->globalAvgPool("gap"); },
+                       [&] { return std::make_unique<RefAvgPool>(); });
+  auto gpu = gpu_->globalAvgPool("gap");
+  checkLayer(*ref, *gpu, {3, 5, 7, 7}, true, 1e-5);
+  checkLayer(*ref, *gpu, {2, 3, 33, 2}, true, 1e-5, 2);
+}
+
+// ---------------------------------------------------------- element layers
+TEST_F(CudaBackendTest, Relu) {
+  auto ref = cpu_->relu("relu");
+  auto gpu = gpu_->relu("relu");
+  checkLayer(*ref, *gpu, {4, 3, 5, 6}, true, 0.0);
+}
+
+TEST_F(CudaBackendTest, FlattenIsAView) {
+  auto gpu = gpu_->flatten("flat");
+  const Tensor xg = toGpu(hostTensor({2, 3, 4, 5}, 1));
+  Tensor y, dx;
+  gpu->forward(xg, y, true);
+  EXPECT_EQ(y.shape(), (Shape{2, 60}));
+  EXPECT_EQ(y.data(), xg.data());
+  gpu->backward(xg, y, y, &dx);
+  EXPECT_EQ(dx.shape(), xg.shape());
+}
+
+TEST_F(CudaBackendTest, Linear) {
+  auto ref = cpu_->linear("fc", 33, 17);
+  auto gpu = gpu_->linear("fc", 33, 17);
+  checkLayer(*ref, *gpu, {5, 33}, true, 1e-4);
+  checkLayer(*ref, *gpu, {64, 33}, true, 1e-4, 3);  // another batch size: another plan
+}
+
+TEST_F(CudaBackendTest, LinearTf32) {
+  auto tf32 = makeCudaBackend({.device = 0, .precision = Precision::kTf32});
+  std::swap(gpu_, tf32);
+  auto ref = cpu_->linear("fc", 256, 64);
+  auto gpu = gpu_->linear("fc", 256, 64);
+  checkLayer(*ref, *gpu, {32, 256}, true, 1e-2);
+  std::swap(gpu_, tf32);
+}
+
+// -------------------------------------------------------------- batch norm
+TEST_F(CudaBackendTest, BatchNormTrainThenEval) {
+  auto ref = cpu_->batchNorm2d("bn", 6, nullptr);
+  auto gpu = gpu_->batchNorm2d("bn", 6, nullptr);
+  checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4);
+  checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4, 2);  // running stats over two steps
+  checkLayer(*ref, *gpu, {3, 6, 5, 7}, false, 1e-4, 3);  // eval: running statistics
+  EXPECT_EQ(fromGpu(gpu->buffers()[2]->value), std::vector<float>{2.0f});
+}
+
+// SyncBatchNorm over a group of one: the own-kernel path against the CPU.
+TEST_F(CudaBackendTest, SyncBatchNormOneRank) {
+  testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
+    auto ref = cpu_->batchNorm2d("bn", 5, nullptr);
+    auto gpu = gpu_->batchNorm2d("bn", 5, &pg);
+    checkLayer(*ref, *gpu, {4, 5, 6, 3}, true, 1e-4);
+    checkLayer(*ref, *gpu, {4, 5, 6, 3}, true, 1e-4, 2);
+    checkLayer(*ref, *gpu, {2, 5, 6, 3}, false, 1e-4, 3);
+  });
+}
+
+// Two ranks sharing the GPU (staged transport), half the batch each: the
+// same outputs, dx and running statistics as one batch norm over the whole
+// batch; the ranks' local dgamma/dbeta add up to the whole batch's.
+TEST_F(CudaBackendTest, SyncBatchNormTwoRanksEqualsWholeBatch) {
+  const int64_t c = 4;
+  const Shape whole{6, c, 5, 5}, half{3, c, 5, 5};
+  const Tensor x = hostTensor(whole, 21, -1.0f, 3.0f), dy = hostTensor(whole, 22);
+  auto ref = cpu_->batchNorm2d("bn", c, nullptr);
+  Tensor y, dx;
+  ref->forward(x, y, true);
+  ref->backward(x, y, dy, &dx);
+  const int64_t halfN = numelOf(half);
+  std::vector<std::vector<float>> ys(2), dxs(2), dgs(2), dbs(2), rms(2), rvs(2);
+  setenv("DDPRUN_CUDA_TRANSPORT", "staged", 1);
+  testing::runRanks(2, [&](runtime::ProcessGroup& pg) {
+    const int r = pg.rank();
+    auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+    auto bn = be->batchNorm2d("bn", c, &pg);
+    Tensor xg(half, be->allocator()), dyg(half, be->allocator()), yg, dxg;
+    be->upload(x.data() + r * halfN, xg.data(), static_cast<size_t>(halfN));
+    be->upload(dy.data() + r * halfN, dyg.data(), static_cast<size_t>(halfN));
+    bn->forward(xg, yg, true);
+    bn->backward(xg, yg, dyg, &dxg);
+    ys[r] = fromGpu(yg, be.get());
+    dxs[r] = fromGpu(dxg, be.get());
+    dgs[r] = fromGpu(bn->params()[0]->grad, be.get());
+    dbs[r] = fromGpu(bn->params()[1]->grad, be.get());
+    rms[r] = fromGpu(bn->buffers()[0]->value, be.get());
+    rvs[r] = fromGpu(bn->buffers()[1]->value, be.get());
+  });
+  unsetenv("DDPRUN_CUDA_TRANSPORT");
+  const auto yw = hostValues(y), dxw = hostValues(dx);
+  for (int r = 0; r < 2; ++r) {
+    expectClose(ys[r], std::vector<float>(yw.begin() + r * halfN, yw.begin() + (r + 1) * halfN),
+                1e-4, "rank " + std::to_string(r) + " y");
+    expectClose(dxs[r], std::vector<float>(dxw.begin() + r * halfN, dxw.begin() + (r + 1) * halfN),
+                1e-4, "rank " + std::to_string(r) + " dx");
+    expectClose(rms[r], hostValues(ref->buffers()[0]->value), 1e-5, "running_mean");
+    expectClose(rvs[r], hostValues(ref->buffers()[1]->value), 1e-5, "running_var");
+  }
+  std::vector<float> dg(c), db(c);
+  for (int64_t k = 0; k < c; ++k) {
+    dg[k] = dgs[0][k] + dgs[1][k];
+    db[k] = dbs[0][k] + dbs[1][k];
+  }
+  expectClose(dg, hostValues(ref->params()[0]->grad), 1e-4, "dgamma summed over ranks");
+  expectClose(db, hostValues(ref->params()[1]->grad), 1e-4, "dbeta summed over ranks");
+}
+
+// --------------------------------------------------------- loss, optimizers
+TEST_F(CudaBackendTest, CrossEntropy) {
+  const int64_t n = 37, k = 10;
+  const Tensor z = hostTensor({n, k}, 5, -5.0f, 5.0f);
+  std::vector<int32_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7) % k);
+  Tensor dr, dg;
+  int64_t cr = -1, cg = -2;
+  const double lr = cpu_->crossEntropy(z, labels.data(), &dr, &cr, 64.0f);
+  const Tensor zg = toGpu(z);
+  const double lg = gpu_->crossEntropy(zg, labels.data(), &dg, &cg, 64.0f);
+  EXPECT_NEAR(lg, lr, 1e-9 * std::fabs(lr));
+  EXPECT_EQ(cg, cr);
+  expectClose(fromGpu(dg), hostValues(dr), 1e-6, "dlogits");
+  // Without the gradient, and a label out of range is refused.
+  int64_t c2 = -1;
+  EXPECT_NEAR(gpu_->crossEntropy(zg, labels.data(), nullptr, &c2), lr, 1e-9 * std::fabs(lr));
+  EXPECT_EQ(c2, cr);
+  labels[3] = 10;
+  EXPECT_THROW(gpu_->crossEntropy(zg, labels.data(), nullptr, nullptr), InvalidArgument);
+}
+
+TEST_F(CudaBackendTest, SgdAndAdamMatchCpu) {
+  const size_t n = 1000;
+  const Tensor w0 = hostTensor({1000}, 1), g = hostTensor({1000}, 2), b0 = hostTensor({1000}, 3);
+  Tensor w = copyOf(w0), buf = copyOf(b0);
+  Tensor wg = toGpu(w0), gg = toGpu(g), bg = toGpu(b0);
+  for (const bool first : {true, false}) {
+    cpu_->sgdUpdate(w.data(), g.data(), buf.data(), n, 0.1f, 0.9f, 1e-4f, first);
+    gpu_->sgdUpdate(wg.data(), gg.data(), bg.data(), n, 0.1f, 0.9f, 1e-4f, first);
+  }
+  expectClose(fromGpu(wg), hostValues(w), 1e-6, "sgd w");
+  expectClose(fromGpu(bg), hostValues(buf), 1e-6, "sgd buf");
+
+  Tensor m({1000}), v({1000});
+  Tensor mg(Shape{1000}, gpu_->allocator()), vg(Shape{1000}, gpu_->allocator());
+  for (int64_t step = 1; step <= 3; ++step) {
+    cpu_->adamUpdate(w.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                     step);
+    gpu_->adamUpdate(wg.data(), gg.data(), mg.data(), vg.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                     0.01f, step);
+  }
+  expectClose(fromGpu(wg), hostValues(w), 1e-6, "adam w");
+  expectClose(fromGpu(mg), hostValues(m), 1e-6, "adam m");
+  expectClose(fromGpu(vg), hostValues(v), 1e-6, "adam v");
+}
+
+// ------------------------------------------------------------ element-wise
+TEST_F(CudaBackendTest, AddZeroCopy) {
+  const Tensor a = hostTensor({3, 50}, 1), b = hostTensor({3, 50}, 2);
+  Tensor ag = toGpu(a), bg = toGpu(b), out(Shape{150}, gpu_->allocator());
+  gpu_->add(ag, bg, out);
+  std::vector<float> want(150);
+  for (int i = 0; i < 150; ++i) want[i] = a.data()[i] + b.data()[i];
+  EXPECT_EQ(fromGpu(out), want);
+  gpu_->add(ag, bg, ag);  // in place
+  EXPECT_EQ(fromGpu(ag), want);
+  gpu_->copy(bg, ag);
+  EXPECT_EQ(fromGpu(ag), hostValues(b));
+  gpu_->zero(ag);
+  EXPECT_EQ(fromGpu(ag), std::vector<float>(150, 0.0f));
+  Tensor wrong(Shape{7}, gpu_->allocator());
+  EXPECT_THROW(gpu_->add(ag, bg, wrong), InvalidArgument);
+  EXPECT_THROW(gpu_->copy(ag, wrong), InvalidArgument);
+}
+
+TEST_F(CudaBackendTest, ResizeBilinear) {
+  for (const auto& [h, w] : {std::pair<int64_t, int64_t>{17, 9}, {4, 4}, {3, 11}}) {
+    const Tensor x = hostTensor({2, 3, 7, 5}, 9);
+    Tensor yr, yg;
+    std::string note;
+    try {
+      cpu_->resizeBilinear(x, h, w, yr);
+    } catch (const InvalidArgument& e) {
+      if (!cpuLacks(e)) throw;
+      note = e.message();
+      yr.ensure({2, 3, h, w});
+      for (int64_t p = 0; p < 6; ++p)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j)
+            yr.data()[(p * h + i) * w + j] =
+                kmath::bilinearAt(x.data() + p * 35, 5, kmath::bilinearIndex(i, 7, h),
+                                  kmath::bilinearIndex(j, 5, w));
+    }
+    if (!note.empty())
+      std::cout << "[ note     ] " << note << ": checked against kernel_math on the host\n";
+    gpu_->resizeBilinear(toGpu(x), h, w, yg);
+    EXPECT_EQ(yg.shape(), (Shape{2, 3, h, w}));
+    expectClose(fromGpu(yg), hostValues(yr), 1e-5, "resize");
+  }
+}
+
+TEST_F(CudaBackendTest, ScaleAndCheckFinite) {
+  Tensor h = hostTensor({4097}, 3);
+  Tensor g = toGpu(h);
+  EXPECT_TRUE(gpu_->scaleAndCheckFinite(g.data(), 4097, 0.25f));
+  std::vector<float> want = hostValues(h);
+  for (auto& v : want) v *= 0.25f;
+  EXPECT_EQ(fromGpu(g), want);
+  h.data()[4000] = 1e38f;
+  g = toGpu(h);
+  EXPECT_FALSE(gpu_->scaleAndCheckFinite(g.data(), 4097, 1e3f));  // overflows to inf
+  h.data()[4000] = std::nanf("");
+  g = toGpu(h);
+  EXPECT_FALSE(gpu_->scaleAndCheckFinite(g.data(), 4097, 1.0f));
+}
+
+TEST_F(CudaBackendTest, UploadDownloadLarge) {
+  // More than the 32 MiB pinned staging buffer: chunked both ways.
+  const size_t n = (size_t{40} << 20) / 4 + 3;
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 100003);
+  Tensor t(Shape{static_cast<int64_t>(n)}, gpu_->allocator());
+  gpu_->upload(host.data(), t.data(), n);
+  std::vector<float> back(n);
+  gpu_->download(t.data(), back.data(), n);
+  EXPECT_EQ(back, host);
+}
+
+// --------------------------------------------------------------- memory
+TEST_F(CudaBackendTest, CachingAllocatorReusesBlocks) {
+  auto* a = dynamic_cast<cuda::CachingAllocator*>(&gpu_->allocator());
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(cuda::CachingAllocator::sizeClass(1), 512u);
+  EXPECT_EQ(cuda::CachingAllocator::sizeClass((size_t{1} << 20) + 1), size_t{5} << 18);
+  {
+    Tensor t(Shape{1000, 1000}, *a);
+    EXPECT_GE(a->stats().inUse, size_t{4000000});
+  }
+  const auto before = a->stats();
+  EXPECT_GE(before.cached, size_t{4000000});
+  {
+    Tensor t(Shape{999, 1001}, *a);  // the same size class: no cudaMalloc
+    EXPECT_EQ(fromGpu(t), std::vector<float>(999 * 1001, 0.0f));  // zero-filled on reuse
+  }
+  EXPECT_EQ(a->stats().mallocs, before.mallocs);
+  EXPECT_GE(a->stats().peak, before.inUse);
+}
+
+TEST_F(CudaBackendTest, TensorsMayOutliveTheBackend) {
+  Tensor t(Shape{100}, gpu_->allocator());
+  gpu_.reset();  // the allocator stays until t goes
+  t = Tensor();
+  gpu_ = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+}
+
+TEST_F(CudaBackendTest, GradientMemory) {
+  testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
+    auto mem = gpu_->gradientMemory(pg);
+    EXPECT_EQ(mem->device(), runtime::Device::kCuda);
+    const size_t n = 3001;
+    float* a = static_cast<float*>(mem->alloc(n * 4));
+    float* b = static_cast<float*>(mem->alloc(n * 4));
+    void* h = mem->alloc(n * 2);
+    EXPECT_EQ(fromGpu(Tensor::view(a, {static_cast<int64_t>(n)}, Device::kCuda)),
+              std::vector<float>(n, 0.0f));
+    const auto v = randomVector(n, 4, -100.0f, 100.0f);
+    gpu_->upload(v.data(), a, n);
+    mem->copy(b, a, n * 4);
+    for (const auto t : {runtime::DType::kFloat16, runtime::DType::kBFloat16}) {
+      mem->compress(b, h, n, 0.5f, t);
+      mem->decompress(h, a, n, t);
+      auto fence = mem->producedFence();
+      ASSERT_TRUE(fence);
+      std::thread comm(fence);  // as the group's thread would, with no device bound
+      comm.join();
+      std::vector<float> got(n);
+      gpu_->download(a, got.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float want = t == runtime::DType::kFloat16
+                               ? runtime::halfToFloat(runtime::floatToHalf(v[i] * 0.5f))
+                               : runtime::bf16ToFloat(runtime::floatToBf16(v[i] * 0.5f));
+        ASSERT_EQ(got[i], want) << runtime::dtypeName(t) << " at " << i;
+      }
+    }
+    mem->zero(b, n * 4);
+    EXPECT_EQ(fromGpu(Tensor::view(b, {static_cast<int64_t>(n)}, Device::kCuda)),
+              std::vector<float>(n, 0.0f));
+    mem->free(a);
+    mem->free(b);
+    mem->free(h);
+  });
+}
+
+// The reducer over two ranks on one GPU (staged transport) with device
+// buckets: the fence orders each bucket's all-reduce after the kernels that
+// wrote it; every gradient ends as the ranks' average.
+TEST_F(CudaBackendTest, ReducerAveragesDeviceGradients) {
+  setenv("DDPRUN_CUDA_TRANSPORT", "staged", 1);
+  testing::runRanks(2, [&](runtime::ProcessGroup& pg) {
+    auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+    std::vector<runtime::ParamInfo> params = {{"a", 300000}, {"b", 5000}, {"c", 70}};
+    runtime::ReducerOptions opts;
+    opts.bucketCapBytes = 600000;  // several buckets
+    opts.firstBucketBytes = 20000;
+    runtime::Reducer red(pg, params, opts, be->gradientMemory(pg));
+    for (int iter = 0; iter < 3; ++iter) {
+      red.zeroGrad();
+      for (size_t i = params.size(); i-- > 0;) {
+        const size_t n = params[i].count;
+        std::vector<float> g(n, static_cast<float>((pg.rank() + 1) * (i + 1) + iter));
+        Tensor t = Tensor::view(red.grad(i), {static_cast<int64_t>(n)}, Device::kCuda);
+        Tensor src(Shape{static_cast<int64_t>(n)}, be->allocator());
+        be->upload(g.data(), src.data(), n);
+        be->add(src, t, t);  // a kernel on the compute stream writes the gradient
+        red.markReady(i);
+      }
+      red.finalize();
+      for (size_t i = 0; i < params.size(); ++i) {
+        std::vector<float> got(params[i].count);
+        be->download(red.grad(i), got.data(), got.size());
+        const float want = (1.0f * (i + 1) + 2.0f * (i + 1)) / 2.0f + iter;
+        ASSERT_EQ(got.front(), want) << "param " << i << " iteration " << iter;
+        ASSERT_EQ(got.back(), want) << "param " << i << " iteration " << iter;
+      }
+    }
+  });
+  unsetenv("DDPRUN_CUDA_TRANSPORT");
+}
+
+// ResNet-18-sized layers (the stem and a stage-1 block's shapes at batch 32):
+// they run in fp32 and tf32 (an algorithm exists within the workspace limit),
+// tf32 stays within 1e-2 of fp32, and a repeated step is bitwise the same.
+// Prints the time of one forward + backward per precision.
+TEST_F(CudaBackendTest, ResNetSizedConvolutions) {
+  const Shape in{32, 64, 56, 56};
+  const Tensor x = hostTensor(in, 31), dy = hostTensor(in, 32);
+  std::vector<std::vector<float>> outs;
+  for (const Precision p : {Precision::kFp32, Precision::kTf32}) {
+    auto be = makeCudaBackend({.device = 0, .precision = p});
+    auto conv = be->conv2d("conv", Conv2dSpec{64, 64, 3, 1, 1, false});
+    auto bn = be->batchNorm2d("bn", 64, nullptr);
+    auto stem = be->conv2d("stem", Conv2dSpec{3, 64, 7, 2, 3, false});
+    auto pool = be->maxPool2d("pool", Pool2dSpec{3, 2, 1});
+    const std::vector<float> w = randomVector(64 * 64 * 9, 33, -0.05f, 0.05f);
+    be->upload(w.data(), conv->params()[0]->value.data(), w.size());
+    Tensor xg = toGpu(x, be.get()), dyg = toGpu(dy, be.get()), y, z, dz, dx;
+    Tensor img = toGpu(hostTensor({32, 3, 224, 224}, 34), be.get()), s, sp, dsp, ds;
+    auto step = [&] {
+      be->zero(conv->params()[0]->grad);
+      conv->forward(xg, y, true);
+      bn->forward(y, z, true);
+      bn->backward(y, z, dyg, &dz);
+      conv->backward(xg, y, dz, &dx);
+      stem->forward(img, s, true);
+      pool->forward(s, sp, true);
+      dsp.ensure(sp.shape(), be->allocator());
+      be->copy(sp, dsp);  // some gradient for the pool
+      pool->backward(s, sp, dsp, &ds);
+      stem->backward(img, s, ds, nullptr);
+    };
+    step();  // algorithm search
+    be->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    be->synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const auto g1 = fromGpu(conv->params()[0]->grad, be.get());
+    step();
+    EXPECT_EQ(fromGpu(conv->params()[0]->grad, be.get()), g1) << precisionName(p);
+    for (float v : g1) ASSERT_TRUE(std::isfinite(v));
+    outs.push_back(fromGpu(dx, be.get()));
+    const auto st = dynamic_cast<cuda::CachingAllocator&>(be->allocator()).stats();
+    std::cout << "[ timing   ] " << precisionName(p) << ": conv3x3 64ch 56x56 + bn + stem 7x7/2 + "
+              << "maxpool 3/2, batch 32, forward+backward " << ms << " ms; allocator in use "
+              << (st.inUse >> 20) << " MiB, peak " << (st.peak >> 20) << " MiB, cached "
+              << (st.cached >> 20) << " MiB, " << st.mallocs << " cudaMalloc calls\n";
+  }
+  expectClose(outs[1], outs[0], 1e-2, "tf32 dx against fp32");
+}
+
+// ------------------------------------------------------- errors, describe
+TEST_F(CudaBackendTest, DescribeNamesDeviceLibraryAndPrecision) {
+  const std::string d = gpu_->describe();
+  EXPECT_EQ(d.rfind("cuda:0 (", 0), 0u) << d;
+  EXPECT_NE(d.find("cuDNN 9."), std::string::npos) << d;
+  EXPECT_NE(d.find("fp32)"), std::string::npos) << d;
+  std::cout << "[ describe ] " << d << "\n";
+}
+
+TEST_F(CudaBackendTest, BadDeviceAndPrecisionAreClearErrors) {
+  const int count = runtime::cudaDeviceCount();
+  try {
+    makeCudaBackend({.device = count, .precision = Precision::kFp32});
+    FAIL() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("cuda:" + std::to_string(count) + " does not exist"),
+              std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("has " + std::to_string(count) + " CUDA device"),
+              std::string::npos) << e.message();
+  }
+  EXPECT_THROW(makeCudaBackend({.device = 0, .precision = Precision::kBf16}), InvalidArgument);
+  EXPECT_THROW(makeCudaBackend({.device = 0, .precision = Precision::kFp16}), InvalidArgument);
+}
+
+TEST_F(CudaBackendTest, CudaErrorsNameTheCallAndDevice) {
+  try {
+    DDPRUN_CUDA_OK(cudaSetDevice(runtime::cudaDeviceCount() + 3));
+    FAIL() << "no exception";
+  } catch (const runtime::CudaError& e) {
+    EXPECT_EQ(e.message().rfind("cudaSetDevice failed on cuda:", 0), 0u) << e.message();
+    EXPECT_NE(e.message().find("cudaErrorInvalidDevice"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find(".cc"), std::string::npos) << e.message();
+  }
+  cudnnTensorDescriptor_t desc = nullptr;
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&desc), CUDNN_STATUS_SUCCESS);
+  try {
+    DDPRUN_CUDNN_OK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, -1, 2, 3, 4));
+    FAIL() << "no exception";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.message().rfind("cudnnSetTensor4dDescriptor failed on cuda:", 0), 0u)
+        << e.message();
+    EXPECT_NE(e.message().find("CUDNN_STATUS_BAD_PARAM"), std::string::npos) << e.message();
+  }
+  cudnnDestroyTensorDescriptor(desc);
+}
+
+}  // namespace
+}  // namespace ddprun::train
