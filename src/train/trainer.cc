@@ -713,6 +713,8 @@ nlohmann::json Run::execute() {
                                                    : nlohmann::json(nullptr)},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};
+  if (be_->device() != Device::kCpu)
+    j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
   if (scaler_.on()) {
     j["skipped_steps"] = scaler_.skipped();
     j["loss_scale"] = scaler_.scale();

@@ -163,6 +163,10 @@ class Backend {
   virtual void download(const float* src, float* host, size_t n) = 0;
   // Waits until everything issued so far has finished (timing, benchmarks).
   virtual void synchronize() = 0;
+  // High-water mark of the device memory this backend's allocator handed out
+  // (activations, parameters, optimizer state, workspaces), in bytes; 0 on
+  // the CPU.
+  virtual size_t peakDeviceBytes() const { return 0; }
 
   // Where the reducer keeps gradient buckets for this backend: the CPU's
   // shared heap, or device memory ordered after this backend's compute (the

@@ -75,4 +75,15 @@ void Context::readBack(const void* src, void* host, size_t bytes) {
   std::memcpy(host, pin, bytes);
 }
 
+void Context::noteExternal(int64_t deltaBytes) {
+  const int64_t now = external_.fetch_add(deltaBytes) + deltaBytes;
+  int64_t peak = externalPeak_.load();
+  while (now > peak && !externalPeak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+size_t Context::peakBytes() const {
+  return alloc_->stats().peak + static_cast<size_t>(externalPeak_.load());
+}
+
 }  // namespace ddprun::train::cuda

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -56,7 +57,15 @@ class Context {
   // results (a loss, a flag) read back with one transfer.
   void readBack(const void* src, void* host, size_t bytes);
 
+  // Device memory held outside the caching allocator (the reducer's gradient
+  // buckets): counted so that peakBytes() covers everything this backend holds.
+  void noteExternal(int64_t deltaBytes);
+  // The allocator's high-water mark plus the external bytes' high-water mark.
+  size_t peakBytes() const;
+
  private:
+  std::atomic<int64_t> external_{0};
+  std::atomic<int64_t> externalPeak_{0};
   int device_;
   Precision precision_;
   std::string deviceName_;

@@ -223,6 +223,7 @@ class CudaBackend final : public Backend {
     ctx_->bind();
     ctx_->synchronize();
   }
+  size_t peakDeviceBytes() const override { return ctx_->peakBytes(); }
   std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup&) override {
     if (runtime::cudaSelectedDevice() != ctx_->device())
       DDPRUN_THROW(InvalidArgument, "the CUDA backend computes on cuda:", ctx_->device(),

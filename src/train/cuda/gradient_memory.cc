@@ -14,6 +14,7 @@
 // own, runtime::cudaSelectedDevice(), which the backend checks it matches).
 // Events are pooled: one is reused once its last fence has run and gone.
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_layers.h"
@@ -36,6 +37,11 @@ class CudaGradientMemory final : public runtime::GradientMemory {
     ctx_->bind();
     void* p = nullptr;
     DDPRUN_CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    {
+      std::lock_guard<std::mutex> g(sizesMu_);
+      sizes_[p] = bytes;
+    }
+    ctx_->noteExternal(static_cast<int64_t>(bytes));
     DDPRUN_CUDA_OK(cudaMemsetAsync(p, 0, bytes, ctx_->stream()));
     // Zero before the collectives' stream could touch it.
     ctx_->synchronize();
@@ -46,6 +52,11 @@ class CudaGradientMemory final : public runtime::GradientMemory {
     ctx_->bind();
     ctx_->synchronize();  // kernels still reading it (a rebuild's copies)
     DDPRUN_CUDA_OK(cudaFree(p));
+    std::lock_guard<std::mutex> g(sizesMu_);
+    if (auto it = sizes_.find(p); it != sizes_.end()) {
+      ctx_->noteExternal(-static_cast<int64_t>(it->second));
+      sizes_.erase(it);
+    }
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (!bytes || dst == src) return;
@@ -81,6 +92,8 @@ class CudaGradientMemory final : public runtime::GradientMemory {
   }
 
  private:
+  std::mutex sizesMu_;
+  std::unordered_map<void*, size_t> sizes_;  // bucket -> bytes (peakBytes)
   // True for bf16, false for fp16 (the two hooks' types).
   static bool is16(runtime::DType t) {
     DDPRUN_CHECK(t == runtime::DType::kBFloat16 || t == runtime::DType::kFloat16,
