@@ -24,11 +24,14 @@ dnnl::engine& engine() {
 // Everything that depends on the input shape: primitives and the internal
 // buffers in oneDNN's layouts.
 struct Plan {
+  dnnl::convolution_forward::primitive_desc fpd;  // the backward's hint
   dnnl::convolution_forward fwd;
-  dnnl::convolution_backward_weights bww;
-  dnnl::convolution_backward_data bwd;  // only when dL/dx is needed
-  bool hasBwd = false;
-  memory::desc userSrc, userDst, userW, userB;  // NCHW / OIHW / [OC]
+  dnnl::convolution_backward_weights bww;  // once trained at this shape
+  dnnl::convolution_backward_data bwd;     // once dL/dx is needed
+  bool hasBww = false, hasBwd = false;
+  memory::dims strides, pad;
+  memory::desc srcMd, dstMd, wMd;               // oneDNN's (NHWC, any)
+  memory::desc userSrc, userDst, userW, userB;  // NCHW / OIHW / [OC] (zero: no bias)
   memory src, dst, wFwd, diffDst, diffW, diffB, wBwd, diffSrc;
 };
 
@@ -55,9 +58,9 @@ class DnnlConv2d final : public Layer {
                  " smaller than the kernel");
     return {s[0], s_.outC, (s[2] - span) / s_.stride + 1, (s[3] - span) / s_.stride + 1};
   }
-  void forward(const Tensor& x, Tensor& y, bool) override {
+  void forward(const Tensor& x, Tensor& y, bool training) override {
     y.ensure(outputShape(x.shape()));
-    Plan& p = plan(x.shape(), true);
+    Plan& p = plan(x.shape(), training, training);
     auto& s = stream();
     reorderIn(p.userSrc, x.data(), p.src, s);
     reorderIn(p.userW, w_.value.data(), p.wFwd, s);
@@ -69,7 +72,7 @@ class DnnlConv2d final : public Layer {
     s.wait();
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    Plan& p = plan(x.shape(), dx != nullptr);
+    Plan& p = plan(x.shape(), true, dx != nullptr);
     auto& s = stream();
     reorderIn(p.userDst, dy.data(), p.diffDst, s);
     std::unordered_map<int, memory> args = {
@@ -114,59 +117,73 @@ class DnnlConv2d final : public Layer {
     dnnl::reorder(src, dst).execute(s, src, dst);
   }
 
-  Plan& plan(const Shape& in, bool needDx) {
-    auto it = plans_.find(in);
-    if (it != plans_.end() && (!needDx || it->second.hasBwd)) return it->second;
+  // The plan for input shape `in`, built in parts as they are first needed:
+  // forward always; backward-weights for training; backward-data once dL/dx
+  // is asked for. An evaluation-only shape (a larger evaluation batch) so
+  // holds no gradient buffers.
+  Plan& plan(const Shape& in, bool backward, bool needDx) {
+    auto [it, fresh] = plans_.try_emplace(in);
+    Plan& p = it->second;
+    if (fresh) buildForward(p, in);
+    if (backward && !p.hasBww) buildBackwardWeights(p);
+    if (backward && needDx && !p.hasBwd) buildBackwardData(p);
+    return p;
+  }
+
+  void buildForward(Plan& p, const Shape& in) {
     const Shape os = outputShape(in);
     const memory::dims sd{in[0], s_.inC, in[2], in[3]}, dd{os[0], s_.outC, os[2], os[3]},
-        wd{s_.outC, s_.inC, s_.kernel, s_.kernel}, bd{s_.outC}, st{s_.stride, s_.stride},
-        pad{s_.pad, s_.pad};
+        wd{s_.outC, s_.inC, s_.kernel, s_.kernel}, bd{s_.outC};
+    p.strides = {s_.stride, s_.stride};
+    p.pad = {s_.pad, s_.pad};
     // NHWC activations chosen explicitly (oneDNN's own choice is slower for
     // conv1's backward-weights, see docs/conv_backend.md); weights as it likes.
     // A zero bias descriptor is oneDNN's "no bias". Right padding = left
     // padding: oneDNN floors the output size as PyTorch does, and the rows a
     // stride leaves over on the right are never read.
-    const memory::desc srcMd(sd, dt::f32, tag::nhwc), dstMd(dd, dt::f32, tag::nhwc),
-        wMd(wd, dt::f32, tag::any),
-        bMd = s_.bias ? memory::desc(bd, dt::f32, tag::x) : memory::desc();
-    using namespace dnnl;
-    // oneDNN 2.x: an operation descriptor, then a primitive descriptor.
-    convolution_forward::primitive_desc fpd(
-        {prop_kind::forward_training, algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st,
-         pad, pad},
-        engine());
-    convolution_backward_weights::primitive_desc wpd(
-        {algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st, pad, pad}, engine(), fpd);
-    Plan p;
+    p.srcMd = memory::desc(sd, dt::f32, tag::nhwc);
+    p.dstMd = memory::desc(dd, dt::f32, tag::nhwc);
+    p.wMd = memory::desc(wd, dt::f32, tag::any);
+    p.userB = s_.bias ? memory::desc(bd, dt::f32, tag::x) : memory::desc();
     p.userSrc = memory::desc(sd, dt::f32, tag::nchw);
     p.userDst = memory::desc(dd, dt::f32, tag::nchw);
     p.userW = memory::desc(wd, dt::f32, tag::oihw);
-    p.userB = bMd;
-    p.fwd = convolution_forward(fpd);
+    using namespace dnnl;
+    // oneDNN 2.x: an operation descriptor, then a primitive descriptor.
+    p.fpd = convolution_forward::primitive_desc(
+        {prop_kind::forward_training, algorithm::convolution_direct, p.srcMd, p.wMd, p.userB,
+         p.dstMd, p.strides, p.pad, p.pad},
+        engine());
+    p.fwd = convolution_forward(p.fpd);
+    p.src = memory(p.fpd.src_desc(), engine());
+    p.dst = memory(p.fpd.dst_desc(), engine());
+    p.wFwd = memory(p.fpd.weights_desc(), engine());
+  }
+
+  void buildBackwardWeights(Plan& p) {
+    using namespace dnnl;
+    convolution_backward_weights::primitive_desc wpd(
+        {algorithm::convolution_direct, p.srcMd, p.wMd, p.userB, p.dstMd, p.strides, p.pad,
+         p.pad},
+        engine(), p.fpd);
     p.bww = convolution_backward_weights(wpd);
-    p.src = memory(fpd.src_desc(), engine());
-    p.dst = memory(fpd.dst_desc(), engine());
-    p.wFwd = memory(fpd.weights_desc(), engine());
     p.diffDst = memory(wpd.diff_dst_desc(), engine());
     p.diffW = memory(wpd.diff_weights_desc(), engine());
     if (s_.bias) p.diffB = memory(wpd.diff_bias_desc(), engine());
-    if (needDx) {
-      convolution_backward_data::primitive_desc dpd(
-          {algorithm::convolution_direct, srcMd, wMd, dstMd, st, pad, pad}, engine(), fpd);
-      DDPRUN_CHECK(dpd.diff_dst_desc() == wpd.diff_dst_desc(),
-                   "oneDNN chose different diff_dst layouts for ", name());
-      p.bwd = convolution_backward_data(dpd);
-      p.wBwd = memory(dpd.weights_desc(), engine());
-      p.diffSrc = memory(dpd.diff_src_desc(), engine());
-      p.hasBwd = true;
-    }
-    if (it != plans_.end()) {
-      // Upgrading to a plan with backward-data: keep the forward's saved src.
-      p.src = it->second.src;
-      it->second = std::move(p);
-      return it->second;
-    }
-    return plans_.emplace(in, std::move(p)).first->second;
+    p.hasBww = true;
+  }
+
+  void buildBackwardData(Plan& p) {
+    using namespace dnnl;
+    convolution_backward_data::primitive_desc dpd(
+        {algorithm::convolution_direct, p.srcMd, p.wMd, p.dstMd, p.strides, p.pad, p.pad},
+        engine(), p.fpd);
+    DDPRUN_CHECK(dpd.diff_dst_desc() == p.diffDst.get_desc(),
+                 "oneDNN chose different diff_dst layouts for ", name());
+    p.bwd = convolution_backward_data(dpd);
+    p.wBwd = memory(dpd.weights_desc(), engine());
+    p.diffSrc = memory(dpd.diff_src_desc(), engine());
+    p.hasBwd = true;
   }
 
   Conv2dSpec s_;

@@ -200,6 +200,33 @@ TEST_F(LayersTest, ConvolutionGradientsAccumulateAcrossShapes) {
     EXPECT_NEAR(w->grad.data()[i], 2 * once[i] + small[i], 1e-5) << i;
 }
 
+// A shape first seen in evaluation gets its backward parts when it is
+// trained (and dL/dx when asked): the results are those of a fresh layer.
+TEST_F(LayersTest, ConvolutionPlansGrowFromEvaluationToTraining) {
+  Rng rng(12);
+  auto fresh = be->conv2d("conv", Conv2dSpec{2, 3, 3, 2, 1, false});
+  auto grown = be->conv2d("conv", Conv2dSpec{2, 3, 3, 2, 1, false});
+  fillRandom(fresh->params()[0]->value, rng);
+  std::copy_n(fresh->params()[0]->value.data(), fresh->params()[0]->value.numel(),
+              grown->params()[0]->value.data());
+  Tensor x({2, 2, 6, 5}), y1, y2, dx1, dx2;
+  fillRandom(x, rng);
+  grown->forward(x, y2, false);
+  fresh->forward(x, y1, false);
+  EXPECT_EQ(values(y2), values(y1));
+  Tensor dy({2, 3, 3, 3});
+  fillRandom(dy, rng);
+  fresh->forward(x, y1, true);
+  fresh->backward(x, y1, dy, &dx1);
+  grown->forward(x, y2, false);  // the forward keeps its input for backward
+  grown->backward(x, y2, dy, nullptr);  // weights only: no backward-data yet
+  grown->params()[0]->grad.zero();
+  grown->forward(x, y2, true);
+  grown->backward(x, y2, dy, &dx2);
+  EXPECT_EQ(values(dx2), values(dx1));
+  EXPECT_EQ(values(grown->params()[0]->grad), values(fresh->params()[0]->grad));
+}
+
 TEST_F(LayersTest, MaxPoolGradients) {
   auto p = be->maxPool2d("pool", 2);
   // Distinct values far apart: the perturbation never changes the arg-max.
