@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "ddprun/common/error.h"
@@ -152,6 +153,176 @@ class MaxPool2d final : public Layer {
  private:
   int k_;
 };
+
+// ---------------------------------------------------------------- strided max pool
+// Any window, stride and padding, floor mode: PyTorch's CPU kernel
+// (max_pool2d, dilation 1). Window (i, j) covers rows [i s - p, i s - p + k)
+// and columns likewise, clipped to the image, so padding never wins (it is
+// -inf). The scan runs row by row, and an element replaces the maximum when it
+// is greater or NaN, which makes the arg-max the first maximum in scan order
+// (and the last NaN), as PyTorch's. Forward keeps that arg-max per output;
+// backward adds each output's gradient to it, outputs in order (overlapping
+// windows add up in a fixed order).
+class StridedMaxPool2d final : public Layer {
+ public:
+  StridedMaxPool2d(std::string name, const Pool2dSpec& s) : Layer(std::move(name)), s_(s) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[2] + 2 * s_.pad >= s_.kernel &&
+                     s[3] + 2 * s_.pad >= s_.kernel,
+                 name(), " expects [N, C, H, W] with H, W >= ", s_.kernel - 2 * s_.pad,
+                 ", got ", shapeString(s));
+    return {s[0], s[1], outSide(s[2]), outSide(s[3])};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    const Shape os = outputShape(x.shape());
+    y.ensure(os);
+    const int64_t planes = os[0] * os[1], h = x.dim(2), w = x.dim(3), oh = os[2], ow = os[3];
+    argmax_.resize(static_cast<size_t>(y.numel()));
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* in = x.data() + pl * h * w;
+      float* out = y.data() + pl * oh * ow;
+      int32_t* arg = argmax_.data() + pl * oh * ow;
+      for (int64_t i = 0; i < oh; ++i) {
+        const int64_t h0 = std::max<int64_t>(i * s_.stride - s_.pad, 0);
+        const int64_t h1 = std::min<int64_t>(i * s_.stride - s_.pad + s_.kernel, h);
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t w0 = std::max<int64_t>(j * s_.stride - s_.pad, 0);
+          const int64_t w1 = std::min<int64_t>(j * s_.stride - s_.pad + s_.kernel, w);
+          int64_t at = h0 * w + w0;
+          float m = -std::numeric_limits<float>::infinity();
+          for (int64_t a = h0; a < h1; ++a)
+            for (int64_t b = w0; b < w1; ++b) {
+              const float v = in[a * w + b];
+              if (v > m || std::isnan(v)) {
+                m = v;
+                at = a * w + b;
+              }
+            }
+          out[i * ow + j] = m;
+          arg[i * ow + j] = static_cast<int32_t>(at);
+        }
+      }
+    }
+  }
+  // Precondition: follows this layer's forward of `x` (the kept arg-maxes).
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    DDPRUN_CHECK(argmax_.size() == static_cast<size_t>(y.numel()), name(),
+                 ": backward without its forward");
+    dx->ensure(x.shape());
+    dx->zero();
+    const int64_t planes = y.dim(0) * y.dim(1), hw = x.dim(2) * x.dim(3),
+                  ohw = y.dim(2) * y.dim(3);
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* g = dy.data() + pl * ohw;
+      const int32_t* arg = argmax_.data() + pl * ohw;
+      float* d = dx->data() + pl * hw;
+      for (int64_t o = 0; o < ohw; ++o) d[arg[o]] += g[o];
+    }
+  }
+
+ private:
+  int64_t outSide(int64_t in) const { return (in + 2 * s_.pad - s_.kernel) / s_.stride + 1; }
+
+  Pool2dSpec s_;
+  std::vector<int32_t> argmax_;  // per output: index into its input plane
+};
+
+// ---------------------------------------------------------------- global average pool
+// [N, C, H, W] -> [N, C]: y = sum(x over H, W) / (H W), the sum in double in
+// scan order (PyTorch computes mean({-1, -2}) in float32 with its own
+// order: the two agree to float rounding). Backward: dx = dy / (H W) at every
+// position, in float32 as PyTorch's mean backward.
+class GlobalAvgPool final : public Layer {
+ public:
+  explicit GlobalAvgPool(std::string name) : Layer(std::move(name)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(s.size() == 4 && s[2] > 0 && s[3] > 0, name(),
+                 " expects [N, C, H, W] with H, W >= 1, got ", shapeString(s));
+    return {s[0], s[1]};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    y.ensure(outputShape(x.shape()));
+    const int64_t planes = y.numel(), hw = x.dim(2) * x.dim(3);
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* in = x.data() + pl * hw;
+      double s = 0.0;
+      for (int64_t q = 0; q < hw; ++q) s += in[q];
+      y.data()[pl] = static_cast<float>(s / static_cast<double>(hw));
+    }
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    dx->ensure(x.shape());
+    const int64_t planes = y.numel(), hw = x.dim(2) * x.dim(3);
+    const auto n = static_cast<float>(hw);
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float g = dy.data()[pl] / n;
+      std::fill(dx->data() + pl * hw, dx->data() + (pl + 1) * hw, g);
+    }
+  }
+};
+
+// ---------------------------------------------------------------- bilinear resize
+// One axis of F.interpolate(mode="bilinear", align_corners=False) as
+// PyTorch's CPU kernel computes it, in float32: scale = in / out; source
+// position (dst + 0.5) * scale - 0.5, clamped at 0; i0 = floor of it, i1 =
+// i0 + 1 except at the last row/column; l1 = position - i0, l0 = 1 - l1. An
+// axis whose size does not change is copied (PyTorch's special case).
+struct AxisTaps {
+  std::vector<int64_t> i0, i1;
+  std::vector<float> l0, l1;
+};
+
+AxisTaps axisTaps(int64_t in, int64_t out) {
+  AxisTaps t;
+  t.i0.resize(out), t.i1.resize(out), t.l0.resize(out), t.l1.resize(out);
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t d = 0; d < out; ++d) {
+    if (in == out) {
+      t.i0[d] = t.i1[d] = d;
+      t.l0[d] = 1.0f;
+      t.l1[d] = 0.0f;
+      continue;
+    }
+    float src = scale * (static_cast<float>(d) + 0.5f) - 0.5f;
+    if (src < 0.0f) src = 0.0f;
+    const int64_t i0 = std::min(static_cast<int64_t>(src), in - 1);
+    t.i0[d] = i0;
+    t.i1[d] = i0 < in - 1 ? i0 + 1 : i0;
+    t.l1[d] = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);
+    t.l0[d] = 1.0f - t.l1[d];
+  }
+  return t;
+}
+
+// y = l0h (l0w x[h0,w0] + l1w x[h0,w1]) + l1h (l0w x[h1,w0] + l1w x[h1,w1]),
+// the order of PyTorch's separable evaluation (width inside, height outside).
+void resizeBilinearCpu(const Tensor& x, int64_t oh, int64_t ow, Tensor& y) {
+  DDPRUN_CHECK(x.rank() == 4 && x.dim(2) > 0 && x.dim(3) > 0 && oh > 0 && ow > 0,
+               "bilinear resize of ", shapeString(x.shape()), " to ", oh, "x", ow,
+               " (needs [N, C, H, W] and sizes >= 1)");
+  const Shape os = {x.dim(0), x.dim(1), oh, ow};
+  if (y.shape() != os) y.ensure(os);  // a view of the right shape stays a view
+  DDPRUN_CHECK(y.data() != x.data(), "bilinear resize in place (the output must be another "
+               "tensor)");
+  const int64_t h = x.dim(2), w = x.dim(3), planes = x.dim(0) * x.dim(1);
+  const AxisTaps th = axisTaps(h, oh), tw = axisTaps(w, ow);
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* in = x.data() + pl * h * w;
+    float* out = y.data() + pl * oh * ow;
+    for (int64_t i = 0; i < oh; ++i) {
+      const float* r0 = in + th.i0[i] * w;
+      const float* r1 = in + th.i1[i] * w;
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t a = tw.i0[j], b = tw.i1[j];
+        const float top = r0[a] * tw.l0[j] + r0[b] * tw.l1[j];
+        const float bottom = r1[a] * tw.l0[j] + r1[b] * tw.l1[j];
+        out[i * ow + j] = top * th.l0[i] + bottom * th.l1[i];
+      }
+    }
+  }
+}
 
 // ---------------------------------------------------------------- relu
 class Relu final : public Layer {
@@ -357,17 +528,18 @@ class CpuBackend final : public Backend {
     return std::make_unique<Linear>(std::move(n), in, out);
   }
   std::unique_ptr<Layer> conv2d(std::string n, const Conv2dSpec& s) override {
-    DDPRUN_CHECK(s.stride == 1 && s.bias, n, ": the CPU backend's convolutions have stride 1 "
-                 "and a bias");
-    return makeDnnlConv2d(std::move(n), s.inC, s.outC, s.kernel, s.pad);
+    return makeDnnlConv2d(std::move(n), s);
   }
   std::unique_ptr<Layer> maxPool2d(std::string n, const Pool2dSpec& s) override {
-    DDPRUN_CHECK((s.stride == 0 || s.stride == s.kernel) && s.pad == 0, n,
-                 ": the CPU backend pools with stride = window and no padding");
-    return std::make_unique<MaxPool2d>(std::move(n), s.kernel);
+    const int stride = s.stride == 0 ? s.kernel : s.stride;
+    DDPRUN_CHECK(s.kernel >= 1 && stride >= 1 && s.pad >= 0 && 2 * s.pad <= s.kernel, n,
+                 ": max pooling window ", s.kernel, " stride ", s.stride, " padding ", s.pad,
+                 " (window and stride >= 1, padding at most half the window, as PyTorch)");
+    if (stride == s.kernel && s.pad == 0) return std::make_unique<MaxPool2d>(std::move(n), s.kernel);
+    return std::make_unique<StridedMaxPool2d>(std::move(n), Pool2dSpec{s.kernel, stride, s.pad});
   }
   std::unique_ptr<Layer> globalAvgPool(std::string n) override {
-    DDPRUN_THROW(InvalidArgument, n, ": global average pooling is not in the CPU backend yet");
+    return std::make_unique<GlobalAvgPool>(std::move(n));
   }
   std::unique_ptr<Layer> relu(std::string n) override { return std::make_unique<Relu>(std::move(n)); }
   std::unique_ptr<Layer> flatten(std::string n) override {
@@ -453,8 +625,8 @@ class CpuBackend final : public Backend {
     if (src.numel() && src.data() != dst.data())
       std::memcpy(dst.data(), src.data(), src.bytes());
   }
-  void resizeBilinear(const Tensor&, int64_t, int64_t, Tensor&) override {
-    DDPRUN_THROW(InvalidArgument, "bilinear resizing is not in the CPU backend yet");
+  void resizeBilinear(const Tensor& x, int64_t h, int64_t w, Tensor& y) override {
+    resizeBilinearCpu(x, h, w, y);
   }
   bool scaleAndCheckFinite(float* data, size_t n, float scale) override {
     bool finite = true;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 
 namespace ddprun::train {
@@ -192,18 +193,24 @@ int64_t readLabelsHeader(GzReader& in) {
   return count;
 }
 
-const std::array<float, 256>& pixelTable() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int p = 0; p < 256; ++p) t[p] = normalisePixel(static_cast<uint8_t>(p));
-    return t;
-  }();
-  return table;
+// The same float32 operations, in the same order, as ToTensor (p / 255)
+// followed by Normalize ((x - mean) / std). Not folded into one multiply:
+// that would round differently.
+float normalised(uint8_t p, float mean, float std) {
+  const float x = static_cast<float>(p) / 255.0f;
+  return (x - mean) / std;
 }
 
-void normaliseInto(const uint8_t* px, size_t n, float* out) {
-  const auto& t = pixelTable();
-  for (size_t i = 0; i < n; ++i) out[i] = t[px[i]];
+// Lookup tables of the 256 normalised values, one per channel.
+std::vector<std::array<float, 256>> pixelTables(const Dataset& d) {
+  DDPRUN_CHECK(d.mean.size() == static_cast<size_t>(d.channels) &&
+                   d.std.size() == static_cast<size_t>(d.channels),
+               "a dataset of ", d.channels, " channels needs as many means and stds");
+  std::vector<std::array<float, 256>> t(static_cast<size_t>(d.channels));
+  for (int c = 0; c < d.channels; ++c)
+    for (int p = 0; p < 256; ++p)
+      t[c][p] = normalised(static_cast<uint8_t>(p), d.mean[c], d.std[c]);
+  return t;
 }
 
 // splitmix64: small, fast and good enough for synthetic images and shuffles.
@@ -284,11 +291,7 @@ Dataset makeSyntheticSet(const std::array<Prototype, kNumClasses>& protos, int64
 int64_t Dataset::sampleElems() const { return int64_t{channels} * height * width; }
 
 float normalisePixel(uint8_t p) {
-  // The same float32 operations, in the same order, as ToTensor (p / 255)
-  // followed by Normalize ((x - mean) / std). Not folded into one multiply:
-  // that would round differently.
-  float x = static_cast<float>(p) / 255.0f;
-  return (x - kFashionMnistMean) / kFashionMnistStd;
+  return normalised(p, kFashionMnistMean, kFashionMnistStd);
 }
 
 bool fashionMnistPresent(const std::string& dir) {
@@ -335,6 +338,109 @@ DataSplit loadFashionMnist(const std::string& dir, int64_t maxTrain, int64_t max
   return s;
 }
 
+namespace {
+
+// The CIFAR-shaped set (see makeSyntheticCifar in data.h). Everything is
+// splitmix64 with integer arithmetic, so the bytes are the same on every
+// platform and tests/interop/synthetic_cifar.py reproduces them.
+constexpr int kCifarSide = 32, kCifarChannels = 3, kCifarClasses = 10;
+constexpr int kCifarCell = 4, kCifarCells = kCifarSide / kCifarCell;
+constexpr int64_t kCifarPlane = int64_t{kCifarSide} * kCifarSide;
+constexpr int64_t kCifarBytes = kCifarChannels * kCifarPlane;
+// Draws per sample: the contrast, then 8 noise bytes per draw.
+constexpr uint64_t kCifarDraws = 1 + kCifarBytes / 8;
+constexpr uint64_t kSplitmixGamma = 0x9E3779B97F4A7C15ull;
+using CifarPrototype = std::array<uint8_t, kCifarBytes>;
+
+// Class k: for each channel, then each cell in row-major order, one draw r:
+// the cell is lit at 64 + (r >> 8) % 192 when r is odd, else dark (0).
+std::shared_ptr<const std::vector<CifarPrototype>> cifarPrototypes(uint64_t seed) {
+  Rng rng(seed);
+  auto protos = std::make_shared<std::vector<CifarPrototype>>(kCifarClasses);
+  for (auto& proto : *protos)
+    for (int c = 0; c < kCifarChannels; ++c)
+      for (int cy = 0; cy < kCifarCells; ++cy)
+        for (int cx = 0; cx < kCifarCells; ++cx) {
+          const uint64_t r = rng.next();
+          const auto v = static_cast<uint8_t>((r & 1) ? 64 + (r >> 8) % 192 : 0);
+          for (int y = 0; y < kCifarCell; ++y)
+            for (int x = 0; x < kCifarCell; ++x)
+              proto[c * kCifarPlane + (cy * kCifarCell + y) * kCifarSide +
+                    cx * kCifarCell + x] = v;
+        }
+  return protos;
+}
+
+// Sample i of a split draws from the split's pixel stream starting at draw
+// i * kCifarDraws (splitmix64 jumps there by adding to its state): contrast
+// 128 + below(129), then noise bytes (little-endian within each draw);
+// pixel = clamp((proto * contrast >> 8) + (noise * 161 >> 8) - 80, 0, 255).
+void renderCifar(const CifarPrototype& proto, uint64_t streamState, int64_t i,
+                 uint8_t* out) {
+  Rng rng(streamState + static_cast<uint64_t>(i) * kCifarDraws * kSplitmixGamma);
+  const auto contrast = static_cast<int>(128 + rng.below(129));
+  for (int64_t q = 0; q < kCifarBytes; q += 8) {
+    const uint64_t r = rng.next();
+    for (int k = 0; k < 8; ++k) {
+      const int noise = static_cast<uint8_t>(r >> (8 * k));
+      const int v = (proto[q + k] * contrast >> 8) + (noise * 161 >> 8) - 80;
+      out[q + k] = static_cast<uint8_t>(std::clamp(v, 0, 255));
+    }
+  }
+}
+
+// Labels in blocks of `classes`: each block a Fisher-Yates shuffle of
+// 0..classes-1 (from the last position down, j = below(pos + 1)), drawn in
+// order from the split's label stream.
+std::vector<int32_t> cifarLabels(int64_t size, int classes, Rng& rng) {
+  std::vector<int32_t> labels(static_cast<size_t>(size));
+  std::vector<int32_t> block(static_cast<size_t>(classes));
+  for (int64_t at = 0; at < size; at += classes) {
+    for (int k = 0; k < classes; ++k) block[k] = k;
+    for (int k = classes - 1; k > 0; --k)
+      std::swap(block[k], block[rng.below(static_cast<uint64_t>(k) + 1)]);
+    for (int k = 0; k < classes && at + k < size; ++k) labels[at + k] = block[k];
+  }
+  return labels;
+}
+
+Dataset makeCifarSet(std::shared_ptr<const std::vector<CifarPrototype>> protos,
+                     int64_t size, int classes, uint64_t splitSeed) {
+  Dataset d;
+  d.size = size;
+  d.channels = kCifarChannels;
+  d.height = d.width = kCifarSide;
+  d.numClasses = classes;
+  d.mean.assign(kCifarMean, kCifarMean + kCifarChannels);
+  d.std.assign(kCifarStd, kCifarStd + kCifarChannels);
+  Rng labelRng(splitSeed);
+  d.labels = cifarLabels(size, classes, labelRng);
+  const uint64_t stream = ~splitSeed;  // the pixel stream's state before draw 0
+  auto labels = std::make_shared<const std::vector<int32_t>>(d.labels);
+  d.render = [protos, labels, stream](int64_t i, uint8_t* out) {
+    renderCifar((*protos)[(*labels)[i]], stream, i, out);
+  };
+  return d;
+}
+
+}  // namespace
+
+DataSplit makeSyntheticCifar(int64_t trainSize, int64_t testSize, int numClasses,
+                             uint64_t seed) {
+  DDPRUN_CHECK(trainSize >= 0 && testSize >= 0, "sizes ", trainSize, ", ", testSize);
+  DDPRUN_CHECK(trainSize <= kMaxIdxSamples && testSize <= kMaxIdxSamples, "at most ",
+               kMaxIdxSamples, " samples per split");
+  DDPRUN_CHECK(numClasses >= 2 && numClasses <= kCifarClasses,
+               "the synthetic CIFAR set has 2 to ", kCifarClasses, " classes (got ",
+               numClasses, ")");
+  auto protos = cifarPrototypes(seed);
+  DataSplit s;
+  s.train = makeCifarSet(protos, trainSize, numClasses, seed ^ 0x747261696E000000ull);
+  s.test = makeCifarSet(protos, testSize, numClasses, seed ^ 0x7465737400000000ull);
+  s.source = kSyntheticCifar;
+  return s;
+}
+
 DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed) {
   DDPRUN_CHECK(trainSize >= 0 && testSize >= 0, "sizes ", trainSize, ", ", testSize);
   DDPRUN_CHECK(trainSize <= kMaxIdxSamples && testSize <= kMaxIdxSamples, "at most ",
@@ -352,11 +458,23 @@ DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed) {
 }
 
 void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y) {
-  const int64_t elems = d.sampleElems();
+  if (n == 0) return;
+  const int64_t elems = d.sampleElems(), plane = int64_t{d.height} * d.width;
+  const auto tables = pixelTables(d);
+  std::vector<uint8_t> rendered(d.render ? static_cast<size_t>(elems) : 0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t j = idx[i];
     DDPRUN_CHECK(j >= 0 && j < d.size, "sample index ", j, " outside [0, ", d.size, ")");
-    normaliseInto(d.pixels.data() + j * elems, static_cast<size_t>(elems), x + i * elems);
+    const uint8_t* px = d.pixels.data() + j * elems;
+    if (d.render) {
+      d.render(j, rendered.data());
+      px = rendered.data();
+    }
+    float* out = x + i * elems;
+    for (int c = 0; c < d.channels; ++c) {
+      const auto& t = tables[c];
+      for (int64_t q = c * plane; q < (c + 1) * plane; ++q) out[q] = t[px[q]];
+    }
     y[i] = d.labels[j];
   }
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
+#include <unordered_map>
 
 #include "ddprun/common/error.h"
 
@@ -23,55 +24,61 @@ dnnl::engine& engine() {
 // Everything that depends on the input shape: primitives and the internal
 // buffers in oneDNN's layouts.
 struct Plan {
+  dnnl::convolution_forward::primitive_desc fpd;  // the backward's hint
   dnnl::convolution_forward fwd;
-  dnnl::convolution_backward_weights bww;
-  dnnl::convolution_backward_data bwd;  // only when dL/dx is needed
-  bool hasBwd = false;
-  memory::desc userSrc, userDst, userW, userB;  // NCHW / OIHW / [OC]
+  dnnl::convolution_backward_weights bww;  // once trained at this shape
+  dnnl::convolution_backward_data bwd;     // once dL/dx is needed
+  bool hasBww = false, hasBwd = false;
+  memory::dims strides, pad;
+  memory::desc srcMd, dstMd, wMd;               // oneDNN's (NHWC, any)
+  memory::desc userSrc, userDst, userW, userB;  // NCHW / OIHW / [OC] (zero: no bias)
   memory src, dst, wFwd, diffDst, diffW, diffB, wBwd, diffSrc;
 };
 
-// y = conv(x, W) + b. Forward: reorder x (NCHW) to NHWC, W (OIHW) to the
+// y = conv(x, W) (+ b). Forward: reorder x (NCHW) to NHWC, W (OIHW) to the
 // forward's layout, convolve, reorder y back. Backward: dy to NHWC; weights
 // gradient (oneDNN layout) reordered to OIHW and added to the parameter's
 // gradient (gradients accumulate); bias gradient added likewise; dx through
 // backward-data and a reorder to NCHW.
 class DnnlConv2d final : public Layer {
  public:
-  DnnlConv2d(std::string name, int64_t c, int64_t oc, int k, int pad)
-      : Layer(name), c_(c), oc_(oc), k_(k), pad_(pad) {
-    w_.name = name + ".weight";
-    w_.value = Tensor({oc, c, k, k});
-    w_.grad = Tensor({oc, c, k, k});
-    b_.name = name + ".bias";
-    b_.value = Tensor({oc});
-    b_.grad = Tensor({oc});
+  DnnlConv2d(std::string name, const Conv2dSpec& spec) : Layer(name), s_(spec) {
+    DDPRUN_CHECK(s_.inC > 0 && s_.outC > 0 && s_.kernel > 0 && s_.stride > 0 && s_.pad >= 0,
+                 name, ": convolution ", s_.inC, "->", s_.outC, " kernel ", s_.kernel,
+                 " stride ", s_.stride, " padding ", s_.pad, " (sizes must be positive)");
+    const Shape ws = {s_.outC, s_.inC, s_.kernel, s_.kernel};
+    w_ = {name + ".weight", Tensor(ws), Tensor(ws)};
+    if (s_.bias) b_ = {name + ".bias", Tensor({s_.outC}), Tensor({s_.outC})};
   }
   Shape outputShape(const Shape& s) const override {
-    DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
-                 shapeString(s));
-    const int64_t oh = s[2] + 2 * pad_ - k_ + 1, ow = s[3] + 2 * pad_ - k_ + 1;
-    DDPRUN_CHECK(oh > 0 && ow > 0, name(), ": input ", shapeString(s), " smaller than the kernel");
-    return {s[0], oc_, oh, ow};
+    DDPRUN_CHECK(s.size() == 4 && s[1] == s_.inC, name(), " expects [N, ", s_.inC,
+                 ", H, W], got ", shapeString(s));
+    const int64_t span = s_.kernel - 2 * s_.pad;
+    DDPRUN_CHECK(s[2] >= span && s[3] >= span, name(), ": input ", shapeString(s),
+                 " smaller than the kernel");
+    return {s[0], s_.outC, (s[2] - span) / s_.stride + 1, (s[3] - span) / s_.stride + 1};
   }
-  void forward(const Tensor& x, Tensor& y, bool) override {
+  void forward(const Tensor& x, Tensor& y, bool training) override {
     y.ensure(outputShape(x.shape()));
-    Plan& p = plan(x.shape(), true);
+    Plan& p = plan(x.shape(), training, training);
     auto& s = stream();
     reorderIn(p.userSrc, x.data(), p.src, s);
     reorderIn(p.userW, w_.value.data(), p.wFwd, s);
-    memory bias(p.userB, engine(), b_.value.data());  // read only
-    p.fwd.execute(s, {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wFwd}, {DNNL_ARG_BIAS, bias},
-                      {DNNL_ARG_DST, p.dst}});
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wFwd}, {DNNL_ARG_DST, p.dst}};
+    if (s_.bias) args[DNNL_ARG_BIAS] = memory(p.userB, engine(), b_.value.data());  // read only
+    p.fwd.execute(s, args);
     reorderOut(p.dst, p.userDst, y.data(), s);
     s.wait();
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    Plan& p = plan(x.shape(), dx != nullptr);
+    Plan& p = plan(x.shape(), true, dx != nullptr);
     auto& s = stream();
     reorderIn(p.userDst, dy.data(), p.diffDst, s);
-    p.bww.execute(s, {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DIFF_DST, p.diffDst},
-                      {DNNL_ARG_DIFF_WEIGHTS, p.diffW}, {DNNL_ARG_DIFF_BIAS, p.diffB}});
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, p.src}, {DNNL_ARG_DIFF_DST, p.diffDst}, {DNNL_ARG_DIFF_WEIGHTS, p.diffW}};
+    if (s_.bias) args[DNNL_ARG_DIFF_BIAS] = p.diffB;
+    p.bww.execute(s, args);
     wTmp_.resize(static_cast<size_t>(w_.value.numel()));
     reorderOut(p.diffW, p.userW, wTmp_.data(), s);
     if (dx) {
@@ -84,10 +91,14 @@ class DnnlConv2d final : public Layer {
     s.wait();
     float* gw = w_.grad.data();
     for (size_t i = 0; i < wTmp_.size(); ++i) gw[i] += wTmp_[i];
+    if (!s_.bias) return;
     const auto* db = static_cast<const float*>(p.diffB.get_data_handle());
-    for (int64_t o = 0; o < oc_; ++o) b_.grad.data()[o] += db[o];
+    for (int64_t o = 0; o < s_.outC; ++o) b_.grad.data()[o] += db[o];
   }
-  std::vector<Param*> params() override { return {&w_, &b_}; }
+  std::vector<Param*> params() override {
+    if (s_.bias) return {&w_, &b_};
+    return {&w_};
+  }
 
  private:
   static dnnl::stream& stream() {
@@ -106,68 +117,85 @@ class DnnlConv2d final : public Layer {
     dnnl::reorder(src, dst).execute(s, src, dst);
   }
 
-  Plan& plan(const Shape& in, bool needDx) {
-    auto it = plans_.find(in);
-    if (it != plans_.end() && (!needDx || it->second.hasBwd)) return it->second;
+  // The plan for input shape `in`, built in parts as they are first needed:
+  // forward always; backward-weights for training; backward-data once dL/dx
+  // is asked for. An evaluation-only shape (a larger evaluation batch) so
+  // holds no gradient buffers.
+  Plan& plan(const Shape& in, bool backward, bool needDx) {
+    auto [it, fresh] = plans_.try_emplace(in);
+    Plan& p = it->second;
+    if (fresh) buildForward(p, in);
+    if (backward && !p.hasBww) buildBackwardWeights(p);
+    if (backward && needDx && !p.hasBwd) buildBackwardData(p);
+    return p;
+  }
+
+  void buildForward(Plan& p, const Shape& in) {
     const Shape os = outputShape(in);
-    const memory::dims sd{in[0], c_, in[2], in[3]}, dd{os[0], oc_, os[2], os[3]},
-        wd{oc_, c_, k_, k_}, bd{oc_}, st{1, 1}, pad{pad_, pad_};
+    const memory::dims sd{in[0], s_.inC, in[2], in[3]}, dd{os[0], s_.outC, os[2], os[3]},
+        wd{s_.outC, s_.inC, s_.kernel, s_.kernel}, bd{s_.outC};
+    p.strides = {s_.stride, s_.stride};
+    p.pad = {s_.pad, s_.pad};
     // NHWC activations chosen explicitly (oneDNN's own choice is slower for
     // conv1's backward-weights, see docs/conv_backend.md); weights as it likes.
-    const memory::desc srcMd(sd, dt::f32, tag::nhwc), dstMd(dd, dt::f32, tag::nhwc),
-        wMd(wd, dt::f32, tag::any), bMd(bd, dt::f32, tag::x);
-    using namespace dnnl;
-    // oneDNN 2.x: an operation descriptor, then a primitive descriptor.
-    convolution_forward::primitive_desc fpd(
-        {prop_kind::forward_training, algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st,
-         pad, pad},
-        engine());
-    convolution_backward_weights::primitive_desc wpd(
-        {algorithm::convolution_direct, srcMd, wMd, bMd, dstMd, st, pad, pad}, engine(), fpd);
-    Plan p;
+    // A zero bias descriptor is oneDNN's "no bias". Right padding = left
+    // padding: oneDNN floors the output size as PyTorch does, and the rows a
+    // stride leaves over on the right are never read.
+    p.srcMd = memory::desc(sd, dt::f32, tag::nhwc);
+    p.dstMd = memory::desc(dd, dt::f32, tag::nhwc);
+    p.wMd = memory::desc(wd, dt::f32, tag::any);
+    p.userB = s_.bias ? memory::desc(bd, dt::f32, tag::x) : memory::desc();
     p.userSrc = memory::desc(sd, dt::f32, tag::nchw);
     p.userDst = memory::desc(dd, dt::f32, tag::nchw);
     p.userW = memory::desc(wd, dt::f32, tag::oihw);
-    p.userB = bMd;
-    p.fwd = convolution_forward(fpd);
-    p.bww = convolution_backward_weights(wpd);
-    p.src = memory(fpd.src_desc(), engine());
-    p.dst = memory(fpd.dst_desc(), engine());
-    p.wFwd = memory(fpd.weights_desc(), engine());
-    p.diffDst = memory(wpd.diff_dst_desc(), engine());
-    p.diffW = memory(wpd.diff_weights_desc(), engine());
-    p.diffB = memory(wpd.diff_bias_desc(), engine());
-    if (needDx) {
-      convolution_backward_data::primitive_desc dpd(
-          {algorithm::convolution_direct, srcMd, wMd, dstMd, st, pad, pad}, engine(), fpd);
-      DDPRUN_CHECK(dpd.diff_dst_desc() == wpd.diff_dst_desc(),
-                   "oneDNN chose different diff_dst layouts for ", name());
-      p.bwd = convolution_backward_data(dpd);
-      p.wBwd = memory(dpd.weights_desc(), engine());
-      p.diffSrc = memory(dpd.diff_src_desc(), engine());
-      p.hasBwd = true;
-    }
-    if (it != plans_.end()) {
-      // Upgrading to a plan with backward-data: keep the forward's saved src.
-      p.src = it->second.src;
-      it->second = std::move(p);
-      return it->second;
-    }
-    return plans_.emplace(in, std::move(p)).first->second;
+    using namespace dnnl;
+    // oneDNN 2.x: an operation descriptor, then a primitive descriptor.
+    p.fpd = convolution_forward::primitive_desc(
+        {prop_kind::forward_training, algorithm::convolution_direct, p.srcMd, p.wMd, p.userB,
+         p.dstMd, p.strides, p.pad, p.pad},
+        engine());
+    p.fwd = convolution_forward(p.fpd);
+    p.src = memory(p.fpd.src_desc(), engine());
+    p.dst = memory(p.fpd.dst_desc(), engine());
+    p.wFwd = memory(p.fpd.weights_desc(), engine());
   }
 
-  int64_t c_, oc_;
-  int k_, pad_;
-  Param w_, b_;
+  void buildBackwardWeights(Plan& p) {
+    using namespace dnnl;
+    convolution_backward_weights::primitive_desc wpd(
+        {algorithm::convolution_direct, p.srcMd, p.wMd, p.userB, p.dstMd, p.strides, p.pad,
+         p.pad},
+        engine(), p.fpd);
+    p.bww = convolution_backward_weights(wpd);
+    p.diffDst = memory(wpd.diff_dst_desc(), engine());
+    p.diffW = memory(wpd.diff_weights_desc(), engine());
+    if (s_.bias) p.diffB = memory(wpd.diff_bias_desc(), engine());
+    p.hasBww = true;
+  }
+
+  void buildBackwardData(Plan& p) {
+    using namespace dnnl;
+    convolution_backward_data::primitive_desc dpd(
+        {algorithm::convolution_direct, p.srcMd, p.wMd, p.dstMd, p.strides, p.pad, p.pad},
+        engine(), p.fpd);
+    DDPRUN_CHECK(dpd.diff_dst_desc() == p.diffDst.get_desc(),
+                 "oneDNN chose different diff_dst layouts for ", name());
+    p.bwd = convolution_backward_data(dpd);
+    p.wBwd = memory(dpd.weights_desc(), engine());
+    p.diffSrc = memory(dpd.diff_src_desc(), engine());
+    p.hasBwd = true;
+  }
+
+  Conv2dSpec s_;
+  Param w_, b_;  // b_ unused without a bias
   std::map<Shape, Plan> plans_;
   std::vector<float> wTmp_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> makeDnnlConv2d(std::string name, int64_t inC, int64_t outC, int kernel,
-                                      int pad) {
-  return std::make_unique<DnnlConv2d>(std::move(name), inC, outC, kernel, pad);
+std::unique_ptr<Layer> makeDnnlConv2d(std::string name, const Conv2dSpec& spec) {
+  return std::make_unique<DnnlConv2d>(std::move(name), spec);
 }
 
 void setDnnlThreads(int threads) { omp_set_num_threads(threads); }

@@ -16,11 +16,13 @@
 
 namespace ddprun::train {
 
-// Stride 1, square kernel, zero padding `pad`, with bias. Primitives are
-// created once per input shape (the last batch of an epoch is smaller) and
-// kept. Parameter gradients accumulate (+=) like every layer's.
-std::unique_ptr<Layer> makeDnnlConv2d(std::string name, int64_t inC, int64_t outC, int kernel,
-                                      int pad);
+// Square kernel, stride and zero padding as in `spec` (PyTorch's Conv2d:
+// output side floor((in + 2 pad - kernel) / stride) + 1), with or without a
+// bias. Primitives are created once per input shape (the last batch of an
+// epoch is smaller) and kept. Parameter gradients accumulate (+=) like every
+// layer's. Throws InvalidArgument for a spec that cannot work (sizes < 1,
+// padding < 0).
+std::unique_ptr<Layer> makeDnnlConv2d(std::string name, const Conv2dSpec& spec);
 // Fixes oneDNN's (OpenMP) thread count for this process.
 void setDnnlThreads(int threads);
 

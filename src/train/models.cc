@@ -1,27 +1,58 @@
 #include "ddprun/train/models.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ddprun/common/error.h"
+#include "resnet.h"
 
 namespace ddprun::train {
 
 const std::vector<std::string>& Model::names() {
-  static const std::vector<std::string> n = {"mlp", "lenet", "lenet-bn"};
+  static const std::vector<std::string> n = {"mlp", "lenet", "lenet-bn", "resnet18"};
   return n;
 }
 
+const std::vector<std::string>& Model::stems() {
+  static const std::vector<std::string> s = {"imagenet", "cifar"};
+  return s;
+}
+
+namespace {
+
+std::string choices(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::create(const std::string& name, Backend& be,
-                                     runtime::ProcessGroup* syncBn) {
-  std::unique_ptr<Model> m(new Model(name, {1, 28, 28}));
+                                     runtime::ProcessGroup* syncBn, const ModelOptions& o) {
+  const auto& known = names();
+  if (std::find(known.begin(), known.end(), name) == known.end())
+    DDPRUN_THROW(InvalidArgument, "unknown model '", name, "': choose one of ", choices(known));
+  if (o.numClasses < 2)
+    DDPRUN_THROW(InvalidArgument, "a model needs at least 2 classes (got ", o.numClasses, ")");
+  const int64_t k = o.numClasses;
+  if (name == "resnet18") {
+    std::unique_ptr<Model> m(new Model(name, {}, be));
+    m->addResNet18(syncBn, o);
+    return m;
+  }
+  if (o.imageSize != 0 && o.imageSize != 28)
+    DDPRUN_THROW(InvalidArgument, "model ", name, " takes 28x28 images (got image size ",
+                 o.imageSize, ")");
+  std::unique_ptr<Model> m(new Model(name, {1, 28, 28}, be));
   if (name == "mlp") {
     m->add(be.flatten("flatten"));
     m->add(be.linear("fc1", 784, 256));
     m->add(be.relu("relu1"));
     m->add(be.linear("fc2", 256, 256));
     m->add(be.relu("relu2"));
-    m->add(be.linear("fc3", 256, 10));
-  } else if (name == "lenet" || name == "lenet-bn") {
+    m->add(be.linear("fc3", 256, k));
+  } else {  // lenet, lenet-bn
     const bool bn = name == "lenet-bn";
     m->add(be.conv2d("conv1", 1, 6, 5, 2));
     if (bn) m->add(be.batchNorm2d("bn1", 6, syncBn));
@@ -36,13 +67,43 @@ std::unique_ptr<Model> Model::create(const std::string& name, Backend& be,
     m->add(be.relu("relu3"));
     m->add(be.linear("fc2", 120, 84));
     m->add(be.relu("relu4"));
-    m->add(be.linear("fc3", 84, 10));
-  } else {
-    std::string choices;
-    for (const auto& n : names()) choices += (choices.empty() ? "" : ", ") + n;
-    DDPRUN_THROW(InvalidArgument, "unknown model '", name, "': choose one of ", choices);
+    m->add(be.linear("fc3", 84, k));
   }
   return m;
+}
+
+// torchvision.models.resnet18's layers and names, with a choice of stem.
+void Model::addResNet18(runtime::ProcessGroup* syncBn, const ModelOptions& o) {
+  const auto& known = stems();
+  if (std::find(known.begin(), known.end(), o.stem) == known.end())
+    DDPRUN_THROW(InvalidArgument, "unknown resnet18 stem '", o.stem, "': choose one of ",
+                 choices(known));
+  // Padding lets every layer take any side >= 1 (down to 1x1 from layer4 on).
+  if (o.imageSize < 0)
+    DDPRUN_THROW(InvalidArgument, "resnet18's image size must be positive (got ", o.imageSize,
+                 ")");
+  const int64_t side = o.imageSize == 0 ? 32 : o.imageSize;
+  inputShape_ = {3, side, side};
+  kaimingConvs_ = true;
+  Backend& be = backend_;
+  if (o.stem == "imagenet") {
+    add(be.conv2d("conv1", Conv2dSpec{3, 64, 7, 2, 3, false}));
+  } else {
+    add(be.conv2d("conv1", Conv2dSpec{3, 64, 3, 1, 1, false}));
+  }
+  add(be.batchNorm2d("bn1", 64, syncBn));
+  add(be.relu("relu"));
+  if (o.stem == "imagenet") add(be.maxPool2d("maxpool", Pool2dSpec{3, 2, 1}));
+  int64_t in = 64;
+  const int64_t widths[4] = {64, 128, 256, 512};
+  for (int l = 0; l < 4; ++l) {
+    const std::string layer = "layer" + std::to_string(l + 1);
+    add(makeBasicBlock(be, layer + ".0", in, widths[l], l == 0 ? 1 : 2, syncBn));
+    add(makeBasicBlock(be, layer + ".1", widths[l], widths[l], 1, syncBn));
+    in = widths[l];
+  }
+  add(be.globalAvgPool("avgpool"));
+  add(be.linear("fc", 512, o.numClasses));
 }
 
 void Model::add(std::unique_ptr<Layer> layer) {
@@ -66,18 +127,24 @@ size_t Model::numParameters() const {
 
 void Model::initialize(Rng& rng) {
   float bound = 0.0f;
+  std::vector<float> host;
   for (Param* p : params_) {
     const Shape& s = p->value.shape();
-    float* d = p->value.data();
     const int64_t n = p->value.numel();
+    host.assign(static_cast<size_t>(n), 0.0f);
     const bool isWeight = p->name.size() > 7 && p->name.ends_with(".weight");
     if (s.size() == 1 && isWeight) {  // batch norm: weight 1 (bias follows: 0)
       bound = 0.0f;
-      std::fill(d, d + n, 1.0f);
-      continue;
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (s.size() == 4 && kaimingConvs_) {  // N(0, 2 / fan_out), no bias follows
+      bound = 0.0f;
+      const float sd = std::sqrt(2.0f / static_cast<float>(s[0] * s[2] * s[3]));
+      for (float& v : host) v = sd * rng.normal();
+    } else {
+      if (s.size() >= 2) bound = 1.0f / std::sqrt(static_cast<float>(n / s[0]));  // 1/sqrt(fan_in)
+      for (float& v : host) v = bound == 0.0f ? 0.0f : rng.uniform(-bound, bound);
     }
-    if (s.size() >= 2) bound = 1.0f / std::sqrt(static_cast<float>(n / s[0]));  // 1/sqrt(fan_in)
-    for (int64_t i = 0; i < n; ++i) d[i] = bound == 0.0f ? 0.0f : rng.uniform(-bound, bound);
+    backend_.upload(host.data(), p->value.data(), host.size());
   }
 }
 

@@ -33,10 +33,55 @@ std::string outOfRange(const char* flag, double v, FlagRange r, bool lowIncluded
   return os.str();
 }
 
+// The model, its options and the data fit together: resnet18 takes the
+// 3-channel set, the others the 1x28x28 ones; the classes match the data's.
+std::string modelDataProblem(const TrainConfig& c) {
+  const bool resnet = c.model == "resnet18", cifar = c.data == kSyntheticCifar;
+  const auto& stems = Model::stems();
+  if (std::find(stems.begin(), stems.end(), c.stem) == stems.end())
+    return "unknown --stem '" + c.stem + "': choose one of " + joined(stems);
+  if (resnet && !cifar)
+    return "--model resnet18 needs 3-channel images: pass --data synthetic-cifar "
+           "(Fashion-MNIST and 'synthetic' are 1x28x28)";
+  if (!resnet && cifar)
+    return "--model " + c.model + " takes 1x28x28 images (Fashion-MNIST or --data "
+           "synthetic); --data synthetic-cifar is 3x32x32: use --model resnet18";
+  if (c.numClasses < 2 || c.numClasses > 10)
+    return "--num-classes must be in [2, 10] (got " + std::to_string(c.numClasses) + ")";
+  if (!cifar && c.numClasses != 10)
+    return "--num-classes " + std::to_string(c.numClasses) +
+           " does not match the data: Fashion-MNIST and 'synthetic' have 10 classes "
+           "(synthetic-cifar takes 2 to 10)";
+  if (!resnet && c.stem != "imagenet")
+    return "--stem is for resnet18 (" + c.model + " has no stem to choose)";
+  if (c.imageSize != 0 && !resnet)
+    return "--image-size is for resnet18 (" + c.model + " takes 28x28 images)";
+  if (c.imageSize != 0 && (c.imageSize < kMinImageSize || c.imageSize > kMaxImageSize))
+    return "--image-size must be 0 (the data's size) or in [" +
+           std::to_string(kMinImageSize) + ", " + std::to_string(kMaxImageSize) +
+           "] (got " + std::to_string(c.imageSize) + ")";
+  return "";
+}
+
+std::string deviceProblem(const TrainConfig& c) {
+  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
+    return "unknown --device '" + c.device + "': choose one of cpu, cuda, auto";
+  static const std::vector<std::string> precisions = {"fp32", "tf32", "bf16", "fp16"};
+  if (std::find(precisions.begin(), precisions.end(), c.precision) == precisions.end())
+    return "unknown --precision '" + c.precision +
+           "': choose one of " + joined(precisions);
+  if (c.device == "cpu" && c.precision != "fp32")
+    return "--precision " + c.precision +
+           " needs --device cuda: the CPU computes fp32 only";
+  return "";
+}
+
 std::string validate(const TrainConfig& c, int cpus) {
   const auto& models = Model::names();
   if (std::find(models.begin(), models.end(), c.model) == models.end())
     return "unknown model '" + c.model + "': choose one of " + joined(models);
+  if (auto e = modelDataProblem(c); !e.empty()) return e;
+  if (auto e = deviceProblem(c); !e.empty()) return e;
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
     return "unknown optimizer '" + c.optimizer + "': choose one of " + joined(opts);
@@ -94,10 +139,29 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   CLI::App app{"train: the bundled data-parallel trainer (run it under ddprun, torchrun or alone)",
                "train"};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  app.add_option("--model", c.model, "mlp | lenet | lenet-bn")->capture_default_str();
+  app.add_option("--model", c.model, "mlp | lenet | lenet-bn | resnet18")
+      ->capture_default_str();
   app.add_option("--data", c.data,
                  "Directory of Fashion-MNIST IDX .gz files, or 'synthetic' (used, with a notice, "
-                 "when the default directory is absent)")->capture_default_str();
+                 "when the default directory is absent); 'synthetic-cifar' (3x32x32) for "
+                 "resnet18")
+      ->capture_default_str();
+  app.add_option("--stem", c.stem,
+                 "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")
+      ->capture_default_str();
+  app.add_option("--num-classes", c.numClasses,
+                 "Outputs of the last layer: the data's classes (10; synthetic-cifar: "
+                 "2 to 10)")
+      ->capture_default_str();
+  app.add_option("--image-size", c.imageSize,
+                 "resnet18's input side, the images resized (bilinear) on the device; 0: the "
+                 "data's own")
+      ->capture_default_str();
+  app.add_option("--device", c.device, "cpu | cuda | auto (cuda when a GPU is present)")
+      ->capture_default_str();
+  app.add_option("--precision", c.precision,
+                 "fp32 | tf32 | bf16 | fp16 (autocast; cuda only, the CPU computes fp32)")
+      ->capture_default_str();
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "Learning rate, in (0, 10]")->capture_default_str();

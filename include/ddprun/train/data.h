@@ -1,6 +1,7 @@
 // Training data for the bundled trainer: Fashion-MNIST read from the IDX files
 // Debian's `dataset-fashion-mnist` package installs, or a generated synthetic
-// set of the same shape when the package is absent. Nothing is downloaded.
+// set of the same shape when the package is absent; and a generated
+// CIFAR-shaped set (3x32x32 colour images) for ResNet. Nothing is downloaded.
 //
 // A Dataset keeps the raw pixel bytes (0..255, as in the IDX file): 47 MB for
 // the 60000 training images rather than 188 MB as floats. gatherBatch
@@ -23,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,17 @@ inline constexpr int64_t kMaxIdxSamples = int64_t{1} << 22;
 inline constexpr float kFashionMnistMean = 0.2860f;
 inline constexpr float kFashionMnistStd = 0.3530f;
 
+// CIFAR-10's per-channel normalisation constants (torchvision's usual values),
+// used for the generated CIFAR-shaped set.
+inline constexpr float kCifarMean[3] = {0.4914f, 0.4822f, 0.4465f};
+inline constexpr float kCifarStd[3] = {0.2470f, 0.2435f, 0.2616f};
+
+// --data synthetic-cifar: its name, and the fixed seed it is generated from
+// (the set is the same in every run, whatever --seed says, like a real data
+// set; --seed still drives initialisation and shuffling).
+inline constexpr const char* kSyntheticCifar = "synthetic-cifar";
+inline constexpr uint64_t kSyntheticCifarSeed = 0xC1FA;
+
 // The appended advice in every DataError message.
 inline constexpr const char* kDataHint =
     "run scripts/setup.sh (installs Debian's dataset-fashion-mnist) or pass "
@@ -61,14 +74,21 @@ class DataError : public InvalidArgument {
   using InvalidArgument::InvalidArgument;
 };
 
-// A set of labelled images, stored sample-major (NCHW) as raw pixel bytes;
-// gatherBatch turns them into normalised float32.
+// A set of labelled images, stored sample-major (NCHW) as raw pixel bytes
+// or generated on demand; gatherBatch turns them into normalised float32.
 struct Dataset {
   int64_t size = 0;
   int channels = 1, height = 28, width = 28;
   int numClasses = 10;
-  std::vector<uint8_t> pixels;  // size * sampleElems(), raw 0..255 (not normalised)
+  std::vector<uint8_t> pixels;  // size * sampleElems(), raw 0..255 (not normalised);
+                                // empty when `render` is set
   std::vector<int32_t> labels;  // size, each in [0, numClasses)
+  // Normalisation of channel c: x = (p / 255 - mean[c]) / std[c] in float32
+  // (ToTensor + Normalize). One entry per channel.
+  std::vector<float> mean = {kFashionMnistMean}, std = {kFashionMnistStd};
+  // A generated set too large to keep: writes sample i's sampleElems() raw
+  // bytes into `out`, the same bytes every time. Thread-safe (a pure function).
+  std::function<void(int64_t i, uint8_t* out)> render;
 
   // Pixels per sample (and floats per sample in a gathered batch):
   // channels * height * width.
@@ -108,9 +128,24 @@ DataSplit loadFashionMnist(const std::string& dir, int64_t maxTrain = -1,
 // and seed always give the same bytes. Sizes must be >= 0.
 DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed);
 
+// A learnable CIFAR-shaped set: 3x32x32 colour images of `numClasses`
+// classes (2..10). Class k is a fixed random pattern of 4x4-pixel cells per
+// channel (the first numClasses of 10 patterns the seed fixes); a sample is its
+// class's pattern at a random contrast plus per-pixel noise. Pixels are never
+// stored: gatherBatch renders each sample from (seed, split, index), so any
+// size costs only its labels (4 bytes a sample). Labels come in blocks of
+// numClasses consecutive samples, each block a random permutation of the
+// classes: every prefix of the set is balanced within one block, and the
+// first n samples of a larger set are the set of size n. Normalised with
+// CIFAR-10's constants. Exact recipe (tests/interop/synthetic_cifar.py
+// reproduces it): docs/train.md.
+DataSplit makeSyntheticCifar(int64_t trainSize, int64_t testSize, int numClasses = 10,
+                             uint64_t seed = kSyntheticCifarSeed);
+
 // Copies samples idx[0..n) of `d` into x (n * d.sampleElems() floats, each
-// pixel normalised: x = normalisePixel(p)) and y (n labels). Preconditions: every idx[i] is in [0, d.size) (checked: throws
-// InvalidArgument), x and y hold n entries and do not alias `d`.
+// pixel normalised with its channel's mean and std, for Fashion-MNIST
+// x = normalisePixel(p)) and y (n labels). Preconditions: every idx[i] is in [0, d.size)
+// (checked: throws InvalidArgument), x and y hold n entries and do not alias `d`.
 void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y);
 
 }  // namespace ddprun::train

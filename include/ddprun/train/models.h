@@ -6,6 +6,15 @@
 //   lenet     conv1 1-6 5x5 pad 2, relu, pool 2, conv2 6-16 5x5, relu, pool 2,
 //             flatten, fc1 400-120, relu, fc2 120-84, relu, fc3 84-10
 //   lenet-bn  lenet with bn1/bn2 (BatchNorm2d) after conv1/conv2
+//   resnet18  torchvision's resnet18 (state_dict names included) on 3xSxS
+//             images: stem, layer1..layer4 of two BasicBlocks each (64, 128,
+//             256, 512 channels, strides 1, 2, 2, 2), avgpool, fc 512-classes.
+//             Stem "imagenet": conv1 7x7/2 pad 3, bn1, relu, maxpool 3/2 pad 1
+//             (torchvision's); "cifar": conv1 3x3/1 pad 1, bn1, relu (no
+//             maxpool, for 32x32 images). Convolutions have no bias.
+//
+// The model reaches its memory only through the Backend (initialisation
+// draws on the host and uploads), so it runs on any backend.
 //
 // Thread-safety: a Model belongs to one training thread.
 #pragma once
@@ -19,13 +28,25 @@
 
 namespace ddprun::train {
 
+// What a model is built for. The defaults build the 28x28 models as they
+// always were.
+struct ModelOptions {
+  int64_t numClasses = 10;        // outputs of the last layer, >= 2
+  std::string stem = "imagenet";  // resnet18 only: one of Model::stems()
+  int64_t imageSize = 0;          // resnet18's input side (0: 32); the 28x28 models: 0 or 28
+};
+
 class Model {
  public:
   static const std::vector<std::string>& names();
-  // Throws InvalidArgument listing the choices for an unknown name.
-  // `syncBn`: batch norm layers synchronise statistics over this group.
+  static const std::vector<std::string>& stems();  // resnet18's
+  // Throws InvalidArgument listing the choices for an unknown name or stem,
+  // and naming the option that does not fit (fewer than 2 classes, an image
+  // size the model cannot take). `syncBn`: batch norm layers synchronise
+  // statistics over this group. The backend must outlive the model.
   static std::unique_ptr<Model> create(const std::string& name, Backend& backend,
-                                       runtime::ProcessGroup* syncBn = nullptr);
+                                       runtime::ProcessGroup* syncBn = nullptr,
+                                       const ModelOptions& options = {});
 
   const std::string& name() const { return name_; }
   // Per-sample input shape, e.g. {1, 28, 28}.
@@ -36,7 +57,10 @@ class Model {
 
   // PyTorch's default initialisation drawn from `rng`, in parameter order:
   // weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)); batch norm weight
-  // 1, bias 0.
+  // 1, bias 0. resnet18 as torchvision: convolutions
+  // kaiming_normal_(mode="fan_out", nonlinearity="relu"), i.e.
+  // N(0, 2 / (out channels * k * k)); fc the default above. Values are drawn
+  // on the host and uploaded.
   void initialize(Rng& rng);
   // Runs every layer; returns the logits [N, classes] (valid until the next
   // forward).
@@ -47,11 +71,15 @@ class Model {
   void backward(const Tensor& dlogits, const std::function<void(size_t)>& ready);
 
  private:
-  Model(std::string name, Shape input) : name_(std::move(name)), inputShape_(std::move(input)) {}
+  Model(std::string name, Shape input, Backend& backend)
+      : name_(std::move(name)), inputShape_(std::move(input)), backend_(backend) {}
   void add(std::unique_ptr<Layer> layer);
+  void addResNet18(runtime::ProcessGroup* syncBn, const ModelOptions& o);
 
   std::string name_;
   Shape inputShape_;
+  Backend& backend_;
+  bool kaimingConvs_ = false;  // resnet18's convolution initialisation
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<size_t>> layerParams_;  // param indices per layer
   std::vector<Param*> params_;

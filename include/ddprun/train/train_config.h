@@ -12,7 +12,14 @@ namespace ddprun::train {
 
 struct TrainConfig {
   std::string model = "lenet";
-  std::string data;  // directory of Fashion-MNIST IDX .gz files, or "synthetic"
+  // Directory of Fashion-MNIST IDX .gz files, "synthetic" (both 1x28x28, 10
+  // classes: mlp, lenet, lenet-bn) or "synthetic-cifar" (3x32x32: resnet18).
+  std::string data;
+  std::string stem = "imagenet";   // resnet18's stem: imagenet | cifar
+  int64_t numClasses = 10;         // 10 for the 1x28x28 sets; 2..10 for synthetic-cifar
+  int64_t imageSize = 0;           // resnet18's input side; 0: the data's own (32)
+  std::string device = "auto";     // cpu | cuda | auto (cuda when a GPU is there)
+  std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16 (cpu: fp32 only)
   int epochs = 1;
   int batchSize = 64;  // per rank
   float lr = 0.05f;
@@ -56,6 +63,9 @@ inline constexpr FlagRange kLrRange{0.0, 10.0};
 inline constexpr FlagRange kMomentumRange{0.0, 1.0};
 inline constexpr FlagRange kWeightDecayRange{0.0, 1.0};
 inline constexpr FlagRange kBucketMbRange{0.0, 1024.0};
+// --image-size's range (besides 0): down to 8 pixels, up to 1024 (memory grows
+// with its square).
+inline constexpr int64_t kMinImageSize = 8, kMaxImageSize = 1024;
 
 // The CPUs this process may run on (its affinity mask): --threads' limit.
 int availableCpus();

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -395,6 +396,112 @@ TEST(DataTest, SyntheticIsLearnable) {
         double d = test[i * e + j] - mean[k * e + j];
         dist += d * d;
       }
+      if (best < 0 || dist < bestDist) best = k, bestDist = dist;
+    }
+    correct += best == s.test.labels[i];
+  }
+  EXPECT_GT(correct, 0.9 * s.test.size);
+}
+
+// The bytes of one sample of a generated set.
+std::vector<uint8_t> rendered(const Dataset& d, int64_t i) {
+  std::vector<uint8_t> out(static_cast<size_t>(d.sampleElems()));
+  d.render(i, out.data());
+  return out;
+}
+
+int64_t byteSum(const std::vector<uint8_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+// Golden values from tests/interop/synthetic_cifar.py, the independent numpy
+// implementation the parity test trains on: a change of the recipe shows here.
+TEST(DataTest, SyntheticCifarIsTheDocumentedRecipe) {
+  const DataSplit s = makeSyntheticCifar(12, 5);
+  EXPECT_EQ(s.source, "synthetic-cifar");
+  EXPECT_EQ(s.train.labels, (std::vector<int32_t>{1, 5, 6, 0, 9, 8, 4, 3, 7, 2, 2, 7}));
+  EXPECT_EQ(s.test.labels, (std::vector<int32_t>{9, 7, 5, 4, 6}));
+  const std::vector<uint8_t> first = rendered(s.train, 0);
+  EXPECT_EQ(std::vector<uint8_t>(first.begin(), first.begin() + 8),
+            (std::vector<uint8_t>{53, 77, 48, 0, 106, 82, 60, 106}));
+  EXPECT_EQ(byteSum(first), 175223);
+  EXPECT_EQ(byteSum(rendered(s.train, 7)), 209373);
+  const std::vector<uint8_t> last = rendered(s.train, 11);
+  EXPECT_EQ(std::vector<uint8_t>(last.end() - 4, last.end()),
+            (std::vector<uint8_t>{77, 75, 183, 155}));
+  EXPECT_EQ(byteSum(rendered(s.test, 4)), 203469);
+  EXPECT_EQ(makeSyntheticCifar(7, 0, 3).train.labels,
+            (std::vector<int32_t>{2, 1, 0, 0, 2, 1, 2}));
+}
+
+TEST(DataTest, SyntheticCifarIsGeneratedOnDemandAndPrefixStable) {
+  const DataSplit big = makeSyntheticCifar(50000, 10000);
+  const DataSplit small = makeSyntheticCifar(25, 4);
+  EXPECT_EQ(big.train.size, 50000);
+  EXPECT_EQ(big.test.size, 10000);
+  EXPECT_TRUE(big.train.pixels.empty());  // 150 MB it does not keep
+  EXPECT_EQ(big.train.sampleElems(), 3 * 32 * 32);
+  EXPECT_EQ(big.train.numClasses, 10);
+  // The first n samples of a larger set are the set of size n.
+  EXPECT_EQ(std::vector<int32_t>(big.train.labels.begin(), big.train.labels.begin() + 25),
+            small.train.labels);
+  EXPECT_EQ(rendered(big.train, 24), rendered(small.train, 24));
+  EXPECT_EQ(rendered(big.test, 3), rendered(small.test, 3));
+  EXPECT_EQ(rendered(big.train, 49999),
+            rendered(big.train, 49999));  // the same every time
+  EXPECT_NE(rendered(big.train, 0), rendered(big.test, 0));
+  EXPECT_NE(rendered(big.train, 0), rendered(makeSyntheticCifar(1, 0, 10, 1).train, 0));
+  // Balanced: each block of 10 holds every class once.
+  std::array<int, 10> counts{};
+  for (int32_t l : big.train.labels) ++counts[l];
+  for (int c : counts) EXPECT_EQ(c, 5000);
+  for (int k : {2, 3, 7}) {
+    const DataSplit s = makeSyntheticCifar(101, 0, k);
+    EXPECT_EQ(s.train.numClasses, k);
+    for (int32_t l : s.train.labels) ASSERT_TRUE(l >= 0 && l < k) << l;
+  }
+  EXPECT_THROW(makeSyntheticCifar(10, 10, 11), InvalidArgument);
+  EXPECT_THROW(makeSyntheticCifar(10, 10, 1), InvalidArgument);
+  EXPECT_THROW(makeSyntheticCifar(-1, 10), InvalidArgument);
+}
+
+TEST(DataTest, SyntheticCifarIsNormalisedPerChannel) {
+  const DataSplit s = makeSyntheticCifar(3, 0);
+  const Dataset& d = s.train;
+  const int64_t e = d.sampleElems(), plane = 32 * 32;
+  std::vector<int64_t> idx = {2, 0};
+  std::vector<float> x(idx.size() * e);
+  std::vector<int32_t> y(idx.size());
+  gatherBatch(d, idx.data(), idx.size(), x.data(), y.data());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    EXPECT_EQ(y[i], d.labels[idx[i]]);
+    const std::vector<uint8_t> px = rendered(d, idx[i]);
+    for (int64_t k = 0; k < e; ++k) {
+      const int c = static_cast<int>(k / plane);
+      const float want =
+          (static_cast<float>(px[k]) / 255.0f - kCifarMean[c]) / kCifarStd[c];
+      ASSERT_EQ(bits(x[i * e + k]), bits(want)) << i << "," << k;
+    }
+  }
+}
+
+TEST(DataTest, SyntheticCifarIsLearnable) {
+  // Nearest class mean, fitted on train, should classify the test set.
+  const DataSplit s = makeSyntheticCifar(1000, 300);
+  const int64_t e = s.train.sampleElems();
+  const std::vector<float> train = gatherAll(s.train), test = gatherAll(s.test);
+  std::vector<double> mean(10 * e, 0.0);
+  for (int64_t i = 0; i < s.train.size; ++i)
+    for (int64_t j = 0; j < e; ++j)
+      mean[s.train.labels[i] * e + j] += train[i * e + j] / 100.0;
+  int correct = 0;
+  for (int64_t i = 0; i < s.test.size; ++i) {
+    int best = -1;
+    double bestDist = 0;
+    for (int k = 0; k < 10; ++k) {
+      double dist = 0;
+      for (int64_t j = 0; j < e; ++j)
+        dist += std::pow(test[i * e + j] - mean[k * e + j], 2);
       if (best < 0 || dist < bestDist) best = k, bestDist = dist;
     }
     correct += best == s.test.labels[i];

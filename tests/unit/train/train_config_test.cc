@@ -56,6 +56,88 @@ TEST(TrainConfigTest, ThreadsAreBoundedByTheCpusThisProcessMayUse) {
   EXPECT_GE(availableCpus(), 1);
 }
 
+TEST(TrainConfigTest, ResNetFlagsAndTheirDefaults) {
+  const ParseResult d = parse({});
+  ASSERT_TRUE(d.config) << d.output;
+  EXPECT_EQ(d.config->stem, "imagenet");
+  EXPECT_EQ(d.config->numClasses, 10);
+  EXPECT_EQ(d.config->imageSize, 0);
+  EXPECT_EQ(d.config->device, "auto");
+  EXPECT_EQ(d.config->precision, "fp32");
+  const ParseResult r = parse({"--model", "resnet18", "--data", "synthetic-cifar",
+                               "--stem", "cifar", "--num-classes", "4", "--image-size",
+                               "64", "--device", "cuda", "--precision", "bf16"});
+  ASSERT_TRUE(r.config) << r.output;
+  EXPECT_EQ(r.config->model, "resnet18");
+  EXPECT_EQ(r.config->data, "synthetic-cifar");
+  EXPECT_EQ(r.config->stem, "cifar");
+  EXPECT_EQ(r.config->numClasses, 4);
+  EXPECT_EQ(r.config->imageSize, 64);
+  EXPECT_EQ(r.config->device, "cuda");
+  EXPECT_EQ(r.config->precision, "bf16");
+  for (const char* p : {"fp32", "tf32", "bf16", "fp16"})
+    EXPECT_TRUE(parse({"--device", "auto", "--precision", p}).config) << p;
+  EXPECT_TRUE(parse({"--device", "cpu", "--precision", "fp32"}).config);
+  EXPECT_NE(parse({"--help"}).output.find("--image-size"), std::string::npos);
+}
+
+TEST(TrainConfigTest, ResNetNeedsThreeChannelDataAndTheSmallModelsTheirs) {
+  expectRefused({"--model", "resnet18"}, "--data synthetic-cifar");
+  expectRefused({"--model", "resnet18", "--data", "synthetic"}, "3-channel");
+  expectRefused({"--model", "lenet", "--data", "synthetic-cifar"}, "--model resnet18");
+  expectRefused({"--data", "synthetic-cifar"}, "1x28x28");  // the default model, lenet
+  EXPECT_TRUE(parse({"--model", "mlp", "--data", "synthetic"}).config);
+}
+
+TEST(TrainConfigTest, ClassesMatchTheData) {
+  const std::vector<const char*> cifar = {"--model", "resnet18", "--data",
+                                          "synthetic-cifar"};
+  auto with = [&](std::vector<const char*> extra) {
+    std::vector<const char*> a = cifar;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  for (const char* n : {"2", "7", "10"})
+    EXPECT_TRUE(parse(with({"--num-classes", n})).config) << n;
+  for (const char* n : {"1", "0", "-3", "11", "1000"})
+    expectRefused(with({"--num-classes", n}), "--num-classes must be in [2, 10]");
+  expectRefused({"--num-classes", "5"}, "10 classes");  // Fashion-MNIST
+  expectRefused({"--data", "synthetic", "--num-classes", "9"}, "does not match the data");
+  EXPECT_TRUE(parse({"--data", "synthetic", "--num-classes", "10"}).config);
+}
+
+TEST(TrainConfigTest, StemAndImageSizeAreResNetsOnly) {
+  const std::vector<const char*> cifar = {"--model", "resnet18", "--data",
+                                          "synthetic-cifar"};
+  auto with = [&](std::vector<const char*> extra) {
+    std::vector<const char*> a = cifar;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expectRefused(with({"--stem", "tiny"}),
+                "unknown --stem 'tiny': choose one of imagenet, cifar");
+  expectRefused({"--stem", "cifar"}, "--stem is for resnet18");
+  for (const char* s : {"8", "32", "224", "1024", "0"})
+    EXPECT_TRUE(parse(with({"--image-size", s})).config) << s;
+  for (const char* s : {"7", "1", "-32", "1025"})
+    expectRefused(with({"--image-size", s}),
+                  "--image-size must be 0 (the data's size) or in "
+                  "[8, 1024]");
+  expectRefused({"--image-size", "32"}, "--image-size is for resnet18");
+  expectRefused({"--model", "mlp", "--image-size", "28"}, "--image-size is for resnet18");
+}
+
+TEST(TrainConfigTest, DeviceAndPrecision) {
+  expectRefused({"--device", "tpu"},
+                "unknown --device 'tpu': choose one of cpu, cuda, auto");
+  expectRefused({"--precision", "fp64"},
+                "unknown --precision 'fp64': choose one of fp32, tf32, bf16, fp16");
+  for (const char* p : {"tf32", "bf16", "fp16"})
+    expectRefused({"--device", "cpu", "--precision", p}, "--precision");
+  const ParseResult r = parse({"--device", "cpu", "--precision", "bf16"});
+  EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
+}
+
 TEST(TrainConfigTest, SampleCountsAreBounded) {
   expectRefused({"--train-samples", "5000000"}, "--train-samples");
   EXPECT_TRUE(parse({"--train-samples", "60000"}).config);

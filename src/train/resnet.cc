@@ -1,0 +1,118 @@
+#include "resnet.h"
+
+#include "ddprun/common/error.h"
+
+namespace ddprun::train {
+namespace {
+
+// Forward keeps every intermediate (each child's backward needs its input
+// and output); backward walks the main branch back from dL/dsum, then the
+// shortcut, and adds the two contributions to dL/dx.
+class BasicBlock final : public Layer {
+ public:
+  BasicBlock(Backend& be, std::string name, int64_t inC, int64_t outC, int stride,
+             runtime::ProcessGroup* sync)
+      : Layer(name), be_(be) {
+    const std::string p = name + ".";
+    conv1_ = be.conv2d(p + "conv1", Conv2dSpec{inC, outC, 3, stride, 1, false});
+    bn1_ = be.batchNorm2d(p + "bn1", outC, sync);
+    relu1_ = be.relu(p + "relu");
+    conv2_ = be.conv2d(p + "conv2", Conv2dSpec{outC, outC, 3, 1, 1, false});
+    bn2_ = be.batchNorm2d(p + "bn2", outC, sync);
+    relu2_ = be.relu(p + "relu");
+    if (stride != 1 || inC != outC) {
+      dsConv_ = be.conv2d(p + "downsample.0", Conv2dSpec{inC, outC, 1, stride, 0, false});
+      dsBn_ = be.batchNorm2d(p + "downsample.1", outC, sync);
+    }
+  }
+
+  Shape outputShape(const Shape& in) const override {
+    const Shape out = conv2_->outputShape(conv1_->outputShape(in));
+    const Shape shortcut = dsConv_ ? dsConv_->outputShape(in) : in;
+    DDPRUN_CHECK(out == shortcut, name(), ": the residual ", shapeString(out),
+                 " and the shortcut ", shapeString(shortcut), " differ");
+    return out;
+  }
+
+  void forward(const Tensor& x, Tensor& y, bool training) override {
+    run(*conv1_, x, c1_, training);
+    run(*bn1_, c1_, b1_, training);
+    run(*relu1_, b1_, r1_, training);
+    run(*conv2_, r1_, c2_, training);
+    run(*bn2_, c2_, b2_, training);
+    const Tensor* shortcut = &x;
+    if (dsConv_) {
+      run(*dsConv_, x, dc_, training);
+      run(*dsBn_, dc_, db_, training);
+      shortcut = &db_;
+    }
+    sum_.ensure(b2_.shape(), be_.allocator());
+    be_.add(b2_, *shortcut, sum_);
+    run(*relu2_, sum_, y, training);
+  }
+
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    back(*relu2_, sum_, y, dy, &gSum_);
+    back(*bn2_, c2_, b2_, gSum_, &gC2_);
+    back(*conv2_, r1_, c2_, gC2_, &gR1_);
+    back(*relu1_, b1_, r1_, gR1_, &gB1_);
+    back(*bn1_, c1_, b1_, gB1_, &gC1_);
+    back(*conv1_, x, c1_, gC1_, dx);
+    if (dsConv_) {
+      back(*dsBn_, dc_, db_, gSum_, &gDc_);
+      back(*dsConv_, x, dc_, gDc_, dx ? &gX_ : nullptr);
+      if (dx) be_.add(*dx, gX_, *dx);
+    } else if (dx) {
+      be_.add(*dx, gSum_, *dx);
+    }
+  }
+
+  std::vector<Param*> params() override {
+    std::vector<Param*> out;
+    for (Layer* l : children())
+      for (Param* p : l->params()) out.push_back(p);
+    return out;
+  }
+  std::vector<Buffer*> buffers() override {
+    std::vector<Buffer*> out;
+    for (Layer* l : children())
+      for (Buffer* b : l->buffers()) out.push_back(b);
+    return out;
+  }
+
+ private:
+  // torchvision's module order (the state_dict's).
+  std::vector<Layer*> children() const {
+    std::vector<Layer*> v = {conv1_.get(), bn1_.get(), conv2_.get(), bn2_.get()};
+    if (dsConv_) v.insert(v.end(), {dsConv_.get(), dsBn_.get()});
+    return v;
+  }
+  // Outputs and gradients live in this backend's memory.
+  void run(Layer& l, const Tensor& in, Tensor& out, bool training) {
+    out.ensure(l.outputShape(in.shape()), be_.allocator());
+    l.forward(in, out, training);
+  }
+  void back(Layer& l, const Tensor& in, const Tensor& out, const Tensor& dout, Tensor* din) {
+    if (din) din->ensure(in.shape(), be_.allocator());
+    l.backward(in, out, dout, din);
+  }
+
+  Backend& be_;
+  std::unique_ptr<Layer> conv1_, bn1_, relu1_, conv2_, bn2_, relu2_, dsConv_, dsBn_;
+  // Forward: conv1, bn1, relu outputs; conv2, bn2 outputs; downsample conv,
+  // bn outputs; the sum before the last relu.
+  Tensor c1_, b1_, r1_, c2_, b2_, dc_, db_, sum_;
+  // Backward: dL/d of the tensors above (gX_: the shortcut's share of dL/dx).
+  Tensor gSum_, gC2_, gR1_, gB1_, gC1_, gDc_, gX_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> makeBasicBlock(Backend& backend, std::string name, int64_t inC,
+                                      int64_t outC, int stride, runtime::ProcessGroup* sync) {
+  DDPRUN_CHECK(inC > 0 && outC > 0 && stride > 0, name, ": block ", inC, "->", outC,
+               " stride ", stride);
+  return std::make_unique<BasicBlock>(backend, std::move(name), inC, outC, stride, sync);
+}
+
+}  // namespace ddprun::train
