@@ -219,7 +219,9 @@ class Run {
 
 void Run::setup() {
   be_ = makeBackend(cfg_);
-  model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr);
+  model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr,
+                         {.numClasses = cfg_.numClasses, .stem = cfg_.stem,
+                          .imageSize = cfg_.imageSize});
   rng_ = Rng(cfg_.seed);
   model_->initialize(rng_);
   if (!cfg_.init.empty()) loadInit();
@@ -585,7 +587,9 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   runtime::DistributedSampler sampler(so);
   const std::vector<int64_t>& idx = sampler.indices();
   const Dataset& d = data_.test;
-  const int64_t chunk = 500;
+  // Chunks of the training batch: activations are kept per layer, so a bigger
+  // chunk would need more memory than training (ResNet-18 at 500 images).
+  const int64_t chunk = cfg_.batchSize;
   int64_t correct = 0;
   for (size_t at = 0; at < idx.size(); at += chunk) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(idx.size() - at));
@@ -759,6 +763,9 @@ DataSplit loadData(const TrainConfig& cfg) {
     return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000, cfg.seed);
   };
   if (cfg.data == "synthetic") return synthetic();
+  if (cfg.data == kSyntheticCifar)
+    return makeSyntheticCifar(maxTrain > 0 ? maxTrain : 50000, maxTest > 0 ? maxTest : 10000,
+                              static_cast<int>(cfg.numClasses));
   if (cfg.data == kDefaultDataDir && !fashionMnistPresent(cfg.data)) {
     std::fprintf(stderr, "train: Fashion-MNIST is not installed in %s (scripts/setup.sh installs "
                  "it): training on the synthetic set instead\n", cfg.data.c_str());

@@ -46,11 +46,6 @@ struct TrainConfig {
   int64_t testSamples = 0;
   int threads = 1;
   bool quiet = false;  // no progress lines
-  std::string device = "auto";      // cpu | cuda | auto (CUDA when a GPU is visible)
-  std::string precision = "fp32";   // fp32 | tf32 | bf16 | fp16
-  std::string stem = "imagenet";    // resnet18's first layers: imagenet | cifar
-  int numClasses = 10;
-  int imageSize = 0;                // 0: the data's own size; else upsampled to N x N
 };
 
 // The accepted ranges of the float flags (finite numbers only; docs/train.md
