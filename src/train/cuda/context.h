@@ -37,6 +37,10 @@ class Context {
 
   int device() const { return device_; }
   Precision precision() const { return precision_; }
+  // The autocast precisions (bf16, fp16): convolutions and matrix products
+  // take 16-bit inputs and accumulate in float; everything else stays float.
+  bool autocast() const { return precision_ == Precision::kBf16 || precision_ == Precision::kFp16; }
+  bool bf16() const { return precision_ == Precision::kBf16; }
   cudaStream_t stream() const { return stream_.get(); }
   cudnnHandle_t cudnn() const { return cudnn_.get(); }
   cublasLtHandle_t lt() const { return lt_.get(); }
@@ -98,6 +102,8 @@ class DeviceArray {
     return p_;
   }
   T* get() const { return p_; }
+  // Returns the memory to the allocator (stream ordered, as every free).
+  void reset() { release(); }
 
  private:
   void release() {

@@ -2,6 +2,10 @@
 // cuBLASLt (linear) and our kernels (loss, optimizers, element-wise), all on
 // one non-blocking compute stream per backend; memory from a caching
 // allocator. See cuda_layers.h for the layers, context.h for what they share.
+// Precisions: fp32, tf32, and bf16/fp16 as torch.autocast (convolutions and
+// linear layers compute on 16-bit casts of their inputs and weights with
+// float accumulation; see cudnn_layers.cc and linear.cc; everything else,
+// the master weights and the gradients stay float).
 #include <cudnn.h>
 
 #include <vector>
@@ -20,6 +24,12 @@ Param makeDeviceParam(Context& ctx, const std::string& name, const Shape& shape)
   p.name = name;
   p.value = Tensor(shape, ctx.allocator());
   p.grad = Tensor(shape, ctx.allocator());
+  return p;
+}
+
+void* castTo16(Context& ctx, const float* src, size_t n, DeviceArray<uint16_t>& dst) {
+  void* p = dst.ensure(n);
+  launchTo16(src, p, n, ctx.bf16(), ctx.stream());
   return p;
 }
 
@@ -255,9 +265,6 @@ std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o) {
     DDPRUN_THROW(InvalidArgument, "cuda:", o.device, " does not exist: this machine has ", count,
                  " CUDA device", count == 1 ? "" : "s", " (cuda:0", count > 1 ? "..cuda:" : "",
                  count > 1 ? std::to_string(count - 1) : std::string(), ")");
-  if (o.precision == Precision::kBf16 || o.precision == Precision::kFp16)
-    DDPRUN_THROW(InvalidArgument, "precision ", precisionName(o.precision),
-                 " is not available in the CUDA backend yet; use fp32 or tf32");
   return std::make_unique<cuda::CudaBackend>(o);
 }
 

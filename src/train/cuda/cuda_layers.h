@@ -9,6 +9,8 @@
 // training thread per layer, as every Layer.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -42,5 +44,9 @@ std::unique_ptr<runtime::GradientMemory> makeGradientMemory(std::shared_ptr<Cont
 
 // A parameter of `shape` in the context's memory, value and gradient zero.
 Param makeDeviceParam(Context& ctx, const std::string& name, const Shape& shape);
+
+// Autocast: the context's 16-bit type (bf16 or fp16) copy of the n floats at
+// `src` into `dst` (grown as needed, on the context's stream); returns it.
+void* castTo16(Context& ctx, const float* src, size_t n, DeviceArray<uint16_t>& dst);
 
 }  // namespace ddprun::train::cuda

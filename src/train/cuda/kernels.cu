@@ -242,6 +242,22 @@ __global__ void decompressKernel(const void* src16, float* dst, size_t n, bool b
   }
 }
 
+// ---------------------------------------------- autocast (bf16 / fp16)
+__device__ float load16(const void* p, size_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+              : __half2float(static_cast<const __half*>(p)[i]);
+}
+__global__ void from16Kernel(const void* src16, const float* bias, float* dst, size_t total,
+                             int64_t c, int64_t hw, bool bf16) {
+  DDPRUN_GRID_LOOP(i, total) {
+    const float v = load16(src16, i, bf16);
+    dst[i] = bias ? v + bias[static_cast<int64_t>(i / hw) % c] : v;
+  }
+}
+__global__ void accumulate16Kernel(const void* src16, float* dst, size_t n, bool bf16) {
+  DDPRUN_GRID_LOOP(i, n) dst[i] += load16(src16, i, bf16);
+}
+
 int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 }  // namespace
 
@@ -373,6 +389,23 @@ void launchCompress16(const float* src, void* dst16, size_t n, float scale, bool
                       cudaStream_t s) {
   if (!n) return;
   compressKernel<<<blocksFor(n), kThreads, 0, s>>>(src, dst16, n, scale, bf16);
+  checkLaunch();
+}
+void launchTo16(const float* src, void* dst16, size_t n, bool bf16, cudaStream_t s) {
+  if (!n) return;
+  compressKernel<<<blocksFor(n), kThreads, 0, s>>>(src, dst16, n, 1.0f, bf16);  // v * 1 == v
+  checkLaunch();
+}
+void launchFrom16(const void* src16, const float* bias, float* dst, int64_t n, int64_t c,
+                  int64_t hw, bool bf16, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * c * hw);
+  if (!total) return;
+  from16Kernel<<<blocksFor(total), kThreads, 0, s>>>(src16, bias, dst, total, c, hw, bf16);
+  checkLaunch();
+}
+void launchAccumulate16(const void* src16, float* dst, size_t n, bool bf16, cudaStream_t s) {
+  if (!n) return;
+  accumulate16Kernel<<<blocksFor(n), kThreads, 0, s>>>(src16, dst, n, bf16);
   checkLaunch();
 }
 void launchDecompress16(const void* src16, float* dst, size_t n, bool bf16, cudaStream_t s) {

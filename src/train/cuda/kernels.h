@@ -1,7 +1,7 @@
 // The CUDA backend's own kernels (kernels.cu), for the work cuDNN and cuBLASLt
 // do not cover: the loss, the optimizer steps, small element-wise operations,
-// bilinear resizing, global average pooling, the sums of SyncBatchNorm and the
-// gradient buckets' 16-bit compression. Each launcher enqueues on `stream`
+// bilinear resizing, global average pooling, the sums of SyncBatchNorm, the
+// gradient buckets' 16-bit compression and the casts of autocast (bf16/fp16). Each launcher enqueues on `stream`
 // and returns at once; the element math is kernel_math.h's.
 //
 // Preconditions: pointers are device memory of the current device, sized as
@@ -88,6 +88,20 @@ void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbe
 void launchBnBackwardData(const float* dy, const float* xhat, const double* sums,
                           const float* gamma, const float* invstd, float* dx, int64_t n, int64_t c,
                           int64_t hw, cudaStream_t stream);
+
+// ---------------------------------------------- autocast (bf16 / fp16)
+// The casts around the 16-bit convolutions and matrix products. To 16 bits
+// rounds to nearest even: in fp16, |v| >= 65520 becomes +-inf and NaN stays
+// NaN, never clamped (the overflow the fp16 loss scaler must see); back to
+// float is exact.
+// dst16[i] = to16(src[i]).
+void launchTo16(const float* src, void* dst16, size_t n, bool bf16, cudaStream_t stream);
+// dst[i] = float(src16[i]) + bias[(i / hw) % c] (bias null: no bias), for
+// NCHW [n, c, hw] output (a convolution's output and its channel bias).
+void launchFrom16(const void* src16, const float* bias, float* dst, int64_t n, int64_t c,
+                  int64_t hw, bool bf16, cudaStream_t stream);
+// dst[i] += float(src16[i]) (a 16-bit weight gradient into the fp32 one).
+void launchAccumulate16(const void* src16, float* dst, size_t n, bool bf16, cudaStream_t stream);
 
 // ------------------------------------------------------ gradient buckets
 // dst16[i] = to16(src[i] * scale) (round to nearest even); bf16 or fp16.

@@ -10,6 +10,15 @@
 // and gradients here accumulate, hence the kernel for db.
 //
 // Precision: CUBLAS_COMPUTE_32F (strict fp32) or CUBLAS_COMPUTE_32F_FAST_TF32.
+// bf16/fp16 (autocast): x, W and dy are cast to 16 bits (our kernel; W once
+// per forward and reused by backward, x kept from forward for dW) and the
+// GEMMs take 16-bit A and B with CUBLAS_COMPUTE_32F (tensor cores, float
+// accumulation) and float C/D, which cuBLASLt supports: y (with the float bias
+// epilogue), dx and dW come out in float directly, dW accumulating with
+// beta = 1 into the float gradient (so, unlike autocast's 16-bit weight
+// gradient, it is not rounded to 16 bits). db is the column sum of the float
+// dy. Nothing is clamped: an fp16 dy beyond 65504 is inf after the cast and
+// makes the gradients inf/NaN (the loss scaler's overflow signal).
 // Algorithms come from cuBLASLt's heuristic once per problem shape (cached);
 // split-K schemes that reduce with atomics (CUBLASLT_REDUCTION_SCHEME_INPLACE)
 // are excluded so results repeat bitwise.
@@ -32,11 +41,12 @@ class LtGemm {
     bool ta, tb;
     int64_t m, n, k, lda, ldb, ldc;
     bool accumulate, bias;
-    auto key() const { return std::tie(ta, tb, m, n, k, lda, ldb, ldc, accumulate, bias); }
+    cudaDataType_t ab = CUDA_R_32F;  // A and B; C and D are float
+    auto key() const { return std::tie(ta, tb, m, n, k, lda, ldb, ldc, accumulate, bias, ab); }
     bool operator<(const Problem& o) const { return key() < o.key(); }
   };
 
-  void run(Context& ctx, const Problem& p, const float* a, const float* b, float* c,
+  void run(Context& ctx, const Problem& p, const void* a, const void* b, float* c,
            const float* bias) {
     Plan& plan = planFor(ctx, p);
     if (p.bias)
@@ -54,9 +64,9 @@ class LtGemm {
     LtLayout a, b, c;
     cublasLtMatmulAlgo_t algo{};
   };
-  static LtLayout layout(int64_t rows, int64_t cols, int64_t ld) {
+  static LtLayout layout(int64_t rows, int64_t cols, int64_t ld, cudaDataType_t type) {
     cublasLtMatrixLayout_t l = nullptr;
-    DDPRUN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, static_cast<uint64_t>(rows),
+    DDPRUN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
                                                 static_cast<uint64_t>(cols), ld));
     return LtLayout(l);
   }
@@ -81,9 +91,9 @@ class LtGemm {
       DDPRUN_CUBLAS_OK(
           cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     }
-    plan.a = p.ta ? layout(p.k, p.m, p.lda) : layout(p.m, p.k, p.lda);
-    plan.b = p.tb ? layout(p.n, p.k, p.ldb) : layout(p.k, p.n, p.ldb);
-    plan.c = layout(p.m, p.n, p.ldc);
+    plan.a = p.ta ? layout(p.k, p.m, p.lda, p.ab) : layout(p.m, p.k, p.lda, p.ab);
+    plan.b = p.tb ? layout(p.n, p.k, p.ldb, p.ab) : layout(p.k, p.n, p.ldb, p.ab);
+    plan.c = layout(p.m, p.n, p.ldc, CUDA_R_32F);
 
     cublasLtMatmulPreference_t pref = nullptr;
     DDPRUN_CUBLAS_OK(cublasLtMatmulPreferenceCreate(&pref));
@@ -101,7 +111,7 @@ class LtGemm {
                                                     pref, 1, &result, &found));
     if (found == 0)
       DDPRUN_THROW(runtime::CudaError, "cuBLASLt has no algorithm for a ", p.m, "x", p.n, "x",
-                   p.k, " float GEMM on cuda:", ctx.device());
+                   p.k, " GEMM (", precisionName(ctx.precision()), ") on cuda:", ctx.device());
     plan.algo = result.algo;
     return plans_.emplace(p, std::move(plan)).first->second;
   }
@@ -114,42 +124,75 @@ class Linear final : public Layer {
   Linear(std::shared_ptr<Context> ctx, std::string name, int64_t in, int64_t out)
       : Layer(name), ctx_(std::move(ctx)), in_(in), out_(out),
         w_(makeDeviceParam(*ctx_, name + ".weight", {out, in})),
-        b_(makeDeviceParam(*ctx_, name + ".bias", {out})) {
+        b_(makeDeviceParam(*ctx_, name + ".bias", {out})), x16_(ctx_), w16_(ctx_) {
     DDPRUN_CHECK(in > 0 && out > 0, name, ": linear layer sizes must be positive, got ", in, "x",
                  out);
+    if (ctx_->autocast()) ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
   }
   Shape outputShape(const Shape& s) const override {
     DDPRUN_CHECK(s.size() == 2 && s[1] == in_, name(), " expects [N, ", in_, "], got ",
                  shapeString(s));
     return {s[0], out_};
   }
-  void forward(const Tensor& x, Tensor& y, bool) override {
+  void forward(const Tensor& x, Tensor& y, bool training) override {
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
     const int64_t n = x.dim(0);
     if (n == 0) return;
-    gemm_.run(*ctx_, {true, false, out_, n, in_, in_, in_, out_, false, true}, w_.value.data(),
-              x.data(), y.data(), b_.value.data());
+    const void* w = w_.value.data();
+    const void* xin = x.data();
+    if (ctx_->autocast()) {
+      w = castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
+      xin = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
+      x16Of_ = training ? x.data() : nullptr;
+    }
+    gemm_.run(*ctx_, {true, false, out_, n, in_, in_, in_, out_, false, true, ab_}, w, xin,
+              y.data(), b_.value.data());
+    if (!training) releaseInput16();
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     const int64_t n = x.dim(0);
     if (dx) dx->ensure(x.shape(), ctx_->allocator());
     if (n == 0) return;
-    gemm_.run(*ctx_, {false, true, in_, out_, n, in_, out_, in_, true, false}, x.data(), dy.data(),
+    const void* w = w_.value.data();
+    const void* xin = x.data();
+    const void* g = dy.data();
+    DeviceArray<uint16_t> dy16(ctx_);
+    if (ctx_->autocast()) {
+      if (!w16_.get()) castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
+      if (x16Of_ != x.data() || !x16_.get())
+        castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
+      w = w16_.get();
+      xin = x16_.get();
+      g = castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
+    }
+    gemm_.run(*ctx_, {false, true, in_, out_, n, in_, out_, in_, true, false, ab_}, xin, g,
               w_.grad.data(), nullptr);
     launchColumnSumAccumulate(dy.data(), b_.grad.data(), n, out_, ctx_->stream());
     if (dx)
-      gemm_.run(*ctx_, {false, false, in_, n, out_, in_, out_, in_, false, false},
-                w_.value.data(), dy.data(), dx->data(), nullptr);
+      gemm_.run(*ctx_, {false, false, in_, n, out_, in_, out_, in_, false, false, ab_}, w, g,
+                dx->data(), nullptr);
+    releaseInput16();  // one backward per forward
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
 
  private:
+  size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  void releaseInput16() {
+    x16_.reset();
+    x16Of_ = nullptr;
+  }
+
   std::shared_ptr<Context> ctx_;
   int64_t in_, out_;
   Param w_, b_;
   LtGemm gemm_;
+  cudaDataType_t ab_ = CUDA_R_32F;  // the GEMMs' A and B: float, or bf16/fp16 (autocast)
+  // Autocast: the 16-bit input of the last training forward (and the float
+  // tensor it came from) and weights of the last forward.
+  DeviceArray<uint16_t> x16_, w16_;
+  const float* x16Of_ = nullptr;
 };
 
 }  // namespace

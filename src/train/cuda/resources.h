@@ -143,9 +143,10 @@ using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
-// 4-d NCHW float descriptor.
-inline void setTensor4d(cudnnTensorDescriptor_t d, int64_t n, int64_t c, int64_t h, int64_t w) {
-  DDPRUN_CUDNN_OK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+// 4-d NCHW descriptor (float unless `type` says otherwise).
+inline void setTensor4d(cudnnTensorDescriptor_t d, int64_t n, int64_t c, int64_t h, int64_t w,
+                        cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  DDPRUN_CUDNN_OK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type,
                                              static_cast<int>(n), static_cast<int>(c),
                                              static_cast<int>(h), static_cast<int>(w)));
 }
