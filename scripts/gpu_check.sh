@@ -54,7 +54,7 @@ if [ "$tests" = 1 ]; then
   for t in cuda_train_tests cuda_smoke_test; do
     [ -x "$bin/$t" ] && step "$t" "$bin/$t"
   done
-  step train_gpu "$py" "$root/tests/cuda/train_gpu_test.py" -v
+  step train_gpu "$py" "$root/tests/cuda/train_gpu_test.py"
   step collectives_cuda "$py" "$root/tests/runtime/runtime_test.py" CudaMatrix
 fi
 if [ "$bench" = 1 ]; then

@@ -165,7 +165,7 @@ def table(res):
     for r in res["results"]:
         o, t = r["ours"], r["pytorch"]
         hid = o.get("comm_hidden_fraction")
-        lines.append("| %s | %.0f | %.0f | %.2fx | %s | %.0f | %s |" % (
+        lines.append("| %s | %.0f | %.0f | %.2fx | %s | %s | %s |" % (
             r["case"]["name"], o["samples_per_second"], t["samples_per_second"],
             o["samples_per_second"] / t["samples_per_second"],
             "%.0f" % o["peak_device_mb"] if o.get("peak_device_mb") else "-",

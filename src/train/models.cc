@@ -155,9 +155,15 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
 }
 
 void Model::backward(const Tensor& dlogits, const std::function<void(size_t)>& ready) {
+  // On a device, each dL/d(activation) is given back to the caching
+  // allocator once the layer below has consumed it, so backward holds two of
+  // them at a time, not one per layer (on the CPU they are kept: host
+  // allocations are not cached).
+  const bool release = backend_.device() != Device::kCpu;
   grads_.back() = dlogits;
   for (size_t i = layers_.size(); i-- > 0;) {
     layers_[i]->backward(acts_[i], acts_[i + 1], grads_[i + 1], i == 0 ? nullptr : &grads_[i]);
+    if (release) grads_[i + 1] = Tensor();
     if (ready)
       for (size_t p : layerParams_[i]) ready(p);
   }

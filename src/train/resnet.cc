@@ -37,8 +37,9 @@ class BasicBlock final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override {
     run(*conv1_, x, c1_, training);
     run(*bn1_, c1_, b1_, training);
-    run(*relu1_, b1_, r1_, training);
-    run(*conv2_, r1_, c2_, training);
+    // In place: relu's backward reads its output, batch norm's its input.
+    run(*relu1_, b1_, b1_, training);
+    run(*conv2_, b1_, c2_, training);
     run(*bn2_, c2_, b2_, training);
     const Tensor* shortcut = &x;
     if (dsConv_) {
@@ -54,17 +55,24 @@ class BasicBlock final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     back(*relu2_, sum_, y, dy, &gSum_);
     back(*bn2_, c2_, b2_, gSum_, &gC2_);
-    back(*conv2_, r1_, c2_, gC2_, &gR1_);
-    back(*relu1_, b1_, r1_, gR1_, &gB1_);
+    back(*conv2_, b1_, c2_, gC2_, &gR1_);
+    done(gC2_);
+    back(*relu1_, b1_, b1_, gR1_, &gB1_);
+    done(gR1_);
     back(*bn1_, c1_, b1_, gB1_, &gC1_);
+    done(gB1_);
     back(*conv1_, x, c1_, gC1_, dx);
+    done(gC1_);
     if (dsConv_) {
       back(*dsBn_, dc_, db_, gSum_, &gDc_);
       back(*dsConv_, x, dc_, gDc_, dx ? &gX_ : nullptr);
+      done(gDc_);
       if (dx) be_.add(*dx, gX_, *dx);
+      done(gX_);
     } else if (dx) {
       be_.add(*dx, gSum_, *dx);
     }
+    done(gSum_);
   }
 
   std::vector<Param*> params() override {
@@ -92,6 +100,12 @@ class BasicBlock final : public Layer {
     out.ensure(l.outputShape(in.shape()), be_.allocator());
     l.forward(in, out, training);
   }
+  // A backward temporary is given back to a device's caching allocator once
+  // used (the block then holds a few, not all seven; kept on the CPU, whose
+  // allocations are not cached).
+  void done(Tensor& t) {
+    if (be_.device() != Device::kCpu) t = Tensor();
+  }
   void back(Layer& l, const Tensor& in, const Tensor& out, const Tensor& dout, Tensor* din) {
     if (din) din->ensure(in.shape(), be_.allocator());
     l.backward(in, out, dout, din);
@@ -99,9 +113,9 @@ class BasicBlock final : public Layer {
 
   Backend& be_;
   std::unique_ptr<Layer> conv1_, bn1_, relu1_, conv2_, bn2_, relu2_, dsConv_, dsBn_;
-  // Forward: conv1, bn1, relu outputs; conv2, bn2 outputs; downsample conv,
-  // bn outputs; the sum before the last relu.
-  Tensor c1_, b1_, r1_, c2_, b2_, dc_, db_, sum_;
+  // Forward: conv1 output; bn1 output, relu'd in place; conv2, bn2 outputs;
+  // downsample conv, bn outputs; the sum before the last relu.
+  Tensor c1_, b1_, c2_, b2_, dc_, db_, sum_;
   // Backward: dL/d of the tensors above (gX_: the shortcut's share of dL/dx).
   Tensor gSum_, gC2_, gR1_, gB1_, gC1_, gDc_, gX_;
 };

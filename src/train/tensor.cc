@@ -46,7 +46,17 @@ Allocator& cpuAllocator() {
   return a;
 }
 
-Tensor::Tensor(Shape shape, Allocator& a) { ensure(shape, a); }
+Tensor::Tensor(Shape shape, Allocator& a) {
+  const int64_t n = numelOf(shape);
+  Allocator* alloc = &a;
+  float* p = a.alloc(static_cast<size_t>(n));
+  storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
+  data_ = p;
+  capacity_ = static_cast<size_t>(n);
+  device_ = a.device();
+  shape_ = std::move(shape);
+  numel_ = n;
+}
 
 Tensor Tensor::view(float* data, Shape shape, Device d) {
   Tensor t;
@@ -61,7 +71,7 @@ void Tensor::ensure(const Shape& shape, Allocator& a) {
   const int64_t n = numelOf(shape);
   if (!storage_ || static_cast<size_t>(n) > capacity_ || a.device() != device_) {
     Allocator* alloc = &a;
-    float* p = a.alloc(static_cast<size_t>(n));
+    float* p = a.allocUninitialized(static_cast<size_t>(n));
     storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
     data_ = p;
     capacity_ = static_cast<size_t>(n);

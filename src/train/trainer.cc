@@ -30,6 +30,10 @@ using Clock = std::chrono::steady_clock;
 using runtime::DType;
 using runtime::ProcessGroup;
 
+// A device backend is synchronised for the step-time breakdown on one step in
+// kSampleEvery (the middle one: not the first, which searches algorithms).
+constexpr int64_t kSampleEvery = 10;
+
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Position {
@@ -41,6 +45,11 @@ struct Position {
 struct Breakdown {
   double data = 0, fwdBwd = 0, comm = 0, optim = 0;
   double commTotal = 0, commExposed = 0;  // for the hidden fraction
+  int64_t timedSteps = 0;                  // steps the four times above cover
+  // The sums scaled from the timed steps to `steps`.
+  double scaled(double v, int64_t steps) const {
+    return timedSteps ? v * static_cast<double>(steps) / static_cast<double>(timedSteps) : 0.0;
+  }
 };
 
 // Sums a few doubles over the group (losses, counts); exact for counts.
@@ -469,10 +478,13 @@ Tensor Run::toInput(const HostBatch& b, const Dataset& d) {
 
 void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
                int64_t stepsInEpoch) {
-  // On a device the clock reads bracket finished work: the backend is
-  // synchronised after backward (the bucket all-reduces already run behind
-  // it) and after the optimizer.
+  // On a device the clock reads must bracket finished work: every
+  // kSampleEvery-th step synchronises the backend after backward (the bucket
+  // all-reduces already run behind it) and after the optimizer, and the
+  // breakdown is those steps' times scaled to all steps; the other steps run
+  // without waiting (the loss read-back is their only synchronisation).
   const bool device = be_->device() != Device::kCpu;
+  const bool timed = !device || pos_.globalStep % kSampleEvery == kSampleEvery / 2;
   auto t0 = Clock::now();
   HostBatch& hb = batches_[cur_];
   if (hb.idx != idx || hb.n != n) assemble(hb, data_.train, idx, n);
@@ -492,7 +504,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   } else {
     batches_[cur_].idx = nullptr;
   }
-  if (device) be_->synchronize();
+  if (device && timed) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
   reducer_->finalize();
@@ -502,12 +514,15 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   scaler_.update(finite);
   if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
   reducer_->zeroGrad();
-  if (device) be_->synchronize();
+  if (device && timed) be_->synchronize();
   auto t4 = Clock::now();
-  time_.data += std::chrono::duration<double>(t1 - t0).count() + prefetch;
-  time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count() - prefetch;
-  time_.comm += std::chrono::duration<double>(t3 - t2).count();
-  time_.optim += std::chrono::duration<double>(t4 - t3).count();
+  if (timed) {
+    ++time_.timedSteps;
+    time_.data += std::chrono::duration<double>(t1 - t0).count() + prefetch;
+    time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count() - prefetch;
+    time_.comm += std::chrono::duration<double>(t3 - t2).count();
+    time_.optim += std::chrono::duration<double>(t4 - t3).count();
+  }
   const auto& st = reducer_->lastStats();
   const double ct = st.commTime.count();
   time_.commTotal += ct;
@@ -710,8 +725,10 @@ nlohmann::json Run::execute() {
       {"params_sha256", modelSha256(*model_, snap)},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
       {"backend", be_->describe()}, {"precision", cfg_.precision},
-      {"breakdown", {{"data_s", time_.data}, {"forward_backward_s", time_.fwdBwd},
-                     {"comm_wait_s", time_.comm}, {"optimizer_s", time_.optim}}},
+      {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
+                     {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
+                     {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},
+                     {"optimizer_s", time_.scaled(time_.optim, stepsRun_)}}},
       {"comm_hidden_fraction", time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed /
                                                                         time_.commTotal)
                                                    : nlohmann::json(nullptr)},

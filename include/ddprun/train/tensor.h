@@ -29,6 +29,9 @@ class Allocator {
   virtual ~Allocator() = default;
   virtual Device device() const = 0;
   virtual float* alloc(size_t n) = 0;  // zero-filled, 64-byte aligned
+  // Contents unspecified (Tensor::ensure: its callers overwrite every
+  // element); saves the zero-fill of a device buffer reacquired every step.
+  virtual float* allocUninitialized(size_t n) { return alloc(n); }
   virtual void free(float* p) = 0;
 };
 // Host memory (the default).

@@ -86,6 +86,10 @@ float* CachingAllocator::alloc(size_t n) {
   return static_cast<float*>(p);
 }
 
+float* CachingAllocator::allocUninitialized(size_t n) {
+  return static_cast<float*>(take(sizeClass(std::max<size_t>(n, 1) * sizeof(float))));
+}
+
 void CachingAllocator::freeBytes(void* p) {
   if (!p) return;
   bool last = false;

@@ -49,6 +49,7 @@ class CachingAllocator final : public Allocator {
   // n floats, zero-filled (an asynchronous memset on the stream), 256-byte
   // aligned (cudaMalloc's alignment).
   float* alloc(size_t n) override;
+  float* allocUninitialized(size_t n) override;
   void free(float* p) override;
   // Raw bytes, not zeroed (workspaces, scratch).
   void* allocBytes(size_t bytes);

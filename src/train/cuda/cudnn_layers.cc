@@ -43,6 +43,7 @@
 #include <optional>
 
 #include "cuda_layers.h"
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
@@ -79,6 +80,14 @@ bool sumsDirectly(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
+// DDPRUN_CUDNN_DETERMINISTIC=0 also admits cuDNN's non-deterministic
+// algorithms (atomics in backward; what PyTorch's cudnn.benchmark may pick):
+// runs then no longer repeat bitwise. Default 1.
+bool deterministicOnly() {
+  static const bool on = env::integer("DDPRUN_CUDNN_DETERMINISTIC", 1, 0, 1) == 1;
+  return on;
+}
+
 // The first (fastest) deterministic successful result within the workspace
 // limit whose math type and algorithm the precision allows. cuDNN returns
 // them sorted by time.
@@ -86,7 +95,8 @@ template <typename Perf>
 Perf choose(const Perf* perfs, int n, Precision p, const std::string& layer, const char* what) {
   for (int i = 0; i < n; ++i) {
     const Perf& r = perfs[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC ||
+    if (r.status != CUDNN_STATUS_SUCCESS ||
+        (r.determinism != CUDNN_DETERMINISTIC && deterministicOnly()) ||
         r.memory > kMaxWorkspace || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
       continue;
     if (p == Precision::kFp32 && (r.mathType == CUDNN_TENSOR_OP_MATH || !sumsDirectly(r.algo)))
