@@ -67,6 +67,7 @@ class Linear final : public Layer {
     gemm(false, true, n, out_, in_, x.data(), w_.value.data(), yd, 1.0f);
   }
   // dW += dy^T x; db += sum_n dy; dx = dy W
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     const int64_t n = x.dim(0);
     gemm(true, false, out_, in_, n, dy.data(), x.data(), w_.grad.data(), 1.0f);
@@ -335,6 +336,7 @@ class Relu final : public Layer {
     float* b = y.data();
     for (int64_t i = 0, n = x.numel(); i < n; ++i) b[i] = a[i] > 0.0f ? a[i] : 0.0f;
   }
+  bool worksInPlace() const override { return true; }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     dx->ensure(x.shape());
@@ -420,6 +422,7 @@ class BatchNorm2d final : public Layer {
       }
     }
   }
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
     std::vector<double> sums(2 * c_ + 1, 0.0);  // S1 per channel, S2 per channel, M

@@ -71,6 +71,7 @@ class DnnlConv2d final : public Layer {
     reorderOut(p.dst, p.userDst, y.data(), s);
     s.wait();
   }
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     Plan& p = plan(x.shape(), true, dx != nullptr);
     auto& s = stream();

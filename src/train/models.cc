@@ -150,7 +150,13 @@ void Model::initialize(Rng& rng) {
 
 const Tensor& Model::forward(const Tensor& x, bool training) {
   acts_[0] = x;
-  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->forward(acts_[i], acts_[i + 1], training);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    // ReLU after a layer whose backward does not read its output (conv,
+    // batch norm, linear) overwrites that output: one activation less.
+    if (i > 0 && layers_[i]->worksInPlace() && !layers_[i - 1]->backwardReadsOutput())
+      acts_[i + 1] = acts_[i];
+    layers_[i]->forward(acts_[i], acts_[i + 1], training);
+  }
   return acts_.back();
 }
 

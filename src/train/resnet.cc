@@ -47,13 +47,16 @@ class BasicBlock final : public Layer {
       run(*dsBn_, dc_, db_, training);
       shortcut = &db_;
     }
-    sum_.ensure(b2_.shape(), be_.allocator());
-    be_.add(b2_, *shortcut, sum_);
-    run(*relu2_, sum_, y, training);
+    // The sum and the last ReLU in place in bn2's output (bn2's backward does
+    // not read it), which becomes the block's output y: torchvision's
+    // `out += identity; out = relu(out)`.
+    be_.add(b2_, *shortcut, b2_);
+    y = b2_;
+    relu2_->forward(y, y, training);
   }
 
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
-    back(*relu2_, sum_, y, dy, &gSum_);
+    back(*relu2_, y, y, dy, &gSum_);
     back(*bn2_, c2_, b2_, gSum_, &gC2_);
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
@@ -113,9 +116,10 @@ class BasicBlock final : public Layer {
 
   Backend& be_;
   std::unique_ptr<Layer> conv1_, bn1_, relu1_, conv2_, bn2_, relu2_, dsConv_, dsBn_;
-  // Forward: conv1 output; bn1 output, relu'd in place; conv2, bn2 outputs;
-  // downsample conv, bn outputs; the sum before the last relu.
-  Tensor c1_, b1_, c2_, b2_, dc_, db_, sum_;
+  // Forward: conv1 output; bn1 output, relu'd in place; conv2 output; bn2
+  // output, shortcut added and relu'd in place (shared with the block's
+  // output); downsample conv, bn outputs.
+  Tensor c1_, b1_, c2_, b2_, dc_, db_;
   // Backward: dL/d of the tensors above (gX_: the shortcut's share of dL/dx).
   Tensor gSum_, gC2_, gR1_, gB1_, gC1_, gDc_, gX_;
 };

@@ -523,10 +523,14 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
     time_.comm += std::chrono::duration<double>(t3 - t2).count();
     time_.optim += std::chrono::duration<double>(t4 - t3).count();
   }
-  const auto& st = reducer_->lastStats();
-  const double ct = st.commTime.count();
-  time_.commTotal += ct;
-  time_.commExposed += ct * (1.0 - st.hiddenFraction());
+  // The hidden fraction too comes from the timed steps: on the others
+  // finalize() also waits for backward's own kernels.
+  if (timed) {
+    const auto& st = reducer_->lastStats();
+    const double ct = st.commTime.count();
+    time_.commTotal += ct;
+    time_.commExposed += ct * (1.0 - st.hiddenFraction());
+  }
 
   intervalLoss_ += loss * static_cast<double>(n);
   intervalCount_ += static_cast<double>(n);

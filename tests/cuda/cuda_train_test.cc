@@ -824,7 +824,7 @@ TEST_F(CudaBackendTest, CachingAllocatorReusesBlocks) {
   auto* a = dynamic_cast<cuda::CachingAllocator*>(&gpu_->allocator());
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(cuda::CachingAllocator::sizeClass(1), 512u);
-  EXPECT_EQ(cuda::CachingAllocator::sizeClass((size_t{1} << 20) + 1), size_t{5} << 18);
+  EXPECT_EQ(cuda::CachingAllocator::sizeClass((size_t{1} << 20) + 1), size_t{17} << 16);
   {
     Tensor t(Shape{1000, 1000}, *a);
     EXPECT_GE(a->stats().inUse, size_t{4000000});

@@ -71,6 +71,13 @@ class Layer {
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
   virtual std::vector<Param*> params() { return {}; }
   virtual std::vector<Buffer*> buffers() { return {}; }
+  // Whether backward() reads y's elements (false: only x's, dy's and the
+  // shapes), so that an in-place layer after it may overwrite y.
+  virtual bool backwardReadsOutput() const { return true; }
+  // Whether forward(x, y) may be given a y that shares x's storage: an
+  // element-wise layer whose backward reads only y (ReLU). The Model then
+  // runs it in place when the layer before does not read its own output.
+  virtual bool worksInPlace() const { return false; }
 
  protected:
   explicit Layer(std::string name) : name_(std::move(name)) {}

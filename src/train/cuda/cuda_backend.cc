@@ -45,6 +45,7 @@ class Relu final : public Layer {
     y.ensure(x.shape(), ctx_->allocator());
     launchRelu(x.data(), y.data(), static_cast<size_t>(x.numel()), ctx_->stream());
   }
+  bool worksInPlace() const override { return true; }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     ctx_->bind();

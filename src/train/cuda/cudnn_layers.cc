@@ -163,6 +163,7 @@ class Conv2d final : public Layer {
       DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
                                      yDesc_, y.data()));
   }
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     if (dx) dx->ensure(x.shape(), ctx_->allocator());
@@ -412,6 +413,7 @@ class BatchNorm2d final : public Layer {
     }
     launchAddScalar(nbt_.value.data(), 1.0f, ctx_->stream());
   }
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward (batch norm keeps "
                  "batch statistics only in training)");

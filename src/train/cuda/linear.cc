@@ -127,7 +127,12 @@ class Linear final : public Layer {
         b_(makeDeviceParam(*ctx_, name + ".bias", {out})), x16_(ctx_), w16_(ctx_) {
     DDPRUN_CHECK(in > 0 && out > 0, name, ": linear layer sizes must be positive, got ", in, "x",
                  out);
-    if (ctx_->autocast()) ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
+    // cuBLASLt's 16-bit kernels refuse (CUBLAS_STATUS_NOT_SUPPORTED, seen on
+    // an H100 for LeNet's 120->84 layer) leading dimensions that are not a
+    // multiple of 8 elements: such a layer computes in fp32 (like a layer
+    // autocast leaves in float; small, so the cost is negligible).
+    if (ctx_->autocast() && in % 8 == 0 && out % 8 == 0)
+      ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
   }
   Shape outputShape(const Shape& s) const override {
     DDPRUN_CHECK(s.size() == 2 && s[1] == in_, name(), " expects [N, ", in_, "], got ",
@@ -141,7 +146,7 @@ class Linear final : public Layer {
     if (n == 0) return;
     const void* w = w_.value.data();
     const void* xin = x.data();
-    if (ctx_->autocast()) {
+    if (ab_ != CUDA_R_32F) {
       w = castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
       xin = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
       x16Of_ = training ? x.data() : nullptr;
@@ -150,6 +155,7 @@ class Linear final : public Layer {
               y.data(), b_.value.data());
     if (!training) releaseInput16();
   }
+  bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     const int64_t n = x.dim(0);
@@ -159,7 +165,7 @@ class Linear final : public Layer {
     const void* xin = x.data();
     const void* g = dy.data();
     DeviceArray<uint16_t> dy16(ctx_);
-    if (ctx_->autocast()) {
+    if (ab_ != CUDA_R_32F) {
       if (!w16_.get()) castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
       if (x16Of_ != x.data() || !x16_.get())
         castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
