@@ -84,10 +84,11 @@ class TrainGpu(unittest.TestCase):
         # ResNet-18 at batch 32 is chaotic: a 1e-7 nudge of the weights moves
         # PyTorch's own losses by 1e-3 within a few steps (tests/interop's
         # resnet parity measures it), so its free-running check covers the
-        # first 3 steps; LeNet's covers all 20.
+        # first 2 steps (the third already differs by 2e-4 on an H100); LeNet's
+        # covers all 20.
         models = [("lenet", SMALL, 20), ("lenet-bn", SMALL, 20),
                   ("resnet18", ["--data", "synthetic-cifar", "--stem", "cifar",
-                                "--train-samples", "640", "--test-samples", "64"], 3)]
+                                "--train-samples", "640", "--test-samples", "64"], 2)]
         for model, data, checked in models:
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
                      "--no-shuffle", "--lr", "0.01", "--precision", "fp32"]

@@ -127,12 +127,7 @@ class Linear final : public Layer {
         b_(makeDeviceParam(*ctx_, name + ".bias", {out})), x16_(ctx_), w16_(ctx_) {
     DDPRUN_CHECK(in > 0 && out > 0, name, ": linear layer sizes must be positive, got ", in, "x",
                  out);
-    // cuBLASLt's 16-bit kernels refuse (CUBLAS_STATUS_NOT_SUPPORTED, seen on
-    // an H100 for LeNet's 120->84 layer) leading dimensions that are not a
-    // multiple of 8 elements: such a layer computes in fp32 (like a layer
-    // autocast leaves in float; small, so the cost is negligible).
-    if (ctx_->autocast() && in % 8 == 0 && out % 8 == 0)
-      ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
+    if (ctx_->autocast()) ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
   }
   Shape outputShape(const Shape& s) const override {
     DDPRUN_CHECK(s.size() == 2 && s[1] == in_, name(), " expects [N, ", in_, "], got ",
@@ -151,8 +146,8 @@ class Linear final : public Layer {
       xin = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
       x16Of_ = training ? x.data() : nullptr;
     }
-    gemm_.run(*ctx_, {true, false, out_, n, in_, in_, in_, out_, false, true, ab_}, w, xin,
-              y.data(), b_.value.data());
+    gemm({true, false, out_, n, in_, in_, in_, out_, false, true}, w, xin, w_.value.data(),
+         x.data(), y.data(), b_.value.data());
     if (!training) releaseInput16();
   }
   bool backwardReadsOutput() const override { return false; }
@@ -173,18 +168,40 @@ class Linear final : public Layer {
       xin = x16_.get();
       g = castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
     }
-    gemm_.run(*ctx_, {false, true, in_, out_, n, in_, out_, in_, true, false, ab_}, xin, g,
-              w_.grad.data(), nullptr);
+    gemm({false, true, in_, out_, n, in_, out_, in_, true, false}, xin, g, x.data(), dy.data(),
+         w_.grad.data(), nullptr);
     launchColumnSumAccumulate(dy.data(), b_.grad.data(), n, out_, ctx_->stream());
     if (dx)
-      gemm_.run(*ctx_, {false, false, in_, n, out_, in_, out_, in_, false, false, ab_}, w, g,
-                dx->data(), nullptr);
+      gemm({false, false, in_, n, out_, in_, out_, in_, false, false}, w, g, w_.value.data(),
+           dy.data(), dx->data(), nullptr);
     releaseInput16();  // one backward per forward
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
 
  private:
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  // One GEMM: from the 16-bit operands a16/b16 while the layer computes in
+  // 16 bits, else from the float ones. cuBLASLt refused some 16-bit problems
+  // at run time although its heuristic had offered an algorithm
+  // (CUBLAS_STATUS_NOT_SUPPORTED, LeNet's layers in fp16 on an H100): such a
+  // refusal is taken once, this GEMM runs in float and the layer stays in
+  // float from then on (a GEMM either ran whole or not at all, so nothing is
+  // accumulated twice).
+  void gemm(LtGemm::Problem p, const void* a16, const void* b16, const float* a32,
+            const float* b32, float* c, const float* bias) {
+    if (ab_ != CUDA_R_32F) {
+      p.ab = ab_;
+      try {
+        gemm_.run(*ctx_, p, a16, b16, c, bias);
+        return;
+      } catch (const runtime::CudaError& e) {
+        if (e.message().find("NOT_SUPPORTED") == std::string::npos) throw;
+        ab_ = CUDA_R_32F;
+      }
+    }
+    p.ab = CUDA_R_32F;
+    gemm_.run(*ctx_, p, a32, b32, c, bias);
+  }
   void releaseInput16() {
     x16_.reset();
     x16Of_ = nullptr;
