@@ -33,6 +33,12 @@ void Rng::restore(const std::string& s) {
   gen_ = g;
 }
 
+Tensor Backend::uploadInput(const float* host, const Shape& shape) {
+  Tensor t(shape, allocator());
+  upload(host, t.data(), static_cast<size_t>(t.numel()));
+  return t;
+}
+
 const char* precisionName(Precision p) {
   switch (p) {
     case Precision::kFp32: return "fp32";

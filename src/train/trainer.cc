@@ -182,12 +182,16 @@ class Run {
     std::vector<int32_t> y;
     const int64_t* idx = nullptr;  // the indices it holds (nullptr: none)
     int64_t n = 0;
+    Tensor dev;  // x on the backend's device (uploaded: defined)
   };
   // Copies samples idx[0..n) of `d` into host batch `b`.
   void assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n);
-  // The model's input for host batch `b` (a view of it on the CPU; uploaded,
-  // and upsampled to --image-size, on a device).
-  Tensor toInput(const HostBatch& b, const Dataset& d);
+  // Starts copying host batch `b` to the device (a device backend's input
+  // pipeline; nothing on the CPU).
+  void upload(HostBatch& b, const Dataset& d);
+  // The model's input for host batch `b` (a view of it on the CPU; on a
+  // device its upload, upsampled to --image-size there).
+  Tensor toInput(HostBatch& b, const Dataset& d);
   // One step on samples idx[0..n); next/nextN: the following step's samples
   // (nullptr at the epoch's end), assembled while this step's backward runs.
   void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
@@ -215,7 +219,7 @@ class Run {
   HostBatch batches_[2];
   int cur_ = 0;  // batches_[cur_]: this step's
   Tensor dlogits_;
-  Tensor xdev_, xin_;  // the batch on the backend's device, and upsampled
+  Tensor xin_;  // the batch upsampled to --image-size
   LossScaler scaler_{cfg_.precision == "fp16"};
   // progress accounting
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
@@ -442,35 +446,45 @@ void Run::assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n
   gatherBatch(d, idx, static_cast<size_t>(n), b.x.data(), b.y.data());
   b.idx = idx;
   b.n = n;
+  b.dev = Tensor();
+}
+
+// Square images of in[0] channels at the data's own size: the batch's shape
+// before --image-size's upsampling.
+static Shape nativeShape(const Shape& in, const Dataset& d, int64_t n) {
+  if (numelOf(in) == d.sampleElems()) {
+    Shape xs = {n};
+    for (int64_t s : in) xs.push_back(s);
+    return xs;
+  }
+  const int64_t side = static_cast<int64_t>(
+      std::lround(std::sqrt(static_cast<double>(d.sampleElems() / in[0]))));
+  DDPRUN_CHECK(in.size() == 3 && side * side * in[0] == d.sampleElems(), "the data's samples (",
+               d.sampleElems(), " values) do not fit the model's input ", shapeString(in));
+  return {n, in[0], side, side};
+}
+
+void Run::upload(HostBatch& b, const Dataset& d) {
+  if (be_->device() == Device::kCpu || b.dev.data()) return;
+  b.dev = be_->uploadInput(b.x.data(), nativeShape(model_->inputShape(), d, b.n));
 }
 
 // The batch is uploaded to the backend's device and, when the model's input is
 // larger than the data's images (--image-size), upsampled there (bilinear, as
 // F.interpolate).
-Tensor Run::toInput(const HostBatch& b, const Dataset& d) {
+Tensor Run::toInput(HostBatch& b, const Dataset& d) {
   const Shape& in = model_->inputShape();
-  const int64_t n = b.n;
-  Shape xs = {n};
+  Shape xs = {b.n};
   for (int64_t s : in) xs.push_back(s);
-  float* host = const_cast<float*>(b.x.data());  // views are mutable; nobody writes it
-  if (numelOf(in) == d.sampleElems()) {
-    if (be_->device() == Device::kCpu) return Tensor::view(host, xs);
-    xdev_.ensure(xs, be_->allocator());
-    be_->upload(host, xdev_.data(), b.x.size());
-    return xdev_;
+  const Shape native = nativeShape(in, d, b.n);
+  Tensor src;
+  if (be_->device() == Device::kCpu) {
+    src = Tensor::view(b.x.data(), native);
+  } else {
+    upload(b, d);
+    src = b.dev;
   }
-  // Square images of in[0] channels at the data's own size.
-  const int64_t side = static_cast<int64_t>(
-      std::lround(std::sqrt(static_cast<double>(d.sampleElems() / in[0]))));
-  DDPRUN_CHECK(in.size() == 3 && side * side * in[0] == d.sampleElems(), "the data's samples (",
-               d.sampleElems(), " values) do not fit the model's input ", shapeString(in));
-  const Shape native = {n, in[0], side, side};
-  Tensor src = Tensor::view(host, native);
-  if (be_->device() != Device::kCpu) {
-    xdev_.ensure(native, be_->allocator());
-    be_->upload(host, xdev_.data(), b.x.size());
-    src = xdev_;
-  }
+  if (native == xs) return src;
   xin_.ensure(xs, be_->allocator());
   be_->resizeBilinear(src, in[1], in[2], xin_);
   return xin_;
@@ -485,6 +499,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   // without waiting (the loss read-back is their only synchronisation).
   const bool device = be_->device() != Device::kCpu;
   const bool timed = !device || pos_.globalStep % kSampleEvery == kSampleEvery / 2;
+  if (device && timed) be_->synchronize();  // the previous step's work is not this one's
   auto t0 = Clock::now();
   HostBatch& hb = batches_[cur_];
   if (hb.idx != idx || hb.n != n) assemble(hb, data_.train, idx, n);
@@ -500,6 +515,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   if (next) {
     const auto p0 = Clock::now();
     assemble(batches_[cur_], data_.train, next, nextN);
+    upload(batches_[cur_], data_.train);  // copied while backward runs
     prefetch = since(p0);
   } else {
     batches_[cur_].idx = nullptr;

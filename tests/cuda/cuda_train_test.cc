@@ -631,6 +631,27 @@ TEST_F(CudaAutocastTest, Fp16OverflowGivesNonFiniteGradients) {
 }
 
 // -------------------------------------------------------------- batch norm
+// The input pipeline: the host buffer is reusable at once, two uploads are
+// live together (double-buffered), a later smaller batch reuses a slot.
+TEST_F(CudaBackendTest, UploadInputIsDoubleBuffered) {
+  std::vector<float> a(1000), b(1000), c(600);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5f * static_cast<float>(i);
+  const std::vector<float> keepA = a;
+  const Tensor ta = gpu_->uploadInput(a.data(), {10, 100});
+  std::fill(a.begin(), a.end(), 7.0f);  // the host copy may be reused on return
+  const Tensor tb = gpu_->uploadInput(b.data(), {10, 100});
+  EXPECT_EQ(ta.device(), Device::kCuda);
+  EXPECT_EQ(ta.shape(), (Shape{10, 100}));
+  EXPECT_EQ(fromGpu(ta), keepA);
+  EXPECT_EQ(fromGpu(tb), b);
+  const Tensor tc = gpu_->uploadInput(c.data(), {6, 100});
+  EXPECT_EQ(tc.shape(), (Shape{6, 100}));
+  EXPECT_EQ(fromGpu(tc), c);
+  EXPECT_EQ(fromGpu(tb), b);  // the other slot is untouched
+}
+
 TEST_F(CudaBackendTest, BatchNormTrainThenEval) {
   auto ref = cpu_->batchNorm2d("bn", 6, nullptr);
   auto gpu = gpu_->batchNorm2d("bn", 6, nullptr);

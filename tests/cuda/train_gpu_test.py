@@ -149,8 +149,9 @@ class TrainGpu(unittest.TestCase):
 
     def test_checkpoints_move_between_cpu_and_cuda(self):
         base = ["--model", "lenet-bn", *SMALL, "--batch-size", "32", "--no-shuffle",
-                "--epochs", "2", "--max-steps", "8", "--checkpoint-every", "4"]
-        ref, _ = self.train("ref_cpu", "--device", "cpu", *base[:-2])
+                "--epochs", "2", "--max-steps", "8", "--checkpoint-every", "4",
+                "--keep-checkpoints", "10"]
+        ref, _ = self.train("ref_cpu", "--device", "cpu", *base[:-4])
         for first, second in (("cpu", "cuda"), ("cuda", "cpu")):
             d = os.path.join(self.tmp, "ck_" + first)
             env = clean_env(TORCHELASTIC_RUN_ID="move-" + first)

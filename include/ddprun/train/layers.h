@@ -168,6 +168,14 @@ class Backend {
   // the host side may be reused or read.
   virtual void upload(const float* host, float* dst, size_t n) = 0;
   virtual void download(const float* src, float* host, size_t n) = 0;
+  // The input pipeline: copies a host batch of numelOf(shape) floats into
+  // memory this backend owns and returns it as a tensor of `shape`; the host
+  // memory may be reused on return. On a device the copy runs from pinned
+  // staging on a copy stream, overlapping the compute already issued, and the
+  // compute issued after this call waits for it. The tensor may be read by
+  // work issued before the next call (inputs are double-buffered). The
+  // default: an allocation and upload().
+  virtual Tensor uploadInput(const float* host, const Shape& shape);
   // Waits until everything issued so far has finished (timing, benchmarks).
   virtual void synchronize() = 0;
   // High-water mark of the device memory this backend's allocator handed out

@@ -8,6 +8,7 @@
 // the master weights and the gradients stay float).
 #include <cudnn.h>
 
+#include <cstring>
 #include <vector>
 
 #include "cuda_layers.h"
@@ -112,6 +113,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     try {
       ctx_->bind();
+      copy_.synchronize();  // no copy may still read a staging buffer
       ctx_->synchronize();
     } catch (...) {  // a destructor must not throw; the context cleans up regardless
     }
@@ -234,6 +236,38 @@ class CudaBackend final : public Backend {
     ctx_->bind();
     ctx_->synchronize();
   }
+  // Two slots, each a pinned staging buffer and a device buffer. A slot's
+  // copy (on copy_) first waits for `consumed`: the compute work issued up to
+  // the call after the slot's last use, i.e. every kernel that may read its
+  // previous batch; the compute stream then waits for `copied`. A slot's
+  // device buffer is allocated (or grown) with the compute stream drained,
+  // so that the copy stream never writes a cached block that pending compute
+  // kernels still use.
+  Tensor uploadInput(const float* host, const Shape& shape) override {
+    ctx_->bind();
+    const size_t n = static_cast<size_t>(numelOf(shape)), bytes = n * sizeof(float);
+    InputSlot& prev = slots_[nextSlot_ ^ 1];
+    if (prev.used) prev.consumed.record(ctx_->stream());
+    InputSlot& s = slots_[nextSlot_];
+    nextSlot_ ^= 1;
+    if (s.used) s.copied.synchronize();  // its staging buffer is free again
+    void* pin = s.pinned.ensure(std::max<size_t>(bytes, 1));
+    if (bytes) std::memcpy(pin, host, bytes);
+    if (n > s.capacity) {
+      s.dev = Tensor({static_cast<int64_t>(n)}, ctx_->allocator());
+      s.capacity = n;
+      ctx_->synchronize();
+    } else if (s.used) {
+      DDPRUN_CUDA_OK(cudaStreamWaitEvent(copy_.get(), s.consumed.get(), 0));
+    }
+    if (bytes)
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(s.dev.data(), pin, bytes, cudaMemcpyHostToDevice,
+                                     copy_.get()));
+    s.copied.record(copy_.get());
+    DDPRUN_CUDA_OK(cudaStreamWaitEvent(ctx_->stream(), s.copied.get(), 0));
+    s.used = true;
+    return Tensor::view(s.dev.data(), shape, Device::kCuda);
+  }
   size_t peakDeviceBytes() const override { return ctx_->peakBytes(); }
   std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup&) override {
     if (runtime::cudaSelectedDevice() != ctx_->device())
@@ -245,7 +279,18 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  struct InputSlot {
+    PinnedBuffer pinned;
+    Tensor dev;
+    size_t capacity = 0;
+    Event copied = Event::create(), consumed = Event::create();
+    bool used = false;
+  };
+
   std::shared_ptr<Context> ctx_;
+  Stream copy_ = Stream::create();  // the input pipeline's copies
+  InputSlot slots_[2];
+  int nextSlot_ = 0;
   DeviceArray<int32_t> labels_;
   DeviceArray<double> rowLoss_;
   DeviceArray<int> rowHit_;
