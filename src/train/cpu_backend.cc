@@ -1,6 +1,8 @@
 // The CPU backend: oneDNN for convolutions (dnnl_conv.cc), OpenBLAS
 // single-precision GEMM for the linear layers, straight loops for pooling,
-// ReLU, batch norm, the loss and the optimizers. docs/conv_backend.md records
+// ReLU, batch norm, the loss and the optimizers (the loss's and the
+// optimizers' element math from kernel_math.h, shared with the CUDA
+// kernels, so both backends compute them alike). docs/conv_backend.md records
 // the measurement behind the choice (oneDNN's convolutions beat im2col +
 // OpenBLAS GEMM by 1.37x per LeNet step; oneDNN's NCHW pooling loses to a
 // plain loop; linear layers tie).
@@ -21,9 +23,19 @@
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
 #include "dnnl_conv.h"
+#include "kernel_math.h"
 
 namespace ddprun::train {
 namespace {
+
+using kmath::AdamScalars;
+using kmath::adamScalars;
+using kmath::adamStep;
+using kmath::CeRow;
+using kmath::crossEntropyGrad;
+using kmath::crossEntropyLoss;
+using kmath::crossEntropyRow;
+using kmath::sgdStep;
 
 // C[M,N] (+)= op(A) op(B), row-major.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
@@ -563,20 +575,12 @@ class CpuBackend final : public Backend {
       const float* z = logits.data() + i * k;
       const int32_t y = labels[i];
       DDPRUN_CHECK(y >= 0 && y < k, "label ", y, " outside [0, ", k, ")");
-      int64_t arg = 0;
-      for (int64_t j = 1; j < k; ++j)
-        if (z[j] > z[arg]) arg = j;
-      hits += arg == y;
-      const float mx = z[arg];
-      double se = 0.0;
-      for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(z[j] - mx));
-      const double lse = mx + std::log(se);
-      total += lse - z[y];
+      const CeRow r = crossEntropyRow(z, k);
+      hits += r.arg == y;
+      total += crossEntropyLoss(z, r, y);
       if (dlogits) {
         float* d = dlogits->data() + i * k;
-        for (int64_t j = 0; j < k; ++j)
-          d[j] = static_cast<float>((std::exp(z[j] - lse) - (j == y ? 1.0 : 0.0)) / n) *
-                 gradScale;
+        for (int64_t j = 0; j < k; ++j) d[j] = crossEntropyGrad(z[j], r.lse, j == y, n, gradScale);
       }
     }
     if (correct) *correct = hits;
@@ -587,30 +591,16 @@ class CpuBackend final : public Backend {
   // buf = g' on the first step, else momentum*buf + g'; w -= lr*buf.
   void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
                  float wd, bool first) override {
-    for (size_t i = 0; i < n; ++i) {
-      float d = wd != 0.0f ? g[i] + wd * w[i] : g[i];
-      if (momentum != 0.0f) {
-        buf[i] = first ? d : momentum * buf[i] + d;
-        d = buf[i];
-      }
-      w[i] -= lr * d;
-    }
+    float none = 0.0f;  // momentum 0: no buffer
+    for (size_t i = 0; i < n; ++i)
+      sgdStep(w[i], g[i], momentum != 0.0f ? buf[i] : none, lr, momentum, wd, first);
   }
   // torch.optim.Adam (no amsgrad): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
   void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr, float b1,
                   float b2, float eps, float wd, int64_t step) override {
-    const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step));
-    const float stepSize = static_cast<float>(lr / bc1);
-    const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-    for (size_t i = 0; i < n; ++i) {
-      const float d = wd != 0.0f ? g[i] + wd * w[i] : g[i];
-      m[i] = m[i] * b1 + (1.0f - b1) * d;
-      v[i] = v[i] * b2 + (1.0f - b2) * d * d;
-      const float denom = std::sqrt(v[i]) / bc2Sqrt + eps;
-      w[i] -= stepSize * (m[i] / denom);
-    }
+    const AdamScalars s = adamScalars(lr, b1, b2, step);
+    for (size_t i = 0; i < n; ++i) adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     DDPRUN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add of ",
