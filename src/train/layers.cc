@@ -33,6 +33,18 @@ void Rng::restore(const std::string& s) {
   gen_ = g;
 }
 
+void Backend::crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                                   float gradScale) {
+  const double mean = crossEntropy(logits, labels, dlogits, nullptr, gradScale);
+  deferredLoss_ += mean * static_cast<double>(logits.dim(0));
+}
+
+double Backend::takeLossSum() {
+  const double s = deferredLoss_;
+  deferredLoss_ = 0;
+  return s;
+}
+
 Tensor Backend::uploadInput(const float* host, const Shape& shape) {
   Tensor t(shape, allocator());
   upload(host, t.data(), static_cast<size_t>(t.numel()));

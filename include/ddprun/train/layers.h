@@ -143,6 +143,16 @@ class Backend {
   virtual double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                               int64_t* correct, float gradScale = 1.0f) = 0;
 
+  // Training's loss without waiting for it: as crossEntropy (dL/dlogits times
+  // gradScale into *dlogits), but the batch's summed row losses are added to
+  // an accumulator instead of being returned; takeLossSum() returns what was
+  // added since its last call (waiting for it, on a device) and resets it. A
+  // device backend thus synchronises only when the loss is reported. The
+  // default: crossEntropy, accumulated on the host.
+  virtual void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                                    float gradScale);
+  virtual double takeLossSum();
+
   // Optimizer kernels (torch.optim semantics, see optim.h); pointers are
   // this backend's memory.
   virtual void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr,
@@ -188,6 +198,9 @@ class Backend {
   // all-reduce of a bucket starts only once the kernels that wrote its
   // gradients finished, without the training thread waiting).
   virtual std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup& pg) = 0;
+
+ private:
+  double deferredLoss_ = 0;  // the default crossEntropyDeferred's accumulator
 };
 
 // The CPU backend; `threads` is OpenBLAS's thread count (1 keeps runs

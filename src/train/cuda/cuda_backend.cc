@@ -159,21 +159,35 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i)
       DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
     if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
-    int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
-    // Through pinned memory; the read-back below waits for this copy too.
-    int32_t* pin = static_cast<int32_t*>(labelsPinned_.ensure(std::max<int64_t>(n, 1) * 4));
-    std::copy(labels, labels + n, pin);
-    if (n)
-      DDPRUN_CUDA_OK(cudaMemcpyAsync(dLabels, pin, static_cast<size_t>(n) * 4,
-                                     cudaMemcpyHostToDevice, ctx_->stream()));
-    launchCrossEntropy(logits.data(), dLabels, n, k, dlogits ? dlogits->data() : nullptr,
-                       gradScale, rowLoss_.ensure(static_cast<size_t>(n)),
-                       rowHit_.ensure(static_cast<size_t>(n)), ceResult_.ensure(1),
-                       ctx_->stream());
+    launchLoss(logits, labels, dlogits, gradScale);
     CeResult r;
     ctx_->readBack(ceResult_.get(), &r, sizeof(r));
     if (correct) *correct = r.correct;
     return n ? r.lossSum / static_cast<double>(n) : 0.0;
+  }
+  void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                            float gradScale) override {
+    DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
+                 shapeString(logits.shape()));
+    ctx_->bind();
+    const int64_t n = logits.dim(0), k = logits.dim(1);
+    for (int64_t i = 0; i < n; ++i)
+      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
+    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
+    launchLoss(logits, labels, dlogits, gradScale);
+    if (!lossAcc_.get()) {
+      lossAcc_.ensure(1);
+      DDPRUN_CUDA_OK(cudaMemsetAsync(lossAcc_.get(), 0, sizeof(double), ctx_->stream()));
+    }
+    launchAccumulateLoss(ceResult_.get(), lossAcc_.get(), ctx_->stream());
+  }
+  double takeLossSum() override {
+    if (!lossAcc_.get()) return 0.0;
+    ctx_->bind();
+    double s = 0;
+    ctx_->readBack(lossAcc_.get(), &s, sizeof(s));
+    DDPRUN_CUDA_OK(cudaMemsetAsync(lossAcc_.get(), 0, sizeof(double), ctx_->stream()));
+    return s;
   }
 
   void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
@@ -296,7 +310,36 @@ class CudaBackend final : public Backend {
   DeviceArray<int> rowHit_;
   DeviceArray<CeResult> ceResult_;
   DeviceArray<int> flag_;
-  PinnedBuffer labelsPinned_;
+  DeviceArray<double> lossAcc_;  // crossEntropyDeferred's sum
+  // Labels go up through two pinned buffers in turn: a buffer is refilled
+  // once the copy that last read it has run (its event), never waiting for
+  // the rest of the stream.
+  PinnedBuffer labelsPinned_[2];
+  Event labelsCopied_[2] = {Event::create(), Event::create()};
+  bool labelsUsed_[2] = {false, false};
+  int labelsNext_ = 0;
+
+  // The labels' upload and the loss kernel (rows, hits, ceResult_), queued.
+  void launchLoss(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                  float gradScale) {
+    const int64_t n = logits.dim(0), k = logits.dim(1);
+    int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
+    const int slot = labelsNext_;
+    labelsNext_ ^= 1;
+    if (labelsUsed_[slot]) labelsCopied_[slot].synchronize();
+    int32_t* pin =
+        static_cast<int32_t*>(labelsPinned_[slot].ensure(std::max<int64_t>(n, 1) * 4));
+    std::copy(labels, labels + n, pin);
+    if (n)
+      DDPRUN_CUDA_OK(cudaMemcpyAsync(dLabels, pin, static_cast<size_t>(n) * 4,
+                                     cudaMemcpyHostToDevice, ctx_->stream()));
+    labelsCopied_[slot].record(ctx_->stream());
+    labelsUsed_[slot] = true;
+    launchCrossEntropy(logits.data(), dLabels, n, k, dlogits ? dlogits->data() : nullptr,
+                       gradScale, rowLoss_.ensure(static_cast<size_t>(n)),
+                       rowHit_.ensure(static_cast<size_t>(n)), ceResult_.ensure(1),
+                       ctx_->stream());
+  }
 };
 
 }  // namespace

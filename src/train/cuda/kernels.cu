@@ -297,6 +297,15 @@ void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::A
   adamKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, m, v, n, sc, b1, b2, eps, wd);
   checkLaunch();
 }
+namespace {
+__global__ void accumulateLossKernel(const CeResult* r, double* acc) { *acc += r->lossSum; }
+}  // namespace
+
+void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t s) {
+  accumulateLossKernel<<<1, 1, 0, s>>>(r, acc);
+  DDPRUN_CUDA_OK(cudaGetLastError());
+}
+
 void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                         float* dlogits, float gradScale, double* rowLoss, int* rowHit,
                         CeResult* out, cudaStream_t s) {

@@ -46,6 +46,10 @@ void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, i
                         float* dlogits, float gradScale, double* rowLoss, int* rowHit,
                         CeResult* out, cudaStream_t stream);
 
+// *acc += r->lossSum (one thread: the deferred training loss, read back only
+// when the trainer reports it).
+void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t stream);
+
 // db[c] += sum_r dy[r * cols + c], summed in double (the linear layer's bias
 // gradient; rows in order, so deterministic).
 void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
