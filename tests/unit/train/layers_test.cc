@@ -379,6 +379,24 @@ TEST_F(LayersTest, BatchNormTracksRunningStatisticsLikePyTorch) {
   EXPECT_NEAR(y.data()[0], (1 - 0.3) / std::sqrt(bufs[1]->value.data()[0] + 1e-5), 1e-5);
 }
 
+// The deferred loss (what training uses): the same gradient, the batches'
+// summed row losses accumulated until takeLossSum(), which resets.
+TEST_F(LayersTest, DeferredCrossEntropyAccumulatesUntilTaken) {
+  Rng rng(5);
+  Tensor z({3, 4});
+  fillRandom(z, rng, -2.0f, 2.0f);
+  const int32_t labels[3] = {1, 0, 3};
+  Tensor dz, dzDeferred;
+  const double mean = be->crossEntropy(z, labels, &dz, nullptr, 8.0f);
+  EXPECT_EQ(be->takeLossSum(), 0.0);
+  be->crossEntropyDeferred(z, labels, &dzDeferred, 8.0f);
+  be->crossEntropyDeferred(z, labels, &dzDeferred, 8.0f);
+  EXPECT_DOUBLE_EQ(be->takeLossSum(), 2 * 3 * mean);
+  EXPECT_EQ(be->takeLossSum(), 0.0);
+  ASSERT_EQ(dz.numel(), dzDeferred.numel());
+  for (int64_t i = 0; i < dz.numel(); ++i) EXPECT_EQ(dz.data()[i], dzDeferred.data()[i]);
+}
+
 TEST_F(LayersTest, CrossEntropyGradientAndAccuracy) {
   Rng rng(3);
   Tensor z({4, 5});
