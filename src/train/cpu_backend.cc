@@ -364,20 +364,6 @@ class Relu final : public Layer {
   }
 };
 
-// ---------------------------------------------------------------- flatten
-class Flatten final : public Layer {
- public:
-  explicit Flatten(std::string name) : Layer(std::move(name)) {}
-  Shape outputShape(const Shape& s) const override {
-    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
-    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
-  }
-  void forward(const Tensor& x, Tensor& y, bool) override { y = x.reshaped(outputShape(x.shape())); }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (dx) *dx = dy.reshaped(x.shape());
-  }
-};
-
 // ---------------------------------------------------------------- batch norm
 // Training: per-channel mean and biased variance over N*H*W (two passes:
 // mean, then the mean of squared deviations); with `sync` both sums (and the
@@ -557,9 +543,6 @@ class CpuBackend final : public Backend {
     return std::make_unique<GlobalAvgPool>(std::move(n));
   }
   std::unique_ptr<Layer> relu(std::string n) override { return std::make_unique<Relu>(std::move(n)); }
-  std::unique_ptr<Layer> flatten(std::string n) override {
-    return std::make_unique<Flatten>(std::move(n));
-  }
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
     return std::make_unique<BatchNorm2d>(std::move(n), c, s);
   }

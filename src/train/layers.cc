@@ -45,6 +45,27 @@ double Backend::takeLossSum() {
   return s;
 }
 
+namespace {
+// A reshaped view forward and backward: no element is touched, so one class
+// serves every device.
+class Flatten final : public Layer {
+ public:
+  explicit Flatten(std::string name) : Layer(std::move(name)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
+    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override { y = x.reshaped(outputShape(x.shape())); }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (dx) *dx = dy.reshaped(x.shape());
+  }
+};
+}  // namespace
+
+std::unique_ptr<Layer> Backend::flatten(std::string name) {
+  return std::make_unique<Flatten>(std::move(name));
+}
+
 Tensor Backend::uploadInput(const float* host, const Shape& shape) {
   Tensor t(shape, allocator());
   upload(host, t.data(), static_cast<size_t>(t.numel()));

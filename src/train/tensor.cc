@@ -48,14 +48,17 @@ Allocator& cpuAllocator() {
 
 Tensor::Tensor(Shape shape, Allocator& a) {
   const int64_t n = numelOf(shape);
-  Allocator* alloc = &a;
-  float* p = a.alloc(static_cast<size_t>(n));
-  storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
-  data_ = p;
-  capacity_ = static_cast<size_t>(n);
-  device_ = a.device();
+  adopt(a.alloc(static_cast<size_t>(n)), static_cast<size_t>(n), a);
   shape_ = std::move(shape);
   numel_ = n;
+}
+
+void Tensor::adopt(float* p, size_t capacity, Allocator& a) {
+  Allocator* alloc = &a;
+  storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
+  data_ = p;
+  capacity_ = capacity;
+  device_ = a.device();
 }
 
 Tensor Tensor::view(float* data, Shape shape, Device d) {
@@ -70,12 +73,7 @@ Tensor Tensor::view(float* data, Shape shape, Device d) {
 void Tensor::ensure(const Shape& shape, Allocator& a) {
   const int64_t n = numelOf(shape);
   if (!storage_ || static_cast<size_t>(n) > capacity_ || a.device() != device_) {
-    Allocator* alloc = &a;
-    float* p = a.allocUninitialized(static_cast<size_t>(n));
-    storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
-    data_ = p;
-    capacity_ = static_cast<size_t>(n);
-    device_ = a.device();
+    adopt(a.allocUninitialized(static_cast<size_t>(n)), static_cast<size_t>(n), a);
   }
   shape_ = shape;
   numel_ = n;

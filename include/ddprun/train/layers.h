@@ -130,7 +130,8 @@ class Backend {
   // ResNet head).
   virtual std::unique_ptr<Layer> globalAvgPool(std::string name) = 0;
   virtual std::unique_ptr<Layer> relu(std::string name) = 0;
-  virtual std::unique_ptr<Layer> flatten(std::string name) = 0;
+  // [N, ...] -> [N, rest]: a view on every device (shared by the backends).
+  virtual std::unique_ptr<Layer> flatten(std::string name);
   // `sync` non-null: SyncBatchNorm over that group (statistics all-reduced in
   // forward, the matching sums in backward).
   virtual std::unique_ptr<Layer> batchNorm2d(std::string name, int64_t channels,

@@ -63,6 +63,9 @@ class Tensor {
   void zero();
 
  private:
+  // Owns p (capacity elements from a), freed through a with the last copy.
+  void adopt(float* p, size_t capacity, Allocator& a);
+
   Shape shape_;
   int64_t numel_ = 0;
   float* data_ = nullptr;

@@ -59,19 +59,6 @@ class Relu final : public Layer {
   std::shared_ptr<Context> ctx_;
 };
 
-class Flatten final : public Layer {
- public:
-  explicit Flatten(std::string name) : Layer(std::move(name)) {}
-  Shape outputShape(const Shape& s) const override {
-    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
-    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
-  }
-  void forward(const Tensor& x, Tensor& y, bool) override { y = x.reshaped(outputShape(x.shape())); }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (dx) *dx = dy.reshaped(x.shape());
-  }
-};
-
 // AdaptiveAvgPool2d(1) + flatten: [N, C, H, W] -> [N, C].
 class GlobalAvgPool final : public Layer {
  public:
@@ -143,37 +130,23 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Layer> relu(std::string n) override {
     return std::make_unique<Relu>(ctx_, std::move(n));
   }
-  std::unique_ptr<Layer> flatten(std::string n) override {
-    return std::make_unique<Flatten>(std::move(n));
-  }
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
     return makeBatchNorm2d(ctx_, std::move(n), c, s);
   }
 
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                       int64_t* correct, float gradScale) override {
-    DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
-                 shapeString(logits.shape()));
     ctx_->bind();
-    const int64_t n = logits.dim(0), k = logits.dim(1);
-    for (int64_t i = 0; i < n; ++i)
-      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
-    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
     launchLoss(logits, labels, dlogits, gradScale);
     CeResult r;
     ctx_->readBack(ceResult_.get(), &r, sizeof(r));
     if (correct) *correct = r.correct;
+    const int64_t n = logits.dim(0);
     return n ? r.lossSum / static_cast<double>(n) : 0.0;
   }
   void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                             float gradScale) override {
-    DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
-                 shapeString(logits.shape()));
     ctx_->bind();
-    const int64_t n = logits.dim(0), k = logits.dim(1);
-    for (int64_t i = 0; i < n; ++i)
-      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
-    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
     launchLoss(logits, labels, dlogits, gradScale);
     if (!lossAcc_.get()) {
       lossAcc_.ensure(1);
@@ -319,10 +292,16 @@ class CudaBackend final : public Backend {
   bool labelsUsed_[2] = {false, false};
   int labelsNext_ = 0;
 
-  // The labels' upload and the loss kernel (rows, hits, ceResult_), queued.
+  // Checks the labels, then queues their upload and the loss kernel (rows,
+  // hits, ceResult_; dL/dlogits when asked).
   void launchLoss(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                   float gradScale) {
+    DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
+                 shapeString(logits.shape()));
     const int64_t n = logits.dim(0), k = logits.dim(1);
+    for (int64_t i = 0; i < n; ++i)
+      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
+    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
     int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
     const int slot = labelsNext_;
     labelsNext_ ^= 1;
