@@ -10,14 +10,15 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
-#include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
 #include "ddprun/store/hash_store.h"
+#include "ddprun/train/backend_choice.h"
 #include "ddprun/train/checkpoint.h"
 #include "ddprun/train/checkpoint_dir.h"
 #include "ddprun/train/checkpoint_meta.h"
 #include "ddprun/train/files.h"
+#include "ddprun/train/loss_scaler.h"
 #include "ddprun/train/metrics.h"
 #include "ddprun/train/model_state.h"
 #include "ddprun/train/models.h"
@@ -69,74 +70,12 @@ void broadcastString(ProcessGroup& pg, std::string& s) {
                        {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
 }
 
-// fp16's dynamic loss scale (torch.cuda.amp.GradScaler's defaults: 2^16 to
-// start, halved after a step whose gradients overflowed (that step is
-// skipped), doubled after 2000 clean steps). DDPRUN_LOSS_SCALE (an integer)
-// sets the start
-// (tests force an overflow with it).
-class LossScaler {
- public:
-  explicit LossScaler(bool on) : on_(on) {
-    if (on_)
-      scale_ = static_cast<float>(env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62));
-  }
-  bool on() const { return on_; }
-  float scale() const { return on_ ? scale_ : 1.0f; }
-  void update(bool finite) {
-    if (!on_) return;
-    if (!finite) {
-      ++skipped_;
-      scale_ = std::max(scale_ * 0.5f, 1.0f);
-      clean_ = 0;
-    } else if (++clean_ == kGrowthInterval) {
-      scale_ *= 2.0f;
-      clean_ = 0;
-    }
-  }
-  int64_t skipped() const { return skipped_; }
-
- private:
-  static constexpr int64_t kGrowthInterval = 2000;
-  bool on_;
-  float scale_ = 1.0f;
-  int64_t clean_ = 0, skipped_ = 0;
-};
-
-Precision parsePrecision(const std::string& p) {
-  if (p == "tf32") return Precision::kTf32;
-  if (p == "bf16") return Precision::kBf16;
-  if (p == "fp16") return Precision::kFp16;
-  return Precision::kFp32;
-}
-
-// Whether --device asks for CUDA: `cuda`, or `auto` with a GPU visible.
-// Throws InvalidArgument for `cuda` without one, and for a 16-bit or tf32
-// --precision on the CPU.
-bool useCuda(const TrainConfig& cfg) {
-  const bool gpu = runtime::cudaBuilt() && runtime::cudaDeviceCount() > 0;
-  if (cfg.device == "cuda" && !gpu)
-    DDPRUN_THROW(InvalidArgument, "--device cuda: ",
-                 runtime::cudaBuilt() ? "no CUDA GPU is visible on this machine (no device, no "
-                                        "driver, or CUDA_VISIBLE_DEVICES hides them)"
-                                      : "this train was built without CUDA",
-                 "; use --device cpu or --device auto");
-  const bool cuda = cfg.device == "cuda" || (cfg.device == "auto" && gpu);
-  if (!cuda && cfg.precision != "fp32")
-    DDPRUN_THROW(InvalidArgument, "--precision ", cfg.precision, " needs the CUDA backend, and ",
-                 cfg.device == "cpu" ? "--device cpu was given"
-                                     : "no CUDA GPU is visible (--device auto chose the CPU)",
-                 "; the CPU computes in fp32 only");
-  return cuda;
-}
-
-// The backend --device chooses; a CUDA one on this process's GPU
-// (LOCAL_RANK modulo the visible GPUs, DDPRUN_CUDA_DEVICE overrides; ranks
-// may share a GPU).
-std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg) {
-  if (useCuda(cfg))
-    return makeCudaBackend({.device = runtime::cudaSelectedDevice(),
-                            .precision = parsePrecision(cfg.precision)});
-  return makeCpuBackend(cfg.threads);
+// fp16's loss scaler; DDPRUN_LOSS_SCALE (an integer) sets its start (tests
+// force an overflow with it).
+LossScaler makeLossScaler(const TrainConfig& cfg) {
+  if (cfg.precision != "fp16") return LossScaler();
+  return LossScaler({.initScale = static_cast<float>(
+                         env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62))});
 }
 
 class Run {
@@ -220,7 +159,7 @@ class Run {
   int cur_ = 0;  // batches_[cur_]: this step's
   Tensor dlogits_;
   Tensor xin_;  // the batch upsampled to --image-size
-  LossScaler scaler_{cfg_.precision == "fp16"};
+  LossScaler scaler_ = makeLossScaler(cfg_);
   // progress accounting
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
          epochLossCount_ = 0;
@@ -842,7 +781,7 @@ int trainMain(int argc, const char* const* argv) {
     return 2;
   }
   try {
-    useCuda(cfg);  // --device/--precision against this machine, before any work
+    chooseCuda(cfg.device, cfg.precision, probeDevices());  // before any work
     const DataSplit data = loadData(cfg);
     auto pg = joinGroup();
     TrainerIo io;
