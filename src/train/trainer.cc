@@ -23,6 +23,7 @@
 #include "ddprun/train/model_state.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
+#include "batch_feed.h"
 
 namespace ddprun::train {
 namespace {
@@ -114,23 +115,6 @@ class Run {
   void start();
   bool applyCheckpoint(const CheckpointFile& file, std::string* why);
   void trainEpoch();
-  // Host batches, double-buffered: while the device runs step k's backward,
-  // the host assembles step k+1's batch in the other buffer.
-  struct HostBatch {
-    std::vector<float> x;
-    std::vector<int32_t> y;
-    const int64_t* idx = nullptr;  // the indices it holds (nullptr: none)
-    int64_t n = 0;
-    Tensor dev;  // x on the backend's device (uploaded: defined)
-  };
-  // Copies samples idx[0..n) of `d` into host batch `b`.
-  void assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n);
-  // Starts copying host batch `b` to the device (a device backend's input
-  // pipeline; nothing on the CPU).
-  void upload(HostBatch& b, const Dataset& d);
-  // The model's input for host batch `b` (a view of it on the CPU; on a
-  // device its upload, upsampled to --image-size there).
-  Tensor toInput(HostBatch& b, const Dataset& d);
   // One step on samples idx[0..n); next/nextN: the following step's samples
   // (nullptr at the epoch's end), assembled while this step's backward runs.
   void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
@@ -155,10 +139,8 @@ class Run {
   Rng rng_;
   Position pos_;
   Breakdown time_;
-  HostBatch batches_[2];
-  int cur_ = 0;  // batches_[cur_]: this step's
+  std::unique_ptr<BatchFeed> feed_;  // the input pipeline
   Tensor dlogits_;
-  Tensor xin_;  // the batch upsampled to --image-size
   LossScaler scaler_ = makeLossScaler(cfg_);
   // progress accounting
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
@@ -174,6 +156,7 @@ void Run::setup() {
   model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr,
                          {.numClasses = cfg_.numClasses, .stem = cfg_.stem,
                           .imageSize = cfg_.imageSize});
+  feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape());
   rng_ = Rng(cfg_.seed);
   model_->initialize(rng_);
   if (!cfg_.init.empty()) loadInit();
@@ -379,88 +362,29 @@ void Run::saveCheckpoint() {
   pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
 }
 
-void Run::assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n) {
-  b.x.resize(static_cast<size_t>(n * d.sampleElems()));
-  b.y.resize(static_cast<size_t>(n));
-  gatherBatch(d, idx, static_cast<size_t>(n), b.x.data(), b.y.data());
-  b.idx = idx;
-  b.n = n;
-  b.dev = Tensor();
-}
-
-// Square images of in[0] channels at the data's own size: the batch's shape
-// before --image-size's upsampling.
-static Shape nativeShape(const Shape& in, const Dataset& d, int64_t n) {
-  if (numelOf(in) == d.sampleElems()) {
-    Shape xs = {n};
-    for (int64_t s : in) xs.push_back(s);
-    return xs;
-  }
-  const int64_t side = static_cast<int64_t>(
-      std::lround(std::sqrt(static_cast<double>(d.sampleElems() / in[0]))));
-  DDPRUN_CHECK(in.size() == 3 && side * side * in[0] == d.sampleElems(), "the data's samples (",
-               d.sampleElems(), " values) do not fit the model's input ", shapeString(in));
-  return {n, in[0], side, side};
-}
-
-void Run::upload(HostBatch& b, const Dataset& d) {
-  if (be_->device() == Device::kCpu || b.dev.data()) return;
-  b.dev = be_->uploadInput(b.x.data(), nativeShape(model_->inputShape(), d, b.n));
-}
-
-// The batch is uploaded to the backend's device and, when the model's input is
-// larger than the data's images (--image-size), upsampled there (bilinear, as
-// F.interpolate).
-Tensor Run::toInput(HostBatch& b, const Dataset& d) {
-  const Shape& in = model_->inputShape();
-  Shape xs = {b.n};
-  for (int64_t s : in) xs.push_back(s);
-  const Shape native = nativeShape(in, d, b.n);
-  Tensor src;
-  if (be_->device() == Device::kCpu) {
-    src = Tensor::view(b.x.data(), native);
-  } else {
-    upload(b, d);
-    src = b.dev;
-  }
-  if (native == xs) return src;
-  xin_.ensure(xs, be_->allocator());
-  be_->resizeBilinear(src, in[1], in[2], xin_);
-  return xin_;
-}
-
 void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
                int64_t stepsInEpoch) {
   // On a device the clock reads must bracket finished work: every
   // kSampleEvery-th step synchronises the backend after backward (the bucket
   // all-reduces already run behind it) and after the optimizer, and the
   // breakdown is those steps' times scaled to all steps; the other steps run
-  // without waiting (the loss read-back is their only synchronisation).
+  // without waiting.
   const bool device = be_->device() != Device::kCpu;
   const bool timed = !device || pos_.globalStep % kSampleEvery == kSampleEvery / 2;
   if (device && timed) be_->synchronize();  // the previous step's work is not this one's
   auto t0 = Clock::now();
-  HostBatch& hb = batches_[cur_];
-  if (hb.idx != idx || hb.n != n) assemble(hb, data_.train, idx, n);
-  const Tensor x = toInput(hb, data_.train);
+  const BatchFeed::Batch batch = feed_->take(data_.train, idx, n);
   syncBuffers();
   auto t1 = Clock::now();
-  const Tensor& logits = model_->forward(x, true);
+  const Tensor& logits = model_->forward(batch.x, true);
   // The loss is summed where it is computed and read when reported: no
   // device synchronisation per step.
-  be_->crossEntropyDeferred(logits, hb.y.data(), &dlogits_, scaler_.scale());
+  be_->crossEntropyDeferred(logits, batch.labels, &dlogits_, scaler_.scale());
   model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
   // The next batch is assembled while the device still runs backward.
-  double prefetch = 0;
-  cur_ ^= 1;
-  if (next) {
-    const auto p0 = Clock::now();
-    assemble(batches_[cur_], data_.train, next, nextN);
-    upload(batches_[cur_], data_.train);  // copied while backward runs
-    prefetch = since(p0);
-  } else {
-    batches_[cur_].idx = nullptr;
-  }
+  const auto p0 = Clock::now();
+  feed_->prepareNext(data_.train, next, nextN);
+  const double prefetch = since(p0);
   if (device && timed) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
@@ -569,12 +493,9 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   int64_t correct = 0;
   for (size_t at = 0; at < idx.size(); at += chunk) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(idx.size() - at));
-    HostBatch& hb = batches_[cur_];
-    assemble(hb, d, idx.data() + at, n);
-    const Tensor x = toInput(hb, d);
-    hb.idx = nullptr;  // test samples: never taken for a training step
+    const BatchFeed::Batch batch = feed_->once(d, idx.data() + at, n);
     int64_t hits = 0;
-    be_->crossEntropy(model_->forward(x, false), hb.y.data(), nullptr, &hits);
+    be_->crossEntropy(model_->forward(batch.x, false), batch.labels, nullptr, &hits);
     correct += hits;
   }
   std::vector<double> v = {static_cast<double>(correct), static_cast<double>(idx.size())};
