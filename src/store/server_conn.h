@@ -12,6 +12,10 @@
 
 namespace ddprun::store {
 
+// Per-entry bookkeeping cost charged against maxMemoryBytes on top of the
+// key and value bytes (hash node, string headers).
+inline constexpr size_t kEntryOverhead = 64;
+
 struct ServerState::Conn {
   ConnId id = 0;
   std::string detect;  // first bytes, until the dialect is known (<= 5)
@@ -25,6 +29,9 @@ struct ServerState::Conn {
   bool authed = true;                  // see ServerAuth
   std::string nonce;                   // the challenge sent to it, once asked
   int authRequests = 0;                // requests made before authenticating
+  // Keys this connection set under a lease prefix (some may have passed to
+  // another connection since: leaseOwner_ decides).
+  std::vector<std::string> leases;
 };
 
 }  // namespace ddprun::store

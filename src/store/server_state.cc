@@ -12,9 +12,6 @@ namespace ddprun::store {
 
 using wire::Command;
 
-// Per-entry bookkeeping cost charged against maxMemoryBytes on top of the
-// key and value bytes (hash node, string headers).
-constexpr size_t kEntryOverhead = 64;
 
 // What one WAIT/WATCH_KEY registration costs: the key is held twice (the
 // server's waiter/watcher map and the connection's list) plus a hash node,
@@ -40,6 +37,7 @@ void ServerState::closed(ConnId id, size_t inFlight) {
   if (it == conns_.end()) return;
   Conn& c = *it->second;
   cancelWaits(c);
+  endLeases(c);
   for (const auto& k : c.watchKeys) {
     auto w = watchers_.find(k);
     if (w != watchers_.end()) {
@@ -523,16 +521,35 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
     std::string proof = auth::serverProof(auth_.secret, c.nonce);
     return put(c, 8 + proof.size(), [&](wire::Writer& w) { w.bytes(proof); });
   }
+  if (!leaseRules_.empty()) {
+    switch (r.cmd) {
+      case Command::kGet:
+      case Command::kCheck:
+      case Command::kWait:
+      case Command::kMultiGet: probeTombstones(c, r.keys); break;
+      default: break;
+    }
+  }
   switch (r.cmd) {
     case Command::kValidate:
       if (r.u32 != wire::kValidationMagic) return "bad VALIDATE magic";
       return {};
     case Command::kPing:
       return put(c, 4, [&](wire::Writer& w) { w.u32(r.u32); });
-    case Command::kSet:
-      return doSet(key, std::move(r.values[0]));
-    case Command::kCompareSet:
-      return doCompareSet(c, r);
+    case Command::kSet: {
+      std::string err = doSet(key, std::move(r.values[0]));
+      if (err.empty() && !leaseRules_.empty()) err = bindLease(c, key);
+      return err;
+    }
+    case Command::kCompareSet: {
+      std::string desired = leaseRules_.empty() ? std::string() : r.values[1];
+      std::string err = doCompareSet(c, r);
+      if (err.empty() && !leaseRules_.empty()) {
+        auto it = kv_.find(key);
+        if (it != kv_.end() && it->second == desired) err = bindLease(c, key);
+      }
+      return err;
+    }
     case Command::kGet: {
       auto it = kv_.find(key);
       std::string_view v = it == kv_.end() ? std::string_view() : it->second;
@@ -559,6 +576,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
       auto it = kv_.find(key);
       int64_t erased = it != kv_.end() ? 1 : 0;
       if (erased) {
+        if (!leaseOwner_.empty()) forgetLease(key);
         release(key.size() + it->second.size() + kEntryOverhead);
         if (!watchers_.empty())
           notifyWatchers(key, wire::kKeyDeleted, it->second, "");
@@ -580,6 +598,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
     case Command::kMultiSet:
       for (size_t i = 0; i < r.keys.size(); ++i) {
         std::string err = doSet(r.keys[i], std::move(r.values[i]));
+        if (err.empty() && !leaseRules_.empty()) err = bindLease(c, r.keys[i]);
         if (!err.empty()) return err;
       }
       return {};

@@ -3,6 +3,8 @@
 
 #include "ddprun/store/tcp_store_server.h"
 
+#include <poll.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -39,7 +41,9 @@ class TcpStoreServer::Impl : public Outbox {
   explicit Impl(const TcpStoreServerOptions& opts)
       : opts_(opts),
         state_(opts.limits, *this, ServerAuth{opts.authToken, {}}),
-        acceptor_(io_) {}
+        acceptor_(io_) {
+    for (const auto& rule : opts.leases) state_.addLeaseRule(rule);
+  }
 
   void bind() {
     net::raiseFileLimit();
@@ -136,6 +140,14 @@ class TcpStoreServer::Impl : public Outbox {
 
   void closeLater(ConnId id, const std::string& why) override {
     toClose_.emplace_back(id, why);
+  }
+
+  // The peer's FIN or RST already arrived (not read yet): POLLRDHUP/HUP/ERR.
+  bool peerClosed(ConnId id) override {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->closed) return true;
+    pollfd p{it->second->socket.native_handle(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   }
 
  private:

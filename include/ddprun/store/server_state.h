@@ -59,6 +59,34 @@ class Outbox {
     (void)id;
     (void)why;
   }
+  // Whether the peer of a live connection has already closed its end (the
+  // kernel holds its FIN or RST, not yet read). Asked only for lease owners
+  // (LeaseRule); the default knows nothing.
+  virtual bool peerClosed(ConnId id) {
+    (void)id;
+    return false;
+  }
+};
+
+// Keys bound to the connection that set them (an etcd lease, a ZooKeeper
+// ephemeral node): a key under `prefix` belongs to the connection that last
+// SET it (SET, MULTI_SET, or a COMPARE_SET that wrote it). When that
+// connection closes, the key is deleted (watchers hear KEY_DELETED) and the
+// key `tombstonePrefix` + <the rest of its name> is set to "" in the same
+// step, waking whoever waits for it; then `onEnded(<the rest>)` runs, on the
+// server's thread (it must not block). An explicit DELETE_KEY ends nothing.
+//
+// So that a reader never sees a process alive after something it caused
+// could reveal its death: before a GET, CHECK, WAIT or MULTI_GET of a
+// tombstone key is served, the owner of the matching lease is asked
+// Outbox::peerClosed(), and a closed one is ended first. (A process killed
+// closes its sockets before its children get their parent-death signal, so
+// the FIN is in the server's socket before any of its consequences can
+// reach another client.)
+struct LeaseRule {
+  std::string prefix;
+  std::string tombstonePrefix;
+  std::function<void(const std::string& name)> onEnded;
 };
 
 // Shared-secret authentication of connections (the exchange is in auth.h).
@@ -111,6 +139,10 @@ class ServerState {
   // The write of a closed connection ended: its `inFlight` bytes are freed.
   void releaseInFlight(size_t bytes);
 
+  // Adds a lease rule (see LeaseRule). Prefixes of different rules must not
+  // overlap.
+  void addLeaseRule(LeaseRule rule);
+
   ServerStats stats() const;
   const ServerLimits& limits() const { return limits_; }
   // False while a connection of a server with a secret has not proved it
@@ -149,6 +181,12 @@ class ServerState {
                       std::string_view oldValue, std::string_view newValue);
   bool reserve(size_t bytes, std::string& error);
   void release(size_t bytes);
+  // Leases (server_leases.cc).
+  const LeaseRule* leaseRuleOf(const std::string& key) const;
+  std::string bindLease(Conn& c, const std::string& key);
+  void forgetLease(const std::string& key);
+  void endLeases(Conn& c);
+  void probeTombstones(const Conn& reader, const std::vector<std::string>& keys);
 
   ServerLimits limits_;
   Outbox& outbox_;
@@ -158,6 +196,8 @@ class ServerState {
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::vector<ConnId>> waiters_;
   std::unordered_map<std::string, std::vector<ConnId>> watchers_;
+  std::vector<LeaseRule> leaseRules_;
+  std::unordered_map<std::string, ConnId> leaseOwner_;  // leased key -> its owner
   size_t memory_ = 0;
   uint64_t requests_ = 0;
   uint64_t rejected_ = 0;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddprun/store/server_state.h"
 
@@ -40,6 +41,10 @@ struct TcpStoreServerOptions {
   // With a secret: a connection not authenticated this long after it was
   // accepted is closed (one that connects and stays silent holds a slot).
   std::chrono::milliseconds authTimeout{30'000};
+  // Keys bound to their connection (server_state.h): the rendezvous hears of
+  // an agent's death the moment the kernel closes its connection. A peer's
+  // closed end is read from its socket (POLLRDHUP) when a tombstone is read.
+  std::vector<LeaseRule> leases{};
 };
 
 class TcpStoreServer {

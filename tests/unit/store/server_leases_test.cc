@@ -1,0 +1,128 @@
+// Leases (LeaseRule in server_state.h): keys bound to the connection that set
+// them, tombstoned when it closes; no sockets (FakeOutbox says which peers
+// closed their end).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "ddprun/store/server_state.h"
+#include "store/state_harness.h"
+
+namespace ddprun::store {
+namespace {
+
+using namespace testing_harness;
+
+class PeerOutbox : public FakeOutbox {
+ public:
+  bool peerClosed(ConnId id) override { return gone.count(id) > 0; }
+  std::set<ConnId> gone;
+};
+
+class LeaseTest : public ::testing::Test {
+ protected:
+  LeaseTest() : state_(ServerLimits{}, outbox_) {
+    state_.addLeaseRule({"/job/hb/", "/job/gone/",
+                         [this](const std::string& name) { ended_.push_back(name); }});
+  }
+  Client client(ConnId id) { return Client(state_, outbox_, id, Dialect::kV2); }
+  bool present(Client& c, const std::string& key) {
+    c.send(Command::kCheck, {key});
+    return c.reply() == u8(wire::kCheckReady);
+  }
+  PeerOutbox outbox_;
+  ServerState state_;
+  std::vector<std::string> ended_;
+};
+
+TEST_F(LeaseTest, ClosingTheOwnerDeletesTheKeyTombstonesItAndTellsTheRule) {
+  auto a = client(1);
+  auto b = client(2);
+  a.send(Command::kSet, {"/job/hb/node-a"}, {"1 100"});
+  a.send(Command::kSet, {"/job/other"}, {"x"});  // no rule: not leased
+  EXPECT_TRUE(present(b, "/job/hb/node-a"));
+  EXPECT_FALSE(present(b, "/job/gone/node-a"));
+  state_.closed(a.id());
+  EXPECT_FALSE(present(b, "/job/hb/node-a"));
+  EXPECT_TRUE(present(b, "/job/gone/node-a"));
+  EXPECT_TRUE(present(b, "/job/other"));
+  EXPECT_EQ(ended_, std::vector<std::string>{"node-a"});
+}
+
+TEST_F(LeaseTest, AWaiterOnTheTombstoneWakesWhenTheOwnerCloses) {
+  auto a = client(1);
+  auto b = client(2);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
+  b.send(Command::kWait, {"/job/gone/n"});
+  EXPECT_EQ(b.reply(), "");  // blocked
+  state_.closed(a.id());
+  EXPECT_EQ(b.reply(), u8(wire::kStopWaiting));
+}
+
+TEST_F(LeaseTest, TheLastWriterOwnsTheKey) {
+  auto a = client(1);
+  auto b = client(2);
+  auto c = client(3);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
+  b.send(Command::kSet, {"/job/hb/n"}, {"2 2"});  // a reconnected as b
+  state_.closed(a.id());
+  EXPECT_TRUE(present(c, "/job/hb/n"));
+  EXPECT_FALSE(present(c, "/job/gone/n"));
+  EXPECT_TRUE(ended_.empty());
+  state_.closed(b.id());
+  EXPECT_TRUE(present(c, "/job/gone/n"));
+  EXPECT_EQ(ended_.size(), 1u);
+}
+
+TEST_F(LeaseTest, CompareSetAndMultiSetTakeTheLeaseDeleteEndsIt) {
+  auto a = client(1);
+  auto b = client(2);
+  a.send(Command::kCompareSet, {"/job/hb/cs"}, {"", "v"});
+  EXPECT_EQ(a.reply(), bytes("v"));
+  a.send(Command::kMultiSet, {"/job/hb/m1", "/job/hb/m2"}, {"1", "2"});
+  b.send(Command::kSet, {"/job/hb/del"}, {"x"});
+  b.send(Command::kDeleteKey, {"/job/hb/del"});
+  EXPECT_EQ(b.reply(), i64(1));
+  state_.closed(b.id());  // its only key was deleted explicitly: no tombstone
+  EXPECT_TRUE(ended_.empty());
+  auto c = client(3);
+  EXPECT_FALSE(present(c, "/job/gone/del"));
+  state_.closed(a.id());
+  EXPECT_TRUE(present(c, "/job/gone/cs"));
+  EXPECT_TRUE(present(c, "/job/gone/m1"));
+  EXPECT_TRUE(present(c, "/job/gone/m2"));
+}
+
+// A reader of a tombstone never sees alive a peer whose end is already
+// closed, even before the network layer has read that close.
+TEST_F(LeaseTest, ReadingATombstoneFirstAsksWhetherTheOwnerClosedItsEnd) {
+  auto a = client(1);
+  auto b = client(2);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
+  EXPECT_FALSE(present(b, "/job/gone/n"));  // a's end is open
+  outbox_.gone.insert(a.id());               // its FIN arrived, unread
+  EXPECT_TRUE(present(b, "/job/gone/n"));
+  EXPECT_FALSE(present(b, "/job/hb/n"));
+  EXPECT_EQ(ended_.size(), 1u);
+  state_.closed(a.id());  // the close itself changes nothing more
+  EXPECT_EQ(ended_.size(), 1u);
+  EXPECT_TRUE(present(b, "/job/gone/n"));
+}
+
+TEST_F(LeaseTest, LeasesAreChargedAndReleased) {
+  const size_t before = state_.stats().memoryBytes;
+  {
+    auto a = client(1);
+    a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
+    EXPECT_GT(state_.stats().memoryBytes, before);
+    state_.closed(a.id());
+  }
+  // What stays is the tombstone only (its key and overhead).
+  auto b = client(2);
+  b.send(Command::kDeleteKey, {"/job/gone/n"});
+  EXPECT_EQ(b.reply(), i64(1));
+  EXPECT_EQ(state_.stats().memoryBytes, before);
+}
+
+}  // namespace
+}  // namespace ddprun::store
