@@ -350,6 +350,7 @@ class Agent::Impl {
   void onRoundEvent(const RoundEvent& ev) {
     if (state_ == State::kDone || ev.round != round_.round) return;  // stale
     if (state_ == State::kIdle || state_ == State::kJoining) return;
+    roundEndSeen_ = true;
     if (ev.kind == RoundEnd::kFinished) {
       // Running still: the round's end says every node succeeded, so ours
       // will too; exit when they have (onExit), never wait for another event.
@@ -365,7 +366,10 @@ class Agent::Impl {
     const bool ours = ev.node == round_.groupRank &&
                       stopCause_ == StopCause::kOwnFailure &&
                       (ev.kind == RoundEnd::kFailed || ev.kind == RoundEnd::kClosed);
-    if (ours) return;  // we reported it and are already stopping
+    if (ours) {  // we reported it and are already stopping
+      if (awaitingRoundEnd_) afterStopped();
+      return;
+    }
     if (ev.kind == RoundEnd::kStoreLost && state_ == State::kSucceeded) {
       // Our workers are done; the store's host left after the round ended.
       finish(kExitSuccess);
@@ -373,6 +377,7 @@ class Agent::Impl {
     }
     if (state_ == State::kStopping) {
       if (stopCause_ != StopCause::kSignal) peer_ = ev;  // the round ended elsewhere too
+      if (awaitingRoundEnd_) afterStopped();
       return;
     }
     peer_ = ev;
@@ -415,12 +420,22 @@ class Agent::Impl {
 
   void afterStopped() {
     if (state_ != State::kStopping) return;
+    awaitingRoundEnd_ = false;
     if (stopCause_ == StopCause::kSignal) {
       finish(128 + signal_);
       return;
     }
-    const bool membership = stopCause_ == StopCause::kPeer && peer_ &&
-                            peer_->kind == RoundEnd::kMembershipChanged;
+    // Our failure may have followed a peer node's death (its workers' loss
+    // broke ours): the rendezvous then ends the round as a membership
+    // change, and what the failure costs is known only from that event.
+    if (stopCause_ == StopCause::kOwnFailure && !roundEndSeen_ &&
+        rdzv_->absorbsFailuresOfLostPeers()) {
+      awaitingRoundEnd_ = true;
+      return;
+    }
+    const bool membership = peer_ && peer_->kind == RoundEnd::kMembershipChanged &&
+                            (stopCause_ == StopCause::kPeer ||
+                             stopCause_ == StopCause::kOwnFailure);
     // The job is over when another node closed it (or its store is gone),
     // or when our own failure used up the budget.
     const bool closed = (peer_ && (peer_->kind == RoundEnd::kClosed ||
@@ -436,9 +451,12 @@ class Agent::Impl {
 
   // Next round: a failure costs one restart; a membership change costs none.
   void restart(bool membership) {
-    std::string why = stopCause_ == StopCause::kOwnFailure ? failureWhy_
-                      : peer_                              ? describePeer(*peer_)
-                                                           : "";
+    std::string why = membership && peer_                  ? describePeer(*peer_)
+                      : stopCause_ == StopCause::kOwnFailure ? failureWhy_
+                      : peer_                                ? describePeer(*peer_)
+                                                             : "";
+    if (membership && stopCause_ == StopCause::kOwnFailure)
+      why += "; this node's workers failed with it (" + failureWhy_ + ")";
     if (!membership) {
       ++restartCount_;
       DDPRUN_WARN("worker group failed (", why, "); restart ", restartCount_, " of ",
@@ -463,6 +481,8 @@ class Agent::Impl {
     failures_.shrink_to_fit();
     peer_.reset();
     roundFinished_ = false;
+    roundEndSeen_ = false;
+    awaitingRoundEnd_ = false;
     failureWhy_.clear();
     stopCause_ = StopCause::kNone;
   }
@@ -586,6 +606,8 @@ class Agent::Impl {
   RoundInfo round_;
   std::optional<RoundEvent> peer_;  // how the round ended elsewhere
   bool roundFinished_ = false;      // the round's end said finished while ours ran
+  bool roundEndSeen_ = false;       // an event of the running round arrived
+  bool awaitingRoundEnd_ = false;   // stopped after our failure; the event decides
   std::string failureWhy_;         // our own first failure of the attempt
   std::vector<WorkerFailure> failures_;
   std::chrono::steady_clock::time_point joinStarted_;

@@ -2,6 +2,8 @@
 // or not), TcpStore clients, each round's worker store, and heartbeats
 // (heartbeat.h). Kept apart from dynamic_rendezvous.cc so that the unit
 // tests, which inject all of these, link without it.
+#include <mutex>
+
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/store/tcp_store_server.h"
@@ -33,7 +35,27 @@ class HeartbeatLiveness final : public Liveness {
 struct HostedStores {
   std::unique_ptr<store::TcpStoreServer> endpoint;
   std::unique_ptr<store::TcpStoreServer> worker;
+  // Who hears of a node's heartbeat connection closing (set by the
+  // rendezvous after the endpoint started; called on its thread).
+  std::mutex goneMu;
+  std::function<void(const std::string&)> onGone;
 };
+
+// A node's heartbeat key is bound to the connection it beats on: when the
+// kernel closes that connection (its agent died or left), the key goes and
+// "<job>/gone/<node>" appears (store::LeaseRule; keys on the wire carry a
+// leading "/").
+store::LeaseRule departureRule(const DynamicOptions& opts,
+                               const std::shared_ptr<HostedStores>& hosted) {
+  const std::string job = "/ddprun/" + opts.runId + "/";
+  std::weak_ptr<HostedStores> weak = hosted;
+  return {job + "hb/", job + "gone/", [weak](const std::string& node) {
+            auto h = weak.lock();
+            if (!h) return;
+            std::lock_guard lock(h->goneMu);
+            if (h->onGone) h->onGone(node);
+          }};
+}
 
 // `timeout` bounds connecting, `requestTimeout` each request.
 std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
@@ -51,14 +73,14 @@ std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
 
 // Binds the endpoint's port. An inferred host whose port is taken joins
 // whoever listens there instead, as torchrun does; an explicit one fails.
-void hostEndpoint(DynamicOptions& opts, HostedStores& hosted) {
+void hostEndpoint(DynamicOptions& opts, const std::shared_ptr<HostedStores>& hosted) {
   try {
-    hosted.endpoint =
+    hosted->endpoint =
         hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
                   "pass another port in --rdzv-endpoint (the same to every "
                   "node), or stop that process",
-                  opts.authSecret);
-    opts.endpointPort = hosted.endpoint->port();
+                  opts.authSecret, {departureRule(opts, hosted)});
+    opts.endpointPort = hosted->endpoint->port();
   } catch (const IoError& e) {
     if (opts.isHostExplicit) throw;
     DDPRUN_INFO("rendezvous: ", e.message(), "; joining it as a client");
@@ -70,7 +92,7 @@ void hostEndpoint(DynamicOptions& opts, HostedStores& hosted) {
 
 DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
   auto hosted = std::make_shared<HostedStores>();
-  if (opts.isHost) hostEndpoint(opts, *hosted);
+  if (opts.isHost) hostEndpoint(opts, hosted);
   DynamicBackend b;
   b.hosting = hosted->endpoint != nullptr;
   b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
@@ -101,7 +123,16 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);
   };
+  if (b.hosting)
+    b.watchDepartures = [hosted](std::function<void(const std::string&)> onGone) {
+      std::lock_guard lock(hosted->goneMu);
+      hosted->onGone = std::move(onGone);
+    };
   b.stopHosted = [hosted] {
+    {
+      std::lock_guard lock(hosted->goneMu);
+      hosted->onGone = nullptr;
+    }
     hosted->worker.reset();
     hosted->endpoint.reset();
   };

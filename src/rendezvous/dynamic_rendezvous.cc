@@ -65,6 +65,8 @@ class DynamicRendezvous final : public Rendezvous {
              opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt},
         keys_(opts_.runId, lim_) {
     if (backend_.pid == 0) backend_.pid = ::getpid();
+    if (backend_.watchDepartures)
+      backend_.watchDepartures([this](const std::string& node) { onDeparted(node); });
   }
   ~DynamicRendezvous() override { shutdown(); }
 
@@ -104,14 +106,24 @@ class DynamicRendezvous final : public Rendezvous {
     });
   }
 
+  // A failure that follows a peer's death is that membership change, not a
+  // failure (the workers died on the broken collective): if a peer of the
+  // round is gone (its heartbeat connection closed: "<job>/gone/<id>"), it
+  // is dropped, which ends the round as kMembershipChanged, and the failure
+  // is not reported. The store reads a closed connection's end before it
+  // answers (store::LeaseRule), so a death that reached our workers has
+  // reached it.
   void reportFailure(int round, const std::string& why, bool closeJob) override {
-    if (closeJob) closedByMe_ = true;
     tasks_.push([this, round, why, closeJob] {
       report(round, "the round failed", [&] {
+        if (dropLostPeers(round, why)) return;
+        if (closeJob) closedByMe_ = true;
         endRound(round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, why);
       });
     });
   }
+
+  bool absorbsFailuresOfLostPeers() const override { return true; }
 
   // A pending join is cancelled at once. Otherwise queued reports go out
   // first, then the leave (see leave()); all bounded by closeTimeout.
@@ -126,6 +138,8 @@ class DynamicRendezvous final : public Rendezvous {
     cancel_->cancel();
     leaveCancel_->cancel();
     tasks_.stop();
+    departCancel_->cancel();
+    departures_.stop();
     stopWatcher();
     if (liveness_) liveness_->stop();  // the task thread, its creator, has ended
     {
@@ -559,6 +573,66 @@ class DynamicRendezvous final : public Rendezvous {
     }
   }
 
+  // On the task thread (a report): drops the round's peers whose heartbeat
+  // connection closed. True if one was, which ended the round.
+  bool dropLostPeers(int round, const std::string& why) {
+    std::vector<std::string> lost;
+    for (const auto& id : roundPeers_)
+      if (client_->check({keys_.jobKey("gone/" + id)})) lost.push_back(id);
+    if (lost.empty()) return false;
+    State s = cell_->update([&](State& st) {
+      for (const auto& id : lost) detail::removeNode(st, id, departedWhy(id), lim_, now());
+    });
+    ensureMarkers(*client_, s);
+    DDPRUN_INFO("rendezvous: this node's workers failed (", why, ") after ",
+                detail::describeNode(lost.front()),
+                lost.size() > 1 ? " and others" : "", " left the job; round ", round,
+                " ends as a change of membership");
+    return s.lastEndedRound >= round;
+  }
+
+  std::string departedWhy(const std::string& node) const {
+    return detail::describeNode(node) +
+           " is gone: its connection to the rendezvous store closed";
+  }
+
+  // On the store's thread (the host only): a node's heartbeat connection
+  // closed. Queued for the departures thread; never blocks.
+  void onDeparted(const std::string& node) {
+    if (node == nodeId_) return;
+    departures_.push([this, node] { dropDeparted(node); });
+  }
+
+  // On the departures thread, on a connection of its own: a node that
+  // died is dropped from the job at once (not a heartbeat timeout later);
+  // one that left is in no list by now, and dropping it changes nothing.
+  // Either way it no longer needs the store: its goodbye is written for it,
+  // so that the host never waits for a node that is gone (leave()).
+  void dropDeparted(const std::string& node) {
+    try {
+      if (!departClient_) {
+        departClient_ = backend_.connect(departCancel_, opts_.readTimeout);
+        departCell_.emplace(*departClient_, stateKey(), lim_, departCancel_);
+      }
+      if (!stopping_) {
+        departCell_->refresh();
+        if (departCell_->known()) {
+          bool dropped = false;
+          State s = departCell_->update([&](State& st) {
+            dropped = detail::removeNode(st, node, departedWhy(node), lim_, now());
+          });
+          ensureMarkers(*departClient_, s);
+          if (dropped) DDPRUN_INFO("rendezvous: ", departedWhy(node), "; dropped from the job");
+        }
+      }
+      const int round = lastJoined_;
+      if (round >= 0) departClient_->set(key(round, "left/" + node), "");
+    } catch (const CancelledError&) {
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: after ", detail::describeNode(node), " went: ", e.message());
+    }
+  }
+
   // On the task thread, at shutdown, on a connection of its own (cancel()
   // may have ended client_'s): a job that finished, or that this node
   // closed, stays closed; otherwise this node leaves and the others re-form
@@ -643,6 +717,8 @@ class DynamicRendezvous final : public Rendezvous {
       std::make_shared<store::CancelToken>();
   const std::shared_ptr<store::CancelToken> leaveCancel_ =
       std::make_shared<store::CancelToken>();
+  const std::shared_ptr<store::CancelToken> departCancel_ =
+      std::make_shared<store::CancelToken>();
   // The task thread's (set by the first join, read by watchers after it).
   std::unique_ptr<store::Store> client_;
   std::optional<StateCell> cell_;
@@ -677,7 +753,11 @@ class DynamicRendezvous final : public Rendezvous {
   std::atomic<bool> closedByMe_{false};
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
+  // The departures thread's (the host only).
+  std::unique_ptr<store::Store> departClient_;
+  std::optional<StateCell> departCell_;
   detail::WatcherThread watcher_{cancel_};
+  detail::TaskThread departures_;
   detail::TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };
 

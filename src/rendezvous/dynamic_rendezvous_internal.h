@@ -46,6 +46,12 @@ struct DynamicBackend {
   std::function<uint16_t()> startWorkerStore;
   // Beats for `self` under the job's heartbeat prefix, watching nobody yet.
   std::function<std::unique_ptr<Liveness>(const std::string& self)> startLiveness;
+  // The host only (empty elsewhere): registers `onGone`, called with a
+  // node's id the moment the connection its heartbeat beats on closes (the
+  // kernel ended its agent, or it left), on the store's thread: it must not
+  // block. The store then holds "<job>/gone/<node id>" (JobKeys), which any
+  // node may read. Called once, before the first join.
+  std::function<void(std::function<void(const std::string& node)> onGone)> watchDepartures;
   // Called once at shutdown, after the rendezvous's threads have ended:
   // stops the stores this node hosts. May be empty.
   std::function<void()> stopHosted;

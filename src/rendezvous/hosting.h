@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddprun/store/tcp_store_server.h"
 
@@ -16,9 +17,11 @@ namespace ddprun::rendezvous::detail {
 // the fix. A non-empty `secret` makes the store admit only clients that
 // prove they know it (store/auth.h): the rendezvous store of a job given
 // --rdzv-conf token_file; a round's worker store stays open to PyTorch.
+// `leases`: keys bound to their connection (store::LeaseRule).
 std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost,
                                                  uint16_t port, const std::string& role,
                                                  const std::string& fix,
-                                                 const std::string& secret = "");
+                                                 const std::string& secret = "",
+                                                 std::vector<store::LeaseRule> leases = {});
 
 }  // namespace ddprun::rendezvous::detail

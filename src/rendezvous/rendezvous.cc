@@ -34,11 +34,13 @@ namespace detail {
 std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, uint16_t port,
                                                  const std::string& role,
                                                  const std::string& fix,
-                                                 const std::string& secret) {
+                                                 const std::string& secret,
+                                                 std::vector<store::LeaseRule> leases) {
   store::TcpStoreServerOptions opts;
   opts.host = bindHost;
   opts.port = port;
   opts.authToken = secret;
+  opts.leases = std::move(leases);
   try {
     return store::TcpStoreServer::start(opts);
   } catch (const IoError& e) {

@@ -107,6 +107,12 @@ class Rendezvous {
   // after reporting (the peers must hear of it), call shutdown() alone.
   virtual void cancel() = 0;
 
+  // Whether a failure reported here may end its round as kMembershipChanged
+  // instead, because a peer node of the round is found gone (its workers'
+  // failure followed from that loss): the agent then decides what its
+  // failure costs only once the round's event arrives. False: the round
+  // ends as reported.
+  virtual bool absorbsFailuresOfLostPeers() const { return false; }
   // One line for the start message: "static, node 1 of 2, store 10.0.0.1:29500".
   virtual std::string describe() const = 0;
 };

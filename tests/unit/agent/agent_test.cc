@@ -135,8 +135,10 @@ class FakeRendezvous : public Rendezvous {
   }
   void reportFailure(int round, const std::string& why, bool closeJob) override {
     log_->failures.emplace_back(why, closeJob);
-    emit({round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, groupRank_, why});
+    if (failureBecomes) emit(*failureBecomes);
+    else emit({round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, groupRank_, why});
   }
+  bool absorbsFailuresOfLostPeers() const override { return absorbs; }
   void shutdown() override { log_->shutdown = true; }
   void cancel() override {
     log_->cancelled = true;
@@ -174,6 +176,10 @@ class FakeRendezvous : public Rendezvous {
   // unset: -1, the backend keeps none.
   std::function<int(int round)> jobRestarts;
   std::function<void()> onSuccess;  // runs in reportSuccess
+  // As the dynamic rendezvous: a failure may end the round as another event
+  // (a peer was found gone), sent instead of the failure's own.
+  bool absorbs = false;
+  std::optional<RoundEvent> failureBecomes;
 
  private:
   Post post_;
@@ -207,6 +213,8 @@ struct Harness {
   std::optional<RoundEvent> afterSuccess;
   std::function<int(int round)> jobRestarts;
   std::function<void()> onSuccess;
+  bool absorbs = false;
+  std::optional<RoundEvent> failureBecomes;
   std::shared_ptr<FakeLauncher::Log> launches;
   std::shared_ptr<FakeRendezvous::Log> rdzv = std::make_shared<FakeRendezvous::Log>();
   Agent* agent = nullptr;
@@ -228,6 +236,8 @@ struct Harness {
       r->afterSuccess = afterSuccess;
       r->jobRestarts = jobRestarts;
       r->onSuccess = onSuccess;
+      r->absorbs = absorbs;
+      r->failureBecomes = failureBecomes;
       fake = r.get();
       return r;
     };
@@ -483,6 +493,65 @@ TEST(AgentStateMachine, MembershipChangeRestartsWithoutCounting) {
       << h.err;
   EXPECT_EQ(h.err.find("warning: the set of nodes"), std::string::npos) << h.err;
   EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
+}
+
+// Workers that fail because a peer node died (its loss broke their
+// collective): the rendezvous finds the peer gone and ends the round as a
+// membership change; with no restart budget at all, the job goes on, the
+// restart is not counted, and no failure report is written.
+void expectFailureAbsorbed(int nproc) {
+  LaunchConfig c = config(nproc, 0);
+  c.useDynamic = true;  // a signal then leaves without a report
+  c.maxNodes = 3;
+  Harness h(c);
+  h.absorbs = true;
+  h.failureBecomes = RoundEvent{0, RoundEnd::kMembershipChanged, 1,
+                                "node 10.0.0.3 (pid 7) is gone: its connection to the "
+                                "rendezvous store closed"};
+  int started = 0;  // the attempt stays 0: the restart is not counted
+  h.policy = [&started](int, int) {
+    if (started++ == 0) return Behaviour{1};  // the first worker of round 0
+    return Behaviour{};                         // runs until stopped
+  };
+  h.hook = [&h](FakeRendezvous& r, int round) {
+    r.complete(round);
+    if (round == 1) h.agent->signal(SIGTERM);  // end the test from the second round
+  };
+  EXPECT_EQ(h.run(), 128 + SIGTERM);
+  EXPECT_EQ(h.rdzv->joins, 2);
+  ASSERT_EQ(h.rdzv->failures.size(), 1u);
+  EXPECT_TRUE(h.rdzv->failures[0].second);  // asked to close: no budget; the loss won
+  ASSERT_EQ(h.launches->starts.size(), 2u * nproc);
+  EXPECT_EQ(h.launches->starts.back().env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_NE(h.err.find("the set of nodes changed (node 10.0.0.3 (pid 7) is gone: its "
+                       "connection to the rendezvous store closed); this node's workers "
+                       "failed with it (rank 0"),
+            std::string::npos)
+      << h.err;
+  EXPECT_NE(h.err.find("not counted as a restart"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("restart 1 of"), std::string::npos) << h.err;
+  EXPECT_EQ(h.err.find("Root Cause"), std::string::npos) << h.err;
+}
+
+TEST(AgentStateMachine, FailureAfterAPeersLossIsThatMembershipChange) {
+  expectFailureAbsorbed(1);
+}
+
+TEST(AgentStateMachine, FailureAfterAPeersLossStopsTheOtherWorkersThenReforms) {
+  expectFailureAbsorbed(2);
+}
+
+// Where the rendezvous could absorb a failure but finds no peer gone, the
+// failure is what it was: with no budget, the job ends with the report.
+TEST(AgentStateMachine, FailureWithEveryPeerAliveStillEndsTheJob) {
+  Harness h(config(1, 0));
+  h.absorbs = true;
+  h.policy = [](int, int) { return Behaviour{1}; };
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->joins, 1);
+  ASSERT_EQ(h.rdzv->failures.size(), 1u);
+  EXPECT_TRUE(h.rdzv->failures[0].second);
+  EXPECT_NE(h.err.find("Root Cause"), std::string::npos) << h.err;
 }
 
 // A membership change with the job-wide count: the count stays, no budget

@@ -1,0 +1,94 @@
+// A node's agent gone where the kernel tells us (its heartbeat connection to
+// the store closed: the store then holds "<job>/gone/<id>", store::LeaseRule):
+// the host drops it at once, and a failure that followed it is that
+// membership change, not a failure. In-memory store, fake clock
+// (dynamic_fixture.h); the store's part is simulated by writing the
+// tombstone and calling the host's onGone, as the lease's end does.
+#include "rendezvous/dynamic_fixture.h"
+
+namespace ddprun::rendezvous {
+namespace {
+
+using namespace testing_dynamic;
+
+class DepartureTest : public DynamicRendezvousTest {
+ protected:
+  // Three nodes, 2:3, the first hosting; returns the id of node `i`.
+  std::string formThree(std::vector<std::unique_ptr<Member>>& ms) {
+    opts_.minNodes = 2;
+    opts_.maxNodes = 3;
+    ms.push_back(member(0, /*host=*/true));
+    ms.push_back(member(1));
+    ms.push_back(member(2));
+    joinAll(ms);
+    for (const auto& d : state().participants)
+      if (d.id.rfind("10.0.0.3_102_", 0) == 0) gone_ = d.id;
+    return gone_;
+  }
+  // What the store does when node `id`'s heartbeat connection closes.
+  void connectionClosed(Member& host, const std::string& id) {
+    hub_.set("ddprun/job/gone/" + id, "");
+    ASSERT_TRUE(host.onGone) << "the host registered no departure handler";
+    host.onGone(id);
+  }
+  void expectSurvivorsReformAtOnce(std::vector<std::unique_ptr<Member>>& ms) {
+    ms[0]->node->join(1);
+    ms[1]->node->join(1);
+    for (int i : {0, 1}) {
+      ms[i]->node->awaitJoin();
+      ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
+      EXPECT_EQ(ms[i]->node->info.round, 1);
+      EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
+      EXPECT_EQ(ms[i]->node->info.restartCount, 0);
+    }
+    EXPECT_EQ(clock_, kStart) << "the survivors waited for a last call";
+    EXPECT_FALSE(state().closed);
+  }
+  std::string gone_;
+  const std::string why_ =
+      "node 10.0.0.3 (pid 102) is gone: its connection to the rendezvous store closed";
+};
+
+TEST_F(DepartureTest, TheHostDropsANodeWhoseConnectionClosedAndSaysGoodbyeForIt) {
+  std::vector<std::unique_ptr<Member>> ms;
+  const std::string dead = formThree(ms);
+  const int deadRank = detail::rankOf(state(), dead);
+  ASSERT_GE(deadRank, 0);
+  ms[2]->rdzv().cancel();  // it stops answering
+  connectionClosed(*ms[0], dead);
+  for (int i : {0, 1})
+    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank, why_);
+  // The host will not wait for its goodbye at the end.
+  EXPECT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "left/" + dead)); }));
+  expectSurvivorsReformAtOnce(ms);
+}
+
+// The survivors' workers fail first (the dead node's workers broke their
+// collective) and the report finds the peer gone: the round ends as a
+// membership change, even though the report asked to close the job.
+TEST_F(DepartureTest, AFailureAfterAPeerIsGoneIsThatMembershipChange) {
+  std::vector<std::unique_ptr<Member>> ms;
+  const std::string dead = formThree(ms);
+  const int deadRank = detail::rankOf(state(), dead);
+  ms[2]->rdzv().cancel();
+  hub_.set("ddprun/job/gone/" + dead, "");  // the store saw it; the host not yet
+  EXPECT_TRUE(ms[1]->rdzv().absorbsFailuresOfLostPeers());
+  ms[1]->rdzv().reportFailure(0, "rank 1 exited with 1", /*closeJob=*/true);
+  for (int i : {0, 1})
+    expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank, why_);
+  expectSurvivorsReformAtOnce(ms);
+}
+
+// With every peer alive, a failure is a failure.
+TEST_F(DepartureTest, AFailureWithEveryPeerAliveClosesTheJobAsAsked) {
+  std::vector<std::unique_ptr<Member>> ms;
+  formThree(ms);
+  ms[1]->rdzv().reportFailure(0, "rank 1 exited with 1", /*closeJob=*/true);
+  const int failing = ms[1]->node->info.groupRank;
+  for (auto& m : ms)
+    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kClosed, failing, "rank 1 exited with 1");
+  EXPECT_TRUE(state().closed);
+}
+
+}  // namespace
+}  // namespace ddprun::rendezvous
