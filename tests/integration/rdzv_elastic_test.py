@@ -207,7 +207,9 @@ class Membership(ElasticTest):
         self.assertEqual(self.exit_code(agents["b"]), -signal.SIGKILL)
         for name in ("a", "c"):
             err = agents[name].err()
-            self.assertRegex(err, r"\(pid %d\) missed heartbeats" % agents["b"].pid, err)
+            # Noticed where the kernel told: its connection to the store closed.
+            self.assertRegex(err, r"\(pid %d\) is gone: its connection to the rendezvous "
+                             r"store closed" % agents["b"].pid, err)
             self.assertIn("not counted as a restart", err)
 
     def test_a_late_node_joins_a_running_job_through_an_uncounted_restart(self):
