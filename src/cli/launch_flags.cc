@@ -126,9 +126,9 @@ std::vector<FlagInfo> makeFlags() {
             "Prefix of teed lines: ${role_name} ${rank} ${local_rank} ${hostname} "
             "(default TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
             "[${role_name}${local_rank}]:)."),
-      single(choices(value("print_completion", "SHELL", "",
-                           "Print a shell completion script for ddprun and exit."),
-                     {"bash", "zsh", "tcsh"})),
+      noEnv(choices(value("print_completion", "SHELL", "",
+                          "Print a shell completion script for ddprun and exit."),
+                    {"bash", "zsh", "tcsh"})),
       single(flag("version", "Print ddprun's version and exit (ddprun only).")),
   };
 }

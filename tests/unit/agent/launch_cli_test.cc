@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "ddprun/common/strings.h"
@@ -462,11 +463,31 @@ TEST(LaunchCli, PrintCompletionForEachShell) {
         EXPECT_TRUE(contains(p.out, n.substr(n.rfind('-') == 0 ? 1 : 2)))
             << shell << " " << n;
   }
+  auto underscore = parse({"--print_completion", "zsh"});  // both spellings, as every flag
+  EXPECT_EQ(underscore.rc, 0) << underscore.err;
+  EXPECT_EQ(underscore.out, completionScript("zsh"));
   EXPECT_TRUE(
       contains(completionScript("bash"), "complete -o filenames -F _ddprun ddprun"));
   EXPECT_TRUE(contains(completionScript("bash"), "compgen -W 'spawn fork forkserver'"));
   EXPECT_TRUE(str::startsWith(completionScript("zsh"), "#compdef ddprun\n"));
   EXPECT_TRUE(contains(completionScript("tcsh"), "complete ddprun "));
+}
+
+// "Both spellings" holds for every flag of more than one word: --a-b and --a_b.
+TEST(LaunchCli, EveryMultiWordFlagHasBothSpellings) {
+  for (const auto& f : launchFlags()) {
+    std::set<std::string> names(f.names.begin(), f.names.end());
+    for (const auto& n : f.names) {
+      if (!str::startsWith(n, "--")) continue;
+      const std::string dashed = "--" + str::replaceAll(n.substr(2), "_", "-");
+      const std::string underscored = "--" + str::replaceAll(n.substr(2), "-", "_");
+      EXPECT_TRUE(names.count(dashed)) << n << " lacks " << dashed;
+      EXPECT_TRUE(names.count(underscored)) << n << " lacks " << underscored;
+      const std::string word = underscored + "=x";  // known (x itself may be refused)
+      auto p = parse({word.c_str()});
+      EXPECT_EQ(p.err.find("unknown flag"), std::string::npos) << underscored << ": " << p.err;
+    }
+  }
 }
 
 // ------------------------------------------------------------ docs/cli.md
