@@ -9,6 +9,9 @@
 #include <set>
 #include <sstream>
 
+#include "ddprun/agent/agent.h"
+#include "ddprun/cli/exit_codes.h"
+#include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 
 #ifndef DDPRUN_DOCS_DIR
@@ -18,6 +21,10 @@
 namespace ddprun::cli {
 namespace {
 
+using agent::kExitSetup;
+using agent::kExitSuccess;
+using agent::kExitUsage;
+using agent::kExitWorkersFailed;
 using agent::LaunchConfig;
 using agent::NprocKind;
 using agent::Std;
@@ -488,6 +495,35 @@ TEST(LaunchCli, EveryMultiWordFlagHasBothSpellings) {
       EXPECT_EQ(p.err.find("unknown flag"), std::string::npos) << underscored << ": " << p.err;
     }
   }
+}
+
+// ------------------------------------------------------------ exit codes
+TEST(ExitCodes, DdprunsOwnByDefaultTorchrunsOnRequest) {
+  EXPECT_EQ(parseExitCodeStyle(std::nullopt), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle(""), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle("ddprun"), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle("torchrun"), ExitCodeStyle::kTorchrun);
+  for (const char* bad : {"Torchrun", "1", "torch"}) {
+    try {
+      parseExitCodeStyle(std::string(bad));
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(contains(e.message(), "DDPRUN_EXIT_CODES='")) << e.message();
+      EXPECT_TRUE(contains(e.message(), "expected ddprun")) << e.message();
+      EXPECT_TRUE(contains(e.message(), "or torchrun")) << e.message();
+    }
+  }
+}
+
+TEST(ExitCodes, TorchrunsAreZeroTwoOrOne) {
+  const int sigint = 128 + SIGINT, sigterm = 128 + SIGTERM;
+  for (int code : {kExitSuccess, kExitWorkersFailed, kExitUsage, kExitSetup, sigint, sigterm})
+    EXPECT_EQ(exitCodeIn(ExitCodeStyle::kDdprun, code), code);
+  EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, kExitSuccess), 0);
+  EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, kExitUsage), 2);  // argparse's
+  // ChildFailedError, RendezvousTimeoutError, SignalException: uncaught, 1.
+  for (int code : {kExitWorkersFailed, kExitSetup, sigint, sigterm})
+    EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, code), 1) << code;
 }
 
 // ------------------------------------------------------------ docs/cli.md
