@@ -63,7 +63,8 @@ std::string Interpreter::describe() const {
       break;
   }
   if (file.empty())
-    return command + " (not found on PATH: " + (searchedPath.empty() ? "empty" : searchedPath) +
+    return command +
+           " (not found on PATH: " + (searchedPath.empty() ? "empty" : searchedPath) +
            ")";
   return file + " (" + command + " on PATH)";
 }

@@ -9,10 +9,11 @@ namespace ddprun::cli {
 ExitCodeStyle parseExitCodeStyle(const std::optional<std::string>& value) {
   if (!value || value->empty() || *value == "ddprun") return ExitCodeStyle::kDdprun;
   if (*value == "torchrun") return ExitCodeStyle::kTorchrun;
-  DDPRUN_THROW(InvalidArgument, kExitCodesEnv, "='", str::escape(*value),
-               "' is not valid: expected ddprun (the default: 0 success, 1 workers failed, "
-               "2 usage, 3 setup, 128+S after signal S) or torchrun (0, 2 usage, 1 for "
-               "any other failure)");
+  DDPRUN_THROW(
+      InvalidArgument, kExitCodesEnv, "='", str::escape(*value),
+      "' is not valid: expected ddprun (the default: 0 success, 1 workers failed, "
+      "2 usage, 3 setup, 128+S after signal S) or torchrun (0, 2 usage, 1 for "
+      "any other failure)");
 }
 
 int exitCodeIn(ExitCodeStyle style, int code) {

@@ -51,14 +51,16 @@ struct Interpreter {
 struct FileProbe {
   std::function<bool(const std::string&)> isFile;  // a regular file (links followed)
   std::function<bool(const std::string&)> isDirectory;
-  std::function<bool(const std::string&)> isExecutable;  // a file this process may execute
+  std::function<bool(const std::string&)>
+      isExecutable;  // a file this process may execute
   static FileProbe real();
 };
 
 // The rule above. `env` is the workers' environment (PYTHON_EXEC, PATH);
 // `selfExe` the path of ddprun's own executable ("" when unknown: rule 2 is
 // skipped).
-Interpreter chooseInterpreter(const Env& env, const std::string& selfExe, const FileProbe& probe);
+Interpreter chooseInterpreter(const Env& env, const std::string& selfExe,
+                              const FileProbe& probe);
 
 // ddprun's own executable: the target of /proc/self/exe, "" when unreadable.
 std::string selfExecutable();

@@ -16,7 +16,9 @@ struct FakeFs {
   std::set<std::string> files, dirs, executables;
   FileProbe probe() const {
     FileProbe p;
-    p.isFile = [this](const std::string& s) { return files.count(s) || executables.count(s); };
+    p.isFile = [this](const std::string& s) {
+      return files.count(s) || executables.count(s);
+    };
     p.isDirectory = [this](const std::string& s) { return dirs.count(s) > 0; };
     p.isExecutable = [this](const std::string& s) { return executables.count(s) > 0; };
     return p;
@@ -43,7 +45,8 @@ TEST_F(InterpreterRule, AVenvsOwnPython) {
   EXPECT_EQ(in.source, InterpreterSource::kEnvironment);
   EXPECT_EQ(in.command, "/opt/venv/bin/python3");  // the venv path, never resolved
   EXPECT_EQ(in.file, "/opt/venv/bin/python3");
-  EXPECT_EQ(in.describe(), "/opt/venv/bin/python3 (the environment ddprun is installed in)");
+  EXPECT_EQ(in.describe(),
+            "/opt/venv/bin/python3 (the environment ddprun is installed in)");
 }
 
 TEST_F(InterpreterRule, ACondaEnvironmentWithOnlyPython) {
@@ -92,10 +95,12 @@ TEST_F(InterpreterRule, ABarePythonExecIsLookedUpOnPath) {
   env_["PYTHON_EXEC"] = "python3";
   Interpreter in = choose("/usr/local/bin/ddprun");
   EXPECT_EQ(in.command, "python3");
-  EXPECT_EQ(in.describe(), "/home/u/.pyenv/shims/python3 (PYTHON_EXEC=python3, found on PATH)");
+  EXPECT_EQ(in.describe(),
+            "/home/u/.pyenv/shims/python3 (PYTHON_EXEC=python3, found on PATH)");
   env_["PYTHON_EXEC"] = "python9";
-  EXPECT_EQ(choose("/usr/local/bin/ddprun").describe(),
-            "python9 (PYTHON_EXEC; not found on PATH: /home/u/.pyenv/shims:/usr/bin:/bin)");
+  EXPECT_EQ(
+      choose("/usr/local/bin/ddprun").describe(),
+      "python9 (PYTHON_EXEC; not found on PATH: /home/u/.pyenv/shims:/usr/bin:/bin)");
 }
 
 TEST_F(InterpreterRule, AnEmptyPythonExecIsIgnored) {
@@ -108,7 +113,8 @@ TEST_F(InterpreterRule, AnEmptyPythonExecIsIgnored) {
 
 TEST_F(InterpreterRule, NoPythonOnPathIsSaidSo) {
   env_["PATH"] = "/nowhere";
-  EXPECT_EQ(choose("/usr/bin/ddprun").describe(), "python3 (not found on PATH: /nowhere)");
+  EXPECT_EQ(choose("/usr/bin/ddprun").describe(),
+            "python3 (not found on PATH: /nowhere)");
   env_.erase("PATH");  // the launcher's default
   EXPECT_EQ(choose("/usr/bin/ddprun").describe(), "/usr/bin/python3 (python3 on PATH)");
 }
