@@ -142,8 +142,11 @@ def plot(res, path):
     try:
         import matplotlib
     except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-    import matplotlib
+        print("no plot: matplotlib is not installed for %s; install it into a virtual "
+              "environment (python3 -m venv DIR && DIR/bin/pip install matplotlib) or "
+              "Debian's python3-matplotlib, and run this script with that python"
+              % sys.executable, file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -6,13 +6,12 @@
 Left: the step lines' loss (global mean over each log interval) against the
 global step, with each epoch's mean train loss as markers. Right: test
 accuracy after each epoch. Several files are drawn on the same axes (ours
-against PyTorch, say). Needs matplotlib (installed into the running venv on
-first use; the PyTorch 2.x venv is a good interpreter for this).
+against PyTorch, say). Needs matplotlib; without it the script exits 2 saying
+how to get it (it never installs anything into the interpreter that runs it).
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 
@@ -39,15 +38,20 @@ def read_metrics(path):
     return steps, epochs, final
 
 
+MATPLOTLIB_MISSING = (
+    "plot_metrics.py: matplotlib is not installed for %s; install it into a virtual "
+    "environment and run this script with that environment's python, e.g.\n"
+    "  python3 -m venv ~/.venvs/plot && ~/.venvs/plot/bin/pip install matplotlib\n"
+    "  ~/.venvs/plot/bin/python scripts/bench/plot_metrics.py m.jsonl\n"
+    "(or install Debian's python3-matplotlib)")
+
+
 def import_pyplot():
     try:
         import matplotlib
     except ImportError:
-        if sys.prefix == sys.base_prefix:
-            sys.exit("matplotlib is not installed for %s; run this with a venv's python "
-                     "(e.g. /opt/ddprun-test/venv-torch2/bin/python)" % sys.executable)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-        import matplotlib
+        print(MATPLOTLIB_MISSING % sys.executable, file=sys.stderr)
+        sys.exit(2)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

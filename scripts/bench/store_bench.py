@@ -121,8 +121,11 @@ def plot(results, path):
     try:
         import matplotlib
     except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-    import matplotlib
+        print("no plot: matplotlib is not installed for %s; install it into a virtual "
+              "environment (python3 -m venv DIR && DIR/bin/pip install matplotlib) or "
+              "Debian's python3-matplotlib, and run this script with that python"
+              % sys.executable, file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     servers = [s for s in ("ddprun", "torch-libuv", "torch-legacy", "ddprun-nospin")

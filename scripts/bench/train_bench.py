@@ -265,12 +265,7 @@ def have_matplotlib():
         import matplotlib  # noqa: F401
         return True
     except ImportError:
-        pass
-    if sys.prefix != sys.base_prefix:  # a venv: install it there on first use
-        print("installing matplotlib into %s ..." % sys.prefix, file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-        return True
-    return False
+        return False
 
 
 def plot(res, stem):
@@ -280,7 +275,10 @@ def plot(res, stem):
             subprocess.run([venv_py, os.path.abspath(__file__), "--replot", stem + ".json",
                             "--no-table"], check=True)
         else:
-            print("matplotlib missing: no plots (run with the venv's python)", file=sys.stderr)
+            print("no plot: matplotlib is not installed for %s; install it into a virtual "
+                  "environment (python3 -m venv DIR && DIR/bin/pip install matplotlib) or "
+                  "Debian's python3-matplotlib, and run this script with that python"
+                  % sys.executable, file=sys.stderr)
         return
     import matplotlib
     matplotlib.use("Agg")

@@ -163,8 +163,10 @@ class Agent::Impl {
     ro.consoleOut = parts_.consoleOut;
     ro.consoleErr = parts_.consoleErr;
     reporter_ = std::make_unique<Reporter>(io_, ro);
-    // "": the group applies the one interpreter rule (PYTHON_EXEC, else python3).
-    group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env, "");
+    // The one interpreter rule (interpreter.h), on the workers' environment.
+    group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env,
+                                           chooseInterpreter(env, selfExecutable(),
+                                                             FileProbe::real()));
     return true;
   }
 
@@ -306,7 +308,13 @@ class Agent::Impl {
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
-           (restartCount_ == 0 ? reporter_->runDir() : attemptDir);
+           (restartCount_ == 0 ? reporter_->runDir() : attemptDir) + pythonNote("; python ");
+  }
+
+  // `lead` + the Python workers' interpreter and its source; "" for others.
+  std::string pythonNote(const std::string& lead) const {
+    const Interpreter* py = group_ ? group_->pythonInterpreter() : nullptr;
+    return py ? lead + py->describe() : "";
   }
 
   // ------------------------------------------------------------ running
@@ -500,16 +508,17 @@ class Agent::Impl {
       text = "ddprun: " + describePeer(*peer_) + "; this node's workers were stopped" +
              (byNode ? " (see that node's report for the root cause)\n" : "\n");
     } else if (!failures_.empty()) {
-      text = formatFailureSummary(cfg_.script, host_, failures_);
+      text = formatFailureSummary(cfg_.script, host_, failures_, pythonNote("interpreter: "));
     }
     if (!text.empty()) reporter_->failureReport(text);
     auto own = parts_.environment.find("TORCHELASTIC_ERROR_FILE");
     if (ownCulprit && own != parts_.environment.end() && !own->second.empty())
       copyRootErrorFile(failures_, own->second);
-    reporter_->event("failed", {{"reason", ownCulprit ? failureWhy_
-                                           : peer_    ? describePeer(*peer_)
-                                                      : std::string()}},
-                     restartCount_);
+    nlohmann::json fields = {{"reason", ownCulprit ? failureWhy_
+                                        : peer_    ? describePeer(*peer_)
+                                                   : std::string()}};
+    if (const std::string py = pythonNote(""); !py.empty()) fields["interpreter"] = py;
+    reporter_->event("failed", std::move(fields), restartCount_);
   }
 
   // ------------------------------------------------------------ signals

@@ -125,15 +125,17 @@ std::string describeExit(int exitCode) {
 }
 
 std::string formatFailureSummary(const std::string& name, const std::string& host,
-                                 const std::vector<WorkerFailure>& failures) {
+                                 const std::vector<WorkerFailure>& failures,
+                                 const std::string& note) {
   std::vector<const WorkerFailure*> order = byCause(failures);
   std::string title = name + " FAILED";
+  if (!note.empty()) title += "\n" + note;
   std::string root = order.empty() ? "" : entry(0, host, *order.front());
   std::string others;
   for (size_t i = 1; i < order.size(); ++i) others += entry(i, host, *order[i]);
   if (others.empty()) others = "  <NO_OTHER_FAILURES>\n";
-  size_t width = title.size();
-  for (const std::string* block : {&root, &others}) {
+  size_t width = 0;
+  for (const std::string* block : {&title, &root, &others}) {
     std::istringstream in(*block);
     for (std::string line; std::getline(in, line);) width = std::max(width, line.size());
   }

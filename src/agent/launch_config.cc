@@ -210,8 +210,11 @@ void checkBackend(const LaunchConfig& c) {
   if (c.standalone || c.rdzvBackend == "static" || c.rdzvBackend == "c10d") return;
   if (c.rdzvBackend == "etcd" || c.rdzvBackend == "etcd-v2")
     DDPRUN_THROW(InvalidArgument, "--rdzv-backend: '", c.rdzvBackend,
-                 "' is not supported: ddprun has no etcd client; use static (--nnodes N "
-                 "--node-rank R --master-addr A --master-port P) or --standalone");
+                 "' is not supported: ddprun has no etcd client; for an elastic job use "
+                 "--rdzv-backend c10d --rdzv-endpoint HOST[:PORT] (the agent on HOST hosts "
+                 "the rendezvous, no etcd server needed), or the static rendezvous "
+                 "(--nnodes N --node-rank R --master-addr A --master-port P), or "
+                 "--standalone on one node");
   DDPRUN_THROW(InvalidArgument, "--rdzv-backend: unknown backend '",
                str::escape(c.rdzvBackend), "': expected static or c10d");
 }

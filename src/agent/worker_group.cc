@@ -28,22 +28,17 @@ void closeFds(const WorkerFds& fds) {
   if (fds.stdoutFd >= 0) ::close(fds.stdoutFd);
   if (fds.stderrFd >= 0 && fds.stderrFd != fds.stdoutFd) ::close(fds.stderrFd);
 }
-
-std::string defaultPython(const Env& env) {
-  auto it = env.find("PYTHON_EXEC");
-  return it != env.end() && !it->second.empty() ? it->second : "python3";
-}
 }  // namespace
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg,
                          Launcher& launcher, WorkerOutput& output, Env agentEnv,
-                         std::string python)
+                         Interpreter python)
     : io_(io),
       cfg_(cfg),
       launcher_(launcher),
       output_(output),
       agentEnv_(std::move(agentEnv)),
-      python_(python.empty() ? defaultPython(agentEnv_) : std::move(python)),
+      python_(std::move(python)),
       search_(ProgramSearch::fromProcess()),
       killTimer_(io) {
   auto path = agentEnv_.find("PATH");
@@ -75,7 +70,8 @@ void WorkerGroup::start(const rendezvous::RoundInfo& round, int nproc, int resta
 
 void WorkerGroup::startOne(const AttemptInfo& attempt, int localRank,
                            const std::string& attemptDir) {
-  WorkerCommand cmd = workerCommand(cfg_, localRank, python_, search_);
+  WorkerCommand cmd = workerCommand(cfg_, localRank, python_.command, search_);
+  pythonWorkers_ = cmd.interpreter;
   fs::path dir = fs::path(attemptDir) / std::to_string(localRank);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -192,6 +188,10 @@ size_t WorkerGroup::running() const {
 }
 
 const std::vector<WorkerRecord>& WorkerGroup::workers() const { return workers_; }
+
+const Interpreter* WorkerGroup::pythonInterpreter() const {
+  return pythonWorkers_ ? &python_ : nullptr;
+}
 
 void WorkerGroup::clear() {
   std::vector<WorkerRecord>().swap(workers_);

@@ -9,6 +9,7 @@
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/worker_spec.h"
+#include "ddprun/cli/exit_codes.h"
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -364,19 +365,9 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
   return -1;
 }
 
-int runLaunchCli(int argc, const char* const* argv) {
-  // A closed console (`ddprun ... | head`) must never kill the agent; the
-  // worker launcher restores the default disposition for the workers.
-  ::signal(SIGPIPE, SIG_IGN);
-  setLogTag("ddprun");
-  setLogStyle(LogStyle::kConsole);
-  auto env = processEnv();
-  // Like torchrun, LOGLEVEL sets the agent's log level (default WARNING).
-  try {
-    setLogLevel(parseLogLevel(env("LOGLEVEL").value_or("warning")));
-  } catch (const InvalidArgument&) {
-    setLogLevel(LogLevel::kWarning);
-  }
+namespace {
+// Parses, then runs the agent; ddprun's own exit code.
+int parseAndRun(int argc, const char* const* argv, const EnvLookup& env) {
   agent::LaunchConfig cfg;
   int rc = parseLaunchCli(argc, argv, env, cfg);
   if (rc >= 0) return rc;
@@ -396,6 +387,30 @@ int runLaunchCli(int argc, const char* const* argv) {
     DDPRUN_ERROR(e.what());
   }
   return agent::kExitSetup;
+}
+}  // namespace
+
+int runLaunchCli(int argc, const char* const* argv) {
+  // A closed console (`ddprun ... | head`) must never kill the agent; the
+  // worker launcher restores the default disposition for the workers.
+  ::signal(SIGPIPE, SIG_IGN);
+  setLogTag("ddprun");
+  setLogStyle(LogStyle::kConsole);
+  auto env = processEnv();
+  // Like torchrun, LOGLEVEL sets the agent's log level (default WARNING).
+  try {
+    setLogLevel(parseLogLevel(env("LOGLEVEL").value_or("warning")));
+  } catch (const InvalidArgument&) {
+    setLogLevel(LogLevel::kWarning);
+  }
+  ExitCodeStyle style;
+  try {
+    style = parseExitCodeStyle(env(kExitCodesEnv));
+  } catch (const InvalidArgument& e) {
+    std::cerr << "ddprun: error: " << e.message() << "\n";
+    return agent::kExitUsage;
+  }
+  return exitCodeIn(style, parseAndRun(argc, argv, env));
 }
 
 }  // namespace ddprun::cli

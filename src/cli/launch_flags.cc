@@ -126,9 +126,9 @@ std::vector<FlagInfo> makeFlags() {
             "Prefix of teed lines: ${role_name} ${rank} ${local_rank} ${hostname} "
             "(default TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
             "[${role_name}${local_rank}]:)."),
-      single(choices(value("print_completion", "SHELL", "",
-                           "Print a shell completion script for ddprun and exit."),
-                     {"bash", "zsh", "tcsh"})),
+      noEnv(choices(value("print_completion", "SHELL", "",
+                          "Print a shell completion script for ddprun and exit."),
+                    {"bash", "zsh", "tcsh"})),
       single(flag("version", "Print ddprun's version and exit (ddprun only).")),
   };
 }
@@ -304,8 +304,8 @@ std::string launchHelp() {
     s << wrapped(right) << "\n";
   }
   s << "\nExit codes: 0 success, 1 workers failed, 2 bad flags, 3 setup failed, 128+S "
-       "after "
-       "signal S.\nSee docs/cli.md for the differences from torchrun.\n";
+       "after signal S;\nwith DDPRUN_EXIT_CODES=torchrun, torchrun's: 0, 2 bad flags, 1 any "
+       "other failure.\nSee docs/cli.md for the differences from torchrun.\n";
   return s.str();
 }
 

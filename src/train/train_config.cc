@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddprun/common/strings.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/data.h"
 #include "ddprun/train/models.h"
@@ -226,6 +227,13 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   }
   r.config = c;
   return r;
+}
+
+bool printsParseOutput(const std::optional<std::string>& rank,
+                       const std::optional<std::string>& localRank) {
+  const std::optional<std::string>& which = rank ? rank : localRank;
+  int64_t r = 0;
+  return !which || !str::parseInt(str::trim(*which), r) || r == 0;
 }
 
 }  // namespace ddprun::train

@@ -691,6 +691,7 @@ nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data, Proces
 int trainMain(int argc, const char* const* argv) {
   const ParseResult pr = parseTrainArgs(argc, argv);
   if (!pr.config) {
+    if (!printsParseOutput(env::get("RANK"), env::get("LOCAL_RANK"))) return pr.exitCode;
     if (pr.exitCode == 0) std::fputs(pr.output.c_str(), stdout);
     else std::fprintf(stderr, "train: error: %s\n", pr.output.c_str());
     return pr.exitCode;

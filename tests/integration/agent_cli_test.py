@@ -5,13 +5,14 @@ scripts under Python, the flag cases torchrun accepts or rejects, and the
 agent's own messages (one style, no source locations, a start line)."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from ddprun_case import DdprunCase, read  # noqa: E402
+from ddprun_case import DDPRUN, DdprunCase, read  # noqa: E402
 from procs import wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 
@@ -226,6 +227,102 @@ class Messages(DdprunCase):
         self.assertTrue(start[0].startswith("ddprun: "), start[0])
         self.assertIn("worker store at", start[0])
         self.assertIn("logs in " + logdir, start[0])
+
+
+class Interpreter(DdprunCase):
+    """A ddprun installed in a Python environment runs Python workers with
+    that environment's interpreter, as torchrun does; PYTHON_EXEC still wins;
+    the start line and the failure report name the interpreter."""
+
+    def setUp(self):
+        super().setUp()
+        # <env>: a venv (pyvenv.cfg) holding a copy of ddprun and a python3
+        # that records how it was started, then runs the real interpreter.
+        self.venv = self.path("venv")
+        bindir = os.path.join(self.venv, "bin")
+        os.makedirs(bindir)
+        open(os.path.join(self.venv, "pyvenv.cfg"), "w").write("home = /usr/bin\n")
+        self.ddprun = os.path.join(bindir, "ddprun")
+        try:
+            os.link(DDPRUN, self.ddprun)
+        except OSError:  # another file system
+            shutil.copy2(DDPRUN, self.ddprun)
+        self.python = os.path.join(bindir, "python3")
+        self.used = self.path("used")
+        self.executable(self.python, 'echo "$0" >> %s\nexec %s "$@"\n' % (self.used, sys.executable))
+        # First on PATH: a python3 that cannot run anything (the pyenv shim
+        # without torch of the issue).
+        fakebin = self.path("fakebin")
+        os.mkdir(fakebin)
+        self.executable(os.path.join(fakebin, "python3"),
+                        "echo 'the python3 on PATH ran' >&2\nexit 1\n")
+        self.clean = self.env({"PATH": fakebin + ":/usr/bin:/bin"})
+        del self.clean["PYTHON_EXEC"]
+
+    def executable(self, path, body):
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+
+    def launch(self, ddprun, *args, env=None):
+        return subprocess.run([ddprun, "--nproc-per-node=2", *args], env=env or self.clean,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=60)
+
+    def start_line(self, stderr):
+        start = [l for l in stderr.splitlines() if l.startswith("ddprun: started")]
+        self.assertEqual(len(start), 1, stderr)
+        return start[0]
+
+    def used_by_workers(self):
+        return read(self.used).splitlines() if os.path.exists(self.used) else []
+
+    def test_the_environments_python_runs_the_workers(self):
+        ok = self.pyscript("import os\nprint('hello from', os.environ['RANK'])\n")
+        p = self.launch(self.ddprun, ok)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.used_by_workers(), [self.python] * 2)
+        self.assertEqual(sorted(l for l in p.stdout.splitlines() if "hello" in l),
+                         ["hello from 0", "hello from 1"])
+        self.assertIn("; python %s (the environment ddprun is installed in)" % self.python,
+                      self.start_line(p.stderr))
+
+    def test_the_failure_report_names_the_interpreter(self):
+        bad = self.pyscript("import sys\nsys.exit(3)\n")
+        logdir = self.path("logs")
+        p = self.launch(self.ddprun, "--log-dir", logdir, bad)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        line = "interpreter: %s (the environment ddprun is installed in)" % self.python
+        self.assertIn("\n" + line + "\n", p.stderr)
+        [run] = os.listdir(logdir)
+        self.assertIn(line, read(os.path.join(logdir, run, "failure_report.txt")))
+        events = [json.loads(l) for l in read(os.path.join(logdir, run, "events.jsonl")).splitlines()]
+        [failed] = [e for e in events if e["event"] == "failed"]
+        self.assertEqual(failed["interpreter"], line[len("interpreter: "):])
+
+    def test_python_exec_wins(self):
+        ok = self.pyscript("pass\n")
+        p = self.launch(self.ddprun, ok, env=dict(self.clean, PYTHON_EXEC=sys.executable))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.used_by_workers(), [])
+        self.assertIn("; python %s (PYTHON_EXEC)" % sys.executable, self.start_line(p.stderr))
+
+    def test_outside_an_environment_python3_on_path_and_the_report_says_which(self):
+        # The build tree's ddprun is in no environment: python3 from PATH, the
+        # broken one here, and the report names it.
+        ok = self.pyscript("pass\n")
+        p = self.launch(DDPRUN, ok)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(self.used_by_workers(), [])
+        fake = self.path("fakebin/python3")
+        self.assertIn("; python %s (python3 on PATH)" % fake, self.start_line(p.stderr))
+        self.assertIn("\ninterpreter: %s (python3 on PATH)\n" % fake, p.stderr)
+        self.assertIn("the python3 on PATH ran", p.stderr)
+
+    def test_a_direct_program_names_no_interpreter(self):
+        p = self.launch(self.ddprun, "--no-python", self.script("exit 0\n"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("python", self.start_line(p.stderr))
 
 
 if __name__ == "__main__":

@@ -221,6 +221,72 @@ class SignalDuringJoin(DdprunCase):
         self.assert_ends(p, signal.SIGTERM)
 
 
+class ExitCodes(DdprunCase):
+    """ddprun's exit codes by default, torchrun's (0, 2 usage, 1 for any other
+    failure) under DDPRUN_EXIT_CODES=torchrun; a bad value is a usage error."""
+
+    STYLES = {"ddprun": None, "torchrun": {"DDPRUN_EXIT_CODES": "torchrun"}}
+
+    def for_each_style(self, expected, run):
+        for style, env in self.STYLES.items():
+            with self.subTest(style=style):
+                rc, err = run(env)
+                self.assertEqual(rc, expected[style], err)
+        rc, err = run({"DDPRUN_EXIT_CODES": "ddprun"})  # explicit, the same as unset
+        self.assertEqual(rc, expected["ddprun"], err)
+
+    def test_a_failed_worker_is_1_in_both(self):
+        w = self.script("exit 7\n")
+
+        def run(env):
+            p = self.run_ddprun("--nproc-per-node=2", "--no-python", w, env=env)
+            return p.returncode, p.stderr
+        self.for_each_style({"ddprun": 1, "torchrun": 1}, run)
+
+    def test_ctrl_c_while_the_workers_run(self):
+        # Each worker records that it runs, then waits; SIGINT to the agent.
+        w = self.script('echo $$ > "%s/ready_$RANK"\nexec sleep 600\n' % self.tmp)
+
+        def run(env):
+            for r in range(2):
+                if os.path.exists(self.path("ready_%d" % r)):
+                    os.remove(self.path("ready_%d" % r))
+            p = self.popen("--nproc-per-node=2", "--no-python", w, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertTrue(wait_for(lambda: all(os.path.exists(self.path("ready_%d" % r))
+                                                 for r in range(2)) or p.poll() is not None))
+            self.assertIsNone(p.poll())
+            p.send_signal(signal.SIGINT)
+            return self.wait_exit(p), p.stderr.read()
+        self.for_each_style({"ddprun": 128 + signal.SIGINT, "torchrun": 1}, run)
+
+    def test_a_rendezvous_timeout(self):
+        # Node 0 of 2 waits for a node 1 that never comes, for the 1 s timeout.
+        port = reserve_port(self)
+
+        def run(env):
+            p = self.run_ddprun("--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+                                "--master-port=%d" % port, "--rdzv-conf=timeout=1",
+                                "--no-python", self.script("exit 0\n"), env=env)
+            return p.returncode, p.stderr
+        self.for_each_style({"ddprun": 3, "torchrun": 1}, run)
+
+    def test_usage_errors_are_2_in_both(self):
+        def run(env):
+            p = self.run_ddprun("--nproc-per-node=0", "x.py", env=env)
+            return p.returncode, p.stderr
+        self.for_each_style({"ddprun": 2, "torchrun": 2}, run)
+
+    def test_an_unknown_style_is_a_usage_error(self):
+        p = self.run_ddprun("--no-python", self.script("exit 0\n"),
+                            env={"DDPRUN_EXIT_CODES": "bash"})
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, p.stderr)
+        self.assertIn("ddprun: error: DDPRUN_EXIT_CODES='bash' is not valid", p.stderr)
+        self.assertIn("ddprun", p.stderr.split("expected")[1])
+        self.assertIn("torchrun", p.stderr.split("expected")[1])
+
+
 if __name__ == "__main__":
     from testmain import main  # noqa: E402
     main()

@@ -457,7 +457,9 @@ class WorkerGroupReal : public ::testing::Test {
     boost::asio::io_context io;
     PosixLauncher launcher;
     PipeOutput output;
-    WorkerGroup group(io, cfg, launcher, output, env::snapshot(), "");
+    const Env agentEnv = env::snapshot();
+    WorkerGroup group(io, cfg, launcher, output, agentEnv,
+                      chooseInterpreter(agentEnv, selfExecutable(), FileProbe::real()));
     launcher.watchExits(io, [&](int pid, int status) { group.onExit(pid, status); });
     rendezvous::RoundInfo round;
     round.worldSize = 2;

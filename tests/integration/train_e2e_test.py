@@ -328,6 +328,47 @@ class TrainE2E(unittest.TestCase):
         self.refused(self.train_alone("--batch-size", "0", *SMALL), "batch-size", what="batch 0")
         self.refused(self.train_alone("--epochs", "0", *SMALL), "epochs", what="epochs 0")
 
+    def test_help_and_usage_errors_under_four_workers_print_once(self):
+        # Every rank parses the same command line; rank 0 alone speaks.
+        p = self.run_cmd([DDPRUN, "--nproc-per-node=4", "train", "--help"])
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertEqual(p.stdout.count("Print this help and exit"), 1, p.stdout[-3000:])
+        self.assertEqual(p.stdout.count("--batch-size"), 1, p.stdout[-3000:])
+        # A usage error: one message on the console (the failure report quotes
+        # it again, indented), and rank 0 exits 2; the others exit 2 too,
+        # unless ddprun stopped them first. The agent exits 1: workers failed.
+        p = self.run_cmd([DDPRUN, "--nproc-per-node=4", "train", "--bogus"])
+        self.assertEqual(p.returncode, 1, p.stderr[-3000:])
+        self.assertEqual(len(re.findall(r"^train: error: ", p.stderr, re.M)), 1, p.stderr[-3000:])
+        codes = re.findall(r"rank      : (\d) \(local_rank: \d\)\n  exitcode  : (-?\d+)",
+                           p.stderr)
+        self.assertIn(("0", "2"), codes, p.stderr[-3000:])
+        self.assertTrue(all(c in ("2", "-15") for _, c in codes), p.stderr[-3000:])
+
+    def test_plot_metrics_without_matplotlib_exits_2_and_installs_nothing(self):
+        # matplotlib made unimportable, and a `pip` module that records being
+        # run: the script must say how to install matplotlib, never run pip.
+        fake = os.path.join(self.tmp, "site")
+        os.makedirs(os.path.join(fake, "pip"))
+        with open(os.path.join(fake, "matplotlib.py"), "w") as f:
+            f.write("raise ImportError('hidden by the test')\n")
+        marker = os.path.join(self.tmp, "pip_ran")
+        with open(os.path.join(fake, "pip", "__main__.py"), "w") as f:
+            f.write("open(%r, 'w').close()\n" % marker)
+        open(os.path.join(fake, "pip", "__init__.py"), "w").close()
+        metrics = os.path.join(self.tmp, "m.jsonl")
+        with open(metrics, "w") as f:
+            f.write(json.dumps({"type": "step", "epoch": 0, "global_step": 1, "loss": 2.3}) + "\n")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "scripts", "bench", "plot_metrics.py")
+        p = self.run_cmd([sys.executable, script, metrics, "-o", os.path.join(self.tmp, "c.png")],
+                         env=clean_env(PYTHONPATH=fake))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("matplotlib is not installed", p.stderr)
+        self.assertIn("pip install matplotlib", p.stderr)
+        self.assertFalse(os.path.exists(marker), "plot_metrics.py ran pip")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "c.png")))
+
     def test_device_cuda_without_a_gpu_exits_2(self):
         # CUDA_VISIBLE_DEVICES="" hides every GPU, also on a machine that has one.
         p = self.train_alone("--device", "cuda", *SMALL, env=clean_env(CUDA_VISIBLE_DEVICES=""))

@@ -40,7 +40,8 @@ constexpr int kExitSuccess = 0;
 constexpr int kExitWorkersFailed = 1;  // restarts used up; the report says who
 constexpr int kExitUsage = 2;          // bad flags or unsupported mode
 constexpr int kExitSetup = 3;          // cannot listen, cannot create log dir, ...
-// A forwarded signal S ends the agent with 128 + S.
+// A forwarded signal S ends the agent with 128 + S. DDPRUN_EXIT_CODES=torchrun
+// maps these onto torchrun's at the very end (cli/exit_codes.h).
 
 // What the agent is built from; tests pass fakes.
 struct AgentParts {

@@ -43,8 +43,11 @@ std::string describeExit(int exitCode);
 
 // The report printed when the restart budget is spent:
 //   ====...  <name> FAILED ... Root Cause (first observed failure): ...
-// `name` is the script/program; `host` is this node's name.
+// `name` is the script/program; `host` is this node's name. `note`, when
+// not empty, is a line under the title (the Python workers' interpreter:
+// "interpreter: /usr/bin/python3 (python3 on PATH)").
 std::string formatFailureSummary(const std::string& name, const std::string& host,
-                                 const std::vector<WorkerFailure>& failures);
+                                 const std::vector<WorkerFailure>& failures,
+                                 const std::string& note = "");
 
 }  // namespace ddprun::agent

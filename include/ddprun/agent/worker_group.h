@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/interpreter.h"
 #include "ddprun/agent/launch_config.h"
 #include "ddprun/agent/launcher.h"
 #include "ddprun/agent/reporter.h"
@@ -36,11 +37,12 @@ struct WorkerRecord {
 class WorkerGroup {
  public:
   // `agentEnv` is what every worker inherits; `python` the interpreter of
-  // script workers (PYTHON_EXEC, else "python3", looked up on the workers'
-  // PATH by the launcher). `cfg` must outlive the group. A direct program is
-  // located with ProgramSearch::fromProcess() and the PATH of `agentEnv`.
+  // script workers (chooseInterpreter's rule: PYTHON_EXEC, else the Python
+  // environment ddprun is installed in, else python3 on PATH). `cfg` must
+  // outlive the group. A direct program is located with
+  // ProgramSearch::fromProcess() and the PATH of `agentEnv`.
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& cfg, Launcher& launcher,
-              WorkerOutput& output, Env agentEnv, std::string python);
+              WorkerOutput& output, Env agentEnv, Interpreter python);
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
@@ -69,6 +71,10 @@ class WorkerGroup {
 
   size_t running() const;
   const std::vector<WorkerRecord>& workers() const;
+  // The interpreter of the workers started last when they are Python
+  // workers (a script, -m, --run-path); nullptr for a direct program or
+  // before the first start().
+  const Interpreter* pythonInterpreter() const;
   // Forgets the attempt's records and releases their memory (after it
   // stopped); a pending stop callback is dropped.
   void clear();
@@ -85,7 +91,8 @@ class WorkerGroup {
   Launcher& launcher_;
   WorkerOutput& output_;
   Env agentEnv_;
-  std::string python_;
+  Interpreter python_;
+  bool pythonWorkers_ = false;
   ProgramSearch search_;
   std::vector<WorkerRecord> workers_;
   boost::asio::steady_timer killTimer_;

@@ -73,10 +73,9 @@ struct WorkerCommand {
 //   `python -u -c <runpy launcher> script args` (--run-path: the script runs
 //   through runpy.run_path as __main__ with sys.argv = [script, args...]), or
 //   `program args` (a direct program, see resolveProgram).
-// "${local_rank}" in any argument becomes the local rank. `python` is
-// $PYTHON_EXEC when set, else "python3" (the first on the worker's PATH, so an
-// activated virtual environment's). Throws IoError with cfg.programNotFound
-// when resolution found no program.
+// "${local_rank}" in any argument becomes the local rank. `python` is the
+// interpreter's command (chooseInterpreter in interpreter.h). Throws IoError
+// with cfg.programNotFound when resolution found no program.
 WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank,
                             const std::string& python, const ProgramSearch& where);
 

@@ -80,6 +80,18 @@ TEST(FailureSummary, SingleFailureSaysNoOthers) {
   EXPECT_NE(s.find("-11 (SIGSEGV)"), std::string::npos);
 }
 
+TEST(FailureSummary, TheInterpreterLineSitsUnderTheTitle) {
+  WorkerFailure f;
+  f.exitCode = 1;
+  f.message = "E";  // short entry lines: the note is the widest
+  const std::string note = "interpreter: /usr/bin/python3 (python3 on PATH)";
+  std::string s = formatFailureSummary("x.py", "h", {f}, note);
+  EXPECT_NE(s.find("x.py FAILED\n" + note + "\n---"), std::string::npos) << s;
+  // The rules are as wide as the widest line (at most 60), the note included.
+  EXPECT_EQ(s.substr(0, s.find('\n')), std::string(note.size(), '='));
+  EXPECT_EQ(formatFailureSummary("x.py", "h", {f}).find("interpreter"), std::string::npos);
+}
+
 TEST(FailureSummary, RootErrorFileIsCopiedWithErrorCode) {
   auto src = writeTemp(R"({"message": {"message": "E", "extraInfo": {"timestamp": "5"}}})");
   WorkerFailure victim;

@@ -6,8 +6,12 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
+#include "ddprun/agent/agent.h"
+#include "ddprun/cli/exit_codes.h"
+#include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 
 #ifndef DDPRUN_DOCS_DIR
@@ -17,6 +21,10 @@
 namespace ddprun::cli {
 namespace {
 
+using agent::kExitSetup;
+using agent::kExitSuccess;
+using agent::kExitUsage;
+using agent::kExitWorkersFailed;
 using agent::LaunchConfig;
 using agent::NprocKind;
 using agent::Std;
@@ -462,11 +470,60 @@ TEST(LaunchCli, PrintCompletionForEachShell) {
         EXPECT_TRUE(contains(p.out, n.substr(n.rfind('-') == 0 ? 1 : 2)))
             << shell << " " << n;
   }
+  auto underscore = parse({"--print_completion", "zsh"});  // both spellings, as every flag
+  EXPECT_EQ(underscore.rc, 0) << underscore.err;
+  EXPECT_EQ(underscore.out, completionScript("zsh"));
   EXPECT_TRUE(
       contains(completionScript("bash"), "complete -o filenames -F _ddprun ddprun"));
   EXPECT_TRUE(contains(completionScript("bash"), "compgen -W 'spawn fork forkserver'"));
   EXPECT_TRUE(str::startsWith(completionScript("zsh"), "#compdef ddprun\n"));
   EXPECT_TRUE(contains(completionScript("tcsh"), "complete ddprun "));
+}
+
+// "Both spellings" holds for every flag of more than one word: --a-b and --a_b.
+TEST(LaunchCli, EveryMultiWordFlagHasBothSpellings) {
+  for (const auto& f : launchFlags()) {
+    std::set<std::string> names(f.names.begin(), f.names.end());
+    for (const auto& n : f.names) {
+      if (!str::startsWith(n, "--")) continue;
+      const std::string dashed = "--" + str::replaceAll(n.substr(2), "_", "-");
+      const std::string underscored = "--" + str::replaceAll(n.substr(2), "-", "_");
+      EXPECT_TRUE(names.count(dashed)) << n << " lacks " << dashed;
+      EXPECT_TRUE(names.count(underscored)) << n << " lacks " << underscored;
+      const std::string word = underscored + "=x";  // known (x itself may be refused)
+      auto p = parse({word.c_str()});
+      EXPECT_EQ(p.err.find("unknown flag"), std::string::npos) << underscored << ": " << p.err;
+    }
+  }
+}
+
+// ------------------------------------------------------------ exit codes
+TEST(ExitCodes, DdprunsOwnByDefaultTorchrunsOnRequest) {
+  EXPECT_EQ(parseExitCodeStyle(std::nullopt), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle(""), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle("ddprun"), ExitCodeStyle::kDdprun);
+  EXPECT_EQ(parseExitCodeStyle("torchrun"), ExitCodeStyle::kTorchrun);
+  for (const char* bad : {"Torchrun", "1", "torch"}) {
+    try {
+      parseExitCodeStyle(std::string(bad));
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_TRUE(contains(e.message(), "DDPRUN_EXIT_CODES='")) << e.message();
+      EXPECT_TRUE(contains(e.message(), "expected ddprun")) << e.message();
+      EXPECT_TRUE(contains(e.message(), "or torchrun")) << e.message();
+    }
+  }
+}
+
+TEST(ExitCodes, TorchrunsAreZeroTwoOrOne) {
+  const int sigint = 128 + SIGINT, sigterm = 128 + SIGTERM;
+  for (int code : {kExitSuccess, kExitWorkersFailed, kExitUsage, kExitSetup, sigint, sigterm})
+    EXPECT_EQ(exitCodeIn(ExitCodeStyle::kDdprun, code), code);
+  EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, kExitSuccess), 0);
+  EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, kExitUsage), 2);  // argparse's
+  // ChildFailedError, RendezvousTimeoutError, SignalException: uncaught, 1.
+  for (int code : {kExitWorkersFailed, kExitSetup, sigint, sigterm})
+    EXPECT_EQ(exitCodeIn(ExitCodeStyle::kTorchrun, code), 1) << code;
 }
 
 // ------------------------------------------------------------ docs/cli.md

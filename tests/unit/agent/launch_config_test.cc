@@ -360,6 +360,10 @@ TEST(LaunchConfig, BackendRules) {
     c.rdzvBackend = etcd;
     EXPECT_TRUE(contains(rejection(c), std::string("'") + etcd + "' is not supported"))
         << rejection(c);
+    // What to use instead: c10d (elastic, with its endpoint) or static.
+    EXPECT_TRUE(contains(rejection(c), "--rdzv-backend c10d --rdzv-endpoint HOST[:PORT]"))
+        << rejection(c);
+    EXPECT_TRUE(contains(rejection(c), "static rendezvous")) << rejection(c);
   }
   LaunchConfig bogus = base();
   bogus.rdzvBackend = "zk";

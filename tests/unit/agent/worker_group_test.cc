@@ -157,7 +157,7 @@ class WorkerGroupTest : public ::testing::Test {
   FakeLauncher launcher_;
   FakeOutput output_;
   WorkerGroup group_{io_,      cfg_, launcher_, output_, Env{{"PATH", "/usr/bin:/bin"}},
-                     "python3"};
+                     Interpreter{"python3", InterpreterSource::kPath, "/usr/bin/python3", ""}};
   int stopped_ = 0;
 };
 
@@ -206,6 +206,8 @@ TEST_F(WorkerGroupTest, EachRankGetsItsArgvEnvDirAndChannel) {
   EXPECT_EQ(output_.previousClosed, (std::vector<bool>{true}));
   EXPECT_EQ(fcntl(output_.handed[1], F_GETFD), -1);
   EXPECT_EQ(group_.running(), 2u);
+  ASSERT_NE(group_.pythonInterpreter(), nullptr);  // script workers: named in reports
+  EXPECT_EQ(group_.pythonInterpreter()->describe(), "/usr/bin/python3 (python3 on PATH)");
 }
 
 TEST_F(WorkerGroupTest, DirectProgramKeepsItsNameAsArgv0) {
@@ -216,6 +218,7 @@ TEST_F(WorkerGroupTest, DirectProgramKeepsItsNameAsArgv0) {
   EXPECT_EQ(launcher_.specs[0].argv, (Argv{"/bin/true", "0"}));
   EXPECT_EQ(launcher_.specs[0].exe, "/bin/true");
   EXPECT_EQ(launcher_.specs[0].notFoundHint.find("PYTHON_EXEC"), std::string::npos);
+  EXPECT_EQ(group_.pythonInterpreter(), nullptr);  // no interpreter to name
 }
 
 TEST_F(WorkerGroupTest, ExitsAreRecordedOnceWithCodeOrSignal) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace ddprun::train {
@@ -141,6 +143,21 @@ TEST(TrainConfigTest, DeviceAndPrecision) {
 TEST(TrainConfigTest, SampleCountsAreBounded) {
   expectRefused({"--train-samples", "5000000"}, "--train-samples");
   EXPECT_TRUE(parse({"--train-samples", "60000"}).config);
+}
+
+// Under a launcher every rank parses the same argv: only rank 0 prints the
+// help or the usage error (`ddprun --nproc-per-node=4 train --help` shows it once).
+TEST(TrainConfigTest, OnlyTheFirstRankPrintsTheHelpOrAUsageError) {
+  using O = std::optional<std::string>;
+  EXPECT_TRUE(printsParseOutput(O(), O()));      // run alone
+  EXPECT_TRUE(printsParseOutput(O("0"), O("0")));
+  EXPECT_FALSE(printsParseOutput(O("3"), O("3")));
+  EXPECT_FALSE(printsParseOutput(O("4"), O("0")));  // node 1's local rank 0: RANK decides
+  EXPECT_TRUE(printsParseOutput(O("0"), O("2")));
+  EXPECT_FALSE(printsParseOutput(O(), O("1")));  // only LOCAL_RANK: it decides
+  EXPECT_TRUE(printsParseOutput(O("x"), O("1")));  // unreadable: better twice than never
+  const char* help[] = {"train", "--help"};
+  EXPECT_EQ(parseTrainArgs(2, help, 4).exitCode, 0);  // the exit code is every rank's
 }
 
 }  // namespace
