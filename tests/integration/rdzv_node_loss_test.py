@@ -30,6 +30,9 @@ from reserved_port import reserve_port  # noqa: E402
 # as soon as one of them is gone, the way a gloo all_reduce fails when a
 # peer's socket closes.
 COLLECTIVE = r'''
+# How each worker ended, for the message of a test that fails.
+trap 'echo "SIGTERM at $(date +%s%N)" >> "$d/end.$$"; exit 143' TERM
+trap 'echo "exit $? at $(date +%s%N)" >> "$d/end.$$"' EXIT
 n=0
 while [ ! -e "$d/go" ]; do
   for f in "$d"/starts/*; do
@@ -39,7 +42,11 @@ while [ ! -e "$d/go" ]; do
     p=$(sed -n 's/^PID=//p' "$f")
     [ "$p" = "$$" ] && continue
     s=$(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null)
-    if [ -z "$s" ] || [ "$s" = Z ]; then echo "collective broken: peer $p is gone" >&2; exit 1; fi
+    if [ -z "$s" ] || [ "$s" = Z ]; then
+      echo "collective broken: peer $p ($f) is gone at $(date +%s%N):" \
+           "$(cat "$d/end.$p" 2>/dev/null || echo 'killed')" >&2
+      exit 1
+    fi
   done
   sleep 0.05; n=$((n+1)); [ $n -lt 2400 ] || exit 90
 done
@@ -66,8 +73,9 @@ class NodeLoss(ElasticCase):
         ep = self.hosted_endpoint()
         w = self.worker(COLLECTIVE)
         agents = {}
-        for name in ("a", "b", "c"):
-            agents[name] = self.agent(name, ep, "2:3", w, conf=["close_timeout=3600"])
+        for name in ("a", "b", "c"):  # a hosts the store; c will die
+            agents[name] = self.agent(name, ep, "2:3", w, conf=[
+                "close_timeout=3600", "is_host=%d" % (name == "a")])
         first = self.wait_round(3)
         t0 = time.monotonic()
         agents["c"].signal(signal.SIGKILL)
@@ -94,8 +102,8 @@ class NodeLoss(ElasticCase):
         # a's worker fails for real once told to; b's waits.
         w = self.worker('[ "$NODE" = a ] && { until [ -e "$d/fail" ]; do sleep 0.05; done; '
                         'exit 3; }\n' + COLLECTIVE)
-        a = self.agent("a", ep, "2", w, conf=["close_timeout=3600"])
-        b = self.agent("b", ep, "2", w, conf=["close_timeout=3600"])
+        a = self.agent("a", ep, "2", w, conf=["close_timeout=3600", "is_host=1"])
+        b = self.agent("b", ep, "2", w, conf=["close_timeout=3600", "is_host=0"])
         self.wait_round(2)
         b.signal(signal.SIGSTOP)  # it can no longer say goodbye; its connection stays open
         self.addCleanup(lambda: b.poll() is None and b.signal(signal.SIGKILL))
@@ -111,7 +119,8 @@ class NodeLoss(ElasticCase):
     def test_a_stalled_node_is_dropped_by_the_heartbeat(self):
         ep = self.hosted_endpoint()
         w = self.worker()  # waits for go: nothing breaks on a stall
-        agents = {n: self.agent(n, ep, "2:3", w, conf=FAST_KEEP_ALIVE) for n in ("a", "b", "c")}
+        agents = {n: self.agent(n, ep, "2:3", w, conf=[*FAST_KEEP_ALIVE, "is_host=%d" % (n == "a")])
+                  for n in ("a", "b", "c")}
         first = self.wait_round(3)
         t0 = time.monotonic()
         agents["c"].signal(signal.SIGSTOP)
