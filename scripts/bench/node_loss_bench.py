@@ -51,16 +51,23 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "pyutil"))
 from procs import alive, descendants, kill_all, listening, wait_for  # noqa: E402
 from reserved_port import ReservedPort  # noqa: E402
 
-# argv: DIR. Writes DIR/start_<pid> (JSON) after init_process_group and
+# argv: DIR. Writes DIR/exec_<pid> (JSON) before `import torch`,
+# DIR/start_<pid> (JSON) after init_process_group and
 # DIR/ar_<pid> after its first all_reduce; stops when rank 0 sees DIR/go.
 WORKER_PY = r'''
 import time
 t_exec = time.time()
 import json, os, sys
+# An exec record first (a worker that fails in init_process_group leaves it).
+d = sys.argv[1]
+with open(os.path.join(d, ".exec_%d" % os.getpid()), "w") as f:
+    json.dump({"t_exec": t_exec, "world": int(os.environ["WORLD_SIZE"]),
+               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "-1")),
+               "pid": os.getpid(), "node": os.environ["BENCH_NODE"]}, f)
+os.rename(os.path.join(d, ".exec_%d" % os.getpid()), os.path.join(d, "exec_%d" % os.getpid()))
 import torch
 import torch.distributed as dist
 
-d = sys.argv[1]
 dist.init_process_group("gloo")
 rec = {"t_exec": t_exec, "t_init": time.time(), "world": int(os.environ["WORLD_SIZE"]),
        "rank": int(os.environ["RANK"]),
@@ -99,11 +106,11 @@ def launcher(name):
     return [TORCH_PY, "-m", "torch.distributed.run"]
 
 
-def records(d):
-    """The workers' start records so far."""
+def records(d, kind="start_"):
+    """The workers' start (or exec_) records so far."""
     out = []
     for name in os.listdir(d):
-        if name.startswith("start_"):
+        if name.startswith(kind):
             with open(os.path.join(d, name)) as f:
                 out.append(json.load(f))
     return out
@@ -164,7 +171,7 @@ class Job:
         return wait_for(step, timeout, 0.01)
 
     def note_workers(self):
-        for r in records(self.dir):
+        for r in records(self.dir) + records(self.dir, "exec_"):
             self.pids.add(r["pid"])
         for p in self.procs:
             self.pids.update(descendants(p.pid))
@@ -243,8 +250,14 @@ def one_run(name, worker, tmp, timeout, keep_logs, max_restarts):
         else:
             r["survivors_exit_after_kill_s"] = {str(i): job.exit_at[i] - killed
                                                 for i in (0, 1) if i in job.exit_at}
-            r["survivor_workers"] = [{k: x[k] for k in ("node", "world", "restart", "pid")}
-                                     for x in records(job.dir) if x["pid"] not in first_pids]
+        # Every worker the survivors started after the kill, in order, with
+        # whether it got past init_process_group.
+        inited = {x["pid"] for x in records(job.dir)}
+        r["survivor_workers_after_kill"] = [
+            dict(node=x["node"], world=x["world"], restart=x["restart"],
+                 exec_after_kill_s=round(x["t_exec"] - killed, 3), inited=x["pid"] in inited)
+            for x in sorted(records(job.dir, "exec_"), key=lambda x: x["t_exec"])
+            if x["pid"] not in first_pids and x["node"] in ("0", "1")]
         r["exit_codes"] = {str(i): job.poll(i) for i in (0, 1)}  # None: still running
         r["finished"] = all(job.poll(i) == 0 for i in (0, 1))
         if keep_logs or not r["finished"]:
@@ -276,6 +289,19 @@ def summarize(runs):
     return s
 
 
+def restart_counts(r):
+    """The survivors' new round's counts (node 0/node 1), or what their
+    workers started after the kill saw when no round formed."""
+    if r.get("restart_counts"):
+        return "/".join(str(r["restart_counts"][n]) for n in ("0", "1"))
+    tries = r.get("survivor_workers_after_kill", [])
+    if not tries:
+        return "no new workers"
+    return "no round: %d workers started, none past init together (counts %s)" % (
+        len(tries), "/".join(",".join(str(t["restart"]) for t in tries if t["node"] == n)
+                             for n in ("0", "1")))
+
+
 def fmt_runs(xs):
     return ", ".join("%.2f" % x for x in xs)
 
@@ -289,8 +315,8 @@ def report(res):
              "torch %s:" % (res["reps"], res["cpu_model"], res["cpus"], res["load_start"],
                             res["load_end"], res["torch_version"]), "",
              "| launcher | kill -9 -> survivors' workers running (s): median (runs) "
-             "| kill -9 -> their exec, before import torch (s, median) | restart counts seen by survivors "
-             "| survivors' exit codes | host exit after go (s) |",
+             "| kill -9 -> their exec, before import torch (s, median) | restart counts seen by survivors (node 0/node 1, per run) "
+             "| survivors' exit codes (per run) | host exit after go (s) |",
              "|---|---|---|---|---|---|"]
     for name, s in res["launchers"].items():
         runs = s["runs"]
@@ -306,9 +332,9 @@ def report(res):
                      if r.get("survivors_exit_after_kill_s")]
             if after:
                 t += "; agents exited %s s after the kill" % fmt_runs(after)
-        counts = "; ".join("/".join(str(r["restart_counts"][n]) for n in ("0", "1"))
-                           for r in runs if r.get("restart_counts")) or "-"
-        codes = "; ".join("/".join("running" if r["exit_codes"][n] is None else
+        counts = "; ".join(restart_counts(r) for r in runs) or "-"
+        codes = "; ".join("/".join("running at %.0f s" % res["timeout"]
+                                   if r["exit_codes"][n] is None else
                                    str(r["exit_codes"][n]) for n in ("0", "1"))
                           for r in runs if "exit_codes" in r) or "-"
         if "host_exit_after_go_median_s" in s:
@@ -318,7 +344,7 @@ def report(res):
         else:
             h = "-"
         ex = "%.2f" % s["kill_to_exec_median_s"] if "kill_to_exec_median_s" in s else "-"
-        lines.append("| %s | %s | %s | %s (node 0/node 1, per run) | %s | %s |"
+        lines.append("| %s | %s | %s | %s | %s | %s |"
                      % (name, t, ex, counts, codes, h))
     return "\n".join(lines)
 
@@ -346,6 +372,7 @@ def main():
     res = {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "torch_version": torch_version,
            "reps": args.reps, "load_start": os.getloadavg()[0], "launchers": {}}
     res["max_restarts"] = args.max_restarts
+    res["timeout"] = args.timeout
     out_json = os.path.join(args.out, "node_loss_bench%s.json" % (
         "" if args.max_restarts is None else "_restarts%d" % args.max_restarts))
     try:
