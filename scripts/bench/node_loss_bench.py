@@ -302,6 +302,13 @@ def restart_counts(r):
                              for n in ("0", "1")))
 
 
+def after_kill(r, timeout):
+    """What the survivors' agents of a run that never re-formed did."""
+    gone = r.get("survivors_exit_after_kill_s", {})
+    return "/".join("exit %s at %.1f s" % (r["exit_codes"][n], gone[n]) if n in gone
+                    else "running at %.0f s" % timeout for n in ("0", "1"))
+
+
 def fmt_runs(xs):
     return ", ".join("%.2f" % x for x in xs)
 
@@ -315,7 +322,8 @@ def report(res):
              "torch %s:" % (res["reps"], res["cpu_model"], res["cpus"], res["load_start"],
                             res["load_end"], res["torch_version"]), "",
              "| launcher | kill -9 -> survivors' workers running (s): median (runs) "
-             "| kill -9 -> their exec, before import torch (s, median) | restart counts seen by survivors (node 0/node 1, per run) "
+             "| kill -9 -> their exec, before import torch (s, median) "
+             "| restart counts seen by survivors (node 0/node 1, per run) "
              "| survivors' exit codes (per run) | host exit after go (s) |",
              "|---|---|---|---|---|---|"]
     for name, s in res["launchers"].items():
@@ -328,10 +336,7 @@ def report(res):
         if bad and len(bad) < len(runs):
             t += "; %d of %d never re-formed" % (len(bad), len(runs))
         if bad:
-            after = [max(r["survivors_exit_after_kill_s"].values()) for r in bad
-                     if r.get("survivors_exit_after_kill_s")]
-            if after:
-                t += "; agents exited %s s after the kill" % fmt_runs(after)
+            t += "; survivors' agents %s" % "; ".join(after_kill(r, res["timeout"]) for r in bad)
         counts = "; ".join(restart_counts(r) for r in runs) or "-"
         codes = "; ".join("/".join("running at %.0f s" % res["timeout"]
                                    if r["exit_codes"][n] is None else
@@ -361,7 +366,16 @@ def main():
                     help="pass --max-restarts=N to both launchers (default: not passed, 0); "
                     "the JSON is then node_loss_bench_restarts<N>.json")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="print (and store) the table of the existing JSON, measuring nothing")
     args = ap.parse_args()
+    out_json = os.path.join(args.out, "node_loss_bench%s.json" % (
+        "" if args.max_restarts is None else "_restarts%d" % args.max_restarts))
+    if args.report_only:
+        with open(out_json) as f:
+            res = json.load(f)["results"]
+        save(res, out_json)
+        return
     which = args.launchers.split(",")
     if "ddprun" in which and not os.access(os.path.join(BIN, "ddprun"), os.X_OK):
         sys.exit("no ddprun in %s: build it (cmake --build build --target ddprun) or set "
@@ -373,8 +387,6 @@ def main():
            "reps": args.reps, "load_start": os.getloadavg()[0], "launchers": {}}
     res["max_restarts"] = args.max_restarts
     res["timeout"] = args.timeout
-    out_json = os.path.join(args.out, "node_loss_bench%s.json" % (
-        "" if args.max_restarts is None else "_restarts%d" % args.max_restarts))
     try:
         worker = os.path.join(tmp, "worker.py")
         with open(worker, "w") as f:
@@ -390,10 +402,15 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["load_end"] = os.getloadavg()[0]
+    save(res, out_json)
+
+
+def save(res, path):
+    """Prints the table and writes it with the results to `path`."""
     table = report(res)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(out_json, "w") as f:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         json.dump({"results": res, "table": table}, f, indent=1)
 
 
