@@ -42,6 +42,7 @@ while [ ! -e "$d/go" ]; do
     p=$(sed -n 's/^PID=//p' "$f")
     [ "$p" = "$$" ] && continue
     s=$(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null)
+    [ -e "$d/go" ] && exit 0  # the job is over: peers leave as they see it
     if [ -z "$s" ] || [ "$s" = Z ]; then
       echo "collective broken: peer $p ($f) is gone at $(date +%s%N):" \
            "$(cat "$d/end.$p" 2>/dev/null || echo 'killed')" >&2
