@@ -61,7 +61,9 @@ std::optional<wire::Dialect> ServerState::dialectOf(ConnId id) const {
 }
 
 size_t ServerState::eraseKeysOutside(std::string_view keep) {
-  auto outside = [&](const std::string& k) { return k.compare(0, keep.size(), keep) != 0; };
+  auto outside = [&](const std::string& k) {
+    return k.compare(0, keep.size(), keep) != 0;
+  };
   size_t erased = 0;
   for (auto it = kv_.begin(); it != kv_.end();) {
     if (!outside(it->first)) {

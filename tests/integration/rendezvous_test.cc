@@ -220,8 +220,7 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   worker->add("init/", 1);
 
   n0->rdzv->reportFailure(0, "rank 0 exited with 1", /*closeJob=*/false);
-  for (Node* n : {n0.get(), n1.get()})
-    EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFailed);
+  for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFailed);
 
   n0->join(2);
   n1->join(3);

@@ -312,7 +312,8 @@ TEST(LaunchConfig, NodeRules) {
   outside.minNodes = 1;
   outside.maxNodes = 2;
   outside.nodeRank = 2;  // ranks run to MAX - 1
-  EXPECT_TRUE(contains(rejection(outside), "--node-rank 2 is out of range for --nnodes 2"))
+  EXPECT_TRUE(
+      contains(rejection(outside), "--node-rank 2 is out of range for --nnodes 2"))
       << rejection(outside);
   range = base();
   range.minNodes = 1;

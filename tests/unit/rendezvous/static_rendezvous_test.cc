@@ -52,7 +52,8 @@ class StaticRendezvousTest : public ::testing::Test {
       Readied r{keep, true, 0};
       const int round = workerStores_;
       for (int i = 0; i < nnodes; ++i)
-        r.everyNodeJoined = r.everyNodeJoined && hub_.has(key(round, "node/" + std::to_string(i)));
+        r.everyNodeJoined =
+            r.everyNodeJoined && hub_.has(key(round, "node/" + std::to_string(i)));
       for (const auto& k : workerKeys_) {
         r.erased += hub_.has(k) ? 1 : 0;
         hub_.erase(k);
@@ -94,7 +95,7 @@ class StaticRendezvousTest : public ::testing::Test {
     return detail::decodeBeat(v, seq, wall) ? seq : -1;
   }
 
-  MemoryHub hub_;  // first: outlives the nodes
+  MemoryHub hub_;                     // first: outlives the nodes
   std::atomic<int> workerStores_{0};  // calls of readyWorkerStore: one per round
   struct Readied {
     std::string keep;
@@ -163,7 +164,8 @@ TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
 // the old workers runs any more), before any node's join ends (so no new
 // worker reads it), keeping the rendezvous's own prefix (the real erase:
 // server_state_test.cc, tests/integration/rendezvous_test.cc).
-TEST_F(StaticRendezvousTest, EachRoundsWorkerKeysAreErasedAfterTheBarrierBeforeAnyWorkerStarts) {
+TEST_F(StaticRendezvousTest,
+       EachRoundsWorkerKeysAreErasedAfterTheBarrierBeforeAnyWorkerStarts) {
   workerKeys_ = {"default_pg/0//rank_0", "init/"};
   auto ns = nodes(2);
   joinAll(ns);

@@ -349,12 +349,14 @@ TEST(ServerStateErase, KeysAndQueuesOutsideThePrefixGoWatchersAreToldWaitersWait
   c.send(Command::kSet, {"ddprun/jobX"}, {"x"});  // the prefix, not a key under it
   c.send(Command::kQueuePush, {"q"}, {"entry"});
   c.reply();
-  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCreated) + bytes("init/") + bytes("") + bytes("4"));
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyCreated) + bytes("init/") + bytes("") + bytes("4"));
   ASSERT_GT(s.stats().memoryBytes, kept);
 
   EXPECT_EQ(s.eraseKeysOutside("ddprun/job/"), 4u);  // 3 keys and 1 queue
   EXPECT_EQ(s.stats().keys, 2u);
-  EXPECT_EQ(watcher.reply(), u8(wire::kKeyDeleted) + bytes("init/") + bytes("4") + bytes(""));
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyDeleted) + bytes("init/") + bytes("4") + bytes(""));
   EXPECT_EQ(s.stats().memoryBytes, kept) << "every erased byte is released";
   for (const char* k : {"default_pg/0//rank_0", "init/", "ddprun/jobX"}) {
     c.send(Command::kCheck, {k});
