@@ -153,8 +153,9 @@ class TwoHosts(DdprunCase):
         cluster.create()
         for i in range(1, n):
             self.assertTrue(cluster.reaches(i, 0), "the namespaces do not reach each other")
-        r = subprocess.run(cluster.exec_prefix(0) + ["cat", "/proc/sys/net/ipv4/ip_local_port_range"],
-                           check=True, capture_output=True, text=True, timeout=PATIENCE)
+        ports = "/proc/sys/net/ipv4/ip_local_port_range"
+        r = subprocess.run(cluster.exec_prefix(0) + ["cat", ports], check=True,
+                           capture_output=True, text=True, timeout=PATIENCE)
         low = int(r.stdout.split()[0])
         self.assertLess(max(MASTER_PORT, ENDPOINT_PORT), low, "the fixed ports are ephemeral here")
         return cluster
@@ -218,14 +219,14 @@ class TwoHosts(DdprunCase):
         ports = {}
         for who, found in (("torchrun", theirs), ("ddprun", ours)):
             for (group, local), (env, store) in found.items():
-                self.assertEqual(store, "met %d workers" % (2 * nnodes),
-                                 "%s worker %d/%d at MASTER_ADDR:MASTER_PORT" % (who, group, local))
+                self.assertEqual(store, "met %d workers" % (2 * nnodes), "%s worker %d/%d at "
+                                 "MASTER_ADDR:MASTER_PORT" % (who, group, local))
                 # The log directory's random parts differ by nature.
                 path = env.get("TORCHELASTIC_ERROR_FILE", "")
                 self.assertRegex(path, r"^%s/torchelastic_[^/]+/%s_[^/]+/attempt_0/%d/error\.json$"
                                  % (re.escape(self.tmp), re.escape(run_id), local), who)
-                env["TORCHELASTIC_ERROR_FILE"] = "<tmp>/torchelastic_*/%s_*/attempt_0/%d/error.json" \
-                    % (run_id, local)
+                env["TORCHELASTIC_ERROR_FILE"] = "<tmp>/%s_*/attempt_0/%d/error.json" % (run_id,
+                                                                                          local)
                 ports.setdefault(who, set()).add(env.get("MASTER_PORT"))
                 if random_port:
                     env["MASTER_PORT"] = "<the group's port>"
@@ -245,8 +246,9 @@ class TwoHosts(DdprunCase):
 
     @staticmethod
     def static(nnodes):
-        return lambda i, c: ["--nnodes=" + nnodes, "--node-rank=%d" % i, "--master-addr=" + c.addrs[0],
-                             "--master-port=%d" % MASTER_PORT, "--rdzv-conf=timeout=120"]
+        return lambda i, c: ["--nnodes=" + nnodes, "--node-rank=%d" % i,
+                             "--master-addr=" + c.addrs[0], "--master-port=%d" % MASTER_PORT,
+                             "--rdzv-conf=timeout=120"]
 
     # ------------------------------------------------------------- the tests
 
