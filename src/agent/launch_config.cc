@@ -228,11 +228,8 @@ void checkNodes(const LaunchConfig& c) {
             : std::to_string(c.minNodes) + ":" + std::to_string(c.maxNodes),
         ": drop --standalone and give --rdzv-backend=c10d --rdzv-endpoint HOST[:PORT] "
         "(elastic) or --node-rank, --master-addr and --master-port (static rendezvous)");
-  if (c.minNodes != c.maxNodes && c.rdzvBackend != "c10d")
-    DDPRUN_THROW(InvalidArgument, "--nnodes ", c.minNodes, ":", c.maxNodes,
-                 ": an elastic range needs --rdzv-backend=c10d (with --rdzv-endpoint "
-                 "HOST[:PORT], the same on every node); the static rendezvous needs a "
-                 "fixed count: give --nnodes N");
+  // A range with the static rendezvous runs with MAX nodes, as in torchrun
+  // (takeStaticPath warns).
 }
 
 // --local-addr is advertised as given (never resolved), so it must be a
@@ -473,6 +470,11 @@ void takeStaticPath(LaunchConfig& c) {
     DDPRUN_THROW(InvalidArgument, "--node-rank ", c.nodeRank,
                  " is out of range for --nnodes ", c.maxNodes, " (0..", c.maxNodes - 1,
                  ")");
+  if (c.minNodes != c.maxNodes)
+    warn(c, "--nnodes " + std::to_string(c.minNodes) + ":" + std::to_string(c.maxNodes) +
+                ": the static rendezvous waits for all " + std::to_string(c.maxNodes) +
+                " nodes (torchrun's uses MAX too); for an elastic job give "
+                "--rdzv-backend=c10d --rdzv-endpoint HOST[:PORT]");
   if (c.maxNodes > 1 && c.masterPort == 0)
     DDPRUN_THROW(InvalidArgument,
                  "--master-port 0 (a free port) works on one node only: the other nodes "

@@ -35,7 +35,9 @@ std::string formatDuration(Millis d) {
 
 // Keys of the protocol, under "ddprun/<run_id>/round/<r>/":
 //   node/<i>      local world size of node i: the round's barrier
-//   worker_store  port of the round's fresh worker store, hosted by node 0
+//   worker_store  port of the round's worker store, hosted by node 0: the
+//                 agent store's own (its keys outside ddprun/<run_id>/ just
+//                 erased), or with authentication a fresh store's
 //   done          nodes whose workers all succeeded (counter)
 //   end           how the round ended (see encodeEnd); the first writer wins
 //   left/<i>      node i no longer needs the agent store for this round
@@ -288,12 +290,26 @@ class StaticRendezvous final : public Rendezvous {
     return sizes;
   }
 
-  // Node 0 starts the round's fresh worker store and publishes its port; the
-  // others read it (node 0 publishes right after the barrier).
+  // Node 0 readies the round's worker store and publishes its port; the
+  // others read it and only then start their workers.
+  //
+  // As in torchrun, the workers share the agent store on --master-port, and
+  // each round must still find it clean: PyTorch's init keys of a failed
+  // attempt would otherwise be read by the restarted workers. Node 0 clears
+  // it here, after the barrier: every node has joined this round, and an
+  // agent joins only once its workers of the previous round have all exited
+  // (agent.cc: the next join follows the group's stop, which waits for each
+  // worker's keeper, i.e. for the worker and its descendants), so no worker
+  // of an earlier round writes after the clear. One window is left, which the
+  // barrier cannot see: a request a worker sent just before it died that is
+  // still in flight in the network then (a lost segment, retransmitted
+  // later). torchrun, which never clears, has every stale key instead.
+  // The keys of the rendezvous (round keys, heartbeats) are all under
+  // ddprun/<run_id>/ and stay.
   uint16_t workerStorePort(int round) {
     const auto k = key(round, "worker_store");
     if (opts_.nodeRank == 0) {
-      uint16_t port = backend_.startWorkerStore();
+      uint16_t port = backend_.readyWorkerStore("ddprun/" + opts_.runId + "/");
       client_->set(k, std::to_string(port));
       return port;
     }
@@ -399,8 +415,8 @@ class StaticRendezvous final : public Rendezvous {
   TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };
 
-// Node 0 hosts the agent store for the rendezvous's whole life and each
-// round's worker store; both stop at shutdown.
+// Node 0 hosts the agent store for the rendezvous's whole life, and with
+// authentication each round's worker store; both stop at shutdown.
 struct HostedStores {
   std::unique_ptr<store::TcpStoreServer> agent;
   std::unique_ptr<store::TcpStoreServer> worker;
@@ -444,7 +460,7 @@ std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
                                                  Rendezvous::Post post,
                                                  StaticBackend backend) {
   validate(opts);
-  DDPRUN_CHECK(backend.connect && backend.startWorkerStore,
+  DDPRUN_CHECK(backend.connect && backend.readyWorkerStore,
                "a static rendezvous needs a store");
   return std::make_unique<StaticRendezvous>(opts, std::move(post), std::move(backend));
 }
@@ -464,11 +480,25 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
   b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
     return connectAgentStore(opts, std::move(cancel), timeout);
   };
-  b.startWorkerStore = [hosted] {
-    hosted->worker.reset();  // a fresh keyspace for every round
-    hosted->worker = hostStore("", 0, "the round's worker store", "");
-    return hosted->worker->port();
-  };
+  if (opts.authSecret.empty()) {
+    // torchrun's layout: MASTER_PORT is the master port, the workers are
+    // clients of the agent store (see workerStorePort for the clear).
+    b.readyWorkerStore = [hosted](const std::string& keep) {
+      // On the wire (so in the server) every key has a leading '/': TcpStore
+      // sends them as PyTorch's client does.
+      const size_t erased = hosted->agent->eraseKeysOutside("/" + keep);
+      DDPRUN_DEBUG("rendezvous: erased ", erased, " keys of earlier rounds' workers");
+      return hosted->agent->port();
+    };
+  } else {
+    // The agent store admits only agents, and PyTorch's clients know no
+    // token: the workers get a store of their own, fresh every round.
+    b.readyWorkerStore = [hosted](const std::string&) {
+      hosted->worker.reset();
+      hosted->worker = hostStore("", 0, "the round's worker store", "");
+      return hosted->worker->port();
+    };
+  }
   b.stopHosted = [hosted] {
     hosted->worker.reset();
     hosted->agent.reset();

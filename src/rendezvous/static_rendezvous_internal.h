@@ -1,7 +1,8 @@
 // The static rendezvous with its stores injected, so that its protocol (keys,
 // ranks, round ends, cancellation) runs on an in-memory store in unit tests.
 // makeStaticRendezvous() builds the TCP backend: node 0's agent store server,
-// TcpStore clients sharing a CancelToken, and each round's worker store.
+// TcpStore clients sharing a CancelToken, and readying each round's worker
+// store.
 #pragma once
 
 #include <chrono>
@@ -23,9 +24,12 @@ struct StaticBackend {
   std::function<std::unique_ptr<store::Store>(std::shared_ptr<store::CancelToken> cancel,
                                               std::chrono::milliseconds timeout)>
       connect;
-  // Node 0: stops the previous round's worker store, starts a fresh one and
-  // returns its port. Runs on the rendezvous's thread.
-  std::function<uint16_t()> startWorkerStore;
+  // Node 0, once every node has joined the round: readies the round's
+  // worker store and returns its port. No key a worker wrote in an earlier
+  // round may be readable there; the keys under `keep` (the rendezvous's
+  // own, when the workers share the agent store) must stay. Runs on the
+  // rendezvous's thread.
+  std::function<uint16_t(const std::string& keep)> readyWorkerStore;
   // Called once at shutdown, after the rendezvous's threads have ended:
   // stops the stores this node hosts. May be empty.
   std::function<void()> stopHosted;
@@ -34,14 +38,17 @@ struct StaticBackend {
 };
 
 // Preconditions: 0 <= opts.nodeRank < opts.nnodes (InvalidArgument), and
-// backend.connect and backend.startWorkerStore set.
+// backend.connect and backend.readyWorkerStore set.
 std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
                                                  Rendezvous::Post post,
                                                  StaticBackend backend);
 
 // The real backend. Node 0 binds the agent store here (IoError naming the
 // port's holder) and, for opts.masterPort 0, writes the port it got back
-// into opts (tests read it to point their other nodes there).
+// into opts (tests read it to point their other nodes there). The workers
+// share the agent store (torchrun's MASTER_PORT), cleared each round of
+// every key outside the rendezvous's; with opts.authSecret they get a fresh
+// store of their own each round instead (PyTorch cannot authenticate).
 StaticBackend makeTcpBackend(StaticOptions& opts);
 
 }  // namespace ddprun::rendezvous::detail

@@ -58,6 +58,33 @@ std::optional<wire::Dialect> ServerState::dialectOf(ConnId id) const {
   return it->second->parser->dialect();
 }
 
+size_t ServerState::eraseKeysOutside(std::string_view keep) {
+  auto outside = [&](const std::string& k) {
+    return k.compare(0, keep.size(), keep) != 0;
+  };
+  size_t erased = 0;
+  for (auto it = kv_.begin(); it != kv_.end();) {
+    if (!outside(it->first)) {
+      ++it;
+      continue;
+    }
+    release(it->first.size() + it->second.size() + kEntryOverhead);
+    if (!watchers_.empty()) notifyWatchers(it->first, wire::kKeyDeleted, it->second, "");
+    it = kv_.erase(it);
+    ++erased;
+  }
+  for (auto it = queues_.begin(); it != queues_.end();) {
+    if (!outside(it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& entry : it->second) release(entry.size() + kEntryOverhead);
+    it = queues_.erase(it);
+    ++erased;
+  }
+  return erased;
+}
+
 ServerStats ServerState::stats() const {
   // O(1): the io thread refreshes the stats after every batch of work.
   return {requests_, rejected_, kv_.size(), memory_, parsed_};

@@ -119,6 +119,27 @@ class TcpStoreServer::Impl : public Outbox {
     if (thread_.joinable()) thread_.join();
   }
 
+  size_t eraseKeysOutside(const std::string& keep) {
+    std::promise<size_t> erased;
+    auto done = erased.get_future();
+    {
+      // Under stopMu_, so that stop() cannot slip in between: its io_.stop()
+      // is posted after this, and handlers run in the order posted.
+      std::lock_guard<std::mutex> lock(stopMu_);
+      if (stopped_) return 0;
+      asio::post(io_, [this, &keep, &erased] {
+        size_t n = 0;
+        guarded([&] {
+          n = state_.eraseKeysOutside(keep);  // watchers' notices are flushed
+          return std::string();
+        });
+        closeDoomed();  // a watcher that does not read its notices
+        erased.set_value(n);
+      });
+    }
+    return done.get();
+  }
+
   uint16_t port() const { return bound_.port(); }
   std::string address() const { return endpointText(bound_); }
 
@@ -463,6 +484,9 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOption
 uint16_t TcpStoreServer::port() const { return impl_->port(); }
 std::string TcpStoreServer::address() const { return impl_->address(); }
 void TcpStoreServer::stop() { impl_->stop(); }
+size_t TcpStoreServer::eraseKeysOutside(const std::string& keep) {
+  return impl_->eraseKeysOutside(keep);
+}
 ServerStats TcpStoreServer::stats() const { return impl_->stats(); }
 size_t TcpStoreServer::connections() const { return impl_->connections(); }
 

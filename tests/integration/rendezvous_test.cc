@@ -174,8 +174,9 @@ StaticOptions staticOptions(int rank, uint16_t port, Millis timeout = 120s) {
 }
 
 // Node 0 on a free port; `port` gets the port it bound.
-std::unique_ptr<Node> staticNode0(uint16_t& port) {
+std::unique_ptr<Node> staticNode0(uint16_t& port, const std::string& secret = "") {
   StaticOptions o = staticOptions(0, 0);
+  o.authSecret = secret;
   auto backend = detail::makeTcpBackend(o);
   port = o.masterPort;
   auto n = std::make_unique<Node>();
@@ -183,9 +184,11 @@ std::unique_ptr<Node> staticNode0(uint16_t& port) {
   return n;
 }
 
-std::unique_ptr<Node> staticNode1(uint16_t port) {
+std::unique_ptr<Node> staticNode1(uint16_t port, const std::string& secret = "") {
+  StaticOptions o = staticOptions(1, port);
+  o.authSecret = secret;
   auto n = std::make_unique<Node>();
-  n->attach(makeStaticRendezvous(staticOptions(1, port), n->queue.post()));
+  n->attach(makeStaticRendezvous(o, n->queue.post()));
   return n;
 }
 
@@ -208,13 +211,16 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
     EXPECT_EQ(n->info.localWorldSizes, (std::vector<int>{2, 3}));
     EXPECT_EQ(n->info.workerStoreHost, "127.0.0.1");
   }
-  ASSERT_EQ(n0->info.workerStorePort, n1->info.workerStorePort);
-  client("127.0.0.1", n1->info.workerStorePort)->set("from-round-0", "x");
+  // As torchrun: the workers share the agent store on the master port.
+  ASSERT_EQ(n0->info.workerStorePort, port);
+  ASSERT_EQ(n1->info.workerStorePort, port);
+  // A worker of round 0 (PyTorch's keys, its queue) stays connected.
+  auto worker = client("127.0.0.1", port);
+  worker->set("from-round-0", "x");
+  worker->add("init/", 1);
 
-  n0->rdzv->reportSuccess(0);
-  n1->rdzv->reportSuccess(0);
-  for (Node* n : {n0.get(), n1.get()})
-    EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFinished);
+  n0->rdzv->reportFailure(0, "rank 0 exited with 1", /*closeJob=*/false);
+  for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFailed);
 
   n0->join(2);
   n1->join(3);
@@ -222,8 +228,11 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   n1->awaitJoin();
   ASSERT_FALSE(n0->error);
   ASSERT_FALSE(n1->error);
-  EXPECT_FALSE(client("127.0.0.1", n1->info.workerStorePort)->check({"from-round-0"}))
-      << "round 1 has a fresh worker store";
+  EXPECT_EQ(n1->info.workerStorePort, port);
+  EXPECT_FALSE(worker->check({"from-round-0"})) << "round 1's workers find it clean";
+  EXPECT_FALSE(worker->check({"init/"}));
+  EXPECT_TRUE(worker->check({"ddprun/it/round/0/end"})) << "the rendezvous's keys stay";
+  EXPECT_EQ(n1->info.restartCount, 1);
   n1->rdzv->reportFailure(1, "rank 3 exited with 1", /*closeJob=*/true);
   for (Node* n : {n0.get(), n1.get()}) {
     RoundEvent e = n->awaitEvent();
@@ -232,6 +241,38 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
     EXPECT_EQ(e.node, 1);
     EXPECT_EQ(e.reason, "rank 3 exited with 1");
   }
+  n1->rdzv->shutdown();
+  n0->rdzv->shutdown();
+}
+
+// The agent store admits only agents: PyTorch's clients know no token, so
+// the workers get a fresh store of their own each round, open to them.
+TEST(StaticRendezvous, WithASecretTheWorkersGetAFreshStoreEachRound) {
+  const std::string secret = "0123456789abcdef0123456789abcdef";
+  uint16_t port = 0;
+  auto n0 = staticNode0(port, secret);
+  auto n1 = staticNode1(port, secret);
+  uint16_t first = 0;
+  for (int round = 0; round < 2; ++round) {
+    n0->join(1);
+    n1->join(1);
+    n0->awaitJoin();
+    n1->awaitJoin();
+    ASSERT_FALSE(n0->error);
+    ASSERT_FALSE(n1->error);
+    ASSERT_EQ(n0->info.workerStorePort, n1->info.workerStorePort);
+    ASSERT_NE(n1->info.workerStorePort, port);
+    auto worker = client("127.0.0.1", n1->info.workerStorePort);  // no token
+    if (round == 0) {
+      first = n1->info.workerStorePort;
+      worker->set("from-round-0", "x");
+      n1->rdzv->reportFailure(0, "rank 1 exited with 1", /*closeJob=*/false);
+      for (Node* n : {n0.get(), n1.get()}) n->awaitEvent();
+    } else {
+      EXPECT_FALSE(worker->check({"from-round-0"}));
+    }
+  }
+  EXPECT_NE(first, 0);
   n1->rdzv->shutdown();
   n0->rdzv->shutdown();
 }

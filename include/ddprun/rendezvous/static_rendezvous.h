@@ -3,9 +3,14 @@
 // every node, so restarts are counted once for the whole job.
 //
 // Node 0's agent hosts the agent store on A:P for its whole life; every agent
-// is a client of it. Node 0 also hosts each round's fresh worker store (port
-// 0) and publishes its port in the round's keys; RoundInfo.workerStoreHost is
-// A. A watcher waits on the round's end key and turns it into a typed
+// is a client of it. As under torchrun, the workers share it: RoundInfo's
+// worker store is A:P (MASTER_ADDR/MASTER_PORT as given). Each round starts
+// with it clean: once every node has joined (no earlier worker runs), node 0
+// erases every key outside the rendezvous's own (ddprun/<run_id>/) before
+// any node starts its workers. With authSecret the agent store admits only
+// agents, so the workers get a fresh store of their own each round, on a
+// free port of node 0 (published in the round's keys) instead.
+// A watcher waits on the round's end key and turns it into a typed
 // RoundEvent (finished; failed or closed by node N, with the reason; store
 // lost). The keys are listed in static_rendezvous.cc; a job's are under
 // "ddprun/<run_id>/round/<r>/", as in earlier versions.

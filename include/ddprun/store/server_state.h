@@ -150,6 +150,12 @@ class ServerState {
   bool authenticated(ConnId id) const;
   // The dialect a connection settled on, if it has sent enough to tell.
   std::optional<wire::Dialect> dialectOf(ConnId id) const;
+  // Deletes every key and queue whose name does not begin with `keep`, each
+  // as DELETE_KEY would (its watchers are told; blocked waiters wait on) and
+  // returns how many went. For the program hosting the server, to hand one
+  // store to a new generation of clients with a clean keyspace (the static
+  // rendezvous's agent store, which each round's workers share).
+  size_t eraseKeysOutside(std::string_view keep);
 
  private:
   struct Conn;

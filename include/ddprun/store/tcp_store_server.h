@@ -61,6 +61,10 @@ class TcpStoreServer {
   std::string address() const;
   // Closes every connection and joins the io thread. Idempotent.
   void stop();
+  // ServerState::eraseKeysOutside, run on the io thread between two
+  // requests; waits for it and returns how many keys and queues went (0 once
+  // stopped). Thread-safe; never call it from the io thread.
+  size_t eraseKeysOutside(const std::string& keep);
   // Thread-safe snapshot.
   ServerStats stats() const;
   size_t connections() const;

@@ -375,7 +375,7 @@ TEST(LaunchCli, BadInputExitsTwoNamingTheProblem) {
       {{"--nnodes=3:2", "t.py"}, "MIN:MAX"},
       {{"--nnodes=1:2:3", "t.py"}, "--nnodes"},
       {{"--nnodes=abc", "t.py"}, "--nnodes"},
-      {{"--nnodes=1:4", "t.py"}, "an elastic range needs --rdzv-backend=c10d"},
+      {{"--nnodes=1:4", "--node-rank=4", "t.py"}, "out of range for --nnodes 4"},
       {{"--nproc-per-node=0", "t.py"}, "--nproc-per-node"},
       {{"--nproc-per-node=xpu", "t.py"}, "'cpu', 'gpu' or 'auto'"},
       {{"--nproc-per-node=-2", "t.py"}, "--nproc-per-node"},

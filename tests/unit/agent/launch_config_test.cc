@@ -292,14 +292,32 @@ TEST(LaunchConfig, ConfBoolsAsTorchrun) {
 }
 
 TEST(LaunchConfig, NodeRules) {
-  // A range needs c10d: the static rendezvous waits for a fixed count.
+  // A range with the static backend runs with MAX nodes, as torchrun's static
+  // rendezvous does, with a warning; c10d makes it elastic.
   LaunchConfig range = base();
   range.minNodes = 1;
   range.maxNodes = 4;
-  EXPECT_TRUE(contains(rejection(range),
-                       "--nnodes 1:4: an elastic range needs --rdzv-backend=c10d"))
-      << rejection(range);
-  EXPECT_TRUE(contains(rejection(range), "give --nnodes N")) << rejection(range);
+  range.nodeRank = 3;
+  EXPECT_EQ(rejection(range), "accepted");
+  finalizeConfig(range);
+  EXPECT_EQ(range.rdzvBackend, "static");
+  EXPECT_FALSE(range.useDynamic);
+  EXPECT_EQ(range.maxNodes, 4);
+  EXPECT_EQ(range.masterPort, 29500);
+  ASSERT_EQ(range.warnings.size(), 1u);
+  EXPECT_TRUE(contains(range.warnings[0],
+                       "--nnodes 1:4: the static rendezvous waits for all 4 nodes"))
+      << range.warnings[0];
+  LaunchConfig outside = base();
+  outside.minNodes = 1;
+  outside.maxNodes = 2;
+  outside.nodeRank = 2;  // ranks run to MAX - 1
+  EXPECT_TRUE(
+      contains(rejection(outside), "--node-rank 2 is out of range for --nnodes 2"))
+      << rejection(outside);
+  range = base();
+  range.minNodes = 1;
+  range.maxNodes = 4;
   range.rdzvBackend = "c10d";
   range.rdzvEndpoint = "head:29400";
   EXPECT_EQ(rejection(range), "accepted");

@@ -36,6 +36,11 @@ class MemoryHub {
     data_.set(key, value);
     notify();
   }
+  // Deletes a key as a client would.
+  void erase(const std::string& key) {
+    data_.deleteKey(key);
+    notify();
+  }
   std::string value(const std::string& key) {
     return data_.check({key}) ? data_.get(key) : "";
   }

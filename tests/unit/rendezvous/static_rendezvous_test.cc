@@ -6,6 +6,7 @@
 #include <atomic>
 #include <latch>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "ddprun/common/error.h"
@@ -24,10 +25,12 @@ using testing::Node;
 
 class StaticRendezvousTest : public ::testing::Test {
  protected:
-  // Node `rank` of `nnodes` on the hub; node 0's worker stores get ports
-  // 40001, 40002, ... in the order it starts them. Heartbeats as keepAlive_
-  // says. kill(rank) ends all of the node's connections at once, as kill -9
-  // of its agent would: it falls silent without a word.
+  // Node `rank` of `nnodes` on the hub, master port 29500. Node 0 readies
+  // the shared worker store as the real backend does (port 29500), erasing
+  // workerKeys_ (the hub cannot list keys) and recording each call in
+  // readied_. Heartbeats as keepAlive_ says. kill(rank) ends all of the
+  // node's connections at once, as kill -9 of its agent would: it falls
+  // silent without a word.
   std::unique_ptr<Node> node(int rank, int nnodes, Millis timeout = 60s) {
     StaticOptions o;
     o.masterAddr = "10.0.0.1";
@@ -45,8 +48,22 @@ class StaticRendezvousTest : public ::testing::Test {
       killed->subscribe([either] { either->cancel(); });
       return hub_.connect(std::move(either));
     };
-    b.startWorkerStore = [this] {
-      return static_cast<uint16_t>(40000 + ++workerStores_);
+    b.readyWorkerStore = [this, nnodes](const std::string& keep) {
+      Readied r{keep, true, 0};
+      const int round = workerStores_;
+      for (int i = 0; i < nnodes; ++i)
+        r.everyNodeJoined =
+            r.everyNodeJoined && hub_.has(key(round, "node/" + std::to_string(i)));
+      for (const auto& k : workerKeys_) {
+        r.erased += hub_.has(k) ? 1 : 0;
+        hub_.erase(k);
+      }
+      {
+        std::lock_guard lock(readiedMu_);
+        readied_.push_back(r);
+      }
+      ++workerStores_;
+      return uint16_t{29500};
     };
     b.storeAddress = "memory:1";
     auto n = std::make_unique<Node>();
@@ -78,8 +95,16 @@ class StaticRendezvousTest : public ::testing::Test {
     return detail::decodeBeat(v, seq, wall) ? seq : -1;
   }
 
-  MemoryHub hub_;  // first: outlives the nodes
-  std::atomic<int> workerStores_{0};
+  MemoryHub hub_;                     // first: outlives the nodes
+  std::atomic<int> workerStores_{0};  // calls of readyWorkerStore: one per round
+  struct Readied {
+    std::string keep;
+    bool everyNodeJoined;  // the round's barrier was complete at the call
+    int erased;            // workerKeys_ present then
+  };
+  std::vector<std::string> workerKeys_;  // what the tests' "workers" write
+  std::mutex readiedMu_;
+  std::vector<Readied> readied_;
   // The default keep-alive: nobody is declared dead within a test.
   detail::HeartbeatOptions keepAlive_{5s, 3};
   // A short one, for the liveness tests. A live node's beat thread would
@@ -109,9 +134,9 @@ TEST_F(StaticRendezvousTest, NodesWithDifferentWorkerCountsGetDistinctBaseRanks)
     EXPECT_EQ(info.worldSize, 6);
     EXPECT_EQ(info.localWorldSizes, (std::vector<int>{2, 3, 1}));
     EXPECT_EQ(info.workerStoreHost, "10.0.0.1");
-    EXPECT_EQ(info.workerStorePort, 40001);  // node 0's store, read by all
+    EXPECT_EQ(info.workerStorePort, 29500);  // node 0's store, read by all
   }
-  EXPECT_EQ(workerStores_, 1) << "only node 0 hosts the worker store";
+  EXPECT_EQ(workerStores_, 1) << "only node 0 readies the worker store";
 }
 
 TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
@@ -131,8 +156,42 @@ TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
     expectEvent(n->awaitEvent(), 2, RoundEnd::kClosed, 1, "rank 1: signal: SIGKILL");
 
   for (auto& n : ns) EXPECT_EQ(n->info.round, 2);
-  EXPECT_EQ(ns[1]->info.workerStorePort, 40003) << "a fresh worker store each round";
-  EXPECT_EQ(workerStores_, 3);
+  EXPECT_EQ(workerStores_, 3) << "the worker store is readied each round";
+}
+
+// The workers share the agent store: what they wrote in a failed round is
+// erased by node 0 once every node has joined the next round (so none of
+// the old workers runs any more), before any node's join ends (so no new
+// worker reads it), keeping the rendezvous's own prefix (the real erase:
+// server_state_test.cc, tests/integration/rendezvous_test.cc).
+TEST_F(StaticRendezvousTest,
+       EachRoundsWorkerKeysAreErasedAfterTheBarrierBeforeAnyWorkerStarts) {
+  workerKeys_ = {"default_pg/0//rank_0", "init/"};
+  auto ns = nodes(2);
+  joinAll(ns);
+  for (const auto& k : workerKeys_) hub_.set(k, "round 0");
+  ns[1]->rdzv->reportFailure(0, "rank 1 exited with 1", false);
+  for (auto& n : ns) n->awaitEvent();
+
+  ns[1]->join(1);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(1, "node/1")); }));
+  ASSERT_TRUE(hub_.awaitWaiters(1));  // node 1 waits for node 0
+  for (const auto& k : workerKeys_)
+    EXPECT_TRUE(hub_.has(k)) << k << " erased before node 0 joined the round";
+  ns[0]->join(1);
+  for (auto& n : ns) {
+    n->awaitJoin();
+    ASSERT_FALSE(n->error);
+    EXPECT_EQ(n->info.workerStorePort, 29500);
+  }
+  for (const auto& k : workerKeys_) EXPECT_FALSE(hub_.has(k)) << k;
+  std::lock_guard lock(readiedMu_);
+  ASSERT_EQ(readied_.size(), 2u);
+  for (const auto& r : readied_) {
+    EXPECT_EQ(r.keep, "ddprun/job/");
+    EXPECT_TRUE(r.everyNodeJoined);
+  }
+  EXPECT_EQ(readied_[1].erased, 2);
 }
 
 TEST_F(StaticRendezvousTest, RoundsAreIndependent) {
@@ -231,7 +290,7 @@ TEST_F(StaticRendezvousTest, CancelEndsAJoinStillConnecting) {
     if (cancel->sleepFor(600s)) DDPRUN_THROW(CancelledError, "connecting was cancelled");
     DDPRUN_THROW(TimeoutError, "node 0 never came up");
   };
-  b.startWorkerStore = [] { return uint16_t{0}; };
+  b.readyWorkerStore = [](const std::string&) { return uint16_t{0}; };
   Node n;
   n.attach(detail::makeStaticRendezvous(o, n.queue.post(), std::move(b)));
   n.join(1);

@@ -329,6 +329,52 @@ TEST(ServerStateLegacy, WatchKeyPushesChanges) {
                 u8(wire::kKeyDeleted) + bytes("/w") + bytes("2") + bytes(""));
 }
 
+// The static rendezvous hands its agent store to each round's workers with
+// a clean keyspace: everything outside its own prefix goes, as DELETE_KEY.
+TEST(ServerStateErase, KeysAndQueuesOutsideThePrefixGoWatchersAreToldWaitersWaitOn) {
+  FakeOutbox o;
+  ServerState s(ServerLimits{}, o);
+  Client c(s, o, 1, Dialect::kV2);
+  Client watcher(s, o, 2, Dialect::kLegacy);
+  Client waiter(s, o, 3, Dialect::kV2);
+  watcher.send(Command::kWatchKey, {"init/"});
+  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCallbackRegistered));
+  waiter.send(Command::kWait, {"default_pg/0//rank_1"});
+  EXPECT_EQ(waiter.reply(), "");  // blocked
+  for (const char* k : {"ddprun/job/round/0/node/0", "ddprun/job/hb/node0"})
+    c.send(Command::kSet, {k}, {"kept"});
+  const size_t kept = s.stats().memoryBytes;
+  c.send(Command::kSet, {"default_pg/0//rank_0"}, {"addr"});
+  c.send(Command::kAdd, {"init/"}, {}, 4);
+  c.send(Command::kSet, {"ddprun/jobX"}, {"x"});  // the prefix, not a key under it
+  c.send(Command::kQueuePush, {"q"}, {"entry"});
+  c.reply();
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyCreated) + bytes("init/") + bytes("") + bytes("4"));
+  ASSERT_GT(s.stats().memoryBytes, kept);
+
+  EXPECT_EQ(s.eraseKeysOutside("ddprun/job/"), 4u);  // 3 keys and 1 queue
+  EXPECT_EQ(s.stats().keys, 2u);
+  EXPECT_EQ(watcher.reply(),
+            u8(wire::kKeyDeleted) + bytes("init/") + bytes("4") + bytes(""));
+  EXPECT_EQ(s.stats().memoryBytes, kept) << "every erased byte is released";
+  for (const char* k : {"default_pg/0//rank_0", "init/", "ddprun/jobX"}) {
+    c.send(Command::kCheck, {k});
+    EXPECT_EQ(c.reply(), u8(wire::kCheckNotReady)) << k;
+  }
+  c.send(Command::kQueueLen, {"q"});
+  EXPECT_EQ(c.reply(), i64(0));
+  c.send(Command::kGet, {"ddprun/job/hb/node0"});
+  EXPECT_EQ(c.reply(), bytes("kept"));
+  // A key that appears afterwards is new: the waiter wakes on it.
+  c.send(Command::kSet, {"default_pg/0//rank_1"}, {"new"});
+  EXPECT_EQ(waiter.reply(), u8(wire::kStopWaiting));
+  EXPECT_EQ(s.eraseKeysOutside("ddprun/job/"), 1u);
+  EXPECT_EQ(s.eraseKeysOutside(""), 0u) << "every key begins with the empty prefix";
+  EXPECT_EQ(s.eraseKeysOutside("other/"), 2u);
+  EXPECT_EQ(s.stats().keys, 0u);
+}
+
 // ---- Hostile and slow clients: one budget, per-connection caps. ----
 
 std::string repeated(const std::string& one, int times) {
