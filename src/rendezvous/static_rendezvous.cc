@@ -55,7 +55,10 @@ std::string formatDuration(Millis d) {
 class StaticRendezvous final : public Rendezvous {
  public:
   StaticRendezvous(StaticOptions opts, Post post, detail::StaticBackend backend)
-      : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {}
+      : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {
+    if (backend_.watchDepartures)
+      backend_.watchDepartures([this](const std::string& beat) { onDeparted(beat); });
+  }
   ~StaticRendezvous() override { shutdown(); }
 
   void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
@@ -103,6 +106,8 @@ class StaticRendezvous final : public Rendezvous {
                    " without every report delivered");
     cancel_->cancel();
     tasks_.stop();
+    departCancel_->cancel();
+    departures_.stop();
     stopWatcher();
     // Beats until here, after this node said it left: its peers must not
     // take a clean exit for a death.
@@ -251,6 +256,43 @@ class StaticRendezvous final : public Rendezvous {
       const auto end = encodeEnd(RoundEnd::kFailed, i, why);
       if (client_->compareSet(key(round, "end"), "", end) == end) client_->set(left, "");
     });
+  }
+
+  // On node 0's store thread: node `beat`'s heartbeat connection closed.
+  // Queued for the departures thread; never blocks.
+  void onDeparted(const std::string& beat) {
+    int i = -1;
+    if (beat.rfind(kBeatName, 0) != 0 ||
+        !str::parseInt(std::string_view(beat).substr(kBeatName.size()), i, 0) ||
+        i == opts_.nodeRank || i < 0 || i >= opts_.nnodes)
+      return;
+    departures_.push([this, i] { departed(i); });
+  }
+
+  // On the departures thread (node 0), on a connection of its own: node i's
+  // agent is gone where the kernel told us (a heartbeat timeout sooner). If
+  // it did not say goodbye, it died: its running round ends as failed by it
+  // (first end wins), as declareDead would later. Either way it no longer
+  // needs the store, so node 0's shutdown never waits for it (leave()). On
+  // this thread, not the task thread: that one may be in leave() already.
+  void departed(int i) {
+    const int round = lastJoined_;
+    if (round < 0) return;
+    const auto left = key(round, "left/" + std::to_string(i));
+    try {
+      if (!departClient_) departClient_ = backend_.connect(departCancel_, opts_.timeout);
+      if (departClient_->check({left})) return;  // a clean exit
+      const std::string why = "node " + std::to_string(i) +
+                              "'s agent is gone: its connection to the agent store closed";
+      const auto end = encodeEnd(RoundEnd::kFailed, i, why);
+      if (lastEnded_ < round && !stopping_ &&
+          departClient_->compareSet(key(round, "end"), "", end) == end)
+        DDPRUN_WARN("rendezvous round ", round, ": ", why, "; ending the round");
+      departClient_->set(left, "");
+    } catch (const CancelledError&) {
+    } catch (const Error& e) {
+      DDPRUN_DEBUG("rendezvous: after node ", i, " went: ", e.message());
+    }
   }
 
   // The barrier: every node's key. On timeout, names the nodes still absent.
@@ -412,6 +454,11 @@ class StaticRendezvous final : public Rendezvous {
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.
   detail::WatcherThread watcher_{cancel_};
+  // Node 0's departures thread and its connection.
+  const std::shared_ptr<store::CancelToken> departCancel_ =
+      std::make_shared<store::CancelToken>();
+  std::unique_ptr<store::Store> departClient_;
+  TaskThread departures_;
   TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };
 
@@ -420,6 +467,10 @@ class StaticRendezvous final : public Rendezvous {
 struct HostedStores {
   std::unique_ptr<store::TcpStoreServer> agent;
   std::unique_ptr<store::TcpStoreServer> worker;
+  // Who hears of a node's heartbeat connection closing (set by the
+  // rendezvous; called on the agent store's thread).
+  std::mutex goneMu;
+  std::function<void(const std::string&)> onGone;
 };
 
 std::unique_ptr<store::Store> connectAgentStore(
@@ -468,11 +519,21 @@ std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
 StaticBackend makeTcpBackend(StaticOptions& opts) {
   auto hosted = std::make_shared<HostedStores>();
   if (opts.nodeRank == 0) {
+    // A node's heartbeat key is a lease of the connection it beats on
+    // (store::LeaseRule): its agent's death is heard at once.
+    const std::string job = "/ddprun/" + opts.runId + "/";
+    std::weak_ptr<HostedStores> weak = hosted;
+    store::LeaseRule departures{job + "hb/", job + "gone/", [weak](const std::string& beat) {
+                                  auto h = weak.lock();
+                                  if (!h) return;
+                                  std::lock_guard lock(h->goneMu);
+                                  if (h->onGone) h->onGone(beat);
+                                }};
     hosted->agent =
         hostStore("", opts.masterPort, "node 0's agent store",
                   "pass another --master-port (the same to every node), or stop "
                   "that process",
-                  opts.authSecret);
+                  opts.authSecret, {std::move(departures)});
     opts.masterPort = hosted->agent->port();
   }
   StaticBackend b;
@@ -499,7 +560,16 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
       return hosted->worker->port();
     };
   }
+  if (hosted->agent)
+    b.watchDepartures = [hosted](std::function<void(const std::string&)> onGone) {
+      std::lock_guard lock(hosted->goneMu);
+      hosted->onGone = std::move(onGone);
+    };
   b.stopHosted = [hosted] {
+    {
+      std::lock_guard lock(hosted->goneMu);
+      hosted->onGone = nullptr;
+    }
     hosted->worker.reset();
     hosted->agent.reset();
   };

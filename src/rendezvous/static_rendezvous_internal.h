@@ -30,6 +30,11 @@ struct StaticBackend {
   // own, when the workers share the agent store) must stay. Runs on the
   // rendezvous's thread.
   std::function<uint16_t(const std::string& keep)> readyWorkerStore;
+  // Node 0 only (empty elsewhere): registers `onGone`, called with a
+  // node's heartbeat name ("node<i>") the moment the connection it beats on
+  // closes (its agent died, or left), on the store's thread: it must not
+  // block. Called once, before the first join.
+  std::function<void(std::function<void(const std::string& beat)> onGone)> watchDepartures;
   // Called once at shutdown, after the rendezvous's threads have ended:
   // stops the stores this node hosts. May be empty.
   std::function<void()> stopHosted;

@@ -431,9 +431,9 @@ class OneNode(ElasticTest):
 
 class StaticLiveness(ElasticTest):
     """The same liveness for the static rendezvous: after kill -9 of node 1's
-    agent, node 0 ends the round as failed within the heartbeat timeout
-    (before, it ran on for as long as its workers did, as torchrun's static
-    backend does)."""
+    agent, node 0 ends the round as failed at once (its connection closed),
+    and after a stall within the heartbeat timeout (before, it ran on for as
+    long as its workers did, as torchrun's static backend does)."""
 
     def static_agent(self, name, rank, port, worker):
         args = ["--nnodes=2", "--node-rank=%d" % rank, "--master-addr=127.0.0.1",
@@ -459,8 +459,21 @@ class StaticLiveness(ElasticTest):
         self.assertEqual(rc, 1, self.agents_said())  # no restarts left: the job failed
         self.timing_bound("static: kill -9 of node 1 to node 0's exit (heartbeat timeout %.1f s)"
                           % FAST_DEATH_S, took, FAST_DEATH_S + SLACK)
-        self.assertIn("node 1's agent missed heartbeats", a.err())
+        # Heard at once: node 1's connection to node 0's store closed.
+        self.assertIn("node 1's agent is gone: its connection to the agent store closed",
+                      a.err())
         self.assert_gone([s["PID"] for s in first], "the workers of both nodes")
+
+    def test_a_stalled_node_1_is_found_by_the_heartbeat(self):
+        port = reserve_port(self)
+        w = self.worker()
+        a = self.static_agent("a", 0, port, w)
+        b = self.static_agent("b", 1, port, w)
+        self.wait_round(2)
+        b.signal(signal.SIGSTOP)  # its connections stay open: only its silence tells
+        self.addCleanup(lambda: b.poll() is None and b.signal(signal.SIGKILL))
+        self.assertEqual(self.exit_code(a), 1, self.agents_said())
+        self.assertIn("node 1's agent missed heartbeats", a.err())
 
 
 if __name__ == "__main__":
