@@ -82,8 +82,29 @@ def pypi_unreachable(pip, tmp):
 
 
 class Wheel(unittest.TestCase):
+    # The wheel is built and installed once, by the first test's setUp (a skip
+    # or failure there is every test's; a skip raised in setUpClass would count
+    # as no test run at all).
+    _prepared = None
+
+    def setUp(self):
+        cls = type(self)
+        if cls._prepared is None:
+            try:
+                cls.prepare()
+                cls._prepared = (None, None)
+            except unittest.SkipTest as e:
+                cls._prepared = ("skip", str(e))
+            except Exception as e:  # noqa: BLE001 - reported by every test
+                cls._prepared = ("error", "%s: %s" % (type(e).__name__, e))
+        outcome, why = cls._prepared
+        if outcome == "skip":
+            raise unittest.SkipTest(why)
+        if outcome == "error":
+            self.fail("building or installing the wheel failed: " + why)
+
     @classmethod
-    def setUpClass(cls):
+    def prepare(cls):
         torch2_python = os.path.join(TORCH2, "bin", "python")
         if not os.access(torch2_python, os.X_OK):
             raise unittest.SkipTest("no PyTorch 2.x environment at %s (scripts/setup-test-deps.sh "
@@ -135,6 +156,7 @@ class Wheel(unittest.TestCase):
                    if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME",
                                 "PYTHON_EXEC", "LD_LIBRARY_PATH")}
         cls.env["PATH"] = fake + ":/usr/local/bin:/usr/bin:/bin"
+        cls.env["TMPDIR"] = cls.tmp  # ddprun's log directory, removed with it
         cls.runs = 0
 
     def test_wheel_name_says_version_and_platform(self):
