@@ -2,7 +2,9 @@
 # ddprun_<version>_<arch>.deb with what cmake/install.cmake installs, under /usr.
 # It bundles no libraries: dpkg-shlibdeps (package dpkg-dev) computes Depends
 # from the executables' shared libraries (libdnnl, libopenblas0, libssl3, ...),
-# which Debian's own packages provide. tests/install/run_deb_test.sh builds,
+# which Debian's own packages provide. Libraries that no package owns (CUDA's,
+# cuDNN and NCCL from NVIDIA's tarballs in a CUDA build) are left out of Depends
+# (CPack passes --ignore-missing-info). tests/install/run_deb_test.sh builds,
 # inspects and runs it.
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ddprun)
