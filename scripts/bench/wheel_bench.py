@@ -52,7 +52,10 @@ def main():
         if args.build:
             tools = os.path.join(tmp, "tools")
             sh([args.python, "-m", "venv", tools])
-            sh([os.path.join(tools, "bin", "pip"), "wheel", "--no-deps", "-w", tmp, ROOT])
+            cmd = [os.path.join(tools, "bin", "pip"), "wheel", "--no-deps", "-w", tmp, ROOT]
+            if shutil.which("ccache"):
+                cmd.append("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache")
+            sh(cmd)
             args.wheel = glob.glob(os.path.join(tmp, "ddprun-*.whl"))[0]
         if not args.wheel:
             sys.exit("name a wheel with --wheel, or --build one")
