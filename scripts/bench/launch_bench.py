@@ -2,6 +2,11 @@
 """Launcher benchmark: ddprun against torchrun on the same machine, in one run.
 
     /opt/ddprun-test/venv-torch2/bin/python scripts/bench/launch_bench.py [--reps N]
+        [--ddprun PATH] [--json FILE]
+
+--ddprun measures another ddprun executable (default build/bin/ddprun, or
+$DDPRUN_BIN_DIR/ddprun), e.g. the one a wheel installed into a venv:
+    --ddprun /path/to/venv/bin/ddprun --json /tmp/launch_bench_wheel.json
 
 Measures, for both launchers (--standalone, --no-python, a tiny C worker):
   1. wall time to launch and reap 4 trivial workers (median of N runs);
@@ -10,7 +15,7 @@ Measures, for both launchers (--standalone, --no-python, a tiny C worker):
      the dying worker's last stamp), median of N runs, with --max-restarts=1;
   3. agent CPU use while 4 workers sleep (utime+stime over 5 s, from /proc),
      and the agent process's own peak RSS (VmHWM) after that.
-Writes docs/launch_bench.json and prints a markdown table.
+Writes docs/launch_bench.json (or --json FILE) and prints a markdown table.
 """
 import argparse
 import json
@@ -52,12 +57,20 @@ int main(int argc, char** argv) {
 '''
 
 
-def launchers(worker):
+def launchers(ddprun):
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     return {
-        "ddprun": [os.path.join(BIN, "ddprun")],
+        "ddprun": [ddprun],
         "torchrun": torchrun,
     }
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def run(cmd, env=None):
@@ -92,14 +105,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
+    ap.add_argument("--ddprun", default=os.path.join(BIN, "ddprun"),
+                    help="the ddprun executable to measure (e.g. a wheel's, in a venv's bin/)")
+    ap.add_argument("--json", help="write the results here (default: OUT/launch_bench.json)")
     args = ap.parse_args()
+    args.ddprun = os.path.abspath(args.ddprun)
+    if not os.access(args.ddprun, os.X_OK):
+        sys.exit("no ddprun executable at %s (build it, or name one with --ddprun)" % args.ddprun)
     tmp = tempfile.mkdtemp(prefix="launch_bench_")
     worker = os.path.join(tmp, "worker")
     subprocess.run(["cc", "-O2", "-x", "c", "-", "-o", worker], input=WORKER_C.encode(), check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="ERROR")
     common = ["--standalone", "--nproc-per-node=4", "--no-python"]
     res = {}
-    for name, cmd in launchers(worker).items():
+    for name, cmd in launchers(args.ddprun).items():
         r = {}
         runs = [run(cmd + common + [worker, "true"], env) for _ in range(args.reps)]
         r["launch_reap_s"] = statistics.median(runs)
@@ -129,17 +148,20 @@ def main():
             ("worker death -> 4 replacements running (ms, median)", "death_to_replacements_ms", "%.1f"),
             ("agent CPU while 4 workers sleep (%)", "idle_cpu_percent", "%.2f")]
     import torch
-    lines = ["ddprun vs torchrun (PyTorch %s), %d reps, 4 workers, --standalone --no-python:" %
-             (torch.__version__, args.reps), "",
+    lines = ["ddprun (%s) vs torchrun (PyTorch %s), %d reps, 4 workers, --standalone --no-python;"
+             " CPU: %s, %d cores:" % (args.ddprun, torch.__version__, args.reps, cpu_model(),
+                                     os.cpu_count()), "",
              "| metric | ddprun | torchrun | torchrun / ddprun |", "|---|---|---|---|"]
     for label, key, fmt in rows:
         ratio = "%.1fx" % (t[key] / d[key]) if d[key] > 0 else "n/a (ddprun below resolution)"
         lines.append("| %s | %s | %s | %s |" % (label, fmt % d[key], fmt % t[key], ratio))
     table = "\n".join(lines)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "launch_bench.json"), "w") as f:
-        json.dump({"results": res, "table": table}, f, indent=1)
+    path = args.json or os.path.join(args.out, "launch_bench.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"ddprun": args.ddprun, "cpu": cpu_model(), "results": res, "table": table},
+                  f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # run_install_test.sh BUILD_DIR CONSUMER_DIR [EXAMPLE_DIR]: installs the build
-# into a temporary prefix, builds the consumer project with find_package(ddprun),
+# into a temporary prefix; checks that it has the three programs and no other,
+# and only the public headers (those of the installed libraries common, store,
+# runtime, and version.h), each of which compiles on its own against the
+# install; builds the consumer project with find_package(ddprun),
 # and runs it as 1 rank and as 2 ranks under the installed ddprun; then builds
 # the user-written training loop of examples/cpp the same way and checks that
 # its replicas stay identical and its loss falls.
@@ -9,6 +12,46 @@ build=$1 consumer=$2 example=${3:-}
 tmp=$(mktemp -d /tmp/ddprun_install.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
+
+progs=$(cd "$tmp/prefix/bin" && ls | sort | tr '\n' ' ')
+[ "$progs" = "ddprun ddprun-store train " ] || { echo "FAIL: installed programs: $progs"; exit 1; }
+headers=$(cd "$tmp/prefix/include" && find . -type f | sed 's|^\./||' | sort)
+private=$(grep -vE '^ddprun/(version\.h|(common|store|runtime)/[a-z_]+\.h)$' <<< "$headers" || true)
+[ -z "$private" ] || { echo "FAIL: installed headers outside the public set:"; echo "$private"; exit 1; }
+grep -qx ddprun/runtime/cuda_check.h <<< "$headers" \
+  && { echo "FAIL: runtime/cuda_check.h (internal, needs the CUDA toolkit) is installed"; exit 1; }
+# Every public header of the source tree is installed.
+for h in $(cd "$(dirname "$0")/../../include" && ls ddprun/version.h ddprun/{common,store,runtime}/*.h); do
+  [ "$h" = ddprun/runtime/cuda_check.h ] || grep -qx "$h" <<< "$headers" \
+    || { echo "FAIL: public header $h is not installed"; exit 1; }
+done
+echo "OK: $(wc -l <<< "$headers") public headers installed, none beyond them"
+
+# Each installed header compiles on its own: one translation unit per header,
+# built against the installed package (its include path and definitions).
+mkdir -p "$tmp/headers"
+{
+  echo 'cmake_minimum_required(VERSION 3.25)'
+  echo 'project(ddprun_headers CXX)'
+  echo 'set(CMAKE_CXX_STANDARD 20)'
+  echo 'find_package(ddprun REQUIRED)'
+  echo 'add_library(headers OBJECT'
+  n=0
+  while read -r h; do
+    n=$((n + 1))
+    printf '#include "%s"\n#include "%s"  // twice: the include guard holds\n' "$h" "$h" \
+      > "$tmp/headers/h$n.cc"
+    echo "  h$n.cc"
+  done <<< "$headers"
+  echo ')'
+  echo 'target_compile_options(headers PRIVATE -Wall -Wextra -Wno-unused-parameter)'
+  echo 'target_link_libraries(headers PRIVATE ddprun::runtime)'
+} > "$tmp/headers/CMakeLists.txt"
+cmake -S "$tmp/headers" -B "$tmp/headers/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  > "$tmp/headers.log" 2>&1 || { cat "$tmp/headers.log"; exit 1; }
+cmake --build "$tmp/headers/build" -j2 > "$tmp/headers.log" 2>&1 \
+  || { cat "$tmp/headers.log"; echo "FAIL: an installed header does not compile on its own"; exit 1; }
+echo "OK: each installed header compiles on its own"
 cmake -S "$consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log" \
   || { cat "$tmp/configure.log"; exit 1; }
 cmake --build "$tmp/build" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }

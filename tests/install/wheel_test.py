@@ -1,0 +1,233 @@
+"""The wheel end to end: `pip wheel` builds ddprun from the source tree, a fresh
+virtual environment gets it with `pip install`, and an ordinary PyTorch DDP
+script (ddp_worker.py) runs under that environment's bin/ddprun without the
+environment being activated, while the first `python3` on PATH is a stand-in
+for a pyenv shim without PyTorch. ddprun must run the workers with the
+environment's own interpreter (the one beside it), and PYTHON_EXEC must still
+win over that.
+
+Needs PyPI (pip's build isolation fetches scikit-build-core): skipped with a
+message when PyPI cannot be reached. Needs the PyTorch 2.x test environment of
+scripts/setup-test-deps.sh ($DDPRUN_TORCH2_VENV): the fresh environment sees
+its PyTorch through a .pth file instead of downloading it again; skipped with a
+message when it is missing.
+
+The CMake build is kept in $DDPRUN_WHEEL_BUILD_DIR (ctest: <build>/wheel-build)
+so that a second run only relinks; ccache is used when it is installed.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pyutil"))
+import testmain  # noqa: E402
+
+SOURCE = os.environ.get("DDPRUN_SOURCE_DIR", os.path.abspath(os.path.join(HERE, "..", "..")))
+WORK = os.environ.get("DDPRUN_WHEEL_BUILD_DIR", os.path.join(SOURCE, "build", "wheel-build"))
+TORCH2 = os.environ.get("DDPRUN_TORCH2_VENV", "/opt/ddprun-test/venv-torch2")
+PROGRAMS = ("ddprun", "ddprun-store", "train")
+# A long bound against hangs (a loaded 2-core machine imports torch slowly),
+# never an assertion on speed.
+JOB_TIMEOUT = 600
+
+
+def project_version():
+    with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+        return re.search(r"project\(ddprun\s+VERSION\s+([0-9.]+)", f.read()).group(1)
+
+
+def run(cmd, what, timeout=None, **kw):
+    """Runs cmd; a non-zero exit fails the test with its output."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, **kw)
+    if p.returncode != 0:
+        raise AssertionError("%s failed (exit %d): %s\n%s" % (what, p.returncode, " ".join(cmd),
+                                                              p.stdout[-6000:]))
+    return p.stdout
+
+
+def purelib(python):
+    return run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               "site-packages of " + python).strip()
+
+
+def build_venv():
+    """A persistent environment whose pip builds the wheel (a venv always has
+    pip; the system's python3 may not)."""
+    venv = os.path.join(WORK, "venv")
+    pip = os.path.join(venv, "bin", "pip")
+    if not os.access(pip, os.X_OK):
+        os.makedirs(WORK, exist_ok=True)
+        run([sys.executable, "-m", "venv", "--clear", venv], "creating the build venv")
+    return pip
+
+
+def pypi_unreachable(pip, tmp):
+    """None when pip can fetch scikit-build-core, else pip's reason."""
+    p = subprocess.run([pip, "download", "--no-deps", "--disable-pip-version-check",
+                        "--timeout", "15", "--retries", "1", "-d", os.path.join(tmp, "probe"),
+                        "scikit-build-core"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if p.returncode == 0:
+        return None
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    return lines[-1] if lines else "pip download exited %d" % p.returncode
+
+
+class Wheel(unittest.TestCase):
+    # The wheel is built and installed once, by the first test's setUp (a skip
+    # or failure there is every test's; a skip raised in setUpClass would count
+    # as no test run at all).
+    _prepared = None
+
+    def setUp(self):
+        cls = type(self)
+        if cls._prepared is None:
+            try:
+                cls.prepare()
+                cls._prepared = (None, None)
+            except unittest.SkipTest as e:
+                cls._prepared = ("skip", str(e))
+            except Exception as e:  # noqa: BLE001 - reported by every test
+                cls._prepared = ("error", "%s: %s" % (type(e).__name__, e))
+        outcome, why = cls._prepared
+        if outcome == "skip":
+            raise unittest.SkipTest(why)
+        if outcome == "error":
+            self.fail("building or installing the wheel failed: " + why)
+
+    @classmethod
+    def prepare(cls):
+        torch2_python = os.path.join(TORCH2, "bin", "python")
+        if not os.access(torch2_python, os.X_OK):
+            raise unittest.SkipTest("no PyTorch 2.x environment at %s (scripts/setup-test-deps.sh "
+                                    "makes it; DDPRUN_TORCH2_VENV names another)" % TORCH2)
+        cls.tmp = tempfile.mkdtemp(prefix="ddprun_wheel_")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+        pip = build_venv()
+        reason = pypi_unreachable(pip, cls.tmp)
+        if reason:
+            raise unittest.SkipTest("PyPI cannot be reached, so pip cannot fetch scikit-build-core "
+                                    "to build the wheel: " + reason)
+
+        wheelhouse = os.path.join(cls.tmp, "wheelhouse")
+        cmd = [pip, "wheel", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
+               "--config-settings=build-dir=" + os.path.join(WORK, "build")]
+        if shutil.which("ccache"):
+            cmd.append("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache")
+        t0 = time.monotonic()
+        run(cmd, "pip wheel", timeout=3000)
+        wheels = os.listdir(wheelhouse)
+        assert len(wheels) == 1, wheels
+        cls.wheel = os.path.join(wheelhouse, wheels[0])
+        print("wheel %s: %d bytes, built in %.0f s" % (wheels[0], os.path.getsize(cls.wheel),
+                                                       time.monotonic() - t0), file=sys.stderr)
+
+        # The fresh environment: same Python as the PyTorch one, whose
+        # site-packages it sees through a .pth file.
+        cls.venv = os.path.join(cls.tmp, "fresh")
+        run([torch2_python, "-m", "venv", cls.venv], "creating the fresh venv")
+        cls.venv_python = os.path.join(cls.venv, "bin", "python")
+        with open(os.path.join(purelib(cls.venv_python), "ddprun_test_torch2.pth"), "w") as f:
+            f.write(purelib(torch2_python) + "\n")
+        t0 = time.monotonic()
+        run([os.path.join(cls.venv, "bin", "pip"), "install", "--no-deps", "--no-index",
+             "--disable-pip-version-check", cls.wheel], "pip install of the wheel")
+        print("pip install of the wheel: %.1f s" % (time.monotonic() - t0), file=sys.stderr)
+        cls.torch_version = run([torch2_python, "-c", "import torch; print(torch.__version__)"],
+                                "importing torch").strip()
+
+        # PATH's first python3 (and python) is a shim without PyTorch.
+        fake = os.path.join(cls.tmp, "fakebin")
+        os.mkdir(fake)
+        for name in ("python3", "python"):
+            path = os.path.join(fake, name)
+            with open(path, "w") as f:
+                f.write("#!/bin/sh\necho 'wrong interpreter' >&2\nexit 1\n")
+            os.chmod(path, 0o755)
+        cls.env = {k: v for k, v in os.environ.items()
+                   if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME",
+                                "PYTHON_EXEC", "LD_LIBRARY_PATH")}
+        cls.env["PATH"] = fake + ":/usr/local/bin:/usr/bin:/bin"
+        cls.env["TMPDIR"] = cls.tmp  # ddprun's log directory, removed with it
+        cls.runs = 0
+
+    def test_wheel_name_says_version_and_platform(self):
+        # Native code, no Python extension: any Python 3, this platform only.
+        self.assertEqual(os.path.basename(self.wheel), "ddprun-%s-py3-none-linux_%s.whl"
+                         % (project_version(), os.uname().machine))
+
+    def test_programs_are_native_executables_in_the_venv_bin(self):
+        for name in PROGRAMS:
+            path = os.path.join(self.venv, "bin", name)
+            self.assertTrue(os.path.isfile(path) and not os.path.islink(path), path)
+            self.assertTrue(os.access(path, os.X_OK), path + " is not executable")
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(4), b"\x7fELF", path + " is not a native executable")
+        out = run([os.path.join(self.venv, "bin", "ddprun"), "--version"], "ddprun --version",
+                  env=self.env)
+        self.assertIn(project_version(), out)
+
+    def test_bundled_libraries_are_the_ones_loaded(self):
+        train = os.path.join(self.venv, "bin", "train")
+        bundled = os.path.realpath(os.path.join(self.venv, "lib", "ddprun"))
+        libs = dict(re.findall(r"^\s*(\S+) => (\S+)", run(["ldd", train], "ldd train"), re.M))
+        for lib in ("libdnnl", "libopenblas", "libgomp", "libgfortran"):
+            found = [(k, v) for k, v in libs.items() if k.startswith(lib + ".so")]
+            self.assertTrue(found, "train does not load %s: %s" % (lib, libs))
+            for k, v in found:
+                self.assertEqual(os.path.dirname(os.path.realpath(v)), bundled,
+                                 "%s comes from %s, not from the wheel" % (k, v))
+        out = run([train, "--help"], "train --help", env=self.env)
+        self.assertIn("Usage: train", out)
+
+    def ddp_job(self, env):
+        type(self).runs += 1
+        outdir = os.path.join(self.tmp, "job%d" % self.runs)
+        os.mkdir(outdir)
+        p = subprocess.run([os.path.join(self.venv, "bin", "ddprun"), "--nproc-per-node=2",
+                            os.path.join(HERE, "ddp_worker.py"), outdir],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           cwd=self.tmp, timeout=JOB_TIMEOUT)
+        if "wrong interpreter" in p.stdout:
+            self.fail("ddprun ran the workers with the first python3 on PATH, not with the "
+                      "environment's interpreter:\n" + p.stdout[-4000:])
+        self.assertEqual(p.returncode, 0, p.stdout[-4000:])
+        ranks = []
+        for r in range(2):
+            with open(os.path.join(outdir, "rank_%d.json" % r)) as f:
+                ranks.append(json.load(f))
+        # DDP trained: the all-reduced losses and the parameters agree across
+        # ranks, and the loss fell.
+        self.assertEqual([r["world"] for r in ranks], [2, 2])
+        self.assertEqual(ranks[0]["losses"], ranks[1]["losses"])
+        self.assertEqual(ranks[0]["param_checksum"], ranks[1]["param_checksum"])
+        self.assertLess(ranks[0]["losses"][-1], ranks[0]["losses"][0])
+        for r in ranks:
+            self.assertEqual(r["torch"], self.torch_version)
+        return ranks
+
+    def assert_interpreter(self, ranks, venv):
+        for r in ranks:
+            self.assertEqual(os.path.realpath(r["prefix"]), os.path.realpath(venv), r)
+            self.assertEqual(os.path.realpath(os.path.dirname(r["executable"])),
+                             os.path.realpath(os.path.join(venv, "bin")), r)
+
+    def test_ddp_script_runs_with_the_venv_interpreter_without_activation(self):
+        ranks = self.ddp_job(self.env)
+        self.assert_interpreter(ranks, self.venv)
+
+    def test_python_exec_wins_over_the_venv_interpreter(self):
+        ranks = self.ddp_job(dict(self.env, PYTHON_EXEC=os.path.join(TORCH2, "bin", "python")))
+        self.assert_interpreter(ranks, TORCH2)
+
+
+if __name__ == "__main__":
+    testmain.main()
