@@ -50,6 +50,8 @@ TORCH_PY = os.environ.get("TORCH_PYTHON", "/opt/ddprun-test/venv-torch2/bin/pyth
 sys.path.insert(0, os.path.join(ROOT, "tests", "pyutil"))
 from procs import alive, descendants, kill_all, listening, wait_for  # noqa: E402
 from reserved_port import ReservedPort  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import cpu_model  # noqa: E402
 
 # argv: DIR. Writes DIR/exec_<pid> (JSON) before `import torch`,
 # DIR/start_<pid> (JSON) after init_process_group and
@@ -118,11 +120,6 @@ def records(d, kind="start_"):
 
 def did_all_reduce(d, rec):
     return os.path.exists(os.path.join(d, "ar_%d" % rec["pid"]))
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        return next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
 
 
 class Job:

@@ -30,6 +30,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import cpu_model  # noqa: E402
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(ROOT, "build/bin"))
 REF = os.path.join(ROOT, "examples/pytorch/ddp_bench.py")
@@ -187,8 +190,7 @@ def main():
     if o.device == "cuda":
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip().splitlines()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), "?")
+    cpu = cpu_model()
     res = {"device": o.device, "gpu": gpu[0] if gpu else None, "cpu": cpu,
            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "results": []}
     for c in cases(o.quick, o.device):

@@ -22,15 +22,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import cpu_model  # noqa: E402
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def sh(cmd, **kw):

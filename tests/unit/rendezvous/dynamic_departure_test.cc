@@ -31,19 +31,6 @@ class DepartureTest : public DynamicRendezvousTest {
     ASSERT_TRUE(host.onGone) << "the host registered no departure handler";
     host.onGone(id);
   }
-  void expectSurvivorsReformAtOnce(std::vector<std::unique_ptr<Member>>& ms) {
-    ms[0]->node->join(1);
-    ms[1]->node->join(1);
-    for (int i : {0, 1}) {
-      ms[i]->node->awaitJoin();
-      ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
-      EXPECT_EQ(ms[i]->node->info.round, 1);
-      EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
-      EXPECT_EQ(ms[i]->node->info.restartCount, 0);
-    }
-    EXPECT_EQ(clock_, kStart) << "the survivors waited for a last call";
-    EXPECT_FALSE(state().closed);
-  }
   std::string gone_;
   const std::string why_ =
       "node 10.0.0.3 (pid 102) is gone: its connection to the rendezvous store closed";

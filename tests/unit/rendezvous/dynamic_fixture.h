@@ -30,6 +30,15 @@ using testing::Node;
 
 inline constexpr int64_t kStart = 1'700'000'000'000;  // the fake clock's first reading
 
+inline std::string messageOf(Node& n) {
+  try {
+    n.rethrow();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
 // A heartbeat whose peers the test reads and whose deaths it declares.
 class FakeLiveness final : public detail::Liveness {
  public:
@@ -163,6 +172,23 @@ class DynamicRendezvousTest : public ::testing::Test {
     }
   }
 
+  // The first two of `ms`, survivors of a node dropped from round 0 (of no
+  // failure), join round 1 at once: two nodes, no restart counted, no last
+  // call waited for, the job open.
+  void expectSurvivorsReformAtOnce(std::vector<std::unique_ptr<Member>>& ms) {
+    ms[0]->node->join(1);
+    ms[1]->node->join(1);
+    for (int i : {0, 1}) {
+      ms[i]->node->awaitJoin();
+      ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
+      EXPECT_EQ(ms[i]->node->info.round, 1);
+      EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
+      EXPECT_EQ(ms[i]->node->info.restartCount, 0);
+    }
+    EXPECT_EQ(clock_, kStart) << "the survivors waited for a last call";
+    EXPECT_FALSE(state().closed);
+  }
+
   DynamicOptions opts_ = [] {
     DynamicOptions o;
     o.runId = "job";
@@ -185,13 +211,5 @@ inline void expectEvent(const RoundEvent& e, int round, RoundEnd kind, int node,
   EXPECT_EQ(e.reason, why);
 }
 
-inline std::string messageOf(Node& n) {
-  try {
-    n.rethrow();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 }  // namespace ddprun::rendezvous::testing_dynamic

@@ -175,15 +175,7 @@ TEST_F(DynamicRendezvousTest, ADeadNodeRestartsTheSurvivorsAtOnce) {
     expectEvent(ms[i]->node->awaitEvent(), 0, RoundEnd::kMembershipChanged, deadRank,
                 why);
   ms[1]->beat->declareDead(dead, 15'000);  // a second detector changes nothing
-  ms[0]->node->join(1);
-  ms[1]->node->join(1);
-  for (int i : {0, 1}) {
-    ms[i]->node->awaitJoin();
-    ASSERT_FALSE(ms[i]->node->error) << messageOf(*ms[i]->node);
-    EXPECT_EQ(ms[i]->node->info.round, 1);
-    EXPECT_EQ(ms[i]->node->info.groupWorldSize, 2);
-  }
-  EXPECT_EQ(clock_, kStart) << "the survivors did not wait for a last call";
+  expectSurvivorsReformAtOnce(ms);
 }
 
 // A node cut off from the store (its beats fail for the timeout) learns
