@@ -74,7 +74,8 @@ class Outbox {
 // connection closes, the key is deleted (watchers hear KEY_DELETED) and the
 // key `tombstonePrefix` + <the rest of its name> is set to "" in the same
 // step, waking whoever waits for it; then `onEnded(<the rest>)` runs, on the
-// server's thread (it must not block). An explicit DELETE_KEY ends nothing.
+// server's thread (it must neither block nor throw). An explicit DELETE_KEY
+// ends nothing.
 //
 // So that a reader never sees a process alive after something it caused
 // could reveal its death: before a GET, CHECK, WAIT or MULTI_GET of a
