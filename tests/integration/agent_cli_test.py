@@ -278,7 +278,10 @@ class Interpreter(DdprunCase):
         return read(self.used).splitlines() if os.path.exists(self.used) else []
 
     def test_the_environments_python_runs_the_workers(self):
-        ok = self.pyscript("import os\nprint('hello from', os.environ['RANK'])\n")
+        # One write per line: two workers share ddprun's stdout, where print's
+        # separate writes of its pieces may interleave.
+        ok = self.pyscript("import os\n"
+                           "os.write(1, b'hello from %s\\n' % os.environ['RANK'].encode())\n")
         p = self.launch(self.ddprun, ok)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(self.used_by_workers(), [self.python] * 2)
