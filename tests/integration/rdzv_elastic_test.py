@@ -207,9 +207,11 @@ class Membership(ElasticTest):
         self.assertEqual(self.exit_code(agents["b"]), -signal.SIGKILL)
         for name in ("a", "c"):
             err = agents[name].err()
-            # Noticed where the kernel told: its connection to the store closed.
-            self.assertRegex(err, r"\(pid %d\) is gone: its connection to the rendezvous "
-                             r"store closed" % agents["b"].pid, err)
+            # Its connection to the store closed, or, on a loaded machine, the
+            # short heartbeat timeout of this test came first (rdzv_node_loss
+            # tests the former with the default timeout).
+            self.assertRegex(err, r"\(pid %d\) (is gone: its connection to the rendezvous "
+                             r"store closed|missed heartbeats)" % agents["b"].pid, err)
             self.assertIn("not counted as a restart", err)
 
     def test_a_late_node_joins_a_running_job_through_an_uncounted_restart(self):
@@ -435,10 +437,10 @@ class StaticLiveness(ElasticTest):
     and after a stall within the heartbeat timeout (before, it ran on for as
     long as its workers did, as torchrun's static backend does)."""
 
-    def static_agent(self, name, rank, port, worker):
+    def static_agent(self, name, rank, port, worker, conf=FAST_KEEP_ALIVE):
         args = ["--nnodes=2", "--node-rank=%d" % rank, "--master-addr=127.0.0.1",
                 "--master-port=%d" % port, "--nproc-per-node=1",
-                "--rdzv-conf=" + ",".join(FAST_KEEP_ALIVE), "--no-python", worker]
+                *(["--rdzv-conf=" + ",".join(conf)] if conf else []), "--no-python", worker]
         out_path, err_path = self.path("agent_%s.out" % name), self.path("agent_%s.err" % name)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             p = self.popen(*args, env={"NODE": name}, stdout=out, stderr=err)
@@ -446,19 +448,21 @@ class StaticLiveness(ElasticTest):
         self.agents.append(a)
         return a
 
-    def test_kill_9_of_node_1_ends_the_round_on_node_0_within_the_heartbeat_timeout(self):
+    def test_kill_9_of_node_1_ends_the_round_on_node_0_at_once(self):
         port = reserve_port(self)
         w = self.worker()
-        a = self.static_agent("a", 0, port, w)
-        b = self.static_agent("b", 1, port, w)
+        # The default heartbeat (15 s): only the closed connection explains a
+        # prompt end, and the message says which it was.
+        a = self.static_agent("a", 0, port, w, conf=())
+        b = self.static_agent("b", 1, port, w, conf=())
         first = self.wait_round(2)
         t0 = time.monotonic()
         b.signal(signal.SIGKILL)
         rc = self.exit_code(a)
         took = time.monotonic() - t0
         self.assertEqual(rc, 1, self.agents_said())  # no restarts left: the job failed
-        self.timing_bound("static: kill -9 of node 1 to node 0's exit (heartbeat timeout %.1f s)"
-                          % FAST_DEATH_S, took, FAST_DEATH_S + SLACK)
+        self.timing_bound("static: kill -9 of node 1 to node 0's exit (heartbeat timeout 15 s)",
+                          took, SLACK)
         # Heard at once: node 1's connection to node 0's store closed.
         self.assertIn("node 1's agent is gone: its connection to the agent store closed",
                       a.err())

@@ -166,9 +166,13 @@ TEST(StaticLiveness, AKilledAgentEndsTheRoundAsFailedOnEverySurvivorWithinTheTim
     EXPECT_EQ(e.round, 0);
     EXPECT_EQ(e.kind, RoundEnd::kFailed) << toString(e.kind) << ": " << e.reason;
     EXPECT_EQ(e.node, 1);
-    // Heard where the kernel told node 0's store: node 1's heartbeat
-    // connection closed (a stalled node is the heartbeat's: rdzv_elastic).
-    EXPECT_EQ(e.reason, "node 1's agent is gone: its connection to the agent store closed");
+    // Heard where the kernel told node 0's store (node 1's heartbeat
+    // connection closed), or by the heartbeat, whichever came first: with a
+    // timeout this short, a loaded machine may let the heartbeat win (with
+    // the default one, the connection's close: rdzv_elastic's static test).
+    EXPECT_TRUE(e.reason == "node 1's agent is gone: its connection to the agent store closed" ||
+                str::startsWith(e.reason, "node 1's agent missed heartbeats for "))
+        << e.reason;
     // The bound: within the heartbeat timeout (plus one interval for
     // the watcher's last read), stated generously for a loaded machine.
     EXPECT_LT(took, kHeartbeatTimeout + 10s);
