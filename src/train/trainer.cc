@@ -691,9 +691,14 @@ nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data, Proces
 int trainMain(int argc, const char* const* argv) {
   const ParseResult pr = parseTrainArgs(argc, argv);
   if (!pr.config) {
-    if (!printsParseOutput(env::get("RANK"), env::get("LOCAL_RANK"))) return pr.exitCode;
-    if (pr.exitCode == 0) std::fputs(pr.output.c_str(), stdout);
-    else std::fprintf(stderr, "train: error: %s\n", pr.output.c_str());
+    // The help once (rank 0); an error on every rank: whichever rank exits
+    // first ends the group, so a message left to rank 0 could be lost.
+    if (pr.exitCode == 0) {
+      if (printsParseOutput(env::get("RANK"), env::get("LOCAL_RANK")))
+        std::fputs(pr.output.c_str(), stdout);
+    } else {
+      std::fprintf(stderr, "train: error: %s\n", pr.output.c_str());
+    }
     return pr.exitCode;
   }
   const TrainConfig& cfg = *pr.config;

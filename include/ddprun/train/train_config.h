@@ -73,11 +73,12 @@ struct ParseResult {
 // `cpus` bounds --threads (injected by tests).
 ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus = availableCpus());
 
-// Whether this process prints what parseTrainArgs says (the help, a usage
-// error): every rank of a group parses the same command line, so only the
-// first speaks; the others exit with the same code, silently. The rank is
-// RANK (set by ddprun and torchrun), else LOCAL_RANK; unset or not a number
-// counts as rank 0 (train run alone).
+// Whether this process prints the help parseTrainArgs gives: every rank of
+// a group parses the same command line, so only the first prints it; the
+// others exit 0 silently. (A usage error is printed by every rank: the first
+// rank to exit ends the group, and its message must not be lost.) The rank
+// is RANK (set by ddprun and torchrun), else LOCAL_RANK; unset or not a
+// number counts as rank 0 (train run alone).
 bool printsParseOutput(const std::optional<std::string>& rank,
                        const std::optional<std::string>& localRank);
 
