@@ -20,9 +20,7 @@
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
-#include "ddprun/rendezvous/dynamic_rendezvous.h"
-#include "ddprun/rendezvous/local_rendezvous.h"
-#include "ddprun/rendezvous/static_rendezvous.h"
+#include "ddprun/rendezvous/spec.h"
 
 namespace ddprun::agent {
 
@@ -32,52 +30,7 @@ using rendezvous::RoundEnd;
 using rendezvous::RoundEvent;
 using rendezvous::RoundInfo;
 
-rendezvous::DynamicOptions dynamicOptions(const LaunchConfig& cfg) {
-  rendezvous::DynamicOptions o;
-  o.endpointHost = cfg.endpointHost;
-  o.endpointPort = cfg.endpointPort;
-  o.isHost = cfg.isHost;
-  o.isHostExplicit = cfg.isHostExplicit;
-  o.runId = cfg.rdzvId;
-  o.minNodes = cfg.minNodes;
-  o.maxNodes = cfg.maxNodes;
-  o.localAddr = cfg.localAddr;
-  o.joinTimeout = cfg.c10d.joinTimeout;
-  o.lastCallTimeout = cfg.c10d.lastCallTimeout;
-  o.closeTimeout = cfg.c10d.closeTimeout;
-  o.readTimeout = cfg.c10d.readTimeout;
-  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-  o.authSecret = cfg.rdzvSecret;
-  return o;
-}
-
 namespace {
-// The rendezvous the configuration asks for (launch_config.h): dynamic for
-// c10d across nodes, local for one node, static for a fixed set of nodes.
-std::unique_ptr<rendezvous::Rendezvous> defaultRendezvous(const LaunchConfig& cfg,
-                                                          rendezvous::Rendezvous::Post post) {
-  if (cfg.useDynamic)
-    return rendezvous::makeDynamicRendezvous(dynamicOptions(cfg), std::move(post));
-  if (cfg.maxNodes == 1) {
-    rendezvous::LocalOptions o;
-    o.host = cfg.masterAddr;
-    o.port = cfg.masterPort;
-    return rendezvous::makeLocalRendezvous(o, std::move(post));
-  }
-  rendezvous::StaticOptions o;
-  o.masterAddr = cfg.masterAddr;
-  o.masterPort = cfg.masterPort;
-  o.nodeRank = cfg.nodeRank;
-  o.nnodes = cfg.maxNodes;
-  o.runId = cfg.rdzvId;
-  o.timeout = cfg.rdzvTimeout;
-  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-  o.authSecret = cfg.rdzvSecret;
-  return rendezvous::makeStaticRendezvous(o, std::move(post));
-}
-
 std::string messageOf(const std::exception& e) {
   if (const auto* d = dynamic_cast<const Error*>(&e)) return d->message();
   return e.what();
@@ -112,7 +65,8 @@ class Agent::Impl {
     waitSignal();
     try {
       auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
-      rdzv_ = parts_.makeRendezvous ? parts_.makeRendezvous(post) : defaultRendezvous(cfg_, post);
+      rdzv_ = parts_.makeRendezvous ? parts_.makeRendezvous(post)
+                                    : rendezvous::makeRendezvous(rendezvousSpec(cfg_), post);
     } catch (const std::exception& e) {
       DDPRUN_DEBUG("rendezvous setup: ", e.what());
       DDPRUN_ERROR(messageOf(e));
@@ -302,9 +256,8 @@ class Agent::Impl {
                            ? " on node " + std::to_string(round_.groupRank) + " of " +
                                  std::to_string(round_.groupWorldSize)
                            : "";
-    // The backend, except for the one-node local rendezvous (nothing to say
-    // beyond the worker store).
-    if (cfg_.useDynamic || cfg_.maxNodes > 1) node += "; rendezvous " + rdzv_->describe();
+    // The backend, except for one node (nothing to say beyond the worker store).
+    if (rdzv_->spansNodes()) node += "; rendezvous " + rdzv_->describe();
     return "started " + std::to_string(nproc_) + (nproc_ == 1 ? " worker (" : " workers (") +
            ranks + " of " + std::to_string(round_.worldSize) + ")" + node + "; worker store at " +
            net::formatHostPort(round_.workerStoreHost, round_.workerStorePort) + "; logs in " +
@@ -568,7 +521,7 @@ class Agent::Impl {
   // job cannot go on with a node missing, so the others are told at once
   // (the job is closed) instead of waiting for a node that will not return.
   void reportSignalToPeers(int sig) {
-    if (cfg_.useDynamic) return;
+    if (!rdzv_->closesJobOnSignal()) return;
     rdzv_->reportFailure(
         round_.round,
         "node " + std::to_string(round_.groupRank) + " received " + signalName(sig),

@@ -527,3 +527,49 @@ void finalizeConfig(LaunchConfig& c) {
 }
 
 }  // namespace ddprun::agent
+
+namespace ddprun::agent {
+
+// The one place where flags become a rendezvous (see launch_config.h).
+rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
+  using Kind = rendezvous::RendezvousSpec::Kind;
+  rendezvous::RendezvousSpec spec;
+  if (cfg.useDynamic) {
+    spec.kind = Kind::kDynamic;
+    rendezvous::DynamicOptions& o = spec.dynamic;
+    o.endpointHost = cfg.endpointHost;
+    o.endpointPort = cfg.endpointPort;
+    o.isHost = cfg.isHost;
+    o.isHostExplicit = cfg.isHostExplicit;
+    o.runId = cfg.rdzvId;
+    o.minNodes = cfg.minNodes;
+    o.maxNodes = cfg.maxNodes;
+    o.localAddr = cfg.localAddr;
+    o.joinTimeout = cfg.c10d.joinTimeout;
+    o.lastCallTimeout = cfg.c10d.lastCallTimeout;
+    o.closeTimeout = cfg.c10d.closeTimeout;
+    o.readTimeout = cfg.c10d.readTimeout;
+    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+    o.authSecret = cfg.rdzvSecret;
+  } else if (cfg.maxNodes == 1) {
+    spec.kind = Kind::kLocal;
+    spec.local.host = cfg.masterAddr;
+    spec.local.port = cfg.masterPort;
+  } else {
+    spec.kind = Kind::kStatic;
+    rendezvous::StaticOptions& o = spec.fixed;
+    o.masterAddr = cfg.masterAddr;
+    o.masterPort = cfg.masterPort;
+    o.nodeRank = cfg.nodeRank;
+    o.nnodes = cfg.maxNodes;
+    o.runId = cfg.rdzvId;
+    o.timeout = cfg.rdzvTimeout;
+    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+    o.authSecret = cfg.rdzvSecret;
+  }
+  return spec;
+}
+
+}  // namespace ddprun::agent

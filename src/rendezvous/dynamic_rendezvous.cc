@@ -124,6 +124,8 @@ class DynamicRendezvous final : public Rendezvous {
   }
 
   bool absorbsFailuresOfLostPeers() const override { return true; }
+  // A signalled node leaves (shutdown() removes it): the others re-form.
+  bool closesJobOnSignal() const override { return false; }
 
   // A pending join is cancelled at once. Otherwise queued reports go out
   // first, then the leave (see leave()); all bounded by closeTimeout.

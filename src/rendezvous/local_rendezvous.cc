@@ -45,6 +45,7 @@ class LocalRendezvous final : public Rendezvous {
   }
   void cancel() override { cancelled_ = true; }
 
+  bool spansNodes() const override { return false; }
   std::string describe() const override {
     const uint16_t port = store_ ? store_->port() : opts_.port;
     return "local, worker store " +

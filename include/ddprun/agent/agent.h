@@ -30,7 +30,6 @@
 #include "ddprun/agent/launch_config.h"
 #include "ddprun/agent/launcher.h"
 #include "ddprun/agent/worker_spec.h"
-#include "ddprun/rendezvous/dynamic_rendezvous.h"
 #include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::agent {
@@ -47,8 +46,7 @@ constexpr int kExitSetup = 3;          // cannot listen, cannot create log dir, 
 struct AgentParts {
   std::unique_ptr<Launcher> launcher;
   // Builds the rendezvous (its results are posted to the agent's thread
-  // through `post`). Null: from cfg (dynamic when cfg.useDynamic, else local
-  // for one node, static otherwise).
+  // through `post`). Null: rendezvous::makeRendezvous(rendezvousSpec(cfg)).
   std::function<std::unique_ptr<rendezvous::Rendezvous>(rendezvous::Rendezvous::Post post)>
       makeRendezvous;
   Env environment;     // the agent's environment, inherited by workers
@@ -56,11 +54,6 @@ struct AgentParts {
   int consoleErr = 2;
   bool handleSignals = true;  // false in unit tests: deliver them with Agent::signal
 };
-
-// The dynamic rendezvous's options from a config that passed
-// finalizeConfig() with useDynamic: the endpoint, is_host, MIN:MAX, the run
-// id, --local-addr and the --rdzv-conf c10d settings.
-rendezvous::DynamicOptions dynamicOptions(const LaunchConfig& cfg);
 
 class Agent {
  public:

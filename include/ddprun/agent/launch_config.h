@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rendezvous/spec.h"
+
 namespace ddprun::agent {
 
 // Which worker streams go to files (redirect) or are also copied to the
@@ -164,6 +166,12 @@ struct LaunchConfig {
 // accepted but not honoured. Throws InvalidArgument naming
 // the flag and the accepted forms (exit 2). Call it once per config.
 void finalizeConfig(LaunchConfig& cfg);
+
+// The rendezvous a finalized config asks for: dynamic (c10d-style) with
+// useDynamic (the endpoint, is_host, MIN:MAX, the run id, --local-addr and
+// the --rdzv-conf c10d settings), local for one node, static otherwise
+// (master address and port, node rank, MAX nodes, timeout, keep-alives).
+rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg);
 
 // torchrun's booleans in --rdzv-conf: 1/true/t/yes/y and 0/false/f/no/n
 // (any case); nullopt for anything else.

@@ -113,6 +113,12 @@ class Rendezvous {
   // failure costs only once the round's event arrives. False: the round
   // ends as reported.
   virtual bool absorbsFailuresOfLostPeers() const { return false; }
+  // What a signal to this node means for the others: true, the job cannot
+  // go on without it (the agent reports a closing failure); false, the node
+  // just leaves and the others re-form without it (elastic).
+  virtual bool closesJobOnSignal() const { return true; }
+  // Whether the job spans nodes (the start line then names the backend).
+  virtual bool spansNodes() const { return true; }
   // One line for the start message: "static, node 1 of 2, store 10.0.0.1:29500".
   virtual std::string describe() const = 0;
 };

@@ -139,6 +139,8 @@ class FakeRendezvous : public Rendezvous {
     else emit({round, closeJob ? RoundEnd::kClosed : RoundEnd::kFailed, groupRank_, why});
   }
   bool absorbsFailuresOfLostPeers() const override { return absorbs; }
+  bool closesJobOnSignal() const override { return !leavesOnSignal; }
+  bool spansNodes() const override { return groups_ > 1 || leavesOnSignal; }
   void shutdown() override { log_->shutdown = true; }
   void cancel() override {
     log_->cancelled = true;
@@ -180,6 +182,7 @@ class FakeRendezvous : public Rendezvous {
   // (a peer was found gone), sent instead of the failure's own.
   bool absorbs = false;
   std::optional<RoundEvent> failureBecomes;
+  bool leavesOnSignal = false;  // as the elastic rendezvous: a signal is no report
 
  private:
   Post post_;
@@ -215,6 +218,7 @@ struct Harness {
   std::function<void()> onSuccess;
   bool absorbs = false;
   std::optional<RoundEvent> failureBecomes;
+  bool leavesOnSignal = false;
   std::shared_ptr<FakeLauncher::Log> launches;
   std::shared_ptr<FakeRendezvous::Log> rdzv = std::make_shared<FakeRendezvous::Log>();
   Agent* agent = nullptr;
@@ -238,6 +242,7 @@ struct Harness {
       r->onSuccess = onSuccess;
       r->absorbs = absorbs;
       r->failureBecomes = failureBecomes;
+      r->leavesOnSignal = leavesOnSignal || cfg.useDynamic;
       fake = r.get();
       return r;
     };
@@ -651,7 +656,7 @@ TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
       << h.err;
 }
 
-TEST(AgentConfig, DynamicOptionsFromTheFlags) {
+TEST(AgentConfig, DynamicRendezvousSpecFromTheFlags) {
   LaunchConfig c;
   c.script = "train.py";
   c.rdzvBackend = "c10d";
@@ -669,7 +674,9 @@ TEST(AgentConfig, DynamicOptionsFromTheFlags) {
                 {"is_host", "no"}};
   finalizeConfig(c);
   ASSERT_TRUE(c.useDynamic);
-  auto o = dynamicOptions(c);
+  const auto spec = rendezvousSpec(c);
+  ASSERT_EQ(spec.kind, rendezvous::RendezvousSpec::Kind::kDynamic);
+  const auto& o = spec.dynamic;
   EXPECT_EQ(o.endpointHost, "fd00::1");
   EXPECT_EQ(o.endpointPort, 29411);
   EXPECT_FALSE(o.isHost);

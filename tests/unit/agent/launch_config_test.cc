@@ -611,5 +611,44 @@ TEST(LaunchConfig, ValueParsersNameTheFlag) {
   EXPECT_EQ(parseFilterList("x,,y,z"), (std::vector<std::string>{"x,y", "z"}));
 }
 
+// The config yields the rendezvous as a value: local for one node, static
+// for a fixed set of nodes, dynamic for c10d; the agent builds whatever it
+// names (rendezvous/spec.h) without knowing which.
+TEST(RendezvousSpecFromConfig, LocalStaticAndDynamicFromTheFlags) {
+  using Kind = rendezvous::RendezvousSpec::Kind;
+  LaunchConfig one;
+  one.script = "train.py";
+  finalizeConfig(one);
+  auto spec = rendezvousSpec(one);
+  EXPECT_EQ(spec.kind, Kind::kLocal) << rendezvous::toString(spec.kind);
+  EXPECT_EQ(spec.local.port, 0);  // torchrun 2.x's one-node default: a free port
+
+  LaunchConfig fixed;
+  fixed.script = "train.py";
+  fixed.minNodes = fixed.maxNodes = 3;
+  fixed.nodeRank = 2;
+  fixed.masterAddr = "10.0.0.1";
+  fixed.masterPort = 29512;
+  finalizeConfig(fixed);
+  spec = rendezvousSpec(fixed);
+  EXPECT_EQ(spec.kind, Kind::kStatic) << rendezvous::toString(spec.kind);
+  EXPECT_EQ(spec.fixed.nnodes, 3);
+  EXPECT_EQ(spec.fixed.nodeRank, 2);
+  EXPECT_EQ(spec.fixed.masterAddr, "10.0.0.1");
+  EXPECT_EQ(spec.fixed.masterPort, 29512);
+
+  LaunchConfig elastic;
+  elastic.script = "train.py";
+  elastic.rdzvBackend = "c10d";
+  elastic.rdzvEndpoint = "head:29400";
+  elastic.minNodes = 1;
+  elastic.maxNodes = 4;
+  finalizeConfig(elastic);
+  spec = rendezvousSpec(elastic);
+  EXPECT_EQ(spec.kind, Kind::kDynamic) << rendezvous::toString(spec.kind);
+  EXPECT_EQ(spec.dynamic.endpointHost, "head");
+  EXPECT_EQ(spec.dynamic.maxNodes, 4);
+}
+
 }  // namespace
 }  // namespace ddprun::agent
