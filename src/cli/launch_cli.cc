@@ -360,6 +360,37 @@ void applyOutput(const Given& g, agent::LaunchConfig& c) {
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
 
+// What a cluster manager does with signals, unless the user chose: its
+// signals to every process are lived through (not the agent's to handle),
+// and no SIGKILL comes before the manager's own at the end of its grace.
+void applySignalPolicy(const cluster::ClusterDefaults& d, const Given& g,
+                       const EnvLookup& env, agent::LaunchConfig& c) {
+  if (d.empty()) return;
+  if (!g.value("signals_to_handle"))
+    for (int s : d.signalsToEveryProcess)
+      if (std::find(c.signalsToHandle.begin(), c.signalsToHandle.end(), s) ==
+          c.signalsToHandle.end())
+        c.survivedSignals.push_back(s);
+  auto envTimeout = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (d.enforcesGracePeriod && !g.value("shutdown_timeout") &&
+      !(envTimeout && !envTimeout->empty()))
+    c.killAfterSignal = false;
+}
+
+// The one line saying what was taken from the cluster manager.
+std::string clusterNotice(const cluster::ClusterDefaults& d, const agent::LaunchConfig& c) {
+  std::string line = d.summary();
+  std::vector<std::string> names;
+  for (int s : c.survivedSignals) names.push_back(agent::signalName(s));
+  if (!names.empty())
+    line += "; " + str::join(names, ", ") + " from " + d.manager +
+            " reach the workers directly and do not stop the job";
+  if (!c.killAfterSignal)
+    line += "; on SIGTERM the workers get " + d.manager +
+            "'s grace period (no SIGKILL from ddprun)";
+  return line;
+}
+
 // --help, --version and --print-completion print to stdout and end the run.
 int runImmediate(const CommandLine& cl, agent::LaunchConfig& c) {
   if (cl.immediate == "help") std::cout << launchHelp();
@@ -384,11 +415,12 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
     cluster::ClusterDefaults fromCluster = cluster::slurmDefaults(
         env, [&](const std::string& dest) { return given.value(dest); }, net::resolves);
     given.addDefaults(fromCluster);
-    if (!fromCluster.empty()) c.notices.push_back(fromCluster.summary());
     applyRendezvous(given, c);
     applyWorkers(given, env, c);
     applyOutput(given, c);
     c.explicitFlags = given.dests();
+    applySignalPolicy(fromCluster, given, env, c);
+    if (!fromCluster.empty()) c.notices.push_back(clusterNotice(fromCluster, c));
     c.script = cl.script;
     c.scriptArgs = cl.scriptArgs;
     agent::finalizeConfig(c);

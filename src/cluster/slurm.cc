@@ -2,6 +2,8 @@
 // it came from, so that a conversion error later in the CLI names it too.
 #include "ddprun/cluster/slurm.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "ddprun/cluster/hostlist.h"
@@ -134,6 +136,8 @@ ClusterDefaults slurmDefaults(
   }
 
   out.manager = "Slurm";
+  out.signalsToEveryProcess = {SIGUSR1, SIGUSR2};
+  out.enforcesGracePeriod = true;
   out.where = "job " + std::to_string(jobId) + " step " + std::to_string(stepId) + " on " +
               hosts[static_cast<size_t>(nodeRank)];
   auto take = [&](const std::string& dest, std::string value, std::string source) {

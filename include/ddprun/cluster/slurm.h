@@ -18,6 +18,10 @@
 //   --rdzv-id         "<SLURM_JOB_ID>.<SLURM_STEP_ID>"
 //   --nproc-per-node  SLURM_GPUS_ON_NODE when > 0, else SLURM_CPUS_PER_TASK,
 //                     else SLURM_CPUS_ON_NODE
+// Signals: Slurm signals every process of a step (scancel --signal, srun
+// --signal, preemption), so SIGUSR1/SIGUSR2 reach the workers from Slurm and
+// the agent only has to live through them; on SIGTERM Slurm SIGKILLs what is
+// left after its own grace period, so the agent does not SIGKILL earlier.
 // Nothing about the rendezvous is taken with --standalone. A step that runs
 // several ddprun tasks on one node, a node list that does not parse or does
 // not match the node count, and a first node that does not resolve are
@@ -50,6 +54,13 @@ struct ClusterDefaults {
   std::string manager;  // "Slurm"; empty when not inside one
   std::string where;    // "job 123 step 0 on node n1"
   std::vector<FlagDefault> flags;
+  // Signals the manager sends to every process of the job (Slurm signals
+  // every process of a step): the agent must live through them and need not
+  // forward them.
+  std::vector<int> signalsToEveryProcess;
+  // The manager SIGKILLs what is left when its grace period ends (Slurm's
+  // KillWait, or GraceTime on preemption): the agent need not SIGKILL first.
+  bool enforcesGracePeriod = false;
   bool empty() const { return manager.empty(); }
   // "from Slurm (job 123 step 0 on n1): --nnodes 3 (SLURM_NNODES), ...";
   // the one line the agent prints.

@@ -3,6 +3,7 @@
 // PyTorchJob variables (PET_* plus pod-level MASTER_ADDR/RANK/WORLD_SIZE)
 // reach the same config.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <map>
 
@@ -104,6 +105,31 @@ TEST(LaunchCliCluster, AMisconfiguredStepIsAUsageErrorNamingTheVariable) {
   p = parse({"train"}, e);
   EXPECT_EQ(p.rc, agent::kExitUsage);
   EXPECT_NE(p.err.find("SLURM_CPUS_ON_NODE='lots'"), std::string::npos) << p.err;
+}
+
+TEST(LaunchCliCluster, SlurmSignalsAndGracePeriod) {
+  Parsed p = parse({"train"}, slurmStep());
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_EQ(p.cfg.survivedSignals, (std::vector<int>{SIGUSR1, SIGUSR2}));
+  EXPECT_FALSE(p.cfg.killAfterSignal);
+  EXPECT_NE(p.cfg.notices[0].find("SIGUSR1, SIGUSR2 from Slurm reach the workers directly"),
+            std::string::npos)
+      << p.cfg.notices[0];
+  EXPECT_NE(p.cfg.notices[0].find("no SIGKILL from ddprun"), std::string::npos);
+  // The user's choices win.
+  p = parse({"--shutdown-timeout", "5", "--signals-to-handle", "SIGTERM,SIGUSR1", "train"},
+            slurmStep());
+  ASSERT_EQ(p.rc, -1) << p.err;
+  EXPECT_TRUE(p.cfg.survivedSignals.empty());
+  EXPECT_TRUE(p.cfg.killAfterSignal);
+  Env e = slurmStep();
+  e["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "60";
+  p = parse({"train"}, e);
+  EXPECT_TRUE(p.cfg.killAfterSignal);
+  // Outside Slurm nothing changes.
+  p = parse({"train"}, {});
+  EXPECT_TRUE(p.cfg.survivedSignals.empty());
+  EXPECT_TRUE(p.cfg.killAfterSignal);
 }
 
 TEST(LaunchCliCluster, KubeflowPlainPolicy) {
