@@ -16,6 +16,7 @@
 #include "ddprun/agent/failure.h"
 #include "ddprun/agent/reporter.h"
 #include "ddprun/agent/worker_group.h"
+#include "ddprun/common/cpus.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
@@ -127,7 +128,7 @@ class Agent::Impl {
   }
 
   bool resolveNproc() {
-    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cpus = availableCpus();  // the affinity mask, as torchrun 2.x counts
     switch (cfg_.nprocKind) {
       case NprocKind::kCount: nproc_ = cfg_.nprocPerNode; break;
       case NprocKind::kCpu: nproc_ = cpus; break;

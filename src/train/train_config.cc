@@ -126,14 +126,6 @@ std::string validate(const TrainConfig& c, int cpus) {
 
 }  // namespace
 
-int availableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return CPU_COUNT(&set);
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   TrainConfig c;
   c.data = kDefaultDataDir;

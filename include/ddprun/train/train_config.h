@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/common/cpus.h"
+
 namespace ddprun::train {
 
 struct TrainConfig {
@@ -63,7 +65,7 @@ inline constexpr FlagRange kBucketMbRange{0.0, 1024.0};
 inline constexpr int64_t kMinImageSize = 8, kMaxImageSize = 1024;
 
 // The CPUs this process may run on (its affinity mask): --threads' limit.
-int availableCpus();
+using ddprun::availableCpus;
 
 struct ParseResult {
   std::optional<TrainConfig> config;  // empty: exit with exitCode
