@@ -9,6 +9,8 @@ command (`ddprun <script> ...`, no launcher flags), two pods.
   127.0.0.1 (the master port reserved); the workers see torchrun's
   process-level RANK 0..3, WORLD_SIZE 4, GROUP_RANK = the pod's node rank,
   never the pod-level RANK/WORLD_SIZE the operator set for the pod.
+- nprocPerNode "auto" (the operator's default) on a CPU pod counts the CPUs
+  the pod may run on (its affinity), as torchrun 2.x does.
 - Pods as network namespaces (root): each pod a host of its own with its pod
   name as host name, every pod name resolving to its pod's address (the
   operator's per-pod services), the manifest's port. Plain policy and
@@ -187,6 +189,37 @@ class Loopback(DdprunCase):
             self.assertEqual({k: env.get(k) for k in pods[g] if k not in LAUNCHER_VARS},
                              {k: v for k, v in pods[g].items() if k not in LAUNCHER_VARS})
             self.assertEqual(env["PYTHONUNBUFFERED"], "1")
+
+    def test_nproc_auto_counts_the_cpus_the_pod_may_use(self):
+        # A CPU pod under the kubelet's static CPU manager runs on a cpuset
+        # smaller than the node: torchrun 2.x's "auto" (the operator's default
+        # nprocPerNode) starts one worker per CPU of the affinity.
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            self.skipTest("needs 2 CPUs to run on 1 of them")
+        job = copy.deepcopy(manifest(PLAIN))
+        del job["spec"]["nprocPerNode"]  # the operator's default: "auto"
+        pod = kubeflow.pod_env(job, "Master", 0)
+        self.assertEqual(pod["PET_NPROC_PER_NODE"], "auto")
+        pod.update(PET_NNODES="1", PET_MASTER_ADDR="127.0.0.1",
+                   PET_MASTER_PORT=str(reserve_port(self)))
+        counts = {}
+        for who in ("ddprun", "torchrun"):
+            if who == "torchrun" and not have_torch2():
+                print("torchrun not compared: " + no_torch2(), file=sys.stderr)
+                continue
+            records = self.path("records_" + who)
+            os.mkdir(records)
+            exe = DDPRUN if who == "ddprun" else TORCHRUN
+            r = subprocess.run([exe, self.pyscript(PLAIN_RECORDER)],
+                               env=agents_env(self, dict(pod, RECORDS=records)),
+                               preexec_fn=lambda: os.sched_setaffinity(0, cpus[:1]),
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=JOB_TIMEOUT)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            counts[who] = len(read_records(records))
+        self.assertEqual(counts, {k: 1 for k in counts},
+                         "workers started with nproc auto on 1 CPU of %d" % len(cpus))
 
 
 class Pods(DdprunCase):
