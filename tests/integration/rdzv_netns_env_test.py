@@ -28,6 +28,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 import netns  # noqa: E402
 from ddprun_case import DDPRUN, PATIENCE, DdprunCase, read  # noqa: E402
+from worker_env import ENV_WORKER, LAUNCHER_VARS  # noqa: E402
 
 VENV = os.environ.get("DDPRUN_TORCH2_VENV", "/opt/ddprun-test/venv-torch2")
 PYTHON = os.path.join(VENV, "bin", "python")
@@ -44,36 +45,6 @@ ENDPOINT_PORT = 29400
 # A PyTorch job on a 2-core machine shared with builds: importing torch in 4
 # workers, the rendezvous, the collectives. Far above what it takes.
 JOB_TIMEOUT = 240
-
-# What a launcher may set; the test compares every variable that differs
-# from the agents' environment, so one missing here is still caught.
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING",
-                 "CUDA_VISIBLE_DEVICES", "LOGLEVEL")
-
-# Records its environment as JSON in $RECORDS/<group rank>_<local rank>.json,
-# after meeting every other worker in the store at MASTER_ADDR:MASTER_PORT
-# (a client only, as PyTorch's env:// is with TORCHELASTIC_USE_AGENT_STORE).
-ENV_WORKER = r'''
-import datetime, json, os
-import torch.distributed as dist
-e = os.environ
-out = {"env": dict(e)}
-try:
-    s = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), is_master=False,
-                      timeout=datetime.timedelta(seconds=60))
-    s.set("probe/" + e["RANK"], e["GROUP_RANK"])
-    s.wait(["probe/%d" % r for r in range(int(e["WORLD_SIZE"]))])
-    out["store"] = "met %s workers" % e["WORLD_SIZE"]
-except Exception as x:  # recorded, and the test says what it was
-    out["store"] = repr(x)
-name = os.path.join(e["RECORDS"], "%s_%s" % (e["GROUP_RANK"], e["LOCAL_RANK"]))
-with open(name + ".tmp", "w") as f:
-    json.dump(out, f)
-os.rename(name + ".tmp", name + ".json")
-'''
 
 # DDP over gloo with init_method env://. Attempt 0: an all_reduce, then the
 # last rank fails while the others block in a barrier (the agents stop
