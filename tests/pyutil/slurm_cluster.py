@@ -8,7 +8,11 @@ How it is built, and why:
   command line (`slurmd -N n2`), and slurm.conf gives each node its own Port=,
   NodeAddr= and spool/pid/log files (%n), so three slurmd run side by side
   with no network namespaces.
-- Names: every node has its own loopback address (127.0.0.11, .12, .13; all of
+- Host names: each slurmd runs in a UTS namespace of its own named after its
+  node, so a step's tasks see gethostname() == SLURMD_NODENAME, as on a real
+  cluster (torchrun's c10d rendezvous decides from it which agent hosts the
+  store).
+- Addresses: every node has its own loopback address (127.0.0.11, .12, .13; all of
   127/8 is local on Linux). The process moves into a private mount namespace
   (unshare(CLONE_NEWNS), mounts made private) and bind-mounts a hosts file
   over /etc/hosts there: the daemons, srun, slurmstepd, ddprun and the
@@ -62,6 +66,7 @@ STOP_TIMEOUT = 60.0
 DAEMON_TERM_WAIT = 30.0
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
@@ -84,18 +89,20 @@ def missing_programs():
 
 
 _PROBE = ("import ctypes,os; libc=ctypes.CDLL(None,use_errno=True);"
-          "rc=libc.unshare(%d); os._exit(0 if rc==0 else ctypes.get_errno())" % _CLONE_NEWNS)
+          "rc=libc.unshare(%d); os._exit(0 if rc==0 else ctypes.get_errno())"
+          % (_CLONE_NEWNS | _CLONE_NEWUTS))
 
 
 def cannot_run():
     """Why this process cannot run a cluster as root here (not root, no mount
-    namespaces), or None. Missing packages are another matter: see
+    or UTS namespaces), or None. Missing packages are another matter: see
     missing_programs()."""
     if os.geteuid() != 0:
         return "needs root (runs slurmctld, slurmd and munged, and a private mount namespace)"
     r = subprocess.run([sys.executable, "-c", _PROBE], stdin=subprocess.DEVNULL, timeout=60)
     if r.returncode != 0:
-        return "cannot create a mount namespace here (unshare: %s)" % os.strerror(r.returncode)
+        return "cannot create mount and UTS namespaces here (unshare: %s)" % \
+            os.strerror(r.returncode)
     return None
 
 
@@ -230,7 +237,8 @@ class SlurmCluster:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", self.conf])
         self._await(lambda: self._ctl_up(), "slurmctld to answer")
         for n in self.nodes:
-            self._spawn("slurmd_" + n, ["slurmd", "-D", "-N", n, "-f", self.conf])
+            self._spawn("slurmd_" + n, ["slurmd", "-D", "-N", n, "-f", self.conf],
+                        preexec_fn=_named(n))
         self._await(lambda: self.node_states() == {n: "idle" for n in self.nodes},
                     "the nodes %s to be idle" % ",".join(self.nodes))
 
@@ -397,12 +405,13 @@ class SlurmCluster:
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    def _spawn(self, name, argv):
+    def _spawn(self, name, argv, preexec_fn=None):
         log = open(self.path("log", name + ".out"), "w")
         self._logs.append(log)
         argv = [_which(argv[0])] + argv[1:]
         self._daemons[name] = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL,
-                                               stdout=log, stderr=subprocess.STDOUT)
+                                               stdout=log, stderr=subprocess.STDOUT,
+                                               preexec_fn=preexec_fn)
 
     def _pid_of(self, name):
         p = self._daemons.get(name)
@@ -557,6 +566,17 @@ class SlurmCluster:
             raise RuntimeError("scancel %s failed (%d): %s" % (" ".join(args), r.returncode,
                                                                 r.stderr.strip()))
         return r
+
+
+def _named(node):
+    """A preexec_fn giving the child a UTS namespace of its own whose host
+    name is `node`."""
+    def enter():
+        libc = _libc()
+        _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
+        name = node.encode()
+        _check(libc.sethostname(name, len(name)), "sethostname")
+    return enter
 
 
 def _hold_port(port):
