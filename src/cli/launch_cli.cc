@@ -10,6 +10,7 @@
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/worker_spec.h"
 #include "ddprun/cli/exit_codes.h"
+#include "ddprun/cluster/slurm.h"
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -202,9 +203,28 @@ class Given {
                      str::join(e.flag->choices, ", "), ")");
       apply(e.value);
     } catch (const InvalidArgument& err) {
-      if (e.envVar.empty()) throw;
-      DDPRUN_THROW(InvalidArgument, e.envVar, "='", str::escape(e.value),
-                   "' (from the environment): ", err.message());
+      if (e.origin.empty()) throw;
+      DDPRUN_THROW(InvalidArgument, e.origin, ": ", err.message());
+    }
+  }
+
+  // The value of `dest` when given (command line or PET_*).
+  std::optional<std::string> value(const std::string& dest) const {
+    auto it = entries_.find(dest);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second.value;
+  }
+
+  // Values a cluster manager's environment supplies, for flags not given.
+  void addDefaults(const cluster::ClusterDefaults& d) {
+    for (const auto& f : d.flags) {
+      if (entries_.count(f.dest)) continue;
+      const FlagInfo* info = findFlag(f.dest);
+      if (info == nullptr) continue;
+      entries_[f.dest] = Entry{info, f.value, "",
+                               "'" + str::escape(f.value) + "' taken from " + d.manager +
+                                   " (" + f.source + ") for --" +
+                                   str::replaceAll(f.dest, "_", "-")};
     }
   }
 
@@ -236,10 +256,19 @@ class Given {
   struct Entry {
     const FlagInfo* flag;
     std::string value;
-    std::string envVar;  // "" when from the command line
+    std::string envVar;  // "" when from the command line or a cluster manager
+    std::string origin;  // where a value not typed on the command line came from
   };
   void add(const FlagInfo& f, const std::string& value, const std::string& envVar) {
-    entries_[f.dest] = Entry{&f, value, envVar};
+    entries_[f.dest] =
+        Entry{&f, value, envVar,
+              envVar.empty() ? ""
+                             : envVar + "='" + str::escape(value) + "' (from the environment)"};
+  }
+  static const FlagInfo* findFlag(const std::string& dest) {
+    for (const auto& f : launchFlags())
+      if (f.dest == dest) return &f;
+    return nullptr;
   }
   std::map<std::string, Entry> entries_;
 };
@@ -351,6 +380,11 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
     CommandLine cl = Tokenizer(argc, argv).run();
     if (!cl.immediate.empty()) return runImmediate(cl, c);
     Given given(cl, env);
+    // Inside a Slurm step, the step's layout fills the flags nobody gave.
+    cluster::ClusterDefaults fromCluster = cluster::slurmDefaults(
+        env, [&](const std::string& dest) { return given.value(dest); }, net::resolves);
+    given.addDefaults(fromCluster);
+    if (!fromCluster.empty()) c.notices.push_back(fromCluster.summary());
     applyRendezvous(given, c);
     applyWorkers(given, env, c);
     applyOutput(given, c);
@@ -371,6 +405,7 @@ int parseAndRun(int argc, const char* const* argv, const EnvLookup& env) {
   agent::LaunchConfig cfg;
   int rc = parseLaunchCli(argc, argv, env, cfg);
   if (rc >= 0) return rc;
+  for (const auto& n : cfg.notices) DDPRUN_NOTICE(n);
   try {
     // `ddprun train`: a bare name that is no file here runs the bundled program
     // beside ddprun, else one on PATH (a miss is reported when workers start).

@@ -129,6 +129,9 @@ struct LaunchConfig {
   // or through PET_<DEST>, filled by the CLI: finalizeConfig tells an
   // explicit --master-port from the default this way.
   std::set<std::string> explicitFlags;
+  // Lines the CLI prints before the agent starts (what was taken from a
+  // cluster manager's environment).
+  std::vector<std::string> notices;
 
   // Derived by finalizeConfig:
   // torchrun 2.x's one-node default took effect (static backend, no
