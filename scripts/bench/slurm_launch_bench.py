@@ -63,8 +63,8 @@ t=$(date +%s.%N)
 echo "$t" > "$STAMPS/${RANK}_$$"
 """
 IDIOM = ('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1); '
-         'exec {launcher}{extra} --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --nproc_per_node 2 '
-         '--rdzv_id $SLURM_JOB_ID --rdzv_backend c10d '
+         'exec {launcher}{extra} --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID '
+         '--nproc_per_node 2 --rdzv_id $SLURM_JOB_ID --rdzv_backend c10d '
          '--rdzv_endpoint $MASTER_ADDR:$((15000 + SLURM_JOB_ID % 10000)) {worker}')
 SRUN = ["-N3", "--ntasks-per-node=1", "--cpus-per-task=2"]
 
@@ -129,6 +129,7 @@ def main():
     ap.add_argument("--ddprun", default=os.path.join(BIN, "ddprun"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "slurm_launch_bench.json"))
     args = ap.parse_args()
+    args.loadavg = os.getloadavg()[0]  # other work on the machine, recorded beside the figures
     missing = slurm_cluster.missing_programs()
     if missing:
         sys.exit("slurm_launch_bench: not found: %s (install the Debian packages %s)"
@@ -179,7 +180,7 @@ def report(args, samples):
                                                            r["end_median_s"]))
     table = "\n".join(rows)
     print(table)
-    doc = {"cpu": cpu_model(), "nodes": 3, "workers_per_node": 2, "reps": args.reps,
+    doc = {"cpu": cpu_model(), "loadavg_at_start": args.loadavg, "nodes": 3, "workers_per_node": 2, "reps": args.reps,
            "srun": SRUN, "versions": versions(), "results": res, "table": table,
            "command": "python3 scripts/bench/slurm_launch_bench.py --reps %d" % args.reps}
     with open(args.out, "w") as f:

@@ -49,7 +49,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import alive, listening, wait_for  # noqa: E402
