@@ -177,7 +177,9 @@ class SlurmCluster:
     """A Slurm cluster of `nodes` nodes (n1, n2, ...) with `cpus` CPUs each.
 
     Not thread-safe; one per process at a time. `jobs` bounds how many jobs
-    (srun or salloc) it can run: their derived master ports are reserved."""
+    (srun or salloc) it can run: their derived master ports are reserved.
+    Every process this process starts while the cluster runs (srun, and
+    anything else) counts as the cluster's: stop() ends them all."""
 
     def __init__(self, nodes=3, cpus=2, jobs=100):
         self.nodes = ["n%d" % (i + 1) for i in range(nodes)]
@@ -226,7 +228,7 @@ class SlurmCluster:
         self.tmp = tempfile.mkdtemp(prefix="ddprun_slurm_")
         # munged wants every directory above its socket searchable by all.
         os.chmod(self.tmp, 0o755)
-        for d in ("munge", "state", "spool", "log", "work"):
+        for d in ("munge", "state", "spool", "log"):
             os.mkdir(self.path(d), 0o755)
         self._private_hosts()
         self._start_watchdog()
