@@ -117,7 +117,7 @@ def versions():
             return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
         except OSError:
             return None
-    return {"slurm": out(["srun", "--version"]),
+    return {"slurm": out(["slurmd", "-V"]),
             "torch2": out([VENV_PYTHON, "-c", "import torch; print(torch.__version__)"]),
             "torch1": out([DEBIAN_PYTHON, "-c", "import torch; print(torch.__version__)"]),
             "python": out([VENV_PYTHON, "--version"])}
