@@ -5,13 +5,14 @@
 #    default /opt/ddprun-test/venv-torch2); skipped with DDPRUN_SKIP_TORCH2=1
 #  - clang's runtime (libFuzzer, sanitizers), iproute2, and stress-ng for
 #    scripts/test-under-load.sh
+#  - Slurm and MUNGE for tests/pyutil/slurm_cluster.py (its own daemons)
 # Idempotent and quick when everything is present.
 set -euo pipefail
 
 TORCH2_VERSION=${DDPRUN_TORCH2_VERSION:-2.15.0}
 VENV=${DDPRUN_TORCH2_VENV:-/opt/ddprun-test/venv-torch2}
 pkgs=(python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev iproute2
-      stress-ng)
+      stress-ng slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${pkgs[@]}"; do
