@@ -13,6 +13,7 @@
 #include "ddprun/cli/exit_codes.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
+#include "cli/parse_launch.h"
 
 #ifndef DDPRUN_DOCS_DIR
 #error "DDPRUN_DOCS_DIR must name the docs directory (tests/CMakeLists.txt)"
@@ -29,29 +30,8 @@ using agent::LaunchConfig;
 using agent::NprocKind;
 using agent::Std;
 
-struct Parsed {
-  int rc;
-  LaunchConfig cfg;
-  std::string err;
-  std::string out;
-};
-
-// Parses with an injected environment: no process variable is read.
-Parsed parse(std::vector<const char*> args, std::map<std::string, std::string> env = {}) {
-  args.insert(args.begin(), "ddprun");
-  Parsed p;
-  EnvLookup lookup = [env](const std::string& k) -> std::optional<std::string> {
-    auto it = env.find(k);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  };
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  p.rc = parseLaunchCli(static_cast<int>(args.size()), args.data(), lookup, p.cfg);
-  p.err = testing::internal::GetCapturedStderr();
-  p.out = testing::internal::GetCapturedStdout();
-  return p;
-}
+using test::parse;
+using test::Parsed;
 
 bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;

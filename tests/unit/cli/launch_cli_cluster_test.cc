@@ -9,31 +9,15 @@
 
 #include "ddprun/agent/agent.h"
 #include "ddprun/cli/launch_cli.h"
+#include "parse_launch.h"
 
 namespace ddprun::cli {
 namespace {
 
 using Env = std::map<std::string, std::string>;
 
-struct Parsed {
-  int rc;
-  agent::LaunchConfig cfg;
-  std::string err;
-};
-
-Parsed parse(std::vector<const char*> args, const Env& env) {
-  args.insert(args.begin(), "ddprun");
-  Parsed p;
-  EnvLookup lookup = [env](const std::string& k) -> std::optional<std::string> {
-    auto it = env.find(k);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  };
-  testing::internal::CaptureStderr();
-  p.rc = parseLaunchCli(static_cast<int>(args.size()), args.data(), lookup, p.cfg);
-  p.err = testing::internal::GetCapturedStderr();
-  return p;
-}
+using test::parse;
+using test::Parsed;
 
 // srun -N3 --ntasks-per-node=1 on localhost,n[2-3] (the first node must
 // resolve; localhost does without DNS), task on the second node.
