@@ -21,6 +21,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/rendezvous/spec.h"
+#include "status_feed.h"
 
 namespace ddprun::agent {
 
@@ -117,11 +118,39 @@ class Agent::Impl {
     ro.consoleOut = parts_.consoleOut;
     ro.consoleErr = parts_.consoleErr;
     reporter_ = std::make_unique<Reporter>(io_, ro);
+    if (!startStatus()) return false;
     // The one interpreter rule (interpreter.h), on the workers' environment.
     group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env,
                                            chooseInterpreter(env, selfExecutable(),
                                                              FileProbe::real()));
     return true;
+  }
+
+  // --status-port: the endpoint listens before anything starts.
+  bool startStatus() {
+    try {
+      status_ = std::make_unique<StatusFeed>(cfg_, host_);
+    } catch (const Error& e) {
+      DDPRUN_ERROR(e.message());
+      exitCode_ = kExitSetup;
+      return false;
+    }
+    if (status_->enabled() && cfg_.statusPort == 0)
+      DDPRUN_NOTICE("status endpoint at ", status_->url(), "/status");
+    else if (status_->enabled())
+      DDPRUN_INFO("status endpoint at ", status_->url(), "/status");
+    publishStatus();
+    return true;
+  }
+
+  void publishStatus() {
+    if (!status_ || !status_->enabled()) return;
+    static constexpr const char* kNames[] = {"idle",    "joining",  "running",
+                                             "succeeded", "stopping", "done"};
+    status_->publish({kNames[static_cast<int>(state_)], &round_, restartCount_,
+                      restartsLeft(), group_ ? &group_->workers() : nullptr,
+                      rdzv_ && rdzv_->spansNodes() ? rdzv_->describe() : "",
+                      rdzv_ ? rdzv_->heartbeatsMissed() : 0});
   }
 
   bool resolveNproc() {
@@ -151,6 +180,7 @@ class Agent::Impl {
   void join() {
     state_ = State::kJoining;
     joinStarted_ = std::chrono::steady_clock::now();
+    publishStatus();
     rdzv_->join(nproc_, [this](std::exception_ptr err, RoundInfo info) {
       onJoined(err, std::move(info));
     });
@@ -164,6 +194,7 @@ class Agent::Impl {
     }
     round_ = std::move(info);
     adoptRestartCount();
+    status_->roundJoined(secondsSince(joinStarted_));
     reporter_->event("rendezvous",
                      {{"round", round_.round}, {"group_rank", round_.groupRank},
                       {"group_world_size", round_.groupWorldSize},
@@ -239,6 +270,7 @@ class Agent::Impl {
       return;
     }
     state_ = State::kRunning;
+    publishStatus();
     for (const auto& w : group_->workers())
       reporter_->event("start", {{"local_rank", w.localRank}, {"rank", w.globalRank}, {"pid", w.pid}},
                        restartCount_);
@@ -274,6 +306,8 @@ class Agent::Impl {
   void onExit(int pid, int status) {
     const WorkerRecord* w = group_ ? group_->onExit(pid, status) : nullptr;
     if (w == nullptr) return;
+    status_->workerExited(w->exitCode);
+    publishStatus();
     reporter_->event("exit",
                      {{"local_rank", w->localRank}, {"rank", w->globalRank}, {"pid", w->pid},
                       {"exit_code", w->exitCode}, {"duration_s", w->seconds}},
@@ -291,6 +325,7 @@ class Agent::Impl {
       state_ = State::kSucceeded;
       reporter_->event("succeeded", {}, restartCount_);
       rdzv_->reportSuccess(round_.round);
+      publishStatus();
       if (roundFinished_) finish(kExitSuccess);
     }
   }
@@ -375,6 +410,7 @@ class Agent::Impl {
     state_ = State::kStopping;
     if (stopCause_ != StopCause::kSignal) stopCause_ = cause;
     group_->stop(sig, [this] { afterStopped(); });
+    publishStatus();
   }
 
   int restartsLeft() const { return cfg_.maxRestarts - restartCount_; }
@@ -418,6 +454,7 @@ class Agent::Impl {
                                                              : "";
     if (membership && stopCause_ == StopCause::kOwnFailure)
       why += "; this node's workers failed with it (" + failureWhy_ + ")";
+    status_->restarted();
     if (!membership) {
       ++restartCount_;
       DDPRUN_WARN("worker group failed (", why, "); restart ", restartCount_, " of ",
@@ -547,6 +584,7 @@ class Agent::Impl {
       reporter_->event("end", {{"exit_code", code}}, restartCount_);
     }
     parts_.launcher->stopWatching();
+    publishStatus();
     boost::system::error_code ec;
     sigs_.cancel(ec);
     io_.stop();
@@ -561,6 +599,7 @@ class Agent::Impl {
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
+  std::unique_ptr<StatusFeed> status_;  // the --status-port endpoint's feed
   std::string host_ = net::hostName();
   int nproc_ = 1;
   State state_ = State::kIdle;

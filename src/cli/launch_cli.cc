@@ -331,6 +331,22 @@ void applyOutput(const Given& g, agent::LaunchConfig& c) {
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
 
+// --status-port, --status-addr (docs/status.md).
+void applyStatus(const Given& g, agent::LaunchConfig& c) {
+  g.with("status_port",
+         [&](const std::string& v) { c.statusPort = net::parsePort(v, "--status-port"); });
+  g.with("status_addr", [&](const std::string& v) {
+    std::string addr = str::trim(v);
+    if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']')
+      addr = addr.substr(1, addr.size() - 2);
+    if (!net::isIpLiteral(addr))
+      DDPRUN_THROW(InvalidArgument, "--status-addr: '", str::escape(v),
+                   "' is not an IP address; give one such as 127.0.0.1 (the default), "
+                   "0.0.0.0 or ::1");
+    c.statusAddr = addr;
+  });
+}
+
 // --help, --version and --print-completion print to stdout and end the run.
 int runImmediate(const CommandLine& cl, agent::LaunchConfig& c) {
   if (cl.immediate == "help") std::cout << launchHelp();
@@ -354,6 +370,7 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
     applyRendezvous(given, c);
     applyWorkers(given, env, c);
     applyOutput(given, c);
+    applyStatus(given, c);
     c.explicitFlags = given.dests();
     c.script = cl.script;
     c.scriptArgs = cl.scriptArgs;
@@ -391,6 +408,9 @@ int parseAndRun(int argc, const char* const* argv, const EnvLookup& env) {
 }  // namespace
 
 int runLaunchCli(int argc, const char* const* argv) {
+  // `ddprun status HOST:PORT` reads an agent's endpoint (a script named
+  // `status` runs as `ddprun ./status`).
+  if (argc >= 2 && std::string(argv[1]) == "status") return runStatusCli(argc - 1, argv + 1);
   // A closed console (`ddprun ... | head`) must never kill the agent; the
   // worker launcher restores the default disposition for the workers.
   ::signal(SIGPIPE, SIG_IGN);
