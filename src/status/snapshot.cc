@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -94,15 +95,14 @@ std::string escapeLabelValue(const std::string& value) {
 }
 
 namespace {
-// A sample value: integers without a fraction, others with enough digits
-// to read back the same double; +Inf as the format spells it.
+// A sample value in the shortest form that reads back the same double;
+// +Inf as the format spells it.
 std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (std::isnan(v)) return "NaN";
-  std::ostringstream o;
-  o.precision(17);
-  o << v;
-  return o.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);  // the shortest exact form
+  return std::string(buf, r.ptr);
 }
 
 void header(std::ostringstream& o, const std::string& name, const char* type,
