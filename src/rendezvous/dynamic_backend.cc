@@ -114,7 +114,7 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     HeartbeatOptions h;
     h.interval = opts.keepAliveInterval;
     h.maxAttempts = opts.keepAliveMaxAttempt;
-    h.missed = missed;
+    h.missed = missed.get();  // the backend, which holds it, outlives the liveness
     // Beats and their reads are small: a request still unanswered after the
     // heartbeat timeout means the link or the store is gone (the peers drop
     // this node then anyway: Heartbeat::setOnLost); a slower reply on a

@@ -121,7 +121,7 @@ class StaticRendezvous final : public Rendezvous {
     return "static, node " + std::to_string(opts_.nodeRank) + " of " +
            std::to_string(opts_.nnodes) + ", store " + backend_.storeAddress;
   }
-  uint64_t heartbeatsMissed() const override { return missedBeats_->load(); }
+  uint64_t heartbeatsMissed() const override { return missedBeats_.load(); }
 
  private:
   std::string key(int round, const std::string& name) const {
@@ -215,7 +215,7 @@ class StaticRendezvous final : public Rendezvous {
   // from now until shutdown, and watches nobody until a round starts.
   void startHeartbeat() {
     detail::HeartbeatOptions o{opts_.keepAliveInterval, opts_.keepAliveMaxAttempt,
-                               missedBeats_};
+                               &missedBeats_};
     heartbeat_ = std::make_unique<detail::Heartbeat>(
         o,
         [this](std::shared_ptr<store::CancelToken> cancel) {
@@ -452,9 +452,8 @@ class StaticRendezvous final : public Rendezvous {
   std::atomic<bool> stopping_{false};
   // Created by the task thread at the first join, before any watcher; used
   // by watchers, and by shutdown() once those have stopped.
+  std::atomic<uint64_t> missedBeats_{0};  // before heartbeat_: it outlives it
   std::unique_ptr<detail::Heartbeat> heartbeat_;
-  std::shared_ptr<std::atomic<uint64_t>> missedBeats_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.
   detail::WatcherThread watcher_{cancel_};
