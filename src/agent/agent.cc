@@ -63,6 +63,8 @@ class Agent::Impl {
     parts_.launcher->watchExits(io_, [this](int pid, int status) { onExit(pid, status); });
     if (parts_.handleSignals)
       for (int s : cfg_.signalsToHandle) sigs_.add(s);
+    if (parts_.handleSignals)
+      for (int s : cfg_.survivedSignals) sigs_.add(s);
     waitSignal();
     try {
       auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
@@ -409,8 +411,13 @@ class Agent::Impl {
     // and those must see that we are stopping (no second failure report).
     state_ = State::kStopping;
     if (stopCause_ != StopCause::kSignal) stopCause_ = cause;
-    group_->stop(sig, [this] { afterStopped(); });
+    group_->stop(sig, [this] { afterStopped(); }, killsAfter(cause));
     publishStatus();
+  }
+
+  // Whether the workers get SIGKILL once the shutdown timeout passes.
+  bool killsAfter(StopCause cause) const {
+    return cause != StopCause::kSignal || cfg_.killAfterSignal;
   }
 
   int restartsLeft() const { return cfg_.maxRestarts - restartCount_; }
@@ -523,6 +530,16 @@ class Agent::Impl {
 
   void onSignal(int sig) {
     if (state_ == State::kDone) return;
+    if (std::find(cfg_.survivedSignals.begin(), cfg_.survivedSignals.end(), sig) !=
+        cfg_.survivedSignals.end()) {
+      DDPRUN_NOTICE("received ", signalName(sig),
+                    "; the sender signalled every process of the job, the workers too; "
+                    "going on");
+      if (reporter_)
+        reporter_->event("signal", {{"signal", signalName(sig)}, {"survived", true}},
+                         restartCount_);
+      return;
+    }
     signal_ = sig;
     if (reporter_) reporter_->event("signal", {{"signal", signalName(sig)}}, restartCount_);
     switch (state_) {
@@ -545,7 +562,7 @@ class Agent::Impl {
       case State::kStopping:
         DDPRUN_WARN("received ", signalName(sig), "; forwarding it to the workers");
         stopCause_ = StopCause::kSignal;
-        group_->stop(sig, [this] { afterStopped(); });
+        group_->stop(sig, [this] { afterStopped(); }, killsAfter(StopCause::kSignal));
         return;
       case State::kDone: return;
     }

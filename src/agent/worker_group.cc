@@ -135,7 +135,7 @@ const WorkerRecord* WorkerGroup::onExit(int pid, int status) {
   return w;
 }
 
-void WorkerGroup::stop(int sig, std::function<void()> onStopped) {
+void WorkerGroup::stop(int sig, std::function<void()> onStopped, bool killAfterTimeout) {
   if (!onStopped_) onStopped_ = std::move(onStopped);
   // Exits that happened already are recorded first, as the workers' own.
   // An exit handler may call stop() again: that nested call only keeps its
@@ -156,7 +156,7 @@ void WorkerGroup::stop(int sig, std::function<void()> onStopped) {
       w.stoppedByAgent = true;
       launcher_.signalGroup(w.pid, sig);
     }
-  if (running() > 0 && !killTimerArmed_) {
+  if (running() > 0 && !killTimerArmed_ && killAfterTimeout) {
     killTimerArmed_ = true;
     killTimer_.expires_after(cfg_.shutdownTimeout);
     // A completion already queued when the timer is cancelled still runs

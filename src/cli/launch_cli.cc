@@ -10,6 +10,7 @@
 #include "ddprun/agent/agent.h"
 #include "ddprun/agent/worker_spec.h"
 #include "ddprun/cli/exit_codes.h"
+#include "ddprun/cluster/slurm.h"
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -202,9 +203,28 @@ class Given {
                      str::join(e.flag->choices, ", "), ")");
       apply(e.value);
     } catch (const InvalidArgument& err) {
-      if (e.envVar.empty()) throw;
-      DDPRUN_THROW(InvalidArgument, e.envVar, "='", str::escape(e.value),
-                   "' (from the environment): ", err.message());
+      if (e.origin.empty()) throw;
+      DDPRUN_THROW(InvalidArgument, e.origin, ": ", err.message());
+    }
+  }
+
+  // The value of `dest` when given (command line or PET_*).
+  std::optional<std::string> value(const std::string& dest) const {
+    auto it = entries_.find(dest);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second.value;
+  }
+
+  // Values a cluster manager's environment supplies, for flags not given.
+  void addDefaults(const cluster::ClusterDefaults& d) {
+    for (const auto& f : d.flags) {
+      if (entries_.count(f.dest)) continue;
+      const FlagInfo* info = findFlag(f.dest);
+      if (info == nullptr) continue;
+      entries_[f.dest] = Entry{info, f.value, "",
+                               "'" + str::escape(f.value) + "' taken from " + d.manager +
+                                   " (" + f.source + ") for --" +
+                                   str::replaceAll(f.dest, "_", "-")};
     }
   }
 
@@ -236,10 +256,19 @@ class Given {
   struct Entry {
     const FlagInfo* flag;
     std::string value;
-    std::string envVar;  // "" when from the command line
+    std::string envVar;  // "" when from the command line or a cluster manager
+    std::string origin;  // where a value not typed on the command line came from
   };
   void add(const FlagInfo& f, const std::string& value, const std::string& envVar) {
-    entries_[f.dest] = Entry{&f, value, envVar};
+    entries_[f.dest] =
+        Entry{&f, value, envVar,
+              envVar.empty() ? ""
+                             : envVar + "='" + str::escape(value) + "' (from the environment)"};
+  }
+  static const FlagInfo* findFlag(const std::string& dest) {
+    for (const auto& f : launchFlags())
+      if (f.dest == dest) return &f;
+    return nullptr;
   }
   std::map<std::string, Entry> entries_;
 };
@@ -347,6 +376,37 @@ void applyStatus(const Given& g, agent::LaunchConfig& c) {
   });
 }
 
+// What a cluster manager does with signals, unless the user chose: its
+// signals to every process are lived through (not the agent's to handle),
+// and no SIGKILL comes before the manager's own at the end of its grace.
+void applySignalPolicy(const cluster::ClusterDefaults& d, const Given& g,
+                       const EnvLookup& env, agent::LaunchConfig& c) {
+  if (d.empty()) return;
+  if (!g.value("signals_to_handle"))
+    for (int s : d.signalsToEveryProcess)
+      if (std::find(c.signalsToHandle.begin(), c.signalsToHandle.end(), s) ==
+          c.signalsToHandle.end())
+        c.survivedSignals.push_back(s);
+  auto envTimeout = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (d.enforcesGracePeriod && !g.value("shutdown_timeout") &&
+      !(envTimeout && !envTimeout->empty()))
+    c.killAfterSignal = false;
+}
+
+// The one line saying what was taken from the cluster manager.
+std::string clusterNotice(const cluster::ClusterDefaults& d, const agent::LaunchConfig& c) {
+  std::string line = d.summary();
+  std::vector<std::string> names;
+  for (int s : c.survivedSignals) names.push_back(agent::signalName(s));
+  if (!names.empty())
+    line += "; " + str::join(names, ", ") + " from " + d.manager +
+            " reach the workers directly and do not stop the job";
+  if (!c.killAfterSignal)
+    line += "; on SIGTERM the workers get " + d.manager +
+            "'s grace period (no SIGKILL from ddprun)";
+  return line;
+}
+
 // --help, --version and --print-completion print to stdout and end the run.
 int runImmediate(const CommandLine& cl, agent::LaunchConfig& c) {
   if (cl.immediate == "help") std::cout << launchHelp();
@@ -367,11 +427,17 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
     CommandLine cl = Tokenizer(argc, argv).run();
     if (!cl.immediate.empty()) return runImmediate(cl, c);
     Given given(cl, env);
+    // Inside a Slurm step, the step's layout fills the flags nobody gave.
+    cluster::ClusterDefaults fromCluster = cluster::slurmDefaults(
+        env, [&](const std::string& dest) { return given.value(dest); }, net::resolves);
+    given.addDefaults(fromCluster);
     applyRendezvous(given, c);
     applyWorkers(given, env, c);
     applyOutput(given, c);
     applyStatus(given, c);
     c.explicitFlags = given.dests();
+    applySignalPolicy(fromCluster, given, env, c);
+    if (!fromCluster.empty()) c.notices.push_back(clusterNotice(fromCluster, c));
     c.script = cl.script;
     c.scriptArgs = cl.scriptArgs;
     agent::finalizeConfig(c);
@@ -388,6 +454,7 @@ int parseAndRun(int argc, const char* const* argv, const EnvLookup& env) {
   agent::LaunchConfig cfg;
   int rc = parseLaunchCli(argc, argv, env, cfg);
   if (rc >= 0) return rc;
+  for (const auto& n : cfg.notices) DDPRUN_NOTICE(n);
   try {
     // `ddprun train`: a bare name that is no file here runs the bundled program
     // beside ddprun, else one on PATH (a miss is reported when workers start).

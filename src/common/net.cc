@@ -61,6 +61,16 @@ bool sameAddress(const std::string& a, const std::string& b) {
          ::inet_pton(AF_INET, b.c_str(), &y4) == 1 && x4.s_addr == y4.s_addr;
 }
 
+bool resolvesImpl(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0) return false;
+  ::freeaddrinfo(list);
+  return true;
+}
+
 // getaddrinfo(gethostname()): its canonical name or one of its addresses is `host`.
 bool matchesResolvedHostName(const std::string& host) {
   addrinfo hints{};
@@ -80,6 +90,8 @@ bool matchesResolvedHostName(const std::string& host) {
 }
 
 }  // namespace
+
+bool resolves(const std::string& host) { return resolvesImpl(host); }
 
 bool isIpLiteral(const std::string& host) {
   in6_addr a6{};

@@ -113,6 +113,16 @@ struct LaunchConfig {
   // TORCHELASTIC_SIGNALS_TO_HANDLE, like torchrun does.
   std::string signalsToHandleText = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::chrono::seconds shutdownTimeout{30};
+  // Signals the agent lives through without stopping anything: whoever sent
+  // them signalled every process of the job (Slurm signals every process of
+  // a step, so SIGUSR1/SIGUSR2 preemption warnings reach the workers from
+  // Slurm itself). Logged and recorded as an event; not forwarded.
+  std::vector<int> survivedSignals;
+  // False: after a signal from outside, the agent never SIGKILLs its workers;
+  // the sender enforces the grace period (Slurm's KillWait or preemption
+  // GraceTime). The shutdown timeout still bounds stops of the agent's own
+  // making (a restart after a failure).
+  bool killAfterSignal = true;
   bool virtualLocalRank = false;
   std::string script;  // training script, module or program
   // Set by resolveWorkerProgram when no program of that name was found: the
@@ -133,6 +143,9 @@ struct LaunchConfig {
   // or through PET_<DEST>, filled by the CLI: finalizeConfig tells an
   // explicit --master-port from the default this way.
   std::set<std::string> explicitFlags;
+  // Lines the CLI prints before the agent starts (what was taken from a
+  // cluster manager's environment).
+  std::vector<std::string> notices;
 
   // Derived by finalizeConfig:
   // torchrun 2.x's one-node default took effect (static backend, no

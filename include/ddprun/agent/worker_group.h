@@ -67,8 +67,9 @@ class WorkerGroup {
   // stoppedByAgent; SIGKILL after the shutdown timeout to those still
   // running. `onStopped` is posted once none runs (at once if none does).
   // A later stop() (e.g. a second signal) re-sends and keeps the first
-  // callback and the first deadline.
-  void stop(int sig, std::function<void()> onStopped);
+  // callback and the first deadline. `killAfterTimeout` false: no SIGKILL
+  // from here (the one who sent `sig` enforces its own grace period).
+  void stop(int sig, std::function<void()> onStopped, bool killAfterTimeout = true);
 
   size_t running() const;
   const std::vector<WorkerRecord>& workers() const;

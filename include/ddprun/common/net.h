@@ -35,6 +35,10 @@ std::string hostName();
 // True for an IPv4 or IPv6 literal ("10.0.0.1", "::1"; no brackets).
 bool isIpLiteral(const std::string& host);
 
+// Whether getaddrinfo finds an address for `host` (a name or a literal).
+// May ask DNS; blocks for as long as the resolver does.
+bool resolves(const std::string& host);
+
 // True for "localhost" and loopback literals (127.0.0.0/8, ::1, and
 // IPv4-mapped ::ffff:127.x). No name lookup.
 bool isLoopbackHost(const std::string& host);

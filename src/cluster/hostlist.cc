@@ -1,0 +1,192 @@
+// Expansion of Slurm host lists. Algorithm:
+//  1. Split the list at the commas that are outside brackets (a comma inside
+//     a bracket separates its ranges).
+//  2. Parse each entry into pieces: literal text and brackets; a bracket is a
+//     list of ranges [lo, hi] with the width of lo's digits.
+//  3. Count the names the entry yields (the product of the brackets' sizes)
+//     and check the running total against kMaxHosts before allocating.
+//  4. Emit the names as an odometer over the brackets, the last bracket
+//     turning fastest.
+#include "ddprun/cluster/hostlist.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
+
+namespace ddprun::cluster {
+
+namespace {
+
+struct Range {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  size_t width = 0;  // digits of the lower bound as written (zero padding)
+  uint64_t size() const { return hi - lo + 1; }
+};
+
+// A piece of an entry: literal text, or a bracket of ranges.
+struct Piece {
+  std::string text;
+  std::vector<Range> ranges;  // empty: literal text
+  // Saturates just above kMaxHosts: a count past the limit is only an error.
+  uint64_t size() const {
+    uint64_t n = 0;
+    for (const auto& r : ranges) n = std::min<uint64_t>(n + r.size(), kMaxHosts + 1);
+    return n;
+  }
+};
+
+[[noreturn]] void malformed(std::string_view entry, const std::string& why) {
+  DDPRUN_THROW(InvalidArgument, "host list entry '", str::escape(entry), "': ", why);
+}
+
+bool allDigits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+uint64_t number(std::string_view entry, std::string_view digits) {
+  // 18 digits always fit; more is no host number anyone uses.
+  if (!allDigits(digits) || digits.size() > 18)
+    malformed(entry, "'" + std::string(digits) + "' in brackets is not a number");
+  uint64_t v = 0;
+  for (char c : digits) v = v * 10 + static_cast<uint64_t>(c - '0');
+  return v;
+}
+
+// "01-03,7" -> {[1,3] width 2, [7,7] width 1}
+std::vector<Range> parseBracket(std::string_view entry, std::string_view body) {
+  if (str::trim(body).empty()) malformed(entry, "empty brackets");
+  std::vector<Range> out;
+  for (const std::string& part : str::split(body, ',')) {
+    std::string p = str::trim(part);
+    if (p.empty()) malformed(entry, "an empty range in brackets");
+    Range r;
+    auto dash = p.find('-');
+    std::string_view loText = std::string_view(p).substr(0, dash);
+    r.lo = number(entry, loText);
+    r.width = loText.size();
+    r.hi = dash == std::string::npos ? r.lo
+                                     : number(entry, std::string_view(p).substr(dash + 1));
+    if (r.hi < r.lo) malformed(entry, "range '" + p + "' goes down");
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<Piece> parseEntry(std::string_view entry) {
+  std::vector<Piece> pieces;
+  size_t i = 0;
+  while (i < entry.size()) {
+    size_t open = entry.find_first_of("[]", i);
+    if (open == std::string_view::npos) {
+      pieces.push_back(Piece{std::string(entry.substr(i)), {}});
+      break;
+    }
+    if (entry[open] == ']') malformed(entry, "']' without '['");
+    if (open > i) pieces.push_back(Piece{std::string(entry.substr(i, open - i)), {}});
+    size_t close = entry.find_first_of("[]", open + 1);
+    if (close == std::string_view::npos || entry[close] != ']')
+      malformed(entry, close == std::string_view::npos ? "'[' without ']'"
+                                                       : "brackets inside brackets");
+    pieces.push_back(Piece{"", parseBracket(entry, entry.substr(open + 1, close - open - 1))});
+    i = close + 1;
+  }
+  return pieces;
+}
+
+std::string formatNumber(uint64_t v, size_t width) {
+  std::string s = std::to_string(v);
+  if (s.size() < width) s.insert(0, width - s.size(), '0');
+  return s;
+}
+
+// The names of one parsed entry, appended to `out`.
+void emit(const std::vector<Piece>& pieces, std::vector<std::string>& out) {
+  // Per bracket: which range and which number in it (the odometer).
+  std::vector<size_t> rangeAt(pieces.size(), 0);
+  std::vector<uint64_t> valueAt(pieces.size(), 0);
+  for (size_t p = 0; p < pieces.size(); ++p)
+    if (!pieces[p].ranges.empty()) valueAt[p] = pieces[p].ranges[0].lo;
+  for (;;) {
+    std::string name;
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      const Piece& pc = pieces[p];
+      name += pc.ranges.empty() ? pc.text : formatNumber(valueAt[p], pc.ranges[rangeAt[p]].width);
+    }
+    out.push_back(std::move(name));
+    // Advance the last bracket; carry into the ones before it.
+    size_t p = pieces.size();
+    for (;;) {
+      if (p == 0) return;
+      --p;
+      const Piece& pc = pieces[p];
+      if (pc.ranges.empty()) continue;
+      if (valueAt[p] < pc.ranges[rangeAt[p]].hi) {
+        ++valueAt[p];
+        break;
+      }
+      if (rangeAt[p] + 1 < pc.ranges.size()) {
+        valueAt[p] = pc.ranges[++rangeAt[p]].lo;
+        break;
+      }
+      rangeAt[p] = 0;
+      valueAt[p] = pc.ranges[0].lo;
+    }
+  }
+}
+
+// The list's entries: split at commas outside brackets.
+std::vector<std::string_view> entries(std::string_view list) {
+  std::vector<std::string_view> out;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    if (i < list.size() && list[i] == '[') ++depth;
+    if (i < list.size() && list[i] == ']') --depth;
+    if (i == list.size() || (list[i] == ',' && depth <= 0)) {
+      std::string_view e = list.substr(start, i - start);
+      while (!e.empty() && (e.front() == ' ' || e.front() == '\t')) e.remove_prefix(1);
+      while (!e.empty() && (e.back() == ' ' || e.back() == '\t')) e.remove_suffix(1);
+      if (!e.empty()) out.push_back(e);
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> expandHostList(std::string_view list) {
+  std::vector<std::vector<Piece>> parsed;
+  uint64_t total = 0;
+  for (std::string_view e : entries(list)) {
+    if (e.find_first_of(" \t\r\n") != std::string_view::npos)
+      malformed(e, "a space inside a host name");
+    auto pieces = parseEntry(e);
+    uint64_t n = 1;
+    for (const auto& pc : pieces) {
+      if (pc.ranges.empty()) continue;
+      uint64_t s = pc.size();
+      if (s > kMaxHosts || n * s > kMaxHosts) n = kMaxHosts + 1;
+      else n *= s;
+    }
+    total += n;
+    if (total > kMaxHosts)
+      DDPRUN_THROW(InvalidArgument, "host list '", str::escape(list), "' names more than ",
+                   kMaxHosts, " hosts");
+    parsed.push_back(std::move(pieces));
+  }
+  if (parsed.empty())
+    DDPRUN_THROW(InvalidArgument, "host list '", str::escape(list), "' names no host");
+  std::vector<std::string> out;
+  out.reserve(total);
+  for (const auto& pieces : parsed) emit(pieces, out);
+  return out;
+}
+
+}  // namespace ddprun::cluster
