@@ -28,13 +28,13 @@ fi
 
 if [ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]; then
   if [ -x "$VENV/bin/python" ] &&
-     "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH2_VERSION')" 2>/dev/null; then
+     "$VENV/bin/python" -c "import torch,prometheus_client,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH2_VERSION')" 2>/dev/null; then
     echo "setup-test-deps: PyTorch $TORCH2_VERSION present in $VENV"
   else
     echo "setup-test-deps: installing PyTorch $TORCH2_VERSION into $VENV (PyPI, a few minutes)"
     mkdir -p "$(dirname "$VENV")"
     /usr/bin/python3 -m venv "$VENV"
-    if ! "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH2_VERSION" numpy; then
+    if ! "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH2_VERSION" numpy prometheus_client; then
       echo "setup-test-deps: WARNING: PyTorch $TORCH2_VERSION could not be installed;" \
            "the PyTorch 2.x interop tests will report themselves skipped" >&2
       rm -rf "$VENV"

@@ -22,6 +22,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/rendezvous/spec.h"
+#include "status_feed.h"
 
 namespace ddprun::agent {
 
@@ -120,11 +121,39 @@ class Agent::Impl {
     ro.consoleOut = parts_.consoleOut;
     ro.consoleErr = parts_.consoleErr;
     reporter_ = std::make_unique<Reporter>(io_, ro);
+    if (!startStatus()) return false;
     // The one interpreter rule (interpreter.h), on the workers' environment.
     group_ = std::make_unique<WorkerGroup>(io_, cfg_, *parts_.launcher, *reporter_, env,
                                            chooseInterpreter(env, selfExecutable(),
                                                              FileProbe::real()));
     return true;
+  }
+
+  // --status-port: the endpoint listens before anything starts.
+  bool startStatus() {
+    try {
+      status_ = std::make_unique<StatusFeed>(cfg_, host_);
+    } catch (const Error& e) {
+      DDPRUN_ERROR(e.message());
+      exitCode_ = kExitSetup;
+      return false;
+    }
+    if (status_->enabled() && cfg_.statusPort == 0)
+      DDPRUN_NOTICE("status endpoint at ", status_->url(), "/status");
+    else if (status_->enabled())
+      DDPRUN_INFO("status endpoint at ", status_->url(), "/status");
+    publishStatus();
+    return true;
+  }
+
+  void publishStatus() {
+    if (!status_ || !status_->enabled()) return;
+    static constexpr const char* kNames[] = {"idle",    "joining",  "running",
+                                             "succeeded", "stopping", "done"};
+    status_->publish({kNames[static_cast<int>(state_)], &round_, restartCount_,
+                      restartsLeft(), group_ ? &group_->workers() : nullptr,
+                      rdzv_ && rdzv_->spansNodes() ? rdzv_->describe() : "",
+                      rdzv_ ? rdzv_->heartbeatsMissed() : 0});
   }
 
   bool resolveNproc() {
@@ -154,6 +183,7 @@ class Agent::Impl {
   void join() {
     state_ = State::kJoining;
     joinStarted_ = std::chrono::steady_clock::now();
+    publishStatus();
     rdzv_->join(nproc_, [this](std::exception_ptr err, RoundInfo info) {
       onJoined(err, std::move(info));
     });
@@ -167,6 +197,7 @@ class Agent::Impl {
     }
     round_ = std::move(info);
     adoptRestartCount();
+    status_->roundJoined(secondsSince(joinStarted_));
     reporter_->event("rendezvous",
                      {{"round", round_.round}, {"group_rank", round_.groupRank},
                       {"group_world_size", round_.groupWorldSize},
@@ -242,6 +273,7 @@ class Agent::Impl {
       return;
     }
     state_ = State::kRunning;
+    publishStatus();
     for (const auto& w : group_->workers())
       reporter_->event("start", {{"local_rank", w.localRank}, {"rank", w.globalRank}, {"pid", w.pid}},
                        restartCount_);
@@ -277,6 +309,8 @@ class Agent::Impl {
   void onExit(int pid, int status) {
     const WorkerRecord* w = group_ ? group_->onExit(pid, status) : nullptr;
     if (w == nullptr) return;
+    status_->workerExited(w->exitCode);
+    publishStatus();
     reporter_->event("exit",
                      {{"local_rank", w->localRank}, {"rank", w->globalRank}, {"pid", w->pid},
                       {"exit_code", w->exitCode}, {"duration_s", w->seconds}},
@@ -294,6 +328,7 @@ class Agent::Impl {
       state_ = State::kSucceeded;
       reporter_->event("succeeded", {}, restartCount_);
       rdzv_->reportSuccess(round_.round);
+      publishStatus();
       if (roundFinished_) finish(kExitSuccess);
     }
   }
@@ -378,6 +413,7 @@ class Agent::Impl {
     state_ = State::kStopping;
     if (stopCause_ != StopCause::kSignal) stopCause_ = cause;
     group_->stop(sig, [this] { afterStopped(); }, killsAfter(cause));
+    publishStatus();
   }
 
   // Whether the workers get SIGKILL once the shutdown timeout passes.
@@ -426,6 +462,7 @@ class Agent::Impl {
                                                              : "";
     if (membership && stopCause_ == StopCause::kOwnFailure)
       why += "; this node's workers failed with it (" + failureWhy_ + ")";
+    status_->restarted();
     if (!membership) {
       ++restartCount_;
       DDPRUN_WARN("worker group failed (", why, "); restart ", restartCount_, " of ",
@@ -565,6 +602,7 @@ class Agent::Impl {
       reporter_->event("end", {{"exit_code", code}}, restartCount_);
     }
     parts_.launcher->stopWatching();
+    publishStatus();
     boost::system::error_code ec;
     sigs_.cancel(ec);
     io_.stop();
@@ -579,6 +617,7 @@ class Agent::Impl {
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
+  std::unique_ptr<StatusFeed> status_;  // the --status-port endpoint's feed
   std::string host_ = net::hostName();
   int nproc_ = 1;
   State state_ = State::kIdle;

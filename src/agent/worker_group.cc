@@ -100,6 +100,7 @@ void WorkerGroup::startOne(const AttemptInfo& attempt, int localRank,
   closeFds(fds);  // the worker has its own copies
   rec.running = true;
   rec.started = std::chrono::steady_clock::now();
+  rec.startedWall = std::chrono::system_clock::now();
   workers_.push_back(std::move(rec));
   DDPRUN_DEBUG("started worker local_rank ", localRank, " (rank ",
                workers_.back().globalRank, ", pid ", workers_.back().pid, ")");

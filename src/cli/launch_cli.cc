@@ -360,6 +360,22 @@ void applyOutput(const Given& g, agent::LaunchConfig& c) {
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
 
+// --status-port, --status-addr (docs/status.md).
+void applyStatus(const Given& g, agent::LaunchConfig& c) {
+  g.with("status_port",
+         [&](const std::string& v) { c.statusPort = net::parsePort(v, "--status-port"); });
+  g.with("status_addr", [&](const std::string& v) {
+    std::string addr = str::trim(v);
+    if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']')
+      addr = addr.substr(1, addr.size() - 2);
+    if (!net::isIpLiteral(addr))
+      DDPRUN_THROW(InvalidArgument, "--status-addr: '", str::escape(v),
+                   "' is not an IP address; give one such as 127.0.0.1 (the default), "
+                   "0.0.0.0 or ::1");
+    c.statusAddr = addr;
+  });
+}
+
 // What a cluster manager does with signals, unless the user chose: its
 // signals to every process are lived through (not the agent's to handle),
 // and no SIGKILL comes before the manager's own at the end of its grace.
@@ -418,6 +434,7 @@ int parseLaunchCli(int argc, const char* const* argv, const EnvLookup& env,
     applyRendezvous(given, c);
     applyWorkers(given, env, c);
     applyOutput(given, c);
+    applyStatus(given, c);
     c.explicitFlags = given.dests();
     applySignalPolicy(fromCluster, given, env, c);
     if (!fromCluster.empty()) c.notices.push_back(clusterNotice(fromCluster, c));
@@ -458,6 +475,9 @@ int parseAndRun(int argc, const char* const* argv, const EnvLookup& env) {
 }  // namespace
 
 int runLaunchCli(int argc, const char* const* argv) {
+  // `ddprun status HOST:PORT` reads an agent's endpoint (a script named
+  // `status` runs as `ddprun ./status`).
+  if (argc >= 2 && std::string(argv[1]) == "status") return runStatusCli(argc - 1, argv + 1);
   // A closed console (`ddprun ... | head`) must never kill the agent; the
   // worker launcher restores the default disposition for the workers.
   ::signal(SIGPIPE, SIG_IGN);

@@ -108,10 +108,13 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     hosted->worker = hostStore("", 0, "the round's worker store", "");
     return hosted->worker->port();
   };
-  b.startLiveness = [opts](const std::string& self) -> std::unique_ptr<Liveness> {
+  b.missedBeats = std::make_shared<std::atomic<uint64_t>>(0);
+  b.startLiveness = [opts, missed = b.missedBeats](
+                        const std::string& self) -> std::unique_ptr<Liveness> {
     HeartbeatOptions h;
     h.interval = opts.keepAliveInterval;
     h.maxAttempts = opts.keepAliveMaxAttempt;
+    h.missed = missed.get();  // the backend, which holds it, outlives the liveness
     // Beats and their reads are small: a request still unanswered after the
     // heartbeat timeout means the link or the store is gone (the peers drop
     // this node then anyway: Heartbeat::setOnLost); a slower reply on a

@@ -159,6 +159,9 @@ class DynamicRendezvous final : public Rendezvous {
            std::to_string(opts_.maxNodes) + ", run " + opts_.runId + ", store " +
            backend_.storeAddress + (backend_.hosting ? ", hosted here" : "");
   }
+  uint64_t heartbeatsMissed() const override {
+    return backend_.missedBeats ? backend_.missedBeats->load() : 0;
+  }
 
  private:
   std::string stateKey() const { return keys_.stateKey(); }

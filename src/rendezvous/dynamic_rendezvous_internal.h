@@ -66,6 +66,9 @@ struct DynamicBackend {
   bool hosting = false;      // this node serves the endpoint: group rank 0
   int64_t pid = 0;           // for the node id; 0: getpid()
   std::string storeAddress;  // the endpoint, for messages: "10.0.0.1:29400"
+  // This node's failed beats so far (Rendezvous::heartbeatsMissed); may be
+  // null (tests).
+  std::shared_ptr<std::atomic<uint64_t>> missedBeats;
 };
 
 // Preconditions: valid options (InvalidArgument, as makeDynamicRendezvous),

@@ -349,6 +349,7 @@ void Heartbeat::Impl::beat() {
       return;
     } catch (const Error& e) {
       DDPRUN_DEBUG("heartbeat: ", self_, " could not beat: ", e.message());
+      if (opts_.missed) ++*opts_.missed;
     }
     const int64_t silent = clock_() - lastOk;
     if (!lostTold && silent >= opts_.timeout().count()) {

@@ -20,6 +20,7 @@
 // setter waits on.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -40,6 +41,9 @@ int64_t systemWallMs();
 struct HeartbeatOptions {
   std::chrono::milliseconds interval{5'000};
   int maxAttempts = 3;
+  // Counts this node's beats that failed (the status endpoint's heartbeats
+  // missed); null: not counted. Not owned: it must outlive the Heartbeat.
+  std::atomic<uint64_t>* missed = nullptr;
   std::chrono::milliseconds timeout() const { return interval * maxAttempts; }
 };
 

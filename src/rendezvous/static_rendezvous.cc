@@ -121,6 +121,7 @@ class StaticRendezvous final : public Rendezvous {
     return "static, node " + std::to_string(opts_.nodeRank) + " of " +
            std::to_string(opts_.nnodes) + ", store " + backend_.storeAddress;
   }
+  uint64_t heartbeatsMissed() const override { return missedBeats_.load(); }
 
  private:
   std::string key(int round, const std::string& name) const {
@@ -213,7 +214,8 @@ class StaticRendezvous final : public Rendezvous {
   // On the task thread, at the first join once connected: this node beats
   // from now until shutdown, and watches nobody until a round starts.
   void startHeartbeat() {
-    detail::HeartbeatOptions o{opts_.keepAliveInterval, opts_.keepAliveMaxAttempt};
+    detail::HeartbeatOptions o{opts_.keepAliveInterval, opts_.keepAliveMaxAttempt,
+                               &missedBeats_};
     heartbeat_ = std::make_unique<detail::Heartbeat>(
         o,
         [this](std::shared_ptr<store::CancelToken> cancel) {
@@ -450,6 +452,7 @@ class StaticRendezvous final : public Rendezvous {
   std::atomic<bool> stopping_{false};
   // Created by the task thread at the first join, before any watcher; used
   // by watchers, and by shutdown() once those have stopped.
+  std::atomic<uint64_t> missedBeats_{0};  // before heartbeat_: it outlives it
   std::unique_ptr<detail::Heartbeat> heartbeat_;
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.

@@ -134,6 +134,10 @@ struct LaunchConfig {
   // --log-line-prefix-template (else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE).
   std::string logLinePrefixTemplate;
   bool printCompletion = false;  // --print-completion
+  // --status-port (unset: no status endpoint; 0: a free port) and
+  // --status-addr, the IP address it listens on (docs/status.md).
+  std::optional<uint16_t> statusPort;
+  std::string statusAddr = "127.0.0.1";
 
   // Torchrun dests (e.g. "master_port", "rdzv_id") given on the command line
   // or through PET_<DEST>, filled by the CLI: finalizeConfig tells an

@@ -30,6 +30,7 @@ struct WorkerRecord {
   bool stoppedByAgent = false;  // it was running when stop() signalled it
   int exitCode = 0;             // once !running: >0 exit status, <0 -signal
   std::chrono::steady_clock::time_point started;
+  std::chrono::system_clock::time_point startedWall;  // for the status endpoint
   double seconds = 0;     // run time, once !running
   std::string errorFile;  // TORCHELASTIC_ERROR_FILE of the worker
 };

@@ -60,4 +60,9 @@ std::string completionScript(const std::string& shell);
 // Anything the agent throws ends it with `ddprun: error: <message>` and 3.
 int runLaunchCli(int argc, const char* const* argv);
 
+// `ddprun status [--json] [--timeout SECONDS] HOST:PORT` (argv[0] is
+// "status"): prints an agent's /status as a table (or the raw JSON). Exit
+// codes: 0 ok, 2 usage (bad HOST:PORT), 3 cannot connect or a bad answer.
+int runStatusCli(int argc, const char* const* argv);
+
 }  // namespace ddprun::cli

@@ -121,6 +121,10 @@ class Rendezvous {
   virtual bool spansNodes() const { return true; }
   // One line for the start message: "static, node 1 of 2, store 10.0.0.1:29500".
   virtual std::string describe() const = 0;
+  // This node's heartbeats that did not reach the store so far (the status
+  // endpoint's ddprun_heartbeats_missed_total); 0 for a backend without
+  // heartbeats. Thread-safe.
+  virtual uint64_t heartbeatsMissed() const { return 0; }
 };
 
 // Global rank offsets for nodes with the given local world sizes, in group

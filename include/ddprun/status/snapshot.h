@@ -1,0 +1,92 @@
+// What the agent's status endpoint shows (GET /status as JSON, GET /metrics
+// in Prometheus text format): a plain value, built by the agent on each state
+// change and rendered by pure functions, so that the rendering is testable
+// without sockets.
+//
+// Threading: a value; the functions are pure and thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::status {
+
+enum class WorkerState { kStarting, kRunning, kSucceeded, kFailed, kStopped };
+const char* toString(WorkerState state);
+
+struct WorkerStatus {
+  int localRank = 0;
+  int globalRank = 0;
+  int pid = -1;
+  WorkerState state = WorkerState::kStarting;
+  std::string started;          // wall clock, ISO-8601 UTC ("2024-05-01T12:00:00.123Z")
+  std::optional<int> exitCode;  // once exited: the exit status, or -S after signal S
+  std::string signal;           // "SIGTERM" when a signal ended it, else ""
+};
+
+// One node of the current round, as the rendezvous reports it.
+struct RoundMember {
+  int groupRank = 0;
+  int localWorldSize = 0;
+  int baseRank = 0;  // global rank of its local rank 0
+};
+
+// A Prometheus histogram with fixed upper bounds (le), counts per bucket
+// (not cumulative: toPrometheus accumulates them) plus the +Inf one.
+struct Histogram {
+  std::vector<double> bounds;   // ascending
+  std::vector<uint64_t> counts; // bounds.size() + 1 (the last: above every bound)
+  double sum = 0;
+  uint64_t count = 0;
+
+  explicit Histogram(std::vector<double> upperBounds = {});
+  void observe(double value);
+};
+
+// The buckets of ddprun_rendezvous_round_duration_seconds.
+std::vector<double> roundDurationBuckets();
+
+struct Snapshot {
+  // The agent.
+  std::string runId;
+  std::string node;         // this machine's host name
+  std::string agentState;   // joining | running | succeeded | stopping | done
+  int groupRank = -1;       // -1 before the first round
+  int groupWorldSize = 0;
+  int attempt = 0;          // restarts so far (TORCHELASTIC_RESTART_COUNT)
+  int maxRestarts = 0;
+  int restartsLeft = 0;
+  // The current (last joined) round; round = -1 before the first one.
+  int round = -1;
+  int worldSize = 0;
+  std::string backend;      // the rendezvous in one line ("" on one node)
+  std::string workerStore;  // "host:port" of the round's worker store
+  std::vector<RoundMember> members;
+  std::vector<WorkerStatus> workers;
+  std::string updated;      // when this snapshot was taken, ISO-8601 UTC
+  // Metrics (counters since the agent started).
+  uint64_t restartsTotal = 0;      // worker group restarts, any cause
+  std::map<std::string, uint64_t> workerExits;  // by code: "0", "1", "SIGKILL"
+  Histogram roundDurations{roundDurationBuckets()};  // join to joined, seconds
+  uint64_t heartbeatsMissed = 0;   // this node's beats that did not reach the store
+};
+
+// ISO-8601 UTC with milliseconds: "2024-05-01T12:00:00.123Z".
+std::string isoUtc(std::chrono::system_clock::time_point t);
+
+// GET /status: every field of the snapshot but the metrics (see docs/status.md).
+nlohmann::json toJson(const Snapshot& s);
+
+// GET /metrics: text exposition format 0.0.4, every metric named ddprun_*
+// with # HELP and # TYPE lines, label values escaped.
+std::string toPrometheus(const Snapshot& s);
+
+// A label value escaped as the text format wants it (\\, \", \n).
+std::string escapeLabelValue(const std::string& value);
+
+}  // namespace ddprun::status
