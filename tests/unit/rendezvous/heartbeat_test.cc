@@ -386,6 +386,33 @@ TEST_F(HeartbeatTest, BeatsThatFailForTheTimeoutAreReportedLostOnce) {
   EXPECT_EQ(lost.size(), 1u);
 }
 
+// The status endpoint's heartbeats missed: beats that went through count
+// nothing; each beat the store refused counts one.
+TEST_F(HeartbeatTest, BeatsThatFailAreCountedAsMissed) {
+  std::atomic<int64_t> now{0};
+  std::atomic<uint64_t> missed{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool lost = false;
+  HeartbeatOptions o{5ms, 3};
+  o.missed = &missed;
+  Heartbeat a(o, connect(), "hb/", "a", [&] { return now.load(); });
+  a.setOnLost([&](int64_t) {
+    std::lock_guard lock(mu);
+    lost = true;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 2; }));
+  EXPECT_EQ(missed.load(), 0u);
+  hub_.fail();
+  now = 15;  // a failed beat now also reports the node lost: wait for that
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return lost; }));
+  lock.unlock();
+  a.stop();
+  EXPECT_GE(missed.load(), 1u);
+}
+
 TEST_F(HeartbeatTest, StoreErrorsAreRetriedNotFatal) {
   auto a = beating("a", {5ms, 3});
   ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 0; }));
