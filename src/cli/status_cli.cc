@@ -1,5 +1,6 @@
 // `ddprun status HOST:PORT`: one GET /status from an agent's endpoint
 // (--status-port), printed as a table or, with --json, as it came.
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -14,55 +15,25 @@
 namespace ddprun::cli {
 
 namespace {
-constexpr const char* kUsage =
-    "usage: ddprun status [--json] [--timeout SECONDS] HOST:PORT\n\n"
-    "Prints the status of a running ddprun agent started with --status-port: the job,\n"
-    "the rendezvous round and one line per worker. --json prints /status as it is.\n"
-    "Exit codes: 0 ok, 2 bad arguments, 3 no answer or not a ddprun status endpoint.\n";
-
 struct StatusArgs {
   bool json = false;
-  bool help = false;
   double timeoutSeconds = 10;
   net::HostPort where;
 };
 
-StatusArgs parseStatusArgs(int argc, const char* const* argv) {
-  StatusArgs a;
-  std::vector<std::string> positional;
-  for (int i = 1; i < argc; ++i) {
-    const std::string w = argv[i];
-    if (w == "--json") {
-      a.json = true;
-    } else if (w == "-h" || w == "--help") {
-      a.help = true;
-    } else if (w == "--timeout" || str::startsWith(w, "--timeout=")) {
-      std::string v = w.size() > 9 ? w.substr(10) : (i + 1 < argc ? argv[++i] : "");
-      if (!str::parseDouble(v, a.timeoutSeconds) || !(a.timeoutSeconds > 0))
-        DDPRUN_THROW(InvalidArgument, "--timeout: invalid value '", str::escape(v),
-                     "': expected a number of seconds > 0");
-    } else if (str::startsWith(w, "-") && w != "-") {
-      DDPRUN_THROW(InvalidArgument, "unknown flag '", str::escape(w),
-                   "'; run 'ddprun status --help'");
-    } else {
-      positional.push_back(w);
-    }
-  }
-  if (a.help) return a;
-  if (positional.size() != 1)
-    DDPRUN_THROW(InvalidArgument, "expected one HOST:PORT (the agent's --status-port), got ",
-                 positional.size(), " arguments");
-  const std::string& text = positional.front();
+// HOST:PORT as an agent's --status-port is reached; throws InvalidArgument.
+net::HostPort parseWhere(const std::string& text) {
+  net::HostPort where;
   try {
-    a.where = net::parseHostPort(text, 0);
+    where = net::parseHostPort(text, 0);
   } catch (const InvalidArgument&) {
-    a.where.port = 0;
+    where.port = 0;
   }
-  if (a.where.port == 0 || a.where.host.empty())
+  if (where.port == 0 || where.host.empty())
     DDPRUN_THROW(InvalidArgument, "'", str::escape(text),
                  "' is not HOST:PORT; give the address and port of an agent's --status-port, "
                  "e.g. 127.0.0.1:8080 or [::1]:8080");
-  return a;
+  return where;
 }
 
 int fetchAndPrint(const StatusArgs& a) {
@@ -87,16 +58,29 @@ int fetchAndPrint(const StatusArgs& a) {
 }  // namespace
 
 int runStatusCli(int argc, const char* const* argv) {
+  CLI::App app{
+      "ddprun status: prints the status of a running ddprun agent started with "
+      "--status-port: the job, the rendezvous round and one line per worker.\n"
+      "Exit codes: 0 ok, 2 bad arguments, 3 no answer or not a ddprun status endpoint.",
+      "ddprun status"};
   StatusArgs args;
+  std::string where;
+  app.add_option("HOST:PORT", where, "The agent's --status-port address")->required();
+  app.add_flag("--json", args.json, "Print /status as it is");
+  app.add_option("--timeout", args.timeoutSeconds, "Seconds to wait for the answer (default 10)")
+      ->check(CLI::Range(0.001, 86400.0));
   try {
-    args = parseStatusArgs(argc, argv);
+    app.parse(argc, argv);
+    args.where = parseWhere(where);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ddprun status: error: " << e.what()
+              << "\nRun 'ddprun status --help'; give one HOST:PORT.\n";
+    return agent::kExitUsage;
   } catch (const InvalidArgument& e) {
     std::cerr << "ddprun status: error: " << e.message() << "\n";
     return agent::kExitUsage;
-  }
-  if (args.help) {
-    std::cout << kUsage;
-    return 0;
   }
   try {
     return fetchAndPrint(args);
