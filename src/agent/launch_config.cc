@@ -526,10 +526,6 @@ void finalizeConfig(LaunchConfig& c) {
   warnUnhonoured(c);
 }
 
-}  // namespace ddprun::agent
-
-namespace ddprun::agent {
-
 // The one place where flags become a rendezvous (see launch_config.h).
 rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   using Kind = rendezvous::RendezvousSpec::Kind;
