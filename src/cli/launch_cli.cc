@@ -310,6 +310,13 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
   g.with("local_addr", [&](const std::string& v) { c.localAddr = v; });
 }
 
+// torchrun's fallback for --shutdown-timeout, when set and not empty.
+std::optional<std::string> shutdownTimeoutFromEnv(const EnvLookup& env) {
+  auto v = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (!v || v->empty()) return std::nullopt;
+  return v;
+}
+
 void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) {
   g.with("max_restarts",
          [&](const std::string& v) { c.maxRestarts = toInt(v, "--max-restarts", 0); });
@@ -332,8 +339,8 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
     c.shutdownTimeout = std::chrono::seconds(toInt(v, "--shutdown-timeout", 0));
     flagGiven = true;
   });
-  auto fromEnv = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (!flagGiven && fromEnv && !fromEnv->empty())
+  auto fromEnv = shutdownTimeoutFromEnv(env);
+  if (!flagGiven && fromEnv)
     c.shutdownTimeout =
         std::chrono::seconds(toInt(*fromEnv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 0));
   g.setSwitch("virtual_local_rank", c.virtualLocalRank);
@@ -387,9 +394,7 @@ void applySignalPolicy(const cluster::ClusterDefaults& d, const Given& g,
       if (std::find(c.signalsToHandle.begin(), c.signalsToHandle.end(), s) ==
           c.signalsToHandle.end())
         c.survivedSignals.push_back(s);
-  auto envTimeout = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (d.enforcesGracePeriod && !g.value("shutdown_timeout") &&
-      !(envTimeout && !envTimeout->empty()))
+  if (d.enforcesGracePeriod && !g.value("shutdown_timeout") && !shutdownTimeoutFromEnv(env))
     c.killAfterSignal = false;
 }
 

@@ -42,20 +42,14 @@ struct Piece {
   DDPRUN_THROW(InvalidArgument, "host list entry '", str::escape(entry), "': ", why);
 }
 
-bool allDigits(std::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s)
-    if (c < '0' || c > '9') return false;
-  return true;
-}
-
+// Digits only (no sign, no space: str::parseInt would take "+1"); 18 digits
+// always fit, more is no host number anyone uses.
 uint64_t number(std::string_view entry, std::string_view digits) {
-  // 18 digits always fit; more is no host number anyone uses.
-  if (!allDigits(digits) || digits.size() > 18)
+  int64_t v = -1;
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string_view::npos ||
+      !str::parseInt(digits, v, 0))
     malformed(entry, "'" + std::string(digits) + "' in brackets is not a number");
-  uint64_t v = 0;
-  for (char c : digits) v = v * 10 + static_cast<uint64_t>(c - '0');
-  return v;
+  return static_cast<uint64_t>(v);
 }
 
 // "01-03,7" -> {[1,3] width 2, [7,7] width 1}
@@ -140,19 +134,18 @@ void emit(const std::vector<Piece>& pieces, std::vector<std::string>& out) {
   }
 }
 
-// The list's entries: split at commas outside brackets.
-std::vector<std::string_view> entries(std::string_view list) {
-  std::vector<std::string_view> out;
+// The list's entries: split at commas outside brackets, trimmed, empty ones
+// skipped.
+std::vector<std::string> entries(std::string_view list) {
+  std::vector<std::string> out;
   int depth = 0;
   size_t start = 0;
   for (size_t i = 0; i <= list.size(); ++i) {
     if (i < list.size() && list[i] == '[') ++depth;
     if (i < list.size() && list[i] == ']') --depth;
     if (i == list.size() || (list[i] == ',' && depth <= 0)) {
-      std::string_view e = list.substr(start, i - start);
-      while (!e.empty() && (e.front() == ' ' || e.front() == '\t')) e.remove_prefix(1);
-      while (!e.empty() && (e.back() == ' ' || e.back() == '\t')) e.remove_suffix(1);
-      if (!e.empty()) out.push_back(e);
+      std::string e = str::trim(list.substr(start, i - start));
+      if (!e.empty()) out.push_back(std::move(e));
       start = i + 1;
     }
   }
@@ -164,7 +157,7 @@ std::vector<std::string_view> entries(std::string_view list) {
 std::vector<std::string> expandHostList(std::string_view list) {
   std::vector<std::vector<Piece>> parsed;
   uint64_t total = 0;
-  for (std::string_view e : entries(list)) {
+  for (const std::string& e : entries(list)) {
     if (e.find_first_of(" \t\r\n") != std::string_view::npos)
       malformed(e, "a space inside a host name");
     auto pieces = parseEntry(e);
