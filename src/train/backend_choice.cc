@@ -1,5 +1,6 @@
 #include "ddprun/train/backend_choice.h"
 
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
 
@@ -7,6 +8,10 @@ namespace ddprun::train {
 
 DeviceInventory probeDevices() {
   return {.cudaBuilt = runtime::cudaBuilt(), .gpus = runtime::cudaDeviceCount()};
+}
+
+bool deterministicFromEnv() {
+  return env::integer("DDPRUN_CUDNN_DETERMINISTIC", 0, 0, 1) == 1;
 }
 
 Precision parsePrecision(const std::string& p) {
@@ -37,7 +42,8 @@ bool chooseCuda(const std::string& device, const std::string& precision,
 std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg) {
   if (chooseCuda(cfg.device, cfg.precision, probeDevices()))
     return makeCudaBackend({.device = runtime::cudaSelectedDevice(),
-                            .precision = parsePrecision(cfg.precision)});
+                            .precision = parsePrecision(cfg.precision),
+                            .deterministic = cfg.deterministic || deterministicFromEnv()});
   return makeCpuBackend(cfg.threads);
 }
 

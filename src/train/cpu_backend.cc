@@ -30,12 +30,10 @@ namespace {
 
 using kmath::AdamScalars;
 using kmath::adamScalars;
-using kmath::adamStep;
 using kmath::CeRow;
 using kmath::crossEntropyGrad;
 using kmath::crossEntropyLoss;
 using kmath::crossEntropyRow;
-using kmath::sgdStep;
 
 // C[M,N] (+)= op(A) op(B), row-major.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
@@ -576,14 +574,14 @@ class CpuBackend final : public Backend {
                  float wd, bool first) override {
     float none = 0.0f;  // momentum 0: no buffer
     for (size_t i = 0; i < n; ++i)
-      sgdStep(w[i], g[i], momentum != 0.0f ? buf[i] : none, lr, momentum, wd, first);
+      kmath::sgdStep(w[i], g[i], momentum != 0.0f ? buf[i] : none, lr, momentum, wd, first);
   }
   // torch.optim.Adam (no amsgrad): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
   void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr, float b1,
                   float b2, float eps, float wd, int64_t step) override {
     const AdamScalars s = adamScalars(lr, b1, b2, step);
-    for (size_t i = 0; i < n; ++i) adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
+    for (size_t i = 0; i < n; ++i) kmath::adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     DDPRUN_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add of ",

@@ -1,5 +1,6 @@
 #include "ddprun/train/layers.h"
 
+#include <chrono>
 #include <cmath>
 #include <sstream>
 
@@ -65,6 +66,33 @@ class Flatten final : public Layer {
 std::unique_ptr<Layer> Backend::flatten(std::string name) {
   return std::make_unique<Flatten>(std::move(name));
 }
+
+void Backend::sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum,
+                      float weightDecay, bool firstStep) {
+  for (const OptimChunk& c : chunks)
+    sgdUpdate(c.w, c.g, c.s1, c.n, lr, momentum, weightDecay, firstStep);
+}
+
+void Backend::adamStep(const std::vector<OptimChunk>& chunks, float lr, float beta1, float beta2,
+                       float eps, float weightDecay, int64_t step) {
+  for (const OptimChunk& c : chunks)
+    adamUpdate(c.w, c.g, c.s1, c.s2, c.n, lr, beta1, beta2, eps, weightDecay, step);
+}
+
+size_t Backend::mark() {
+  markTimes_.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return markTimes_.size() - 1;
+}
+
+std::vector<double> Backend::markTimesMs() {
+  std::vector<double> out;
+  out.reserve(markTimes_.size());
+  for (double t : markTimes_) out.push_back((t - markTimes_.front()) * 1e3);
+  return out;
+}
+
+void Backend::clearMarks() { markTimes_.clear(); }
 
 Tensor Backend::uploadInput(const float* host, const Shape& shape) {
   Tensor t(shape, allocator());

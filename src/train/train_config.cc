@@ -155,6 +155,8 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   app.add_option("--precision", c.precision,
                  "fp32 | tf32 | bf16 | fp16 (autocast; cuda only, the CPU computes fp32)")
       ->capture_default_str();
+  app.add_flag("--deterministic", c.deterministic,
+               "Bitwise-repeatable GPU runs (slower: deterministic, direct-sum cuDNN algorithms)");
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "Learning rate, in (0, 10]")->capture_default_str();

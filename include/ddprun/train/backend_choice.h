@@ -23,6 +23,10 @@ DeviceInventory probeDevices();
 // fp32 | tf32 | bf16 | fp16 (train_config validates the spelling).
 Precision parsePrecision(const std::string& p);
 
+// DDPRUN_CUDNN_DETERMINISTIC=1: --deterministic without the flag (0 or unset:
+// the flag decides). Other values are an error naming the variable.
+bool deterministicFromEnv();
+
 // Whether to compute on CUDA: --device cuda, or auto with a GPU. Throws
 // InvalidArgument for --device cuda without a GPU (or CUDA in the build), and
 // for a --precision other than fp32 when the choice is the CPU.

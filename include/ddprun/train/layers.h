@@ -49,6 +49,12 @@ struct Param {
   std::string name;  // PyTorch state_dict name, e.g. "conv1.weight"
   Tensor value;
   Tensor grad;       // same shape; a view into the reducer's bucket, or owned
+  // The gradient is logically zero: the next backward that produces this
+  // parameter's gradient writes it (overwrites grad's contents) instead of
+  // adding to it, and clears the flag. The training loop sets it instead of
+  // zeroing the gradients (no memset per step); a layer whose backward
+  // produces no gradient for a set flag (an empty batch) zeroes grad itself.
+  bool overwriteGrad = false;
 };
 
 // Non-trainable state saved with the model (batch norm running statistics).
@@ -161,6 +167,25 @@ class Backend {
   virtual void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr,
                           float beta1, float beta2, float eps, float weightDecay,
                           int64_t step) = 0;
+  // One optimizer step over several contiguous chunks of parameters at once
+  // (a device backend: one multi-tensor launch for all chunks): chunk i
+  // updates n elements of w from g, with state s1 (SGD's momentum buffer,
+  // null without momentum; Adam's exp_avg) and s2 (Adam's exp_avg_sq); w16,
+  // when not null, receives the updated weights rounded to the backend's
+  // 16-bit type (the autocast copy of bf16/fp16), in the same pass. The
+  // defaults call sgdUpdate/adamUpdate per chunk (and ignore w16).
+  struct OptimChunk {
+    float* w = nullptr;
+    const float* g = nullptr;
+    float* s1 = nullptr;
+    float* s2 = nullptr;
+    void* w16 = nullptr;
+    size_t n = 0;
+  };
+  virtual void sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum,
+                       float weightDecay, bool firstStep);
+  virtual void adamStep(const std::vector<OptimChunk>& chunks, float lr, float beta1,
+                        float beta2, float eps, float weightDecay, int64_t step);
 
   // Element-wise work on this backend's memory, ordered with its layers.
   // out = a + b (out may be a or b; same number of elements).
@@ -189,10 +214,39 @@ class Backend {
   virtual Tensor uploadInput(const float* host, const Shape& shape);
   // Waits until everything issued so far has finished (timing, benchmarks).
   virtual void synchronize() = 0;
-  // High-water mark of the device memory this backend's allocator handed out
-  // (activations, parameters, optimizer state, workspaces), in bytes; 0 on
-  // the CPU.
+  // High-water mark of the device memory this backend holds in tensors
+  // (activations, parameters, gradients, optimizer state, workspaces), in
+  // bytes allocated, each request rounded up to 512 bytes as PyTorch's
+  // torch.cuda.max_memory_allocated counts them; 0 on the CPU.
   virtual size_t peakDeviceBytes() const { return 0; }
+  // High-water mark of the device memory reserved from CUDA (what is
+  // allocated plus the allocator's cache and rounding: PyTorch's
+  // max_memory_reserved); 0 on the CPU.
+  virtual size_t peakReservedBytes() const { return 0; }
+  // Starts both high-water marks again from what is held now (PyTorch's
+  // reset_peak_memory_stats), e.g. after warm-up.
+  virtual void resetPeakDeviceBytes() {}
+  // Host synchronisations with the device so far (calls: every wait the
+  // backend made; waits: those that found the device still busy). Zeros on
+  // the CPU, which never waits for a device.
+  struct HostSyncs {
+    int64_t calls = 0, waits = 0;
+  };
+  virtual HostSyncs hostSyncs() const { return {}; }
+
+  // The profile's timeline. mark() records a point in the order of the work
+  // issued so far (a device: a timing event on the compute stream, no wait;
+  // the CPU: the wall clock) and returns its index. markTimesMs() waits for
+  // the device and returns every mark's time in milliseconds relative to
+  // mark 0; clearMarks() forgets them. Marks cost no synchronisation, so
+  // profiled steps keep the order and overlap of unprofiled ones.
+  virtual size_t mark();
+  virtual std::vector<double> markTimesMs();
+  virtual void clearMarks();
+  // Opens (true) or closes (false) the window of an external kernel tracer:
+  // cudaProfilerStart/Stop on CUDA (the CUPTI tracer of the benchmarks
+  // records kernels between them); nothing on the CPU.
+  virtual void profilerRange(bool on) {}
 
   // Where the reducer keeps gradient buckets for this backend: the CPU's
   // shared heap, or device memory ordered after this backend's compute (the
@@ -202,6 +256,7 @@ class Backend {
 
  private:
   double deferredLoss_ = 0;  // the default crossEntropyDeferred's accumulator
+  std::vector<double> markTimes_;  // the default mark()'s wall-clock times (seconds)
 };
 
 // The CPU backend; `threads` is OpenBLAS's thread count (1 keeps runs
@@ -214,6 +269,11 @@ std::unique_ptr<Backend> makeCpuBackend(int threads = 1);
 struct CudaBackendOptions {
   int device = 0;
   Precision precision = Precision::kFp32;
+  // Bitwise-repeatable runs: only deterministic cuDNN algorithms, and in fp32
+  // only those that sum products directly (no Winograd or FFT). Off: the
+  // fastest algorithm that passes the accuracy check against a float64
+  // reference (cudnn_conv.cc).
+  bool deterministic = false;
 };
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 

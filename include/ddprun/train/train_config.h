@@ -22,6 +22,11 @@ struct TrainConfig {
   int64_t imageSize = 0;           // resnet18's input side; 0: the data's own (32)
   std::string device = "auto";     // cpu | cuda | auto (cuda when a GPU is there)
   std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16 (cpu: fp32 only)
+  // Bitwise-repeatable device arithmetic (CUDA: deterministic cuDNN algorithms,
+  // and in fp32 only those that sum products directly); the default takes the
+  // fastest algorithms that pass the accuracy check. The CPU is always
+  // deterministic. DDPRUN_CUDNN_DETERMINISTIC=1 sets it too.
+  bool deterministic = false;
   int epochs = 1;
   int batchSize = 64;  // per rank
   float lr = 0.05f;

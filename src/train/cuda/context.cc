@@ -12,7 +12,8 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 }  // namespace
 
-Context::Context(int device, Precision precision) : device_(device), precision_(precision) {
+Context::Context(int device, Precision precision, bool deterministic)
+    : device_(device), precision_(precision), deterministic_(deterministic) {
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));
@@ -71,7 +72,7 @@ void Context::download(const void* src, void* host, size_t bytes) {
 void Context::readBack(const void* src, void* host, size_t bytes) {
   void* pin = small_.ensure(std::max<size_t>(bytes, 64));
   DDPRUN_CUDA_OK(cudaMemcpyAsync(pin, src, bytes, cudaMemcpyDeviceToHost, stream_));
-  synchronize();
+  synchronize();  // counted, as every host wait (resources.h)
   std::memcpy(host, pin, bytes);
 }
 

@@ -29,14 +29,17 @@ namespace ddprun::train::cuda {
 class Context {
  public:
   // Sets `device` current on the calling thread and creates the stream and
-  // handles. Precondition: the device exists.
-  Context(int device, Precision precision);
+  // handles. Precondition: the device exists. `deterministic`: see
+  // CudaBackendOptions.
+  Context(int device, Precision precision, bool deterministic = false);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   int device() const { return device_; }
   Precision precision() const { return precision_; }
+  // Bitwise-repeatable algorithms only (--deterministic).
+  bool deterministic() const { return deterministic_; }
   // The autocast precisions (bf16, fp16): convolutions and matrix products
   // take 16-bit inputs and accumulate in float; everything else stays float.
   bool autocast() const { return precision_ == Precision::kBf16 || precision_ == Precision::kFp16; }
@@ -72,6 +75,7 @@ class Context {
   std::atomic<int64_t> externalPeak_{0};
   int device_;
   Precision precision_;
+  bool deterministic_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

@@ -95,7 +95,7 @@ void checkSame(const Tensor& a, const Tensor& b, const char* what) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : ctx_(std::make_shared<Context>(o.device, o.precision)), labels_(ctx_), rowLoss_(ctx_),
+      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic)), labels_(ctx_), rowLoss_(ctx_),
         rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_), lossAcc_(ctx_) {}
   ~CudaBackend() override {
     try {

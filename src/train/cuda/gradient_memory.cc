@@ -86,7 +86,7 @@ class CudaGradientMemory final : public runtime::GradientMemory {
       int prev = -1;
       const bool known = cudaGetDevice(&prev) == cudaSuccess;
       if (!known || prev != device) DDPRUN_CUDA_OK(cudaSetDevice(device));
-      ev->synchronize();
+      ev->waitUncounted();  // the communication thread: not a training-thread wait
       if (known && prev != device) DDPRUN_CUDA_OK(cudaSetDevice(prev));
     };
   }

@@ -12,12 +12,36 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "ddprun/runtime/cuda_check.h"
 
 namespace ddprun::train::cuda {
+
+// Host synchronisations with the device, counted for the benchmark's "host
+// synchronisations per step" (goal: none inside a training step). `calls`:
+// every Stream::synchronize / Event::synchronize (and the Context's
+// synchronous transfers); `waits`: those that found the device work not yet
+// done, i.e. the host actually stalled. Process-wide, any thread (a helper
+// thread that waits on purpose uses Event::waitUncounted).
+struct HostSyncCounts {
+  int64_t calls = 0, waits = 0;
+};
+namespace detail {
+inline std::atomic<int64_t> gSyncCalls{0}, gSyncWaits{0};
+// Counts one synchronisation; `pending`: the work was not done yet.
+inline void countSync(bool pending) {
+  gSyncCalls.fetch_add(1, std::memory_order_relaxed);
+  if (pending) gSyncWaits.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace detail
+inline HostSyncCounts hostSyncCounts() {
+  return {detail::gSyncCalls.load(std::memory_order_relaxed),
+          detail::gSyncWaits.load(std::memory_order_relaxed)};
+}
 
 // A move-only owner of a handle-like value `T` with a destroy function.
 template <typename T, auto Destroy>
@@ -55,7 +79,13 @@ class Stream : public Owned<cudaStream_t, cudaStreamDestroy> {
     DDPRUN_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return Stream(s);
   }
-  void synchronize() const { DDPRUN_CUDA_OK(cudaStreamSynchronize(get())); }
+  // Waits for everything issued so far (counted: hostSyncCounts()).
+  void synchronize() const {
+    const cudaError_t q = cudaStreamQuery(get());
+    if (q != cudaSuccess && q != cudaErrorNotReady) DDPRUN_CUDA_OK(q);
+    detail::countSync(q == cudaErrorNotReady);
+    if (q == cudaErrorNotReady) DDPRUN_CUDA_OK(cudaStreamSynchronize(get()));
+  }
 
  private:
   using Owned::Owned;
@@ -70,7 +100,22 @@ class Event : public Owned<cudaEvent_t, cudaEventDestroy> {
     return Event(e);
   }
   void record(cudaStream_t s) const { DDPRUN_CUDA_OK(cudaEventRecord(get(), s)); }
-  void synchronize() const { DDPRUN_CUDA_OK(cudaEventSynchronize(get())); }
+  // True when the work before the last record() has finished (never waits).
+  bool done() const {
+    const cudaError_t q = cudaEventQuery(get());
+    if (q == cudaErrorNotReady) return false;
+    DDPRUN_CUDA_OK(q);
+    return true;
+  }
+  // Waits for the work before the last record() (counted: hostSyncCounts()).
+  void synchronize() const {
+    const bool pending = !done();
+    detail::countSync(pending);
+    if (pending) DDPRUN_CUDA_OK(cudaEventSynchronize(get()));
+  }
+  // The same wait, not counted: for helper threads (the communication
+  // thread's fences), whose waits are not the training thread's.
+  void waitUncounted() const { DDPRUN_CUDA_OK(cudaEventSynchronize(get())); }
 
  private:
   using Owned::Owned;
