@@ -149,30 +149,45 @@ void Model::initialize(Rng& rng) {
 }
 
 const Tensor& Model::forward(const Tensor& x, bool training) {
+  const bool release = !training && backend_.releasesActivations();
   acts_[0] = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     // ReLU after a layer whose backward does not read its output (conv,
     // batch norm, linear) overwrites that output: one activation less.
     if (i > 0 && layers_[i]->worksInPlace() && !layers_[i - 1]->backwardReadsOutput())
       acts_[i + 1] = acts_[i];
+    if (observer_) observer_(i, false, false);
     layers_[i]->forward(acts_[i], acts_[i + 1], training);
+    if (observer_) observer_(i, false, true);
+    // No backward follows evaluation: the input is dead once read (the
+    // storage lives on while an in-place output shares it).
+    if (release) acts_[i] = Tensor();
   }
   return acts_.back();
 }
 
 void Model::backward(const Tensor& dlogits, const std::function<void(size_t)>& ready) {
-  // On a device, each dL/d(activation) is given back to the caching
-  // allocator once the layer below has consumed it, so backward holds two of
-  // them at a time, not one per layer (on the CPU they are kept: host
-  // allocations are not cached).
-  const bool release = backend_.device() != Device::kCpu;
+  // On a device, each dL/d(activation) and each activation is given back to
+  // the caching allocator once nothing later reads it: layer i's backward is
+  // the last reader of its output acts_[i + 1] (layer i + 1's backward, which
+  // read it as its input, ran before) and of dL/d acts_[i + 1]. So backward
+  // holds the activations below the current layer and two gradients, not
+  // every activation of the step. On the CPU both are kept (host allocations
+  // are not cached).
+  const bool release = backend_.releasesActivations();
   grads_.back() = dlogits;
   for (size_t i = layers_.size(); i-- > 0;) {
+    if (observer_) observer_(i, true, false);
     layers_[i]->backward(acts_[i], acts_[i + 1], grads_[i + 1], i == 0 ? nullptr : &grads_[i]);
-    if (release) grads_[i + 1] = Tensor();
+    if (observer_) observer_(i, true, true);
+    if (release) {
+      grads_[i + 1] = Tensor();
+      acts_[i + 1] = Tensor();
+    }
     if (ready)
       for (size_t p : layerParams_[i]) ready(p);
   }
+  if (release) acts_[0] = Tensor();  // the input batch: the feed keeps its own handle
 }
 
 }  // namespace ddprun::train

@@ -5,9 +5,9 @@
 namespace ddprun::train {
 namespace {
 
-// Forward keeps every intermediate (each child's backward needs its input
-// and output); backward walks the main branch back from dL/dsum, then the
-// shortcut, and adds the two contributions to dL/dx.
+// Forward keeps the intermediates some backward reads (each child's input;
+// outputs for their shapes); backward walks the main branch back from
+// dL/dsum, then the shortcut, and adds the two contributions to dL/dx.
 class BasicBlock final : public Layer {
  public:
   BasicBlock(Backend& be, std::string name, int64_t inC, int64_t outC, int stride,
@@ -39,37 +39,54 @@ class BasicBlock final : public Layer {
     run(*bn1_, c1_, b1_, training);
     // In place: relu's backward reads its output, batch norm's its input.
     run(*relu1_, b1_, b1_, training);
+    if (!training) done(c1_);  // no backward follows evaluation
     run(*conv2_, b1_, c2_, training);
+    if (!training) done(b1_);
     run(*bn2_, c2_, b2_, training);
+    if (!training) done(c2_);
     const Tensor* shortcut = &x;
     if (dsConv_) {
       run(*dsConv_, x, dc_, training);
       run(*dsBn_, dc_, db_, training);
+      if (!training) done(dc_);
       shortcut = &db_;
     }
     // The sum and the last ReLU in place in bn2's output (bn2's backward does
     // not read it), which becomes the block's output y: torchvision's
     // `out += identity; out = relu(out)`.
     be_.add(b2_, *shortcut, b2_);
+    // The downsample's batch norm output was read by the sum only: its
+    // backward reads its input (dc_), so nothing keeps it.
+    done(db_);
     y = b2_;
     relu2_->forward(y, y, training);
+    if (!training) done(b2_);  // y (the caller's handle) keeps the output alone
   }
 
+  // Walks back from dL/dsum, giving every intermediate back as soon as its
+  // last reader ran (done(); kept on the CPU): backward holds the block's
+  // input and a few gradients at a time, not the whole forward.
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     back(*relu2_, y, y, dy, &gSum_);
     back(*bn2_, c2_, b2_, gSum_, &gC2_);
+    done(b2_);  // the output (y) is read by nothing below
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
+    done(c2_);
     back(*relu1_, b1_, b1_, gR1_, &gB1_);
     done(gR1_);
     back(*bn1_, c1_, b1_, gB1_, &gC1_);
     done(gB1_);
+    done(b1_);
     back(*conv1_, x, c1_, gC1_, dx);
     done(gC1_);
+    done(c1_);
     if (dsConv_) {
-      back(*dsBn_, dc_, db_, gSum_, &gDc_);
+      // The batch norm's backward reads its input (dc_) and the shapes only.
+      back(*dsBn_, dc_, dc_, gSum_, &gDc_);
       back(*dsConv_, x, dc_, gDc_, dx ? &gX_ : nullptr);
       done(gDc_);
+      done(dc_);
       if (dx) be_.add(*dx, gX_, *dx);
       done(gX_);
     } else if (dx) {
@@ -103,11 +120,12 @@ class BasicBlock final : public Layer {
     out.ensure(l.outputShape(in.shape()), be_.allocator());
     l.forward(in, out, training);
   }
-  // A backward temporary is given back to a device's caching allocator once
-  // used (the block then holds a few, not all seven; kept on the CPU, whose
-  // allocations are not cached).
+  // An intermediate is given back to the backend's allocator once its last
+  // reader ran, on backends that release activations (a device's caching
+  // allocator); the CPU keeps it for the next step (host allocations are not
+  // cached).
   void done(Tensor& t) {
-    if (be_.device() != Device::kCpu) t = Tensor();
+    if (be_.releasesActivations()) t = Tensor();
   }
   void back(Layer& l, const Tensor& in, const Tensor& out, const Tensor& dout, Tensor* din) {
     if (din) din->ensure(in.shape(), be_.allocator());

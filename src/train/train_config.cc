@@ -116,6 +116,8 @@ std::string validate(const TrainConfig& c, int cpus) {
   if (c.trainSamples > kMaxIdxSamples || c.testSamples > kMaxIdxSamples)
     return "--train-samples and --test-samples must be at most " +
            std::to_string(kMaxIdxSamples);
+  if (c.benchWarmup < 0 || c.profileSteps < 0)
+    return "--bench-warmup and --profile-steps must be >= 0";
   if (c.threads < 1) return "--threads must be at least 1";
   if (c.threads > cpus)
     return "--threads " + std::to_string(c.threads) + " is more than the " +
@@ -202,6 +204,12 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
                  "Math library threads per rank (at most the CPUs this process may use)")
       ->capture_default_str();
   app.add_flag("--quiet", c.quiet, "No progress lines");
+  app.add_option("--bench-warmup", c.benchWarmup,
+                 "Benchmark: time the steps after the first N (device drained, memory peaks "
+                 "reset; no progress lines inside the window); 0: off");
+  app.add_option("--profile-steps", c.profileSteps,
+                 "Benchmark: profile the last N steps with device events per layer (after the "
+                 "timed window); 0: off");
 
   ParseResult r;
   try {

@@ -10,6 +10,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
 #include "ddprun/store/hash_store.h"
@@ -24,6 +25,7 @@
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
 #include "batch_feed.h"
+#include "step_profile.h"
 
 namespace ddprun::train {
 namespace {
@@ -149,6 +151,31 @@ class Run {
   int64_t samplesSeen_ = 0;  // global samples trained in this process
   int64_t stepsRun_ = 0;
   int64_t totalSteps_ = 0;
+  int64_t runSteps_ = 0;  // steps this process trains (after a resume: the rest)
+
+  // --bench-warmup: the timed window (see benchWindowStart/End).
+  struct Window {
+    bool open = false, done = false;
+    Clock::time_point t0;
+    double seconds = 0;
+    int64_t steps = 0;
+    Backend::HostSyncs syncs0, syncs;
+    size_t peakAllocated = 0, peakReserved = 0;
+  };
+  Window window_;
+  // --profile-steps: the last steps' device profile.
+  std::unique_ptr<StepProfile> profile_;
+  nlohmann::json profileResult_;
+  void checkBenchFlags();
+  bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
+  void benchWindowStart();
+  void benchWindowEnd();
+  void profileStepStart();
+  void profileStepEnd();
+  void profilePoint(StepProfile::Point p) {
+    if (profile_) profile_->point(p);
+  }
+  nlohmann::json benchJson() const;
 };
 
 void Run::setup() {
@@ -369,18 +396,32 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   // all-reduces already run behind it) and after the optimizer, and the
   // breakdown is those steps' times scaled to all steps; the other steps run
   // without waiting.
+  // --bench-warmup's window and --profile-steps' steps never synchronise
+  // inside a step: the breakdown samples only the steps outside them.
+  if (cfg_.benchWarmup > 0 && stepsRun_ == cfg_.benchWarmup) benchWindowStart();
+  const bool profiled = inProfile();
+  if (profiled) profileStepStart();
   const bool device = be_->device() != Device::kCpu;
-  const bool timed = !device || pos_.globalStep % kSampleEvery == kSampleEvery / 2;
+  const bool quiet = window_.open || profiled;
+  const bool timed =
+      !quiet && (!device || pos_.globalStep % kSampleEvery == kSampleEvery / 2);
   if (device && timed) be_->synchronize();  // the previous step's work is not this one's
   auto t0 = Clock::now();
+  profilePoint(StepProfile::Point::kStepStart);
   const BatchFeed::Batch batch = feed_->take(data_.train, idx, n);
   syncBuffers();
+  profilePoint(StepProfile::Point::kDataEnd);
   auto t1 = Clock::now();
   const Tensor& logits = model_->forward(batch.x, true);
   // The loss is summed where it is computed and read when reported: no
   // device synchronisation per step.
+  profilePoint(StepProfile::Point::kLossStart);
   be_->crossEntropyDeferred(logits, batch.labels, &dlogits_, scaler_.scale());
-  model_->backward(dlogits_, [&](size_t i) { reducer_->markReady(i); });
+  profilePoint(StepProfile::Point::kLossEnd);
+  model_->backward(dlogits_, [&](size_t i) {
+    reducer_->markReady(i);
+    if (profile_) profile_->paramReady(i);
+  });
   // The next batch is assembled while the device still runs backward.
   const auto p0 = Clock::now();
   feed_->prepareNext(data_.train, next, nextN);
@@ -388,13 +429,18 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   if (device && timed) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
+  profilePoint(StepProfile::Point::kReducerStart);
   reducer_->finalize();
+  profilePoint(StepProfile::Point::kReducerEnd);
   if (reducer_->layoutVersion() != layout) bindGrads();
   auto t3 = Clock::now();
+  profilePoint(StepProfile::Point::kOptimizerStart);
   const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
   scaler_.update(finite);
   if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
   reducer_->zeroGrad();
+  profilePoint(StepProfile::Point::kOptimizerEnd);
+  profilePoint(StepProfile::Point::kStepEnd);
   if (device && timed) be_->synchronize();
   auto t4 = Clock::now();
   if (timed) {
@@ -417,9 +463,111 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   ++pos_.step;
   ++pos_.globalStep;
   ++stepsRun_;
+  if (window_.open) ++window_.steps;
+  if (window_.open && stepsRun_ == runSteps_ - cfg_.profileSteps) benchWindowEnd();
+  if (profiled) profileStepEnd();
   const bool last = pos_.step == stepsInEpoch;
-  report(stepsInEpoch, last || pos_.step % cfg_.logInterval == 0);
+  // No progress line (a host read of the loss) inside the timed window or
+  // the profile; the interval's samples are reported with the next line.
+  if (!window_.open && !(profiled && stepsRun_ < runSteps_))
+    report(stepsInEpoch, last || pos_.step % cfg_.logInterval == 0);
   if (cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0) saveCheckpoint();
+}
+
+// The timed window of --bench-warmup: everything issued before it is
+// finished first, the memory peaks start from what is held, and the host
+// synchronisations inside it are counted.
+void Run::benchWindowStart() {
+  be_->synchronize();
+  be_->resetPeakDeviceBytes();
+  window_.open = true;
+  window_.steps = 0;
+  window_.syncs0 = be_->hostSyncs();
+  window_.t0 = Clock::now();
+}
+
+void Run::benchWindowEnd() {
+  const Backend::HostSyncs s = be_->hostSyncs();  // before the closing wait
+  be_->synchronize();
+  window_.seconds = since(window_.t0);
+  window_.open = false;
+  window_.done = true;
+  window_.syncs = {s.calls - window_.syncs0.calls, s.waits - window_.syncs0.waits};
+  window_.peakAllocated = be_->peakDeviceBytes();
+  window_.peakReserved = be_->peakReservedBytes();
+}
+
+nlohmann::json Run::benchJson() const {
+  if (!window_.done) return nullptr;
+  const double steps = static_cast<double>(window_.steps);
+  const double samples = steps * cfg_.batchSize * pg_.size();
+  constexpr double kMiB = 1 << 20;
+  return {{"warmup_steps", cfg_.benchWarmup},
+          {"steps", window_.steps},
+          {"seconds", window_.seconds},
+          {"samples_per_second", window_.seconds > 0 ? samples / window_.seconds : 0.0},
+          {"host_sync_calls", window_.syncs.calls},
+          {"host_sync_waits", window_.syncs.waits},
+          {"host_sync_calls_per_step", steps > 0 ? window_.syncs.calls / steps : 0.0},
+          {"host_sync_waits_per_step", steps > 0 ? window_.syncs.waits / steps : 0.0},
+          {"peak_allocated_mb", static_cast<double>(window_.peakAllocated) / kMiB},
+          {"peak_reserved_mb", static_cast<double>(window_.peakReserved) / kMiB}};
+}
+
+// The first profiled step sets the profile up; every profiled step records
+// its bucket layout (the reducer rebuilds it once, after its first
+// iteration).
+void Run::profileStepStart() {
+  if (!profile_) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < model_->numLayers(); ++i) names.push_back(model_->layerName(i));
+    profile_ = std::make_unique<StepProfile>(*be_, std::move(names));
+    model_->setObserver([this](size_t layer, bool backward, bool end) {
+      profile_->layer(layer, backward, end);
+    });
+    be_->profilerRange(true);
+  }
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> bytes;
+  for (size_t b = 0; b < reducer_->numBuckets(); ++b) {
+    buckets.push_back(reducer_->bucketParams(b));
+    size_t n = 0;
+    for (size_t i : buckets.back()) n += reducer_->param(i).count * sizeof(float);
+    bytes.push_back(n);
+  }
+  profile_->setBuckets(buckets, bytes);
+}
+
+// After the last profiled step: the tracer's window closes, the marks are
+// read (one wait, outside every timed step) and averaged.
+void Run::profileStepEnd() {
+  if (stepsRun_ < runSteps_) return;
+  be_->synchronize();
+  be_->profilerRange(false);
+  model_->setObserver(nullptr);
+  profileResult_ = profile_->finish();
+  profile_.reset();
+}
+
+// Flags that depend on how many steps this process trains (known after a
+// resume): the window and the profile must fit, and the window must not
+// cross an epoch's end (evaluation would run inside it).
+void Run::checkBenchFlags() {
+  if (cfg_.benchWarmup == 0 && cfg_.profileSteps == 0) return;
+  const int64_t p = cfg_.profileSteps;
+  if (p > runSteps_)
+    DDPRUN_THROW(InvalidArgument, "--profile-steps ", p, " is more than the ", runSteps_,
+                 " steps this run trains; give fewer, or more --max-steps/--train-samples");
+  if (cfg_.benchWarmup == 0) return;
+  if (cfg_.benchWarmup + p >= runSteps_)
+    DDPRUN_THROW(InvalidArgument, "--bench-warmup ", cfg_.benchWarmup, " plus --profile-steps ",
+                 p, " leave no timed step of the ", runSteps_,
+                 " steps this run trains; train more steps (--max-steps, --train-samples)");
+  const int64_t leftInEpoch = stepsPerEpoch_ - pos_.step;
+  if (runSteps_ - p > leftInEpoch)
+    DDPRUN_THROW(InvalidArgument, "the --bench-warmup window (steps ", cfg_.benchWarmup + 1,
+                 " to ", runSteps_ - p, ") crosses the end of an epoch after ", leftInEpoch,
+                 " steps, where evaluation would run inside it; time one epoch (--epochs 1)");
 }
 
 // Every rank joins the all-reduce of the interval's loss; rank 0 prints.
@@ -553,6 +701,8 @@ nlohmann::json Run::execute() {
   if (rank0_) clearStaleTemporaries();
   setup();
   if (!cfg_.checkpointDir.empty()) start();
+  runSteps_ = totalSteps_ - pos_.globalStep;
+  checkBenchFlags();
   notice(std::string("model ") + cfg_.model + " (" +
          std::to_string(model_->numParameters()) + " parameters, " +
          std::to_string(reducer_->numBuckets()) + " gradient bucket" +
@@ -616,8 +766,13 @@ nlohmann::json Run::execute() {
                                                    : nlohmann::json(nullptr)},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};
-  if (be_->device() != Device::kCpu)
+  if (be_->device() != Device::kCpu) {
     j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
+    j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
+    if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);
+  }
+  if (cfg_.benchWarmup > 0) j["bench"] = benchJson();
+  if (cfg_.profileSteps > 0) j["profile"] = profileResult_;
   if (scaler_.on()) {
     j["skipped_steps"] = scaler_.skipped();
     j["loss_scale"] = scaler_.scale();

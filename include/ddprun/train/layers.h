@@ -214,6 +214,13 @@ class Backend {
   virtual Tensor uploadInput(const float* host, const Shape& shape);
   // Waits until everything issued so far has finished (timing, benchmarks).
   virtual void synchronize() = 0;
+  // Whether models give this backend's activations back to its allocator as
+  // soon as backward has used them (and evaluation's once the next layer
+  // has read them), instead of keeping them from step to step: a device's
+  // caching allocator hands the memory out again without a system call, so
+  // the peak is what one step needs; host allocations are not cached, so
+  // the CPU keeps them (the default: every backend but the CPU).
+  virtual bool releasesActivations() const { return device() != Device::kCpu; }
   // High-water mark of the device memory this backend holds in tensors
   // (activations, parameters, gradients, optimizer state, workspaces), in
   // bytes allocated, each request rounded up to 512 bytes as PyTorch's

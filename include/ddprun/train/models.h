@@ -63,12 +63,27 @@ class Model {
   // on the host and uploaded.
   void initialize(Rng& rng);
   // Runs every layer; returns the logits [N, classes] (valid until the next
-  // forward).
+  // forward). Evaluation (training false) on a backend that releases
+  // activations keeps only the last layer's output.
   const Tensor& forward(const Tensor& x, bool training);
   // Backward from dL/dlogits through every layer, last first; after a
   // layer's backward, `ready(i)` is called for each of its parameters (index
-  // into params()): the reducer's hook.
+  // into params()): the reducer's hook. On a backend that releases
+  // activations (Backend::releasesActivations), each layer's output and the
+  // gradient flowing into it are given back once its backward has run, so
+  // the memory held shrinks as backward proceeds (as autograd frees saved
+  // tensors); forward allocates them again.
   void backward(const Tensor& dlogits, const std::function<void(size_t)>& ready);
+
+  // The top-level layers, in forward order (resnet18: conv1, bn1, relu,
+  // maxpool, layer1.0, ..., layer4.1, avgpool, fc), for the profile.
+  size_t numLayers() const { return layers_.size(); }
+  const std::string& layerName(size_t i) const { return layers_.at(i)->name(); }
+  // The profile's hook: called right before (end false) and right after (end
+  // true) each top-level layer's forward (backward false) and backward
+  // (backward true). Empty: none (the default).
+  using LayerObserver = std::function<void(size_t layer, bool backward, bool end)>;
+  void setObserver(LayerObserver observer) { observer_ = std::move(observer); }
 
  private:
   Model(std::string name, Shape input, Backend& backend)
@@ -86,6 +101,7 @@ class Model {
   std::vector<Buffer*> buffers_;
   std::vector<Tensor> acts_;   // acts_[i] = input of layer i; acts_.back() = logits
   std::vector<Tensor> grads_;  // grads_[i] = dL/d acts_[i]
+  LayerObserver observer_;
 };
 
 }  // namespace ddprun::train

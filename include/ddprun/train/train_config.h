@@ -53,6 +53,11 @@ struct TrainConfig {
   int64_t testSamples = 0;
   int threads = 1;
   bool quiet = false;  // no progress lines
+  // Benchmark aids (docs/train.md): after benchWarmup steps the device is
+  // drained, memory peaks reset and a clock started; the window ends before
+  // the last profileSteps steps, which are profiled with device events.
+  int64_t benchWarmup = 0;   // 0: no timed window
+  int64_t profileSteps = 0;  // 0: no profile
 };
 
 // The accepted ranges of the float flags (finite numbers only; docs/train.md

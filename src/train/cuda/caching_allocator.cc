@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <string_view>
 
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda_check.h"
@@ -42,54 +44,102 @@ size_t CachingAllocator::sizeClass(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+size_t CachingAllocator::roundedRequest(size_t bytes) {
+  return std::max<size_t>((bytes + 511) / 512 * 512, 512);
+}
+
+namespace {
+bool asyncRequested() {
+  const char* v = std::getenv("DDPRUN_CUDA_ALLOCATOR");
+  if (!v || !*v || std::string_view(v) == "caching") return false;
+  if (std::string_view(v) == "async") return true;
+  DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_ALLOCATOR='", v,
+               "': expected caching (the default) or async (CUDA's cudaMallocAsync pool)");
+}
+}  // namespace
+
 CachingAllocator::CachingAllocator(int device, cudaStream_t stream)
-    : device_(device), stream_(stream) {}
+    : device_(device), stream_(stream), async_(asyncRequested()) {
+  if (!async_) return;
+  DeviceScope scope(device_);
+  DDPRUN_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+  // Keep what was freed reserved (as the free lists do) instead of returning
+  // it to the driver at every synchronisation.
+  uint64_t keep = UINT64_MAX;
+  DDPRUN_CUDA_OK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+}
 
 CachingAllocator::~CachingAllocator() { releaseCachedLocked(); }
 
-void* CachingAllocator::take(size_t cls) {
-  std::lock_guard lock(mu_);
-  DDPRUN_CHECK(!orphan_, "CUDA memory requested from a backend that was destroyed");
+void* CachingAllocator::mallocLocked(size_t bytes) {
+  DeviceScope scope(device_);
   void* p = nullptr;
-  auto it = free_.find(cls);
-  if (it != free_.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-    stats_.cached -= cls;
-  } else {
-    DeviceScope scope(device_);
-    cudaError_t e = cudaMalloc(&p, cls);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      releaseCachedLocked();  // give the cache back and try once more
-      e = cudaMalloc(&p, cls);
-    }
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      DDPRUN_THROW(runtime::CudaError, "cudaMalloc of ", mib(cls), " MiB failed on cuda:", device_,
-                   ": ", runtime::cuda_check::statusName(e), " (the backend holds ",
-                   mib(stats_.inUse), " MiB in tensors, peak ", mib(stats_.peak),
-                   " MiB; try a smaller --batch-size)");
-    }
-    ++stats_.mallocs;
+  auto attempt = [&] {
+    return async_ && stream_ ? cudaMallocAsync(&p, bytes, stream_) : cudaMalloc(&p, bytes);
+  };
+  cudaError_t e = attempt();
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    releaseCachedLocked();  // give the cache back and try once more
+    e = attempt();
   }
-  live_.emplace(p, cls);
-  stats_.inUse += cls;
-  stats_.peak = std::max(stats_.peak, stats_.inUse);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    DDPRUN_THROW(runtime::CudaError, "cudaMalloc", async_ ? "Async" : "", " of ", mib(bytes),
+                 " MiB failed on cuda:", device_, ": ", runtime::cuda_check::statusName(e),
+                 " (the backend holds ", mib(stats_.allocated), " MiB in tensors, peak ",
+                 mib(stats_.peakAllocated), " MiB; try a smaller --batch-size)");
+  }
+  ++stats_.mallocs;
   return p;
 }
 
-void* CachingAllocator::allocBytes(size_t bytes) { return take(sizeClass(bytes)); }
+void* CachingAllocator::take(size_t bytes) {
+  std::lock_guard lock(mu_);
+  DDPRUN_CHECK(!orphan_, "CUDA memory requested from a backend that was destroyed");
+  Block b{async_ ? roundedRequest(bytes) : sizeClass(bytes), roundedRequest(bytes)};
+  void* p = nullptr;
+  auto it = async_ ? free_.end() : free_.find(b.cls);
+  if (it != free_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    stats_.cached -= b.cls;
+  } else {
+    p = mallocLocked(b.cls);
+    if (!async_) stats_.reserved += b.cls;
+  }
+  live_.emplace(p, b);
+  stats_.inUse += b.cls;
+  stats_.peak = std::max(stats_.peak, stats_.inUse);
+  stats_.allocated += b.counted;
+  stats_.peakAllocated = std::max(stats_.peakAllocated, stats_.allocated);
+  noteReservedLocked();
+  return p;
+}
+
+// The async pool keeps its own books of what it holds from the driver.
+void CachingAllocator::noteReservedLocked() {
+  if (async_ && pool_) {
+    uint64_t r = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &r) == cudaSuccess)
+      stats_.reserved = static_cast<size_t>(r);
+    else
+      (void)cudaGetLastError();
+  }
+  stats_.peakReserved = std::max(stats_.peakReserved, stats_.reserved);
+}
+
+void* CachingAllocator::allocBytes(size_t bytes) { return take(std::max<size_t>(bytes, 1)); }
 
 float* CachingAllocator::alloc(size_t n) {
   const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
-  void* p = take(sizeClass(bytes));
+  void* p = take(bytes);
   DDPRUN_CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
   return static_cast<float*>(p);
 }
 
 float* CachingAllocator::allocUninitialized(size_t n) {
-  return static_cast<float*>(take(sizeClass(std::max<size_t>(n, 1) * sizeof(float))));
+  return static_cast<float*>(take(std::max<size_t>(n, 1) * sizeof(float)));
 }
 
 void CachingAllocator::freeBytes(void* p) {
@@ -99,16 +149,23 @@ void CachingAllocator::freeBytes(void* p) {
     std::lock_guard lock(mu_);
     auto it = live_.find(p);
     if (it == live_.end()) return;  // not ours: nothing sensible to do in a deleter
-    const size_t cls = it->second;
+    const Block b = it->second;
     live_.erase(it);
-    stats_.inUse -= cls;
+    stats_.inUse -= b.cls;
+    stats_.allocated -= b.counted;
     if (orphan_) {
       DeviceScope scope(device_);
-      (void)cudaFree(p);
+      (void)cudaFree(p);  // also frees a cudaMallocAsync block (synchronously)
+      if (!async_) stats_.reserved -= b.cls;
       last = live_.empty();
+    } else if (async_) {
+      // Stream-ordered: the block may be handed out again to work issued
+      // after this point on the same stream, as the free lists do.
+      DeviceScope scope(device_);
+      (void)cudaFreeAsync(p, stream_);
     } else {
-      free_[cls].push_back(p);
-      stats_.cached += cls;
+      free_[b.cls].push_back(p);
+      stats_.cached += b.cls;
     }
   }
   if (last) delete this;
@@ -121,17 +178,40 @@ AllocatorStats CachingAllocator::stats() const {
   return stats_;
 }
 
+void CachingAllocator::resetPeaks() {
+  std::lock_guard lock(mu_);
+  stats_.peak = stats_.inUse;
+  stats_.peakAllocated = stats_.allocated;
+  if (async_ && pool_) {
+    uint64_t zero = 0;  // "reset to the current value"
+    if (cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero) != cudaSuccess)
+      (void)cudaGetLastError();
+  }
+  stats_.peakReserved = 0;
+  noteReservedLocked();
+}
+
 void CachingAllocator::releaseCached() {
   std::lock_guard lock(mu_);
   releaseCachedLocked();
 }
 
 void CachingAllocator::releaseCachedLocked() {
+  if (async_) {
+    if (!pool_) return;
+    DeviceScope scope(device_);
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    (void)cudaMemPoolTrimTo(pool_, 0);
+    return;
+  }
   if (free_.empty()) return;
   DeviceScope scope(device_);
   if (stream_) (void)cudaStreamSynchronize(stream_);
   for (auto& [cls, blocks] : free_)
-    for (void* p : blocks) (void)cudaFree(p);
+    for (void* p : blocks) {
+      (void)cudaFree(p);
+      stats_.reserved -= cls;
+    }
   free_.clear();
   stats_.cached = 0;
 }

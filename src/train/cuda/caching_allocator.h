@@ -11,6 +11,12 @@
 // that will use it next. Memory touched by other streams (the gradient
 // buckets the collectives read) does not come from here.
 //
+// DDPRUN_CUDA_ALLOCATOR=async swaps the free lists for CUDA's own
+// stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the same stream,
+// the device's default pool with its release threshold raised so that memory
+// stays reserved between steps, as the free lists keep it). Same contract;
+// the benchmark weighs the two.
+//
 // Lifetime: tensors remember the allocator that made them and may outlive the
 // backend. detach() (the backend's destructor) waits for the stream, returns
 // the cache to CUDA and, if blocks are still in use, keeps the allocator alive
@@ -37,6 +43,13 @@ struct AllocatorStats {
   size_t peak = 0;    // largest inUse so far
   size_t cached = 0;  // bytes in the free lists
   size_t mallocs = 0; // cudaMalloc calls so far
+  // What PyTorch's caching allocator reports, for side-by-side figures:
+  // `allocated` counts live blocks at their requested size rounded up to 512
+  // bytes (torch.cuda.memory_allocated); `reserved` what is held from CUDA,
+  // cached blocks included (memory_reserved; the async pool: its reserved
+  // memory). Peaks restart from the current values at resetPeaks().
+  size_t allocated = 0, peakAllocated = 0;
+  size_t reserved = 0, peakReserved = 0;
 };
 
 class CachingAllocator final : public Allocator {
@@ -56,6 +69,11 @@ class CachingAllocator final : public Allocator {
   void freeBytes(void* p);
 
   AllocatorStats stats() const;
+  // Restarts the high-water marks (peak, peakAllocated, peakReserved) from
+  // the current values (PyTorch's reset_peak_memory_stats).
+  void resetPeaks();
+  // True when this allocator uses CUDA's stream-ordered pool.
+  bool usesAsyncPool() const { return async_; }
   // Returns every cached block to CUDA (waits for the stream first).
   void releaseCached();
   // The backend is going away: see the lifetime note above. `this` must not
@@ -63,19 +81,30 @@ class CachingAllocator final : public Allocator {
   void detach();
 
   static size_t sizeClass(size_t bytes);
+  // A request as PyTorch counts it in memory_allocated: rounded up to a
+  // multiple of 512 bytes (at least 512).
+  static size_t roundedRequest(size_t bytes);
 
  private:
   ~CachingAllocator();
-  void* take(size_t cls);
+  struct Block {
+    size_t cls = 0;      // size class (the free lists' key); async: the rounded request
+    size_t counted = 0;  // roundedRequest(bytes): the `allocated` figure
+  };
+  void* take(size_t bytes);
+  void* mallocLocked(size_t bytes);
   void releaseCachedLocked();
+  void noteReservedLocked();
 
   int device_;
   cudaStream_t stream_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;    // size class -> blocks
-  std::unordered_map<void*, size_t> live_;       // block -> size class
+  std::unordered_map<void*, Block> live_;        // block -> its sizes
   AllocatorStats stats_;
   bool orphan_ = false;
+  bool async_ = false;           // DDPRUN_CUDA_ALLOCATOR=async
+  cudaMemPool_t pool_ = nullptr; // async: the device's default pool
 };
 
 }  // namespace ddprun::train::cuda

@@ -84,7 +84,16 @@ void Context::noteExternal(int64_t deltaBytes) {
 }
 
 size_t Context::peakBytes() const {
-  return alloc_->stats().peak + static_cast<size_t>(externalPeak_.load());
+  return alloc_->stats().peakAllocated + static_cast<size_t>(externalPeak_.load());
+}
+
+size_t Context::peakReservedBytes() const {
+  return alloc_->stats().peakReserved + static_cast<size_t>(externalPeak_.load());
+}
+
+void Context::resetPeaks() {
+  alloc_->resetPeaks();
+  externalPeak_.store(external_.load());
 }
 
 }  // namespace ddprun::train::cuda

@@ -67,8 +67,13 @@ class Context {
   // Device memory held outside the caching allocator (the reducer's gradient
   // buckets): counted so that peakBytes() covers everything this backend holds.
   void noteExternal(int64_t deltaBytes);
-  // The allocator's high-water mark plus the external bytes' high-water mark.
+  // High-water marks of what this backend holds: allocated (requests rounded
+  // as PyTorch counts them) and reserved (cached blocks and size classes
+  // included), each the allocator's plus the external bytes'.
   size_t peakBytes() const;
+  size_t peakReservedBytes() const;
+  // Restarts both from what is held now.
+  void resetPeaks();
 
  private:
   std::atomic<int64_t> external_{0};

@@ -6,6 +6,7 @@
 // linear layers compute on 16-bit casts of their inputs and weights with
 // float accumulation; see cudnn_layers.cc and linear.cc; everything else,
 // the master weights and the gradients stay float).
+#include <cuda_profiler_api.h>
 #include <cudnn.h>
 
 #include <cstring>
@@ -95,8 +96,9 @@ void checkSame(const Tensor& a, const Tensor& b, const char* what) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic)), labels_(ctx_), rowLoss_(ctx_),
-        rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_), lossAcc_(ctx_) {}
+      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic)),
+        labels_(ctx_), rowLoss_(ctx_), rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_),
+        lossAcc_(ctx_) {}
   ~CudaBackend() override {
     try {
       ctx_->bind();
@@ -223,21 +225,24 @@ class CudaBackend final : public Backend {
     ctx_->bind();
     ctx_->synchronize();
   }
-  // Two slots, each a pinned staging buffer and a device buffer. A slot's
-  // copy (on copy_) first waits for `consumed`: the compute work issued up to
-  // the call after the slot's last use, i.e. every kernel that may read its
-  // previous batch; the compute stream then waits for `copied`. A slot's
-  // device buffer is allocated (or grown) with the compute stream drained,
-  // so that the copy stream never writes a cached block that pending compute
-  // kernels still use.
+  // kInputSlots slots in turn, each a pinned staging buffer and a device
+  // buffer. A slot's copy (on copy_) first waits for `consumed`: the compute
+  // work issued up to the call after the slot's last use, i.e. every kernel
+  // that may read its previous batch; the compute stream then waits for
+  // `copied`. A slot's device buffer is allocated (or grown) with the compute
+  // stream drained, so that the copy stream never writes a cached block that
+  // pending compute kernels still use. The host refills a slot's staging
+  // buffer once its last copy ran; with several slots that copy is steps old,
+  // so the host waits only when it runs that many steps ahead of the device
+  // (and then for work queued long before, never draining the device).
   Tensor uploadInput(const float* host, const Shape& shape) override {
     ctx_->bind();
     const size_t n = static_cast<size_t>(numelOf(shape)), bytes = n * sizeof(float);
-    InputSlot& prev = slots_[nextSlot_ ^ 1];
+    InputSlot& prev = slots_[(nextSlot_ + kInputSlots - 1) % kInputSlots];
     if (prev.used) prev.consumed.record(ctx_->stream());
     InputSlot& s = slots_[nextSlot_];
-    nextSlot_ ^= 1;
-    if (s.used) s.copied.synchronize();  // its staging buffer is free again
+    nextSlot_ = (nextSlot_ + 1) % kInputSlots;
+    if (s.used && !s.copied.done()) s.copied.synchronize();  // its staging buffer is free again
     void* pin = s.pinned.ensure(std::max<size_t>(bytes, 1));
     if (bytes) std::memcpy(pin, host, bytes);
     if (n > s.capacity) {
@@ -256,6 +261,38 @@ class CudaBackend final : public Backend {
     return Tensor::view(s.dev.data(), shape, Device::kCuda);
   }
   size_t peakDeviceBytes() const override { return ctx_->peakBytes(); }
+  size_t peakReservedBytes() const override { return ctx_->peakReservedBytes(); }
+  void resetPeakDeviceBytes() override { ctx_->resetPeaks(); }
+  HostSyncs hostSyncs() const override {
+    const HostSyncCounts c = hostSyncCounts();
+    return {c.calls, c.waits};
+  }
+  // Timing events recorded on the compute stream, from a pool reused across
+  // profiles (no allocation or synchronisation while marking once warm).
+  size_t mark() override {
+    ctx_->bind();
+    if (marks_ == markEvents_.size()) markEvents_.push_back(Event::createTiming());
+    markEvents_[marks_].record(ctx_->stream());
+    return marks_++;
+  }
+  std::vector<double> markTimesMs() override {
+    std::vector<double> out;
+    if (marks_ == 0) return out;
+    ctx_->bind();
+    markEvents_[marks_ - 1].synchronize();
+    out.reserve(marks_);
+    for (size_t i = 0; i < marks_; ++i) {
+      float ms = 0.0f;
+      DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, markEvents_[0], markEvents_[i]));
+      out.push_back(ms);
+    }
+    return out;
+  }
+  void clearMarks() override { marks_ = 0; }
+  void profilerRange(bool on) override {
+    ctx_->bind();
+    DDPRUN_CUDA_OK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
   std::unique_ptr<runtime::GradientMemory> gradientMemory(runtime::ProcessGroup&) override {
     if (runtime::cudaSelectedDevice() != ctx_->device())
       DDPRUN_THROW(InvalidArgument, "the CUDA backend computes on cuda:", ctx_->device(),
@@ -275,8 +312,11 @@ class CudaBackend final : public Backend {
   };
 
   std::shared_ptr<Context> ctx_;
+  static constexpr int kInputSlots = 4;  // input batches and labels in flight
+  std::vector<Event> markEvents_;  // the profile's timeline (mark())
+  size_t marks_ = 0;               // marks recorded since clearMarks()
   Stream copy_ = Stream::create();  // the input pipeline's copies
-  InputSlot slots_[2];
+  InputSlot slots_[kInputSlots];
   int nextSlot_ = 0;
   DeviceArray<int32_t> labels_;
   DeviceArray<double> rowLoss_;
@@ -284,12 +324,13 @@ class CudaBackend final : public Backend {
   DeviceArray<CeResult> ceResult_;
   DeviceArray<int> flag_;
   DeviceArray<double> lossAcc_;  // crossEntropyDeferred's sum
-  // Labels go up through two pinned buffers in turn: a buffer is refilled
-  // once the copy that last read it has run (its event), never waiting for
-  // the rest of the stream.
-  PinnedBuffer labelsPinned_[2];
-  Event labelsCopied_[2] = {Event::create(), Event::create()};
-  bool labelsUsed_[2] = {false, false};
+  // Labels go up through kInputSlots pinned buffers in turn: a buffer is
+  // refilled once the copy that last read it has run (its event), never
+  // waiting for the rest of the stream (the device copy is stream ordered).
+  PinnedBuffer labelsPinned_[kInputSlots];
+  Event labelsCopied_[kInputSlots] = {Event::create(), Event::create(), Event::create(),
+                                      Event::create()};
+  bool labelsUsed_[kInputSlots] = {};
   int labelsNext_ = 0;
 
   // Checks the labels, then queues their upload and the loss kernel (rows,
@@ -304,8 +345,8 @@ class CudaBackend final : public Backend {
     if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
     int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
     const int slot = labelsNext_;
-    labelsNext_ ^= 1;
-    if (labelsUsed_[slot]) labelsCopied_[slot].synchronize();
+    labelsNext_ = (labelsNext_ + 1) % kInputSlots;
+    if (labelsUsed_[slot] && !labelsCopied_[slot].done()) labelsCopied_[slot].synchronize();
     int32_t* pin =
         static_cast<int32_t*>(labelsPinned_[slot].ensure(std::max<int64_t>(n, 1) * 4));
     std::copy(labels, labels + n, pin);

@@ -91,12 +91,18 @@ class Stream : public Owned<cudaStream_t, cudaStreamDestroy> {
   using Owned::Owned;
 };
 
-// An event without timing (cheapest to record and wait for).
+// An event, by default without timing (cheapest to record and wait for).
 class Event : public Owned<cudaEvent_t, cudaEventDestroy> {
  public:
   static Event create() {
     cudaEvent_t e = nullptr;
     DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return Event(e);
+  }
+  // An event that records a timestamp (cudaEventElapsedTime): the profile's.
+  static Event createTiming() {
+    cudaEvent_t e = nullptr;
+    DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDefault));
     return Event(e);
   }
   void record(cudaStream_t s) const { DDPRUN_CUDA_OK(cudaEventRecord(get(), s)); }
