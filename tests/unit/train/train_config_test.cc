@@ -162,3 +162,30 @@ TEST(TrainConfigTest, OnlyTheFirstRankPrintsTheHelpOrAUsageError) {
 
 }  // namespace
 }  // namespace ddprun::train
+
+namespace ddprun::train {
+namespace {
+
+TEST(TrainConfigBench, BenchmarkAidsAndDeterminismDefaultOff) {
+  const ParseResult d = parseTrainArgs(1, std::vector<const char*>{"train"}.data(), 4);
+  ASSERT_TRUE(d.config);
+  EXPECT_EQ(d.config->benchWarmup, 0);
+  EXPECT_EQ(d.config->profileSteps, 0);
+  EXPECT_FALSE(d.config->deterministic);
+  std::vector<const char*> on = {"train", "--bench-warmup", "8", "--profile-steps", "5",
+                                 "--deterministic"};
+  const ParseResult r = parseTrainArgs(static_cast<int>(on.size()), on.data(), 4);
+  ASSERT_TRUE(r.config) << r.output;
+  EXPECT_EQ(r.config->benchWarmup, 8);
+  EXPECT_EQ(r.config->profileSteps, 5);
+  EXPECT_TRUE(r.config->deterministic);
+  for (const char* flag : {"--bench-warmup", "--profile-steps"}) {
+    std::vector<const char*> bad = {"train", flag, "-1"};
+    const ParseResult e = parseTrainArgs(3, bad.data(), 4);
+    EXPECT_EQ(e.exitCode, 2) << flag;
+    EXPECT_NE(e.output.find("must be >= 0"), std::string::npos) << e.output;
+  }
+}
+
+}  // namespace
+}  // namespace ddprun::train

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "ddprun/common/error.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/checkpoint.h"
 #include "ddprun/train/checkpoint_dir.h"
@@ -283,6 +284,73 @@ TEST_F(TrainerTest, FirstBucketAllReduceIsIssuedBeforeBackwardEnds) {
   EXPECT_LT(s.buckets[0].launched, s.buckets.back().launched);
   EXPECT_LT(s.buckets[0].launched, s.backwardEnd);
   for (const auto& b : s.buckets) EXPECT_LE(b.started, b.finished);
+}
+
+// --bench-warmup / --profile-steps on the CPU: the window covers the steps
+// between warm-up and profile, no host synchronisation is counted (the CPU
+// has no device), the profile names every top-level layer in forward order
+// and its intervals nest inside the step, and the numbers do not change the
+// training (bitwise the same model as without the flags).
+TEST_F(TrainerTest, BenchWindowAndProfileReportWithoutChangingTraining) {
+  // mlp: repeated in-process runs of the convolution models are not bitwise
+  // equal on the CPU (separate processes are), which would hide the point.
+  TrainConfig c = base("mlp", 16, 30);
+  nlohmann::json plain;
+  const SafeTensors a = train(c, 1, "plain", &plain);
+  c.benchWarmup = 10;
+  c.profileSteps = 5;
+  nlohmann::json j;
+  const SafeTensors b = train(c, 1, "bench", &j);
+  ASSERT_TRUE(j.contains("bench")) << j.dump();
+  const auto& w = j["bench"];
+  EXPECT_EQ(w["warmup_steps"], 10);
+  EXPECT_EQ(w["steps"], 15);  // 30 - 10 warm-up - 5 profiled
+  EXPECT_GT(w["seconds"].get<double>(), 0.0);
+  EXPECT_EQ(w["host_sync_calls"], 0);
+  const auto& p = j["profile"];
+  ASSERT_EQ(p["steps"], 5);
+  ASSERT_EQ(p["layers"].size(), 6u);  // mlp's top-level layers, in forward order
+  EXPECT_EQ(p["layers"][0]["name"], "flatten");
+  EXPECT_EQ(p["layers"][1]["name"], "fc1");
+  EXPECT_EQ(p["layers"].back()["name"], "fc3");
+  double layerSum = 0;
+  for (const auto& l : p["layers"])
+    layerSum += l["forward_ms"].get<double>() + l["backward_ms"].get<double>();
+  EXPECT_LE(layerSum, p["step_ms"].get<double>() * 1.0001 + 1e-6);
+  EXPECT_LE(p["backward_end_ms"].get<double>(), p["step_ms"].get<double>() + 1e-6);
+  ASSERT_GE(p["buckets"].size(), 1u);
+  for (const auto& bk : p["buckets"]) {
+    EXPECT_GT(bk["bytes"].get<size_t>(), 0u);
+    // Ready when the layer that produced its last gradient ended (on a
+    // device the same stream position as the backward's end; here the clock
+    // moves on between the two marks).
+    EXPECT_GT(bk["ready_ms"].get<double>(), 0.0);
+    EXPECT_LE(bk["ready_ms"].get<double>(), p["step_ms"].get<double>());
+  }
+  expectClose(b, a, 0.0);  // the flags observe, they do not change the arithmetic
+  EXPECT_EQ(j["params_sha256"], plain["params_sha256"]);
+  EXPECT_EQ(j["final_loss"], plain["final_loss"]);
+}
+
+TEST_F(TrainerTest, BenchFlagsThatDoNotFitTheRunAreRefused) {
+  TrainConfig c = base("mlp", 16, 10);
+  c.benchWarmup = 8;
+  c.profileSteps = 2;  // 8 + 2 leaves no timed step of 10
+  try {
+    train(c, 1, "nofit");
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {  // rank threads rethrow what a rank threw
+    EXPECT_NE(std::string(e.what()).find("leave no timed step"), std::string::npos) << e.what();
+  }
+  c.benchWarmup = 0;
+  c.profileSteps = 11;
+  try {
+    train(c, 1, "toomany");
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--profile-steps 11 is more than"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
