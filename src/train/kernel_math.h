@@ -154,4 +154,106 @@ DDPRUN_HD inline float bnBackward(float dy, float xhat, float scale, float k1, f
   return scale * (dy - k1 - xhat * k2);
 }
 
+// ------------------------------------------------------------ convolution
+// The float64 reference of a convolution, one output element per call (the
+// CUDA backend's accuracy check of cuDNN's algorithms runs these, one GPU
+// thread per element; conv_reference.cu). Cross-correlation, as cuDNN and
+// PyTorch: x NCHW [n, c, h, w], weights OIHW [k, c, r, r] (square kernel r,
+// stride s >= 1, zero padding p >= 0), y NCHW [n, k, oh, ow] with
+// oh = (h + 2p - r) / s + 1 (floor), ow likewise. Products and sums in
+// double: the result is exact to double rounding for float inputs.
+struct ConvGeom {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t k = 0, oh = 0, ow = 0;       // output channels, output size
+  int64_t kernel = 1, stride = 1, pad = 0;
+};
+// The geometry of an input [n, c, h, w] under a k-channel convolution.
+DDPRUN_HD inline ConvGeom convGeom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                                   int64_t kernel, int64_t stride, int64_t pad) {
+  ConvGeom g;
+  g.n = n, g.c = c, g.h = h, g.w = w, g.k = k;
+  g.kernel = kernel, g.stride = stride, g.pad = pad;
+  g.oh = (h + 2 * pad - kernel) / stride + 1;
+  g.ow = (w + 2 * pad - kernel) / stride + 1;
+  return g;
+}
+// The output positions i in [0, outSize) whose window, at tap a, reads an
+// input row inside [0, inSize): i * s - p + a in range. Empty: lo >= hi.
+struct TapRange {
+  int64_t lo = 0, hi = 0;
+};
+DDPRUN_HD inline TapRange convTapRange(int64_t a, int64_t inSize, int64_t outSize, int64_t s,
+                                       int64_t p) {
+  // i >= ceil((p - a) / s) and i <= floor((inSize - 1 + p - a) / s).
+  const int64_t lowNum = p - a, highNum = inSize - 1 + p - a;
+  TapRange r;
+  r.lo = lowNum <= 0 ? 0 : (lowNum + s - 1) / s;
+  r.hi = highNum < 0 ? 0 : highNum / s + 1;
+  if (r.hi > outSize) r.hi = outSize;
+  return r;
+}
+// y[n, o, i, j] = sum over c, a, b of x[n, c, i*s - p + a, j*s - p + b] * w[o, c, a, b].
+DDPRUN_HD inline double convForwardAt(const float* x, const float* wt, const ConvGeom& g,
+                                      int64_t n, int64_t o, int64_t i, int64_t j) {
+  double sum = 0.0;
+  for (int64_t c = 0; c < g.c; ++c)
+    for (int64_t a = 0; a < g.kernel; ++a) {
+      const int64_t ii = i * g.stride - g.pad + a;
+      if (ii < 0 || ii >= g.h) continue;
+      const float* xr = x + ((n * g.c + c) * g.h + ii) * g.w;
+      const float* wr = wt + ((o * g.c + c) * g.kernel + a) * g.kernel;
+      for (int64_t b = 0; b < g.kernel; ++b) {
+        const int64_t jj = j * g.stride - g.pad + b;
+        if (jj < 0 || jj >= g.w) continue;
+        sum += static_cast<double>(xr[jj]) * static_cast<double>(wr[b]);
+      }
+    }
+  return sum;
+}
+// dx[n, c, ii, jj] = sum over o and the taps (a, b) with ii = i*s - p + a,
+// jj = j*s - p + b for an output position (i, j) of dy[n, o, i, j] * w[o, c, a, b].
+DDPRUN_HD inline double convBackwardDataAt(const float* wt, const float* dy, const ConvGeom& g,
+                                           int64_t n, int64_t c, int64_t ii, int64_t jj) {
+  double sum = 0.0;
+  for (int64_t o = 0; o < g.k; ++o)
+    for (int64_t a = 0; a < g.kernel; ++a) {
+      const int64_t ti = ii + g.pad - a;
+      if (ti < 0 || ti % g.stride != 0 || ti / g.stride >= g.oh) continue;
+      const float* dyr = dy + ((n * g.k + o) * g.oh + ti / g.stride) * g.ow;
+      const float* wr = wt + ((o * g.c + c) * g.kernel + a) * g.kernel;
+      for (int64_t b = 0; b < g.kernel; ++b) {
+        const int64_t tj = jj + g.pad - b;
+        if (tj < 0 || tj % g.stride != 0 || tj / g.stride >= g.ow) continue;
+        sum += static_cast<double>(dyr[tj / g.stride]) * static_cast<double>(wr[b]);
+      }
+    }
+  return sum;
+}
+// dw[o, c, a, b] = sum over n, i, j of dy[n, o, i, j] * x[n, c, i*s - p + a, j*s - p + b].
+DDPRUN_HD inline double convBackwardFilterAt(const float* x, const float* dy, const ConvGeom& g,
+                                             int64_t o, int64_t c, int64_t a, int64_t b) {
+  const TapRange ri = convTapRange(a, g.h, g.oh, g.stride, g.pad);
+  const TapRange rj = convTapRange(b, g.w, g.ow, g.stride, g.pad);
+  double sum = 0.0;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t i = ri.lo; i < ri.hi; ++i) {
+      const float* xr = x + ((n * g.c + c) * g.h + i * g.stride - g.pad + a) * g.w;
+      const float* dyr = dy + ((n * g.k + o) * g.oh + i) * g.ow;
+      for (int64_t j = rj.lo; j < rj.hi; ++j)
+        sum += static_cast<double>(dyr[j]) * static_cast<double>(xr[j * g.stride - g.pad + b]);
+    }
+  return sum;
+}
+
+// A reproducible uniform value in [-1, 1) for element i of stream `seed`
+// (splitmix64 of seed and index; a multiple of 2^-23, so exact in float),
+// the same on the host and the device.
+DDPRUN_HD inline float hashUniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
 }  // namespace ddprun::train::kmath

@@ -12,13 +12,39 @@
 // this backend does not do yet; moving there is local to this file.
 //
 // Precision: fp32 sets CUDNN_FMA_MATH on every convolution (no tensor cores,
-// no TF32); tf32, bf16 and fp16 set CUDNN_TENSOR_OP_MATH (tensor cores) and
-// use the math type cuDNN's search reports for the chosen algorithm.
-// fp32 also keeps to algorithms that sum products directly (no FFT or
-// Winograd transforms, whose rounding error is larger), see sumsDirectly().
-// Determinism: only algorithms cuDNN reports as deterministic are chosen, so
-// runs repeat bitwise (backward-filter/data have non-deterministic atomics
-// algorithms, which we skip). Algorithms are cached per (data type, N, H, W).
+// no TF32, whatever the algorithm: fp32 stays true fp32); tf32, bf16 and fp16
+// search with CUDNN_TENSOR_OP_MATH (tensor cores) and use the math type
+// cuDNN's search reports for the chosen algorithm.
+//
+// Algorithms: per direction, cudnnFind* once per (data type, N, H, W),
+// cached. Which of its successful results may run:
+// - Deterministic mode (train --deterministic, or DDPRUN_CUDNN_DETERMINISTIC=1,
+//   both mapped onto Context::deterministic()): only algorithms cuDNN reports
+//   as deterministic (backward-filter/data have non-deterministic atomics
+//   algorithms, which are skipped), and in fp32 only those that sum products
+//   directly (no FFT or Winograd transforms, whose rounding error is larger,
+//   see sumsDirectly()). A layer's results then repeat bitwise.
+// - Fast mode (the default): every algorithm, non-deterministic, Winograd and
+//   FFT included, in every precision, except one that fails its accuracy
+//   check: the candidate runs on a reduced problem of the layer's geometry
+//   and is compared with a float64 reference (conv_check.h); an error above
+//   convErrorBound(precision) skips it and the next one is tried (fp32 direct
+//   sums are not checked: their error is fp32's). Should nothing pass (a
+//   broken reference, say), the deterministic mode's choice runs, with a
+//   warning on stderr.
+// In both modes, among the algorithms that may run, the one with the
+// smallest workspace whose time is within kTimeSlack (3 %) of the fastest's,
+// none needing more than kConvWorkspaceCap (256 MiB). The workspace comes
+// from the caching allocator for each call and goes back as soon as the call
+// is enqueued (ScopedDeviceBytes). DDPRUN_CONV_LOG=1 prints each choice on
+// stderr: one line per layer, shape and direction (algorithm, math type,
+// time, workspace, the check's error and bound, deterministic or not, and
+// the candidates rejected).
+//
+// Gradients: Param::overwriteGrad set means the gradient is logically zero:
+// backward writes it (beta = 0 in cudnnConvolutionBackwardFilter/Bias, whose
+// output is then not read) and clears the flag; otherwise backward adds to it
+// (beta = 1). An empty batch zeroes a flagged gradient.
 //
 // bf16/fp16 (torch.autocast semantics): activations between layers, weights,
 // gradients and batch norm stay float; a convolution casts its input and its
@@ -26,23 +52,28 @@
 // forward, reused by backward, the input kept from forward to backward, as
 // autocast saves the 16-bit input) and runs cuDNN on 16-bit tensors with
 // float compute (CUDNN_DATA_FLOAT in the convolution descriptor: cuDNN's
-// PSEUDO_HALF / PSEUDO_BFLOAT16 configurations) and tensor-op math. The legacy
-// API wants x, w and y (dx, dw, dy) of one data type (a float output from
-// 16-bit inputs is not a supported configuration), so:
+// PSEUDO_HALF / PSEUDO_BFLOAT16 configurations). The legacy API wants x, w
+// and y (dx, dw, dy) of one data type (a float output from 16-bit inputs is
+// not a supported configuration), so:
 //   forward   y16 = conv(x16, w16), then y = float(y16) + bias in one kernel;
 //   dW        dw16 = conv_bwd_filter(x16, dy16) with beta = 0, then our kernel
-//             adds float(dw16) into the float gradient (gradients accumulate);
-//             as in PyTorch, where the 16-bit weight's gradient is 16-bit
-//             before the cast back to float accumulates it;
+//             adds float(dw16) into the float gradient (or writes it, for
+//             overwriteGrad); as in PyTorch, where the 16-bit weight's
+//             gradient is 16-bit before the cast back to float accumulates it;
 //   dx        dx16 = conv_bwd_data(w16, dy16), cast into the float dx;
-//   db        cudnnConvolutionBackwardBias on the float dy (beta = 1).
+//   db        cudnnConvolutionBackwardBias on the float dy.
 // Nothing is clamped: in fp16 a value beyond 65504 becomes inf in a cast or
 // a cuDNN output, and inf/NaN flows into the float gradients, which is what
 // the fp16 loss scaler (Backend::scaleAndCheckFinite) detects.
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "conv_check.h"
 #include "cuda_layers.h"
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
@@ -53,20 +84,22 @@ namespace ddprun::train::cuda {
 
 namespace {
 const float kOne = 1.0f, kZero = 0.0f;
-// cuDNN's algorithm search skips algorithms needing more workspace than this.
-constexpr size_t kMaxWorkspace = size_t{512} << 20;
+// Of the algorithms that may run, the smallest workspace within this
+// fraction of the fastest one's time: cudnnFind's timings vary by about this
+// much from run to run, while the workspaces of near-equal algorithms differ
+// by up to hundreds of MiB.
+constexpr double kTimeSlack = 0.03;
 
 cudnnMathType_t searchMathType(Precision p) {
   return p == Precision::kFp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
 }
 
 // Algorithms that sum the products directly (implicit/explicit GEMM, direct):
-// fp32 uses only these. FFT and Winograd transforms trade accuracy for speed
-// (on an H100 with cuDNN 9.14, the fastest backward-data for LeNet's 5x5
-// conv1 was off by up to 0.9% of the gradient's scale from oneDNN, which
-// agrees with a float64 reference; the direct algorithms agree with both);
-// tf32 and the 16-bit precisions, already approximate, may use every
-// algorithm.
+// the only ones fp32 runs in deterministic mode, and the ones it runs
+// unchecked in fast mode. FFT and Winograd transforms trade accuracy for
+// speed (on an H100 with cuDNN 9.14, the fastest backward-data for LeNet's
+// 5x5 conv1 was off by up to 0.9% of the gradient's scale from oneDNN, which
+// agrees with a float64 reference; the direct algorithms agree with both).
 bool sumsDirectly(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
          a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
@@ -80,36 +113,152 @@ bool sumsDirectly(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
-// DDPRUN_CUDNN_DETERMINISTIC=0 also admits cuDNN's non-deterministic
-// algorithms (atomics in backward; what PyTorch's cudnn.benchmark may pick):
-// runs then no longer repeat bitwise. Default 1.
-bool deterministicOnly() {
-  static const bool on = env::integer("DDPRUN_CUDNN_DETERMINISTIC", 1, 0, 1) == 1;
-  return on;
+const char* algoName(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "IMPLICIT_GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "IMPLICIT_PRECOMP_GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "GEMM";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "DIRECT";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "FFT";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "FFT_TILING";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "WINOGRAD";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
+    default: return "UNKNOWN";
+  }
+}
+const char* algoName(cudnnConvolutionBwdDataAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "ALGO_0";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "ALGO_1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "FFT";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "FFT_TILING";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "WINOGRAD";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
+    default: return "UNKNOWN";
+  }
+}
+const char* algoName(cudnnConvolutionBwdFilterAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "ALGO_0";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "ALGO_1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "FFT";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "ALGO_3";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD: return "WINOGRAD";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "FFT_TILING";
+    default: return "UNKNOWN";
+  }
+}
+const char* mathName(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH: return "DEFAULT";
+    case CUDNN_TENSOR_OP_MATH: return "TENSOR_OP";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "TENSOR_OP_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH: return "FMA";
+    default: return "UNKNOWN";
+  }
 }
 
-// The first (fastest) deterministic successful result within the workspace
-// limit whose math type and algorithm the precision allows. cuDNN returns
-// them sorted by time.
-template <typename Perf>
-Perf choose(const Perf* perfs, int n, Precision p, const std::string& layer, const char* what) {
-  for (int i = 0; i < n; ++i) {
-    const Perf& r = perfs[i];
-    if (r.status != CUDNN_STATUS_SUCCESS ||
-        (r.determinism != CUDNN_DETERMINISTIC && deterministicOnly()) ||
-        r.memory > kMaxWorkspace || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
-      continue;
-    if (p == Precision::kFp32 && (r.mathType == CUDNN_TENSOR_OP_MATH || !sumsDirectly(r.algo)))
-      continue;
-    Perf chosen = r;
-    // Strict fp32: call with FMA math whatever the search labelled it.
-    if (p == Precision::kFp32) chosen.mathType = CUDNN_FMA_MATH;
-    return chosen;
-  }
-  DDPRUN_THROW(runtime::CudaError, layer, ": cuDNN found no deterministic ", what,
-               " algorithm for this shape within ", kMaxWorkspace >> 20, " MiB of workspace (",
-               n, " candidates, precision ", precisionName(p), ")");
+std::string format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
 }
+std::string mib(size_t bytes) { return format("%.1f", static_cast<double>(bytes) / (1 << 20)); }
+
+// What may run: the precision, and whether only deterministic algorithms.
+struct Policy {
+  Precision precision;
+  bool deterministic;
+  bool fp32() const { return precision == Precision::kFp32; }
+};
+
+// Fast mode checks every candidate except fp32's direct sums.
+template <typename Algo>
+bool needsCheck(Algo a, const Policy& pol) {
+  return !pol.deterministic && !(pol.fp32() && sumsDirectly(a));
+}
+
+// cuDNN's successful results that the policy lets run (before any accuracy
+// check), fastest first, each with the math type it runs with (fp32: FMA,
+// whatever the search labelled it). `notes` (may be null) collects those
+// skipped only for the workspace cap.
+template <typename Perf>
+std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::string* notes) {
+  std::vector<Perf> out;
+  for (int i = 0; i < n; ++i) {
+    Perf r = perfs[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
+        (pol.fp32() && r.mathType == CUDNN_TENSOR_OP_MATH))
+      continue;
+    if (pol.deterministic &&
+        (r.determinism != CUDNN_DETERMINISTIC || (pol.fp32() && !sumsDirectly(r.algo))))
+      continue;
+    if (r.memory > kConvWorkspaceCap) {
+      if (notes)
+        *notes += std::string("; skipped ") + algoName(r.algo) + ": workspace " + mib(r.memory) +
+                  " MiB over the " + mib(kConvWorkspaceCap) + " MiB cap";
+      continue;
+    }
+    if (pol.fp32()) r.mathType = CUDNN_FMA_MATH;
+    out.push_back(r);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Perf& a, const Perf& b) { return a.time < b.time; });
+  return out;
+}
+
+// The chosen algorithm and its check's error (kUnchecked: none was needed).
+constexpr double kUnchecked = -1.0;
+template <typename Perf>
+struct Choice {
+  Perf perf{};
+  double error = kUnchecked;
+};
+
+// The fastest candidate that passes (needs no check, or its error is within
+// the precision's bound), then, among the passing ones within kTimeSlack of
+// its time, the one with the smallest workspace. errorOf(perf) runs the
+// check; each candidate is checked at most once, and only when reached.
+// nullopt: none passes.
+template <typename Perf, typename ErrorOf>
+std::optional<Choice<Perf>> choosePassing(const std::vector<Perf>& cands, const Policy& pol,
+                                          ErrorOf&& errorOf, std::string* notes) {
+  const double bound = convErrorBound(pol.precision);
+  constexpr double kNotYet = -2.0;
+  std::vector<double> err(cands.size(), kNotYet);
+  auto passes = [&](size_t i) {
+    if (err[i] == kNotYet) {
+      err[i] = needsCheck(cands[i].algo, pol) ? errorOf(cands[i]) : kUnchecked;
+      if (!(err[i] <= bound) && notes)
+        *notes += std::string("; rejected ") + algoName(cands[i].algo) + " (" +
+                  mathName(cands[i].mathType) + ", " + format("%.3f", cands[i].time) +
+                  " ms): error " + format("%.2e", err[i]) + " > " + format("%.2e", bound);
+    }
+    return err[i] <= bound;  // false for NaN
+  };
+  size_t best = cands.size();
+  for (size_t i = 0; i < cands.size() && best == cands.size(); ++i)
+    if (passes(i)) best = i;
+  if (best == cands.size()) return std::nullopt;
+  const double limit = static_cast<double>(cands[best].time) * (1.0 + kTimeSlack);
+  for (size_t i = best + 1; i < cands.size(); ++i)
+    if (cands[i].time <= limit && cands[i].memory < cands[best].memory && passes(i)) best = i;
+  return Choice<Perf>{cands[best], err[best]};
+}
+
+enum class Direction { kForward, kBackwardData, kBackwardFilter };
+const char* directionName(Direction d) {
+  switch (d) {
+    case Direction::kForward: return "forward";
+    case Direction::kBackwardData: return "backward-data";
+    case Direction::kBackwardFilter: return "backward-filter";
+  }
+  return "?";
+}
+
+// DDPRUN_CONV_LOG=1: log each choice (read at each search, which is rare).
+bool logChoices() { return env::integer("DDPRUN_CONV_LOG", 0, 0, 1) == 1; }
 
 // ------------------------------------------------------------ convolution
 class Conv2d final : public Layer {
@@ -153,12 +302,9 @@ class Conv2d final : public Layer {
     if (x.dim(0) == 0) return;
     setShapes(x.shape(), y.shape());
     Algos& a = algos(x.shape());
-    findForward(a);
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.fwd->mathType));
+    findForward(a, x.shape());
     if (ctx_->autocast()) return forward16(x, y, training, *a.fwd);
-    DDPRUN_CUDNN_OK(cudnnConvolutionForward(
-        ctx_->cudnn(), &kOne, xDesc_, x.data(), wDesc_, w_.value.data(), conv_, a.fwd->algo,
-        ctx_->workspace(a.fwd->memory), a.fwd->memory, &kZero, yDesc_, y.data()));
+    runForward(x.data(), w_.value.data(), y.data(), *a.fwd);
     if (s_.bias)
       DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
                                      yDesc_, y.data()));
@@ -167,23 +313,19 @@ class Conv2d final : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     if (dx) dx->ensure(x.shape(), ctx_->allocator());
-    if (x.dim(0) == 0) return;
+    if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     Algos& a = algos(x.shape());
-    findBackward(a, dx != nullptr);
-    if (s_.bias)  // from the float dy in every precision
-      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kOne, dyDesc_, dy.data(), &kOne,
-                                                   biasDesc_, b_.grad.data()));
+    findBackward(a, x.shape(), dx != nullptr);
+    if (s_.bias) {  // from the float dy in every precision
+      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kOne, dyDesc_, dy.data(),
+                                                   beta(b_), biasDesc_, b_.grad.data()));
+      b_.overwriteGrad = false;
+    }
     if (ctx_->autocast()) return backward16(x, dy, dx, a);
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.filter->mathType));
-    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(
-        ctx_->cudnn(), &kOne, xDesc_, x.data(), yDesc_, dy.data(), conv_, a.filter->algo,
-        ctx_->workspace(a.filter->memory), a.filter->memory, &kOne, wDesc_, w_.grad.data()));
-    if (!dx) return;
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.data->mathType));
-    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(
-        ctx_->cudnn(), &kOne, wDesc_, w_.value.data(), yDesc_, dy.data(), conv_, a.data->algo,
-        ctx_->workspace(a.data->memory), a.data->memory, &kZero, xDesc_, dx->data()));
+    runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), *a.filter);
+    w_.overwriteGrad = false;
+    if (dx) runBackwardData(w_.value.data(), dy.data(), dx->data(), *a.data);
   }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
@@ -197,30 +339,75 @@ class Conv2d final : public Layer {
     std::optional<cudnnConvolutionBwdFilterAlgoPerf_t> filter;
   };
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  // The blending factor of a gradient's output: 0 writes it (overwriteGrad),
+  // 1 adds to it.
+  static const float* beta(const Param& p) { return p.overwriteGrad ? &kZero : &kOne; }
+  // An empty batch produces no gradient: a gradient due to be overwritten
+  // becomes zero (the contract of Param::overwriteGrad), others stay.
+  void zeroFlaggedGrads() {
+    for (Param* p : params()) {
+      if (!p->overwriteGrad) continue;
+      DDPRUN_CUDA_OK(cudaMemsetAsync(p->grad.data(), 0, p->grad.bytes(), ctx_->stream()));
+      p->overwriteGrad = false;
+    }
+  }
   void setShapes(const Shape& x, const Shape& y) {
     setTensor4d(xDesc_, x[0], x[1], x[2], x[3], type_);
     setTensor4d(yDesc_, y[0], y[1], y[2], y[3], type_);
     setTensor4d(dyDesc_, y[0], y[1], y[2], y[3]);  // float: the bias gradient's input
   }
   Algos& algos(const Shape& x) { return cache_[{static_cast<int64_t>(type_), x[0], x[2], x[3]}]; }
-  void findForward(Algos& a) {
+  kmath::ConvGeom geometry(const Shape& x) const {
+    return kmath::convGeom(x[0], s_.inC, x[2], x[3], s_.outC, s_.kernel, s_.stride, s_.pad);
+  }
+
+  // --------------------------------------------------- the cuDNN calls
+  // Each with its own workspace from the allocator, returned once enqueued.
+  void runForward(const void* x, const void* w, void* y, const cudnnConvolutionFwdAlgoPerf_t& f) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
+    ScopedDeviceBytes ws(*ctx_, f.memory);
+    DDPRUN_CUDNN_OK(cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x, wDesc_, w, conv_,
+                                            f.algo, ws.get(), f.memory, &kZero, yDesc_, y));
+  }
+  void runBackwardFilter(const void* x, const void* dy, void* dw, const float* beta,
+                         const cudnnConvolutionBwdFilterAlgoPerf_t& f) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
+    ScopedDeviceBytes ws(*ctx_, f.memory);
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x, yDesc_, dy,
+                                                   conv_, f.algo, ws.get(), f.memory, beta,
+                                                   wDesc_, dw));
+  }
+  void runBackwardData(const void* w, const void* dy, void* dx,
+                       const cudnnConvolutionBwdDataAlgoPerf_t& f) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
+    ScopedDeviceBytes ws(*ctx_, f.memory);
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w, yDesc_, dy,
+                                                 conv_, f.algo, ws.get(), f.memory, &kZero,
+                                                 xDesc_, dx));
+  }
+
+  // ------------------------------------------------ algorithm search
+  // Call after setShapes() (the descriptors hold the searched shape).
+  void findForward(Algos& a, const Shape& x) {
     if (a.fwd) return;
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perfs{};
     int n = 0;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, searchMathType(ctx_->precision())));
     DDPRUN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithm(ctx_->cudnn(), xDesc_, wDesc_, conv_,
                                                          yDesc_, perfs.size(), &n, perfs.data()));
-    a.fwd = choose(perfs.data(), n, ctx_->precision(), name(), "forward");
+    std::optional<ConvAccuracyCheck> check;
+    a.fwd = decide(perfs.data(), n, Direction::kForward, x, check);
   }
-  void findBackward(Algos& a, bool needData) {
+  void findBackward(Algos& a, const Shape& x, bool needData) {
     const cudnnMathType_t m = searchMathType(ctx_->precision());
+    std::optional<ConvAccuracyCheck> check;  // shared by both directions
     if (!a.filter) {
       std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> p{};
       int n = 0;
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
       DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithm(
           ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
-      a.filter = choose(p.data(), n, ctx_->precision(), name(), "backward-filter");
+      a.filter = decide(p.data(), n, Direction::kBackwardFilter, x, check);
     }
     if (needData && !a.data) {
       std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> p{};
@@ -228,49 +415,119 @@ class Conv2d final : public Layer {
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
       DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
           ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
-      a.data = choose(p.data(), n, ctx_->precision(), name(), "backward-data");
+      a.data = decide(p.data(), n, Direction::kBackwardData, x, check);
     }
   }
 
-  // Autocast: 16-bit x and w (kept for backward: x until then, w until the
-  // next forward), 16-bit output cast to float with the bias added.
+  // The policy applied to cudnnFind's results (see the file's comment); the
+  // check is made on first need and kept in `check` for the next direction.
+  template <typename Perf>
+  Perf decide(const Perf* perfs, int n, Direction dir, const Shape& x,
+              std::optional<ConvAccuracyCheck>& check) {
+    const Policy pol{ctx_->precision(), ctx_->deterministic()};
+    auto errorOf = [&](const Perf& r) {
+      if (!check) check.emplace(ctx_, geometry(x), type_, wDesc_, conv_);
+      return check->error(r.algo, r.mathType);
+    };
+    std::string notes;
+    std::optional<Choice<Perf>> c = choosePassing(admitted(perfs, n, pol, &notes), pol, errorOf,
+                                                  &notes);
+    bool fellBack = false;
+    if (!c && !pol.deterministic) {
+      const Policy safe{pol.precision, true};
+      c = choosePassing(admitted(perfs, n, safe, nullptr), safe, errorOf, nullptr);
+      fellBack = c.has_value();
+    }
+    if (!c)
+      DDPRUN_THROW(runtime::CudaError, name(), ": cuDNN found no ", directionName(dir),
+                   " algorithm for input ", shapeString(x), " that may run (",
+                   pol.deterministic ? "deterministic" : "fast", " mode, precision ",
+                   precisionName(pol.precision), ", at most ", kConvWorkspaceCap >> 20,
+                   " MiB of workspace, ", n, " candidates", notes, ")");
+    c->perf.memory = std::max(c->perf.memory, workspaceOf(c->perf.algo, c->perf.mathType));
+    if (fellBack)
+      std::fprintf(stderr,
+                   "ddprun conv: warning: %s %s: no algorithm passed the accuracy check%s; "
+                   "running the deterministic mode's choice %s\n",
+                   name().c_str(), directionName(dir), notes.c_str(), algoName(c->perf.algo));
+    if (logChoices()) logChoice(dir, x, *c, pol, notes);
+    return c->perf;
+  }
+  size_t workspaceOf(cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m) {
+    size_t b = 0;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
+    return cudnnGetConvolutionForwardWorkspaceSize(ctx_->cudnn(), xDesc_, wDesc_, conv_, yDesc_,
+                                                   a, &b) == CUDNN_STATUS_SUCCESS ? b : 0;
+  }
+  size_t workspaceOf(cudnnConvolutionBwdDataAlgo_t a, cudnnMathType_t m) {
+    size_t b = 0;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(ctx_->cudnn(), wDesc_, yDesc_, conv_,
+                                                        xDesc_, a, &b) == CUDNN_STATUS_SUCCESS
+               ? b : 0;
+  }
+  size_t workspaceOf(cudnnConvolutionBwdFilterAlgo_t a, cudnnMathType_t m) {
+    size_t b = 0;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx_->cudnn(), xDesc_, yDesc_, conv_,
+                                                          wDesc_, a, &b) == CUDNN_STATUS_SUCCESS
+               ? b : 0;
+  }
+  // One stderr line per layer, shape and direction (DDPRUN_CONV_LOG=1).
+  template <typename Perf>
+  void logChoice(Direction dir, const Shape& x, const Choice<Perf>& c, const Policy& pol,
+                 const std::string& notes) const {
+    std::string check;
+    if (c.error != kUnchecked)
+      check = format("%.2e", c.error) + " (bound " + format("%.2e", convErrorBound(pol.precision)) +
+              ")";
+    else
+      check = pol.deterministic ? "none (deterministic mode)" : "none (direct sum)";
+    std::fprintf(stderr,
+                 "ddprun conv: %s %s %s x %s: %s, math %s, %.3f ms, workspace %s MiB, check %s, "
+                 "deterministic %s%s\n",
+                 name().c_str(), directionName(dir), precisionName(pol.precision),
+                 shapeString(x).c_str(), algoName(c.perf.algo), mathName(c.perf.mathType),
+                 static_cast<double>(c.perf.time), mib(c.perf.memory).c_str(), check.c_str(),
+                 c.perf.determinism == CUDNN_DETERMINISTIC ? "yes" : "no", notes.c_str());
+  }
+
+  // ------------------------------------------------------- autocast
+  // 16-bit x and w (kept for backward: x until then, w until the next
+  // forward), 16-bit output cast to float with the bias added.
   void forward16(const Tensor& x, Tensor& y, bool training,
                  const cudnnConvolutionFwdAlgoPerf_t& f) {
     const void* w16 = castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
     const void* x16 = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
     DeviceArray<uint16_t> y16(ctx_);
-    DDPRUN_CUDNN_OK(cudnnConvolutionForward(
-        ctx_->cudnn(), &kOne, xDesc_, x16, wDesc_, w16, conv_, f.algo,
-        ctx_->workspace(f.memory), f.memory, &kZero, yDesc_,
-        y16.ensure(static_cast<size_t>(y.numel()))));
+    runForward(x16, w16, y16.ensure(static_cast<size_t>(y.numel())), f);
     launchFrom16(y16.get(), s_.bias ? b_.value.data() : nullptr, y.data(), y.dim(0), y.dim(1),
                  y.dim(2) * y.dim(3), ctx_->bf16(), ctx_->stream());
     x16Of_ = x.data();
     if (!training) releaseInput16();  // no backward follows: do not hold the memory
   }
   // dy to 16 bits; dW in 16 bits (cuDNN's legacy API wants dw in x's type)
-  // added into the float gradient; dx in 16 bits cast into *dx.
+  // added into, or written over, the float gradient; dx in 16 bits cast
+  // into *dx.
   void backward16(const Tensor& x, const Tensor& dy, Tensor* dx, const Algos& a) {
     const bool bf16 = ctx_->bf16();
     const void* x16 = x16Of_ == x.data() && x16_.get()
                           ? x16_.get()
                           : castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
-    const void* w16 = w16_.get() ? w16_.get() : castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
+    const void* w16 =
+        w16_.get() ? w16_.get() : castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
     DeviceArray<uint16_t> dy16(ctx_), dw16(ctx_);
     castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.filter->mathType));
-    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(
-        ctx_->cudnn(), &kOne, xDesc_, x16, yDesc_, dy16.get(), conv_, a.filter->algo,
-        ctx_->workspace(a.filter->memory), a.filter->memory, &kZero, wDesc_,
-        dw16.ensure(weightCount())));
-    launchAccumulate16(dw16.get(), w_.grad.data(), weightCount(), bf16, ctx_->stream());
+    runBackwardFilter(x16, dy16.get(), dw16.ensure(weightCount()), &kZero, *a.filter);
+    if (w_.overwriteGrad)
+      launchFrom16(dw16.get(), nullptr, w_.grad.data(), static_cast<int64_t>(weightCount()), 1, 1,
+                   bf16, ctx_->stream());
+    else
+      launchAccumulate16(dw16.get(), w_.grad.data(), weightCount(), bf16, ctx_->stream());
+    w_.overwriteGrad = false;
     if (dx) {
       DeviceArray<uint16_t> dx16(ctx_);
-      DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, a.data->mathType));
-      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(
-          ctx_->cudnn(), &kOne, wDesc_, w16, yDesc_, dy16.get(), conv_, a.data->algo,
-          ctx_->workspace(a.data->memory), a.data->memory, &kZero, xDesc_,
-          dx16.ensure(static_cast<size_t>(x.numel()))));
+      runBackwardData(w16, dy16.get(), dx16.ensure(static_cast<size_t>(x.numel())), *a.data);
       launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
     }
     releaseInput16();  // one backward per forward

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -212,6 +213,152 @@ TEST(KernelMath, BilinearMatchesCpuBackend) {
         EXPECT_NEAR(kmath::bilinearAt(xv.data() + p * h * w, w, kmath::bilinearIndex(i, h, oh),
                                       kmath::bilinearIndex(j, w, ow)),
                     y.data()[(p * oh + i) * ow + j], 1e-6);
+}
+
+// ------------------------------------------------------------ convolution
+// The float64 convolution reference (run by the CUDA backend's accuracy
+// check of cuDNN's algorithms, one GPU thread per element) against the CPU
+// backend's convolution (oneDNN, fp32) on the same inputs: forward, dL/dx and
+// dL/dW, in the check's measure max|ref - cpu| / max|ref|. fp32 sums of at
+// most a few hundred products stay near 1e-7 of the scale; 1e-5 would still
+// catch a wrong tap, index or border (errors of order 1).
+struct ConvCase {
+  Conv2dSpec spec;
+  Shape in;
+  const char* name;
+};
+
+double maxError(const std::vector<double>& ref, const float* got) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::fabs(ref[i] - got[i]));
+    scale = std::max(scale, std::fabs(ref[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+TEST(KernelMath, ConvolutionReferenceMatchesCpuBackend) {
+  auto be = makeCpuBackend();
+  const ConvCase cases[] = {
+      {{3, 8, 3, 2, 1, false}, {2, 3, 11, 12}, "3x3 stride 2 pad 1"},
+      {{4, 6, 3, 1, 1, false}, {2, 4, 9, 7}, "3x3 stride 1 pad 1"},
+      {{1, 6, 5, 1, 2, false}, {3, 1, 12, 12}, "5x5 pad 2, one input channel (LeNet conv1)"},
+      {{8, 16, 1, 2, 0, false}, {2, 8, 8, 9}, "1x1 stride 2 (downsample)"},
+      {{3, 4, 7, 2, 3, false}, {2, 3, 20, 17}, "7x7 stride 2 pad 3 (stem)"},
+      {{2, 3, 3, 1, 0, false}, {1, 2, 6, 5}, "3x3 unpadded"},
+      {{3, 4, 2, 3, 1, false}, {2, 3, 10, 11}, "2x2 stride 3 pad 1 (rows no window reads)"},
+  };
+  uint64_t seed = 100;
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto conv = be->conv2d("conv", c.spec);
+    Param& w = *conv->params()[0];
+    const auto wv = randomVector(static_cast<size_t>(w.value.numel()), seed++);
+    std::copy(wv.begin(), wv.end(), w.value.data());
+    Tensor x(c.in), y, dx;
+    const auto xv = randomVector(static_cast<size_t>(x.numel()), seed++);
+    std::copy(xv.begin(), xv.end(), x.data());
+    conv->forward(x, y, true);
+    Tensor dy(y.shape());
+    const auto dyv = randomVector(static_cast<size_t>(dy.numel()), seed++);
+    std::copy(dyv.begin(), dyv.end(), dy.data());
+    conv->backward(x, y, dy, &dx);  // w.grad was zero: it holds dW now
+
+    const kmath::ConvGeom g = kmath::convGeom(c.in[0], c.in[1], c.in[2], c.in[3], c.spec.outC,
+                                              c.spec.kernel, c.spec.stride, c.spec.pad);
+    ASSERT_EQ(y.shape(), (Shape{g.n, g.k, g.oh, g.ow}));
+    std::vector<double> yr, dxr, dwr;
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t o = 0; o < g.k; ++o)
+        for (int64_t i = 0; i < g.oh; ++i)
+          for (int64_t j = 0; j < g.ow; ++j)
+            yr.push_back(kmath::convForwardAt(xv.data(), wv.data(), g, n, o, i, j));
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t ch = 0; ch < g.c; ++ch)
+        for (int64_t i = 0; i < g.h; ++i)
+          for (int64_t j = 0; j < g.w; ++j)
+            dxr.push_back(kmath::convBackwardDataAt(wv.data(), dyv.data(), g, n, ch, i, j));
+    for (int64_t o = 0; o < g.k; ++o)
+      for (int64_t ch = 0; ch < g.c; ++ch)
+        for (int64_t a = 0; a < g.kernel; ++a)
+          for (int64_t b = 0; b < g.kernel; ++b)
+            dwr.push_back(kmath::convBackwardFilterAt(xv.data(), dyv.data(), g, o, ch, a, b));
+    EXPECT_LE(maxError(yr, y.data()), 1e-5) << "forward";
+    EXPECT_LE(maxError(dxr, dx.data()), 1e-5) << "dx";
+    EXPECT_LE(maxError(dwr, w.grad.data()), 1e-5) << "dW";
+  }
+}
+
+// The three references are adjoint, as forward and its two backward
+// operators must be: <conv(x, w), dy> = <x, dx(w, dy)> = <w, dW(x, dy)>,
+// equal up to double rounding (an independent check of the index math,
+// with stride and padding leaving input rows unread).
+TEST(KernelMath, ConvolutionReferencesAreAdjoint) {
+  const kmath::ConvGeom g = kmath::convGeom(2, 3, 9, 8, 4, 3, 2, 1);
+  const auto x = randomVector(static_cast<size_t>(g.n * g.c * g.h * g.w), 21);
+  const auto w = randomVector(static_cast<size_t>(g.k * g.c * g.kernel * g.kernel), 22);
+  const auto dy = randomVector(static_cast<size_t>(g.n * g.k * g.oh * g.ow), 23);
+  double fy = 0, fx = 0, fw = 0;
+  size_t e = 0;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t o = 0; o < g.k; ++o)
+      for (int64_t i = 0; i < g.oh; ++i)
+        for (int64_t j = 0; j < g.ow; ++j) fy += kmath::convForwardAt(x.data(), w.data(), g, n, o, i, j) * dy[e++];
+  e = 0;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t i = 0; i < g.h; ++i)
+        for (int64_t j = 0; j < g.w; ++j) fx += kmath::convBackwardDataAt(w.data(), dy.data(), g, n, c, i, j) * x[e++];
+  e = 0;
+  for (int64_t o = 0; o < g.k; ++o)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t a = 0; a < g.kernel; ++a)
+        for (int64_t b = 0; b < g.kernel; ++b) fw += kmath::convBackwardFilterAt(x.data(), dy.data(), g, o, c, a, b) * w[e++];
+  EXPECT_NEAR(fx, fy, 1e-10 * std::fabs(fy));
+  EXPECT_NEAR(fw, fy, 1e-10 * std::fabs(fy));
+  EXPECT_EQ(g.oh, 5);
+  EXPECT_EQ(g.ow, 4);
+}
+
+// convTapRange gives exactly the output positions whose tap reads inside
+// the input (brute force over small sizes, strides and paddings).
+TEST(KernelMath, ConvTapRangeMatchesBruteForce) {
+  for (int64_t in = 1; in <= 9; ++in)
+    for (int64_t k = 1; k <= 5; ++k)
+      for (int64_t s = 1; s <= 3; ++s)
+        for (int64_t p = 0; p <= 3; ++p) {
+          if (in + 2 * p < k) continue;
+          const int64_t out = (in + 2 * p - k) / s + 1;
+          for (int64_t a = 0; a < k; ++a) {
+            const kmath::TapRange r = kmath::convTapRange(a, in, out, s, p);
+            for (int64_t i = 0; i < out; ++i) {
+              const int64_t row = i * s - p + a;
+              EXPECT_EQ(i >= r.lo && i < r.hi, row >= 0 && row < in)
+                  << "in " << in << " k " << k << " s " << s << " p " << p << " a " << a
+                  << " i " << i;
+            }
+          }
+        }
+}
+
+// hashUniform: in [-1, 1), reproducible, different per seed, about uniform.
+TEST(KernelMath, HashUniformIsReproducibleAndUniform) {
+  double sum = 0;
+  float lo = 1, hi = -1;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const float v = kmath::hashUniform(7, static_cast<uint64_t>(i));
+    ASSERT_GE(v, -1.0f);
+    ASSERT_LT(v, 1.0f);
+    ASSERT_EQ(v, kmath::hashUniform(7, static_cast<uint64_t>(i)));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_LT(lo, -0.99f);
+  EXPECT_GT(hi, 0.99f);
+  EXPECT_NE(kmath::hashUniform(7, 0), kmath::hashUniform(8, 0));
 }
 
 }  // namespace
