@@ -5,8 +5,9 @@
 // context's allocator; tensors at the layer boundary are NCHW (or [N, F])
 // float32 device memory. Parameters are created zero (the model initialises
 // them); gradients accumulate (+=) into Param::grad, read at each backward
-// (it usually points into the reducer's bucket memory). Thread-safety: one
-// training thread per layer, as every Layer.
+// (it usually points into the reducer's bucket memory), or overwrite it when
+// Param::overwriteGrad is set (the first writer of a step; layers.h).
+// Thread-safety: one training thread per layer, as every Layer.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +22,9 @@
 namespace ddprun::train::cuda {
 
 // cuDNN convolution (weights OIHW, optional bias), algorithms found once per
-// input shape (cudnnFind*, deterministic ones only) and cached.
+// input shape (cudnnFind*) and cached: with Context::deterministic() the
+// deterministic direct-sum choice, else the fastest that passes an accuracy
+// check against a float64 reference (cudnn_conv.cc, conv_check.h).
 std::unique_ptr<Layer> makeConv2d(std::shared_ptr<Context> ctx, std::string name,
                                   const Conv2dSpec& spec);
 // cuDNN max pooling (CUDNN_POOLING_MAX_DETERMINISTIC, padding never wins).

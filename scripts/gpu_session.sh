@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# One GPU check session, prepared on a machine without a GPU and run on a lent
+# GPU machine that has no compiler dependencies of ours (docs/benchmarks.md).
+#
+#   scripts/gpu_session.sh --prepare [--nccl-lib FILE]
+#       Here (no GPU needed; nvcc needs none): builds the CUDA binaries in Release
+#       (build-gpu/), and packs into .gpu/ (git-ignored; carry it) the binaries,
+#       the CUDA test programs and the shared libraries the GPU machine lacks
+#       (oneDNN, OpenBLAS and theirs, xz-compressed), each binary's run path set
+#       to .gpu/lib first (DT_RPATH, ahead of LD_LIBRARY_PATH). --nccl-lib adds a
+#       libnccl.so.2 (e.g. NCCL >= 2.30 for two ranks on one GPU) to that lib.
+#   scripts/gpu_session.sh --run [--only STAGES] [--skip STAGES] [--out DIR] [--budget S]
+#       On the GPU machine, from the repository root with .gpu/ carried: unpacks,
+#       finds NVIDIA's libraries in the PyTorch environment (cuDNN, cuBLAS, CUPTI,
+#       NCCL: nothing system-wide is needed), then runs the stages in order, each
+#       under its own time limit, and rewrites DIR/gpu_session.json after every
+#       stage (an interrupted run still leaves its data). A short table is
+#       printed last. STAGES: comma-separated names of
+#         versions   GPU, driver, CUDA, cuDNN, NCCL (ours and PyTorch's), PyTorch
+#         tests      cuda_smoke_test, cuda_train_tests, cuda_optim_tests
+#         bench      scripts/bench/resnet_bench.py --device cuda (both sides)
+#         nccl       two ranks on one GPU through NCCL: collective matrix and
+#                    2 ranks == 1 rank at twice the batch (tests/runtime,
+#                    tests/cuda/train_gpu_test.py)
+#         allreduce  allreduce_perf, NCCL against CUDA IPC at the bucket sizes
+#         traintests the rest of tests/cuda/train_gpu_test.py
+#       DIR defaults to $OUT (the device tool's output folder) or gpu-out/.
+# Exit status: 0 when every stage that ran passed, 1 otherwise, 2 bad flags, 3
+# no GPU (--run) or nothing to pack (--prepare).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mode="" only="" skip="" out="${OUT:-$root/gpu-out}" ncclLib="" budget=510
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) mode=prepare; shift ;;
+    --run) mode=run; shift ;;
+    --only) only=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --nccl-lib) ncclLib=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    -h|--help) sed -n 2,32p "$0"; exit 0 ;;
+    *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$mode" ] || { echo "gpu_session.sh: give --prepare or --run (see --help)" >&2; exit 2; }
+pack="$root/.gpu"
+
+# ------------------------------------------------------------------ prepare
+# Programs the session runs, and the libraries of ours they need that a bare
+# GPU machine with PyTorch does not have. NVIDIA's own (cuDNN, cuBLAS, NCCL,
+# CUPTI) come from PyTorch's environment there, not from here.
+programs=(ddprun train allreduce_perf coll_check cuda_smoke_test cuda_train_tests
+          cuda_optim_tests)
+bundled='libdnnl|libopenblas|libgfortran|libquadmath|libgomp|libOpenCL|libboost'
+
+prepare() {
+  command -v patchelf >/dev/null || { echo "gpu_session: installing patchelf"; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf >/dev/null || exit 3; }
+  "$root/scripts/setup.sh" >/dev/null || exit 3
+  cmake -S "$root" -B "$root/build-gpu" -DDDPRUN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DDDPRUN_BUILD_TESTS=ON >/dev/null || exit 3
+  local targets=()
+  for p in "${programs[@]}"; do targets+=(--target "$p"); done
+  cmake --build "$root/build-gpu" -j"$(nproc)" "${targets[@]}" --target ddprun_kernel_trace \
+    || exit 3
+  local stage; stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib"
+  for p in "${programs[@]}"; do
+    [ -x "$root/build-gpu/bin/$p" ] || { echo "gpu_session: $p was not built" >&2; continue; }
+    cp "$root/build-gpu/bin/$p" "$stage/bin/"
+  done
+  find "$root/build-gpu" -name 'libddprun_kernel_trace.so' -exec cp {} "$stage/bin/" \; -quit
+  # Libraries of ours the binaries load, resolved here.
+  for f in "$stage"/bin/*; do
+    ldd "$f" 2>/dev/null | awk '{print $3}' | grep -E "$bundled" || true
+  done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  if [ -n "$ncclLib" ]; then
+    cp -L "$ncclLib" "$stage/lib/libnccl.so.2" || exit 3
+  fi
+  for f in "$stage"/bin/* "$stage"/lib/*; do
+    strip --strip-unneeded "$f" 2>/dev/null || true
+    patchelf --force-rpath --set-rpath '$ORIGIN/../lib:$ORIGIN' "$f" 2>/dev/null || true
+  done
+  rm -rf "$pack" && mkdir -p "$pack"
+  tar -C "$stage" -cf - bin lib | xz -T"$(nproc)" -6 > "$pack/carry.tar.xz" || exit 3
+  git -C "$root" rev-parse HEAD > "$pack/commit" 2>/dev/null || true
+  rm -rf "$stage"
+  grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
+  echo "gpu_session: packed $(du -h "$pack/carry.tar.xz" | cut -f1) into .gpu/ (commit $(cat "$pack/commit" 2>/dev/null))"
+  echo "run there: scripts/gpu_session.sh --run   (carry .gpu)"
+}
+
+# ---------------------------------------------------------------------- run
+summary=""   # the JSON summary file
+declare -a rows=()
+stage_wanted() {
+  local s=$1
+  if [ -n "$only" ] && [[ ",$only," != *",$s,"* ]]; then return 1; fi
+  if [ -n "$skip" ] && [[ ",$skip," == *",$s,"* ]]; then return 1; fi
+  return 0
+}
+# record NAME RC SECONDS NOTE: appends to the summary (rewritten at once).
+record() {
+  python3 - "$summary" "$1" "$2" "$3" "$4" <<'EOF'
+import json, os, sys
+path, name, rc, secs, note = sys.argv[1:6]
+d = json.load(open(path)) if os.path.exists(path) else {"stages": []}
+d["stages"].append({"name": name, "rc": int(rc), "seconds": float(secs), "note": note})
+json.dump(d, open(path + ".tmp", "w"), indent=1)
+os.replace(path + ".tmp", path)
+EOF
+  rows+=("$(printf '%-10s %-6s %6ss  %s' "$1" "$([ "$2" = 0 ] && echo ok || echo FAIL:$2)" "$3" "$4")")
+}
+# stage NAME LIMIT COMMAND...: runs it with a time limit, logs to logs/NAME.log
+# The whole run stays inside --budget seconds (default 510: the device tool's
+# 9-minute runs with room to pack the logs): a stage gets at most what is
+# left, and one with under 20 s left is recorded as skipped.
+stage() {
+  local name=$1 limit=$2; shift 2
+  stage_wanted "$name" || return 0
+  local left=$((budget - (SECONDS - start)))
+  if [ "$left" -lt 20 ]; then
+    record "$name" 0 0 "SKIPPED: the session's ${budget}s budget is spent"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" > >(tee "$logs/$name.log") 2>&1
+  local rc=$?
+  local note
+  note=$(grep -E '^(PASSED|FAILED|SUMMARY|\[  PASSED|\[  FAILED|OK|Ran )' "$logs/$name.log" | tail -3 | tr '\n' ' ' | cut -c1-200)
+  [ "$rc" = 124 ] && note="TIMED OUT after ${limit}s; $note"
+  record "$name" "$rc" "$((SECONDS - t0))" "$note"
+  [ "$rc" = 0 ] || status=1
+}
+
+versions() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) x $(nproc)"
+  python3 - <<'EOF'
+import ctypes, json, os, torch
+v = {"torch": torch.__version__, "cuda": torch.version.cuda,
+     "cudnn_torch": torch.backends.cudnn.version(),
+     "nccl_torch": ".".join(map(str, torch.cuda.nccl.version())),
+     "gpu": torch.cuda.get_device_name(0)}
+for name, lib in (("nccl_ours", os.environ.get("GPU_SESSION_NCCL", "")),):
+    try:
+        h = ctypes.CDLL(lib); n = ctypes.c_int(); h.ncclGetVersion(ctypes.byref(n))
+        x = n.value; v[name] = "%d.%d.%d" % (x // 10000, x // 100 % 100, x % 100)
+    except OSError as e:
+        v[name] = "not loadable: %s" % e
+print("VERSIONS " + json.dumps(v))
+EOF
+  "$bin/train" --help >/dev/null && echo "OK train runs here"
+}
+
+gtest_prog() {  # gtest_prog PROGRAM [FILTER]
+  [ -x "$bin/$1" ] || { echo "SKIPPED: $1 not packed"; return 0; }
+  "$bin/$1" --gtest_brief=1 ${2:+--gtest_filter=$2}
+}
+
+run() {
+  nvidia-smi -L >/dev/null 2>&1 || { echo "gpu_session: no NVIDIA GPU visible" >&2; exit 3; }
+  [ -f "$pack/carry.tar.xz" ] || { echo "gpu_session: .gpu/carry.tar.xz missing: run --prepare here and carry .gpu" >&2; exit 3; }
+  mkdir -p "$out"; logs=$(mktemp -d); summary="$out/gpu_session.json"; rm -f "$summary"
+  local t0=$SECONDS
+  start=$SECONDS
+  mkdir -p /tmp/gpu_session && tar -C /tmp/gpu_session -xJf "$pack/carry.tar.xz" || exit 3
+  bin=/tmp/gpu_session/bin
+  # NVIDIA's libraries from PyTorch's environment: every nvidia/*/lib folder
+  # but NCCL's when we carry our own (DT_RPATH of our binaries finds ours first
+  # anyway; PyTorch keeps its own through its RPATH).
+  local nv
+  nv=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))))')
+  for d in $nv; do LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; done
+  export LD_LIBRARY_PATH DDPRUN_BIN_DIR="$bin" PYTHONUNBUFFERED=1
+  export GPU_SESSION_NCCL
+  GPU_SESSION_NCCL=$( [ -f /tmp/gpu_session/lib/libnccl.so.2 ] && echo /tmp/gpu_session/lib/libnccl.so.2 || \
+    (for d in $nv; do [ -f "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2" && break; done) )
+  export DDPRUN_BENCH_COMMIT; DDPRUN_BENCH_COMMIT=$(cat "$pack/commit" 2>/dev/null || echo unknown)
+  status=0
+  record unpack 0 "$((SECONDS - t0))" "commit $DDPRUN_BENCH_COMMIT"
+  stage versions 60 versions
+  stage tests 120 bash -c "$(declare -f gtest_prog); bin=$bin; gtest_prog cuda_smoke_test && \
+    gtest_prog cuda_optim_tests && gtest_prog cuda_train_tests"
+  stage bench 300 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
+    --python python3
+  stage nccl 150 bash -c "DDPRUN_TEST_NCCL_ONLY=1 python3 '$root/tests/runtime/runtime_test.py' CudaMatrixNccl && \
+    python3 '$root/tests/cuda/train_gpu_test.py' -k Nccl"
+  stage allreduce 60 bash -c "for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' --standalone \
+    --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 32M -f 4 --json \
+    | sed \"s/^/\$t /\"; done"
+  stage traintests 240 python3 "$root/tests/cuda/train_gpu_test.py"
+  (cd "$logs" && tar -czf "$out/gpu_session_logs.tar.gz" ./*.log)
+  echo
+  echo "GPU session summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $((SECONDS - t0)) s):"
+  printf '%s\n' "${rows[@]}"
+  [ -f "$out/resnet_bench_cuda.md" ] && cat "$out/resnet_bench_cuda.md"
+  return $status
+}
+
+case "$mode" in
+  prepare) prepare ;;
+  run) run; exit $? ;;
+esac
