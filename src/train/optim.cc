@@ -143,6 +143,10 @@ void Optimizer::adoptLayout(const std::vector<std::vector<size_t>>& buckets, boo
   }
   const auto size = static_cast<int64_t>(std::max<size_t>(total, 1));
   Tensor values({size}, be_.allocator());  // zero-filled: the padding stays 0
+  // An empty chunk asking for a 16-bit copy: a backend that cannot write one
+  // refuses it here, before anything changed.
+  if (weights16) be_.sgdStep({{values.data(), values.data(), nullptr, nullptr, values.data(), 0}},
+                             0.0f, 0.0f, 0.0f, false);
   std::vector<Tensor> state;
   for (size_t k = 0; k < stateKinds(); ++k) state.emplace_back(Shape{size}, be_.allocator());
   std::vector<size_t> offset(params_.size(), 0);

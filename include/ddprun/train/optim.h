@@ -71,10 +71,11 @@ class Optimizer {
   // a stale layout (a rebuild not followed by adoptLayout, a value replaced
   // from outside) costs only chunks, never correctness.
   // `weights16`: also keep a 16-bit copy of every parameter in the backend's
-  // autocast type (bf16/fp16; a backend that computes in fp32 refuses it at
-  // the next step), written by each step in the same pass: see weights16().
-  // Throws InvalidArgument when `buckets` is not a partition of the
-  // parameters.
+  // autocast type (bf16/fp16), written by each step in the same pass: see
+  // weights16(). Throws InvalidArgument, before changing anything, when
+  // `buckets` is not a partition of the parameters or when `weights16` is
+  // asked of a backend that does not compute in bf16/fp16 (the CPU, CUDA in
+  // fp32/tf32).
   void adoptLayout(const std::vector<std::vector<size_t>>& buckets, bool weights16 = false);
   bool flatLayout() const { return !groups_.empty(); }
   // Parameter i's 16-bit copy (bf16 or fp16 elements, value's shape), or
