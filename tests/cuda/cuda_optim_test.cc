@@ -259,7 +259,8 @@ TEST(CudaOptim, FlatLayoutOnTheDevice) {
       const auto loaded = randomVector(n0, 600);
       be->upload(loaded.data(), flat[0].value.data(), n0);
       fo->refreshWeights16();
-      EXPECT_EQ(bits16(*be, fo->weights16(0), n0), reference16(*be, flat[0].value.data(), n0, true));
+      EXPECT_EQ(bits16(*be, fo->weights16(0), n0),
+                reference16(*be, flat[0].value.data(), n0, true));
       EXPECT_TRUE(sameBits(toHost(*be, flat[0].value), loaded));
     }
   }

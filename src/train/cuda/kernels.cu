@@ -399,8 +399,8 @@ void launchMulti(const OptimChunk* chunks, size_t count, const Op& op, bool bf16
     if (c.n == 0) continue;
     const size_t need = (c.n + kElemsPerBlock - 1) / kElemsPerBlock;
     if (need > kMaxBlocks)
-      DDPRUN_THROW(::ddprun::InvalidArgument, "an optimizer chunk of ", c.n, " elements is larger than "
-                   "one launch covers; split it");
+      DDPRUN_THROW(::ddprun::InvalidArgument, "an optimizer chunk of ", c.n,
+                   " elements is larger than one launch covers; split it");
     if (t.count == static_cast<int>(kMaxOptimChunks) || blocks + need > kMaxBlocks) flush();
     t.e[t.count++] = {c, blocks};
     blocks += need;

@@ -144,6 +144,7 @@ TEST_F(GradOverwriteTest, TrainingWithFlagsEqualsTrainingWithZeroing) {
   cases[2] = {"resnet18", small, {2, 3, 8, 8}};
   for (const Case& c : cases)
     for (const std::string kind : {"sgd", "adam"}) {
+      if (c.model == "resnet18" && kind == "adam") continue;  // 11M parameters: one is enough
       Rng data(9);
       Tensor x(c.input);
       fillRandom(x, data, 0.0f, 1.0f);
@@ -156,7 +157,7 @@ TEST_F(GradOverwriteTest, TrainingWithFlagsEqualsTrainingWithZeroing) {
         auto o = Optimizer::create({.kind = kind, .weightDecay = 1e-3f}, *be, m->params());
         if (flags)
           for (Param* p : m->params()) fill(p->grad, kNaN);
-        for (int s = 0; s < 3; ++s) {
+        for (int s = 0; s < (c.model == "resnet18" ? 2 : 3); ++s) {
           for (Param* p : m->params()) {
             if (flags)
               p->overwriteGrad = true;

@@ -245,7 +245,8 @@ TEST_P(OptimLayoutTest, RelayoutKeepsValuesAndState) {
   expectSameState(ref, *refOpt, flat, *flatOpt, "after the re-layout");
   for (const auto& b : kRebuilt)
     for (size_t k = 1; k < b.size(); ++k)
-      EXPECT_EQ(flat[b[k - 1]].value.data() + flat[b[k - 1]].value.numel(), flat[b[k]].value.data());
+      EXPECT_EQ(flat[b[k - 1]].value.data() + flat[b[k - 1]].value.numel(),
+                flat[b[k]].value.data());
   for (int s = 2; s < 5; ++s) {
     writeGrads(ref, s);
     writeGrads(flat, s);
