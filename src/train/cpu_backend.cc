@@ -49,6 +49,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, con
               static_cast<int>(n));
 }
 
+// The gradient contract (Param::overwriteGrad): the first writer of a step
+// stores, later ones add. `v` is a sum begun at +0 (never -0), so storing it
+// is bitwise the same as adding it to a zeroed gradient.
+inline void putGrad(float& g, float v, bool overwrite) { g = overwrite ? v : g + v; }
+
 Param makeParam(const std::string& name, Shape shape) {
   Param p;
   p.name = name;
@@ -76,18 +81,24 @@ class Linear final : public Layer {
     for (int64_t i = 0; i < n; ++i) std::memcpy(yd + i * out_, b_.value.data(), out_ * 4);
     gemm(false, true, n, out_, in_, x.data(), w_.value.data(), yd, 1.0f);
   }
-  // dW += dy^T x; db += sum_n dy; dx = dy W
+  // dW += dy^T x; db += sum_n dy; dx = dy W (= instead of += for a gradient
+  // whose overwriteGrad is set: GEMM beta 0, which OpenBLAS computes as a
+  // zeroed C plus the product, bitwise what a zeroed gradient would get).
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     const int64_t n = x.dim(0);
-    gemm(true, false, out_, in_, n, dy.data(), x.data(), w_.grad.data(), 1.0f);
+    gemm(true, false, out_, in_, n, dy.data(), x.data(), w_.grad.data(),
+         w_.overwriteGrad ? 0.0f : 1.0f);
+    w_.overwriteGrad = false;
     // Bias: sums over the batch in double (the order-independent part of
     // data-parallel equivalence: 2 ranks x B must match 1 rank x 2B).
     sums_.assign(static_cast<size_t>(out_), 0.0);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t o = 0; o < out_; ++o) sums_[o] += dy.data()[i * out_ + o];
     float* db = b_.grad.data();
-    for (int64_t o = 0; o < out_; ++o) db[o] += static_cast<float>(sums_[o]);
+    for (int64_t o = 0; o < out_; ++o)
+      putGrad(db[o], static_cast<float>(sums_[o]), b_.overwriteGrad);
+    b_.overwriteGrad = false;
     if (dx) {
       dx->ensure(x.shape());
       gemm(false, false, n, in_, out_, dy.data(), w_.value.data(), dx->data(), 0.0f);
@@ -432,9 +443,10 @@ class BatchNorm2d final : public Layer {
         }
       }
     for (int64_t c = 0; c < c_; ++c) {
-      w_.grad.data()[c] += static_cast<float>(sums[c_ + c]);
-      b_.grad.data()[c] += static_cast<float>(sums[c]);
+      putGrad(w_.grad.data()[c], static_cast<float>(sums[c_ + c]), w_.overwriteGrad);
+      putGrad(b_.grad.data()[c], static_cast<float>(sums[c]), b_.overwriteGrad);
     }
+    w_.overwriteGrad = b_.overwriteGrad = false;
     sums[2 * c_] = static_cast<double>(n * hw);
     allReduceSums(sums);
     if (!dx) return;

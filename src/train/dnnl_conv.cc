@@ -73,6 +73,7 @@ class DnnlConv2d final : public Layer {
   }
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (x.dim(0) == 0) return emptyBackward(x, dx);
     Plan& p = plan(x.shape(), true, dx != nullptr);
     auto& s = stream();
     reorderIn(p.userDst, dy.data(), p.diffDst, s);
@@ -90,11 +91,8 @@ class DnnlConv2d final : public Layer {
       reorderOut(p.diffSrc, p.userSrc, dx->data(), s);
     }
     s.wait();
-    float* gw = w_.grad.data();
-    for (size_t i = 0; i < wTmp_.size(); ++i) gw[i] += wTmp_[i];
-    if (!s_.bias) return;
-    const auto* db = static_cast<const float*>(p.diffB.get_data_handle());
-    for (int64_t o = 0; o < s_.outC; ++o) b_.grad.data()[o] += db[o];
+    putGrad(w_, wTmp_.data());
+    if (s_.bias) putGrad(b_, static_cast<const float*>(p.diffB.get_data_handle()));
   }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
@@ -102,6 +100,27 @@ class DnnlConv2d final : public Layer {
   }
 
  private:
+  // The gradient contract (Param::overwriteGrad): the first writer of a step
+  // stores 0 + v (a -0 from oneDNN becomes +0, bitwise what a zeroed gradient
+  // plus v gives), later ones add.
+  static void putGrad(Param& p, const float* v) {
+    float* g = p.grad.data();
+    const int64_t n = p.grad.numel();
+    if (p.overwriteGrad) {
+      for (int64_t i = 0; i < n; ++i) g[i] = 0.0f + v[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) g[i] += v[i];
+    }
+    p.overwriteGrad = false;
+  }
+  // An empty batch contributes nothing: a gradient to be overwritten becomes 0.
+  void emptyBackward(const Tensor& x, Tensor* dx) {
+    if (dx) dx->ensure(x.shape());
+    for (Param* p : params()) {
+      if (p->overwriteGrad) p->grad.zero();
+      p->overwriteGrad = false;
+    }
+  }
   static dnnl::stream& stream() {
     thread_local dnnl::stream s(engine());
     return s;

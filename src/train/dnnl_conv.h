@@ -20,8 +20,9 @@ namespace ddprun::train {
 // output side floor((in + 2 pad - kernel) / stride) + 1), with or without a
 // bias. Primitives are created once per input shape (the last batch of an
 // epoch is smaller) and kept. Parameter gradients accumulate (+=) like every
-// layer's. Throws InvalidArgument for a spec that cannot work (sizes < 1,
-// padding < 0).
+// layer's, or are overwritten where Param::overwriteGrad is set (an empty
+// batch then zeroes them). Throws InvalidArgument for a spec that cannot work
+// (sizes < 1, padding < 0).
 std::unique_ptr<Layer> makeDnnlConv2d(std::string name, const Conv2dSpec& spec);
 // Fixes oneDNN's (OpenMP) thread count for this process.
 void setDnnlThreads(int threads);

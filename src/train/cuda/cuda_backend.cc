@@ -176,6 +176,21 @@ class CudaBackend final : public Backend {
     launchAdam(w, g, m, v, n, kmath::adamScalars(lr, b1, b2, step), b1, b2, eps, wd,
                ctx_->stream());
   }
+  // One multi-tensor launch for all chunks (one per kMaxOptimChunks), the
+  // 16-bit weight copies written in the same pass.
+  void sgdStep(const std::vector<Backend::OptimChunk>& chunks, float lr, float momentum,
+               float wd, bool first) override {
+    ctx_->bind();
+    const cuda::OptimChunk* table = toKernelChunks(chunks);
+    launchSgdMulti(table, chunks.size(), lr, momentum, wd, first, ctx_->bf16(), ctx_->stream());
+  }
+  void adamStep(const std::vector<Backend::OptimChunk>& chunks, float lr, float b1, float b2,
+                float eps, float wd, int64_t step) override {
+    ctx_->bind();
+    const cuda::OptimChunk* table = toKernelChunks(chunks);
+    launchAdamMulti(table, chunks.size(), kmath::adamScalars(lr, b1, b2, step), b1, b2, eps, wd,
+                    ctx_->bf16(), ctx_->stream());
+  }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     checkSame(a, b, "add");
@@ -324,6 +339,20 @@ class CudaBackend final : public Backend {
   DeviceArray<CeResult> ceResult_;
   DeviceArray<int> flag_;
   DeviceArray<double> lossAcc_;  // crossEntropyDeferred's sum
+  std::vector<cuda::OptimChunk> optimChunks_;  // the optimizer steps' chunk table, reused
+
+  // The kernels' form of the chunks (into optimChunks_). A 16-bit copy is
+  // asked for only where the layers compute in 16 bits.
+  const cuda::OptimChunk* toKernelChunks(const std::vector<Backend::OptimChunk>& chunks) {
+    optimChunks_.clear();
+    for (const Backend::OptimChunk& c : chunks) {
+      DDPRUN_CHECK(!c.w16 || ctx_->autocast(), "the optimizer was asked for 16-bit weight "
+                   "copies, but this backend computes in ", precisionName(ctx_->precision()),
+                   ": pass w16 only with bf16 or fp16");
+      optimChunks_.push_back({c.w, c.g, c.s1, c.s2, c.w16, c.n});
+    }
+    return optimChunks_.data();
+  }
   // Labels go up through kInputSlots pinned buffers in turn: a buffer is
   // refilled once the copy that last read it has run (its event), never
   // waiting for the rest of the stream (the device copy is stream ordered).

@@ -1,6 +1,10 @@
 // The cuDNN layers of the CUDA backend besides convolution (cudnn_conv.cc):
 // max pooling and batch norm, through cuDNN's legacy descriptor API (see
 // cudnn_conv.cc for why that API).
+#include <map>
+#include <mutex>
+#include <set>
+
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
@@ -64,6 +68,42 @@ class MaxPool2d final : public Layer {
   TensorDesc xDesc_, yDesc_;
 };
 
+// --------------------------------------------------- num_batches_tracked
+// Every batch norm of a model runs once per training forward, so their
+// num_batches_tracked counts are always equal. They share one device element
+// (each one's Buffer a handle to the same one-element tensor), which the
+// group's first batch norm (its leader) alone increments: one launch per
+// training step instead of one per batch norm. Checkpoints read and write
+// each Buffer, so every batch norm still shows (and loads) the count.
+// A group belongs to one Context; a batch norm whose name its context's
+// current group already has (a second model on the same backend) starts a
+// new group. A batch norm that trains out of step with its leader is an error
+// (its count would be wrong): see BatchNorm2d::countStep.
+struct StepCounter {
+  Tensor count;  // one float on the device
+  std::string leader;
+  std::set<std::string> names;
+  int64_t leaderForwards = 0;  // the leader's training forwards (host)
+};
+
+std::shared_ptr<StepCounter> joinStepCounter(const std::shared_ptr<Context>& ctx,
+                                             const std::string& name) {
+  static std::mutex mu;
+  static std::map<const Context*, std::weak_ptr<StepCounter>> groups;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = groups.begin(); it != groups.end();)
+    it = it->second.expired() ? groups.erase(it) : std::next(it);
+  std::shared_ptr<StepCounter> g = groups[ctx.get()].lock();
+  if (!g || g->names.count(name)) {
+    g = std::make_shared<StepCounter>();
+    g->count = Tensor({1}, ctx->allocator());  // zero
+    g->leader = name;
+    groups[ctx.get()] = g;
+  }
+  g->names.insert(name);
+  return g;
+}
+
 // ------------------------------------------------------------- batch norm
 // Without `sync`: cuDNN's spatial batch norm (training: batch statistics,
 // running mean/var updated with factor 0.1 and the unbiased variance, as
@@ -75,6 +115,8 @@ class MaxPool2d final : public Layer {
 // the local sums (the reducer averages them like every gradient). Each
 // all-reduce waits for the stream first: SyncBN is synchronous by nature.
 // Eval mode uses cuDNN's inference kernel with the running statistics either way.
+// Gradients follow Param::overwriteGrad (cuDNN's betaParamDiff 0, or the
+// kernel's "=" form); num_batches_tracked is the shared counter above.
 class BatchNorm2d final : public Layer {
  public:
   BatchNorm2d(std::shared_ptr<Context> ctx, std::string name, int64_t c,
@@ -90,7 +132,9 @@ class BatchNorm2d final : public Layer {
                    "on that device");
     rm_ = {name + ".running_mean", Tensor({c}, ctx_->allocator()), false};
     rv_ = {name + ".running_var", Tensor({c}, ctx_->allocator()), false};
-    nbt_ = {name + ".num_batches_tracked", Tensor({1}, ctx_->allocator()), true};
+    counter_ = joinStepCounter(ctx_, name);
+    leader_ = counter_->leader == name;
+    nbt_ = {name + ".num_batches_tracked", counter_->count, true};  // a shared handle
     const std::vector<float> ones(static_cast<size_t>(c), 1.0f);
     ctx_->upload(ones.data(), w_.value.data(), ones.size() * sizeof(float));
     ctx_->upload(ones.data(), rv_.value.data(), ones.size() * sizeof(float));
@@ -129,7 +173,7 @@ class BatchNorm2d final : public Layer {
           y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(),
           rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data()));
     }
-    launchAddScalar(nbt_.value.data(), 1.0f, ctx_->stream());
+    countStep();
   }
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
@@ -140,18 +184,52 @@ class BatchNorm2d final : public Layer {
     Tensor* out = dx;
     if (!out) out = &scratch_;
     out->ensure(x.shape(), ctx_->allocator());
-    if (x.numel() == 0) return;
+    if (x.numel() == 0) return zeroFlaggedGrads(true);
+    // One betaParamDiff serves both gradients: 0 when both are to be
+    // overwritten; a lone flagged one is zeroed first and accumulated into.
+    const bool overwrite = w_.overwriteGrad && b_.overwriteGrad;
+    if (!overwrite) zeroFlaggedGrads(false);
     setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
-        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kOne, xDesc_, x.data(),
-        xDesc_, dy.data(), xDesc_, out->data(), bnDesc_, w_.value.data(), w_.grad.data(),
-        b_.grad.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne,
+        xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out->data(), bnDesc_, w_.value.data(),
+        w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+    w_.overwriteGrad = b_.overwriteGrad = false;
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
   std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
 
  private:
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+  // One training forward: the leader advances the shared counter; every
+  // other member checks that it keeps step with the leader (its forwards
+  // equal the leader's, or one ahead within a step the leader has not reached
+  // yet), since its count is the leader's.
+  void countStep() {
+    if (leader_) {
+      launchAddScalar(nbt_.value.data(), 1.0f, ctx_->stream());
+      ++counter_->leaderForwards;
+      return;
+    }
+    ++forwards_;
+    const int64_t lead = counter_->leaderForwards;
+    if (forwards_ < lead || forwards_ > lead + 1)
+      DDPRUN_THROW(InvalidArgument, name(), ": the batch norm layers of a model share one "
+                   "num_batches_tracked counter, advanced by its first batch norm '",
+                   counter_->leader, "', but this one has run ", forwards_, " training "
+                   "forwards and that one ", lead, ": train every batch norm of a model in every "
+                   "step, or build other models on their own backend");
+  }
+  // Zeroes each gradient whose overwriteGrad is set; `clear`: and clears the
+  // flags (their gradient is then final for this backward).
+  void zeroFlaggedGrads(bool clear) {
+    for (Param* p : {&w_, &b_}) {
+      if (p->overwriteGrad)
+        DDPRUN_CUDA_OK(cudaMemsetAsync(p->grad.data(), 0, p->grad.bytes(), ctx_->stream()));
+      if (clear) p->overwriteGrad = false;
+    }
+  }
 
   void allReduce(double* buf, size_t count) {
     ctx_->synchronize();  // the group's stream does not wait for ours
@@ -179,7 +257,9 @@ class BatchNorm2d final : public Layer {
     const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
     double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
     launchBnBackwardSums(dy.data(), xhat_.data(), n, c_, hw, s, ctx_->stream());
-    launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), ctx_->stream());
+    launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
+                       b_.overwriteGrad, ctx_->stream());
+    w_.overwriteGrad = b_.overwriteGrad = false;
     allReduce(s, static_cast<size_t>(2 * c_ + 1));
     if (!dx) return;
     dx->ensure(x.shape(), ctx_->allocator());
@@ -196,6 +276,9 @@ class BatchNorm2d final : public Layer {
   Tensor saveMean_, saveInvStd_, scratch_, xhat_;
   DeviceArray<double> sums_, sqdev_;
   bool trained_ = false;
+  std::shared_ptr<StepCounter> counter_;
+  bool leader_ = false;
+  int64_t forwards_ = 0;  // a follower's training forwards (host)
 };
 
 }  // namespace

@@ -72,6 +72,79 @@ __global__ void adamKernel(float* w, const float* g, float* m, float* v, size_t 
   DDPRUN_GRID_LOOP(i, n) kmath::adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
 }
 
+// The multi-tensor step. Chunk j owns blocks [first, first + ceil(n / kElemsPerBlock)) of the
+// grid; a block finds its chunk by binary search over `first` (at most 64 entries, in the
+// kernel's parameter bank) and updates kElemsPerBlock consecutive elements of it, each thread
+// every kThreads-th one.
+constexpr size_t kElemsPerBlock = 4 * kThreads;
+struct MultiEntry {
+  OptimChunk c;
+  size_t first = 0;  // the chunk's first block
+};
+struct MultiTable {
+  MultiEntry e[kMaxOptimChunks];
+  int count = 0;
+};
+// Kernel parameters are limited to 4 KiB (before CUDA 12.1; sm_70+ allow more
+// since, but 4 KiB needs no driver check): the table plus a few scalars.
+static_assert(sizeof(MultiTable) + 64 <= 4096, "the chunk table must fit a kernel's parameters");
+
+__device__ void store16(void* p, size_t i, float v, bool bf16) {
+  if (bf16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+// The last entry whose first block <= block.
+__device__ int entryOf(const MultiTable& t, size_t block) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.e[mid].first <= block) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct SgdOp {
+  float lr, momentum, wd;
+  bool first;
+  __device__ float operator()(const OptimChunk& c, size_t i) const {
+    float w = c.w[i], buf = c.s1 ? c.s1[i] : 0.0f;
+    kmath::sgdStep(w, c.g[i], buf, lr, momentum, wd, first);
+    c.w[i] = w;
+    if (c.s1) c.s1[i] = buf;
+    return w;
+  }
+};
+struct AdamOp {
+  kmath::AdamScalars s;
+  float b1, b2, eps, wd;
+  __device__ float operator()(const OptimChunk& c, size_t i) const {
+    float w = c.w[i], m = c.s1[i], v = c.s2[i];
+    kmath::adamStep(w, c.g[i], m, v, s, b1, b2, eps, wd);
+    c.w[i] = w;
+    c.s1[i] = m;
+    c.s2[i] = v;
+    return w;
+  }
+};
+
+// __grid_constant__: the table stays in the parameter bank (read by index,
+// never copied per thread to local memory).
+template <class Op>
+__global__ void multiStepKernel(const __grid_constant__ MultiTable t, Op op, bool bf16) {
+  const int j = entryOf(t, blockIdx.x);
+  const OptimChunk c = t.e[j].c;
+  const size_t base = (blockIdx.x - t.e[j].first) * kElemsPerBlock;
+  for (size_t k = threadIdx.x; k < kElemsPerBlock; k += kThreads) {
+    const size_t i = base + k;
+    if (i >= c.n) break;
+    const float w = op(c, i);
+    if (c.w16) store16(c.w16, i, w, bf16);
+  }
+}
+
 // ---------------------------------------------------------- cross-entropy
 __global__ void crossEntropyRowsKernel(const float* logits, const int32_t* labels, int64_t n,
                                        int64_t k, float* dlogits, float gradScale,
@@ -103,12 +176,17 @@ __global__ void crossEntropyReduceKernel(const double* rowLoss, const int* rowHi
   }
 }
 
-__global__ void columnSumKernel(const float* dy, float* db, int64_t rows, int64_t cols) {
+__global__ void columnSumKernel(const float* dy, float* db, int64_t rows, int64_t cols,
+                                bool accumulate) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   double s = 0.0;
   for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
-  db[c] += static_cast<float>(s);
+  // s starts at +0 and is never -0, so "=" is bitwise "+=" into a zeroed db.
+  if (accumulate)
+    db[c] += static_cast<float>(s);
+  else
+    db[c] = static_cast<float>(s);
 }
 
 // ------------------------------------------------------- pooling, resize
@@ -207,11 +285,13 @@ __global__ void bnBackwardSumsKernel(const float* dy, const float* xhat, int64_t
     if (ch == 0) out[2 * c] = static_cast<double>(n * hw);
   }
 }
-__global__ void bnParamGradsKernel(const double* sums, int64_t c, float* dgamma, float* dbeta) {
+__global__ void bnParamGradsKernel(const double* sums, int64_t c, float* dgamma, float* dbeta,
+                                   bool overwriteGamma, bool overwriteBeta) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
-  dgamma[ch] += static_cast<float>(sums[c + ch]);
-  dbeta[ch] += static_cast<float>(sums[ch]);
+  const float g = static_cast<float>(sums[c + ch]), b = static_cast<float>(sums[ch]);
+  dgamma[ch] = overwriteGamma ? g : dgamma[ch] + g;
+  dbeta[ch] = overwriteBeta ? b : dbeta[ch] + b;
 }
 __global__ void bnBackwardDataKernel(const float* dy, const float* xhat, const double* sums,
                                      const float* gamma, const float* invstd, float* dx, int64_t n,
@@ -297,6 +377,49 @@ void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::A
   adamKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, m, v, n, sc, b1, b2, eps, wd);
   checkLaunch();
 }
+
+namespace {
+// Fills tables of up to kMaxOptimChunks non-empty chunks and launches each.
+// A grid's x dimension holds 2^31 - 1 blocks: a table closes before that.
+template <class Op>
+void launchMulti(const OptimChunk* chunks, size_t count, const Op& op, bool bf16,
+                 cudaStream_t s) {
+  constexpr size_t kMaxBlocks = (size_t{1} << 31) - 1;
+  MultiTable t;
+  size_t blocks = 0;
+  auto flush = [&] {
+    if (t.count == 0) return;
+    multiStepKernel<Op><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(t, op, bf16);
+    checkLaunch();
+    t.count = 0;
+    blocks = 0;
+  };
+  for (size_t j = 0; j < count; ++j) {
+    const OptimChunk& c = chunks[j];
+    if (c.n == 0) continue;
+    const size_t need = (c.n + kElemsPerBlock - 1) / kElemsPerBlock;
+    if (need > kMaxBlocks)
+      DDPRUN_THROW(::ddprun::InvalidArgument, "an optimizer chunk of ", c.n,
+                   " elements is larger than one launch covers; split it");
+    if (t.count == static_cast<int>(kMaxOptimChunks) || blocks + need > kMaxBlocks) flush();
+    t.e[t.count++] = {c, blocks};
+    blocks += need;
+  }
+  flush();
+}
+}  // namespace
+
+void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
+                    bool first, bool bf16, cudaStream_t s) {
+  launchMulti(chunks, count, SgdOp{lr, momentum, wd, first}, bf16, s);
+}
+void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars sc, float b1,
+                     float b2, float eps, float wd, bool bf16, cudaStream_t s) {
+  for (size_t j = 0; j < count; ++j)
+    DDPRUN_CHECK(chunks[j].n == 0 || (chunks[j].s1 && chunks[j].s2),
+                 "Adam's chunk ", j, " lacks its exp_avg or exp_avg_sq buffer");
+  launchMulti(chunks, count, AdamOp{sc, b1, b2, eps, wd}, bf16, s);
+}
 namespace {
 __global__ void accumulateLossKernel(const CeResult* r, double* acc) { *acc += r->lossSum; }
 }  // namespace
@@ -319,8 +442,12 @@ void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, i
 }
 void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
                                cudaStream_t s) {
+  launchColumnSum(dy, db, rows, cols, true, s);
+}
+void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
+                     cudaStream_t s) {
   if (cols <= 0) return;
-  columnSumKernel<<<rowsBlocks(cols), kThreads, 0, s>>>(dy, db, rows, cols);
+  columnSumKernel<<<rowsBlocks(cols), kThreads, 0, s>>>(dy, db, rows, cols, accumulate);
   checkLaunch();
 }
 void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw, cudaStream_t s) {
@@ -381,8 +508,13 @@ void launchBnBackwardSums(const float* dy, const float* xhat, int64_t n, int64_t
 }
 void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
                         cudaStream_t s) {
+  launchBnParamGrads(sums, c, dgamma, dbeta, false, false, s);
+}
+void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
+                        bool overwriteGamma, bool overwriteBeta, cudaStream_t s) {
   if (c <= 0) return;
-  bnParamGradsKernel<<<rowsBlocks(c), kThreads, 0, s>>>(sums, c, dgamma, dbeta);
+  bnParamGradsKernel<<<rowsBlocks(c), kThreads, 0, s>>>(sums, c, dgamma, dbeta, overwriteGamma,
+                                                        overwriteBeta);
   checkLaunch();
 }
 void launchBnBackwardData(const float* dy, const float* xhat, const double* sums,

@@ -34,6 +34,31 @@ void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float m
 void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars s,
                 float b1, float b2, float eps, float wd, cudaStream_t stream);
 
+// The multi-tensor forms: one launch updates up to kMaxOptimChunks chunks
+// (more chunks: one launch per kMaxOptimChunks), each chunk n contiguous
+// elements of w with its gradient g and state s1 (SGD's momentum buffer, null
+// without momentum; Adam's exp_avg) and s2 (Adam's exp_avg_sq). The element
+// math is launchSgd's/launchAdam's (kernel_math.h), so the results are
+// bitwise those of one launchSgd/launchAdam per chunk. A chunk's w16, when
+// not null, receives the updated weights rounded to 16 bits (bf16 when
+// `bf16`, else fp16; round to nearest even, exactly as launchTo16). The
+// chunk table travels by value in the kernel's parameters: `chunks` is host
+// memory, free to reuse on return. Chunks with n == 0 are skipped.
+struct OptimChunk {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* s1 = nullptr;
+  float* s2 = nullptr;
+  void* w16 = nullptr;
+  size_t n = 0;
+};
+constexpr size_t kMaxOptimChunks = 64;
+void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
+                    bool first, bool bf16, cudaStream_t stream);
+// Precondition: every chunk with n > 0 has s1 and s2.
+void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars s, float b1,
+                     float b2, float eps, float wd, bool bf16, cudaStream_t stream);
+
 // ---------------------------------------------------------- cross-entropy
 struct CeResult {
   double lossSum = 0.0;
@@ -54,6 +79,10 @@ void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t stream);
 // gradient; rows in order, so deterministic).
 void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
                                cudaStream_t stream);
+// As launchColumnSumAccumulate with `accumulate` false: db[c] = the sum (the
+// first gradient writer of a step, Param::overwriteGrad; rows == 0 writes 0).
+void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
+                     cudaStream_t stream);
 
 // ------------------------------------------------------- pooling, resize
 // y[p] = mean of plane p (hw elements) for `planes` planes.
@@ -88,6 +117,10 @@ void launchBnBackwardSums(const float* dy, const float* xhat, int64_t n, int64_t
 // dgamma[ch] += sums[c + ch]; dbeta[ch] += sums[ch] (the local sums).
 void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
                         cudaStream_t stream);
+// As launchBnParamGrads, each gradient overwritten (=) instead where its flag
+// says so (Param::overwriteGrad).
+void launchBnParamGrads(const double* sums, int64_t c, float* dgamma, float* dbeta,
+                        bool overwriteGamma, bool overwriteBeta, cudaStream_t stream);
 // dx from the global sums (count at sums[2c]).
 void launchBnBackwardData(const float* dy, const float* xhat, const double* sums,
                           const float* gamma, const float* invstd, float* dx, int64_t n, int64_t c,

@@ -7,7 +7,9 @@
 //   dx        dx^T (in x N)   = W_cm (in x out) * dy^T (out x N)
 //   db        += column sums of dy (our kernel, in double)
 // cuBLASLt's BGRAD epilogues write the bias gradient rather than add to it,
-// and gradients here accumulate, hence the kernel for db.
+// and gradients here accumulate, hence the kernel for db. A gradient whose
+// Param::overwriteGrad is set is written instead (dW with beta = 0, db by the
+// kernel's "=" form); an empty batch then zeroes it.
 //
 // Precision: CUBLAS_COMPUTE_32F (strict fp32) or CUBLAS_COMPUTE_32F_FAST_TF32.
 // bf16/fp16 (autocast): x, W and dy are cast to 16 bits (our kernel; W once
@@ -155,7 +157,7 @@ class Linear final : public Layer {
     ctx_->bind();
     const int64_t n = x.dim(0);
     if (dx) dx->ensure(x.shape(), ctx_->allocator());
-    if (n == 0) return;
+    if (n == 0) return zeroFlaggedGrads();
     const void* w = w_.value.data();
     const void* xin = x.data();
     const void* g = dy.data();
@@ -168,9 +170,11 @@ class Linear final : public Layer {
       xin = x16_.get();
       g = castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
     }
-    gemm({false, true, in_, out_, n, in_, out_, in_, true, false}, xin, g, x.data(), dy.data(),
-         w_.grad.data(), nullptr);
-    launchColumnSumAccumulate(dy.data(), b_.grad.data(), n, out_, ctx_->stream());
+    gemm({false, true, in_, out_, n, in_, out_, in_, !w_.overwriteGrad, false}, xin, g, x.data(),
+         dy.data(), w_.grad.data(), nullptr);
+    w_.overwriteGrad = false;
+    launchColumnSum(dy.data(), b_.grad.data(), n, out_, !b_.overwriteGrad, ctx_->stream());
+    b_.overwriteGrad = false;
     if (dx)
       gemm({false, false, in_, n, out_, in_, out_, in_, false, false}, w, g, w_.value.data(),
            dy.data(), dx->data(), nullptr);
@@ -180,6 +184,14 @@ class Linear final : public Layer {
 
  private:
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  // An empty batch's backward: a gradient to be overwritten becomes zero.
+  void zeroFlaggedGrads() {
+    for (Param* p : {&w_, &b_}) {
+      if (p->overwriteGrad)
+        DDPRUN_CUDA_OK(cudaMemsetAsync(p->grad.data(), 0, p->grad.bytes(), ctx_->stream()));
+      p->overwriteGrad = false;
+    }
+  }
   // One GEMM: from the 16-bit operands a16/b16 while the layer computes in
   // 16 bits, else from the float ones. cuBLASLt refused some 16-bit problems
   // at run time although its heuristic had offered an algorithm
