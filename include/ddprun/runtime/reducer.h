@@ -33,7 +33,9 @@
 // error naming it (like PyTorch without find_unused_parameters), not a hang.
 //
 // Thread-safety: one training thread drives a Reducer (markReady, finalize,
-// zeroGrad). The communication runs on the process group's thread.
+// zeroGrad, broadcastBuffers, the device timing calls). The communication
+// runs on the process group's thread (stream-ordered NCCL collectives are
+// issued inline on the training thread when the group is idle: an enqueue).
 // Preconditions: every rank registers the same parameters (names and sizes,
 // checked at construction) and runs the same sequence of iterations.
 #pragma once
