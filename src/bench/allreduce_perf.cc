@@ -3,7 +3,8 @@
 //
 //   ddprun --nproc_per_node=N --no_python allreduce_perf -b 8 -e 256M -f 2
 //
-//   -b/-e MIN/MAX bytes (K, M, G suffixes), -f FACTOR, -t dtype, -o op,
+//   -b/-e MIN/MAX bytes (K, M, G suffixes), -f FACTOR, or --sizes LIST
+//   (comma-separated sizes, e.g. 1M,25M: the reducer's bucket sizes), -t dtype, -o op,
 //   -n iters (batches of n repeated to fill --min-time-ms, default 50), -w warmup,
 //   -c 0|1 (check results), -d cpu|cuda,
 //   --shared 0|1 (cpu: buffers from allocShared, the in-place fast path;
@@ -12,6 +13,14 @@
 //
 // time_us is the mean per all-reduce over -n back-to-back operations, the
 // slowest rank's; algbw = bytes / time; busbw = algbw * 2(n-1)/n.
+//
+// On CUDA buffers the transport follows DDPRUN_CUDA_TRANSPORT (nccl, ipc,
+// staged; auto by default), so NCCL and IPC compare on ranks sharing one GPU:
+//   DDPRUN_CUDA_TRANSPORT=nccl ddprun --nproc_per_node=2 --no_python
+//       allreduce_perf -d cuda --sizes 1M,25M --json
+// (two ranks on one GPU through NCCL need NCCL >= 2.30: see runtime/cuda.h).
+// The header (and each JSON line) names the CUDA transport and the NCCL
+// library version loaded.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -25,6 +34,7 @@
 
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
+#include "ddprun/runtime/process_group.h"
 
 using namespace ddprun::runtime;
 using Clock = std::chrono::steady_clock;
@@ -41,6 +51,25 @@ size_t parseBytes(const std::string& s) {
   else if (suf == "G" || suf == "g" || suf == "GiB") mult = 1024.0 * 1024 * 1024;
   else if (!suf.empty()) throw CLI::ValidationError("size", "bad size suffix in '" + s + "'");
   return static_cast<size_t>(v * mult);
+}
+
+// "1M,25M" -> {1048576, 26214400}.
+std::vector<size_t> parseSizes(const std::string& list) {
+  std::vector<size_t> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    if (item.empty()) throw CLI::ValidationError("--sizes", "empty size in '" + list + "'");
+    out.push_back(parseBytes(item));
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::string ncclVersionName(int v) {
+  if (v <= 0) return "none";
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
 double now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
@@ -96,13 +125,14 @@ void warmUp(ProcessGroup& pg, const AllReduceOptions& o, int warmup) {
 
 int main(int argc, char** argv) {
   CLI::App app{"all-reduce bandwidth and latency of ddprun_runtime"};
-  std::string minS = "8", maxS = "64M", dtypeS = "float32", opS = "sum", devS = "cpu";
+  std::string minS = "8", maxS = "64M", dtypeS = "float32", opS = "sum", devS = "cpu", sizesS;
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, shared = 1;
   double minTimeMs = 50;
   bool json = false, membw = false;
   app.add_option("-b,--minbytes", minS, "smallest size in bytes (K/M/G suffixes)");
   app.add_option("-e,--maxbytes", maxS, "largest size in bytes");
+  app.add_option("--sizes", sizesS, "comma-separated sizes in bytes (K/M/G suffixes), instead of -b/-e/-f");
   app.add_option("-f,--stepfactor", factor, "multiply the size by this between steps")->check(CLI::Range(1.01, 1e6));
   app.add_option("-t,--datatype", dtypeS, "float32|float64|float16|bfloat16|int32|int64|uint8");
   app.add_option("-o,--op", opS, "sum|avg|min|max|prod");
@@ -147,10 +177,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Device dev = devS == "cuda" ? Device::kCuda : Device::kCpu;
-  size_t minBytes, maxBytes;
+  std::vector<size_t> sizeList;  // bytes, in order
   try {
-    minBytes = parseBytes(minS);
-    maxBytes = parseBytes(maxS);
+    if (!sizesS.empty()) {
+      sizeList = parseSizes(sizesS);
+    } else {
+      const size_t minBytes = parseBytes(minS), maxBytes = parseBytes(maxS);
+      const double first = static_cast<double>(std::max(minBytes, dtypeSize(*dtype)));
+      for (double sz = first; sz <= static_cast<double>(maxBytes) * 1.0001;
+           sz *= factor)
+        sizeList.push_back(static_cast<size_t>(sz));
+    }
   } catch (const std::exception& e) {
     std::cerr << "allreduce_perf: " << e.what() << "\n";
     return 2;
@@ -164,33 +201,39 @@ int main(int argc, char** argv) {
     const int n = pg->size();
     const size_t es = dtypeSize(*dtype);
     const bool useShared = dev == Device::kCpu && shared;
+    for (size_t& b : sizeList) b = std::max(b, es);
+    const size_t maxBytes = sizeList.empty() ? es : *std::max_element(sizeList.begin(), sizeList.end());
     const size_t maxCount = std::max<size_t>(1, maxBytes / es);
     void* buf = dev == Device::kCuda ? cudaAllocDevice(maxCount * es)
                                      : (useShared ? pg->allocShared(maxCount * es) : std::malloc(maxCount * es));
     std::vector<char> host(maxCount * es);
     if (dev == Device::kCpu) std::memset(buf, 0, maxCount * es);
     const bool root = pg->rank() == 0;
-    if (root && !json)
-      std::printf("# ddprun allreduce_perf: %d ranks, %s, %s %s, device %s%s\n"
-                  "# %12s %12s %10s %12s %12s %12s %8s\n",
-                  n, pg->describe().c_str(), dtypeName(*dtype), reduceOpName(*op), deviceName(dev),
-                  useShared ? ", shared-heap buffers" : "", "bytes", "count", "time_us",
-                  "algbw_GB/s", "busbw_GB/s", "lat_p50_us", "wrong");
-    auto optionsFor = [&](double sz) {
+    auto optionsFor = [&](size_t sz) {
       AllReduceOptions o;
       o.output = buf;
-      o.count = std::max<size_t>(1, static_cast<size_t>(sz) / es);
+      o.count = std::max<size_t>(1, sz / es);
       o.dtype = *dtype;
       o.op = *op;
       o.device = dev;
       return o;
     };
-    const double firstSize = static_cast<double>(std::max(minBytes, es));
-    if (firstSize <= static_cast<double>(maxBytes) * 1.0001) {
+    if (!sizeList.empty()) {
       if (dev == Device::kCuda) cudaCopyToDevice(buf, host.data(), maxCount * es);  // touch it
-      warmUp(*pg, optionsFor(firstSize), warmup);
+      warmUp(*pg, optionsFor(sizeList.front()), warmup);
     }
-    for (double sz = firstSize; sz <= static_cast<double>(maxBytes) * 1.0001; sz *= factor) {
+    // The CUDA transport exists once the warm-up ran a CUDA collective.
+    const std::string cudaTransport = dev == Device::kCuda ? cudaTransportName(*pg) : "none";
+    const std::string nccl = ncclVersionName(ncclRuntimeVersion());
+    if (root && !json)
+      std::printf("# ddprun allreduce_perf: %d ranks, %s, %s %s, device %s%s%s\n"
+                  "# %12s %12s %10s %12s %12s %12s %8s\n",
+                  n, pg->describe().c_str(), dtypeName(*dtype), reduceOpName(*op), deviceName(dev),
+                  useShared ? ", shared-heap buffers" : "",
+                  dev == Device::kCuda ? (", cuda transport " + cudaTransport + ", NCCL " + nccl).c_str()
+                                       : "",
+                  "bytes", "count", "time_us", "algbw_GB/s", "busbw_GB/s", "lat_p50_us", "wrong");
+    for (const size_t sz : sizeList) {
       const AllReduceOptions o = optionsFor(sz);
       const size_t count = o.count;
       const size_t bytes = count * es;
@@ -250,11 +293,12 @@ int main(int argc, char** argv) {
       if (root) {
         if (json)
           std::printf("{\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"op\": \"%s\", \"ranks\": %d, "
-                      "\"device\": \"%s\", \"transport\": \"%s\", \"shared\": %s, \"time_us\": %.3f, "
+                      "\"device\": \"%s\", \"transport\": \"%s\", \"cuda_transport\": \"%s\", "
+                      "\"nccl_version\": \"%s\", \"shared\": %s, \"time_us\": %.3f, "
                       "\"lat_p50_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wrong\": %ld}\n",
                       bytes, count, dtypeName(*dtype), reduceOpName(*op), n, deviceName(dev),
-                      transportName(pg->transport()), useShared ? "true" : "false", t * 1e6,
-                      stats[1] * 1e6, algbw, busbw, wrong);
+                      transportName(pg->transport()), cudaTransport.c_str(), nccl.c_str(),
+                      useShared ? "true" : "false", t * 1e6, stats[1] * 1e6, algbw, busbw, wrong);
         else
           std::printf("  %12zu %12zu %10.2f %12.3f %12.3f %12.2f %8ld\n", bytes, count, t * 1e6, algbw,
                       busbw, stats[1] * 1e6, wrong);

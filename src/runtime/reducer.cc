@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ddprun/common/error.h"
+#include "device_order.h"
 #include "pg_internal.h"
 
 namespace ddprun::runtime {
@@ -34,6 +35,16 @@ double ReducerStats::hiddenFraction() const {
   // against backwardEnd say the same on an idle machine, but with more ranks
   // than cores a descheduled thread moves them by more than they last.)
   return std::clamp(1.0 - waitTime / commTime, 0.0, 1.0);
+}
+
+void DeviceTimings::computeTotals() {
+  commMs = hiddenMs = 0;
+  for (const Bucket& b : buckets) {
+    const double d = std::max(0.0, b.endMs - b.startMs);
+    commMs += d;
+    hiddenMs += std::clamp(backwardEndMs - b.startMs, 0.0, d);
+  }
+  hiddenFraction = commMs > 0 ? hiddenMs / commMs : 1.0;
 }
 
 // ---------------------------------------------------------------- CPU memory
@@ -86,11 +97,81 @@ std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg) {
   return std::make_unique<CpuGradientMemory>(pg);
 }
 
+// ------------------------------------------------------- stream ordering
+// The events of stream-ordered memory. One set per bucket index and kind
+// (plain; timing-enabled while device timing is on), created on first use
+// and reused every iteration: an event is re-recorded only after the waits on
+// its previous record were issued (finalize() waits for every collective's
+// issue). The sets never shrink, so deviceTimings() can still read the last
+// iteration's events after a rebuild changed the layout.
+struct Reducer::Ordered {
+  using Event = internal::DeviceEvent;
+  struct Events {
+    Event ready = nullptr;  // compute stream: the bucket's gradients are written
+    Event start = nullptr;  // comm stream: past the wait for `ready` (timing only)
+    Event done = nullptr;   // comm stream: the collective finished
+  };
+  // What deviceTimings() reads: the last synchronised iteration's buckets.
+  struct Last {
+    bool valid = false;  // that iteration ran with timing events
+    std::vector<size_t> bytes, wireBytes;
+  };
+
+  explicit Ordered(ProcessGroup& g) : pg(g) {}
+  ~Ordered() {
+    if (!dc) return;
+    for (auto* set : {&plain, &timed})
+      for (Events& e : *set)
+        for (Event ev : {e.ready, e.start, e.done}) dc->destroyEvent(ev);
+    for (Event ev : {backwardEnd, bufReady, bufDone}) dc->destroyEvent(ev);
+  }
+  Ordered(const Ordered&) = delete;
+  Ordered& operator=(const Ordered&) = delete;
+
+  internal::DeviceCollectives& collectives() {
+    if (!dc) dc = internal::makeDeviceCollectives(pg);
+    return *dc;
+  }
+  // Bucket b's events of the current iteration's kind.
+  Events& events(size_t b) {
+    std::vector<Events>& v = iterTiming ? timed : plain;
+    if (v.size() <= b) v.resize(b + 1);
+    Events& e = v[b];
+    if (!e.ready) e.ready = collectives().createEvent(iterTiming);
+    if (!e.done) e.done = collectives().createEvent(iterTiming);
+    if (iterTiming && !e.start) e.start = collectives().createEvent(true);
+    return e;
+  }
+  Event event(Event& slot, bool timing) {
+    if (!slot) slot = collectives().createEvent(timing);
+    return slot;
+  }
+
+  ProcessGroup& pg;
+  std::unique_ptr<internal::DeviceCollectives> dc;
+  std::vector<Events> plain, timed;
+  Event backwardEnd = nullptr;               // timing: the compute stream reached finalize()
+  Event bufReady = nullptr, bufDone = nullptr;  // broadcastBuffers()
+  bool iterTiming = false;  // this iteration records timing events (latched at its start)
+  Last last;
+};
+
+namespace internal {
+void ReducerAccess::setDeviceCollectives(Reducer& r, std::unique_ptr<DeviceCollectives> dc) {
+  if (!r.ordered_) r.ordered_ = std::make_unique<Reducer::Ordered>(r.pg_);
+  DDPRUN_CHECK(r.ordered_->plain.empty() && r.ordered_->timed.empty(),
+               "device collectives replaced after the reducer used its own");
+  r.ordered_->dc = std::move(dc);
+}
+}  // namespace internal
+
 // ---------------------------------------------------------------- Reducer
 Reducer::Reducer(ProcessGroup& pg, std::vector<ParamInfo> params, ReducerOptions opts,
                  std::unique_ptr<GradientMemory> memory)
     : pg_(pg), params_(std::move(params)), opts_(opts), mem_(std::move(memory)) {
   if (!mem_) mem_ = makeCpuGradientMemory(pg_);
+  stream_ = mem_->stream();
+  if (stream_) ordered_ = std::make_unique<Ordered>(pg_);
   DDPRUN_CHECK(!params_.empty(), "a Reducer needs at least one parameter");
   DDPRUN_CHECK(opts_.bucketCapBytes > 0 && opts_.firstBucketBytes > 0,
                "bucket sizes must be positive");
@@ -108,7 +189,17 @@ Reducer::~Reducer() {
         b.work.wait();
       } catch (...) {
       }
+  // Collectives issued in an iteration that never reached finalize() (an
+  // exception mid-backward): the memory's stream waits for them, so freeing
+  // the buckets (after that stream) cannot pull memory from under them.
+  if (stream_ && ordered_)
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (buckets_[b].issued) try {
+          ordered_->collectives().streamWait(stream_, ordered_->events(b).done);
+        } catch (...) {
+        }
   releaseBuckets();
+  ordered_.reset();
 }
 
 // Every rank must register the same parameters: compare count, total size
@@ -213,8 +304,12 @@ void Reducer::markReady(size_t i) {
 // hop (most of a small all-reduce's latency) to every step.
 void Reducer::launchReady() {
   while (nextLaunch_ + 1 < buckets_.size() &&
-         buckets_[nextLaunch_].pending == buckets_[nextLaunch_].params.size())
-    launch(nextLaunch_++, /*inlineLast=*/false);
+         buckets_[nextLaunch_].pending == buckets_[nextLaunch_].params.size()) {
+    if (stream_)
+      launchOrdered(nextLaunch_++);
+    else
+      launch(nextLaunch_++, /*inlineLast=*/false);
+  }
 }
 
 // One bucket's all-reduce (average over ranks). Asynchronous: two markers on
@@ -258,6 +353,40 @@ void Reducer::launch(size_t b, bool inlineLast) {
   });
 }
 
+// Stream-ordered memory: the bucket's "ready" event is recorded on the
+// memory's stream after the kernels that wrote its gradients (and, with a
+// hook, the compression); its all-reduce waits for that event on the device.
+// The training thread goes on with backward at once: the collective is
+// issued inline when the transport only enqueues (NCCL) and the group is
+// idle, else on the group's thread. Without communication (one rank, no
+// hook) only the timing record remains.
+void Reducer::launchOrdered(size_t b) {
+  Ordered& od = *ordered_;
+  Bucket& bk = buckets_[b];
+  if (b == 0) {
+    timing_->assign(buckets_.size(), ReducerStats::Bucket{});
+    od.iterTiming = deviceTiming_;
+  }
+  const auto now = ReducerStats::Clock::now();
+  (*timing_)[b] = {bk.count * sizeof(float), now, now, now};
+  const bool comm = pg_.size() > 1 || opts_.hook != CommHook::kNone;
+  if (!comm && !od.iterTiming) return;
+  AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
+                     .device = mem_->device()};
+  if (opts_.hook != CommHook::kNone) {
+    mem_->compress(bk.data, bk.half, bk.count, 1.0f / static_cast<float>(pg_.size()),
+                   hookDType(opts_.hook));
+    o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
+         .op = ReduceOp::kSum, .device = mem_->device()};
+  }
+  Ordered::Events& ev = od.events(b);
+  internal::DeviceCollectives& dc = od.collectives();
+  dc.record(ev.ready, stream_);
+  if (!comm) return;
+  bk.work = dc.allReduce(o, {ev.ready, od.iterTiming ? ev.start : nullptr, ev.done});
+  bk.issued = true;
+}
+
 void Reducer::finalize() {
   if (!requireSync_) {  // no_sync: gradients stay local and accumulate
     for (auto& b : buckets_) b.pending = 0;
@@ -270,6 +399,52 @@ void Reducer::finalize() {
     DDPRUN_THROW(InvalidArgument, "parameters that received no gradient in this iteration: ",
                  missing, ". Every parameter must take part in computing the loss on every "
                  "rank (the reducer has no find_unused_parameters mode)");
+  if (stream_)
+    finalizeOrdered();
+  else
+    finalizeHost();
+  ++iterations_;
+  const bool doRebuild = opts_.rebuildBuckets && !rebuilt_;
+  if (doRebuild) rebuild();
+  resetIteration();
+}
+
+// The host waits for nothing on the device: every collective's issue (a
+// thread hand-off at most), then the memory's stream waits for each
+// bucket's completion event and decompresses after it.
+void Reducer::finalizeOrdered() {
+  Ordered& od = *ordered_;
+  if (nextLaunch_ == 0) {  // nothing launched yet: the iteration starts here
+    timing_->assign(buckets_.size(), ReducerStats::Bucket{});
+    od.iterTiming = deviceTiming_;
+  }
+  if (od.iterTiming)
+    od.collectives().record(od.event(od.backwardEnd, /*timing=*/true), stream_);
+  while (nextLaunch_ < buckets_.size()) launchOrdered(nextLaunch_++);
+  for (auto& bk : buckets_)
+    if (bk.work.valid()) bk.work.wait();
+  const auto issued = ReducerStats::Clock::now();
+  od.last = Ordered::Last{};
+  od.last.valid = od.iterTiming;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    const size_t bytes = bk.count * sizeof(float);
+    od.last.bytes.push_back(bytes);
+    od.last.wireBytes.push_back(bk.issued ? (bk.half ? bytes / 2 : bytes) : 0);
+    if (!bk.issued) continue;
+    (*timing_)[b].finished = issued;
+    od.collectives().streamWait(stream_, od.events(b).done);
+    if (bk.half) mem_->decompress(bk.half, bk.data, bk.count, hookDType(opts_.hook));
+  }
+  stats_.waitTime = issued - stats_.backwardEnd;
+  stats_.buckets = *timing_;
+  stats_.commTime = {};
+  for (const auto& t : stats_.buckets) stats_.commTime += t.finished - t.started;
+}
+
+// CPU memory (or device memory ordered through producedFence()): the
+// training thread waits for every bucket's all-reduce.
+void Reducer::finalizeHost() {
   // Every gradient is ready: whatever is still unlaunched (the last bucket)
   // runs now; earlier ones are on the group's queue.
   while (nextLaunch_ < buckets_.size()) {
@@ -286,16 +461,13 @@ void Reducer::finalize() {
   stats_.buckets = *timing_;
   stats_.commTime = {};
   for (const auto& t : stats_.buckets) stats_.commTime += t.finished - t.started;
-  ++iterations_;
-  const bool doRebuild = opts_.rebuildBuckets && !rebuilt_;
-  if (doRebuild) rebuild();
-  resetIteration();
 }
 
 void Reducer::resetIteration() {
   for (auto& b : buckets_) {
     b.pending = 0;
     b.work = Work();
+    b.issued = false;
   }
   std::fill(ready_.begin(), ready_.end(), 0);
   readyOrder_.clear();
@@ -330,6 +502,51 @@ std::string Reducer::unreadyNames() const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (!ready_[i]) os << (n++ ? ", " : "") << "'" << params_[i].name << "'";
   return os.str();
+}
+
+std::optional<DeviceTimings> Reducer::deviceTimings() const {
+  if (!stream_ || !ordered_ || !ordered_->last.valid) return std::nullopt;
+  Ordered& od = *ordered_;
+  internal::DeviceCollectives& dc = od.collectives();
+  const Ordered::Event origin = od.timed.at(0).ready;
+  DeviceTimings t;
+  for (size_t b = 0; b < od.last.bytes.size(); ++b) {
+    const Ordered::Events& e = od.timed.at(b);
+    DeviceTimings::Bucket x{.bytes = od.last.bytes[b], .wireBytes = od.last.wireBytes[b]};
+    x.readyMs = dc.elapsedMs(origin, e.ready);
+    x.startMs = x.endMs = x.readyMs;
+    if (x.wireBytes) {
+      x.startMs = dc.elapsedMs(origin, e.start);
+      x.endMs = dc.elapsedMs(origin, e.done);
+    }
+    t.buckets.push_back(x);
+  }
+  t.backwardEndMs = dc.elapsedMs(origin, od.backwardEnd);
+  t.computeTotals();
+  return t;
+}
+
+// Stream-ordered memory: one ordered broadcast of all arrays, after the work
+// issued so far to the memory's stream (the previous step's optimizer and
+// batch norm updates), and the stream waits for it before what comes next
+// (the forward).
+void Reducer::broadcastBuffers(const std::vector<std::pair<float*, size_t>>& arrays) {
+  if (!stream_) {
+    broadcastFromRank0(pg_, arrays, mem_->device());
+    return;
+  }
+  if (pg_.size() == 1) return;
+  std::vector<std::pair<void*, size_t>> buffers;
+  for (const auto& [p, n] : arrays)
+    if (n) buffers.emplace_back(p, n * sizeof(float));
+  if (buffers.empty()) return;
+  Ordered& od = *ordered_;
+  internal::DeviceCollectives& dc = od.collectives();
+  const Ordered::Event ready = od.event(od.bufReady, false);
+  const Ordered::Event done = od.event(od.bufDone, false);
+  dc.record(ready, stream_);
+  dc.broadcast(buffers, 0, {ready, nullptr, done}).wait();  // issued
+  dc.streamWait(stream_, done);
 }
 
 void broadcastFromRank0(ProcessGroup& pg, const std::vector<std::pair<float*, size_t>>& arrays,

@@ -2,7 +2,9 @@
 
 - CPU and CUDA train the same: same seed (so the same initial weights), same
   batches, fp32, 20 steps: per-step losses within 1e-4.
-- 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4).
+- 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
+  through CUDA IPC (the default there) and through NCCL (forced; fp32,
+  --deterministic; needs NCCL >= 2.30, whose version coll_check reports).
 - Resume after kill -9 on CUDA ends with bitwise the same weights as an
   uninterrupted run (the CUDA backend's default kernels are deterministic).
 - A CPU checkpoint resumes on CUDA and a CUDA checkpoint on the CPU.
@@ -43,6 +45,27 @@ def probe():
 
 
 NO_GPU = probe() if os.access(TRAIN, os.X_OK) else "train not built"
+COLL_CHECK = os.path.join(os.path.dirname(TRAIN), "coll_check")
+NCCL_MULTI_RANK_GPU = 23000  # the first NCCL that accepts two ranks on one GPU
+
+
+def nccl_problem():
+    """None when the NCCL that train loads here accepts two ranks on one GPU,
+    else why not. coll_check links the same runtime and libnccl.so.2 as train
+    and runs in the same environment (LD_LIBRARY_PATH), so it loads the same
+    library."""
+    if not os.access(COLL_CHECK, os.X_OK):
+        return "coll_check not built (it reports the NCCL version)"
+    p = subprocess.run([COLL_CHECK, "--nccl-version"], capture_output=True, text=True,
+                       timeout=60, env=clean_env())
+    if p.returncode != 0:
+        return "coll_check --nccl-version failed: %s" % (p.stdout + p.stderr).strip()
+    _, code, name = p.stdout.split()[:3]
+    if int(code) < NCCL_MULTI_RANK_GPU:
+        return ("NCCL %s is loaded here: two ranks on one GPU need NCCL >= 2.30 (pip install "
+                "'nvidia-nccl-cu13>=2.30' and put its lib directory first on LD_LIBRARY_PATH)"
+                % name)
+    return None
 
 
 def losses(path):
@@ -106,6 +129,21 @@ class TrainGpu(unittest.TestCase):
         one, l1 = self.train("one", *flags, "--batch-size", "32")
         self.assertEqual((two["world"], one["world"]), (2, 1))
         self.compare("2 ranks x 16 vs 1 rank x 32 on one GPU", l2, l1)
+
+    def test_two_ranks_through_nccl_on_one_gpu_equal_one_rank_at_twice_the_batch(self):
+        why = nccl_problem()
+        if why:
+            self.skipTest(why)
+        # Forced, not chosen: with DDPRUN_CUDA_TRANSPORT=nccl the runtime uses
+        # NCCL or fails (no silent fallback), so a pass went through NCCL, with
+        # the reducer's all-reduces ordered on NCCL's stream.
+        flags = ["--device", "cuda", "--model", "lenet", *SMALL, "--max-steps", "10",
+                 "--no-shuffle", "--precision", "fp32", "--deterministic"]
+        env = clean_env(DDPRUN_CUDA_TRANSPORT="nccl", DDPRUN_CUDA_DEVICE="0")
+        two, l2 = self.train("two_nccl", *flags, "--batch-size", "16", nproc=2, env=env)
+        one, l1 = self.train("one_nccl", *flags, "--batch-size", "32")
+        self.assertEqual((two["world"], one["world"]), (2, 1))
+        self.compare("2 ranks x 16 through NCCL vs 1 rank x 32 on one GPU", l2, l1)
 
     def test_resume_after_sigkill_on_cuda_is_bitwise(self):
         flags = ["--device", "cuda", "--model", "lenet-bn", "--data", "synthetic",

@@ -10,11 +10,17 @@
 // 2 (n + 1) eps. Min, max and all integer results: exact (integers wrap like
 // the hardware; integer avg truncates toward zero).
 //
+// --device cuda also checks the stream-ordered path the Reducer uses (see
+// orderedChecks).
+//
 // Exit 0: all passed; 1: a mismatch (first one printed); 2: bad flags.
 // --loop: all-reduce forever printing "iter N" (for the fault tests).
+// --nccl-version: print "nccl_runtime_version CODE X.Y.Z gpus N" (CODE 0,
+// "none": built without CUDA) and exit; needs no GPU and no process group.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,11 +29,18 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_comm.h"  // ncclVersionString
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
+#include "device_order.h"
+
+#ifdef DDPRUN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 using namespace ddprun::runtime;
 
@@ -41,6 +54,7 @@ struct Args {
   uint64_t seed = 1234;
   bool loop = false;
   bool shared = false;  // use allocShared buffers (the in-place fast path)
+  bool ncclVersion = false;
   size_t loopCount = 1 << 22;
 };
 
@@ -348,6 +362,162 @@ struct Checker {
   }
 };
 
+#ifdef DDPRUN_WITH_CUDA
+#define COLL_CUDA(call)                                                                     \
+  do {                                                                                      \
+    const cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess)                                                                  \
+      throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_));         \
+  } while (0)
+
+// The stream-ordered path (the Reducer's: internal::DeviceCollectives) with a
+// producer still running when the collectives are issued. A non-blocking
+// "compute" stream first writes a large scratch buffer (a delay), then
+// uploads each bucket's input and records the bucket's ready event; every
+// ordered all-reduce is issued at once (the host never waits for the
+// uploads); then the compute stream waits for each done event and downloads.
+// A collective reading its input before the upload landed (no device-side
+// wait), or a download overtaking a collective, gives wrong values. The
+// timing events must be ordered: ready <= start <= end. Three rounds reuse
+// the events, as the Reducer does; then an ordered broadcast of three buffers.
+struct Pinned {
+  explicit Pinned(size_t n) { COLL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&p), n * 4, cudaHostAllocDefault)); }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  float* p = nullptr;
+};
+
+struct OrderedChecker {
+  explicit OrderedChecker(ProcessGroup& g) : pg(g), dc(internal::makeDeviceCollectives(g)) {}
+  ProcessGroup& pg;
+  std::unique_ptr<internal::DeviceCollectives> dc;
+  cudaStream_t s = nullptr;
+  std::vector<void*> owned;
+  std::vector<internal::DeviceEvent> events;
+
+  ~OrderedChecker() {
+    if (s) cudaStreamSynchronize(s);
+    for (void* p : owned) cudaFree(p);
+    for (auto e : events) dc->destroyEvent(e);
+    if (s) cudaStreamDestroy(s);
+  }
+  void* deviceBuffer(size_t bytes) {
+    void* p = nullptr;
+    COLL_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    owned.push_back(p);
+    return p;
+  }
+  internal::DeviceEvent event() {
+    events.push_back(dc->createEvent(true));
+    return events.back();
+  }
+  static float value(int rank, int round, size_t b, size_t i) {
+    return static_cast<float>((rank + 1) * static_cast<int>((i + round + b) % 13 + 1));
+  }
+  void delay(void* scratch, size_t bytes) {
+    for (int k = 0; k < 4; ++k) COLL_CUDA(cudaMemsetAsync(scratch, k, bytes, s));
+  }
+
+  int run() {
+    COLL_CUDA(cudaSetDevice(cudaSelectedDevice()));
+    COLL_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const size_t scratchBytes = size_t{256} << 20;
+    void* scratch = deviceBuffer(scratchBytes);
+    // Up to the reducer's default bucket (25 MiB).
+    const std::vector<size_t> counts = {7, 4097, size_t{1} << 18, (size_t{25} << 20) / 4};
+    const size_t nb = counts.size();
+    std::vector<float*> dev(nb), in(nb), out(nb);
+    std::vector<std::unique_ptr<Pinned>> pinned;
+    std::vector<internal::DeviceEvent> ready(nb), start(nb), done(nb);
+    for (size_t b = 0; b < nb; ++b) {
+      dev[b] = static_cast<float*>(deviceBuffer(counts[b] * 4));
+      in[b] = pinned.emplace_back(std::make_unique<Pinned>(counts[b]))->p;
+      out[b] = pinned.emplace_back(std::make_unique<Pinned>(counts[b]))->p;
+      ready[b] = event();
+      start[b] = event();
+      done[b] = event();
+    }
+    int checks = 0;
+    const int n = pg.size();
+    {
+      for (int round = 0; round < 3; ++round) {
+        delay(scratch, scratchBytes);
+        std::vector<Work> works;
+        for (size_t b = 0; b < nb; ++b) {
+          for (size_t i = 0; i < counts[b]; ++i) in[b][i] = value(pg.rank(), round, b, i);
+          COLL_CUDA(cudaMemcpyAsync(dev[b], in[b], counts[b] * 4, cudaMemcpyHostToDevice, s));
+          dc->record(ready[b], s);
+          AllReduceOptions o;
+          o.output = dev[b];
+          o.count = counts[b];
+          o.op = ReduceOp::kAvg;
+          o.device = Device::kCuda;
+          works.push_back(dc->allReduce(o, {ready[b], start[b], done[b]}));
+        }
+        for (auto& w : works) w.wait();  // issued
+        for (size_t b = 0; b < nb; ++b) {
+          dc->streamWait(s, done[b]);
+          COLL_CUDA(cudaMemcpyAsync(out[b], dev[b], counts[b] * 4, cudaMemcpyDeviceToHost, s));
+        }
+        COLL_CUDA(cudaStreamSynchronize(s));
+        for (size_t b = 0; b < nb; ++b) {
+          for (size_t i = 0; i < counts[b]; ++i) {
+            const double want = value(0, round, b, i) * (n + 1) / 2.0;
+            if (!(std::fabs(out[b][i] - want) <= 1e-6 * want))
+              throw Failure{"ordered allReduce avg x" + std::to_string(counts[b]) + " round " +
+                            std::to_string(round) + ": element " + std::to_string(i) + " is " +
+                            std::to_string(out[b][i]) + ", expected " + std::to_string(want)};
+          }
+          const double wait = dc->elapsedMs(ready[b], start[b]);
+          const double run = dc->elapsedMs(start[b], done[b]);
+          if (wait < -0.01 || run < -0.01)
+            throw Failure{"ordered allReduce x" + std::to_string(counts[b]) +
+                          ": timing events out of order (ready->start " + std::to_string(wait) +
+                          " ms, start->end " + std::to_string(run) + " ms)"};
+          ++checks;
+        }
+      }
+      checks += broadcasts(scratch, scratchBytes);
+    }
+    return checks;
+  }
+
+  int broadcasts(void* scratch, size_t scratchBytes) {
+    const std::vector<size_t> counts = {5, 4097, size_t{1} << 18};
+    std::vector<std::unique_ptr<Pinned>> host;
+    std::vector<std::pair<void*, size_t>> bufs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      float* h = host.emplace_back(std::make_unique<Pinned>(counts[k]))->p;
+      for (size_t i = 0; i < counts[k]; ++i) h[i] = value(pg.rank(), 7, k, i);
+      bufs.emplace_back(deviceBuffer(counts[k] * 4), counts[k] * 4);
+    }
+    const auto ready = event(), done = event();
+    delay(scratch, scratchBytes);
+    for (size_t k = 0; k < counts.size(); ++k)
+      COLL_CUDA(cudaMemcpyAsync(bufs[k].first, host[k]->p, bufs[k].second,
+                                cudaMemcpyHostToDevice, s));
+    dc->record(ready, s);
+    dc->broadcast(bufs, 0, {ready, nullptr, done}).wait();
+    dc->streamWait(s, done);
+    for (size_t k = 0; k < counts.size(); ++k)
+      COLL_CUDA(cudaMemcpyAsync(host[k]->p, bufs[k].first, bufs[k].second,
+                                cudaMemcpyDeviceToHost, s));
+    COLL_CUDA(cudaStreamSynchronize(s));
+    for (size_t k = 0; k < counts.size(); ++k)
+      for (size_t i = 0; i < counts[k]; ++i)
+        if (host[k]->p[i] != value(0, 7, k, i))
+          throw Failure{"ordered broadcast buffer " + std::to_string(k) + ": element " +
+                        std::to_string(i) + " differs from rank 0's"};
+    return 1;
+  }
+};
+
+int orderedChecks(ProcessGroup& pg) { return OrderedChecker(pg).run(); }
+#else
+int orderedChecks(ProcessGroup&) { return 0; }
+#endif
+
 int loop(ProcessGroup& pg, const Args& a) {
   std::vector<float> buf(a.loopCount, 1.0f);
   for (long it = 0;; ++it) {
@@ -397,11 +567,18 @@ int main(int argc, char** argv) {
       } else if (arg == "--seed") a.seed = std::stoull(value());
       else if (arg == "--shared") a.shared = true;
       else if (arg == "--loop") a.loop = true;
+      else if (arg == "--nccl-version") a.ncclVersion = true;
       else throw std::invalid_argument("unknown flag " + arg);
     }
   } catch (const std::exception& e) {
     std::cerr << "coll_check: " << e.what() << "\n";
     return 2;
+  }
+  if (a.ncclVersion) {
+    const int v = ncclRuntimeVersion();
+    std::cout << "nccl_runtime_version " << v << " " << ncclVersionString(v) << " gpus "
+              << cudaDeviceCount() << std::endl;
+    return 0;
   }
   if (a.device == Device::kCuda && cudaDeviceCount() == 0) {
     std::cout << "SKIPPED: no CUDA GPU on this machine (" << (cudaBuilt() ? "built with" : "built without")
@@ -419,6 +596,7 @@ int main(int argc, char** argv) {
       c.allGathers(t, true);
       c.reduceScatters(t);
     }
+    if (a.device == Device::kCuda) c.checks += orderedChecks(*pg);
     barrier(*pg);
     std::string cudaName = a.device == Device::kCuda ? " cuda transport " + cudaTransportName(*pg) : "";
     std::cout << "coll_check rank " << pg->rank() << "/" << pg->size() << ": " << c.checks

@@ -87,20 +87,69 @@ class Matrix(LaunchTest):
         self.assertIn("DDPRUN_TRANSPORT", p.stdout + p.stderr)
 
 
-class CudaMatrix(LaunchTest):
-    """The matrix on CUDA buffers: its own ctest entry (runtime_collectives_cuda),
-    reported as skipped where coll_check finds no GPU or CUDA was not built."""
+# The first NCCL release that accepts two ranks on one GPU.
+NCCL_MULTI_RANK_GPU = 23000
 
-    def test_cuda_matrix(self):
+
+def nccl_runtime_version():
+    """(code, "X.Y.Z", visible GPUs) of the NCCL library coll_check loads here
+    (code 0 without CUDA)."""
+    p = subprocess.run([CHECK, "--nccl-version"], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise AssertionError("coll_check --nccl-version failed:\n%s%s" % (p.stdout, p.stderr))
+    _, code, name, _, gpus = p.stdout.split()
+    return int(code), name, int(gpus)
+
+
+class CudaMatrix(LaunchTest):
+    """The matrix on CUDA buffers (and coll_check's stream-ordered checks): its
+    own ctest entry (runtime_collectives_cuda), reported as skipped where
+    coll_check finds no GPU or CUDA was not built. Two ranks on one GPU: the
+    default transport (CUDA IPC) and NCCL forced (NCCL >= 2.30)."""
+
+    def run_cuda(self, env=None):
         p = subprocess.run(self.ddprun("--nproc-per-node=2", "--standalone",
                                        "--no-python", CHECK, "--device", "cuda"),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=env_with(**(env or {})))
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         skipped = [l for l in p.stdout.splitlines() if "SKIPPED" in l]
         if skipped:  # coll_check found no GPU; it says why (and whether CUDA was built)
             self.assertEqual(len(skipped), 2, p.stdout)
             self.skipTest(skipped[0].split("SKIPPED", 1)[1].lstrip(": "))
         self.assertEqual(p.stdout.count("checks passed"), 2, p.stdout)
+        return p.stdout
+
+    def test_cuda_matrix(self):
+        self.run_cuda()
+
+    def test_cuda_matrix_through_nccl_on_one_gpu(self):
+        code, name, gpus = nccl_runtime_version()
+        if code == 0:
+            self.skipTest("built without CUDA")
+        if gpus == 0:
+            self.skipTest("no CUDA GPU on this machine")
+        if code < NCCL_MULTI_RANK_GPU:
+            self.skipTest("NCCL %s is loaded here: two ranks on one GPU need NCCL >= 2.30 "
+                          "(pip install 'nvidia-nccl-cu13>=2.30' and put its lib directory first "
+                          "on LD_LIBRARY_PATH)" % name)
+        # DDPRUN_CUDA_DEVICE=0: both ranks on one GPU even where there are more.
+        out = self.run_cuda({"DDPRUN_CUDA_TRANSPORT": "nccl", "DDPRUN_CUDA_DEVICE": "0"})
+        self.assertEqual(out.count("cuda transport nccl"), 2, out)
+
+    def test_old_nccl_refuses_one_gpu_naming_the_version_and_the_fix(self):
+        code, name, gpus = nccl_runtime_version()
+        if code == 0 or gpus == 0:
+            self.skipTest("no CUDA GPU on this machine" if code else "built without CUDA")
+        if code >= NCCL_MULTI_RANK_GPU:
+            self.skipTest("NCCL %s accepts two ranks on one GPU: nothing to refuse" % name)
+        p = subprocess.run(self.ddprun("--nproc-per-node=2", "--standalone", "--no-python", CHECK,
+                                       "--device", "cuda", "--sizes", "7", "--dtypes", "float32"),
+                           capture_output=True, text=True, timeout=300,
+                           env=env_with(DDPRUN_CUDA_TRANSPORT="nccl", DDPRUN_CUDA_DEVICE="0"))
+        out = p.stdout + p.stderr
+        self.assertNotEqual(p.returncode, 0, out)
+        for words in (name, "nvidia-nccl-cu13>=2.30", "LD_LIBRARY_PATH"):
+            self.assertIn(words, out)
 
 
 class TwoSimulatedHosts(LaunchTest):

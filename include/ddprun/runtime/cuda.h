@@ -1,7 +1,10 @@
 // CUDA support of the runtime, usable from code compiled without nvcc.
 //
 // Collectives on Device::kCuda buffers pick a transport when first used:
-//   nccl   — every rank owns a different GPU (NCCL refuses duplicate GPUs);
+//   nccl   — every rank owns a different GPU. Ranks sharing a GPU get NCCL
+//            only when forced (a test and fallback path) and NCCL >= 2.30
+//            is loaded: the runtime then sets NCCL_MULTI_RANK_GPU_ENABLE=1
+//            (older NCCL refuses duplicate GPUs: the error says how to fix);
 //   ipc    — ranks share GPUs on one host: CUDA IPC handles plus our own
 //            reduction kernels reading peers' device buffers;
 //   staged — anything else: copy to pinned host memory, run the host
@@ -29,6 +32,11 @@ int cudaDeviceCount();
 int cudaSelectedDevice();
 // Name of the CUDA transport `pg` uses (initialising it if needed).
 std::string cudaTransportName(ProcessGroup& pg);
+// The version of the NCCL library loaded at run time (ncclGetVersion: 23007
+// for 2.30.7), which may differ from the headers the runtime was built with
+// (libnccl.so.2 keeps its ABI: a newer one first on LD_LIBRARY_PATH is used).
+// 0 when built without CUDA. Never throws; needs no GPU.
+int ncclRuntimeVersion();
 
 // Minimal device-memory helpers for programs without CUDA headers. Throw
 // InvalidArgument without a GPU, IoError on a CUDA error.

@@ -10,6 +10,17 @@
 // asynchronous all-reduce (average over ranks) starts while backward goes on.
 // finalize() at the end of backward waits for every bucket.
 //
+// Device memory with a stream (GradientMemory::stream(), the CUDA trainer's)
+// is ordered on streams instead: a bucket's all-reduce waits on the device
+// for an event recorded on the compute stream when the bucket launches, and
+// finalize() makes the compute stream wait for every bucket's completion
+// event rather than waiting itself. The training thread waits only for the
+// collectives to have been issued: with NCCL an enqueue; with the IPC and
+// staged transports the collective runs on the process group's thread (host
+// barriers between ranks are part of it) and the hand-off returns when it is
+// done. setDeviceTiming() and deviceTimings() measure the overlap from
+// device timestamps.
+//
 // Buckets: bucketCapBytes (default 25 MiB) each, filled in reverse
 // registration order (the order gradients usually become ready), with the
 // bucket of the first-registered parameters (reduced last) capped at
@@ -22,7 +33,9 @@
 // error naming it (like PyTorch without find_unused_parameters), not a hang.
 //
 // Thread-safety: one training thread drives a Reducer (markReady, finalize,
-// zeroGrad). The communication runs on the process group's thread.
+// zeroGrad, broadcastBuffers, the device timing calls). The communication
+// runs on the process group's thread (stream-ordered NCCL collectives are
+// issued inline on the training thread when the group is idle: an enqueue).
 // Preconditions: every rank registers the same parameters (names and sizes,
 // checked at construction) and runs the same sequence of iterations.
 #pragma once
@@ -35,12 +48,17 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/process_group.h"
 
 namespace ddprun::runtime {
+
+namespace internal {
+struct ReducerAccess;  // src/runtime/device_order.h: tests substitute the device collectives
+}
 
 // Communication hook applied to each bucket (PyTorch's default_hooks):
 // kFp16/kBf16 compress the bucket to 16 bits (divided by the world size
@@ -68,7 +86,15 @@ class GradientMemory {
   // implementation records an event after the kernels that wrote the
   // gradients and waits for it there, so the training thread never blocks
   // inside backward. Empty (the default) when memory is current at once (CPU).
+  // Not used when stream() is non-null.
   virtual std::function<void()> producedFence() { return {}; }
+  // The device stream (a cudaStream_t) on which the training loop writes the
+  // gradients and runs the optimizer, and on which this memory's own
+  // operations run. Non-null: the reducer orders its collectives on streams
+  // (see the file comment); the memory's device must be the runtime's
+  // (cudaSelectedDevice()). Null (the default): CPU memory, or a device
+  // memory ordered through producedFence().
+  virtual void* stream() const { return nullptr; }
 };
 std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg);
 
@@ -86,6 +112,9 @@ struct ParamInfo {
 
 // What the last synchronised iteration's communication did, for the
 // step-time breakdown and the overlap measurement. Times are steady_clock.
+// With stream-ordered device memory these are host times of the issue
+// (started/finished bracket the issue of the collective, not its run on the
+// device) and hiddenFraction() says nothing: use Reducer::deviceTimings().
 struct ReducerStats {
   using Clock = std::chrono::steady_clock;
   struct Bucket {
@@ -102,6 +131,25 @@ struct ReducerStats {
   // Fraction of the communication the training thread did not wait for:
   // 1 - waitTime / commTime, clamped to [0, 1].
   double hiddenFraction() const;
+};
+
+// Device timestamps of one synchronised iteration (Reducer::deviceTimings()),
+// in milliseconds relative to the iteration's first ready event (bucket 0's).
+struct DeviceTimings {
+  struct Bucket {
+    size_t bytes = 0;      // float32 gradient bytes of the bucket
+    size_t wireBytes = 0;  // bytes all-reduced (half of `bytes` with a 16-bit hook; 0: none)
+    double readyMs = 0;    // its gradients were written (the producer event)
+    double startMs = 0;    // its all-reduce began on the communication stream
+    double endMs = 0;      // its all-reduce finished (startMs == endMs: no communication)
+  };
+  std::vector<Bucket> buckets;  // in launch order
+  double backwardEndMs = 0;     // the compute stream reached finalize()
+  double commMs = 0;            // sum of endMs - startMs
+  double hiddenMs = 0;          // the part of commMs before backwardEndMs
+  double hiddenFraction = 1;    // hiddenMs / commMs; 1 without communication
+  // Fills commMs, hiddenMs and hiddenFraction from buckets and backwardEndMs.
+  void computeTotals();
 };
 
 class Reducer {
@@ -132,8 +180,12 @@ class Reducer {
   void markReady(size_t i);
   // End of backward: launches what is left, waits for every bucket, applies
   // the hook's decompression. Afterwards every gradient is the average over
-  // ranks. Throws InvalidArgument naming parameters that got no gradient;
-  // rethrows communication failures (a dead or stalled peer).
+  // ranks. Stream-ordered memory: "afterwards" is in the order of the
+  // memory's stream (the host waits only for the collectives' issue, and the
+  // stream waits for their completion before whatever is issued next).
+  // Throws InvalidArgument naming parameters that got no gradient; rethrows
+  // communication failures (a dead or stalled peer; with NCCL's stream
+  // ordering seen when a later collective is issued, or after the timeout).
   void finalize();
 
   size_t numBuckets() const { return buckets_.size(); }
@@ -141,6 +193,29 @@ class Reducer {
   const std::vector<size_t>& bucketParams(size_t b) const { return buckets_[b].params; }
   const ReducerStats& lastStats() const { return stats_; }
   int64_t iterations() const { return iterations_; }
+
+  // True when the collectives are ordered on streams (GradientMemory::stream()).
+  bool streamOrdered() const { return stream_ != nullptr; }
+  // Stream-ordered memory: record device timestamps (timing-enabled events)
+  // from the next iteration on, until turned off. Costs a little per bucket:
+  // turn it on for a few profiled steps only. Call between iterations. No
+  // effect on other memory.
+  void setDeviceTiming(bool on) { deviceTiming_ = on; }
+  bool deviceTiming() const { return deviceTiming_; }
+  // The device timestamps of the last synchronised iteration, when it ran
+  // with device timing on (else nullopt). Precondition: the device finished
+  // that iteration (the caller synchronised it after finalize()) and the next
+  // iteration has not launched a bucket yet; throws InvalidArgument when its
+  // events have not completed.
+  std::optional<DeviceTimings> deviceTimings() const;
+
+  // Copies rank 0's values of these float32 arrays (in the memory's device:
+  // batch norm buffers) to every rank: DDP's broadcast_buffers before each
+  // training forward. Collective. Stream-ordered memory: the broadcast waits
+  // on the device for the work issued so far to the memory's stream, and that
+  // stream waits for the broadcast; the host waits only for its issue. Other
+  // memory: broadcastFromRank0(pg, arrays, memory's device).
+  void broadcastBuffers(const std::vector<std::pair<float*, size_t>>& arrays);
 
  private:
   struct Bucket {
@@ -151,7 +226,10 @@ class Reducer {
     void* half = nullptr;  // compressed copy when a hook is on
     size_t pending = 0;
     Work work;
+    bool issued = false;  // stream-ordered: its collective was issued this iteration
   };
+  struct Ordered;  // stream ordering state (events, device collectives)
+  friend struct internal::ReducerAccess;
   struct Slot {
     size_t bucket = 0;
     size_t offset = 0;
@@ -161,6 +239,9 @@ class Reducer {
   void releaseBuckets();
   void launchReady();
   void launch(size_t b, bool inlineLast);
+  void launchOrdered(size_t b);
+  void finalizeHost();
+  void finalizeOrdered();
   void resetIteration();
   void rebuild();
   void checkSameParams();
@@ -181,6 +262,9 @@ class Reducer {
   int64_t iterations_ = 0;
   ReducerStats stats_;
   std::shared_ptr<std::vector<ReducerStats::Bucket>> timing_;
+  void* stream_ = nullptr;  // mem_->stream()
+  bool deviceTiming_ = false;
+  std::unique_ptr<Ordered> ordered_;
 };
 
 // Copies rank 0's values of these float32 arrays to every rank (DDP's

@@ -6,11 +6,16 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +24,7 @@
 #include "../shm/shm_comm.h"
 #include "cuda_comm.h"
 #include "ddprun/runtime/cuda.h"
+#include "ddprun/common/log.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/store/store.h"
@@ -73,6 +79,26 @@ void syncStream(cudaStream_t s, std::chrono::milliseconds timeout, const char* w
                           timeout.count() / 1000.0, " s (a peer rank stalled or died)");
     std::this_thread::yield();
   }
+}
+
+cudaEvent_t toEvent(internal::DeviceEvent e) { return static_cast<cudaEvent_t>(e); }
+cudaStream_t toStream(internal::DeviceStream s) { return static_cast<cudaStream_t>(s); }
+
+// The ordered operations of the transports whose collectives block until
+// done (IPC, staged): every stream the collective may use waits on the
+// device for ev.after, `start` is recorded on the first one, the collective
+// runs (its own stream synchronisation now also waits for the producer: the
+// group's thread waits, which these transports' host barriers need anyway),
+// and `done` is recorded once it returned, on an idle stream.
+template <typename Op>
+void runOrderedBlocking(std::initializer_list<cudaStream_t> streams,
+                        const internal::OrderedEvents& ev, Op op) {
+  if (ev.after)
+    for (cudaStream_t s : streams) DDPRUN_CUDA_OK(cudaStreamWaitEvent(s, toEvent(ev.after), 0));
+  const cudaStream_t first = *streams.begin();
+  if (ev.start) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.start), first));
+  op();
+  if (ev.done) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.done), first));
 }
 
 // --------------------------------------------------------- reduction kernels
@@ -188,9 +214,24 @@ ncclRedOp_t ncclOp(ReduceOp op) {
   return ncclSum;
 }
 
+// Collectives on NCCL's stream. The Comm operations wait for their own
+// completion (finish(): polling, bounded by the timeout). The ordered ones
+// (the Reducer's path) only enqueue: the stream waits on the device for the
+// producer's event, and completion is known through events. Their failures
+// are still found, without the host waiting on them:
+//   - every later operation first polls the ordered operations in flight
+//     (cudaEventQuery, ncclCommGetAsyncError): an NCCL error, or an
+//     operation older than the timeout, fails that operation as a
+//     PeerFailure, which the process group turns into a message naming the
+//     likely culprit;
+//   - a watchdog thread polls the same while any are in flight; on a failure
+//     it aborts the communicator, so that NCCL's kernels stop and a training
+//     loop blocked in a device synchronisation behind them goes on to its
+//     next collective, which reports the failure.
+// mu_ guards the communicator (NCCL calls) and the in-flight list.
 class NcclComm : public CudaComm {
  public:
-  NcclComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
+  NcclComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host), device_(envDevice()) {
     ncclUniqueId id{};
     if (pg.rank() == 0) DDPRUN_NCCL_OK(ncclGetUniqueId(&id));
     host_.broadcast(&id, sizeof(id), 0);
@@ -198,10 +239,20 @@ class NcclComm : public CudaComm {
     DDPRUN_NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
   }
   ~NcclComm() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    drain();
     if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
   std::string name() const override { return "nccl"; }
+  bool enqueues() const override { return true; }
   int size() const override { return pg_.size(); }
   int me() const override { return pg_.rank(); }
 
@@ -209,33 +260,48 @@ class NcclComm : public CudaComm {
   // element of an out-of-place 4097-float all-reduce unwritten on one rank
   // (seen on an H100), and integer avg must truncate like the other paths.
   void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    DDPRUN_NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
-    divide(op, out, count, t);
+    {
+      std::lock_guard lock(mu_);
+      checkLocked("allReduce");
+      DDPRUN_NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+      divide(op, out, count, t);
+    }
     finish("allReduce");
   }
   void broadcast(void* buf, size_t bytes, int root) override {
-    DDPRUN_NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    {
+      std::lock_guard lock(mu_);
+      checkLocked("broadcast");
+      DDPRUN_NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
+    }
     finish("broadcast");
   }
   void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
     const bool equal = std::all_of(bytes.begin(), bytes.end(), [&](size_t b) { return b == bytes[0]; });
-    if (equal) {
-      DDPRUN_NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
-    } else {  // unequal pieces: one broadcast per rank, fused in a group
-      DDPRUN_NCCL_OK(ncclGroupStart());
-      size_t off = 0;
-      for (int r = 0; r < size(); ++r) {
-        char* dst = static_cast<char*>(out) + off;
-        DDPRUN_NCCL_OK(ncclBroadcast(r == me() ? in : dst, dst, bytes[r], ncclUint8, r, comm_, stream_));
-        off += bytes[r];
+    {
+      std::lock_guard lock(mu_);
+      checkLocked("allGather");
+      if (equal) {
+        DDPRUN_NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
+      } else {  // unequal pieces: one broadcast per rank, fused in a group
+        std::vector<std::pair<void*, size_t>> pieces;
+        size_t off = 0;
+        for (int r = 0; r < size(); ++r) {
+          pieces.emplace_back(static_cast<char*>(out) + off, bytes[r]);
+          off += bytes[r];
+        }
+        groupedBroadcasts(pieces, -1, in);
       }
-      DDPRUN_NCCL_OK(ncclGroupEnd());
     }
     finish("allGather");
   }
   void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    DDPRUN_NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
-    divide(op, out, count, t);
+    {
+      std::lock_guard lock(mu_);
+      checkLocked("reduceScatter");
+      DDPRUN_NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+      divide(op, out, count, t);
+    }
     finish("reduceScatter");
   }
   void barrier() override { host_.barrier(); }
@@ -244,7 +310,33 @@ class NcclComm : public CudaComm {
     host_.abort(by);
   }
 
+  void allReduceOrdered(void* buf, size_t count, DType t, ReduceOp op,
+                        const internal::OrderedEvents& ev) override {
+    std::lock_guard lock(mu_);
+    checkLocked("allReduce");
+    beginOrderedLocked(ev);
+    DDPRUN_NCCL_OK(ncclAllReduce(buf, buf, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
+    divide(op, buf, count, t);
+    endOrderedLocked(ev, "allReduce");
+  }
+  void broadcastOrdered(const std::vector<std::pair<void*, size_t>>& buffers, int root,
+                        const internal::OrderedEvents& ev) override {
+    std::lock_guard lock(mu_);
+    checkLocked("broadcast");
+    beginOrderedLocked(ev);
+    groupedBroadcasts(buffers, root, nullptr);
+    endOrderedLocked(ev, "broadcast");
+  }
+
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    cudaEvent_t event;  // ours, recorded after the operation
+    Clock::time_point issued;
+    const char* what;
+  };
+  static constexpr auto kPollEvery = std::chrono::milliseconds(10);
+
   static ReduceOp sumForAvg(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
   void divide(ReduceOp op, void* buf, size_t count, DType t) {
     if (op != ReduceOp::kAvg || size() == 1) return;
@@ -252,26 +344,158 @@ class NcclComm : public CudaComm {
     p.p[0] = static_cast<char*>(buf);
     launchReduce(t, ReduceOp::kSum, p, 1, p, 1, count, size(), stream_);
   }
+  // Broadcasts of several buffers as one NCCL group (one launch). root -1:
+  // buffer r comes from rank r (this rank's from `mine`). The group is always
+  // closed, even when a call inside it failed.
+  void groupedBroadcasts(const std::vector<std::pair<void*, size_t>>& buffers, int root,
+                         const void* mine) {
+    DDPRUN_NCCL_OK(ncclGroupStart());
+    ncclResult_t first = ncclSuccess;
+    for (size_t i = 0; i < buffers.size() && first == ncclSuccess; ++i) {
+      const int from = root >= 0 ? root : static_cast<int>(i);
+      void* dst = buffers[i].first;
+      const void* src = root < 0 && from == me() ? mine : dst;
+      first = ncclBroadcast(src, dst, buffers[i].second, ncclUint8, from, comm_, stream_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    DDPRUN_NCCL_OK(first);
+    DDPRUN_NCCL_OK(end);
+  }
+
+  void beginOrderedLocked(const internal::OrderedEvents& ev) {
+    if (ev.after) DDPRUN_CUDA_OK(cudaStreamWaitEvent(stream_, toEvent(ev.after), 0));
+    if (ev.start) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.start), stream_));
+  }
+  void endOrderedLocked(const internal::OrderedEvents& ev, const char* what) {
+    if (ev.done) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.done), stream_));
+    cudaEvent_t mine = nullptr;
+    if (!spare_.empty()) {
+      mine = spare_.back();
+      spare_.pop_back();
+    } else {
+      DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&mine, cudaEventDisableTiming));
+    }
+    const cudaError_t rec = cudaEventRecord(mine, stream_);
+    if (rec != cudaSuccess) spare_.push_back(mine);
+    DDPRUN_CUDA_OK(rec);
+    pending_.push_back({mine, Clock::now(), what});
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
+    cv_.notify_all();
+  }
+
+  // Drops finished ordered operations; on an NCCL error, a CUDA error, or an
+  // operation in flight for longer than the timeout, records the failure and
+  // aborts the communicator. Caller holds mu_.
+  void pollLocked() {
+    if (!failure_.empty()) return;
+    while (!pending_.empty()) {
+      const cudaError_t e = cudaEventQuery(pending_.front().event);
+      if (e == cudaErrorNotReady) break;
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return failLocked(std::string(pending_.front().what) + ": CUDA error " +
+                              cudaGetErrorString(e), false);
+      }
+      spare_.push_back(pending_.front().event);
+      pending_.pop_front();
+    }
+    if (pending_.empty() || !comm_) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+      return failLocked(std::string(pending_.front().what) + ": NCCL reported " +
+                            ncclGetErrorString(async) + lastError(), false);
+    const auto timeout = pg_.options().timeout;
+    if (Clock::now() - pending_.front().issued > timeout)
+      failLocked(std::string(pending_.front().what) + ": NCCL did not finish within " +
+                     std::to_string(timeout.count() / 1000.0) + " s (a peer stalled or died)",
+                 true);
+  }
+  void failLocked(std::string msg, bool timedOut) {
+    if (!failure_.empty()) return;
+    failure_ = std::move(msg);
+    failureTimedOut_ = timedOut;
+    DDPRUN_ERROR("rank ", pg_.rank(), ": aborting the NCCL communicator: ", failure_);
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  std::string lastError() const {
+    const char* s = comm_ ? ncclGetLastError(comm_) : nullptr;
+    return s && *s ? std::string(" (") + s + ")" : std::string();
+  }
+  // Every operation starts here: the failures of earlier ordered operations
+  // are this operation's.
+  void checkLocked(const char* what) {
+    pollLocked();
+    if (!failure_.empty())
+      DDPRUN_PEER_FAILURE(-1, failureTimedOut_, what, " after an earlier NCCL failure: ", failure_);
+    if (!comm_) DDPRUN_PEER_FAILURE(-1, false, what, ": the NCCL communicator was aborted");
+  }
+
   void finish(const char* what) {
     const Deadline deadline(pg_.options().timeout);
-    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress)
-        DDPRUN_PEER_FAILURE(-1, false, what, ": NCCL reported ", ncclGetErrorString(async));
-      if (deadline.expired())
-        DDPRUN_PEER_FAILURE(-1, true, what, ": NCCL did not finish within ",
-                            pg_.options().timeout.count() / 1000.0, " s (a peer stalled or died)");
+    while (true) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q != cudaErrorNotReady) {
+        if (q != cudaSuccess) (void)cudaGetLastError();
+        DDPRUN_CUDA_OK(q);
+        return;
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (failure_.empty() && comm_) {
+          ncclResult_t async = ncclSuccess;
+          if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+              async != ncclInProgress)
+            failLocked(std::string(what) + ": NCCL reported " + ncclGetErrorString(async) +
+                           lastError(), false);
+          else if (deadline.expired())
+            failLocked(std::string(what) + ": NCCL did not finish within " +
+                           std::to_string(pg_.options().timeout.count() / 1000.0) +
+                           " s (a peer stalled or died)", true);
+        }
+        if (!failure_.empty()) DDPRUN_PEER_FAILURE(-1, failureTimedOut_, failure_);
+      }
       std::this_thread::yield();
     }
-    DDPRUN_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+  void watch() {
+    (void)cudaSetDevice(device_);
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      cv_.wait(lock, [&] { return stop_ || (!pending_.empty() && failure_.empty()); });
+      if (stop_) break;
+      cv_.wait_for(lock, kPollEvery, [&] { return stop_; });
+      if (!stop_) pollLocked();
+    }
+  }
+  // Before the communicator goes: the ordered work in flight finishes (or
+  // fails: pollLocked aborts past the timeout).
+  void drain() noexcept {
+    std::unique_lock lock(mu_);
+    while (comm_ && failure_.empty() && !aborted_ && !pending_.empty()) {
+      pollLocked();
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+    }
   }
 
   ProcessGroup& pg_;
   Comm& host_;
+  int device_;
   cudaStream_t stream_{};
   ncclComm_t comm_{};
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;      // ordered operations in flight, oldest first
+  std::vector<cudaEvent_t> spare_;   // their events, for reuse
+  std::string failure_;              // sticky: the first failure seen
+  bool failureTimedOut_ = false;
+  bool stop_ = false;
+  std::thread watchdog_;             // started with the first ordered operation
 };
 
 // ------------------------------------------------------------------- self
@@ -295,8 +519,22 @@ class SelfComm : public CudaComm {
   }
   void barrier() override { DDPRUN_CUDA_OK(cudaStreamSynchronize(stream_)); }
   void abort(int) noexcept override {}
+  // In place on one rank there is nothing to move: only the events.
+  bool enqueues() const override { return true; }
+  void allReduceOrdered(void*, size_t, DType, ReduceOp, const internal::OrderedEvents& ev) override {
+    order(ev);
+  }
+  void broadcastOrdered(const std::vector<std::pair<void*, size_t>>&, int,
+                        const internal::OrderedEvents& ev) override {
+    order(ev);
+  }
 
  private:
+  void order(const internal::OrderedEvents& ev) {
+    if (ev.after) DDPRUN_CUDA_OK(cudaStreamWaitEvent(stream_, toEvent(ev.after), 0));
+    if (ev.start) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.start), stream_));
+    if (ev.done) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.done), stream_));
+  }
   void copy(void* dst, const void* src, size_t bytes) {
     if (dst == src || bytes == 0) return;
     DDPRUN_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -349,6 +587,18 @@ class StagedComm : public CudaComm {
   }
   void barrier() override { host_.barrier(); }
   void abort(int by) noexcept override { host_.abort(by); }
+  bool enqueues() const override { return false; }
+  void allReduceOrdered(void* buf, size_t count, DType t, ReduceOp op,
+                        const internal::OrderedEvents& ev) override {
+    runOrderedBlocking({stream_}, ev, [&] { allReduce(buf, buf, count, t, op); });
+  }
+  void broadcastOrdered(const std::vector<std::pair<void*, size_t>>& buffers, int root,
+                        const internal::OrderedEvents& ev) override {
+    runOrderedBlocking({stream_}, ev, [&] {
+      for (const auto& [p, bytes] : buffers) broadcast(p, bytes, root);
+    });
+  }
+  cudaStream_t stream() const { return stream_; }
 
  private:
   char* stage(const void* dev, size_t bytes, size_t room) {
@@ -525,6 +775,18 @@ class IpcComm : public CudaComm {
   }
   void barrier() override { shm_.barrier(); }
   void abort(int by) noexcept override { shm_.abort(by); }
+  // Small operations take the staged path on its own stream: both wait.
+  bool enqueues() const override { return false; }
+  void allReduceOrdered(void* buf, size_t count, DType t, ReduceOp op,
+                        const internal::OrderedEvents& ev) override {
+    runOrderedBlocking({stream_, small_.stream()}, ev, [&] { allReduce(buf, buf, count, t, op); });
+  }
+  void broadcastOrdered(const std::vector<std::pair<void*, size_t>>& buffers, int root,
+                        const internal::OrderedEvents& ev) override {
+    runOrderedBlocking({stream_, small_.stream()}, ev, [&] {
+      for (const auto& [p, bytes] : buffers) broadcast(p, bytes, root);
+    });
+  }
 
  private:
   struct DirectRecord {
@@ -660,20 +922,153 @@ double cudaNowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Agreement: every rank contributes "hostId|busId"; NCCL when all differ,
-// IPC when everyone is on one host, else staged.
+int ncclRuntimeVersion() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+// ------------------------------------------------------ ordered collectives
+namespace {
+
+class CudaDeviceCollectives final : public internal::DeviceCollectives {
+ public:
+  explicit CudaDeviceCollectives(ProcessGroup& pg) : pg_(pg) {}
+
+  internal::DeviceEvent createEvent(bool timing) override {
+    requireGpu();
+    cudaBindThread();  // an event belongs to the device current at its creation
+    cudaEvent_t e = nullptr;
+    DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  void destroyEvent(internal::DeviceEvent e) noexcept override {
+    if (e) (void)cudaEventDestroy(toEvent(e));
+  }
+  void record(internal::DeviceEvent e, internal::DeviceStream s) override {
+    DDPRUN_CUDA_OK(cudaEventRecord(toEvent(e), toStream(s)));
+  }
+  void streamWait(internal::DeviceStream s, internal::DeviceEvent e) override {
+    DDPRUN_CUDA_OK(cudaStreamWaitEvent(toStream(s), toEvent(e), 0));
+  }
+  double elapsedMs(internal::DeviceEvent from, internal::DeviceEvent to) override {
+    float ms = 0;
+    const cudaError_t r = cudaEventElapsedTime(&ms, toEvent(from), toEvent(to));
+    if (r == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      DDPRUN_THROW(InvalidArgument, "device timings read before the device finished the "
+                   "iteration: synchronise the device after finalize() and read them before "
+                   "the next iteration launches a bucket");
+    }
+    DDPRUN_CUDA_OK(r);
+    return ms;
+  }
+  Work allReduce(const AllReduceOptions& o, const internal::OrderedEvents& ev) override {
+    DDPRUN_CHECK(o.input == nullptr || o.input == o.output,
+                 "a stream-ordered all-reduce runs in place (input null or equal to output)");
+    DDPRUN_CHECK(o.output != nullptr || o.count == 0, "AllReduceOptions::output is null but count is ",
+                 o.count);
+    const AllReduceOptions c = o;
+    return issue("ordered allReduce(" + std::to_string(o.count) + " x " + dtypeName(o.dtype) + ")",
+                 [c, ev](CudaComm& comm) {
+                   comm.allReduceOrdered(c.output, c.count, c.dtype, c.op, ev);
+                 });
+  }
+  Work broadcast(const std::vector<std::pair<void*, size_t>>& buffers, int root,
+                 const internal::OrderedEvents& ev) override {
+    DDPRUN_CHECK(root >= 0 && root < pg_.size(), "broadcast root ", root,
+                 " is not a rank of this group of ", pg_.size());
+    for (const auto& [p, bytes] : buffers)
+      DDPRUN_CHECK(p != nullptr || bytes == 0, "a broadcast buffer is null but has ", bytes, " bytes");
+    return issue("ordered broadcast(" + std::to_string(buffers.size()) + " buffers)",
+                 [buffers, root, ev](CudaComm& comm) { comm.broadcastOrdered(buffers, root, ev); });
+  }
+
+ private:
+  enum Mode : int { kUnknown, kEnqueues, kBlocks };
+  // Runs `f` on the transport after everything issued before it: inline on
+  // the calling thread when the transport only enqueues and the group is
+  // idle (no thread hand-off), else on the group's thread. Until the first
+  // operation has run, the transport is not known: that one goes to the
+  // group's thread too.
+  template <typename F>
+  Work issue(std::string name, F f) {
+    const bool inlineOk = mode_.load(std::memory_order_acquire) == kEnqueues;
+    return internal::run(pg_, std::move(name), [this, f = std::move(f)] {
+      cudaBindThread();
+      CudaComm& comm = internal::cudaComm(pg_);
+      mode_.store(comm.enqueues() ? kEnqueues : kBlocks, std::memory_order_release);
+      f(comm);
+    }, inlineOk);
+  }
+
+  ProcessGroup& pg_;
+  std::atomic<int> mode_{kUnknown};
+};
+
+// NCCL reads NCCL_MULTI_RANK_GPU_ENABLE when it first initialises; set once
+// an NCCL communicator exists in this process, later settings are not seen.
+std::atomic<bool> gNcclStarted{false};
+
+// Ranks share a GPU and NCCL is forced: allowed from NCCL 2.30 on (every
+// rank's library, which all ranks know from the agreement), with
+// NCCL_MULTI_RANK_GPU_ENABLE=1 set before this process's first NCCL
+// initialisation (ncclGetVersion, already called, initialises nothing).
+void allowSharedGpu(const ProcessGroup& pg, const std::vector<int>& versions,
+                    const std::string& bus) {
+  const auto low = std::min_element(versions.begin(), versions.end());
+  const int who = static_cast<int>(low - versions.begin());
+  if (*low < kNcclMultiRankGpuVersion)
+    DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=nccl but ranks share a GPU (", bus,
+                 ") and the NCCL library loaded ",
+                 who == pg.rank() ? std::string("here") : "by rank " + std::to_string(who), " is ",
+                 ncclVersionString(*low), ", which refuses two ranks on one device. NCCL 2.30 "
+                 "or newer accepts it (ddprun then sets NCCL_MULTI_RANK_GPU_ENABLE=1): pip "
+                 "install 'nvidia-nccl-cu13>=2.30' and put its library directory "
+                 "(site-packages/nvidia/nccl/lib) first on LD_LIBRARY_PATH, or leave "
+                 "DDPRUN_CUDA_TRANSPORT unset to use CUDA IPC");
+  if (gNcclStarted.load())
+    DDPRUN_WARN("NCCL_MULTI_RANK_GPU_ENABLE=1 is set after this process already started NCCL: "
+                "NCCL may not see it");
+  ::setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+  DDPRUN_INFO("ranks share GPU ", bus, ": NCCL ", ncclVersionString(*low),
+              " with NCCL_MULTI_RANK_GPU_ENABLE=1 (a test and fallback path; CUDA IPC is the "
+              "default there)");
+}
+
+// What each rank tells the others when the CUDA transport is chosen.
+struct RankRecord {
+  char ident[120];      // "hostId|busId", NUL-padded (truncated if longer)
+  int32_t ncclVersion;  // ncclRuntimeVersion()
+  int32_t pad;
+};
+static_assert(sizeof(RankRecord) == 128, "RankRecord is exchanged as 128 bytes");
+
+}  // namespace
+
+std::unique_ptr<internal::DeviceCollectives> internal::makeDeviceCollectives(ProcessGroup& pg) {
+  return std::make_unique<CudaDeviceCollectives>(pg);
+}
+
+// Agreement: every rank contributes "hostId|busId" and its NCCL version;
+// NCCL when all GPUs differ, IPC when everyone is on one host, else staged.
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* shm) {
   requireGpu();
   const int dev = envDevice();
   DDPRUN_CUDA_OK(cudaSetDevice(dev));
   char bus[32] = {0};
   DDPRUN_CUDA_OK(cudaDeviceGetPCIBusId(bus, sizeof(bus), dev));
-  std::string ident = pg.options().hostId + "|" + bus;
-  ident.resize(128, '\0');
-  std::vector<char> all(128 * pg.size());
-  host.allGather(ident.data(), all.data(), std::vector<size_t>(pg.size(), 128));
+  const std::string ident = pg.options().hostId + "|" + bus;
+  RankRecord mine{};
+  std::memcpy(mine.ident, ident.data(), std::min(ident.size(), sizeof(mine.ident) - 1));
+  mine.ncclVersion = ncclRuntimeVersion();
+  std::vector<RankRecord> all(pg.size());
+  host.allGather(&mine, all.data(), std::vector<size_t>(pg.size(), sizeof(RankRecord)));
   std::vector<std::string> ids;
-  for (int r = 0; r < pg.size(); ++r) ids.emplace_back(all.data() + 128 * r);
+  std::vector<int> versions;
+  for (const RankRecord& r : all) {
+    ids.emplace_back(r.ident, strnlen(r.ident, sizeof(r.ident)));
+    versions.push_back(r.ncclVersion);
+  }
   std::vector<std::string> sorted = ids;
   std::sort(sorted.begin(), sorted.end());
   const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
@@ -684,10 +1079,8 @@ std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* sh
     want = distinct ? "nccl" : (oneHost && shm ? "ipc" : "staged");
   }
   if (want == "nccl") {
-    if (!distinct)
-      DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_TRANSPORT=nccl but ranks share a GPU (",
-                   ids[pg.rank()].substr(ids[pg.rank()].find('|') + 1),
-                   "), which NCCL refuses; leave DDPRUN_CUDA_TRANSPORT unset to use CUDA IPC");
+    if (!distinct) allowSharedGpu(pg, versions, bus);
+    gNcclStarted = true;
     return std::make_unique<NcclComm>(pg, host);
   }
   if (want == "ipc") {

@@ -24,5 +24,9 @@ void cudaCopyOnDevice(void*, const void*, size_t) { noCuda(); }
 void cudaSynchronize() {}
 double cudaNowSeconds() { return 0; }
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup&, Comm&, ShmComm*) { noCuda(); }
+int ncclRuntimeVersion() { return 0; }
+std::unique_ptr<internal::DeviceCollectives> internal::makeDeviceCollectives(ProcessGroup&) {
+  noCuda();
+}
 
 }  // namespace ddprun::runtime

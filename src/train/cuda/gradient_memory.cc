@@ -6,16 +6,15 @@
 // long-lived. zero/copy/compress/decompress run on the compute stream, after
 // the backward kernels that wrote the gradients and before the optimizer.
 //
-// Ordering with the all-reduce: producedFence() records an event on the
-// compute stream when a bucket launches (the training thread goes on with
-// backward) and hands the communication thread a function that waits for
-// that event, making the backend's device current on that thread for the
-// wait and restoring the thread's device afterwards (the runtime binds its
-// own, runtime::cudaSelectedDevice(), which the backend checks it matches).
-// Events are pooled: one is reused once its last fence has run and gone.
+// Ordering with the all-reduce: stream() hands the reducer the compute
+// stream, and the reducer orders its collectives on streams (reducer.h): a
+// bucket's all-reduce waits on the device for an event recorded on this
+// stream when the bucket launches, and finalize() makes this stream wait for
+// the all-reduce's completion. No thread waits on the host for the device
+// inside a step; the runtime's device (runtime::cudaSelectedDevice()) is this
+// context's (the backend checks it before making this memory).
 #include <mutex>
 #include <unordered_map>
-#include <vector>
 
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
@@ -77,19 +76,7 @@ class CudaGradientMemory final : public runtime::GradientMemory {
     ctx_->bind();
     launchDecompress16(src16, dst, n, is16(t), ctx_->stream());
   }
-  std::function<void()> producedFence() override {
-    ctx_->bind();
-    std::shared_ptr<Event> ev = freeEvent();
-    ev->record(ctx_->stream());
-    const int device = ctx_->device();
-    return [ev, device] {
-      int prev = -1;
-      const bool known = cudaGetDevice(&prev) == cudaSuccess;
-      if (!known || prev != device) DDPRUN_CUDA_OK(cudaSetDevice(device));
-      ev->waitUncounted();  // the communication thread: not a training-thread wait
-      if (known && prev != device) DDPRUN_CUDA_OK(cudaSetDevice(prev));
-    };
-  }
+  void* stream() const override { return ctx_->stream(); }
 
  private:
   std::mutex sizesMu_;
@@ -101,18 +88,8 @@ class CudaGradientMemory final : public runtime::GradientMemory {
                  "bfloat16");
     return t == runtime::DType::kBFloat16;
   }
-  // An event no pending fence holds (use_count 1: only the pool).
-  std::shared_ptr<Event> freeEvent() {
-    std::lock_guard lock(mu_);
-    for (auto& e : events_)
-      if (e.use_count() == 1) return e;
-    events_.push_back(std::make_shared<Event>(Event::create()));
-    return events_.back();
-  }
 
   std::shared_ptr<Context> ctx_;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<Event>> events_;
 };
 
 }  // namespace
