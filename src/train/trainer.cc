@@ -1,10 +1,12 @@
 #include "ddprun/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
@@ -107,6 +109,9 @@ class Run {
   void syncBuffers();
   bool unscaleGrads(float invScale);
   void bindGrads();
+  std::vector<std::vector<size_t>> bucketLayout() const;
+  void markGradsZero();
+  std::vector<std::pair<float*, size_t>> bufferArrays() const;
   void loadInit();
   struct StartPlan;
   void clearStaleTemporaries();
@@ -166,6 +171,7 @@ class Run {
   // --profile-steps: the last steps' device profile.
   std::unique_ptr<StepProfile> profile_;
   nlohmann::json profileResult_;
+  std::optional<double> deviceHidden_;  // the profile's comm-hidden fraction (GPU clock)
   void checkBenchFlags();
   bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
   void benchWindowStart();
@@ -176,6 +182,15 @@ class Run {
     if (profile_) profile_->point(p);
   }
   nlohmann::json benchJson() const;
+  // The all-reduce's share hidden behind backward: from the profile's GPU
+  // timestamps when the reducer is ordered on streams, else from the host
+  // clock of the sampled steps; null when nothing was measured.
+  nlohmann::json commHiddenJson() const {
+    if (reducer_->streamOrdered())
+      return deviceHidden_ ? nlohmann::json(*deviceHidden_) : nlohmann::json(nullptr);
+    return time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed / time_.commTotal)
+                               : nlohmann::json(nullptr);
+  }
 };
 
 void Run::setup() {
@@ -190,7 +205,7 @@ void Run::setup() {
   // DDP's construction: every rank starts from rank 0's parameters and buffers.
   std::vector<std::pair<float*, size_t>> arrays;
   for (Param* p : model_->params()) arrays.emplace_back(p->value.data(), p->value.numel());
-  for (Buffer* b : model_->buffers()) arrays.emplace_back(b->value.data(), b->value.numel());
+  for (const auto& b : bufferArrays()) arrays.push_back(b);
   runtime::broadcastFromRank0(pg_, arrays, be_->device());
 
   std::vector<runtime::ParamInfo> infos;
@@ -209,6 +224,33 @@ void Run::setup() {
   oo.momentum = cfg_.momentum;
   oo.weightDecay = cfg_.weightDecay;
   optim_ = Optimizer::create(oo, *be_, model_->params());
+  // Parameters and optimizer state flat in the buckets' order: one optimizer
+  // launch per step. Gradients start logically zero: the first writer of each
+  // step overwrites them, so no step zeroes its buckets.
+  optim_->adoptLayout(bucketLayout());
+  markGradsZero();
+}
+
+std::vector<std::vector<size_t>> Run::bucketLayout() const {
+  std::vector<std::vector<size_t>> b;
+  for (size_t k = 0; k < reducer_->numBuckets(); ++k) b.push_back(reducer_->bucketParams(k));
+  return b;
+}
+
+void Run::markGradsZero() {
+  for (Param* p : model_->params()) p->overwriteGrad = true;
+}
+
+// The model's buffers, each storage once (the batch norms of a CUDA model
+// share one step counter).
+std::vector<std::pair<float*, size_t>> Run::bufferArrays() const {
+  std::vector<std::pair<float*, size_t>> out;
+  for (Buffer* b : model_->buffers()) {
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const auto& a) { return a.first == b->value.data(); });
+    if (!seen) out.emplace_back(b->value.data(), b->value.numel());
+  }
+  return out;
 }
 
 // PyTorch DDP's broadcast_buffers=True: before each training forward, every
@@ -216,11 +258,12 @@ void Run::setup() {
 // the local module as the reference script does (ddp.module, no broadcast), so
 // each rank evaluates with rank 0's statistics updated by its own last batch.
 // With --sync-bn the statistics are global and the broadcast changes nothing.
+// On a device the broadcast is ordered on streams after the compute that
+// updated the buffers and before the forward that reads them (the reducer's
+// communication stream); the host waits only for its issue.
 void Run::syncBuffers() {
   if (pg_.size() == 1 || model_->buffers().empty()) return;
-  std::vector<std::pair<float*, size_t>> arrays;
-  for (Buffer* b : model_->buffers()) arrays.emplace_back(b->value.data(), b->value.numel());
-  runtime::broadcastFromRank0(pg_, arrays, be_->device());
+  reducer_->broadcastBuffers(bufferArrays());
 }
 
 // fp16: divides every (averaged) gradient by the loss scale, bucket by
@@ -432,13 +475,16 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   profilePoint(StepProfile::Point::kReducerStart);
   reducer_->finalize();
   profilePoint(StepProfile::Point::kReducerEnd);
-  if (reducer_->layoutVersion() != layout) bindGrads();
+  if (reducer_->layoutVersion() != layout) {  // the buckets were rebuilt (once)
+    bindGrads();
+    optim_->adoptLayout(bucketLayout());
+  }
   auto t3 = Clock::now();
   profilePoint(StepProfile::Point::kOptimizerStart);
   const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
   scaler_.update(finite);
   if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
-  reducer_->zeroGrad();
+  markGradsZero();  // instead of zeroing: the next backward overwrites
   profilePoint(StepProfile::Point::kOptimizerEnd);
   profilePoint(StepProfile::Point::kStepEnd);
   if (device && timed) be_->synchronize();
@@ -451,8 +497,10 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
     time_.optim += std::chrono::duration<double>(t4 - t3).count();
   }
   // The hidden fraction too comes from the timed steps: on the others
-  // finalize() also waits for backward's own kernels.
-  if (timed) {
+  // finalize() also waits for backward's own kernels. Ordered on streams (a
+  // device), finalize waits for nothing and the host clock says nothing: the
+  // profile's GPU timestamps give the fraction instead.
+  if (timed && !reducer_->streamOrdered()) {
     const auto& st = reducer_->lastStats();
     const double ct = st.commTime.count();
     time_.commTotal += ct;
@@ -525,6 +573,7 @@ void Run::profileStepStart() {
     model_->setObserver([this](size_t layer, bool backward, bool end) {
       profile_->layer(layer, backward, end);
     });
+    if (reducer_->streamOrdered() && pg_.size() > 1) reducer_->setDeviceTiming(true);
     be_->profilerRange(true);
   }
   std::vector<std::vector<size_t>> buckets;
@@ -547,6 +596,21 @@ void Run::profileStepEnd() {
   model_->setObserver(nullptr);
   profileResult_ = profile_->finish();
   profile_.reset();
+  // The communication of the last profiled step, from GPU timestamps (ms
+  // from its first bucket's readiness).
+  if (const auto t = reducer_->deviceTimings()) {
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const auto& b : t->buckets)
+      buckets.push_back({{"bytes", b.bytes}, {"wire_bytes", b.wireBytes},
+                         {"ready_ms", b.readyMs}, {"start_ms", b.startMs}, {"end_ms", b.endMs}});
+    profileResult_["comm"] = {{"hidden_fraction", t->hiddenFraction},
+                              {"backward_end_ms", t->backwardEndMs},
+                              {"comm_ms", t->commMs},
+                              {"hidden_ms", t->hiddenMs},
+                              {"buckets", std::move(buckets)}};
+    deviceHidden_ = t->hiddenFraction;
+  }
+  reducer_->setDeviceTiming(false);
 }
 
 // Flags that depend on how many steps this process trains (known after a
@@ -761,9 +825,7 @@ nlohmann::json Run::execute() {
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
                      {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},
                      {"optimizer_s", time_.scaled(time_.optim, stepsRun_)}}},
-      {"comm_hidden_fraction", time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed /
-                                                                        time_.commTotal)
-                                                   : nlohmann::json(nullptr)},
+      {"comm_hidden_fraction", commHiddenJson()},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};
   if (be_->device() != Device::kCpu) {
