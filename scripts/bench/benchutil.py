@@ -9,8 +9,10 @@ examples/pytorch/ddp_bench.py, the PyTorch side of resnet_bench.py).
   same order. Pure Python.
 - synthetic_mnist(): `train --data synthetic` (src/train/data.cc,
   makeSynthetic) in numpy: the same 28x28 pixels, labels and normalised
-  float32 images LeNet trains on. (--data synthetic-cifar has its own port,
-  tests/interop/synthetic_cifar.py.)
+  float32 images LeNet trains on.
+- synthetic_cifar_samples(): `train --data synthetic-cifar` for chosen
+  sample indices, vectorised over the samples (tests/interop/synthetic_cifar.py
+  is the reference port, one sample at a time; this gives the same bytes).
 """
 import json
 import os
@@ -222,3 +224,37 @@ def synthetic_mnist(count, seed=0, split="train"):
     x = pixels.astype(np.float32) / np.float32(255.0)
     x = (x - np.float32(MNIST_MEAN)) / np.float32(MNIST_STD)
     return x.reshape(count, 1, MNIST_SIDE, MNIST_SIDE), labels
+
+
+def synthetic_cifar_samples(indices, count, split="train"):
+    """Samples `indices` of the first `count` of train's synthetic-cifar
+    `split`: float32 [len, 3, 32, 32] normalised and int64 labels (numpy),
+    the bytes tests/interop/synthetic_cifar.py renders one sample at a time."""
+    import numpy as np
+    import synthetic_cifar as sc  # tests/interop: the constants, labels, prototypes
+    labels = sc.labels(count, split=split)
+    protos = sc.prototypes().reshape(sc.CLASSES, sc.BYTES)
+    stream = ~(sc.SEED ^ sc.SPLIT_TAGS[split]) & MASK64
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= count):
+        raise ValueError("sample indices outside [0, %d)" % count)
+    out = np.zeros((len(idx), sc.BYTES), dtype=np.uint8)
+    shifts = np.arange(8, dtype=np.uint64) * np.uint64(8)
+    draws = np.arange(1, sc.DRAWS + 1, dtype=np.uint64) * np.uint64(GAMMA)
+    for lo in range(0, len(idx), 512):
+        part = idx[lo:lo + 512].astype(np.uint64)
+        with np.errstate(over="ignore"):
+            # Sample i's stream starts at draw i * DRAWS: state + i * DRAWS * GAMMA.
+            first = np.uint64(stream) + part * np.uint64(sc.DRAWS * GAMMA & MASK64)
+            z = _mix_array(first[:, None] + draws[None, :])
+        d = z[:, 0]  # contrast = 128 + (d * 129 >> 64), the high word in two halves
+        hi = (d >> np.uint64(32)) * np.uint64(129) + (
+            ((d & np.uint64(0xFFFFFFFF)) * np.uint64(129)) >> np.uint64(32))
+        contrast = (np.uint64(128) + (hi >> np.uint64(32))).astype(np.int64)
+        noise = ((z[:, 1:, None] >> shifts[None, None, :]) & np.uint64(255)).astype(np.int64)
+        noise = noise.reshape(len(part), sc.BYTES)
+        proto = protos[labels[idx[lo:lo + 512]]]
+        v = (proto * contrast[:, None] >> 8) + (noise * 161 >> 8) - 80
+        out[lo:lo + len(part)] = np.clip(v, 0, 255).astype(np.uint8)
+    pixels = out.reshape(len(idx), sc.CHANNELS, sc.SIDE, sc.SIDE)
+    return sc.normalize(pixels), labels[idx]
