@@ -618,7 +618,7 @@ def plot(res, path):
                 ratios.append(r["ratio"][k])
     fig, axes = plt.subplots(1, 2, figsize=(15, 7), gridspec_kw={"width_ratios": [1, 1.4]})
     ax = axes[0]
-    ax.barh(range(len(names)), ratios, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
+    ax.barh(range(len(names)), ratios, 0.6, color=["tab:green" if v >= 1 else "tab:red" for v in ratios])
     ax.axvline(1.0, color="k", lw=1)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
