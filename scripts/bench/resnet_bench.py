@@ -30,6 +30,9 @@ process under `ddprun --standalone`):
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
     resnet18-224-fp32-deterministic (train --deterministic against PyTorch's
     cudnn.deterministic in its faster fp32 setting). --extra-case adds more.
+  - then scripts/bench/comm_model.py on the results (a MODEL of 8 GPUs and
+    of nodes on 400 Gb/s links, from ResNet-18 tf32's bucket ready times;
+    its two-rank check takes --allreduce-jsonl): comm_model.json and .md.
   - a kernel phase (--kernel-trace, on when build/bin/libddprun_kernel_trace.so
     exists): ResNet-18 tf32 and LeNet once more on both sides under the CUPTI
     tracer (CUDA_INJECTION64_PATH), which records the profiled steps
@@ -535,6 +538,31 @@ def kernel_trace_phase(res, cases, o, save):
         save()
 
 
+# ----------------------------------------------------------------------------- comm model
+
+def comm_model_phase(path, o):
+    """comm_model.py on the results just written (a MODEL: projections for
+    8 GPUs and for nodes on 400 Gb/s links from ResNet-18 tf32's bucket ready
+    times, checked against the two-rank case): comm_model.json and .md in
+    --out. Skipped, with the reason, without that case's profile."""
+    import comm_model
+    args = argparse.Namespace(bench_json=path, case="resnet18-224-tf32",
+                              two_rank_case="resnet18-224-tf32-2ranks",
+                              allreduce_jsonl=o.allreduce_jsonl, config=[])
+    try:
+        result = comm_model.run(args)
+    except (SystemExit, ValueError, KeyError, OSError) as e:
+        print("comm model skipped: %s" % e, file=sys.stderr)
+        return None
+    with open(os.path.join(o.out, "comm_model.json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    md = comm_model.markdown(result)
+    with open(os.path.join(o.out, "comm_model.md"), "w") as f:
+        f.write(md + "\n")
+    return md
+
+
 # ----------------------------------------------------------------------------- output
 
 def fmt_num(x, spec="%.0f"):
@@ -699,6 +727,9 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-trace-lib", default=os.path.join(BIN, TRACE_LIB_NAME))
     ap.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD, "
                                      "$DDPRUN_COMMIT)")
+    ap.add_argument("--allreduce-jsonl", action="append", default=[],
+                    help="allreduce_perf --json output (2 ranks, CUDA) for the comm model's "
+                         "two-rank check (repeatable)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases of an existing JSON (replace only those run)")
     o = ap.parse_args(argv)
@@ -790,6 +821,10 @@ def main(argv=None):
         plot(full, os.path.join(o.out, "resnet_bench_%s.png" % o.device))
     except Exception as e:  # the figures are in the JSON already
         print("plot failed: %s" % e, file=sys.stderr)
+    if o.device == "cuda":
+        md = comm_model_phase(path, o)
+        if md:
+            print("\n" + md)
 
 
 if __name__ == "__main__":

@@ -443,6 +443,16 @@ class ResnetBenchFake(unittest.TestCase):
         if HAVE_MPL:
             self.assertTrue(os.path.getsize(os.path.join(self.out, "resnet_bench_cuda.png")) > 1000)
 
+    def test_comm_model_written(self):
+        with open(os.path.join(self.out, "comm_model.json")) as f:
+            m = json.load(f)
+        self.assertTrue(m["model"])
+        self.assertEqual(m["case"], "resnet18-224-tf32")
+        self.assertEqual(len(m["rows"]), len(comm_model.CONFIGS))
+        # No allreduce_perf lines were given: the two-rank check says so.
+        self.assertTrue(all("skipped" in c for c in m["two_rank_check"]))
+        self.assertIn("MODEL, not a measurement", self.proc.stdout)
+
     def test_only_and_merge(self):
         out = os.path.join(self.tmp, "merge")
         shutil.copytree(self.out, out)
