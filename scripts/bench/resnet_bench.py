@@ -69,6 +69,7 @@ REF = os.path.join(ROOT, "examples/pytorch/ddp_bench.py")
 TRACE_LIB_NAME = "libddprun_kernel_trace.so"
 TRACE_CASES = ("resnet18-224-tf32", "lenet-fp32")
 BOTH = ["pytorch=nchw", "pytorch_channels_last=channels_last"]
+NCCL_TIMEOUT = 150  # seconds for a run through NCCL with two ranks on one GPU (~15 s when it works)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -84,7 +85,8 @@ def cuda_cases(quick):
         out.append(dict(base, name="resnet18-224-" + prec, precision=prec,
                         settings=["pytorch=channels_last"] if half else BOTH))
     out.append(dict(base, name="resnet18-224-tf32-2ranks", precision="tf32", world=2, settings=BOTH,
-                    ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"}},
+                    ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"},
+                           "timeout": NCCL_TIMEOUT},
                           {"key": "ours_ipc", "env": {"DDPRUN_CUDA_TRANSPORT": "ipc"}}]))
     out.append(dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
                     warmup=lw, steps=ls, profile_steps=lp, settings=BOTH))
@@ -176,7 +178,7 @@ def ours_cuda(c, variant, o, extra_env=None):
     env.update(variant.get("env", {}))
     env.update(extra_env or {})
     cmd = launcher(c["world"]) + args
-    p, wall = run(cmd, o.timeout, env)
+    p, wall = run(cmd, min(o.timeout, variant.get("timeout", o.timeout)), env)
     fin = last_json_line(p.stdout)
     if not fin or "bench" not in fin:
         raise RunError("train printed no final JSON with \"bench\" (a train without "
@@ -243,7 +245,10 @@ def pytorch_cuda(c, settings, o, extra_env=None):
     for i, backend in enumerate(backends):
         cmd = pytorch_cmd(c, settings, o, backend)
         try:
-            p, wall = run(cmd, o.timeout, env)
+            # A first try through NCCL with ranks sharing the GPU gets less time: a hang there
+            # must not eat the session.
+            p, wall = run(cmd, min(o.timeout, NCCL_TIMEOUT) if len(backends) > 1 and i == 0
+                          else o.timeout, env)
             head, res = parse_pytorch(p.stdout)
             break
         except RunError as e:
@@ -420,9 +425,10 @@ def process_costs(res):
 # ----------------------------------------------------------------------------- kernel trace
 
 def find_cupti_dirs(python):
-    """Directories that hold a libcupti.so.*: the PyTorch interpreter's NVIDIA
-    wheels, then the CUDA toolkit."""
-    dirs = []
+    """Directories that hold a libcupti.so.*: $DDPRUN_CUPTI_DIRS (a colon
+    list), the PyTorch interpreter's NVIDIA wheels, then the CUDA toolkit."""
+    dirs = [d for d in os.environ.get("DDPRUN_CUPTI_DIRS", "").split(":")
+            if d and glob.glob(os.path.join(d, "libcupti.so*"))]
     try:
         out = subprocess.run([python, "-c", "import site,sys; print('\\n'.join(site.getsitepackages()"
                               " + [site.getusersitepackages()]))"], capture_output=True, text=True,
@@ -438,21 +444,33 @@ def find_cupti_dirs(python):
     return dirs
 
 
-def trace_setup(o):
-    """(environment for a traced run, None) or (None, why not)."""
+def trace_setup(o, tmp):
+    """(environment for a traced run, None) or (None, why not). When the
+    library's libcupti does not resolve here, the library is copied into tmp
+    beside a link to the PyTorch wheels' (or the toolkit's) libcupti, which
+    its RUNPATH ($ORIGIN) then finds: no LD_LIBRARY_PATH, which would also
+    change which libraries the traced programs load."""
     lib = o.kernel_trace_lib
     if not os.path.isfile(lib):
         return None, "no %s (build the ddprun_kernel_trace target with CUDA)" % lib
-    env = {}
     ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    if "not found" in ldd:
+    missing = [line.split()[0] for line in ldd.splitlines() if "not found" in line]
+    if missing:
         dirs = find_cupti_dirs(o.python)
-        if not dirs:
-            return None, "%s cannot load its libraries and no libcupti was found:\n%s" % (lib, ldd)
-        env["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in os.environ.get(
-            "LD_LIBRARY_PATH", "").split(":") if p])
-    env["CUDA_INJECTION64_PATH"] = os.path.abspath(lib)
-    return env, None
+        found = {}
+        for name in missing:
+            for d in dirs:
+                if os.path.exists(os.path.join(d, name)):
+                    found[name] = os.path.join(d, name)
+                    break
+        if len(found) != len(missing):
+            return None, "%s cannot load %s (looked in: %s)" % (
+                lib, ", ".join(n for n in missing if n not in found), ", ".join(dirs) or "nowhere")
+        shutil.copy2(lib, os.path.join(tmp, TRACE_LIB_NAME))
+        for name, path in found.items():
+            os.symlink(path, os.path.join(tmp, name))
+        lib = os.path.join(tmp, TRACE_LIB_NAME)
+    return {"CUDA_INJECTION64_PATH": os.path.abspath(lib)}, None
 
 
 def read_traces(pattern):
@@ -499,13 +517,21 @@ def trace_summary(trace, nfiles, result, c):
 
 
 def kernel_trace_phase(res, cases, o, save):
-    env, why = trace_setup(o)
+    libdir = tempfile.mkdtemp(prefix="kernel_trace_lib_")
+    try:
+        kernel_trace_cases(res, cases, o, save, libdir)
+    finally:
+        shutil.rmtree(libdir, ignore_errors=True)
+
+
+def kernel_trace_cases(res, cases, o, save, libdir):
+    env, why = trace_setup(o, libdir)
     if env is None:
         res["kernel_trace"] = {"skipped": why}
         print("kernel trace skipped: %s" % why, file=sys.stderr)
         return
-    res["kernel_trace"] = {"library": env["CUDA_INJECTION64_PATH"],
-                           "ld_library_path": env.get("LD_LIBRARY_PATH")}
+    res["kernel_trace"] = {"library": o.kernel_trace_lib,
+                           "loaded_as": env["CUDA_INJECTION64_PATH"]}
     for c in cases:
         entry = next((r for r in res["results"] if r["case"]["name"] == c["name"]), None)
         if c["name"] not in TRACE_CASES or entry is None or c["profile_steps"] < 1:

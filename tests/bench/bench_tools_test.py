@@ -471,6 +471,50 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertIn("unknown case", p.stderr)
 
 
+@unittest.skipUnless(shutil.which("cc"), "no C compiler to build the stand-in libraries")
+class TraceLibLoading(unittest.TestCase):
+    """resnet_bench's trace_setup: a tracer whose libcupti does not resolve is
+    loaded from a copy beside a link to one found elsewhere (no LD_LIBRARY_PATH)."""
+
+    def test_copy_beside_a_found_libcupti(self):
+        import argparse
+        import resnet_bench
+        tmp = tempfile.mkdtemp(prefix="trace_setup_test_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        wheel = os.path.join(tmp, "nvidia", "cu99", "lib")
+        os.makedirs(wheel)
+        src = os.path.join(tmp, "x.c")
+        with open(src, "w") as f:
+            f.write("int cupti_stand_in(void) { return 1; }\n")
+        cupti = os.path.join(wheel, "libcupti.so.99")
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcupti.so.99", "-o", cupti, src],
+                       check=True)
+        built = os.path.join(tmp, "built")
+        os.makedirs(built)
+        lib = os.path.join(built, resnet_bench.TRACE_LIB_NAME)
+        with open(src, "w") as f:
+            f.write("int cupti_stand_in(void);\nint InitializeInjection(void) "
+                    "{ return cupti_stand_in(); }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-rpath,$ORIGIN", "-o", lib, src, cupti],
+                       check=True)
+        # Without the wheel's directory the stand-in cannot load.
+        self.assertIn("not found", subprocess.run(["ldd", lib], capture_output=True, text=True).stdout)
+        o = argparse.Namespace(kernel_trace_lib=lib, python=sys.executable)
+        libdir = os.path.join(tmp, "libdir")
+        os.makedirs(libdir)
+        env, why = resnet_bench.trace_setup(o, libdir)
+        self.assertIsNone(env)
+        self.assertIn("libcupti.so.99", why)
+        os.environ["DDPRUN_CUPTI_DIRS"] = wheel
+        self.addCleanup(os.environ.pop, "DDPRUN_CUPTI_DIRS", None)
+        env, why = resnet_bench.trace_setup(o, libdir)
+        self.assertIsNone(why)
+        self.assertEqual(os.path.dirname(env["CUDA_INJECTION64_PATH"]), libdir)
+        self.assertNotIn("LD_LIBRARY_PATH", env)
+        out = subprocess.run(["ldd", env["CUDA_INJECTION64_PATH"]], capture_output=True, text=True).stdout
+        self.assertNotIn("not found", out)
+
+
 def trace_lib():
     lib = os.path.join(BIN, "libddprun_kernel_trace.so")
     return lib if os.path.isfile(lib) else None
