@@ -745,9 +745,11 @@ def parse_args(argv=None):
     ap.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for every train run (repeatable)")
     ap.add_argument("--ours-args", default="", help="extra flags for every train run")
-    ap.add_argument("--extra-case", nargs="+", action="append", default=[],
-                    metavar="NAME BASE [KEY=VALUE|--flag]",
-                    help="an extra ours-only case on BASE's configuration (repeatable)")
+    ap.add_argument("--extra-case", action="append", default=[],
+                    metavar="'NAME BASE [KEY=VALUE|--flag ...]'",
+                    help="an extra ours-only case on BASE's configuration, one quoted string "
+                         "(e.g. --extra-case='tf32-noasync resnet18-224-tf32 DDPRUN_X=1 "
+                         "--deterministic'); PyTorch's figures are BASE's; repeatable")
     ap.add_argument("--kernel-trace", choices=("auto", "on", "off"), default="auto",
                     help="the CUPTI kernel phase (auto: when the library exists)")
     ap.add_argument("--kernel-trace-lib", default=os.path.join(BIN, TRACE_LIB_NAME))
@@ -770,7 +772,7 @@ def parse_args(argv=None):
 def select_cases(o):
     cases = cuda_cases(o.quick) if o.device == "cuda" else cpu_cases(o.quick)
     known = {c["name"]: c for c in cases}
-    cases += [extra_case(spec, known) for spec in o.extra_case]
+    cases += [extra_case(spec.split(), known) for spec in o.extra_case]
     if o.only:
         want = o.only.split(",")
         unknown = [w for w in want if w not in {c["name"] for c in cases}]

@@ -352,7 +352,8 @@ class ResnetBenchFake(unittest.TestCase):
                    DDPRUN_COMMIT="0123abc")
         cls.proc = subprocess.run([sys.executable, os.path.join(BENCH, "resnet_bench.py"),
                                    "--device", "cuda", "--out", cls.out, "--python", sys.executable,
-                                   "--timeout", "120", "--ours-env", "X_TEST=1"],
+                                   "--timeout", "120", "--ours-env", "X_TEST=1",
+                                   "--extra-case=tf32-extra resnet18-224-tf32 X_EXTRA=2 --foo"],
                                   capture_output=True, text=True, env=env, timeout=600)
         with open(os.path.join(cls.out, "resnet_bench_cuda.json")) as f:
             cls.res = json.load(f)
@@ -369,7 +370,7 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertEqual(list(self.by), [
             "resnet18-224-fp32", "resnet18-224-tf32", "resnet18-224-bf16", "resnet18-224-fp16",
             "resnet18-224-tf32-2ranks", "lenet-fp32", "resnet18-224-tf32-asyncalloc",
-            "resnet18-224-fp32-deterministic"])
+            "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):
             self.assertIn(k, self.res)
@@ -412,6 +413,14 @@ class ResnetBenchFake(unittest.TestCase):
         torch_det = [c for c in self.calls if "--deterministic" in c["argv"] and
                      any(a.endswith("ddp_bench.py") for a in c["argv"])]
         self.assertEqual(len(torch_det), 1)
+
+    def test_extra_case_from_the_command_line(self):
+        e = self.by["tf32-extra"]
+        self.assertEqual(e["ours"]["env"], {"X_EXTRA": "2"})
+        self.assertTrue(e["ours"]["command"].endswith("--foo"))
+        self.assertEqual(e["pytorch"]["same_as"], "resnet18-224-tf32")
+        call = [c for c in self.calls if "--foo" in c["argv"]]
+        self.assertEqual(len(call), 1)
 
     def test_train_command(self):
         tf32 = [c for c in self.calls if any(a.endswith("train") for a in c["argv"]) and
