@@ -423,7 +423,8 @@ def run_setting(args, key, fmt, batches, env):
         loss = step(i)
     sync()
     secs = time.perf_counter() - t0
-    res = {"setting": key, "memory_format": fmt, "autocast": str(half).replace("torch.", "") if half else None,
+    res = {"setting": key, "memory_format": fmt,
+           "autocast": str(half).replace("torch.", "") if half else None,
            "steps": s, "warmup_steps": w, "train_seconds": secs,
            "samples_per_second": s * args.batch_size * world / secs,
            "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None,

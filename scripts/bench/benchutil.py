@@ -156,6 +156,14 @@ def _mix_array(z):
     return z ^ (z >> np.uint64(31))
 
 
+def _mul_high(d, bound):
+    """(d * bound) >> 64 for a uint64 array d and a small bound (< 2^31),
+    exactly: the product's high word from its two 32-bit halves."""
+    import numpy as np
+    lo = ((d & np.uint64(0xFFFFFFFF)) * np.uint64(bound)) >> np.uint64(32)
+    return ((d >> np.uint64(32)) * np.uint64(bound) + lo) >> np.uint64(32)
+
+
 def _draw(state, k):
     """The k-th draw (k >= 1) of a splitmix64 whose state is `state`."""
     return _mix((state + k * GAMMA) & MASK64)
@@ -201,13 +209,11 @@ def synthetic_mnist_raw(count, seed=0, split="train"):
         idx = np.arange(lo, min(count, lo + 2048), dtype=np.uint64)
         with np.errstate(over="ignore"):
             # Sample i's draws are draws k + 99 i + 1 ... k + 99 i + 99 of the stream.
-            first = np.uint64((state + k * GAMMA) & MASK64) + idx * np.uint64(MNIST_DRAWS * GAMMA & MASK64)
+            first = (np.uint64((state + k * GAMMA) & MASK64)
+                     + idx * np.uint64(MNIST_DRAWS * GAMMA & MASK64))
             z = first[:, None] + np.arange(1, MNIST_DRAWS + 1, dtype=np.uint64)[None, :] * g
             z = _mix_array(z)
-        # contrast = 128 + (draw * 129 >> 64), the high word computed in two halves
-        d = z[:, 0]
-        hi = (d >> np.uint64(32)) * np.uint64(129) + (((d & np.uint64(0xFFFFFFFF)) * np.uint64(129)) >> np.uint64(32))
-        contrast = (np.uint64(128) + (hi >> np.uint64(32))).astype(np.int64)
+        contrast = (128 + _mul_high(z[:, 0], 129)).astype(np.int64)  # 128 + below(129)
         noise = ((z[:, 1:, None] >> shifts[None, None, :]) & np.uint64(255)).astype(np.int64)
         noise = noise.reshape(len(idx), MNIST_BYTES)
         v = (protos_by_sample[lo:lo + len(idx)] * contrast[:, None] >> 8) + (noise * 161 >> 8) - 80
@@ -247,10 +253,7 @@ def synthetic_cifar_samples(indices, count, split="train"):
             # Sample i's stream starts at draw i * DRAWS: state + i * DRAWS * GAMMA.
             first = np.uint64(stream) + part * np.uint64(sc.DRAWS * GAMMA & MASK64)
             z = _mix_array(first[:, None] + draws[None, :])
-        d = z[:, 0]  # contrast = 128 + (d * 129 >> 64), the high word in two halves
-        hi = (d >> np.uint64(32)) * np.uint64(129) + (
-            ((d & np.uint64(0xFFFFFFFF)) * np.uint64(129)) >> np.uint64(32))
-        contrast = (np.uint64(128) + (hi >> np.uint64(32))).astype(np.int64)
+        contrast = (128 + _mul_high(z[:, 0], 129)).astype(np.int64)  # 128 + below(129)
         noise = ((z[:, 1:, None] >> shifts[None, None, :]) & np.uint64(255)).astype(np.int64)
         noise = noise.reshape(len(part), sc.BYTES)
         proto = protos[labels[idx[lo:lo + 512]]]

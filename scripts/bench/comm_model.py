@@ -30,8 +30,9 @@ own finalize.
 
 The check: the two-rank run on one GPU (case resnet18-224-tf32-2ranks) is fed
 to the same model with its own bucket ready times and the all-reduce times
-allreduce_perf measured on that transport (--allreduce-jsonl: allreduce_perf
---json lines, 2 ranks, CUDA), and set against what that run measured (its
+allreduce_perf measured on that transport (--allreduce-jsonl nccl=FILE
+--allreduce-jsonl ipc=FILE: allreduce_perf --json lines, 2 ranks, CUDA, one
+file per DDPRUN_CUDA_TRANSPORT), and set against what that run measured (its
 profile's "comm": hidden fraction and bucket times; its step).
 
 Every bandwidth and latency below is an input, with its source or marked
@@ -162,12 +163,23 @@ def model_table_rows(profile, batch, configs=CONFIGS):
 
 # ----------------------------------------------------------------------------- measured all-reduce
 
-def load_allreduce(paths, ranks=2):
+def split_label(spec):
+    """"nccl=/tmp/ar.jsonl" -> ("nccl", "/tmp/ar.jsonl"); a plain path -> (None, path)."""
+    label, sep, path = spec.partition("=")
+    if sep and label and "/" not in label:
+        return label, path
+    return None, spec
+
+
+def load_allreduce(specs, ranks=2):
     """allreduce_perf --json lines of `ranks` ranks on CUDA, grouped by the
-    CUDA path they took ("cuda_transport", else "path", else "transport"):
-    {group: [(bytes, mean time_us)]} sorted by size."""
+    CUDA path they took: the LABEL of a LABEL=FILE argument (allreduce_perf
+    names only the host transport: give each DDPRUN_CUDA_TRANSPORT's run its
+    own file and label), else the line's "cuda_transport", "path" or
+    "transport": {group: [(bytes, mean time_us)]} sorted by size."""
     groups = {}
-    for path in paths:
+    for spec in specs:
+        label, path = split_label(spec)
         with open(path) as f:
             for line in f:
                 line = line.strip()
@@ -176,7 +188,7 @@ def load_allreduce(paths, ranks=2):
                 d = json.loads(line)
                 if d.get("ranks") != ranks or d.get("device") != "cuda" or "time_us" not in d:
                     continue
-                key = str(d.get("cuda_transport") or d.get("path") or d.get("transport"))
+                key = label or str(d.get("cuda_transport") or d.get("path") or d.get("transport"))
                 groups.setdefault(key, {}).setdefault(int(d["bytes"]), []).append(float(d["time_us"]))
     return {k: sorted((b, sum(v) / len(v)) for b, v in g.items()) for k, g in groups.items()}
 
@@ -356,8 +368,9 @@ def main(argv=None):
     ap.add_argument("--bench-json", default=os.path.join(ROOT, "docs/resnet_bench_cuda.json"))
     ap.add_argument("--case", default="resnet18-224-tf32")
     ap.add_argument("--two-rank-case", default="resnet18-224-tf32-2ranks")
-    ap.add_argument("--allreduce-jsonl", action="append", default=[],
-                    help="allreduce_perf --json output of the two-rank transports (repeatable)")
+    ap.add_argument("--allreduce-jsonl", action="append", default=[], metavar="[TRANSPORT=]FILE",
+                    help="allreduce_perf --json output of a two-rank transport, labelled with it "
+                         "(nccl=FILE, ipc=FILE; repeatable)")
     ap.add_argument("--config", action="append", default=[], metavar="NAME:KIND:k=v,...",
                     help="another configuration (ring: n,busbw,alpha_us; hier: g,m,nvl,nic,alpha_us)")
     ap.add_argument("--out-json")

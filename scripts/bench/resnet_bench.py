@@ -755,8 +755,9 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-trace-lib", default=os.path.join(BIN, TRACE_LIB_NAME))
     ap.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD, "
                                      "$DDPRUN_COMMIT)")
-    ap.add_argument("--allreduce-jsonl", action="append", default=[],
-                    help="allreduce_perf --json output (2 ranks, CUDA) for the comm model's "
+    ap.add_argument("--allreduce-jsonl", action="append", default=[], metavar="[TRANSPORT=]FILE",
+                    help="allreduce_perf --json output (2 ranks, CUDA), labelled with its "
+                         "DDPRUN_CUDA_TRANSPORT (nccl=FILE, ipc=FILE), for the comm model's "
                          "two-rank check (repeatable)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases of an existing JSON (replace only those run)")

@@ -89,7 +89,8 @@ void CUPTIAPI bufferRequested(uint8_t** buffer, size_t* size, size_t* maxNumReco
   void* p = nullptr;
   if (posix_memalign(&p, kBufferAlign, kBufferBytes) != 0) p = nullptr;
   *buffer = static_cast<uint8_t*>(p);
-  *size = p != nullptr ? kBufferBytes : 0;  // no buffer: CUPTI drops and counts the records
+  *size =
+      p != nullptr ? kBufferBytes : 0;  // no buffer: CUPTI drops and counts the records
 }
 
 // One record into the summary (dataMu held).
@@ -128,7 +129,8 @@ void CUPTIAPI bufferCompleted(CUcontext ctx, uint32_t streamId, uint8_t* buffer,
         const CUptiResult r = cuptiActivityGetNextRecord(buffer, validSize, &rec);
         if (r == CUPTI_ERROR_MAX_LIMIT_REACHED) break;  // the end of the buffer
         if (r != CUPTI_SUCCESS) {
-          error = "cuptiActivityGetNextRecord returned " + std::to_string(static_cast<int>(r));
+          error = "cuptiActivityGetNextRecord returned " +
+                  std::to_string(static_cast<int>(r));
           break;
         }
         take(t.summary, rec);
@@ -143,18 +145,21 @@ void CUPTIAPI bufferCompleted(CUcontext ctx, uint32_t streamId, uint8_t* buffer,
       t.meta.droppedRecords += dropped;
     }
   } catch (...) {
-    std::fprintf(stderr, "ddprun_kernel_trace: an error while reading an activity buffer\n");
+    std::fprintf(stderr,
+                 "ddprun_kernel_trace: an error while reading an activity buffer\n");
   }
   std::free(buffer);
 }
 
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-                                         CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
+                                         CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET};
 
 void enableActivities(bool on) {
   for (CUpti_ActivityKind k : kKinds) {
-    const std::string what = std::string(on ? "cuptiActivityEnable(" : "cuptiActivityDisable(") +
-                             std::to_string(static_cast<int>(k)) + ")";
+    const std::string what =
+        std::string(on ? "cuptiActivityEnable(" : "cuptiActivityDisable(") +
+        std::to_string(static_cast<int>(k)) + ")";
     cuptiOk(on ? cuptiActivityEnable(k) : cuptiActivityDisable(k), what.c_str());
   }
 }
@@ -171,7 +176,8 @@ void writeJson(const std::string& range, bool atExit) {
     json = t.summary.toJson(t.meta);
     t.recordsWritten = t.summary.records();
   }
-  const std::string path = ddprun::bench::expandPid(t.outPattern, static_cast<long>(getpid()));
+  const std::string path =
+      ddprun::bench::expandPid(t.outPattern, static_cast<long>(getpid()));
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {
@@ -218,7 +224,8 @@ void atExit() {
     std::lock_guard<std::mutex> lk(t.stateMu);
     if (t.state == State::kTracing) enableActivities(false);
     if (t.state != State::kIdle)
-      cuptiOk(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll(forced)");
+      cuptiOk(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED),
+              "cuptiActivityFlushAll(forced)");
     uint64_t records = 0;
     {
       std::lock_guard<std::mutex> dl(t.dataMu);
@@ -253,10 +260,12 @@ void CUPTIAPI onRuntimeApi(void*, CUpti_CallbackDomain domain, CUpti_CallbackId 
 
 void initialize() {
   Tracer& t = tracer();
-  if (const char* out = std::getenv("DDPRUN_KERNEL_TRACE_OUT"); out != nullptr && *out != '\0')
+  if (const char* out = std::getenv("DDPRUN_KERNEL_TRACE_OUT");
+      out != nullptr && *out != '\0')
     t.outPattern = out;
   else
-    std::fprintf(stderr, "ddprun_kernel_trace: DDPRUN_KERNEL_TRACE_OUT is not set; writing %s\n",
+    std::fprintf(stderr,
+                 "ddprun_kernel_trace: DDPRUN_KERNEL_TRACE_OUT is not set; writing %s\n",
                  kDefaultOut);
   uint32_t version = 0;
   if (cuptiOk(cuptiGetVersion(&version), "cuptiGetVersion")) {

@@ -74,7 +74,8 @@ inline std::string demangle(const char* name) {
 inline std::string expandPid(std::string_view pattern, long pid) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '%' && i + 1 < pattern.size() && (pattern[i + 1] == 'p' || pattern[i + 1] == '%')) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() &&
+        (pattern[i + 1] == 'p' || pattern[i + 1] == '%')) {
       out += pattern[i + 1] == 'p' ? std::to_string(pid) : std::string("%");
       ++i;
     } else {
@@ -114,10 +115,11 @@ inline std::string jsonMs(uint64_t ns) {
 // What the tracer knows besides the records.
 struct TraceMeta {
   long pid = 0;
-  std::string range = "none";  // "stop": written at cudaProfilerStop; "exit": no stop came
+  std::string range =
+      "none";  // "stop": written at cudaProfilerStop; "exit": no stop came
   bool flushedAtExit = false;  // records that were still in flight at the stop were added
   int rangesStarted = 0, rangesIgnored = 0;  // only the first range is traced
-  uint64_t droppedRecords = 0;               // CUPTI's count of records it had no room for
+  uint64_t droppedRecords = 0;  // CUPTI's count of records it had no room for
   uint32_t cuptiApiVersion = 0;
   std::vector<std::string> errors;  // every CUPTI failure, in order
 };
@@ -178,10 +180,12 @@ class TraceSummary {
       return *a.first < *b.first;
     };
     const size_t k = std::min(n, v.size());
-    std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end(), better);
+    std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end(),
+                      better);
     std::vector<KernelStat> out;
     for (size_t i = 0; i < k; ++i)
-      out.push_back({demangle(v[i].first->c_str()), v[i].second.first, v[i].second.second});
+      out.push_back(
+          {demangle(v[i].first->c_str()), v[i].second.first, v[i].second.second});
     return out;
   }
 
@@ -194,13 +198,16 @@ class TraceSummary {
     j += ", \"ranges_started\": " + std::to_string(m.rangesStarted);
     j += ", \"ranges_ignored\": " + std::to_string(m.rangesIgnored);
     j += ", \"cupti_api_version\": " + std::to_string(m.cuptiApiVersion);
-    j += ", \"kernels\": " + std::to_string(kernels_) + ", \"kernel_ms\": " + jsonMs(kernelNs_);
+    j += ", \"kernels\": " + std::to_string(kernels_) +
+         ", \"kernel_ms\": " + jsonMs(kernelNs_);
     j += ", \"busy_ms\": " + jsonMs(busyNs()) + ", \"span_ms\": " + jsonMs(spanNs());
     j += ", \"busy_with_copies_ms\": " + jsonMs(unionLength(std::move(all)));
     j += ", \"distinct_kernels\": " + std::to_string(byName_.size());
-    j += ", \"memcpy_count\": " + std::to_string(memcpys_) + ", \"memcpy_ms\": " + jsonMs(memcpyNs_);
+    j += ", \"memcpy_count\": " + std::to_string(memcpys_) +
+         ", \"memcpy_ms\": " + jsonMs(memcpyNs_);
     j += ", \"memcpy_bytes\": " + std::to_string(memcpyBytes_);
-    j += ", \"memset_count\": " + std::to_string(memsets_) + ", \"memset_ms\": " + jsonMs(memsetNs_);
+    j += ", \"memset_count\": " + std::to_string(memsets_) +
+         ", \"memset_ms\": " + jsonMs(memsetNs_);
     j += ", \"memset_bytes\": " + std::to_string(memsetBytes_);
     j += ", \"incomplete_records\": " + std::to_string(incomplete_);
     j += ", \"dropped_records\": " + std::to_string(m.droppedRecords);
@@ -210,10 +217,12 @@ class TraceSummary {
       std::string name = top[i].name;
       if (name.size() > kMaxNameChars) name = name.substr(0, kMaxNameChars) + "...";
       j += (i ? ", " : "") + std::string("{\"name\": ") + jsonString(name) +
-           ", \"count\": " + std::to_string(top[i].count) + ", \"ms\": " + jsonMs(top[i].ns) + "}";
+           ", \"count\": " + std::to_string(top[i].count) +
+           ", \"ms\": " + jsonMs(top[i].ns) + "}";
     }
     j += "], \"errors\": [";
-    for (size_t i = 0; i < m.errors.size(); ++i) j += (i ? ", " : "") + jsonString(m.errors[i]);
+    for (size_t i = 0; i < m.errors.size(); ++i)
+      j += (i ? ", " : "") + jsonString(m.errors[i]);
     return j + "]}\n";
   }
 

@@ -306,8 +306,13 @@ class CommModel(unittest.TestCase):
                                         "path": path, "time_us": 15 + b / bw / 1e3}) + "\n")
             f.write(json.dumps({"bytes": 8, "ranks": 4, "device": "cuda", "time_us": 1.0}) + "\n")
         out_json, out_md = os.path.join(tmp, "m.json"), os.path.join(tmp, "m.md")
-        res = comm_model.main(["--bench-json", bj, "--allreduce-jsonl", ar, "--out-json", out_json,
-                               "--out-md", out_md, "--config", "extra:ring:n=4,busbw=10,alpha_us=5"])
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            res = comm_model.main(["--bench-json", bj, "--allreduce-jsonl", ar, "--out-json",
+                                   out_json, "--out-md", out_md, "--config",
+                                   "extra:ring:n=4,busbw=10,alpha_us=5"])
+        self.assertIn("MODEL, not a measurement", printed.getvalue())
         self.assertEqual(len(res["rows"]), len(comm_model.CONFIGS) + 1)
         for r in res["rows"]:
             self.assertGreaterEqual(r["projected_step_ms"], r["compute_step_ms"])
@@ -323,6 +328,21 @@ class CommModel(unittest.TestCase):
         self.assertIn("MODEL, not a measurement", md)
         self.assertIn("ASSUMPTION", md)
         self.assertTrue(json.load(open(out_json))["model"])
+
+    def test_labelled_allreduce_files(self):
+        # allreduce_perf names only the host transport: LABEL=FILE says which CUDA path ran.
+        tmp = tempfile.mkdtemp(prefix="comm_model_label_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        files = {}
+        for label, t in (("nccl", 100.0), ("ipc", 50.0)):
+            files[label] = os.path.join(tmp, label + ".jsonl")
+            with open(files[label], "w") as f:
+                f.write(json.dumps({"bytes": 1 << 20, "ranks": 2, "device": "cuda",
+                                    "transport": "shm", "time_us": t}) + "\n")
+        g = comm_model.load_allreduce(["nccl=" + files["nccl"], "ipc=" + files["ipc"]])
+        self.assertEqual(g, {"nccl": [(1 << 20, 100.0)], "ipc": [(1 << 20, 50.0)]})
+        self.assertEqual(comm_model.load_allreduce([files["ipc"]]), {"shm": [(1 << 20, 50.0)]})
+        self.assertEqual(comm_model.split_label("/a=b/c.jsonl"), (None, "/a=b/c.jsonl"))
 
     def test_bad_config(self):
         with self.assertRaises(ValueError):

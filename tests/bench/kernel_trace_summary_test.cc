@@ -21,7 +21,8 @@ TEST(UnionLength, OverlapsCountOnce) {
 }
 
 TEST(UnionLength, OrderDoesNotMatter) {
-  EXPECT_EQ(unionLength({{30, 40}, {5, 20}, {0, 10}}), unionLength({{0, 10}, {5, 20}, {30, 40}}));
+  EXPECT_EQ(unionLength({{30, 40}, {5, 20}, {0, 10}}),
+            unionLength({{0, 10}, {5, 20}, {30, 40}}));
 }
 
 TEST(UnionLength, TouchingRunsMergeAndNestedRunsAreSwallowed) {
@@ -51,13 +52,14 @@ TEST(Demangle, MangledPlainAndNull) {
 
 TEST(JsonString, EscapesQuotesBackslashesAndNonAscii) {
   EXPECT_EQ(jsonString("a\"b\\c"), "\"a\\\"b\\\\c\"");
-  EXPECT_EQ(jsonString(std::string("x\ny\x01") + "\xc3\xa9"), "\"x\\u000ay\\u0001\\u00c3\\u00a9\"");
+  EXPECT_EQ(jsonString(std::string("x\ny\x01") + "\xc3\xa9"),
+            "\"x\\u000ay\\u0001\\u00c3\\u00a9\"");
 }
 
 TEST(TraceSummary, KernelTimesBusySpanAndCopies) {
   TraceSummary s;
-  s.addKernel("_Z1av", 1000, 3000);   // 2 us
-  s.addKernel("_Z1av", 2000, 4000);   // 2 us, overlaps the first
+  s.addKernel("_Z1av", 1000, 3000);    // 2 us
+  s.addKernel("_Z1av", 2000, 4000);    // 2 us, overlaps the first
   s.addKernel("_Z1bv", 10000, 11000);  // 1 us
   s.addMemcpy(5000, 6000, 4096);
   s.addMemset(6000, 6500, 64);
@@ -76,8 +78,8 @@ TEST(TraceSummary, KernelTimesBusySpanAndCopies) {
 
 TEST(TraceSummary, IncompleteRecordsAreCountedApart) {
   TraceSummary s;
-  s.addKernel("k", 0, 500);     // never started (a forced flush)
-  s.addKernel("k", 900, 100);   // end before start
+  s.addKernel("k", 0, 500);    // never started (a forced flush)
+  s.addKernel("k", 900, 100);  // end before start
   s.addMemcpy(0, 0, 8);
   s.addKernel("k", 100, 200);
   EXPECT_EQ(s.kernels(), 1u);
@@ -97,7 +99,8 @@ TEST(TraceSummary, TopKernelsTieBreakAndLimit) {
   ASSERT_EQ(top.size(), TraceSummary::kTopKernels);
   EXPECT_EQ(top.front().ns, 30u);
   for (size_t i = 1; i < top.size(); ++i) EXPECT_GE(top[i - 1].ns, top[i].ns);
-  EXPECT_EQ(top[0].name, "k11");  // among the 30-ns kernels: by name ("k11" < "k14" < "k2")
+  EXPECT_EQ(top[0].name,
+            "k11");  // among the 30-ns kernels: by name ("k11" < "k14" < "k2")
 }
 
 TEST(TraceSummary, JsonHasTheFieldsTheBenchmarkReads) {
@@ -111,9 +114,10 @@ TEST(TraceSummary, JsonHasTheFieldsTheBenchmarkReads) {
   m.errors = {"cuptiSomething failed: \"x\""};
   const std::string j = s.toJson(m);
   for (const char* field :
-       {"\"pid\": 123", "\"range\": \"stop\"", "\"kernels\": 1", "\"kernel_ms\": 2.000000",
-        "\"busy_ms\": 2.000000", "\"span_ms\": 2.000000", "\"busy_with_copies_ms\": 2.500000",
-        "\"memcpy_count\": 1", "\"memcpy_ms\": 0.500000", "\"memset_count\": 0",
+       {"\"pid\": 123", "\"range\": \"stop\"", "\"kernels\": 1",
+        "\"kernel_ms\": 2.000000", "\"busy_ms\": 2.000000", "\"span_ms\": 2.000000",
+        "\"busy_with_copies_ms\": 2.500000", "\"memcpy_count\": 1",
+        "\"memcpy_ms\": 0.500000", "\"memset_count\": 0",
         "\"top_kernels\": [{\"name\": \"a()\", \"count\": 1, \"ms\": 2.000000}]",
         "\"errors\": [\"cuptiSomething failed: \\\"x\\\"\"]", "\"ranges_started\": 1"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " not in " << j;
@@ -124,7 +128,8 @@ TEST(TraceSummary, LongNamesAreCut) {
   TraceSummary s;
   s.addKernel(std::string(1000, 'n'), 1, 2);
   const std::string j = s.toJson(TraceMeta{});
-  EXPECT_NE(j.find(std::string(TraceSummary::kMaxNameChars, 'n') + "...\""), std::string::npos);
+  EXPECT_NE(j.find(std::string(TraceSummary::kMaxNameChars, 'n') + "...\""),
+            std::string::npos);
   EXPECT_EQ(j.find(std::string(TraceSummary::kMaxNameChars + 1, 'n')), std::string::npos);
 }
 
