@@ -75,28 +75,33 @@ NCCL_TIMEOUT = 150  # seconds for a run through NCCL with two ranks on one GPU (
 # ----------------------------------------------------------------------------- cases
 
 def cuda_cases(quick):
+    """The GPU cases, the issue's goals first (tf32, fp32, LeNet, two ranks):
+    a session cut short keeps those."""
     rw, rs, rp = (3, 8, 2) if quick else (8, 30, 5)
     lw, ls, lp = (10, 60, 5) if quick else (50, 300, 20)
     base = dict(model="resnet18", stem="imagenet", image=224, batch=128, world=1, device="cuda",
                 warmup=rw, steps=rs, profile_steps=rp, ours=[{"key": "ours"}], pytorch_args=[])
-    out = []
-    for prec in ("fp32", "tf32", "bf16", "fp16"):
+
+    def resnet(prec):
         half = prec in ("bf16", "fp16")
-        out.append(dict(base, name="resnet18-224-" + prec, precision=prec,
-                        settings=["pytorch=channels_last"] if half else BOTH))
-    out.append(dict(base, name="resnet18-224-tf32-2ranks", precision="tf32", world=2, settings=BOTH,
-                    ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"},
-                           "timeout": NCCL_TIMEOUT},
-                          {"key": "ours_ipc", "env": {"DDPRUN_CUDA_TRANSPORT": "ipc"}}]))
-    out.append(dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
-                    warmup=lw, steps=ls, profile_steps=lp, settings=BOTH))
-    out.append(dict(base, name="resnet18-224-tf32-asyncalloc", precision="tf32", settings=[],
-                    pytorch_same_as="resnet18-224-tf32", extra=True,
-                    ours=[{"key": "ours", "env": {"DDPRUN_CUDA_ALLOCATOR": "async"}}]))
-    out.append(dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
-                    settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
-                    extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]))
-    return out
+        return dict(base, name="resnet18-224-" + prec, precision=prec,
+                    settings=["pytorch=channels_last"] if half else BOTH)
+    return [
+        resnet("tf32"), resnet("fp32"),
+        dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
+             warmup=lw, steps=ls, profile_steps=lp, settings=BOTH),
+        dict(base, name="resnet18-224-tf32-2ranks", precision="tf32", world=2, settings=BOTH,
+             ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"},
+                    "timeout": NCCL_TIMEOUT},
+                   {"key": "ours_ipc", "env": {"DDPRUN_CUDA_TRANSPORT": "ipc"}}]),
+        resnet("bf16"), resnet("fp16"),
+        dict(base, name="resnet18-224-tf32-asyncalloc", precision="tf32", settings=[],
+             pytorch_same_as="resnet18-224-tf32", extra=True,
+             ours=[{"key": "ours", "env": {"DDPRUN_CUDA_ALLOCATOR": "async"}}]),
+        dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
+             settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
+             extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),
+    ]
 
 
 def cpu_cases(quick):
@@ -759,6 +764,9 @@ def parse_args(argv=None):
                     help="allreduce_perf --json output (2 ranks, CUDA), labelled with its "
                          "DDPRUN_CUDA_TRANSPORT (nccl=FILE, ipc=FILE), for the comm model's "
                          "two-rank check (repeatable)")
+    ap.add_argument("--replot", action="store_true",
+                    help="run nothing: the table, the plot and the comm model from the JSON "
+                         "already in --out (e.g. made on a machine without matplotlib)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases of an existing JSON (replace only those run)")
     o = ap.parse_args(argv)
@@ -798,8 +806,33 @@ def gpu_info():
     return name.strip(), driver.strip() or None
 
 
+def report(full, o, path):
+    """The tables, the plot and the comm model of a finished (or replotted) run."""
+    print(table(full))
+    pc = full.get("process_costs")
+    if pc:
+        print("\nprocess cost (measured once, %s): ours %s s for a %s s timed window; PyTorch "
+              "%s s in all, of which import %s s and data/setup %s s" % (
+                  pc["case"], fmt_num(pc["ours_process_s"], "%.1f"),
+                  fmt_num(pc["ours_timed_s"], "%.2f"), fmt_num(pc["pytorch_process_s"], "%.1f"),
+                  fmt_num(pc["pytorch_import_s"], "%.1f"), fmt_num(pc["pytorch_setup_s"], "%.1f")))
+    try:
+        plot(full, os.path.join(o.out, "resnet_bench_%s.png" % o.device))
+    except Exception as e:  # the figures are in the JSON already
+        print("plot failed: %s" % e, file=sys.stderr)
+    if o.device == "cuda":
+        md = comm_model_phase(path, o)
+        if md:
+            print("\n" + md)
+
+
 def main(argv=None):
     o = parse_args(argv)
+    path = os.path.join(o.out, "resnet_bench_%s.json" % o.device)
+    if o.replot:
+        with open(path) as f:
+            report(json.load(f), o, path)
+        return
     cases = select_cases(o)
     gpu, driver = gpu_info() if o.device == "cuda" else (None, None)
     res = {"device": o.device, "gpu": gpu, "driver": driver, "cpu": cpu_model(),
@@ -807,7 +840,6 @@ def main(argv=None):
            "commit": benchutil.git_commit(ROOT, o.commit), "versions": {},
            "ours_env": o.ours_env, "ours_args": o.ours_args, "results": []}
     os.makedirs(o.out, exist_ok=True)
-    path = os.path.join(o.out, "resnet_bench_%s.json" % o.device)
     kept = []
     if o.merge and os.path.exists(path):
         with open(path) as f:
@@ -837,23 +869,7 @@ def main(argv=None):
         res["kernel_trace_seconds"] = time.perf_counter() - t0
     res["total_seconds"] = time.perf_counter() - t_all
     save()
-    full = dict(res, results=kept + res["results"])
-    print(table(full))
-    pc = res.get("process_costs")
-    if pc:
-        print("\nprocess cost (measured once, %s): ours %s s for a %s s timed window; PyTorch "
-              "%s s in all, of which import %s s and data/setup %s s" % (
-                  pc["case"], fmt_num(pc["ours_process_s"], "%.1f"),
-                  fmt_num(pc["ours_timed_s"], "%.2f"), fmt_num(pc["pytorch_process_s"], "%.1f"),
-                  fmt_num(pc["pytorch_import_s"], "%.1f"), fmt_num(pc["pytorch_setup_s"], "%.1f")))
-    try:
-        plot(full, os.path.join(o.out, "resnet_bench_%s.png" % o.device))
-    except Exception as e:  # the figures are in the JSON already
-        print("plot failed: %s" % e, file=sys.stderr)
-    if o.device == "cuda":
-        md = comm_model_phase(path, o)
-        if md:
-            print("\n" + md)
+    report(dict(res, results=kept + res["results"]), o, path)
 
 
 if __name__ == "__main__":

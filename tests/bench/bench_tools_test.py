@@ -388,8 +388,8 @@ class ResnetBenchFake(unittest.TestCase):
     def test_runs_and_names_every_case(self):
         self.assertEqual(self.proc.returncode, 0, self.proc.stderr[-3000:])
         self.assertEqual(list(self.by), [
-            "resnet18-224-fp32", "resnet18-224-tf32", "resnet18-224-bf16", "resnet18-224-fp16",
-            "resnet18-224-tf32-2ranks", "lenet-fp32", "resnet18-224-tf32-asyncalloc",
+            "resnet18-224-tf32", "resnet18-224-fp32", "lenet-fp32", "resnet18-224-tf32-2ranks",
+            "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):
@@ -481,6 +481,17 @@ class ResnetBenchFake(unittest.TestCase):
         # No allreduce_perf lines were given: the two-rank check says so.
         self.assertTrue(all("skipped" in c for c in m["two_rank_check"]))
         self.assertIn("MODEL, not a measurement", self.proc.stdout)
+
+    def test_replot(self):
+        out = os.path.join(self.tmp, "replot")
+        os.makedirs(out)
+        shutil.copy(os.path.join(self.out, "resnet_bench_cuda.json"), out)
+        p = subprocess.run([sys.executable, os.path.join(BENCH, "resnet_bench.py"), "--out", out,
+                            "--replot"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, DDPRUN_BIN_DIR=self.bin))
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertIn("| resnet18-224-tf32 | 4000 |", p.stdout)
+        self.assertTrue(os.path.exists(os.path.join(out, "comm_model.json")))
 
     def test_only_and_merge(self):
         out = os.path.join(self.tmp, "merge")
