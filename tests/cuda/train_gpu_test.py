@@ -6,7 +6,8 @@
   through CUDA IPC (the default there) and through NCCL (forced; fp32,
   --deterministic; needs NCCL >= 2.30, whose version coll_check reports).
 - Resume after kill -9 on CUDA ends with bitwise the same weights as an
-  uninterrupted run (the CUDA backend's default kernels are deterministic).
+  uninterrupted run (--deterministic: the default fast algorithms repeat only
+  to rounding). The CPU/CUDA and rank-count comparisons also run in that mode.
 - A CPU checkpoint resumes on CUDA and a CUDA checkpoint on the CPU.
 - fp16: dynamic loss scaling recovers from a forced overflow (skipped steps
   counted in the final JSON, training goes on).
@@ -114,7 +115,7 @@ class TrainGpu(unittest.TestCase):
                                 "--train-samples", "640", "--test-samples", "64"], 2)]
         for model, data, checked in models:
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
-                     "--no-shuffle", "--lr", "0.01", "--precision", "fp32"]
+                     "--no-shuffle", "--lr", "0.01", "--precision", "fp32", "--deterministic"]
             cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
             gpu, lg = self.train(model + "_cuda", "--device", "cuda", *flags)
             self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
@@ -124,7 +125,7 @@ class TrainGpu(unittest.TestCase):
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
         flags = ["--device", "cuda", "--model", "lenet", *SMALL, "--max-steps", "10",
-                 "--no-shuffle"]
+                 "--no-shuffle", "--deterministic"]
         two, l2 = self.train("two", *flags, "--batch-size", "16", nproc=2)
         one, l1 = self.train("one", *flags, "--batch-size", "32")
         self.assertEqual((two["world"], one["world"]), (2, 1))
@@ -148,7 +149,8 @@ class TrainGpu(unittest.TestCase):
     def test_resume_after_sigkill_on_cuda_is_bitwise(self):
         flags = ["--device", "cuda", "--model", "lenet-bn", "--data", "synthetic",
                  "--train-samples", "3000", "--test-samples", "300", "--epochs", "2",
-                 "--batch-size", "32", "--checkpoint-every", "5", "--log-interval", "1"]
+                 "--batch-size", "32", "--checkpoint-every", "5", "--log-interval", "1",
+                 "--deterministic"]
         ref = self.run_ok([DDPRUN, "--standalone", "--nproc_per_node=2", "--no_python", TRAIN,
                            *flags, "--checkpoint-dir", os.path.join(self.tmp, "ref")],
                           "uninterrupted run")
