@@ -10,6 +10,7 @@
 #       to .gpu/lib first (DT_RPATH, ahead of LD_LIBRARY_PATH). --nccl-lib adds a
 #       libnccl.so.2 (e.g. NCCL >= 2.30 for two ranks on one GPU) to that lib.
 #   scripts/gpu_session.sh --run [--only STAGES] [--skip STAGES] [--out DIR] [--budget S]
+#                                [--bench-args "ARGS"]   (more resnet_bench.py flags)
 #       On the GPU machine, from the repository root with .gpu/ carried: unpacks,
 #       finds NVIDIA's libraries in the PyTorch environment (cuDNN, cuBLAS, CUPTI,
 #       NCCL: nothing system-wide is needed), then runs the stages in order, each
@@ -23,15 +24,16 @@
 #         bench      scripts/bench/resnet_bench.py --device cuda (both sides,
 #                    profiles, kernel traces, the comm model)
 #         tests      cuda_train_tests
-#         nccl       two ranks on one GPU through NCCL and IPC: 2 ranks == 1
-#                    rank at twice the batch, the collective matrix
-#         traintests tests/cuda/train_gpu_test.py (all)
+#         traintests tests/cuda/train_gpu_test.py: CPU == CUDA, 2 ranks == 1 rank
+#                    at twice the batch (CUDA IPC, and NCCL on one GPU), resume
+#                    after kill -9 bitwise, checkpoints across devices, fp16
+#         nccl       the NCCL version, the CUDA collective matrix (IPC, NCCL)
 #       DIR defaults to $OUT (the device tool's output folder) or gpu-out/.
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 bad flags, 3
 # no GPU (--run) or nothing to pack (--prepare).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode="" only="" skip="" out="${OUT:-$root/gpu-out}" ncclLib="" budget=510
+mode="" only="" skip="" out="${OUT:-$root/gpu-out}" ncclLib="" budget=510 benchArgs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) mode=prepare; shift ;;
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
+    --bench-args) benchArgs=$2; shift 2 ;;
     -h|--help) sed -n 2,32p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -205,18 +208,17 @@ run() {
     --model resnet18 --data synthetic-cifar --image-size 224 --batch-size 128 --precision \$p \
     --max-steps 3 --train-samples 384 --test-samples 128 --quiet 2>&1 | grep -v '^{' | sed \"s/^/\$p /\"; \
     done"
-  stage allreduce 60 bash -c "for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' --standalone \
-    --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 --json \
-    > '$logs/allreduce_'\$t.jsonl || exit 1; tail -n 3 '$logs/allreduce_'\$t.jsonl; done"
+  stage allreduce 90 bash -c "rc=0; for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' \
+    --standalone --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 \
+    --json > '$logs/allreduce_'\$t.jsonl || rc=1; tail -n 3 '$logs/allreduce_'\$t.jsonl; done; exit \$rc"
   stage bench 260 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
-    --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl"
+    --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
+    $benchArgs
   stage tests 120 bash -c "gtest_prog cuda_train_tests"
-  stage nccl 120 bash -c "'$bin/coll_check' --nccl-version; python3 '$root/tests/cuda/train_gpu_test.py' \
-    TrainGpu.test_two_ranks_through_nccl_on_one_gpu_equal_one_rank_at_twice_the_batch \
-    TrainGpu.test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch && \
-    python3 '$root/tests/runtime/runtime_test.py' CudaMatrix"
   stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"
+  stage nccl 150 bash -c "'$bin/coll_check' --nccl-version && \
+    python3 '$root/tests/runtime/runtime_test.py' CudaMatrix"
   (cd "$logs" && tar -czf "$out/gpu_session_logs.tar.gz" ./*.log ./*.jsonl 2>/dev/null)
   echo
   echo "GPU session summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $((SECONDS - t0)) s):"

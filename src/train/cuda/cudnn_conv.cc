@@ -16,14 +16,19 @@
 // search with CUDNN_TENSOR_OP_MATH (tensor cores) and use the math type
 // cuDNN's search reports for the chosen algorithm.
 //
-// Algorithms: per direction, cudnnFind* once per (data type, N, H, W),
-// cached. Which of its successful results may run:
+// Algorithms: per direction, once per (data type, N, H, W), cached.
 // - Deterministic mode (train --deterministic, or DDPRUN_CUDNN_DETERMINISTIC=1,
-//   both mapped onto Context::deterministic()): only algorithms cuDNN reports
-//   as deterministic (backward-filter/data have non-deterministic atomics
-//   algorithms, which are skipped), and in fp32 only those that sum products
-//   directly (no FFT or Winograd transforms, whose rounding error is larger,
-//   see sumsDirectly()). A layer's results then repeat bitwise.
+//   both mapped onto Context::deterministic()): cuDNN's heuristics
+//   (cudnnGet*Algorithm_v7, no timing, so every process of a job, and a
+//   process resumed after a crash, picks the same), their first result that
+//   cuDNN reports as deterministic (backward-filter/data have
+//   non-deterministic atomics algorithms, which are skipped), in fp32 only
+//   among those that sum products directly (no FFT or Winograd transforms,
+//   whose rounding error is larger, see sumsDirectly()). Results then repeat
+//   bitwise, also across processes (seen on an H100: cudnnFind's timings
+//   picked another deterministic algorithm in a resumed process, and its
+//   weights ended other bits).
+// - Fast mode: cudnnFind*, then which of its successful results may run:
 // - Fast mode (the default): every algorithm, non-deterministic, Winograd and
 //   FFT included, in every precision, except one that fails its accuracy
 //   check: the candidate runs on a reduced problem of the layer's geometry
@@ -32,8 +37,8 @@
 //   sums are not checked: their error is fp32's). Should nothing pass (a
 //   broken reference, say), the deterministic mode's choice runs, with a
 //   warning on stderr.
-// In both modes, among the algorithms that may run, the one with the
-// smallest workspace whose time is within kTimeSlack (3 %) of the fastest's,
+// In fast mode, among the algorithms that may run, the one with the smallest
+// workspace whose time is within kTimeSlack (3 %) of the fastest's; in both
 // none needing more than kConvWorkspaceCap (256 MiB). The workspace comes
 // from the caching allocator for each call and goes back as soon as the call
 // is enqueued (ScopedDeviceBytes). DDPRUN_CONV_LOG=1 prints each choice on
@@ -203,8 +208,9 @@ std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::str
     if (pol.fp32()) r.mathType = CUDNN_FMA_MATH;
     out.push_back(r);
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Perf& a, const Perf& b) { return a.time < b.time; });
+  if (!pol.deterministic)  // deterministic mode keeps the heuristics' order
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Perf& a, const Perf& b) { return a.time < b.time; });
   return out;
 }
 
@@ -241,6 +247,9 @@ std::optional<Choice<Perf>> choosePassing(const std::vector<Perf>& cands, const 
   for (size_t i = 0; i < cands.size() && best == cands.size(); ++i)
     if (passes(i)) best = i;
   if (best == cands.size()) return std::nullopt;
+  // Deterministic mode ranks by cuDNN's heuristics (no timings): its first
+  // admitted candidate, so every process picks the same.
+  if (pol.deterministic) return Choice<Perf>{cands[best], err[best]};
   const double limit = static_cast<double>(cands[best].time) * (1.0 + kTimeSlack);
   for (size_t i = best + 1; i < cands.size(); ++i)
     if (cands[i].time <= limit && cands[i].memory < cands[best].memory && passes(i)) best = i;
@@ -393,8 +402,13 @@ class Conv2d final : public Layer {
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perfs{};
     int n = 0;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, searchMathType(ctx_->precision())));
-    DDPRUN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithm(ctx_->cudnn(), xDesc_, wDesc_, conv_,
-                                                         yDesc_, perfs.size(), &n, perfs.data()));
+    if (ctx_->deterministic())
+      DDPRUN_CUDNN_OK(cudnnGetConvolutionForwardAlgorithm_v7(
+          ctx_->cudnn(), xDesc_, wDesc_, conv_, yDesc_, perfs.size(), &n, perfs.data()));
+    else
+      DDPRUN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithm(ctx_->cudnn(), xDesc_, wDesc_, conv_,
+                                                           yDesc_, perfs.size(), &n,
+                                                           perfs.data()));
     std::optional<ConvAccuracyCheck> check;
     a.fwd = decide(perfs.data(), n, Direction::kForward, x, check);
   }
@@ -405,16 +419,24 @@ class Conv2d final : public Layer {
       std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> p{};
       int n = 0;
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
-      DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithm(
-          ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
+      if (ctx_->deterministic())
+        DDPRUN_CUDNN_OK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
+      else
+        DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithm(
+            ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
       a.filter = decide(p.data(), n, Direction::kBackwardFilter, x, check);
     }
     if (needData && !a.data) {
       std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> p{};
       int n = 0;
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
-      DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
-          ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
+      if (ctx_->deterministic())
+        DDPRUN_CUDNN_OK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
+      else
+        DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
+            ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
       a.data = decide(p.data(), n, Direction::kBackwardData, x, check);
     }
   }

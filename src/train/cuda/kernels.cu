@@ -60,18 +60,6 @@ __global__ void scaleCheckKernel(float* data, size_t n, float scale, int* nonFin
 }
 
 // ------------------------------------------------------------- optimizers
-__global__ void sgdKernel(float* w, const float* g, float* buf, size_t n, float lr,
-                          float momentum, float wd, bool first) {
-  DDPRUN_GRID_LOOP(i, n) {
-    float dummy = 0.0f;
-    kmath::sgdStep(w[i], g[i], buf ? buf[i] : dummy, lr, momentum, wd, first);
-  }
-}
-__global__ void adamKernel(float* w, const float* g, float* m, float* v, size_t n,
-                           kmath::AdamScalars s, float b1, float b2, float eps, float wd) {
-  DDPRUN_GRID_LOOP(i, n) kmath::adamStep(w[i], g[i], m[i], v[i], s, b1, b2, eps, wd);
-}
-
 // The multi-tensor step. Chunk j owns blocks [first, first + ceil(n / kElemsPerBlock)) of the
 // grid; a block finds its chunk by binary search over `first` (at most 64 entries, in the
 // kernel's parameter bank) and updates kElemsPerBlock consecutive elements of it, each thread
@@ -365,19 +353,6 @@ void launchScaleCheckFinite(float* data, size_t n, float scale, int* nonFinite, 
   scaleCheckKernel<<<blocksFor(n), kThreads, 0, s>>>(data, n, scale, nonFinite);
   checkLaunch();
 }
-void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
-               bool first, cudaStream_t s) {
-  if (!n) return;
-  sgdKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, buf, n, lr, momentum, wd, first);
-  checkLaunch();
-}
-void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars sc,
-                float b1, float b2, float eps, float wd, cudaStream_t s) {
-  if (!n) return;
-  adamKernel<<<blocksFor(n), kThreads, 0, s>>>(w, g, m, v, n, sc, b1, b2, eps, wd);
-  checkLaunch();
-}
-
 namespace {
 // Fills tables of up to kMaxOptimChunks non-empty chunks and launches each.
 // A grid's x dimension holds 2^31 - 1 blocks: a table closes before that.
@@ -408,6 +383,21 @@ void launchMulti(const OptimChunk* chunks, size_t count, const Op& op, bool bf16
   flush();
 }
 }  // namespace
+
+// One parameter is a table of one chunk: the same kernel as the flat layout's,
+// so per-parameter and flat steps agree bitwise (two kernels compiled from the
+// same element math may still contract a*b+c into FMAs differently: seen on
+// an H100, Adam's exp_avg differed in the last bit).
+void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
+               bool first, cudaStream_t s) {
+  const OptimChunk c{w, g, buf, nullptr, nullptr, n};
+  launchMulti(&c, 1, SgdOp{lr, momentum, wd, first}, false, s);
+}
+void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars sc,
+                float b1, float b2, float eps, float wd, cudaStream_t s) {
+  const OptimChunk c{w, g, m, v, nullptr, n};
+  launchMulti(&c, 1, AdamOp{sc, b1, b2, eps, wd}, false, s);
+}
 
 void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
                     bool first, bool bf16, cudaStream_t s) {
