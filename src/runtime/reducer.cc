@@ -49,6 +49,8 @@ void DeviceTimings::computeTotals() {
 
 // ---------------------------------------------------------------- CPU memory
 namespace {
+constexpr size_t kGradAlign = 64;  // floats
+
 class CpuGradientMemory final : public GradientMemory {
  public:
   explicit CpuGradientMemory(ProcessGroup& pg) : pg_(pg) {}
@@ -251,6 +253,13 @@ void Reducer::assign(const std::vector<size_t>& order, bool reverse) {
     bk.params = groups[b];
     if (reverse) std::sort(bk.params.begin(), bk.params.end());
     for (size_t i : bk.params) {
+      // Every gradient starts kGradAlign elements (256 bytes, cudaMalloc's
+      // alignment) into its bucket, whatever the layout: libraries pick
+      // kernels by pointer alignment, so a layout change (the rebuild after
+      // the first iteration, which a resumed process has not done yet) must
+      // not change which kernels write a gradient (seen on an H100: a
+      // resumed run ended other bits). The padding stays zero.
+      bk.count = (bk.count + kGradAlign - 1) / kGradAlign * kGradAlign;
       bk.offsets.push_back(bk.count);
       slots_[i] = Slot{b, bk.count};
       bk.count += params_[i].count;

@@ -274,9 +274,11 @@ bool Run::unscaleGrads(float invScale) {
   for (size_t b = 0; b < reducer_->numBuckets(); ++b) {
     const auto& ps = reducer_->bucketParams(b);
     if (ps.empty()) continue;
-    size_t n = 0;
-    for (size_t i : ps) n += reducer_->param(i).count;
-    finite &= be_->scaleAndCheckFinite(reducer_->grad(ps.front()), n, invScale);
+    // The bucket's extent, alignment padding (zeros) included.
+    float* first = reducer_->grad(ps.front());
+    const size_t n = static_cast<size_t>(reducer_->grad(ps.back()) - first) +
+                     reducer_->param(ps.back()).count;
+    finite &= be_->scaleAndCheckFinite(first, n, invScale);
   }
   return finite;
 }

@@ -21,6 +21,8 @@
 // done. setDeviceTiming() and deviceTimings() measure the overlap from
 // device timestamps.
 //
+// Within a bucket every gradient starts 256 bytes aligned (zero padding
+// between parameters), so its alignment never depends on the layout.
 // Buckets: bucketCapBytes (default 25 MiB) each, filled in reverse
 // registration order (the order gradients usually become ready), with the
 // bucket of the first-registered parameters (reduced last) capped at

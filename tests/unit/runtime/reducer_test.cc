@@ -87,6 +87,32 @@ TEST(ReducerTest, AveragesOverRanksAndRebuildsOnceInReadyOrder) {
   EXPECT_EQ(layouts[0], layouts[2]);
 }
 
+// Every gradient is 256-byte aligned relative to its bucket, in the initial
+// and in the rebuilt layout (libraries choose kernels by pointer alignment: a
+// layout change must not change the arithmetic), and the padding between
+// parameters stays zero after the all-reduce.
+TEST(ReducerTest, GradientsStayAlignedInEveryLayout) {
+  runRanks(2, [](ProcessGroup& pg) {
+    Reducer r(pg, params({3, 10, 1, 84, 7}), {.bucketCapBytes = 400, .firstBucketBytes = 64});
+    auto checkAligned = [&] {
+      for (size_t b = 0; b < r.numBuckets(); ++b) {
+        const float* base = r.grad(r.bucketParams(b).front());
+        for (size_t i : r.bucketParams(b))
+          EXPECT_EQ((r.grad(i) - base) % 64, 0) << "param " << i << " bucket " << b;
+      }
+    };
+    checkAligned();
+    iterate(r, pg.rank(), {4, 2, 0, 3, 1});  // another order than the initial one
+    checkAligned();
+    for (size_t b = 0; b < r.numBuckets(); ++b) {
+      const auto& ps = r.bucketParams(b);
+      for (size_t k = 0; k + 1 < ps.size(); ++k)
+        for (const float* p = r.grad(ps[k]) + r.param(ps[k]).count; p < r.grad(ps[k + 1]); ++p)
+          ASSERT_EQ(*p, 0.0f) << "padding after param " << ps[k];
+    }
+  });
+}
+
 TEST(ReducerTest, RanksMarkingInDifferentOrdersStillAgree) {
   runRanks(2, [](ProcessGroup& pg) {
     Reducer r(pg, params({4, 4, 4, 4}), {.bucketCapBytes = 16, .firstBucketBytes = 16});
