@@ -51,7 +51,7 @@ step() {  # step NAME COMMAND...: runs it, reports, remembers a failure
   if "$@"; then echo "=== $name: passed"; else echo "=== $name: FAILED"; status=1; fi
 }
 if [ "$tests" = 1 ]; then
-  for t in cuda_train_tests cuda_smoke_test; do
+  for t in cuda_train_tests cuda_optim_tests cuda_smoke_test; do
     [ -x "$bin/$t" ] && step "$t" "$bin/$t"
   done
   step train_gpu "$py" "$root/tests/cuda/train_gpu_test.py"
