@@ -335,14 +335,7 @@ void Reducer::launch(size_t b, bool inlineLast) {
   const auto now = ReducerStats::Clock::now();
   (*timing_)[slot] = {bk.count * sizeof(float), now, now, now};
   if (pg_.size() == 1 && opts_.hook == CommHook::kNone) return;
-  AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
-                     .device = mem_->device()};
-  if (opts_.hook != CommHook::kNone) {
-    mem_->compress(bk.data, bk.half, bk.count, 1.0f / static_cast<float>(pg_.size()),
-                   hookDType(opts_.hook));
-    o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
-         .op = ReduceOp::kSum, .device = mem_->device()};
-  }
+  const AllReduceOptions o = collectiveOf(bk);
   std::function<void()> fence = mem_->producedFence();
   if (inlineLast) {
     if (fence) fence();
@@ -360,6 +353,18 @@ void Reducer::launch(size_t b, bool inlineLast) {
   bk.work = internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].finished = ReducerStats::Clock::now();
   });
+}
+
+// The all-reduce of bucket `bk` (the average over ranks); with a hook, the
+// bucket is first compressed (divided by the world size) into its 16-bit
+// copy, which is summed instead.
+AllReduceOptions Reducer::collectiveOf(Bucket& bk) {
+  if (opts_.hook == CommHook::kNone)
+    return {.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg, .device = mem_->device()};
+  mem_->compress(bk.data, bk.half, bk.count, 1.0f / static_cast<float>(pg_.size()),
+                 hookDType(opts_.hook));
+  return {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
+          .op = ReduceOp::kSum, .device = mem_->device()};
 }
 
 // Stream-ordered memory: the bucket's "ready" event is recorded on the
@@ -380,14 +385,7 @@ void Reducer::launchOrdered(size_t b) {
   (*timing_)[b] = {bk.count * sizeof(float), now, now, now};
   const bool comm = pg_.size() > 1 || opts_.hook != CommHook::kNone;
   if (!comm && !od.iterTiming) return;
-  AllReduceOptions o{.output = bk.data, .count = bk.count, .op = ReduceOp::kAvg,
-                     .device = mem_->device()};
-  if (opts_.hook != CommHook::kNone) {
-    mem_->compress(bk.data, bk.half, bk.count, 1.0f / static_cast<float>(pg_.size()),
-                   hookDType(opts_.hook));
-    o = {.output = bk.half, .count = bk.count, .dtype = hookDType(opts_.hook),
-         .op = ReduceOp::kSum, .device = mem_->device()};
-  }
+  const AllReduceOptions o = collectiveOf(bk);
   Ordered::Events& ev = od.events(b);
   internal::DeviceCollectives& dc = od.collectives();
   dc.record(ev.ready, stream_);

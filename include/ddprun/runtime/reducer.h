@@ -241,6 +241,7 @@ class Reducer {
   void releaseBuckets();
   void launchReady();
   void launch(size_t b, bool inlineLast);
+  AllReduceOptions collectiveOf(Bucket& bk);
   void launchOrdered(size_t b);
   void finalizeHost();
   void finalizeOrdered();
