@@ -27,6 +27,7 @@
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
 #include "batch_feed.h"
+#include "bench_window.h"
 #include "step_profile.h"
 
 namespace ddprun::train {
@@ -158,30 +159,20 @@ class Run {
   int64_t totalSteps_ = 0;
   int64_t runSteps_ = 0;  // steps this process trains (after a resume: the rest)
 
-  // --bench-warmup: the timed window (see benchWindowStart/End).
-  struct Window {
-    bool open = false, done = false;
-    Clock::time_point t0;
-    double seconds = 0;
-    int64_t steps = 0;
-    Backend::HostSyncs syncs0, syncs;
-    size_t peakAllocated = 0, peakReserved = 0;
-  };
-  Window window_;
+  // --bench-warmup: the timed window (made in setup(), once the backend exists).
+  std::unique_ptr<BenchWindow> window_;
+  bool windowOpen() const { return window_ && window_->open(); }
   // --profile-steps: the last steps' device profile.
   std::unique_ptr<StepProfile> profile_;
   nlohmann::json profileResult_;
   std::optional<double> deviceHidden_;  // the profile's comm-hidden fraction (GPU clock)
   void checkBenchFlags();
   bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
-  void benchWindowStart();
-  void benchWindowEnd();
   void profileStepStart();
   void profileStepEnd();
   void profilePoint(StepProfile::Point p) {
     if (profile_) profile_->point(p);
   }
-  nlohmann::json benchJson() const;
   // The all-reduce's share hidden behind backward: from the profile's GPU
   // timestamps when the reducer is ordered on streams, else from the host
   // clock of the sampled steps; null when nothing was measured.
@@ -199,6 +190,9 @@ void Run::setup() {
                          {.numClasses = cfg_.numClasses, .stem = cfg_.stem,
                           .imageSize = cfg_.imageSize});
   feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape());
+  if (cfg_.benchWarmup > 0)
+    window_ = std::make_unique<BenchWindow>(*be_, cfg_.benchWarmup,
+                                            int64_t{cfg_.batchSize} * pg_.size());
   rng_ = Rng(cfg_.seed);
   model_->initialize(rng_);
   if (!cfg_.init.empty()) loadInit();
@@ -443,11 +437,11 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   // without waiting.
   // --bench-warmup's window and --profile-steps' steps never synchronise
   // inside a step: the breakdown samples only the steps outside them.
-  if (cfg_.benchWarmup > 0 && stepsRun_ == cfg_.benchWarmup) benchWindowStart();
+  if (window_ && stepsRun_ == cfg_.benchWarmup) window_->start();
   const bool profiled = inProfile();
   if (profiled) profileStepStart();
   const bool device = be_->device() != Device::kCpu;
-  const bool quiet = window_.open || profiled;
+  const bool quiet = windowOpen() || profiled;
   const bool timed =
       !quiet && (!device || pos_.globalStep % kSampleEvery == kSampleEvery / 2);
   if (device && timed) be_->synchronize();  // the previous step's work is not this one's
@@ -513,55 +507,15 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   ++pos_.step;
   ++pos_.globalStep;
   ++stepsRun_;
-  if (window_.open) ++window_.steps;
-  if (window_.open && stepsRun_ == runSteps_ - cfg_.profileSteps) benchWindowEnd();
+  if (window_) window_->countStep();
+  if (windowOpen() && stepsRun_ == runSteps_ - cfg_.profileSteps) window_->end();
   if (profiled) profileStepEnd();
   const bool last = pos_.step == stepsInEpoch;
   // No progress line (a host read of the loss) inside the timed window or
   // the profile; the interval's samples are reported with the next line.
-  if (!window_.open && !(profiled && stepsRun_ < runSteps_))
+  if (!windowOpen() && !(profiled && stepsRun_ < runSteps_))
     report(stepsInEpoch, last || pos_.step % cfg_.logInterval == 0);
   if (cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0) saveCheckpoint();
-}
-
-// The timed window of --bench-warmup: everything issued before it is
-// finished first, the memory peaks start from what is held, and the host
-// synchronisations inside it are counted.
-void Run::benchWindowStart() {
-  be_->synchronize();
-  be_->resetPeakDeviceBytes();
-  window_.open = true;
-  window_.steps = 0;
-  window_.syncs0 = be_->hostSyncs();
-  window_.t0 = Clock::now();
-}
-
-void Run::benchWindowEnd() {
-  const Backend::HostSyncs s = be_->hostSyncs();  // before the closing wait
-  be_->synchronize();
-  window_.seconds = since(window_.t0);
-  window_.open = false;
-  window_.done = true;
-  window_.syncs = {s.calls - window_.syncs0.calls, s.waits - window_.syncs0.waits};
-  window_.peakAllocated = be_->peakDeviceBytes();
-  window_.peakReserved = be_->peakReservedBytes();
-}
-
-nlohmann::json Run::benchJson() const {
-  if (!window_.done) return nullptr;
-  const double steps = static_cast<double>(window_.steps);
-  const double samples = steps * cfg_.batchSize * pg_.size();
-  constexpr double kMiB = 1 << 20;
-  return {{"warmup_steps", cfg_.benchWarmup},
-          {"steps", window_.steps},
-          {"seconds", window_.seconds},
-          {"samples_per_second", window_.seconds > 0 ? samples / window_.seconds : 0.0},
-          {"host_sync_calls", window_.syncs.calls},
-          {"host_sync_waits", window_.syncs.waits},
-          {"host_sync_calls_per_step", steps > 0 ? window_.syncs.calls / steps : 0.0},
-          {"host_sync_waits_per_step", steps > 0 ? window_.syncs.waits / steps : 0.0},
-          {"peak_allocated_mb", static_cast<double>(window_.peakAllocated) / kMiB},
-          {"peak_reserved_mb", static_cast<double>(window_.peakReserved) / kMiB}};
 }
 
 // The first profiled step sets the profile up; every profiled step records
@@ -615,25 +569,13 @@ void Run::profileStepEnd() {
   reducer_->setDeviceTiming(false);
 }
 
-// Flags that depend on how many steps this process trains (known after a
-// resume): the window and the profile must fit, and the window must not
-// cross an epoch's end (evaluation would run inside it).
+// The window and the profile must fit the steps this process trains (known
+// after a resume).
 void Run::checkBenchFlags() {
-  if (cfg_.benchWarmup == 0 && cfg_.profileSteps == 0) return;
-  const int64_t p = cfg_.profileSteps;
-  if (p > runSteps_)
-    DDPRUN_THROW(InvalidArgument, "--profile-steps ", p, " is more than the ", runSteps_,
-                 " steps this run trains; give fewer, or more --max-steps/--train-samples");
-  if (cfg_.benchWarmup == 0) return;
-  if (cfg_.benchWarmup + p >= runSteps_)
-    DDPRUN_THROW(InvalidArgument, "--bench-warmup ", cfg_.benchWarmup, " plus --profile-steps ",
-                 p, " leave no timed step of the ", runSteps_,
-                 " steps this run trains; train more steps (--max-steps, --train-samples)");
-  const int64_t leftInEpoch = stepsPerEpoch_ - pos_.step;
-  if (runSteps_ - p > leftInEpoch)
-    DDPRUN_THROW(InvalidArgument, "the --bench-warmup window (steps ", cfg_.benchWarmup + 1,
-                 " to ", runSteps_ - p, ") crosses the end of an epoch after ", leftInEpoch,
-                 " steps, where evaluation would run inside it; time one epoch (--epochs 1)");
+  if (const std::string e = benchFlagsProblem(cfg_.benchWarmup, cfg_.profileSteps, runSteps_,
+                                              stepsPerEpoch_ - pos_.step);
+      !e.empty())
+    DDPRUN_THROW(InvalidArgument, e);
 }
 
 // Every rank joins the all-reduce of the interval's loss; rank 0 prints.
@@ -835,7 +777,7 @@ nlohmann::json Run::execute() {
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);
   }
-  if (cfg_.benchWarmup > 0) j["bench"] = benchJson();
+  if (window_) j["bench"] = window_->json();
   if (cfg_.profileSteps > 0) j["profile"] = profileResult_;
   if (scaler_.on()) {
     j["skipped_steps"] = scaler_.skipped();

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "bench_window.h"
 
 namespace ddprun::train {
 namespace {
@@ -185,6 +186,27 @@ TEST(TrainConfigBench, BenchmarkAidsAndDeterminismDefaultOff) {
     EXPECT_EQ(e.exitCode, 2) << flag;
     EXPECT_NE(e.output.find("must be >= 0"), std::string::npos) << e.output;
   }
+}
+
+}  // namespace
+}  // namespace ddprun::train
+
+namespace ddprun::train {
+namespace {
+
+TEST(BenchFlags, TheWindowAndTheProfileMustFitTheRunAndOneEpoch) {
+  EXPECT_EQ(benchFlagsProblem(0, 0, 5, 5), "");
+  EXPECT_EQ(benchFlagsProblem(8, 5, 40, 40), "");
+  EXPECT_EQ(benchFlagsProblem(0, 5, 5, 5), "");  // a profile of every step
+  EXPECT_NE(benchFlagsProblem(0, 6, 5, 5).find("--profile-steps 6 is more than the 5"),
+            std::string::npos);
+  EXPECT_NE(benchFlagsProblem(8, 2, 10, 10).find("leave no timed step of the 10"),
+            std::string::npos);
+  // 40 steps over two epochs of 20: the window (steps 9 to 35) crosses the end.
+  EXPECT_NE(benchFlagsProblem(8, 5, 40, 20).find("crosses the end of an epoch after 20"),
+            std::string::npos);
+  // The profile may run into the next epoch; the window may not.
+  EXPECT_EQ(benchFlagsProblem(8, 20, 40, 20), "");
 }
 
 }  // namespace
