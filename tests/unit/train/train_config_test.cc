@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+
 #include "bench_window.h"
 
 namespace ddprun::train {
