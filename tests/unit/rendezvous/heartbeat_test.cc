@@ -359,12 +359,19 @@ TEST_F(HeartbeatTest, StopReturnsWhileBothThreadsAreBlockedInTheStore) {
 
 // Beats that cannot be written for the timeout (a fake clock moved past
 // it while the store fails) are reported once, with the silence.
+//
+// The fake clock stands still while the store works and moves 15 ms (the
+// timeout) at every read once it fails: a beat already past the store when it
+// failed may still record its success after that, and a clock moved once
+// would then never show a silence (seen under AddressSanitizer).
 TEST_F(HeartbeatTest, BeatsThatFailForTheTimeoutAreReportedLostOnce) {
   std::atomic<int64_t> now{0};
+  std::atomic<bool> failing{false};
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int64_t> lost;
-  Heartbeat a({5ms, 3}, connect(), "hb/", "a", [&] { return now.load(); });
+  Heartbeat a({5ms, 3}, connect(), "hb/", "a",
+              [&] { return failing ? now.fetch_add(15) + 15 : now.load(); });
   a.setOnLost([&](int64_t silent) {
     std::lock_guard lock(mu);
     lost.push_back(silent);
@@ -375,14 +382,13 @@ TEST_F(HeartbeatTest, BeatsThatFailForTheTimeoutAreReportedLostOnce) {
     std::lock_guard lock(mu);
     EXPECT_TRUE(lost.empty()) << "beats that go through are never lost";
   }
+  failing = true;  // from now on every clock read is the timeout (5 ms x 3) later
   hub_.fail();
-  now = 15;  // the timeout (5 ms x 3) since the last beat that went through
   std::unique_lock lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return !lost.empty(); }));
   EXPECT_GE(lost[0], 15);
   lock.unlock();
-  now = 1000;  // much later, still failing: told once
-  a.stop();
+  a.stop();  // many timeouts later, still failing: told once
   EXPECT_EQ(lost.size(), 1u);
 }
 
@@ -390,13 +396,15 @@ TEST_F(HeartbeatTest, BeatsThatFailForTheTimeoutAreReportedLostOnce) {
 // nothing; each beat the store refused counts one.
 TEST_F(HeartbeatTest, BeatsThatFailAreCountedAsMissed) {
   std::atomic<int64_t> now{0};
+  std::atomic<bool> failing{false};  // the clock as in the test above
   std::atomic<uint64_t> missed{0};
   std::mutex mu;
   std::condition_variable cv;
   bool lost = false;
   HeartbeatOptions o{5ms, 3};
   o.missed = &missed;
-  Heartbeat a(o, connect(), "hb/", "a", [&] { return now.load(); });
+  Heartbeat a(o, connect(), "hb/", "a",
+              [&] { return failing ? now.fetch_add(15) + 15 : now.load(); });
   a.setOnLost([&](int64_t) {
     std::lock_guard lock(mu);
     lost = true;
@@ -404,8 +412,8 @@ TEST_F(HeartbeatTest, BeatsThatFailAreCountedAsMissed) {
   });
   ASSERT_TRUE(hub_.awaitUntil([&] { return seqOf("a") >= 2; }));
   EXPECT_EQ(missed.load(), 0u);
-  hub_.fail();
-  now = 15;  // a failed beat now also reports the node lost: wait for that
+  failing = true;
+  hub_.fail();  // a failed beat now also reports the node lost: wait for that
   std::unique_lock lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return lost; }));
   lock.unlock();
