@@ -38,6 +38,15 @@ class CudaComm : public Comm {
 // shm is this host's shared-memory comm when all ranks share one host.
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& hostComm, ShmComm* shm);
 
+// The transports behind makeCudaComm (nccl_comm.cu, ipc_comm.cu; the staged
+// one in staged_comm.h). makeNcclComm: `sharedBus` non-empty when ranks share
+// that GPU, which NCCL accepts from 2.30 on (every rank's ncclRuntimeVersion
+// in `versions`; else InvalidArgument naming the version and the fix).
+std::unique_ptr<CudaComm> makeNcclComm(ProcessGroup& pg, Comm& hostComm,
+                                       const std::vector<int>& versions,
+                                       const std::string& sharedBus);
+std::unique_ptr<CudaComm> makeIpcComm(ProcessGroup& pg, ShmComm& shm, Comm& hostComm);
+
 // Makes the runtime's device current on the calling thread.
 void cudaBindThread();
 
