@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -15,7 +13,6 @@
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/runtime/sampler.h"
-#include "ddprun/store/hash_store.h"
 #include "ddprun/train/backend_choice.h"
 #include "ddprun/train/checkpoint.h"
 #include "ddprun/train/checkpoint_dir.h"
@@ -789,108 +786,12 @@ nlohmann::json Run::execute() {
   return j;
 }
 
-bool envRestarted() {
-  return env::integer("TORCHELASTIC_RESTART_COUNT", 0, 0, INT32_MAX) > 0;
-}
-
-// The files named on the command line, checked before any work: --init is
-// read by every rank; --save and --metrics are written by rank 0 only.
-// Returns "" or the error.
-std::string pathsProblem(const TrainConfig& cfg, bool rank0) {
-  if (!cfg.init.empty())
-    if (auto e = regularFileProblem(cfg.init); !e.empty())
-      return "--init " + cfg.init + ": " + e;
-  if (!rank0) return "";
-  if (!cfg.save.empty()) {
-    if (auto e = replaceTargetProblem(cfg.save); !e.empty())
-      return "--save " + cfg.save + " " + e;
-    const std::filesystem::path dir = std::filesystem::path(cfg.save).parent_path();
-    std::error_code ec;
-    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-      return "--save " + cfg.save + " is in a directory that does not exist (" +
-             dir.string() + ")";
-  }
-  if (!cfg.metrics.empty())
-    if (auto e = appendTargetProblem(cfg.metrics); !e.empty())
-      return "--metrics " + cfg.metrics + " " + e;
-  return "";
-}
-
-DataSplit loadData(const TrainConfig& cfg) {
-  const int64_t maxTrain = cfg.trainSamples > 0 ? cfg.trainSamples : -1;
-  const int64_t maxTest = cfg.testSamples > 0 ? cfg.testSamples : -1;
-  auto synthetic = [&] {
-    return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000, cfg.seed);
-  };
-  if (cfg.data == "synthetic") return synthetic();
-  if (cfg.data == kSyntheticCifar)
-    return makeSyntheticCifar(maxTrain > 0 ? maxTrain : 50000, maxTest > 0 ? maxTest : 10000,
-                              static_cast<int>(cfg.numClasses));
-  if (cfg.data == kDefaultDataDir && !fashionMnistPresent(cfg.data)) {
-    std::fprintf(stderr, "train: Fashion-MNIST is not installed in %s (scripts/setup.sh installs "
-                 "it): training on the synthetic set instead\n", cfg.data.c_str());
-    return synthetic();
-  }
-  return loadFashionMnist(cfg.data, maxTrain, maxTest);
-}
-
-// Under ddprun or torchrun: the launcher's environment; alone: one rank over
-// an in-process store.
-std::unique_ptr<ProcessGroup> joinGroup() {
-  if (env::get("RANK") && env::get("WORLD_SIZE")) return ProcessGroup::fromEnv();
-  return ProcessGroup::create(std::make_shared<store::HashStore>(), 0, 1, runtime::optionsFromEnv());
-}
-
 }  // namespace
 
 nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
                            const TrainerIo& io) {
   Run run(cfg, data, pg, io);
   return run.execute();
-}
-
-int trainMain(int argc, const char* const* argv) {
-  const ParseResult pr = parseTrainArgs(argc, argv);
-  if (!pr.config) {
-    // The help once (rank 0); an error on every rank: whichever rank exits
-    // first ends the group, so a message left to rank 0 could be lost.
-    if (pr.exitCode == 0) {
-      if (printsParseOutput(env::get("RANK"), env::get("LOCAL_RANK")))
-        std::fputs(pr.output.c_str(), stdout);
-    } else {
-      std::fprintf(stderr, "train: error: %s\n", pr.output.c_str());
-    }
-    return pr.exitCode;
-  }
-  const TrainConfig& cfg = *pr.config;
-  const bool rank0 = env::integer("RANK", 0, 0, INT32_MAX) == 0;
-  if (const std::string e = pathsProblem(cfg, rank0); !e.empty()) {
-    std::fprintf(stderr, "train: error: %s\n", e.c_str());
-    return 2;
-  }
-  try {
-    chooseCuda(cfg.device, cfg.precision, probeDevices());  // before any work
-    const DataSplit data = loadData(cfg);
-    auto pg = joinGroup();
-    TrainerIo io;
-    io.restarted = envRestarted();
-    io.runId = env::get("TORCHELASTIC_RUN_ID").value_or("");
-    const nlohmann::json summary = runTraining(cfg, data, *pg, io);
-    if (pg->rank() == 0) {
-      std::fprintf(stdout, "%s\n", summary.dump().c_str());
-      std::fflush(stdout);
-    }
-    return 0;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "train: error: %s\n", e.message().c_str());
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "train: failed: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: failed: %s\n", e.what());
-    return 1;
-  }
 }
 
 }  // namespace ddprun::train

@@ -4,8 +4,9 @@
 //
 // One step: gather this rank's batch (data) -> forward, loss, backward with
 // each layer's gradients handed to the reducer as they become ready
-// (forward_backward) -> reducer.finalize() waits for the last buckets
-// (comm_wait) -> optimizer step and zeroed gradients (optimizer).
+// (forward_backward) -> reducer.finalize() (comm_wait: on a device it only
+// orders the optimizer after the all-reduces) -> optimizer step, gradients
+// marked to be overwritten by the next backward (optimizer).
 //
 // Checkpoints (rank 0, atomically, safetensors): every --checkpoint-every
 // global steps and at each epoch end: parameters and buffers under their
@@ -53,8 +54,9 @@ struct TrainerIo {
 nlohmann::json runTraining(const TrainConfig& cfg, const DataSplit& data,
                            runtime::ProcessGroup& pg, const TrainerIo& io = {});
 
-// The `train` program: parses flags, loads data, joins the process group
-// (ddprun, torchrun, or alone), trains, prints the final JSON line on rank 0.
+// The `train` program (src/train/train_main.cc): parses flags, loads data,
+// joins the process group (ddprun, torchrun, or alone), trains, prints the
+// final JSON line on rank 0.
 // Returns the exit code: 0 done, 1 training failed (a peer died, a write
 // failed at run time), 2 bad input (flags, data files, checkpoints, output
 // paths that may not be replaced, more ranks than samples).
