@@ -24,28 +24,18 @@
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/train/layers.h"
+#include "train/random_vector.h"
+#include "require_gpu.h"
 #include "ddprun/train/optim.h"
 #include "rank_threads.h"
 
 namespace ddprun::train {
 namespace {
 
-#define DDPRUN_REQUIRE_GPU()                                                         \
-  do {                                                                               \
-    if (runtime::cudaDeviceCount() == 0)                                             \
-      GTEST_SKIP() << "no CUDA GPU on this machine: CUDA optimizer test skipped (the " \
-                      "code compiled and linked)";                                   \
-  } while (0)
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using ddprun::testing::randomVector;
 
 Tensor onDevice(Backend& be, const std::vector<float>& v, Shape shape = {}) {
   if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
@@ -120,7 +110,7 @@ void expectSame(Backend& be, Chunks& a, Chunks& b, const std::string& what) {
 }
 
 TEST(CudaOptim, MultiTensorSgdEqualsPerChunkKernels) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
   for (const float momentum : {0.9f, 0.0f}) {
     Chunks a = makeChunks(*be, 100), b = makeChunks(*be, 100);
@@ -136,7 +126,7 @@ TEST(CudaOptim, MultiTensorSgdEqualsPerChunkKernels) {
 }
 
 TEST(CudaOptim, MultiTensorAdamEqualsPerChunkKernels) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
   Chunks a = makeChunks(*be, 200), b = makeChunks(*be, 200);
   for (int64_t step = 1; step <= 3; ++step) {
@@ -153,7 +143,7 @@ TEST(CudaOptim, MultiTensorAdamEqualsPerChunkKernels) {
 // weights, element for element (round to nearest even), also at odd offsets;
 // chunks without w16 next to them are updated alike.
 TEST(CudaOptim, Weights16AreTheRoundedUpdatedWeights) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   for (const Precision p : {Precision::kBf16, Precision::kFp16}) {
     const bool bf16 = p == Precision::kBf16;
     auto be = makeCudaBackend({.device = 0, .precision = p});
@@ -189,7 +179,7 @@ TEST(CudaOptim, Weights16AreTheRoundedUpdatedWeights) {
 // one chunk per bucket; the same values and state as the per-parameter
 // optimizer, and 16-bit copies current after each step and after a refresh.
 TEST(CudaOptim, FlatLayoutOnTheDevice) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   const std::vector<Shape> shapes = {{64, 3, 7, 7}, {64}, {10}, {128, 64, 3, 3}, {7, 5}};
   const std::vector<std::vector<size_t>> buckets = {{2, 4}, {3, 1, 0}};
   for (const Precision prec : {Precision::kFp32, Precision::kBf16}) {
@@ -324,7 +314,7 @@ void checkContract(Backend& be, Layer& layer, const Shape& in, double tol) {
 }
 
 TEST(CudaGradContract, Linear) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
     auto be = makeCudaBackend({.device = 0, .precision = p});
     auto fc = be->linear("fc", 64, 32);
@@ -333,7 +323,7 @@ TEST(CudaGradContract, Linear) {
 }
 
 TEST(CudaGradContract, BatchNorm) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
   auto bn = be->batchNorm2d("bn", 6, nullptr);
   checkContract(*be, *bn, {4, 6, 5, 3}, 1e-6);
@@ -359,7 +349,7 @@ TEST(CudaGradContract, BatchNorm) {
 }
 
 TEST(CudaGradContract, SyncBatchNormOneRank) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
     auto be = makeCudaBackend({.device = runtime::cudaSelectedDevice(),
                                .precision = Precision::kFp32});
@@ -370,7 +360,7 @@ TEST(CudaGradContract, SyncBatchNormOneRank) {
 
 // --------------------------------------------- num_batches_tracked, shared
 TEST(CudaBatchNormCounter, OneDeviceCounterPerModel) {
-  DDPRUN_REQUIRE_GPU();
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
   auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
   auto bn1 = be->batchNorm2d("bn1", 4, nullptr);
   auto bn2 = be->batchNorm2d("bn2", 4, nullptr);

@@ -38,26 +38,16 @@
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
+#include "train/random_vector.h"
+#include "require_gpu.h"
 #include "kernel_math.h"
 #include "rank_threads.h"
 
 namespace ddprun::train {
 namespace {
 
-#define DDPRUN_REQUIRE_GPU()                                                           \
-  do {                                                                                 \
-    if (runtime::cudaDeviceCount() == 0)                                               \
-      GTEST_SKIP() << "no CUDA GPU on this machine: CUDA backend test skipped (the "   \
-                      "code compiled and linked)";                                     \
-  } while (0)
 
-std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using ddprun::testing::randomVector;
 
 Tensor hostTensor(const Shape& s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   Tensor t(s);
@@ -252,7 +242,7 @@ class RefAvgPool final : public Layer {
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    DDPRUN_REQUIRE_GPU();
+    DDPRUN_REQUIRE_GPU("CUDA backend");
     cpu_ = makeCpuBackend(1);
     gpu_ = makeCudaBackend({.device = 0, .precision = Precision::kFp32, .deterministic = true});
   }

@@ -13,17 +13,12 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/train/layers.h"
+#include "train/random_vector.h"
 
 namespace ddprun::train {
 namespace {
 
-std::vector<float> randomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using ddprun::testing::randomVector;
 
 void expectNear(const std::vector<float>& a, const std::vector<float>& b, float rtol,
                 const char* what) {
