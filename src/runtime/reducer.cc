@@ -336,15 +336,11 @@ void Reducer::launch(size_t b, bool inlineLast) {
   (*timing_)[slot] = {bk.count * sizeof(float), now, now, now};
   if (pg_.size() == 1 && opts_.hook == CommHook::kNone) return;
   const AllReduceOptions o = collectiveOf(bk);
-  std::function<void()> fence = mem_->producedFence();
   if (inlineLast) {
-    if (fence) fence();
     if (pg_.size() > 1) allReduce(pg_, o);
     (*timing_)[slot].finished = ReducerStats::Clock::now();
     return;
   }
-  // The fence first: the bucket's time starts once its gradients exist.
-  if (fence) internal::enqueue(pg_, "reducer fence", std::move(fence));
   auto timing = timing_;
   internal::enqueue(pg_, "reducer timing", [timing, slot] {
     (*timing)[slot].started = ReducerStats::Clock::now();
@@ -449,7 +445,7 @@ void Reducer::finalizeOrdered() {
   for (const auto& t : stats_.buckets) stats_.commTime += t.finished - t.started;
 }
 
-// CPU memory (or device memory ordered through producedFence()): the
+// Host memory (no stream): the
 // training thread waits for every bucket's all-reduce.
 void Reducer::finalizeHost() {
   // Every gradient is ready: whatever is still unlaunched (the last bucket)

@@ -83,19 +83,12 @@ class GradientMemory {
   // dst16[i] = to16(src[i] * scale); dst[i] = float(src16[i]).
   virtual void compress(const float* src, void* dst16, size_t n, float scale, DType t) = 0;
   virtual void decompress(const void* src16, float* dst, size_t n, DType t) = 0;
-  // Called on the training thread when a bucket is launched. Returns what the
-  // communication thread runs before that bucket's all-reduce: a device
-  // implementation records an event after the kernels that wrote the
-  // gradients and waits for it there, so the training thread never blocks
-  // inside backward. Empty (the default) when memory is current at once (CPU).
-  // Not used when stream() is non-null.
-  virtual std::function<void()> producedFence() { return {}; }
   // The device stream (a cudaStream_t) on which the training loop writes the
   // gradients and runs the optimizer, and on which this memory's own
   // operations run. Non-null: the reducer orders its collectives on streams
   // (see the file comment); the memory's device must be the runtime's
-  // (cudaSelectedDevice()). Null (the default): CPU memory, or a device
-  // memory ordered through producedFence().
+  // (cudaSelectedDevice()). Null (the default): memory the host may hand to
+  // the collectives at once (CPU).
   virtual void* stream() const { return nullptr; }
 };
 std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg);
