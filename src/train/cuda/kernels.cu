@@ -430,10 +430,6 @@ void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, i
   crossEntropyReduceKernel<<<1, kThreads, 0, s>>>(rowLoss, rowHit, n, out);
   checkLaunch();
 }
-void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
-                               cudaStream_t s) {
-  launchColumnSum(dy, db, rows, cols, true, s);
-}
 void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
                      cudaStream_t s) {
   if (cols <= 0) return;

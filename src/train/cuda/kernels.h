@@ -75,12 +75,10 @@ void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, i
 // when the trainer reports it).
 void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t stream);
 
-// db[c] += sum_r dy[r * cols + c], summed in double (the linear layer's bias
-// gradient; rows in order, so deterministic).
-void launchColumnSumAccumulate(const float* dy, float* db, int64_t rows, int64_t cols,
-                               cudaStream_t stream);
-// As launchColumnSumAccumulate with `accumulate` false: db[c] = the sum (the
-// first gradient writer of a step, Param::overwriteGrad; rows == 0 writes 0).
+// db[c] += sum_r dy[r * cols + c] (`accumulate`), or db[c] = the sum (the
+// first gradient writer of a step, Param::overwriteGrad; rows == 0 writes 0),
+// summed in double (the linear layer's bias gradient; rows in order, so
+// deterministic).
 void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
                      cudaStream_t stream);
 
