@@ -25,8 +25,7 @@ namespace ddprun::train::cuda {
 // synchronisations per step" (goal: none inside a training step). `calls`:
 // every Stream::synchronize / Event::synchronize (and the Context's
 // synchronous transfers); `waits`: those that found the device work not yet
-// done, i.e. the host actually stalled. Process-wide, any thread (a helper
-// thread that waits on purpose uses Event::waitUncounted).
+// done, i.e. the host actually stalled. Process-wide, any thread.
 struct HostSyncCounts {
   int64_t calls = 0, waits = 0;
 };
@@ -119,9 +118,6 @@ class Event : public Owned<cudaEvent_t, cudaEventDestroy> {
     detail::countSync(pending);
     if (pending) DDPRUN_CUDA_OK(cudaEventSynchronize(get()));
   }
-  // The same wait, not counted: for helper threads (the communication
-  // thread's fences), whose waits are not the training thread's.
-  void waitUncounted() const { DDPRUN_CUDA_OK(cudaEventSynchronize(get())); }
 
  private:
   using Owned::Owned;
