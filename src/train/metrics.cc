@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -16,25 +18,6 @@
 #include "ddprun/train/files.h"
 
 namespace ddprun::train {
-
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  if (path.empty()) return;
-  if (const std::string problem = appendTargetProblem(path); !problem.empty())
-    DDPRUN_THROW(InvalidArgument, "--metrics ", path, " ", problem);
-  // O_NONBLOCK for the open only: a FIFO without a reader fails (ENXIO)
-  // instead of blocking the run; O_TRUNC leaves FIFOs and devices alone.
-  const int flags =
-      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (append ? 0 : O_TRUNC);
-  fd_ = ::open(path.c_str(), flags, 0644);
-  if (fd_ < 0)
-    DDPRUN_THROW(InvalidArgument, "cannot open the metrics file ", path, ": ",
-                 errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno));
-  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
-}
-
-MetricsWriter::~MetricsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
 
 namespace {
 
@@ -59,18 +42,107 @@ ssize_t writeNoSigpipe(int fd, const char* data, size_t n) {
 
 }  // namespace
 
-void MetricsWriter::write(const nlohmann::json& j) {
-  if (fd_ < 0) return;
-  const std::string line = j.dump() + "\n";
+MetricsWriter::MetricsWriter(const std::string& path, bool append, Options options)
+    : path_(path), options_(options), queue_(options.queue) {
+  if (path.empty()) return;
+  if (const std::string problem = appendTargetProblem(path); !problem.empty())
+    DDPRUN_THROW(InvalidArgument, "--metrics ", path, " ", problem);
+  // O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of blocking the
+  // run in open(2); O_TRUNC leaves FIFOs and devices alone. The descriptor
+  // stays non-blocking: the writer thread waits in poll(2), never in write(2).
+  const int flags =
+      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (append ? 0 : O_TRUNC);
+  fd_ = ::open(path.c_str(), flags, 0644);
+  if (fd_ < 0)
+    DDPRUN_THROW(InvalidArgument, "cannot open the metrics file ", path, ": ",
+                 errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno));
+  wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wakeFd_ < 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    DDPRUN_THROW(IoError, "eventfd for the metrics writer: ", std::strerror(err));
+  }
+  writer_ = std::thread([this] { writerLoop(); });
+}
+
+MetricsWriter::~MetricsWriter() {
+  try {
+    finish();
+  } catch (const std::exception&) {
+    // The failure was reported by write() or is moot: the run is ending.
+  }
+}
+
+void MetricsWriter::wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t w = ::write(wakeFd_, &one, sizeof(one));
+}
+
+void MetricsWriter::writerLoop() {
+  while (std::optional<std::string> line = queue_.pop()) {
+    if (writeLine(*line)) continue;
+    // Failed or gave up: nothing more reaches the target.
+    ++gaveUp_;
+    queue_.close();
+    queue_.discard();
+    return;
+  }
+}
+
+// Writes all of `line`, waiting in poll(2) while the target is full: without
+// a deadline during the run, at most drainTimeout per wait once finish() was
+// called. A partial line may stay behind when it gives up.
+bool MetricsWriter::writeLine(const std::string& line) {
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t w = writeNoSigpipe(fd_, line.data() + done, line.size() - done);
+    if (w > 0) {
+      done += static_cast<size_t>(w);
+      continue;
+    }
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      DDPRUN_THROW(IoError, "cannot write the metrics file ", path_, ": ",
-                   w < 0 ? std::strerror(errno) : "nothing written");
-    done += static_cast<size_t>(w);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd fds[2] = {{fd_, POLLOUT, 0}, {wakeFd_, POLLIN, 0}};
+      const bool stopping = stopping_.load();
+      const int timeout = stopping ? static_cast<int>(options_.drainTimeout.count()) : -1;
+      const int r = ::poll(fds, stopping ? 1 : 2, timeout);
+      if (r == 0) return false;  // finishing, and the reader took nothing for drainTimeout
+      if (r < 0 && errno != EINTR) return false;
+      continue;  // writable, an error to collect from write(2), or woken to finish
+    }
+    failure_ = std::string("cannot write the metrics file ") + path_ + ": " +
+               (w < 0 ? std::strerror(errno) : "nothing written");
+    failed_.store(true);
+    return false;
   }
+  return true;
+}
+
+void MetricsWriter::rethrowFailure() {
+  if (failed_.load()) DDPRUN_THROW(IoError, failure_);
+}
+
+void MetricsWriter::write(const nlohmann::json& j) {
+  rethrowFailure();
+  if (fd_ < 0) return;
+  queue_.push(j.dump() + "\n");
+}
+
+MetricsWriter::Totals MetricsWriter::finish() {
+  if (!totals_) {
+    if (fd_ < 0) return {};
+    stopping_.store(true);
+    queue_.close();
+    wake();
+    if (writer_.joinable()) writer_.join();
+    ::close(fd_);
+    ::close(wakeFd_);
+    fd_ = wakeFd_ = -1;
+    totals_ = Totals{queue_.pushed(), queue_.dropped() + gaveUp_};
+  }
+  rethrowFailure();
+  return *totals_;
 }
 
 Progress::Progress(std::FILE* out, bool enabled)

@@ -316,7 +316,7 @@ bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   rng_.restore(p.rng);
   if (!p.sameLayout && pos_.step != 0) {
     notice("checkpoint " + file.path + " was taken with another world size, batch size or "
-           "seed: resuming at the start of epoch " + std::to_string(pos_.epoch + 1));
+           "seed: resuming at the start of epoch " + std::to_string(pos_.epoch));
     pos_.step = 0;
   }
   return true;
@@ -398,7 +398,7 @@ void Run::start() {
   if (!rank0_ && !applyCheckpoint({plan.path, plan.tag, 0}, &err))
     DDPRUN_THROW(CheckpointError, "cannot resume: ", err);
   reducer_->zeroGrad();
-  notice("resuming from " + plan.path + " (epoch " + std::to_string(pos_.epoch + 1) +
+  notice("resuming from " + plan.path + " (epoch " + std::to_string(pos_.epoch) +
          ", step " + std::to_string(pos_.step) + ", global step " +
          std::to_string(pos_.globalStep) + ")");
   metrics_.write({{"type", "resume"},
@@ -590,8 +590,9 @@ void Run::report(int64_t stepsInEpoch, bool force) {
   const double perStep = stepsRun_ > 0 ? since(runStart_) / static_cast<double>(stepsRun_) : 0;
   const int64_t left = totalSteps_ - pos_.globalStep;
   char line[256];
-  std::snprintf(line, sizeof(line), "epoch %lld/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                static_cast<long long>(pos_.epoch + 1), cfg_.epochs,
+  std::snprintf(line, sizeof(line),
+                "epoch %lld of %d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                static_cast<long long>(pos_.epoch), cfg_.epochs,
                 static_cast<long long>(pos_.step), static_cast<long long>(stepsInEpoch), lastLoss_,
                 rate, formatSeconds(perStep * static_cast<double>(left)).c_str());
   progress_.update(line);
@@ -734,7 +735,7 @@ nlohmann::json Run::execute() {
                  {"test_accuracy", acc}, {"test_correct", correct}, {"test_total", total},
                  {"epoch_seconds", epochSecs}};
     metrics_.write(lastEpoch);
-    notice("epoch " + std::to_string(pos_.epoch + 1) + "/" + std::to_string(cfg_.epochs) +
+    notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) +
            ": test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) + "/" +
            std::to_string(total) + "), " + formatSeconds(epochSecs));
     // The epoch-end checkpoint points at the next epoch's first step.
@@ -755,7 +756,10 @@ nlohmann::json Run::execute() {
   }
   nlohmann::json j = {
       {"world", pg_.size()}, {"model", cfg_.model}, {"epochs", cfg_.epochs},
-      {"steps", stepsRun_}, {"batch_size", cfg_.batchSize}, {"train_seconds", secs},
+      // Whole-run totals: a resumed run counts the steps of its earlier
+      // attempts too (attempt_steps: this process's). Epochs count from 0.
+      {"steps", pos_.globalStep}, {"attempt_steps", stepsRun_},
+      {"last_epoch", cfg_.epochs - 1}, {"batch_size", cfg_.batchSize}, {"train_seconds", secs},
       {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
       {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
@@ -783,6 +787,11 @@ nlohmann::json Run::execute() {
   nlohmann::json fin = j;
   fin["type"] = "final";
   metrics_.write(fin);
+  const MetricsWriter::Totals m = metrics_.finish();
+  if (m.dropped > 0)
+    notice("--metrics " + cfg_.metrics + ": " + std::to_string(m.dropped) + " of " +
+           std::to_string(m.records) + " records dropped: its reader did not keep up (training "
+           "never waits for it)");
   return j;
 }
 

@@ -7,6 +7,7 @@ Small sample counts keep the file within a few minutes on two cores. The tests
 that need Fashion-MNIST (the README's command on the default data, damaged
 copies of the real files) skip, with the reason, when it is not installed;
 every other test says --data synthetic itself."""
+import fcntl
 import glob
 import gzip
 import json
@@ -300,6 +301,7 @@ class TrainE2E(unittest.TestCase):
         self.assertEqual(res["params_sha256"], ref["params_sha256"],
                          "resumed run ends with other weights than the uninterrupted one")
         self.assertEqual(res["test_correct"], ref["test_correct"])
+        self.assertEqual(res["steps"], ref["steps"], "the summary counts one attempt, not the run")
         # The restart is read from what the trainer records, never inferred
         # from the logged steps (a restart that resumes past the last logged
         # step continues the sequence): exactly one "resume" record, naming a
@@ -617,6 +619,71 @@ class TrainE2E(unittest.TestCase):
                          % (p.returncode, err[-3000:]))
         self.assertIn(fifo, err)
         self.assertIn("Broken pipe", err)
+
+    def test_metrics_fifo_whose_reader_never_reads_does_not_stop_training(self):
+        # The reader opens the FIFO and never reads. Before the fix the run
+        # blocked in write(2) for ever once the pipe was full: the bounded
+        # wait turns that into a failure here rather than a hung test.
+        fifo = os.path.join(self.tmp, "m.fifo")
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(reader, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)  # fills in ~20 records
+            # 12 epochs x 128 steps at --log-interval 1: 1,500+ records, more
+            # than the pipe and the writer's queue (1,024 records) hold.
+            p = subprocess.Popen([TRAIN, "--metrics", fifo, "--epochs", "12", "--batch-size", "8",
+                                  "--log-interval", "1", "--model", "mlp", *SMALL],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=self.tmp, env=clean_env())
+            try:
+                out, err = p.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                self.fail("train blocked on a --metrics FIFO whose reader does not read:\n"
+                          + err[-3000:])
+        finally:
+            os.close(reader)
+        self.assertEqual(p.returncode, 0, "exit %d:\n%s" % (p.returncode, err[-3000:]))
+        self.assertEqual(final_json(out)["steps"], 12 * 128)
+        said = re.findall(r"--metrics %s: (\d+) of (\d+) records dropped" % re.escape(fifo), err)
+        self.assertEqual(len(said), 1, "the dropped count is not said once:\n" + err[-3000:])
+        dropped, total = map(int, said[0])
+        self.assertGreater(dropped, 0)
+        self.assertGreater(total, 12 * 128)
+
+    def test_resumed_run_reports_whole_run_totals_and_one_epoch_numbering(self):
+        # 2 epochs of 10 steps; the restart resumes at global step 15 (epoch
+        # 1, step 5): before the fix its summary said "steps": 5 and its log
+        # said "epoch 2/2" where the metrics said epoch 1.
+        d = os.path.join(self.tmp, "ckpt")
+        metrics = os.path.join(self.tmp, "m.jsonl")
+        flags = SMALL + ["--checkpoint-dir", d, "--checkpoint-every", "5", "--keep-checkpoints", "10",
+                         "--epochs", "2", "--max-steps", "10", "--log-interval", "1",
+                         "--metrics", metrics]
+        first = self.ok(self.train_alone(*flags, env=clean_env(TORCHELASTIC_RUN_ID="whole")),
+                        "uninterrupted run")
+        self.assertEqual(first["steps"], 20)
+        os.remove(os.path.join(d, checkpoint_name("whole", 20)))  # as if killed after step 15
+        p = self.train_alone(*flags, env=clean_env(TORCHELASTIC_RUN_ID="whole",
+                                                   TORCHELASTIC_RESTART_COUNT="1"))
+        again = self.ok(p, "restart")
+        self.assertEqual(again["params_sha256"], first["params_sha256"])
+        self.assertEqual(again["steps"], 20, "the summary counts one attempt, not the run")
+        self.assertEqual(again["attempt_steps"], 5)
+        # One numbering (from 0, as PyTorch's set_epoch) in the metrics, the
+        # log lines and the summary.
+        rows = records(metrics)
+        resume = [r for r in rows if r.get("type") == "resume"]
+        self.assertEqual([(r["epoch"], r["step"], r["global_step"]) for r in resume], [(1, 5, 15)])
+        after = rows[rows.index(resume[0]) + 1:]
+        self.assertEqual({r["epoch"] for r in after if r["type"] == "step"}, {1})
+        self.assertEqual([r["epoch"] for r in after if r["type"] == "epoch"], [1])
+        self.assertEqual(again["last_epoch"], 1)
+        self.assertIn("(epoch 1, step 5, global step 15)", p.stderr)
+        logged = {int(e) for e in re.findall(r"\bepoch (\d+) of 2\b", p.stderr)}
+        self.assertEqual(logged, {1}, "log lines number epochs otherwise:\n" + p.stderr[-3000:])
+        self.assertIn("epoch 1 of 2: test accuracy", p.stderr)
 
     def test_save_write_failure_exits_1_and_leaves_no_temporary(self):
         out = os.path.join(self.tmp, "model.safetensors")
