@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -91,8 +92,8 @@ void MetricsWriter::writerLoop() {
 }
 
 // Writes all of `line`, waiting in poll(2) while the target is full: without
-// a deadline during the run, at most drainTimeout per wait once finish() was
-// called. A partial line may stay behind when it gives up.
+// a deadline during the run, until drainTimeout after finish() was called
+// then. A partial line may stay behind when it gives up.
 bool MetricsWriter::writeLine(const std::string& line) {
   size_t done = 0;
   while (done < line.size()) {
@@ -105,9 +106,14 @@ bool MetricsWriter::writeLine(const std::string& line) {
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd fds[2] = {{fd_, POLLOUT, 0}, {wakeFd_, POLLIN, 0}};
       const bool stopping = stopping_.load();
-      const int timeout = stopping ? static_cast<int>(options_.drainTimeout.count()) : -1;
+      int timeout = -1;
+      if (stopping) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            drainDeadline_ - std::chrono::steady_clock::now());
+        timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+      }
       const int r = ::poll(fds, stopping ? 1 : 2, timeout);
-      if (r == 0) return false;  // finishing, and the reader took nothing for drainTimeout
+      if (r == 0) return false;  // finishing, and the target is still full at the deadline
       if (r < 0 && errno != EINTR) return false;
       continue;  // writable, an error to collect from write(2), or woken to finish
     }
@@ -132,7 +138,8 @@ void MetricsWriter::write(const nlohmann::json& j) {
 MetricsWriter::Totals MetricsWriter::finish() {
   if (!totals_) {
     if (fd_ < 0) return {};
-    stopping_.store(true);
+    drainDeadline_ = std::chrono::steady_clock::now() + options_.drainTimeout;
+    stopping_.store(true);  // publishes drainDeadline_ to the writer thread
     queue_.close();
     wake();
     if (writer_.joinable()) writer_.join();

@@ -41,8 +41,8 @@ class MetricsWriter {
     // About 200 bytes a record: room for 1024 records is minutes of slack
     // at --log-interval 1 for a reader that pauses.
     RecordQueue::Limits queue{.maxRecords = 1024, .maxBytes = 4u << 20};
-    // How long finish() waits for a target that accepts nothing before it
-    // drops what is still queued (a reader that stopped reading).
+    // How long finish() waits, at most, for a target that is full (a reader
+    // that stopped reading) before it drops what is still queued.
     std::chrono::milliseconds drainTimeout{2000};
   };
   struct Totals {
@@ -80,6 +80,7 @@ class MetricsWriter {
   Options options_;
   int fd_ = -1, wakeFd_ = -1;
   RecordQueue queue_;
+  std::chrono::steady_clock::time_point drainDeadline_;  // set before stopping_
   std::atomic<bool> stopping_{false}, failed_{false};
   std::string failure_;        // set by the writer thread before failed_
   uint64_t gaveUp_ = 0;        // records the writer thread abandoned mid-write

@@ -170,7 +170,10 @@ TEST_F(TrainerTest, ARestartResumesItsOwnRunAndKeepsOtherRuns) {
   EXPECT_EQ(names("old"), (std::vector<int64_t>{12, 10}));
   const nlohmann::json again = run("new", true, 6, 2);
   EXPECT_EQ(again["params_sha256"], fresh["params_sha256"]);
-  EXPECT_EQ(again["steps"], 0);  // resumed after the last step: nothing left to train
+  // Resumed after the last step: nothing left to train in this attempt; the
+  // summary counts the whole run.
+  EXPECT_EQ(again["attempt_steps"], 0);
+  EXPECT_EQ(again["steps"], 6);
   // A first start of a run id that has checkpoints: refused on every rank
   // (none is left waiting in a collective), as bad input.
   try {
