@@ -49,7 +49,7 @@ def main():
         w = os.path.join(d, "worker.py")
         with open(w, "w") as f:
             f.write(WORKER % LINES)
-        p = subprocess.run(launcher + ["--nproc-per-node=%d" % NPROC, w], stdin=subprocess.DEVNULL,
+        p = subprocess.run(launcher + ["--nproc_per_node=%d" % NPROC, w], stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     whole, glued, other, _ = count(p.stdout.decode(errors="replace"))
     print(json.dumps({"launcher": launcher[0], "rc": p.returncode, "expected": NPROC * LINES,
