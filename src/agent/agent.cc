@@ -343,6 +343,7 @@ class Agent::Impl {
     f.victim = w.stoppedByAgent;
     readErrorFile(w.errorFile, f);
     f.stderrTail = reporter_->stderrTail(w.localRank);
+    f.tailHasStdout = reporter_->tailHasStdout(w.localRank);
     failures_.push_back(std::move(f));
   }
 

@@ -50,11 +50,14 @@ std::string entry(size_t idx, const std::string& host, const WorkerFailure& f) {
   else if (f.exitCode < 0)
     tb = "Signal " + std::to_string(-f.exitCode) + " (" + signalName(-f.exitCode) +
          ") received by PID " + std::to_string(f.pid);
-  else tb = "<no error file; see the stderr tail below>";
+  else tb = std::string("<no error file; see the ") + (f.tailHasStdout ? "output" : "stderr") +
+            " tail below>";
   if (f.victim) tb += " [stopped by ddprun after the root-cause failure]";
   os << "  traceback : " << indent(tb, "    ") << "\n";
   if (!f.victim && !f.stderrTail.empty()) {
-    os << "  stderr (last " << f.stderrTail.size() << " lines):\n";
+    // A shared channel's tail holds stdout lines too: named for what it is.
+    os << "  " << (f.tailHasStdout ? "output (stdout and stderr, last " : "stderr (last ")
+       << f.stderrTail.size() << " lines):\n";
     for (const auto& l : f.stderrTail) os << "    " << l << "\n";
   }
   return os.str();

@@ -59,9 +59,21 @@ bool writeAll(int fd, std::string_view data) {
   return true;
 }
 
-void Console::write(std::string_view data) {
+void Console::write(std::string_view data, const void* writer) {
   if (closed_ || data.empty()) return;
-  if (writeAll(fd_, data)) return;
+  bool ok;
+  if (midLine_ && writer != lastWriter_) {
+    // Rare (a partial line went out on its deadline): one write all the same.
+    std::string ended;
+    ended.reserve(data.size() + 1);
+    ended.append("\n").append(data);
+    ok = writeAll(fd_, ended);
+  } else {
+    ok = writeAll(fd_, data);
+  }
+  midLine_ = data.back() != '\n';
+  lastWriter_ = writer;
+  if (ok) return;
   int err = errno;
   closed_ = true;
   DDPRUN_DEBUG("console fd ", fd_, " closed (", std::strerror(err),
@@ -123,7 +135,10 @@ Channel::Channel(boost::asio::io_context& io, UniqueFd readFd, bool pty,
       sinks_(std::move(sinks)),
       needLines_((sinks_.console && sinks_.consoleLines) || sinks_.duplicates ||
                  sinks_.tailLines > 0),
-      splitter_(sinks_.maxLineBytes) {
+      splitter_(sinks_.maxLineBytes),
+      rawConsole_(sinks_.console && !sinks_.consoleLines),
+      assembler_(sinks_.maxLineBytes, sinks_.partialLineDelay),
+      timer_(io) {
   boost::system::error_code ec;
   descriptor_.assign(readFd.get(), ec);
   if (ec) DDPRUN_THROW(IoError, "cannot watch a worker output channel: ", ec.message());
@@ -194,7 +209,8 @@ Channel::ReadEnd Channel::readAvailable(size_t budgetBytes) {
 
 void Channel::consume(std::string_view data) {
   if (sinks_.file) sinks_.file->append(data);
-  if (sinks_.console && !sinks_.consoleLines) sinks_.console->write(data);
+  if (rawConsole_ && !sinks_.console->closed())
+    assembler_.feed(data, LineAssembler::Clock::now(), rawBuffer_);
   if (needLines_)
     splitter_.feed(
         data, [this](std::string_view line, bool complete) { onLine(line, complete); });
@@ -229,12 +245,39 @@ void Channel::onLine(std::string_view line, bool complete) {
 
 void Channel::flushTee() {
   if (teeBuffer_.empty()) return;
-  sinks_.console->write(teeBuffer_);
+  sinks_.console->write(teeBuffer_, this);
   teeBuffer_.clear();
   if (teeBuffer_.capacity() > 2 * kBatchBytes) teeBuffer_.shrink_to_fit();
 }
 
+// Whole lines out, and a held partial line once due (`all`: at close).
+void Channel::flushRaw(bool all) {
+  if (!rawConsole_) return;
+  if (all) assembler_.flushAll(rawBuffer_);
+  else assembler_.flushDue(LineAssembler::Clock::now(), rawBuffer_);
+  if (!rawBuffer_.empty()) sinks_.console->write(rawBuffer_, this);
+  rawBuffer_.clear();
+  if (rawBuffer_.capacity() > 2 * kBatchBytes) rawBuffer_.shrink_to_fit();
+  if (!all) armTimer();
+}
+
+// One pending wait at most, for the held partial line's deadline; a wait
+// that finds a newer partial (the old one went out with its line) waits on.
+void Channel::armTimer() {
+  auto deadline = assembler_.deadline();
+  if (!deadline || timerArmed_) return;
+  timerArmed_ = true;
+  timer_.expires_at(*deadline);
+  timer_.async_wait([self = shared_from_this()](const boost::system::error_code&) {
+    self->timerArmed_ = false;
+    if (self->open_) self->onTimer();
+  });
+}
+
+void Channel::onTimer() { flushRaw(false); }
+
 void Channel::flushOutput() {
+  flushRaw(false);
   flushTee();
   if (sinks_.file) sinks_.file->flush();
   if (sinks_.duplicates) sinks_.duplicates->flush();
@@ -246,8 +289,10 @@ void Channel::close() {
   if (needLines_)
     splitter_.finish(
         [this](std::string_view line, bool complete) { onLine(line, complete); });
+  flushRaw(true);
   flushOutput();
   open_ = false;
+  timer_.cancel();
   boost::system::error_code ec;
   descriptor_.close(ec);  // a pending wait completes as aborted and sees !open_
   sinks_.file.reset();

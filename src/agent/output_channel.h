@@ -1,8 +1,9 @@
 // Private to the Reporter: the pieces one relayed worker output channel is
 // made of. A Channel reads the agent's end of a pipe or pseudo-terminal and
-// copies what arrives to its sinks: a log file (raw bytes), the console (raw
-// bytes, or lines with a prefix for --tee), the duplicate file (matching
-// lines) and the stderr tail (last lines, for the failure report).
+// copies what arrives to its sinks: a log file (raw bytes), the console
+// (whole lines as they come, see LineAssembler, or lines with a prefix for
+// --tee), the duplicate file (matching lines) and the tail (last lines, for
+// the failure report).
 //
 // Threading: one thread, the io_context's. Channels are held by shared_ptr:
 // a pending wait keeps its channel alive, so closing a channel (or the
@@ -15,6 +16,8 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <deque>
@@ -22,6 +25,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "line_assembler.h"
 
 namespace ddprun::agent::detail {
 
@@ -71,16 +76,23 @@ class LineSplitter {
 // The agent's stdout or stderr. A failed write (EPIPE when the reader went
 // away, or EIO/EBADF) closes it for good: console output is dropped from
 // then on and the job goes on. Needs SIGPIPE ignored (the agent does it).
+//
+// Lines of different writers never merge: when the last write left the
+// console inside a line (a partial line flushed on its deadline) and another
+// writer writes, a '\n' goes out first. `writer` names who writes (a
+// channel; null: the agent itself).
 class Console {
  public:
   explicit Console(int fd) : fd_(fd) {}
-  void write(std::string_view data);
+  void write(std::string_view data, const void* writer = nullptr);
   bool closed() const { return closed_; }
   int fd() const { return fd_; }
 
  private:
   int fd_;
   bool closed_ = false;
+  bool midLine_ = false;  // the last byte written was not '\n'
+  const void* lastWriter_ = nullptr;
 };
 
 // An output file written through a buffer (flushed when full, at flush()
@@ -107,7 +119,9 @@ class FileSink {
 // Where one channel's bytes go.
 struct ChannelSinks {
   std::shared_ptr<Console> console;      // null: console output dropped
-  bool consoleLines = false;             // --tee: prefixed lines, else raw bytes
+  bool consoleLines = false;             // --tee: prefixed lines, else raw lines
+  // Raw console: how long an unfinished line is held (LineAssembler).
+  std::chrono::milliseconds partialLineDelay{100};
   std::string prefix;                    // for tee'd and duplicated lines
   std::shared_ptr<FileSink> file;        // stdout.log / stderr.log, or null
   std::shared_ptr<FileSink> duplicates;  // duplicate_*.log, or null
@@ -143,7 +157,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void consume(std::string_view data);
   void onLine(std::string_view line, bool complete);
   void flushTee();
+  void flushRaw(bool all);
   void flushOutput();
+  void armTimer();
+  void onTimer();
 
   boost::asio::io_context& io_;
   boost::asio::posix::stream_descriptor descriptor_;
@@ -153,6 +170,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool needLines_;
   LineSplitter splitter_;
   std::string teeBuffer_;  // prefixed lines of the current batch
+  bool rawConsole_;        // whole lines to the console, unprefixed
+  LineAssembler assembler_;
+  std::string rawBuffer_;  // whole lines of the current batch
+  boost::asio::steady_timer timer_;  // a held partial line's deadline
+  bool timerArmed_ = false;
   std::deque<std::string> tail_;
 };
 

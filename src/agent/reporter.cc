@@ -78,6 +78,10 @@ class Reporter::Impl {
   void closeWorker(int localRank);
   void endAttempt();
   std::vector<std::string> stderrTail(int localRank) const;
+  bool tailHasStdout(int localRank) const {
+    auto it = workers_.find(localRank);
+    return it != workers_.end() && it->second.err && it->second.err == it->second.out;
+  }
   std::string prefix(int localRank, int globalRank) const;
   void event(const std::string& name, nlohmann::json fields, int attempt);
   void failureReport(const std::string& text);
@@ -194,6 +198,7 @@ ChannelSinks Reporter::Impl::sinksFor(const StreamPlan& p, int localRank, int gl
   if (p.duplicates) s.filters = *p.filters;
   s.tailLines = p.tail ? opts_.tailLines : 0;
   s.maxLineBytes = opts_.maxLineBytes;
+  s.partialLineDelay = opts_.partialLineDelay;
   return s;
 }
 
@@ -329,6 +334,10 @@ void Reporter::flushAll() { impl_->closeAll(); }
 
 std::vector<std::string> Reporter::stderrTail(int localRank) const {
   return impl_->stderrTail(localRank);
+}
+
+bool Reporter::tailHasStdout(int localRank) const {
+  return impl_->tailHasStdout(localRank);
 }
 
 void Reporter::event(const std::string& name, nlohmann::json fields, int attempt) {

@@ -36,8 +36,8 @@ std::string formatDuration(Millis d) {
 // Keys of the protocol, under "ddprun/<run_id>/round/<r>/":
 //   node/<i>      local world size of node i: the round's barrier
 //   worker_store  port of the round's worker store, hosted by node 0: the
-//                 agent store's own (its keys outside ddprun/<run_id>/ just
-//                 erased), or with authentication a fresh store's
+//                 agent store's own (the earlier workers' keys just erased),
+//                 or with authentication a fresh store's
 //   done          nodes whose workers all succeeded (counter)
 //   end           how the round ended (see encodeEnd); the first writer wins
 //   left/<i>      node i no longer needs the agent store for this round
@@ -339,8 +339,10 @@ class StaticRendezvous final : public Rendezvous {
   //
   // As in torchrun, the workers share the agent store on --master-port, and
   // each round must still find it clean: PyTorch's init keys of a failed
-  // attempt would otherwise be read by the restarted workers. Node 0 clears
-  // it here, after the barrier: every node has joined this round, and an
+  // attempt would otherwise be read by the restarted workers (PyTorch >= 2.6
+  // uses no per-attempt prefix). Node 0 erases what the workers wrote
+  // (workerKeyPrefixes(); nothing else: the store may have other tenants,
+  // and torchrun erases nothing) here, after the barrier: every node has joined this round, and an
   // agent joins only once its workers of the previous round have all exited
   // (agent.cc: the next join follows the group's stop, which waits for each
   // worker's keeper, i.e. for the worker and its descendants), so no worker
@@ -348,12 +350,10 @@ class StaticRendezvous final : public Rendezvous {
   // barrier cannot see: a request a worker sent just before it died that is
   // still in flight in the network then (a lost segment, retransmitted
   // later). torchrun, which never clears, has every stale key instead.
-  // The keys of the rendezvous (round keys, heartbeats) are all under
-  // ddprun/<run_id>/ and stay.
   uint16_t workerStorePort(int round) {
     const auto k = key(round, "worker_store");
     if (opts_.nodeRank == 0) {
-      uint16_t port = backend_.readyWorkerStore("ddprun/" + opts_.runId + "/");
+      uint16_t port = backend_.readyWorkerStore(detail::workerKeyPrefixes());
       client_->set(k, std::to_string(port));
       return port;
     }
@@ -547,17 +547,19 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
   if (opts.authSecret.empty()) {
     // torchrun's layout: MASTER_PORT is the master port, the workers are
     // clients of the agent store (see workerStorePort for the clear).
-    b.readyWorkerStore = [hosted](const std::string& keep) {
+    b.readyWorkerStore = [hosted](const std::vector<std::string>& workerPrefixes) {
       // On the wire (so in the server) every key has a leading '/': TcpStore
       // sends them as PyTorch's client does.
-      const size_t erased = hosted->agent->eraseKeysOutside("/" + keep);
+      std::vector<std::string> wire;
+      for (const auto& p : workerPrefixes) wire.push_back("/" + p);
+      const size_t erased = hosted->agent->eraseKeysUnder(wire);
       DDPRUN_DEBUG("rendezvous: erased ", erased, " keys of earlier rounds' workers");
       return hosted->agent->port();
     };
   } else {
     // The agent store admits only agents, and PyTorch's clients know no
     // token: the workers get a store of their own, fresh every round.
-    b.readyWorkerStore = [hosted](const std::string&) {
+    b.readyWorkerStore = [hosted](const std::vector<std::string>&) {
       hosted->worker.reset();
       hosted->worker = hostStore("", 0, "the round's worker store", "");
       return hosted->worker->port();

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddprun/rendezvous/static_rendezvous.h"
 #include "ddprun/store/store.h"
@@ -25,11 +26,12 @@ struct StaticBackend {
                                               std::chrono::milliseconds timeout)>
       connect;
   // Node 0, once every node has joined the round: readies the round's
-  // worker store and returns its port. No key a worker wrote in an earlier
-  // round may be readable there; the keys under `keep` (the rendezvous's
-  // own, when the workers share the agent store) must stay. Runs on the
-  // rendezvous's thread.
-  std::function<uint16_t(const std::string& keep)> readyWorkerStore;
+  // worker store and returns its port. No key under `workerPrefixes` (what
+  // the job's workers write, workerKeyPrefixes()) written in an earlier
+  // round may be readable there; every other key stays (the rendezvous's
+  // own, and any other client's: the store is not the job's alone). Runs on
+  // the rendezvous's thread.
+  std::function<uint16_t(const std::vector<std::string>& workerPrefixes)> readyWorkerStore;
   // Node 0 only (empty elsewhere): registers `onGone`, called with a
   // node's heartbeat name ("node<i>") the moment the connection it beats on
   // closes (its agent died, or left), on the store's thread: it must not
@@ -42,6 +44,20 @@ struct StaticBackend {
   std::string storeAddress;
 };
 
+// What the job's workers write in the agent store they share, as key
+// prefixes a client names (the server sees each with a leading '/'):
+// PyTorch's env:// client: "init/" (TCPStore's join counter), "default_pg/"
+// (the default group, its barriers and subgroups; PyTorch >= 2.6 uses no
+// other prefix), "/worker/attempt_" (PyTorch <= 2.5 puts everything under
+// /worker/attempt_<restart count>); ddprun's runtime: "ddprun/pg/". Only
+// these are erased between rounds: a user's own keys stay, as under
+// torchrun, which erases nothing.
+inline const std::vector<std::string>& workerKeyPrefixes() {
+  static const std::vector<std::string> prefixes = {"init/", "default_pg/",
+                                                    "/worker/attempt_", "ddprun/pg/"};
+  return prefixes;
+}
+
 // Preconditions: 0 <= opts.nodeRank < opts.nnodes (InvalidArgument), and
 // backend.connect and backend.readyWorkerStore set.
 std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
@@ -52,7 +68,7 @@ std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
 // port's holder) and, for opts.masterPort 0, writes the port it got back
 // into opts (tests read it to point their other nodes there). The workers
 // share the agent store (torchrun's MASTER_PORT), cleared each round of
-// every key outside the rendezvous's; with opts.authSecret they get a fresh
+// the keys under workerKeyPrefixes() only; with opts.authSecret they get a fresh
 // store of their own each round instead (PyTorch cannot authenticate).
 StaticBackend makeTcpBackend(StaticOptions& opts);
 

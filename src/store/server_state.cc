@@ -59,9 +59,19 @@ std::optional<wire::Dialect> ServerState::dialectOf(ConnId id) const {
 }
 
 size_t ServerState::eraseKeysOutside(std::string_view keep) {
-  auto outside = [&](const std::string& k) {
-    return k.compare(0, keep.size(), keep) != 0;
-  };
+  return eraseIf(
+      [&](const std::string& k) { return k.compare(0, keep.size(), keep) != 0; });
+}
+
+size_t ServerState::eraseKeysUnder(const std::vector<std::string>& prefixes) {
+  return eraseIf([&](const std::string& k) {
+    for (const auto& p : prefixes)
+      if (k.compare(0, p.size(), p) == 0) return true;
+    return false;
+  });
+}
+
+size_t ServerState::eraseIf(const std::function<bool(const std::string&)>& outside) {
   size_t erased = 0;
   for (auto it = kv_.begin(); it != kv_.end();) {
     if (!outside(it->first)) {

@@ -119,7 +119,7 @@ class TcpStoreServer::Impl : public Outbox {
     if (thread_.joinable()) thread_.join();
   }
 
-  size_t eraseKeysOutside(const std::string& keep) {
+  size_t erase(const std::function<size_t()>& eraseNow) {
     std::promise<size_t> erased;
     auto done = erased.get_future();
     {
@@ -127,10 +127,10 @@ class TcpStoreServer::Impl : public Outbox {
       // is posted after this, and handlers run in the order posted.
       std::lock_guard<std::mutex> lock(stopMu_);
       if (stopped_) return 0;
-      asio::post(io_, [this, &keep, &erased] {
+      asio::post(io_, [this, &eraseNow, &erased] {
         size_t n = 0;
         guarded([&] {
-          n = state_.eraseKeysOutside(keep);  // watchers' notices are flushed
+          n = eraseNow();  // watchers' notices are flushed
           return std::string();
         });
         closeDoomed();  // a watcher that does not read its notices
@@ -138,6 +138,13 @@ class TcpStoreServer::Impl : public Outbox {
       });
     }
     return done.get();
+  }
+
+  size_t eraseKeysOutside(const std::string& keep) {
+    return erase([&] { return state_.eraseKeysOutside(keep); });
+  }
+  size_t eraseKeysUnder(const std::vector<std::string>& prefixes) {
+    return erase([&] { return state_.eraseKeysUnder(prefixes); });
   }
 
   uint16_t port() const { return bound_.port(); }
@@ -486,6 +493,9 @@ std::string TcpStoreServer::address() const { return impl_->address(); }
 void TcpStoreServer::stop() { impl_->stop(); }
 size_t TcpStoreServer::eraseKeysOutside(const std::string& keep) {
   return impl_->eraseKeysOutside(keep);
+}
+size_t TcpStoreServer::eraseKeysUnder(const std::vector<std::string>& prefixes) {
+  return impl_->eraseKeysUnder(prefixes);
 }
 ServerStats TcpStoreServer::stats() const { return impl_->stats(); }
 size_t TcpStoreServer::connections() const { return impl_->connections(); }

@@ -18,6 +18,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ddprun_case import SANITIZED, Console, DdprunCase, read, read_bytes  # noqa: E402
 from procs import status_kib, wait_for  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "scripts", "bench"))
+import glued_lines  # noqa: E402
+
 # Python for workers: wait(name) waits for a file the test creates (bounded:
 # a worker left alone gives up with exit 90 rather than hang).
 WAIT = ("import os, sys, time\n"
@@ -99,6 +103,23 @@ class WorkerConsole(DdprunCase):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, capture_output=False)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:])
         self.check_order(p.stdout, 2000)
+
+    def test_four_workers_20k_lines_each_none_glued(self):
+        # The glue benchmark (scripts/bench/glued_lines.py, docs/benchmarks.md)
+        # as a test: print() into a pipe writes 8 KiB blocks that end inside
+        # a line; each console line must still be exactly one worker's line.
+        w = self.pyscript(glued_lines.WORKER % glued_lines.LINES)
+        p = self.run_ddprun("--standalone", "--nproc-per-node=%d" % glued_lines.NPROC, w,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            capture_output=False, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:])
+        whole, glued, other, seen = glued_lines.count(p.stdout)
+        bad = [l for l in p.stdout.splitlines()
+               if not glued_lines.WHOLE.fullmatch(l) and not l.startswith(("ddprun", "[ddprun"))]
+        self.assertEqual((glued, bad[:5]), (0, []), "console lines glued or cut")
+        for r, numbers in seen.items():
+            self.assertEqual(numbers, list(range(glued_lines.LINES)),
+                             "rank %s's lines missing or out of order" % r)
 
 
 class OutputVolume(DdprunCase):

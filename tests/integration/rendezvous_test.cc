@@ -214,10 +214,16 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   // As torchrun: the workers share the agent store on the master port.
   ASSERT_EQ(n0->info.workerStorePort, port);
   ASSERT_EQ(n1->info.workerStorePort, port);
-  // A worker of round 0 (PyTorch's keys, its queue) stays connected.
+  // A worker of round 0 (PyTorch's keys) stays connected.
   auto worker = client("127.0.0.1", port);
-  worker->set("from-round-0", "x");
+  worker->set("default_pg/0//rank_0", "x");
+  worker->set("/worker/attempt_0/default_pg/0//rank_0", "x");
   worker->add("init/", 1);
+  // Another client of the same store: a user's key, and a neighbour of the
+  // job's prefix (another run id). A restart must not touch them.
+  auto tenant = client("127.0.0.1", port);
+  tenant->set("user/key", "mine");
+  tenant->set("ddprun/it_x/k", "mine");
 
   n0->rdzv->reportFailure(0, "rank 0 exited with 1", /*closeJob=*/false);
   for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFailed);
@@ -229,8 +235,13 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   ASSERT_FALSE(n0->error);
   ASSERT_FALSE(n1->error);
   EXPECT_EQ(n1->info.workerStorePort, port);
-  EXPECT_FALSE(worker->check({"from-round-0"})) << "round 1's workers find it clean";
+  EXPECT_FALSE(worker->check({"default_pg/0//rank_0"})) << "round 1's workers find it clean";
+  EXPECT_FALSE(worker->check({"/worker/attempt_0/default_pg/0//rank_0"}));
   EXPECT_FALSE(worker->check({"init/"}));
+  for (const char* k : {"user/key", "ddprun/it_x/k"}) {
+    ASSERT_TRUE(tenant->check({k})) << k << ": another client's key was erased";
+    EXPECT_EQ(tenant->get(k), "mine");
+  }
   EXPECT_TRUE(worker->check({"ddprun/it/round/0/end"})) << "the rendezvous's keys stay";
   EXPECT_EQ(n1->info.restartCount, 1);
   n1->rdzv->reportFailure(1, "rank 3 exited with 1", /*closeJob=*/true);

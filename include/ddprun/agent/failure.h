@@ -20,6 +20,9 @@ struct WorkerFailure {
   std::string message;           // from the error file
   std::string traceback;         // from the error file
   std::vector<std::string> stderrTail;  // last lines the worker wrote to stderr
+  // The tail is of the worker's one channel for stdout and stderr (the
+  // console's two streams are one file): it holds both, and says so.
+  bool tailHasStdout = false;
 };
 
 // Reads a TORCHELASTIC_ERROR_FILE in either torchrun format:

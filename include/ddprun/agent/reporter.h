@@ -3,10 +3,13 @@
 // (--redirects/--tee), duplicate files (--duplicate-*-filters), the stderr
 // tail kept for the failure report, events.jsonl and the failure report.
 //
-// Console output without --redirects/--tee is raw: bytes are relayed as they
-// come (no waiting for a newline, so `\r` progress bars are live). When the
-// agent's console is a terminal the workers get a pseudo-terminal, so
-// isatty() is true for them as under torchrun; when the agent's stdout and
+// Console output without --redirects/--tee is raw (no prefix) and relayed a
+// whole line at a time, so that lines of different workers never merge; an
+// unfinished line (a prompt, a `\r` progress bar) goes out after at most
+// partialLineDelay, or once it reaches maxLineBytes, and if another worker
+// writes to the console while such a line is open there, a newline ends it
+// first. When the agent's console is a terminal the workers get a
+// pseudo-terminal, so isatty() is true for them as under torchrun; when the agent's stdout and
 // stderr are the same file or terminal a worker's two streams share one
 // channel, so their order is kept exactly. A line longer than maxLineBytes is
 // cut into pieces (linear time, bounded memory). Writing to a closed console
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -48,6 +52,9 @@ struct ReporterOptions {
   int consoleOut = 1;    // the agent's stdout and stderr (tests pass pipes)
   int consoleErr = 2;
   size_t maxLineBytes = 64 * 1024;  // longer lines are cut (tee, duplicates, tail)
+  // Raw console: an unfinished line waits at most this long for its end (0:
+  // it goes out with the read that brought it).
+  std::chrono::milliseconds partialLineDelay{100};
   size_t tailLines = 20;
 };
 
@@ -116,6 +123,9 @@ class Reporter : public WorkerOutput {
   // channel), without newlines; a line longer than maxLineBytes counts as
   // pieces of that size. Empty for an unknown rank; kept until endAttempt.
   std::vector<std::string> stderrTail(int localRank) const;
+  // Whether that tail also holds stdout lines: the worker's stdout and
+  // stderr share one channel (see openWorker), which cannot tell them apart.
+  bool tailHasStdout(int localRank) const;
 
   // One JSON line in <runDir>/events.jsonl: fields + "event", "time", "attempt".
   void event(const std::string& name, nlohmann::json fields, int attempt);

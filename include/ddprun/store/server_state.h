@@ -157,8 +157,12 @@ class ServerState {
   // store to a new generation of clients with a clean keyspace (the static
   // rendezvous's agent store, which each round's workers share).
   size_t eraseKeysOutside(std::string_view keep);
+  // The same for every key and queue whose name begins with one of
+  // `prefixes` (an owner erasing only what its own clients wrote).
+  size_t eraseKeysUnder(const std::vector<std::string>& prefixes);
 
  private:
+  size_t eraseIf(const std::function<bool(const std::string&)>& doomed);
   struct Conn;
   std::string process(Conn& c, std::string_view data, size_t& used);
   std::string feed(Conn& c, std::string_view data, size_t& used);

@@ -65,6 +65,8 @@ class TcpStoreServer {
   // requests; waits for it and returns how many keys and queues went (0 once
   // stopped). Thread-safe; never call it from the io thread.
   size_t eraseKeysOutside(const std::string& keep);
+  // ServerState::eraseKeysUnder, the same way.
+  size_t eraseKeysUnder(const std::vector<std::string>& prefixes);
   // Thread-safe snapshot.
   ServerStats stats() const;
   size_t connections() const;

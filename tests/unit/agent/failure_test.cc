@@ -72,6 +72,25 @@ TEST(FailureSummary, CulpritIsTheEarliestRealFailureNotAVictim) {
   EXPECT_EQ(s.substr(0, 60), std::string(60, '='));
 }
 
+// A tail of a shared stdout+stderr channel holds stdout lines: it is
+// called "output", never "stderr"; a tail of stderr alone keeps its name.
+TEST(FailureSummary, TheTailIsNamedForWhatItHolds) {
+  WorkerFailure f;
+  f.exitCode = 1;
+  f.stderrTail = {"a stdout line", "Traceback: boom"};
+  f.tailHasStdout = true;
+  std::string shared = formatFailureSummary("train.py", "node1", {f});
+  EXPECT_NE(shared.find("  output (stdout and stderr, last 2 lines):\n    a stdout line\n"),
+            std::string::npos)
+      << shared;
+  EXPECT_NE(shared.find("see the output tail below"), std::string::npos) << shared;
+  EXPECT_EQ(shared.find("stderr (last"), std::string::npos) << shared;
+  f.tailHasStdout = false;
+  std::string apart = formatFailureSummary("train.py", "node1", {f});
+  EXPECT_NE(apart.find("  stderr (last 2 lines):\n"), std::string::npos) << apart;
+  EXPECT_NE(apart.find("see the stderr tail below"), std::string::npos) << apart;
+}
+
 TEST(FailureSummary, SingleFailureSaysNoOthers) {
   WorkerFailure f;
   f.exitCode = -11;

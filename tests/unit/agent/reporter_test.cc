@@ -117,6 +117,9 @@ class ReporterTest : public ::testing::Test {
     o.hostname = "node7";
     o.consoleOut = consoleOut;
     o.consoleErr = consoleErr;
+    // A partial line goes out with the read that brought it (the tests of
+    // line assembly set their own delay).
+    o.partialLineDelay = std::chrono::milliseconds(0);
     return o;
   }
   // Runs every handler that is ready, until none is.
@@ -173,9 +176,75 @@ TEST_F(ReporterTest, SharedChannelKeepsStdoutAndStderrOrder) {
   pollAll();
   EXPECT_EQ(readNow(console.r.get()), "out 1\nerr 1\nout 2 err 2\n");
   rep.closeWorker(0);
-  // The tail is the shared stream's.
+  // The tail is the shared stream's, and says it holds stdout too.
   EXPECT_EQ(rep.stderrTail(0),
             (std::vector<std::string>{"out 1", "err 1", "out 2 err 2"}));
+  EXPECT_TRUE(rep.tailHasStdout(0));
+}
+
+TEST_F(ReporterTest, ASeparateStderrChannelsTailHoldsStderrOnly) {
+  Pipe out, err;
+  Reporter rep(io_, options(out.w.get(), err.w.get()));
+  WorkerFds fds = rep.openWorker(0, 0, workerDir(0));
+  Fd wo(fds.stdoutFd), we(fds.stderrFd);
+  writeStr(wo.get(), "out 1\n");
+  writeStr(we.get(), "err 1\n");
+  pollAll();
+  rep.closeWorker(0);
+  EXPECT_EQ(rep.stderrTail(0), std::vector<std::string>{"err 1"});
+  EXPECT_FALSE(rep.tailHasStdout(0));
+  EXPECT_FALSE(rep.tailHasStdout(5));
+}
+
+// Several workers on one raw console: each one's output goes out a whole
+// line at a time, so a worker's unfinished line never takes another's.
+TEST_F(ReporterTest, RawWorkersOnOneConsoleNeverMergeLines) {
+  Pipe console;
+  ReporterOptions o = options(console.w.get(), console.w.get());
+  o.partialLineDelay = std::chrono::hours(1);  // held until its end comes
+  Reporter rep(io_, o);
+  WorkerFds a = rep.openWorker(0, 0, workerDir(0));
+  WorkerFds b = rep.openWorker(1, 1, workerDir(1));
+  Fd wa(a.stdoutFd), wb(b.stdoutFd);
+  writeStr(wa.get(), "a1\na2 (first half");  // a block-buffered write ends mid-line
+  pollAll();
+  writeStr(wb.get(), "b1\n");
+  pollAll();
+  writeStr(wa.get(), ", second half)\n");
+  pollAll();
+  EXPECT_EQ(readNow(console.r.get()), "a1\nb1\na2 (first half, second half)\n");
+  // The last unfinished line goes out at close, without waiting.
+  writeStr(wb.get(), "no newline");
+  pollAll();
+  EXPECT_EQ(readNow(console.r.get()), "");
+  rep.closeWorker(1);
+  EXPECT_EQ(readNow(console.r.get()), "no newline");
+}
+
+// A partial line (a prompt, a progress bar) goes out once its short delay
+// is over; another worker's line then starts on a line of its own.
+TEST_F(ReporterTest, APartialLineGoesOutAfterItsDelayAndIsEndedBeforeAnotherWorkersLine) {
+  Pipe console;
+  ReporterOptions o = options(console.w.get(), console.w.get());
+  o.partialLineDelay = std::chrono::milliseconds(1);
+  Reporter rep(io_, o);
+  WorkerFds a = rep.openWorker(0, 0, workerDir(0));
+  WorkerFds b = rep.openWorker(1, 1, workerDir(1));
+  Fd wa(a.stdoutFd), wb(b.stdoutFd);
+  writeStr(wa.get(), "epoch 1:  10%\r");
+  std::string seen;
+  // Bounded: each run_one waits for the read, then for the deadline's timer.
+  for (int i = 0; i < 100 && seen.empty(); ++i) {
+    runOne();
+    seen += readNow(console.r.get());
+  }
+  EXPECT_EQ(seen, "epoch 1:  10%\r");
+  writeStr(wb.get(), "b1\n");
+  pollAll();
+  EXPECT_EQ(readNow(console.r.get()), "\nb1\n") << "a newline ends a's open line first";
+  writeStr(wb.get(), "b2\n");  // the same writer: nothing to end
+  pollAll();
+  EXPECT_EQ(readNow(console.r.get()), "b2\n");
 }
 
 // A pseudo-terminal pair standing for the agent's terminal.

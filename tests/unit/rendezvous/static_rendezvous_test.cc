@@ -27,8 +27,8 @@ class StaticRendezvousTest : public ::testing::Test {
  protected:
   // Node `rank` of `nnodes` on the hub, master port 29500. Node 0 readies
   // the shared worker store as the real backend does (port 29500), erasing
-  // workerKeys_ (the hub cannot list keys) and recording each call in
-  // readied_. Heartbeats as keepAlive_ says. kill(rank) ends all of the
+  // those of workerKeys_ and foreignKeys_ under the prefixes it is given
+  // (the hub cannot list keys) and recording each call in readied_. Heartbeats as keepAlive_ says. kill(rank) ends all of the
   // node's connections at once, as kill -9 of its agent would: it falls
   // silent without a word.
   std::unique_ptr<Node> node(int rank, int nnodes, Millis timeout = 60s) {
@@ -48,16 +48,20 @@ class StaticRendezvousTest : public ::testing::Test {
       killed->subscribe([either] { either->cancel(); });
       return hub_.connect(std::move(either));
     };
-    b.readyWorkerStore = [this, nnodes](const std::string& keep) {
-      Readied r{keep, true, 0};
+    b.readyWorkerStore = [this, nnodes](const std::vector<std::string>& prefixes) {
+      Readied r{prefixes, true, 0};
       const int round = workerStores_;
       for (int i = 0; i < nnodes; ++i)
         r.everyNodeJoined =
             r.everyNodeJoined && hub_.has(key(round, "node/" + std::to_string(i)));
-      for (const auto& k : workerKeys_) {
-        r.erased += hub_.has(k) ? 1 : 0;
-        hub_.erase(k);
-      }
+      for (const auto* keys : {&workerKeys_, &foreignKeys_})
+        for (const auto& k : *keys) {
+          bool under = false;
+          for (const auto& p : prefixes) under = under || k.rfind(p, 0) == 0;
+          if (!under) continue;
+          r.erased += hub_.has(k) ? 1 : 0;
+          hub_.erase(k);
+        }
       {
         std::lock_guard lock(readiedMu_);
         readied_.push_back(r);
@@ -98,11 +102,12 @@ class StaticRendezvousTest : public ::testing::Test {
   MemoryHub hub_;                     // first: outlives the nodes
   std::atomic<int> workerStores_{0};  // calls of readyWorkerStore: one per round
   struct Readied {
-    std::string keep;
+    std::vector<std::string> prefixes;
     bool everyNodeJoined;  // the round's barrier was complete at the call
-    int erased;            // workerKeys_ present then
+    int erased;            // keys present then and erased
   };
-  std::vector<std::string> workerKeys_;  // what the tests' "workers" write
+  std::vector<std::string> workerKeys_;   // what the tests' "workers" write
+  std::vector<std::string> foreignKeys_;  // what other clients write
   std::mutex readiedMu_;
   std::vector<Readied> readied_;
   // The default keep-alive: nobody is declared dead within a test.
@@ -162,11 +167,17 @@ TEST_F(StaticRendezvousTest, EachRoundEndArrivesTypedOnEveryNode) {
 // The workers share the agent store: what they wrote in a failed round is
 // erased by node 0 once every node has joined the next round (so none of
 // the old workers runs any more), before any node's join ends (so no new
-// worker reads it), keeping the rendezvous's own prefix (the real erase:
-// server_state_test.cc, tests/integration/rendezvous_test.cc).
+// worker reads it); nothing else goes: not the rendezvous's own keys, not
+// another client's (the real erase: server_state_test.cc,
+// tests/integration/rendezvous_test.cc).
 TEST_F(StaticRendezvousTest,
        EachRoundsWorkerKeysAreErasedAfterTheBarrierBeforeAnyWorkerStarts) {
-  workerKeys_ = {"default_pg/0//rank_0", "init/"};
+  workerKeys_ = {"default_pg/0//rank_0", "init/", "/worker/attempt_0/default_pg/0//rank_1",
+                 "ddprun/pg/attempt0/g0/rank0"};
+  // A user's keys and a prefix neighbour of the job's namespace: another
+  // tenant's, which a restart must leave alone.
+  foreignKeys_ = {"user/key", "ddprun/job_x/k", "default_pgX", "worker/attempt_0"};
+  for (const auto& k : foreignKeys_) hub_.set(k, "mine");
   auto ns = nodes(2);
   joinAll(ns);
   for (const auto& k : workerKeys_) hub_.set(k, "round 0");
@@ -185,13 +196,18 @@ TEST_F(StaticRendezvousTest,
     EXPECT_EQ(n->info.workerStorePort, 29500);
   }
   for (const auto& k : workerKeys_) EXPECT_FALSE(hub_.has(k)) << k;
+  for (const auto& k : foreignKeys_) {
+    ASSERT_TRUE(hub_.has(k)) << k << ": another client's key was erased";
+    EXPECT_EQ(hub_.value(k), "mine");
+  }
+  EXPECT_TRUE(hub_.has(key(0, "end"))) << "the rendezvous's own keys stay";
   std::lock_guard lock(readiedMu_);
   ASSERT_EQ(readied_.size(), 2u);
   for (const auto& r : readied_) {
-    EXPECT_EQ(r.keep, "ddprun/job/");
+    EXPECT_EQ(r.prefixes, detail::workerKeyPrefixes());
     EXPECT_TRUE(r.everyNodeJoined);
   }
-  EXPECT_EQ(readied_[1].erased, 2);
+  EXPECT_EQ(readied_[1].erased, 4);
 }
 
 TEST_F(StaticRendezvousTest, RoundsAreIndependent) {
@@ -290,7 +306,7 @@ TEST_F(StaticRendezvousTest, CancelEndsAJoinStillConnecting) {
     if (cancel->sleepFor(600s)) DDPRUN_THROW(CancelledError, "connecting was cancelled");
     DDPRUN_THROW(TimeoutError, "node 0 never came up");
   };
-  b.readyWorkerStore = [](const std::string&) { return uint16_t{0}; };
+  b.readyWorkerStore = [](const std::vector<std::string>&) { return uint16_t{0}; };
   Node n;
   n.attach(detail::makeStaticRendezvous(o, n.queue.post(), std::move(b)));
   n.join(1);
