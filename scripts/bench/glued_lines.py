@@ -5,7 +5,7 @@ stdout+stderr is read back from one pipe. A console line is whole when it is
 exactly one worker line; it is glued when it holds parts of several.
 
     scripts/bench/glued_lines.py build/bin/ddprun --standalone
-    scripts/bench/glued_lines.py /usr/bin/torchrun --standalone    (Debian's python3-torch)
+    scripts/bench/glued_lines.py /opt/ddprun-test/venv-torch2/bin/torchrun --standalone  (PyTorch 2.x)
 
 Prints one JSON line: lines expected, whole, glued, other (the launcher's own)."""
 import json
