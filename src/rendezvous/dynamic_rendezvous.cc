@@ -108,8 +108,8 @@ class DynamicRendezvous final : public Rendezvous {
 
   // A failure that follows a peer's death is that membership change, not a
   // failure (the workers died on the broken collective): if a peer of the
-  // round is gone (its heartbeat connection closed: "<job>/gone/<id>"), it
-  // is dropped, which ends the round as kMembershipChanged, and the failure
+  // round is gone (its heartbeat connection closed: "<job>/gone/<id>", and
+  // no connection beats for it again: leaseEnded), it is dropped, which ends the round as kMembershipChanged, and the failure
   // is not reported. The store reads a closed connection's end before it
   // answers (store::LeaseRule), so a death that reached our workers has
   // reached it.
@@ -583,7 +583,7 @@ class DynamicRendezvous final : public Rendezvous {
   bool dropLostPeers(int round, const std::string& why) {
     std::vector<std::string> lost;
     for (const auto& id : roundPeers_)
-      if (client_->check({keys_.jobKey("gone/" + id)})) lost.push_back(id);
+      if (leaseEnded(*client_, id)) lost.push_back(id);
     if (lost.empty()) return false;
     State s = cell_->update([&](State& st) {
       for (const auto& id : lost) detail::removeNode(st, id, departedWhy(id), lim_, now());
@@ -594,6 +594,15 @@ class DynamicRendezvous final : public Rendezvous {
                 lost.size() > 1 ? " and others" : "", " left the job; round ", round,
                 " ends as a change of membership");
     return s.lastEndedRound >= round;
+  }
+
+  // Whether `node`'s heartbeat connection closed and no connection beats for
+  // it now. Its tombstone is read first (the store then reads a closed
+  // owner's end, store::LeaseRule); a node beating again on a new connection
+  // (its old one was reset) is alive, whatever an old tombstone says.
+  bool leaseEnded(store::Store& store, const std::string& node) const {
+    return store.check({keys_.jobKey("gone/" + node)}) &&
+           !store.check({keys_.jobKey("hb/" + node)});
   }
 
   std::string departedWhy(const std::string& node) const {
@@ -619,6 +628,8 @@ class DynamicRendezvous final : public Rendezvous {
         departClient_ = backend_.connect(departCancel_, opts_.readTimeout);
         departCell_.emplace(*departClient_, stateKey(), lim_, departCancel_);
       }
+      // A reset connection, not a death: the node beats again already.
+      if (!leaseEnded(*departClient_, node)) return;
       if (!stopping_) {
         departCell_->refresh();
         if (departCell_->known()) {

@@ -7,8 +7,13 @@
 // connection stays in the first one's list; leaseOwner_ decides whose it
 // is. Each leased key is charged kLeaseCost against the memory budget while
 // it is leased.
+//
+// A tombstone describes one connection's end: it exists only while no
+// connection owns the key, so it goes (as DELETE_KEY would) when a new
+// connection takes the key, and no client may write under a tombstone prefix.
 #include <algorithm>
 
+#include "ddprun/common/strings.h"
 #include "ddprun/store/server_state.h"
 #include "server_conn.h"
 
@@ -32,7 +37,8 @@ const LeaseRule* ServerState::leaseRuleOf(const std::string& key) const {
 }
 
 std::string ServerState::bindLease(Conn& c, const std::string& key) {
-  if (!leaseRuleOf(key)) return {};
+  const LeaseRule* rule = leaseRuleOf(key);
+  if (!rule) return {};
   auto it = leaseOwner_.find(key);
   if (it != leaseOwner_.end()) {
     if (it->second == c.id) return {};
@@ -41,8 +47,42 @@ std::string ServerState::bindLease(Conn& c, const std::string& key) {
     std::string error;
     if (!reserve(leaseCost(key), error)) return error;
     leaseOwner_.emplace(key, c.id);
+    // Owned again (the node beats on a new connection): the end of its last
+    // connection is history, not news.
+    eraseKey(rule->tombstonePrefix + key.substr(rule->prefix.size()));
   }
   c.leases.push_back(key);
+  return {};
+}
+
+const LeaseRule* ServerState::tombstoneRuleOf(const std::string& key) const {
+  for (const auto& r : leaseRules_)
+    if (startsWith(key, r.tombstonePrefix)) return &r;
+  return nullptr;
+}
+
+// Tombstones are the server's word on a connection's end: a client that
+// could write one would make a live node look dead (or a dead one alive).
+std::string ServerState::refuseTombstoneWrite(const wire::Request& r) const {
+  switch (r.cmd) {
+    case wire::Command::kSet:
+    case wire::Command::kCompareSet:
+    case wire::Command::kAdd:
+    case wire::Command::kAppend:
+    case wire::Command::kMultiSet:
+    case wire::Command::kDeleteKey:
+    case wire::Command::kQueuePush:
+    case wire::Command::kQueuePop:
+    case wire::Command::kBarrier: break;
+    default: return {};
+  }
+  for (const auto& k : r.keys) {
+    const LeaseRule* rule = tombstoneRuleOf(k);
+    if (!rule) continue;
+    return std::string(wire::commandName(r.cmd)) + " of key '" + str::escape(k, 128) +
+           "' refused: keys under '" + str::escape(rule->tombstonePrefix, 128) +
+           "' are lease tombstones that only the store writes (write elsewhere)";
+  }
   return {};
 }
 
@@ -65,12 +105,7 @@ void ServerState::endLeases(Conn& c) {
     const LeaseRule* rule = leaseRuleOf(key);
     if (!rule) continue;
     const std::string name = key.substr(rule->prefix.size());
-    auto kv = kv_.find(key);
-    if (kv != kv_.end()) {
-      release(key.size() + kv->second.size() + kEntryOverhead);
-      if (!watchers_.empty()) notifyWatchers(key, wire::kKeyDeleted, kv->second, "");
-      kv_.erase(kv);
-    }
+    eraseKey(key);
     // Refused only when the memory budget is spent: the key is gone all the
     // same, and the callback still runs (readers of the tombstone then see
     // nothing, and fall back on their own timeouts).

@@ -266,6 +266,15 @@ void ServerState::doom(Conn& w, const std::string& why) {
   outbox_.closeLater(w.id, why);
 }
 
+bool ServerState::eraseKey(const std::string& key) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  release(key.size() + it->second.size() + kEntryOverhead);
+  if (!watchers_.empty()) notifyWatchers(key, wire::kKeyDeleted, it->second, "");
+  kv_.erase(it);
+  return true;
+}
+
 std::string ServerState::doSet(const std::string& key, std::string value) {
   std::string error;
   auto it = kv_.find(key);
@@ -559,6 +568,7 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
     return put(c, 8 + proof.size(), [&](wire::Writer& w) { w.bytes(proof); });
   }
   if (!leaseRules_.empty()) {
+    if (std::string refused = refuseTombstoneWrite(r); !refused.empty()) return refused;
     switch (r.cmd) {
       case Command::kGet:
       case Command::kCheck:
@@ -610,15 +620,8 @@ std::string ServerState::execute(Conn& c, wire::Request& r) {
     case Command::kGetNumKeys:
       return put(c, 8, [&](wire::Writer& w) { w.i64(static_cast<int64_t>(kv_.size())); });
     case Command::kDeleteKey: {
-      auto it = kv_.find(key);
-      int64_t erased = it != kv_.end() ? 1 : 0;
-      if (erased) {
-        if (!leaseOwner_.empty()) forgetLease(key);
-        release(key.size() + it->second.size() + kEntryOverhead);
-        if (!watchers_.empty())
-          notifyWatchers(key, wire::kKeyDeleted, it->second, "");
-        kv_.erase(it);
-      }
+      const int64_t erased = eraseKey(key) ? 1 : 0;
+      if (erased && !leaseOwner_.empty()) forgetLease(key);
       return put(c, 8, [&](wire::Writer& w) { w.i64(erased); });
     }
     case Command::kAppend: {

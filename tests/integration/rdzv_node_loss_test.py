@@ -11,19 +11,27 @@ the default settings (--max-restarts 0, heartbeat timeout 15 s):
 2. the host never waits out its close timeout (set to an hour here) for a
    node that is gone: it exits as soon as the job is over;
 3. a node that stalls (SIGSTOP: its connection stays open) is still dropped
-   by the heartbeat, after its timeout.
+   by the heartbeat, after its timeout;
+4. (issue 25) a TCP reset of a live node's heartbeat connection (`ss -K`)
+   leaves no tombstone once the node beats again: a later failure is a
+   failure (exit 1 with --max-restarts 0), not an endless uncounted loop;
+   and no client may write a tombstone itself.
 Processes are awaited through files and /proc with generous bounds."""
 import os
+import re
 import signal
+import socket
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from elastic_case import (FAST_DEATH_S, FAST_KEEP_ALIVE, SLACK, ElasticCase,  # noqa: E402
-                          of_round)
+from elastic_case import (FAST_DEATH_S, FAST_KEEP_ALIVE, PATIENCE, SLACK, WAIT_GO,  # noqa: E402
+                          ElasticCase, of_round)
 from procs import wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
+from storewire import RawClient  # noqa: E402
 
 # The workers' collective: until the go file appears, each worker watches the
 # other workers of its round (same worker store and world size) and exits 1
@@ -55,6 +63,55 @@ done
 
 GONE = r"is gone: its connection to the rendezvous store closed"
 
+# A's worker exits 7 once the fail file appears; every other waits for go.
+FAIL_ON_A = ('[ "$NODE" = a ] && { n=0; until [ -e "$d/fail" ]; do sleep 0.05; n=$((n+1)); '
+             '[ $n -lt 2400 ] || exit 90; done; exit 7; }\n' + WAIT_GO)
+
+
+def ss_kill_unsupported():
+    """Why `ss -K` cannot reset a TCP connection here (None if it can): it
+    needs root and a kernel with SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)."""
+    try:
+        with socket.socket() as lst:
+            lst.bind(("127.0.0.1", 0))
+            lst.listen()
+            with socket.create_connection(lst.getsockname(), timeout=10) as c:
+                srv, _ = lst.accept()
+                with srv:
+                    r = subprocess.run(["ss", "-tnK", "src", "127.0.0.1", "sport", "=",
+                                        ":%d" % c.getsockname()[1]],
+                                       capture_output=True, text=True, timeout=30)
+                    srv.settimeout(10)
+                    try:
+                        srv.recv(1)
+                    except ConnectionResetError:
+                        return None
+                    except OSError:
+                        pass
+                    return "ss -K did not reset a loopback connection (rc %d: %s)" % (
+                        r.returncode, r.stderr.strip() or "no error")
+    except (OSError, subprocess.SubprocessError) as e:
+        return "ss -K is not usable here: %s" % e
+
+
+def connections(pid, port):
+    """{local port: (bytes sent, bytes received)} of process `pid`'s
+    established TCP connections to 127.0.0.1:`port`, from `ss -tnpi`."""
+    out = subprocess.run(["ss", "-tnpiH", "state", "established", "dst", "127.0.0.1:%d" % port],
+                         capture_output=True, text=True, timeout=30).stdout
+    found, current = {}, None
+    for line in out.splitlines():
+        m = re.match(r"\s*\d+\s+\d+\s+127\.0\.0\.1:(\d+)\s+\S+\s+users:.*pid=(\d+),", line)
+        if m:
+            current = int(m.group(1)) if int(m.group(2)) == pid else None
+            if current is not None:
+                found[current] = (0, 0)
+        elif current is not None:
+            sent = re.search(r"bytes_sent:(\d+)", line)
+            got = re.search(r"bytes_received:(\d+)", line)
+            found[current] = (int(sent.group(1)) if sent else 0, int(got.group(1)) if got else 0)
+    return found
+
 
 class NodeLoss(ElasticCase):
     def hosted_endpoint(self):
@@ -69,6 +126,86 @@ class NodeLoss(ElasticCase):
         self.wait_starts(lambda s: len(found(s)) == world_size,
                          "a round of %d workers on %s" % (world_size, nodes))
         return found(self.starts())
+
+    def heartbeat_connection(self, pid):
+        """The local port of the connection agent `pid` beats on: the one that
+        keeps sending while it receives next to nothing (a beat is a SET, no
+        reply, and a CHECK, a 1-byte reply; the watcher's and the
+        rendezvous's reads bring values back)."""
+        before = connections(pid, self.port)
+        found = []
+
+        def one():
+            now = connections(pid, self.port)
+            found[:] = [p for p, (sent, got) in now.items() if p in before
+                        and sent - before[p][0] >= 200
+                        and (got - before[p][1]) * 20 <= sent - before[p][0]]
+            return len(found) == 1
+        if not wait_for(one, PATIENCE):
+            self.fail("no single heartbeat connection of pid %d: %r -> %r\n%s" % (
+                pid, before, connections(pid, self.port), self.agents_said()))
+        return found[0]
+
+    def reset_heartbeat(self, agent, node_id):
+        """Resets `agent`'s heartbeat connection with `ss -K` and returns once
+        the store has seen its end (the tombstone was written) and the node
+        beats again on a new connection."""
+        job = "/ddprun/%s/" % self.run_id
+        probe = RawClient(self.port, timeout=PATIENCE)
+        self.addCleanup(probe.close)
+        if not wait_for(lambda: probe.check([job + "hb/" + node_id]), PATIENCE):
+            self.fail("no heartbeat key for %s\n%s" % (node_id, self.agents_said()))
+        waiter = RawClient(self.port, timeout=PATIENCE)
+        self.addCleanup(waiter.close)
+        waiter.send(waiter.wire.wait([job + "gone/" + node_id]))
+        hb = self.heartbeat_connection(agent.pid)
+        subprocess.run(["ss", "-tnK", "state", "established", "dst", "127.0.0.1:%d" % self.port,
+                        "sport", "=", ":%d" % hb], capture_output=True, timeout=30, check=True)
+        self.assertEqual(waiter.recv_exact(1), b"\x00", "the store never saw the reset")
+        if not wait_for(lambda: probe.check([job + "hb/" + node_id]), PATIENCE):
+            self.fail("%s never beat again after the reset\n%s" % (node_id, self.agents_said()))
+
+    def test_a_reset_heartbeat_connection_leaves_no_tombstone_and_a_failure_counts(self):
+        why = ss_kill_unsupported()
+        if why:
+            self.skipTest(why)
+        ep = self.hosted_endpoint()
+        w = self.worker(FAIL_ON_A)
+        a = self.agent("a", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=1"])
+        b = self.agent("b", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=0"])
+        self.wait_round(2)
+        self.reset_heartbeat(b, "127.0.0.1_%d_0" % b.pid)
+        self.touch("fail")
+        # Issue 25: the old tombstone made every failure a "departure" of B,
+        # uncounted, forever (thousands of worker starts, no agent exited).
+        for agent in (a, b):
+            self.assertEqual(self.exit_code(agent, PATIENCE), 1,
+                             "starts: %d\n%s" % (len(self.starts()), self.agents_said()))
+        starts = self.starts()
+        self.assertLessEqual(len(starts), 6, self.brief(starts))  # at most one re-form
+        self.assertEqual({s["TORCHELASTIC_RESTART_COUNT"] for s in starts}, {0})
+        self.assertRegex(a.err(), r"exitcode\s*: 7")
+
+    def test_no_client_can_write_a_tombstone(self):
+        ep = self.hosted_endpoint()
+        w = self.worker(FAIL_ON_A)
+        a = self.agent("a", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=1"])
+        b = self.agent("b", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=0"])
+        self.wait_round(2)
+        gone = "/ddprun/%s/gone/127.0.0.1_%d_0" % (self.run_id, b.pid)
+        forger = RawClient(self.port, timeout=PATIENCE)
+        self.addCleanup(forger.close)
+        forger.set(gone, "")
+        self.assertTrue(forger.closed_by_server(PATIENCE),
+                        "the store accepted a client's SET of the tombstone " + gone)
+        reader = RawClient(self.port, timeout=PATIENCE)
+        self.addCleanup(reader.close)
+        self.assertFalse(reader.check([gone]))
+        self.touch("fail")
+        for agent in (a, b):
+            self.assertEqual(self.exit_code(agent, PATIENCE), 1,
+                             "starts: %d\n%s" % (len(self.starts()), self.agents_said()))
+        self.assertEqual(len(self.starts()), 2, self.brief(self.starts()))
 
     def test_kill_9_of_a_node_default_settings_the_survivors_reform_uncounted(self):
         ep = self.hosted_endpoint()

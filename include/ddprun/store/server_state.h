@@ -77,6 +77,13 @@ class Outbox {
 // server's thread (it must neither block nor throw). An explicit DELETE_KEY
 // ends nothing.
 //
+// A tombstone describes the end of one connection, not of the node: it is
+// deleted (watchers hear KEY_DELETED) as soon as a connection takes the key
+// again (the node beats on a new connection after a reset), so that it exists
+// only while no connection owns the key. Clients may not write under a
+// tombstone prefix: SET, COMPARE_SET, ADD, APPEND, MULTI_SET, DELETE_KEY,
+// QUEUE_PUSH, QUEUE_POP and BARRIER of such a key close the connection.
+//
 // So that a reader never sees a process alive after something it caused
 // could reveal its death: before a GET, CHECK, WAIT or MULTI_GET of a
 // tombstone key is served, the owner of the matching lease is asked
@@ -196,6 +203,10 @@ class ServerState {
   const LeaseRule* leaseRuleOf(const std::string& key) const;
   std::string bindLease(Conn& c, const std::string& key);
   void forgetLease(const std::string& key);
+  const LeaseRule* tombstoneRuleOf(const std::string& key) const;
+  std::string refuseTombstoneWrite(const wire::Request& r) const;
+  // Deletes a key as DELETE_KEY does (its watchers are told); false if absent.
+  bool eraseKey(const std::string& key);
   void endLeases(Conn& c);
   void probeTombstones(const Conn& reader, const std::vector<std::string>& keys);
 

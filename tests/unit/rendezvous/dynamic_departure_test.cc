@@ -66,6 +66,22 @@ TEST_F(DepartureTest, AFailureAfterAPeerIsGoneIsThatMembershipChange) {
   expectSurvivorsReformAtOnce(ms);
 }
 
+// Issue 25: a peer whose heartbeat connection was reset beats again on a new
+// one. If an old tombstone is still found (a store that kept it), the peer
+// beats all the same: it is alive, and the failure is a failure (counted),
+// not a membership change that restarts the workers forever.
+TEST_F(DepartureTest, AFailureIsAFailureWhenTheGonePeerBeatsAgain) {
+  std::vector<std::unique_ptr<Member>> ms;
+  const std::string reset = formThree(ms);
+  hub_.set("ddprun/job/gone/" + reset, "");
+  hub_.set("ddprun/job/hb/" + reset, "7 1000");  // its new connection's beat
+  ms[1]->rdzv().reportFailure(0, "rank 1 exited with 7", /*closeJob=*/true);
+  const int failing = ms[1]->node->info.groupRank;
+  for (auto& m : ms)
+    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kClosed, failing, "rank 1 exited with 7");
+  EXPECT_TRUE(state().closed);
+}
+
 // With every peer alive, a failure is a failure.
 TEST_F(DepartureTest, AFailureWithEveryPeerAliveClosesTheJobAsAsked) {
   std::vector<std::unique_ptr<Member>> ms;

@@ -117,11 +117,100 @@ TEST_F(LeaseTest, LeasesAreChargedAndReleased) {
     EXPECT_GT(state_.stats().memoryBytes, before);
     state_.closed(a.id());
   }
-  // What stays is the tombstone only (its key and overhead).
+  // What stays is the tombstone; a new owner takes it away, and its DELETE
+  // frees the rest.
   auto b = client(2);
-  b.send(Command::kDeleteKey, {"/job/gone/n"});
+  b.send(Command::kSet, {"/job/hb/n"}, {"2 2"});
+  b.send(Command::kDeleteKey, {"/job/hb/n"});
   EXPECT_EQ(b.reply(), i64(1));
   EXPECT_EQ(state_.stats().memoryBytes, before);
+}
+
+// Issue 25: a live node whose heartbeat connection was reset beats again on
+// a new one. The tombstone of the old connection must go then, or every
+// later failure would "drop" that live node as gone, uncounted, forever.
+TEST_F(LeaseTest, ATombstoneGoesWhenANewConnectionOwnsTheKeyAgain) {
+  auto a = client(1);
+  Client watcher(state_, outbox_, 2, Dialect::kLegacy);  // WATCH_KEY is 1.13's
+  auto reader = client(3);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
+  state_.closed(a.id());  // reset
+  EXPECT_TRUE(present(reader, "/job/gone/n"));
+  watcher.send(Command::kWatchKey, {"/job/gone/n"});
+  EXPECT_EQ(watcher.reply(), u8(wire::kKeyCallbackRegistered));
+  auto again = client(4);
+  again.send(Command::kSet, {"/job/hb/n"}, {"2 2"});  // the node beats again
+  EXPECT_FALSE(present(reader, "/job/gone/n"));
+  EXPECT_TRUE(present(reader, "/job/hb/n"));
+  std::string note;
+  wire::Writer(note).u8(wire::kKeyDeleted).bytes("/job/gone/n").bytes("").bytes("");
+  EXPECT_EQ(watcher.reply(), note);
+  // A waiter on the tombstone waits for the new connection's end, which
+  // tombstones the key again.
+  reader.send(Command::kWait, {"/job/gone/n"});
+  EXPECT_EQ(reader.reply(), "");
+  state_.closed(again.id());
+  EXPECT_EQ(reader.reply(), u8(wire::kStopWaiting));
+  EXPECT_EQ(ended_, (std::vector<std::string>{"n", "n"}));
+}
+
+TEST_F(LeaseTest, ACompareSetThatTakesTheKeyAgainAlsoEndsTheTombstone) {
+  auto a = client(1);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1"});
+  state_.closed(a.id());
+  auto b = client(2);
+  b.send(Command::kCompareSet, {"/job/hb/n"}, {"", "2"});
+  EXPECT_EQ(b.reply(), bytes("2"));
+  EXPECT_FALSE(present(b, "/job/gone/n"));
+}
+
+// No client may forge, alter or erase a tombstone: each write under the
+// tombstone prefix closes its connection, naming the key, and changes
+// nothing. Reads are served.
+TEST_F(LeaseTest, ClientsCannotWriteUnderTheTombstonePrefix) {
+  const std::string k = "/job/gone/n";
+  const std::vector<wire::Request> writes = {
+      wire::makeRequest(Command::kSet, {k}, {""}),
+      wire::makeRequest(Command::kCompareSet, {k}, {"", "x"}),
+      wire::makeRequest(Command::kAdd, {k}, {}, 1),
+      wire::makeRequest(Command::kAppend, {k}, {"x"}),
+      wire::makeRequest(Command::kMultiSet, {"/job/ok", k}, {"1", "2"}),
+      wire::makeRequest(Command::kDeleteKey, {k}),
+      wire::makeRequest(Command::kQueuePush, {k}, {"x"}),
+      wire::makeRequest(Command::kQueuePop, {k}),
+      wire::makeRequest(Command::kBarrier, {k}, {}, 2),
+  };
+  ConnId id = 10;
+  for (const auto& w : writes) {
+    auto c = client(++id);
+    const std::string error = c.send(w);
+    EXPECT_NE(error.find("'/job/gone/n' refused"), std::string::npos)
+        << wire::commandName(w.cmd) << ": " << error;
+    EXPECT_NE(error.find("only the store writes"), std::string::npos) << error;
+    state_.closed(c.id());  // what the network layer does with an error
+  }
+  auto reader = client(++id);
+  EXPECT_FALSE(present(reader, k));
+  EXPECT_FALSE(present(reader, "/job/ok"));  // nothing of a refused request
+  // The store's own tombstone stays: no client can erase it.
+  auto a = client(++id);
+  a.send(Command::kSet, {"/job/hb/n"}, {"1"});
+  state_.closed(a.id());
+  auto eraser = client(++id);
+  EXPECT_NE(eraser.send(Command::kDeleteKey, {k}), "");
+  EXPECT_TRUE(present(reader, k));
+  reader.send(Command::kGet, {k});
+  EXPECT_EQ(reader.reply(), bytes(""));
+}
+
+// Without lease rules the prefix means nothing: an ordinary key.
+TEST(LeaselessStore, KeysThatLookLikeTombstonesAreOrdinary) {
+  FakeOutbox outbox;
+  ServerState state(ServerLimits{}, outbox);
+  Client c(state, outbox, 1, Dialect::kV2);
+  EXPECT_EQ(c.send(Command::kSet, {"/job/gone/n"}, {""}), "");
+  c.send(Command::kDeleteKey, {"/job/gone/n"});
+  EXPECT_EQ(c.reply(), i64(1));
 }
 
 }  // namespace
