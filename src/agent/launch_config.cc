@@ -499,7 +499,6 @@ void takeStaticPath(LaunchConfig& c) {
          "workers reach node 0 at --master-addr");
 }
 
-// Flags accepted for compatibility that this version cannot honour.
 // An endpoint on another address than loopback answers anyone who reaches
 // it, and says who runs what (docs/status.md): say so once.
 void warnExposedStatus(LaunchConfig& c) {
@@ -510,6 +509,7 @@ void warnExposedStatus(LaunchConfig& c) {
               "default 127.0.0.1 is this machine only)");
 }
 
+// Flags accepted for compatibility that this version cannot honour.
 void warnUnhonoured(LaunchConfig& c) {
   const std::string& h = c.eventLogHandler;
   if (h == "console")

@@ -193,8 +193,8 @@ class Flags(DdprunCase):
 
 
 class HostileInput(DdprunCase):
-    """Inputs from the environment that once ended ddprun by an uncaught
-    exception or an error far from the cause."""
+    """Inputs that once ended ddprun by an uncaught exception or an error far
+    from the cause, and a risky one it now names (an exposed endpoint)."""
 
     def test_a_huge_slurm_node_list_exits_2_naming_it_under_an_address_space_cap(self):
         # 65,536 names of 120,000 bytes: 7.8 GB if expanded. Under a 2 GB cap
@@ -218,6 +218,18 @@ class HostileInput(DdprunCase):
         self.assertEqual(p.returncode, 2, p.stderr[-2000:])
         self.assertTrue(p.stderr.startswith("ddprun: error: PET_RDZV_ID='rrr"), p.stderr[:300])
         self.assertIn("run ids have at most 128", p.stderr)
+
+
+    def test_a_status_endpoint_beyond_loopback_warns_once(self):
+        warning = ("ddprun: warning: --status-addr 0.0.0.0: the status endpoint answers anyone "
+                   "who can reach this address")
+        p = self.run_ddprun("--status-port", "0", "--status-addr", "0.0.0.0", "--no-python",
+                            "true")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr.count(warning), 1, p.stderr)
+        p = self.run_ddprun("--status-port", "0", "--no-python", "true")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("warning", p.stderr)
 
 
 class Messages(DdprunCase):
