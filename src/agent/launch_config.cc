@@ -68,6 +68,20 @@ void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count) {
                  "': expected a positive integer, 'cpu', 'gpu' or 'auto'");
 }
 
+void checkRunId(const std::string& id) {
+  if (id.size() > kMaxRunIdBytes)
+    DDPRUN_THROW(InvalidArgument, "--rdzv-id: a run id of ", id.size(),
+                 " bytes; run ids have at most ", kMaxRunIdBytes,
+                 " (they name the log directory and the store's keys), e.g. a job name or "
+                 "number");
+  for (unsigned char ch : id)
+    if (ch == '/' || ch < 0x20 || ch == 0x7f)
+      DDPRUN_THROW(InvalidArgument, "--rdzv-id: '", str::escape(id), "' holds ",
+                   ch == '/' ? std::string("'/'") : "a control character",
+                   "; a run id names a directory and the store's keys: use letters, "
+                   "digits, '.', '_' or '-'");
+}
+
 StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
   const char* forms =
       "': expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) for every rank, or a "
@@ -485,6 +499,16 @@ void takeStaticPath(LaunchConfig& c) {
          "workers reach node 0 at --master-addr");
 }
 
+// An endpoint on another address than loopback answers anyone who reaches
+// it, and says who runs what (docs/status.md): say so once.
+void warnExposedStatus(LaunchConfig& c) {
+  if (!c.statusPort || net::isLoopbackHost(c.statusAddr)) return;
+  warn(c, "--status-addr " + c.statusAddr +
+              ": the status endpoint answers anyone who can reach this address, with the "
+              "run id, host names and worker pids; keep it on a trusted network (the "
+              "default 127.0.0.1 is this machine only)");
+}
+
 // Flags accepted for compatibility that this version cannot honour.
 void warnUnhonoured(LaunchConfig& c) {
   const std::string& h = c.eventLogHandler;
@@ -524,6 +548,8 @@ void finalizeConfig(LaunchConfig& c) {
   else
     takeStaticPath(c);
   warnUnhonoured(c);
+  checkRunId(c.rdzvId);
+  warnExposedStatus(c);
 }
 
 // The one place where flags become a rendezvous (see launch_config.h).

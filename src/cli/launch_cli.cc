@@ -14,6 +14,7 @@
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
+#include "ddprun/common/main_guard.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/version.h"
@@ -297,7 +298,10 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
   });
   g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
   g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
-  g.with("rdzv_id", [&](const std::string& v) { c.rdzvId = v; });
+  g.with("rdzv_id", [&](const std::string& v) {
+    agent::checkRunId(v);  // named as given: PET_RDZV_ID or --rdzv-id
+    c.rdzvId = v;
+  });
   g.with("rdzv_conf",
          [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
   g.setSwitch("standalone", c.standalone);
@@ -502,7 +506,10 @@ int runLaunchCli(int argc, const char* const* argv) {
     std::cerr << "ddprun: error: " << e.message() << "\n";
     return agent::kExitUsage;
   }
-  return exitCodeIn(style, parseAndRun(argc, argv, env));
+  // Anything escaping (std::bad_alloc included) is an unexpected error, 3,
+  // in the style asked for.
+  return exitCodeIn(style, runGuarded("ddprun", agent::kExitSetup,
+                                      [&] { return parseAndRun(argc, argv, env); }));
 }
 
 }  // namespace ddprun::cli

@@ -4,7 +4,10 @@
 //  2. Parse each entry into pieces: literal text and brackets; a bracket is a
 //     list of ranges [lo, hi] with the width of lo's digits.
 //  3. Count the names the entry yields (the product of the brackets' sizes)
-//     and check the running total against kMaxHosts before allocating.
+//     and the bytes of its longest name (its text plus each bracket's widest
+//     number); check the name against kMaxHostNameBytes and the running
+//     totals (names, and names x longest bytes) against kMaxHosts and
+//     kMaxHostListBytes before anything is built.
 //  4. Emit the names as an odometer over the brackets, the last bracket
 //     turning fastest.
 #include "ddprun/cluster/hostlist.h"
@@ -24,6 +27,8 @@ struct Range {
   uint64_t hi = 0;
   size_t width = 0;  // digits of the lower bound as written (zero padding)
   uint64_t size() const { return hi - lo + 1; }
+  // The most digits a number of this range is written with.
+  size_t maxDigits() const { return std::max(width, std::to_string(hi).size()); }
 };
 
 // A piece of an entry: literal text, or a bracket of ranges.
@@ -34,6 +39,12 @@ struct Piece {
   uint64_t size() const {
     uint64_t n = 0;
     for (const auto& r : ranges) n = std::min<uint64_t>(n + r.size(), kMaxHosts + 1);
+    return n;
+  }
+  // The bytes this piece adds to the longest name it is part of.
+  size_t maxBytes() const {
+    size_t n = text.size();
+    for (const auto& r : ranges) n = std::max(n, r.maxDigits());
     return n;
   }
 };
@@ -152,30 +163,53 @@ std::vector<std::string> entries(std::string_view list) {
   return out;
 }
 
+// How many names an entry yields, saturated just above kMaxHosts.
+uint64_t nameCount(const std::vector<Piece>& pieces) {
+  uint64_t n = 1;
+  for (const auto& pc : pieces) {
+    if (pc.ranges.empty()) continue;
+    uint64_t s = pc.size();
+    if (s > kMaxHosts || n * s > kMaxHosts) n = kMaxHosts + 1;
+    else n *= s;
+  }
+  return n;
+}
+
+// The bytes of the entry's longest name, refused above kMaxHostNameBytes.
+size_t longestName(std::string_view entry, const std::vector<Piece>& pieces) {
+  size_t bytes = 0;
+  for (const auto& pc : pieces) bytes += pc.maxBytes();
+  if (bytes > kMaxHostNameBytes)
+    malformed(entry, "a host name of " + std::to_string(bytes) + " bytes; host names have at most " +
+                         std::to_string(kMaxHostNameBytes));
+  return bytes;
+}
+
+[[noreturn]] void tooLarge(std::string_view list, const std::string& what) {
+  DDPRUN_THROW(InvalidArgument, "host list '", str::escape(list), "' ", what);
+}
+
 }  // namespace
 
 std::vector<std::string> expandHostList(std::string_view list) {
   std::vector<std::vector<Piece>> parsed;
   uint64_t total = 0;
+  uint64_t bytes = 0;
   for (const std::string& e : entries(list)) {
     if (e.find_first_of(" \t\r\n") != std::string_view::npos)
       malformed(e, "a space inside a host name");
     auto pieces = parseEntry(e);
-    uint64_t n = 1;
-    for (const auto& pc : pieces) {
-      if (pc.ranges.empty()) continue;
-      uint64_t s = pc.size();
-      if (s > kMaxHosts || n * s > kMaxHosts) n = kMaxHosts + 1;
-      else n *= s;
-    }
+    const uint64_t n = nameCount(pieces);
     total += n;
-    if (total > kMaxHosts)
-      DDPRUN_THROW(InvalidArgument, "host list '", str::escape(list), "' names more than ",
-                   kMaxHosts, " hosts");
+    if (total > kMaxHosts) tooLarge(list, "names more than " + std::to_string(kMaxHosts) + " hosts");
+    // n <= kMaxHosts and a name <= kMaxHostNameBytes: no overflow.
+    bytes += n * longestName(e, pieces);
+    if (bytes > kMaxHostListBytes)
+      tooLarge(list, "expands to more than " + std::to_string(kMaxHostListBytes) +
+                         " bytes of host names");
     parsed.push_back(std::move(pieces));
   }
-  if (parsed.empty())
-    DDPRUN_THROW(InvalidArgument, "host list '", str::escape(list), "' names no host");
+  if (parsed.empty()) tooLarge(list, "names no host");
   std::vector<std::string> out;
   out.reserve(total);
   for (const auto& pieces : parsed) emit(pieces, out);

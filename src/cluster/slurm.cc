@@ -63,7 +63,11 @@ std::string ClusterDefaults::summary() const {
          "; flags and PET_* variables take precedence";
 }
 
-int slurmPort(uint64_t jobId) { return 15000 + static_cast<int>(jobId % 10000); }
+int slurmPort(uint64_t jobId, uint64_t stepId) {
+  // 997 is prime to 10000: steps 0..9999 of a job get distinct ports, and
+  // step 0 keeps Lightning's 15000 + job % 10000.
+  return 15000 + static_cast<int>((jobId % 10000 + (stepId % 10000) * 997) % 10000);
+}
 
 ClusterDefaults slurmDefaults(
     const EnvLookup& env,
@@ -146,7 +150,10 @@ ClusterDefaults slurmDefaults(
 
   const bool standalone = given("standalone").has_value();
   const std::string backend = given("rdzv_backend").value_or("static");
-  const std::string port = std::to_string(slurmPort(static_cast<uint64_t>(jobId)));
+  const std::string port =
+      std::to_string(slurmPort(static_cast<uint64_t>(jobId), static_cast<uint64_t>(stepId)));
+  const std::string portSource =
+      "15000 + (" + job->name + " + 997 * " + step->name + ") % 10000";
   auto firstHost = [&] {
     if (!resolves(hosts[0]))
       DDPRUN_THROW(InvalidArgument, "the step's first node '", hosts[0], "' (from ",
@@ -162,16 +169,19 @@ ClusterDefaults slurmDefaults(
       take("node_rank", std::to_string(nodeRank), rankSource);
       if (nnodes > 1) {
         if (!given("master_addr")) take("master_addr", firstHost(), "first of " + listVar->name);
-        take("master_port", port, "15000 + " + job->name + " % 10000");
+        take("master_port", port, portSource);
       }
     } else if (!given("rdzv_endpoint")) {
       take("rdzv_endpoint", firstHost() + ":" + port,
-           "first of " + listVar->name + ", 15000 + " + job->name + " % 10000");
+           "first of " + listVar->name + ", " + portSource);
     }
   }
+  // Without GPUs, the node's CPU count (SLURM_CPUS_ON_NODE) is no worker
+  // count: a 128-core node would start 128 workers. torchrun's default, 1,
+  // holds unless the user asked for CPUs per task (srun -c N).
   if (auto g = first(env, {"SLURM_GPUS_ON_NODE"}); g && leadingCount(*g) > 0) {
     take("nproc_per_node", std::to_string(leadingCount(*g)), g->name);
-  } else if (auto c = first(env, {"SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"})) {
+  } else if (auto c = first(env, {"SLURM_CPUS_PER_TASK"})) {
     take("nproc_per_node", std::to_string(std::max<int64_t>(1, leadingCount(*c))), c->name);
   }
   return out;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "ddprun/common/env.h"
@@ -93,21 +94,38 @@ bool proofEquals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+// Refuses what is not a private regular file: a FIFO or device (whose read
+// may block forever or never end), and any mode that gives the group or
+// others a bit (docs/rendezvous.md: 0600 or stricter).
+void checkTokenFile(const struct stat& st, const std::string& path) {
+  if (!S_ISREG(st.st_mode))
+    DDPRUN_THROW(InvalidArgument, "the token file '", path, "' is not a regular file (",
+                 S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                                                                       : "a device or socket",
+                 "); put the secret in an ordinary file of mode 0600");
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    DDPRUN_THROW(InvalidArgument, "the token file '", path, "' has mode ", mode, ", open to ",
+                 (st.st_mode & S_IRWXO) != 0 ? "every user of this machine" : "the file's group",
+                 "; it must be 0600 or stricter: chmod 600 '", path, "'");
+  }
+}
+
 std::string loadSecret(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer (it
+  // is refused below; a regular file ignores the flag).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     DDPRUN_THROW(InvalidArgument, "cannot open the token file '", path,
                  "': ", std::strerror(errno));
   struct stat st {};
   std::string data;
   try {
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-      DDPRUN_THROW(InvalidArgument, "the token file '", path, "' is not a regular file");
-    if (st.st_mode & S_IROTH)
-      DDPRUN_THROW(InvalidArgument, "the token file '", path,
-                   "' is readable by every user of this machine; make it private "
-                   "(chmod 600 '",
-                   path, "')");
+    if (::fstat(fd, &st) != 0)
+      DDPRUN_THROW(InvalidArgument, "cannot stat the token file '", path,
+                   "': ", std::strerror(errno));
+    checkTokenFile(st, path);
     data = readBounded(fd, path);
   } catch (...) {
     ::close(fd);

@@ -5,6 +5,7 @@ scripts under Python, the flag cases torchrun accepts or rejects, and the
 agent's own messages (one style, no source locations, a start line)."""
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -189,6 +190,46 @@ class Flags(DdprunCase):
             p = self.run_ddprun("--rdzv-endpoint=" + bad, "--no-python", w)
             self.assertEqual(p.returncode, 2, (bad, p.stderr))
             self.assertIn("rdzv", p.stderr)
+
+
+class HostileInput(DdprunCase):
+    """Inputs that once ended ddprun by an uncaught exception or an error far
+    from the cause, and a risky one it now names (an exposed endpoint)."""
+
+    def test_a_huge_slurm_node_list_exits_2_naming_it_under_an_address_space_cap(self):
+        # 65,536 names of 120,000 bytes: 7.8 GB if expanded. Under a 2 GB cap
+        # the expansion ended in an uncaught std::bad_alloc (SIGABRT).
+        env = {k: v for k, v in self.env().items() if not k.startswith(("SLURM", "DDPRUN_SLURM"))}
+        env.update(SLURM_JOB_ID="7", SLURM_STEP_ID="0",
+                   SLURM_STEP_NODELIST="a" * 120000 + "[0-65535]")
+        cap = 2 << 30
+        p = subprocess.run(
+            [DDPRUN, "--no-python", "true"], env=env, capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, timeout=60,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+        self.assertEqual(p.returncode, 2, p.stderr[-2000:])
+        self.assertTrue(p.stderr.startswith("ddprun: error: SLURM_STEP_NODELIST='aaa"),
+                        p.stderr[:300])
+        self.assertIn("a host name of 120005 bytes", p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, "one line, the value abbreviated")
+
+    def test_a_100k_run_id_exits_2_naming_the_variable(self):
+        p = self.run_ddprun("--no-python", "true", env={"PET_RDZV_ID": "r" * 100000})
+        self.assertEqual(p.returncode, 2, p.stderr[-2000:])
+        self.assertTrue(p.stderr.startswith("ddprun: error: PET_RDZV_ID='rrr"), p.stderr[:300])
+        self.assertIn("run ids have at most 128", p.stderr)
+
+
+    def test_a_status_endpoint_beyond_loopback_warns_once(self):
+        warning = ("ddprun: warning: --status-addr 0.0.0.0: the status endpoint answers anyone "
+                   "who can reach this address")
+        p = self.run_ddprun("--status-port", "0", "--status-addr", "0.0.0.0", "--no-python",
+                            "true")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr.count(warning), 1, p.stderr)
+        p = self.run_ddprun("--status-port", "0", "--no-python", "true")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("warning", p.stderr)
 
 
 class Messages(DdprunCase):

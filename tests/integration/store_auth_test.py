@@ -14,7 +14,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from ddprun_case import BIN, PATIENCE  # noqa: E402
+from ddprun_case import BIN, DDPRUN, PATIENCE  # noqa: E402
 from store_server import StoreServer  # noqa: E402
 from storewire import LEGACY, V2, RawClient  # noqa: E402
 
@@ -125,6 +125,59 @@ sys.exit("served")
             self.assertEqual(owner.get("/torch-key"), b"", py)
         if not ran:
             self.skipTest("no PyTorch installed (scripts/setup-test-deps.sh)")
+
+
+class TokenFileRefusals(unittest.TestCase):
+    """What may not be a token file: a FIFO (open(2) would wait for a writer
+    forever) and a file its group can read (docs/rendezvous.md: 0600 or
+    stricter). Both programs that read one exit 2 at once, naming the file;
+    a program still running after PATIENCE is the fault."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_token_file_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def fifo(self):
+        path = os.path.join(self.tmp, "token.fifo")
+        os.mkfifo(path, 0o600)
+        return path
+
+    def group_readable(self):
+        path = os.path.join(self.tmp, "token")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(SECRET + b"\n")
+        os.chmod(path, 0o640)
+        return path
+
+    def refused(self, argv, *needles):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                               timeout=PATIENCE, env=dict(os.environ, TMPDIR=self.tmp))
+        except subprocess.TimeoutExpired:
+            self.fail("%s still running after %.0f s (blocked on the token file, or "
+                      "serving with it)"
+                      % (os.path.basename(argv[0]), PATIENCE))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        for n in needles:
+            self.assertIn(n, r.stderr)
+        self.assertNotIn(SECRET.decode(), r.stderr)
+
+    def store(self, token):
+        return [os.path.join(BIN, "ddprun-store"), "--port", "0", "--token-file", token]
+
+    def agent(self, token):
+        return [DDPRUN, "--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+                "--rdzv-conf", "token_file=" + token, "--no-python", "true"]
+
+    def test_a_fifo_is_refused_by_the_store_and_the_agent(self):
+        fifo = self.fifo()
+        self.refused(self.store(fifo), "'%s' is not a regular file (a FIFO)" % fifo)
+        self.refused(self.agent(fifo), "'%s' is not a regular file (a FIFO)" % fifo)
+
+    def test_a_group_readable_file_is_refused_naming_the_mode_and_the_fix(self):
+        token = self.group_readable()
+        for argv in (self.store(token), self.agent(token)):
+            self.refused(argv, "has mode 0640", "chmod 600 '%s'" % token)
 
 
 if __name__ == "__main__":

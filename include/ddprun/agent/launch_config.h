@@ -180,7 +180,8 @@ struct LaunchConfig {
 // the one-node default of torchrun 2.x, --standalone's run id and port,
 // --rdzv-endpoint as master address and port for the static backend, the
 // dynamic rendezvous's endpoint and is_host for c10d, one warning per flag
-// accepted but not honoured. Throws InvalidArgument naming
+// accepted but not honoured, and one when the status endpoint listens on
+// an address other than loopback. Throws InvalidArgument naming
 // the flag and the accepted forms (exit 2). Call it once per config.
 void finalizeConfig(LaunchConfig& cfg);
 
@@ -199,6 +200,11 @@ std::optional<bool> parseConfBool(const std::string& text);
 void parseNnodes(const std::string& text, int& minNodes, int& maxNodes);
 void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count);
 StdSpec parseStdSpec(const std::string& text, const std::string& flag);
+// --rdzv-id: at most kMaxRunIdBytes, no '/' and no control character (a run
+// id names the log directory and the store's keys). Empty passes (replaced
+// by a uuid on the standalone path).
+inline constexpr size_t kMaxRunIdBytes = 128;
+void checkRunId(const std::string& id);
 std::set<int> parseLocalRanksFilter(const std::string& text);
 std::map<std::string, std::string> parseRdzvConf(const std::string& text);
 std::vector<int> parseSignals(const std::string& text);

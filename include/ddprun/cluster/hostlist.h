@@ -26,11 +26,18 @@ namespace ddprun::cluster {
 // The most names one list may expand to: checked before anything is
 // allocated, so `n[0-999999999]` is an error, not an out-of-memory.
 constexpr size_t kMaxHosts = 1 << 16;
+// The longest host name (DNS: 255 bytes), and the most bytes of names one
+// list may expand to (65,536 names of 128 bytes), both computed from the
+// pattern before expansion: `<120,000 bytes>[0-65535]` is an error in
+// microseconds, not gigabytes.
+constexpr size_t kMaxHostNameBytes = 255;
+constexpr size_t kMaxHostListBytes = 8u << 20;
 
 // Every host name of `list`, in order. Throws InvalidArgument naming the
 // offending part for malformed input: an unclosed or nested bracket, an
 // empty bracket or range, a bound that is not a number, a range whose lower
-// bound exceeds its upper one, more than kMaxHosts names, or no name at all.
+// bound exceeds its upper one, more than kMaxHosts names, a name longer than
+// kMaxHostNameBytes, more than kMaxHostListBytes of names, or no name at all.
 std::vector<std::string> expandHostList(std::string_view list);
 
 }  // namespace ddprun::cluster

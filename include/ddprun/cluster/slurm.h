@@ -12,12 +12,15 @@
 //                     step's first node is node rank 0, so global rank 0 is
 //                     there
 //   --master-addr     the list's first node (must resolve), and
-//   --master-port     15000 + SLURM_JOB_ID % 10000 (PyTorch Lightning's
-//                     convention), both only with more than one node
+//   --master-port     15000 + (SLURM_JOB_ID + 997 * SLURM_STEP_ID) % 10000
+//                     (step 0: PyTorch Lightning's 15000 + job % 10000; two
+//                     steps of one job on the same nodes never share it),
+//                     both only with more than one node
 //   --rdzv-endpoint   first node:that port, when --rdzv-backend c10d is given
 //   --rdzv-id         "<SLURM_JOB_ID>.<SLURM_STEP_ID>"
-//   --nproc-per-node  SLURM_GPUS_ON_NODE when > 0, else SLURM_CPUS_PER_TASK,
-//                     else SLURM_CPUS_ON_NODE
+//   --nproc-per-node  SLURM_GPUS_ON_NODE when > 0, else SLURM_CPUS_PER_TASK
+//                     (srun -c N); else nothing: torchrun's default 1, never
+//                     the node's CPU count
 // Signals: Slurm signals every process of a step (scancel --signal, srun
 // --signal, preemption), so SIGUSR1/SIGUSR2 reach the workers from Slurm and
 // the agent only has to live through them; on SIGTERM Slurm SIGKILLs what is
@@ -78,7 +81,8 @@ ClusterDefaults slurmDefaults(
     const std::function<std::optional<std::string>(const std::string& dest)>& given,
     const Resolver& resolves);
 
-// The port a multi-node Slurm step rendezvous on: 15000 + job id % 10000.
-int slurmPort(uint64_t jobId);
+// The port a multi-node Slurm step rendezvous on: 15000 + (job id + 997 *
+// step id) % 10000, in 15000..24999 (below the usual ephemeral range).
+int slurmPort(uint64_t jobId, uint64_t stepId);
 
 }  // namespace ddprun::cluster

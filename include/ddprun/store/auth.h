@@ -52,8 +52,10 @@ bool proofEquals(std::string_view a, std::string_view b);
 
 // Reads the secret from `path`: trailing newlines and spaces are dropped.
 // Refuses (InvalidArgument naming the file and the fix) a file that cannot
-// be read, is readable by everyone (mode o+r), is empty after trimming or
-// is larger than kMaxSecretBytes. The message never contains the secret.
+// be read, is not a regular file (a FIFO is refused at once, never waited
+// on), has any group or other permission bit (0600 or stricter; the
+// message names the mode and `chmod 600`), is empty after trimming or is
+// larger than kMaxSecretBytes. The message never contains the secret.
 std::string loadSecret(const std::string& path);
 // The secret in $DDPRUN_RDZV_TOKEN (trimmed as above); nullopt if unset.
 // Set but empty, or too long: InvalidArgument.

@@ -333,6 +333,46 @@ TEST(LaunchCli, BadPetValuesNameTheVariable) {
   }
 }
 
+// A run id names the log directory ("<id>_<random>") and the store's keys: a
+// 100 KB PET_RDZV_ID used to end in "File name too long" (exit 3).
+TEST(LaunchCli, RunIdsAreBoundedAndCheckedAsFlags) {
+  auto huge = parse({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "t.py"},
+                    {{"PET_RDZV_ID", std::string(100'000, 'r')}});
+  EXPECT_EQ(huge.rc, kExitUsage);
+  EXPECT_TRUE(contains(huge.err, "PET_RDZV_ID='rrrr")) << huge.err;
+  EXPECT_TRUE(contains(huge.err, "a run id of 100000 bytes; run ids have at most 128"))
+      << huge.err;
+  EXPECT_LT(huge.err.size(), 800u);
+  auto flag = parse({"--rdzv-id", std::string(129, 'r').c_str(), "t.py"});
+  EXPECT_EQ(flag.rc, kExitUsage);
+  EXPECT_TRUE(str::startsWith(flag.err, "ddprun: error: --rdzv-id: a run id of 129")) << flag.err;
+  EXPECT_EQ(parse({"--rdzv-id", std::string(128, 'r').c_str(), "t.py"}).rc, -1);
+  for (const char* bad : {"a/b", "../x", "a\nb", "tab\there"}) {
+    auto p = parse({"--rdzv-id", bad, "t.py"});
+    EXPECT_EQ(p.rc, kExitUsage) << bad;
+    EXPECT_TRUE(contains(p.err, "--rdzv-id: '")) << p.err;
+  }
+  // Slurm's, uuids, job names, odd but harmless characters stay accepted.
+  for (const char* ok : {"4242.0", "3f1c-aa_B.7", "we\"ird\\id", "job:7@x"})
+    EXPECT_EQ(parse({"--rdzv-id", ok, "t.py"}).rc, -1) << ok;
+}
+
+// docs/status.md: the endpoint shows pids, host names and the run id.
+TEST(LaunchCli, AStatusEndpointBeyondLoopbackWarnsOnce) {
+  auto exposed = parse({"--status-port=0", "--status-addr=0.0.0.0", "t.py"});
+  ASSERT_EQ(exposed.rc, -1) << exposed.err;
+  ASSERT_EQ(exposed.cfg.warnings.size(), 1u);
+  EXPECT_TRUE(contains(exposed.cfg.warnings[0], "--status-addr 0.0.0.0: the status endpoint "
+                                                 "answers anyone who can reach this address"))
+      << exposed.cfg.warnings[0];
+  EXPECT_EQ(parse({"--status-port=0", "--status-addr=10.1.2.3", "t.py"}).cfg.warnings.size(), 1u);
+  for (const char* quiet : {"127.0.0.1", "::1", "127.0.0.2"})
+    EXPECT_TRUE(parse({"--status-port=0", "--status-addr", quiet, "t.py"}).cfg.warnings.empty())
+        << quiet;
+  EXPECT_TRUE(parse({"--status-port=0", "t.py"}).cfg.warnings.empty());
+  EXPECT_TRUE(parse({"--status-addr=0.0.0.0", "t.py"}).cfg.warnings.empty());  // no endpoint
+}
+
 TEST(LaunchCli, ShutdownTimeoutFallsBackToTorchEnv) {
   auto p = parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "600"}});
   ASSERT_EQ(p.rc, -1) << p.err;

@@ -36,9 +36,9 @@ TEST(LaunchCliCluster, ZeroFlagsInsideASlurmStep) {
   EXPECT_EQ(p.cfg.maxNodes, 3);
   EXPECT_EQ(p.cfg.nodeRank, 1);
   EXPECT_EQ(p.cfg.masterAddr, "localhost");
-  EXPECT_EQ(p.cfg.masterPort, 15031);
+  EXPECT_EQ(p.cfg.masterPort, 15000 + (31 + 997 * 2));  // the step is part of the port
   EXPECT_EQ(p.cfg.rdzvId, "31.2");
-  EXPECT_EQ(p.cfg.nprocPerNode, 2);
+  EXPECT_EQ(p.cfg.nprocPerNode, 1);  // SLURM_CPUS_ON_NODE=2 is no worker count
   EXPECT_EQ(p.cfg.rdzvBackend, "static");
   EXPECT_FALSE(p.cfg.standaloneByDefault);
   ASSERT_EQ(p.cfg.notices.size(), 1u);
@@ -85,10 +85,22 @@ TEST(LaunchCliCluster, AMisconfiguredStepIsAUsageErrorNamingTheVariable) {
       << p.err;
   // A bad value Slurm supplied is named with its origin when the flag parses it.
   e = slurmStep();
-  e["SLURM_CPUS_ON_NODE"] = "lots";
+  e["SLURM_CPUS_PER_TASK"] = "lots";
   p = parse({"train"}, e);
   EXPECT_EQ(p.rc, agent::kExitUsage);
-  EXPECT_NE(p.err.find("SLURM_CPUS_ON_NODE='lots'"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("SLURM_CPUS_PER_TASK='lots'"), std::string::npos) << p.err;
+}
+
+// The list: 65,536 names of 120,000 bytes (7.8 GB) is refused from
+// the pattern, naming the variable, before anything is expanded.
+TEST(LaunchCliCluster, AHostileNodeListIsAUsageErrorNamingTheVariable) {
+  Env e = slurmStep();
+  e["SLURM_STEP_NODELIST"] = std::string(120'000, 'a') + "[0-65535]";
+  Parsed p = parse({"train"}, e);
+  EXPECT_EQ(p.rc, agent::kExitUsage);
+  EXPECT_NE(p.err.find("ddprun: error: SLURM_STEP_NODELIST='aaaa"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("a host name of 120005 bytes"), std::string::npos) << p.err;
+  EXPECT_LT(p.err.size(), 1000u);
 }
 
 TEST(LaunchCliCluster, SlurmSignalsAndGracePeriod) {

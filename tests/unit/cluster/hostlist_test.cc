@@ -84,5 +84,35 @@ TEST(HostList, HugeListsAreRejectedBeforeAllocation) {
   EXPECT_NE(errorOf("n[1-65536],x").find("more than"), std::string::npos);
 }
 
+TEST(HostList, LongNamesAreRejectedFromThePatternBeforeExpansion) {
+  // The list: a 120,000-byte name times 65,536 would be 7.8 GB.
+  const std::string huge = std::string(120'000, 'a') + "[0-65535]";
+  EXPECT_NE(errorOf(huge).find("a host name of 120005 bytes"), std::string::npos);
+  EXPECT_NE(errorOf(huge).find("at most 255"), std::string::npos);
+  EXPECT_LT(errorOf(huge).size(), 600u);  // the entry is named, abbreviated
+  // 255 bytes is a name; 256 is not, counting the bracket's widest number.
+  EXPECT_EQ(expandHostList(std::string(255, 'n')), V({std::string(255, 'n')}));
+  EXPECT_NE(errorOf(std::string(256, 'n')).find("256 bytes"), std::string::npos);
+  EXPECT_EQ(expandHostList(std::string(253, 'n') + "[8-9]").size(), 2u);
+  EXPECT_EQ(expandHostList(std::string(253, 'n') + "[9-10]").size(), 2u);
+  EXPECT_NE(errorOf(std::string(254, 'n') + "[9-10]").find("256 bytes"), std::string::npos);
+  EXPECT_NE(errorOf(std::string(250, 'n') + "[000001-2]").find("256 bytes"),
+            std::string::npos);
+  EXPECT_NE(errorOf("r[1-2]" + std::string(250, 'n') + "[1-9999]").find("256 bytes"),
+            std::string::npos);
+}
+
+TEST(HostList, TheTotalBytesOfNamesAreBoundedBeforeExpansion) {
+  // 65,536 names of 128 bytes is the limit; one byte more per name is not.
+  const std::string at = std::string(123, 'n') + "[00000-65535]";
+  EXPECT_EQ(expandHostList(at).size(), kMaxHosts);
+  const std::string over = std::string(124, 'n') + "[00000-65535]";
+  EXPECT_NE(errorOf(over).find("more than 8388608 bytes of host names"), std::string::npos);
+  // Summed across entries too.
+  const std::string half = std::string(123, 'x') + "[00000-32767]";
+  EXPECT_EQ(expandHostList(half + "," + half).size(), kMaxHosts);
+  EXPECT_NE(errorOf(half + "," + half + "x").find("bytes of host names"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddprun::cluster

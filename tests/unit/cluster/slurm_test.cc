@@ -69,17 +69,38 @@ TEST(SlurmDefaults, AStepGivesEveryRendezvousFlag) {
                                                           {"node_rank", "1"},
                                                           {"master_addr", "gpu01"},
                                                           {"master_port", "19242"},
-                                                          {"rdzv_id", "4242.0"},
-                                                          {"nproc_per_node", "16"}}));
+                                                          {"rdzv_id", "4242.0"}}));
   EXPECT_EQ(r.sources["node_rank"], "SLURMD_NODENAME in SLURM_STEP_NODELIST");
-  EXPECT_EQ(r.sources["nproc_per_node"], "SLURM_CPUS_ON_NODE");
-  EXPECT_EQ(slurmPort(4242), 19242);
-  EXPECT_EQ(slurmPort(123456789), 21789);
+  EXPECT_EQ(r.sources["master_port"], "15000 + (SLURM_JOB_ID + 997 * SLURM_STEP_ID) % 10000");
+  EXPECT_EQ(slurmPort(4242, 0), 19242);  // step 0: Lightning's convention
+  EXPECT_EQ(slurmPort(123456789, 0), 21789);
   std::string line = r.d.summary();
   EXPECT_NE(line.find("from Slurm (job 4242 step 0 on gpu02)"), std::string::npos) << line;
   EXPECT_NE(line.find("--master-addr gpu01 (first of SLURM_STEP_NODELIST)"), std::string::npos)
       << line;
   EXPECT_NE(line.find("take precedence"), std::string::npos) << line;
+}
+
+// Two steps of one job on the same nodes (srun ... & srun ... &) must not
+// rendezvous on the same port.
+TEST(SlurmDefaults, EveryStepOfAJobGetsItsOwnPortInASafeRange) {
+  std::set<int> ports;
+  for (uint64_t s = 0; s < 10000; ++s) {
+    int p = slurmPort(4242, s);
+    EXPECT_GE(p, 15000);
+    EXPECT_LE(p, 24999);
+    ports.insert(p);
+  }
+  EXPECT_EQ(ports.size(), 10000u);
+  EXPECT_EQ(slurmPort(4242, 1), 15000 + (4242 + 997) % 10000);
+  EXPECT_LE(slurmPort(UINT64_MAX, 0xFFFFFFEF), 24999);  // no overflow
+  Env e = step();
+  e["SLURM_STEP_ID"] = "1";
+  Result second = run(e);
+  EXPECT_EQ(second.values["master_port"], std::to_string(slurmPort(4242, 1)));
+  EXPECT_NE(second.values["master_port"], run(step()).values["master_port"]);
+  Result c10d = run(e, {{"rdzv_backend", "c10d"}});
+  EXPECT_EQ(c10d.values["rdzv_endpoint"], "gpu01:" + std::to_string(slurmPort(4242, 1)));
 }
 
 TEST(SlurmDefaults, TheFirstNodeOfTheStepIsNodeRankZero) {
@@ -121,6 +142,18 @@ TEST(SlurmDefaults, GpusOnTheNodeElseTheTasksCpus) {
   EXPECT_EQ(run(e).values.count("nproc_per_node"), 0u);
 }
 
+// torchrun's default is one worker per node; a CPU-only node's CPU count
+// (128 on a big node) is not a worker count.
+TEST(SlurmDefaults, ACpuOnlyNodeKeepsOneWorkerUnlessCpusPerTaskAreAskedFor) {
+  Env e = step();
+  e["SLURM_CPUS_ON_NODE"] = "128";
+  EXPECT_EQ(run(e).values.count("nproc_per_node"), 0u);  // the default: 1
+  e["SLURM_GPUS_ON_NODE"] = "0";
+  EXPECT_EQ(run(e).values.count("nproc_per_node"), 0u);
+  e["SLURM_CPUS_PER_TASK"] = "4";  // srun -c 4: the user's choice
+  EXPECT_EQ(run(e).values["nproc_per_node"], "4");
+}
+
 TEST(SlurmDefaults, GivenFlagsAreNeverSupplied) {
   Result r = run(step(), {{"nnodes", "2:3"}, {"master_port", "1234"}, {"nproc_per_node", "1"},
                           {"rdzv_id", "mine"}});
@@ -136,8 +169,10 @@ TEST(SlurmDefaults, GivenFlagsAreNeverSupplied) {
 }
 
 TEST(SlurmDefaults, StandaloneTakesNoRendezvousFlag) {
-  Result r = run(step(), {{"standalone", "1"}});
-  EXPECT_EQ(r.values, (std::map<std::string, std::string>{{"nproc_per_node", "16"}}));
+  Env e = step();
+  e["SLURM_GPUS_ON_NODE"] = "2";
+  Result r = run(e, {{"standalone", "1"}});
+  EXPECT_EQ(r.values, (std::map<std::string, std::string>{{"nproc_per_node", "2"}}));
 }
 
 TEST(SlurmDefaults, C10dGetsAnEndpointInsteadOfAMaster) {

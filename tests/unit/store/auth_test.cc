@@ -48,16 +48,40 @@ class TokenFileTest : public ::testing::Test {
 
 TEST_F(TokenFileTest, ReadsAPrivateFileWithoutItsTrailingNewline) {
   EXPECT_EQ(auth::loadSecret(file("s3cret value\n", 0600)), "s3cret value");
-  EXPECT_EQ(auth::loadSecret(file("s3cret\r\n\n", 0640)), "s3cret");
+  EXPECT_EQ(auth::loadSecret(file("s3cret\r\n\n", 0400)), "s3cret");
 }
 
 TEST_F(TokenFileTest, RefusesAWorldReadableFileWithoutShowingTheSecret) {
   std::string path = file("hunter2-secret", 0644);
   std::string err = errorOf([&] { auth::loadSecret(path); });
-  EXPECT_NE(err.find("readable by every user"), std::string::npos) << err;
+  EXPECT_NE(err.find("mode 0644, open to every user"), std::string::npos) << err;
   EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
   EXPECT_NE(err.find(path), std::string::npos) << err;
   EXPECT_EQ(err.find("hunter2"), std::string::npos) << err;
+}
+
+// docs/rendezvous.md says "0600 or stricter": any group or other bit is refused.
+TEST_F(TokenFileTest, RefusesAGroupReadableFileNamingTheModeAndTheFix) {
+  for (mode_t mode : {0640, 0620, 0660, 0602}) {
+    std::string path = file("hunter2-secret", mode);
+    std::string err = errorOf([&] { auth::loadSecret(path); });
+    char text[8];
+    std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode));
+    EXPECT_NE(err.find(std::string("mode ") + text), std::string::npos) << err;
+    EXPECT_NE(err.find("0600 or stricter: chmod 600 '" + path + "'"), std::string::npos) << err;
+    EXPECT_EQ(err.find("hunter2"), std::string::npos) << err;
+  }
+  EXPECT_NE(errorOf([&] { auth::loadSecret(file("x", 0640)); }).find("the file's group"),
+            std::string::npos);
+}
+
+// A FIFO would block open(2) until a writer came (forever): refused at once.
+TEST_F(TokenFileTest, RefusesAFifoWithoutWaitingForAWriter) {
+  std::string fifo = dir_ + "/token.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string err = errorOf([&] { auth::loadSecret(fifo); });
+  EXPECT_NE(err.find("is not a regular file (a FIFO)"), std::string::npos) << err;
+  EXPECT_NE(err.find(fifo), std::string::npos) << err;
 }
 
 TEST_F(TokenFileTest, RefusesEmptyMissingAndOversizedFiles) {
