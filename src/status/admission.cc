@@ -47,7 +47,8 @@ Admission::Admission(AdmissionLimits limits) : limits_(limits) {
 }
 
 Admission::TimePoint Admission::deadlineOf(const Conn& c) const {
-  return c.accepted + (c.phase == Phase::kReading ? limits_.headerDeadline : limits_.deadline);
+  return c.accepted +
+         (c.phase == Phase::kReading ? limits_.headerDeadline : limits_.deadline);
 }
 
 Admission::Admitted Admission::admit(const std::string& address, TimePoint now) {

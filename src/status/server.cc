@@ -6,13 +6,13 @@
 #include <sys/resource.h>
 
 #include <array>
-#include <optional>
-#include <unordered_map>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
@@ -37,9 +37,10 @@ constexpr size_t kDrainBytes = 64 * 1024;
 // descriptors this process may open.
 AdmissionLimits admissionLimits(const ServerOptions& opts) {
   rlimit nofile{};
-  const uint64_t soft = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
-                            ? nofile.rlim_cur
-                            : uint64_t{1} << 20;
+  const uint64_t soft =
+      getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+          ? nofile.rlim_cur
+          : uint64_t{1} << 20;
   AdmissionLimits l;
   l.maxConnections = connectionCapacity(static_cast<size_t>(opts.maxConnections), soft);
   l.maxPerAddress = static_cast<size_t>(opts.maxConnectionsPerAddress);
@@ -76,7 +77,7 @@ struct Endpoint {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   asio::steady_timer retry{io};
-  asio::steady_timer sweep{io};                 // at admission.nextDeadline()
+  asio::steady_timer sweep{io};                  // at admission.nextDeadline()
   std::optional<Admission::TimePoint> armedFor;  // when sweep fires, if waiting
   std::unique_ptr<Admission> admission;          // only the io thread touches it
   std::unordered_map<Admission::Id, std::shared_ptr<Session>> sessions;
@@ -105,10 +106,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void start() {
-    http::async_read(socket_, buffer_, parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->onRead(ec);
-                     });
+    http::async_read(
+        socket_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->onRead(ec); });
   }
 
   // Closes the socket now (its descriptor is free on return); pending
@@ -142,13 +142,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!socket_.is_open()) return end();  // evicted while its request was parsed
     server_.admission->answering(id_);
     res_ = std::move(res);
-    http::async_write(socket_, res_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->end();
-      beast::error_code ignored;
-      self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
-      self->server_.admission->lingering(self->id_);
-      self->drain();
-    });
+    http::async_write(socket_, res_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec) return self->end();
+                        beast::error_code ignored;
+                        self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
+                        self->server_.admission->lingering(self->id_);
+                        self->drain();
+                      });
   }
 
   // Until the client closes, kDrainBytes, the deadline or an eviction,
@@ -210,7 +211,8 @@ void Endpoint::admit(tcp::socket socket) {
   beast::error_code ec;
   const auto peer = socket.remote_endpoint(ec);
   if (ec) return;  // gone already; the socket closes here
-  auto admitted = admission->admit(peer.address().to_string(), Admission::TimePoint::clock::now());
+  auto admitted =
+      admission->admit(peer.address().to_string(), Admission::TimePoint::clock::now());
   for (auto id : admitted.evicted) closeHeld(id);
   auto session = std::make_shared<Session>(std::move(socket), admitted.id, *this);
   sessions.emplace(admitted.id, session);
@@ -280,7 +282,8 @@ StatusServer::StatusServer(ServerOptions opts, std::shared_ptr<const Publisher> 
   if (ec) {
     std::string holder;
     if (ec == asio::error::address_in_use)
-      if (auto who = net::findListeningProcess(impl_->opts.port)) holder = " (held by " + *who + ")";
+      if (auto who = net::findListeningProcess(impl_->opts.port))
+        holder = " (held by " + *who + ")";
     DDPRUN_THROW(IoError, "cannot listen on ", where, ": ", ec.message(), holder);
   }
   impl_->boundPort = a.local_endpoint().port();

@@ -32,10 +32,10 @@
 namespace ddprun::status {
 
 struct AdmissionLimits {
-  size_t maxConnections = 512;                       // held at a time, in all
-  size_t maxPerAddress = 64;                         // held at a time from one peer address
-  std::chrono::milliseconds headerDeadline{2'000};   // accept -> whole request read
-  std::chrono::milliseconds deadline{10'000};        // accept -> closed
+  size_t maxConnections = 512;  // held at a time, in all
+  size_t maxPerAddress = 64;    // held at a time from one peer address
+  std::chrono::milliseconds headerDeadline{2'000};  // accept -> whole request read
+  std::chrono::milliseconds deadline{10'000};       // accept -> closed
 };
 
 // What the server does after accept(2) failed with errno `err`: accept again

@@ -45,11 +45,11 @@ class Publisher {
 
 struct ServerOptions {
   std::string address = "127.0.0.1";  // an IP literal; loopback unless told otherwise
-  uint16_t port = 0;                   // 0: a free port (port() says which)
+  uint16_t port = 0;                  // 0: a free port (port() says which)
   size_t maxHeaderBytes = 8 * 1024;
   size_t maxBodyBytes = 1024;
   std::chrono::milliseconds requestDeadline{2'000};  // accept -> request read
-  std::chrono::milliseconds deadline{10'000};         // accept -> closed
+  std::chrono::milliseconds deadline{10'000};        // accept -> closed
   int maxConnections = 512;
   int maxConnectionsPerAddress = 64;
 };

@@ -136,8 +136,8 @@ TEST(StatusAdmission, DeadlinesExpireSlowRequestsAndLongConnections) {
 TEST(StatusAdmission, ExpiredInDeadlineOrder) {
   Admission a(limits(10, 10));
   const Id answered = a.admit("h", at(0)).id;
-  a.answering(answered);                    // until 10'000
-  const Id late = a.admit("h", at(9'000)).id;  // until 11'000
+  a.answering(answered);                        // until 10'000
+  const Id late = a.admit("h", at(9'000)).id;   // until 11'000
   const Id early = a.admit("h", at(1'000)).id;  // until 3'000
   EXPECT_EQ(a.expired(at(20'000)), (std::vector<Id>{early, answered, late}));
 }
