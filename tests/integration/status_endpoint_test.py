@@ -14,10 +14,11 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from ddprun_case import DDPRUN, PATIENCE, DdprunCase, read  # noqa: E402
+from ddprun_case import DDPRUN, PATIENCE, SANITIZED, DdprunCase, read  # noqa: E402
 from procs import wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 
@@ -63,6 +64,72 @@ def raw_exchange(port, data, shut=True):
                 break
             got += chunk
         return got
+
+
+# The attacker of issue 25 (fault 4), a process of its own so that its
+# threads never hold the probes' interpreter lock: one thread keeps 40
+# connections with a half-sent request open, another 1,000 idle ones; each
+# replaces a connection as soon as the server closes it. Prints "ready" once
+# both sets were opened, then the number of replacements every 0.5 s.
+ATTACK = r"""
+import resource, selectors, socket, sys, threading, time
+port = int(sys.argv[1])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+need = 1200
+if hard != resource.RLIM_INFINITY and hard < need:
+    print("nofile %d" % hard, flush=True)
+    sys.exit(3)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+opened = [0, 0]
+ready = threading.Barrier(3)
+
+def hold(n, first, slot):
+    sel = selectors.DefaultSelector()
+    def one():
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1.0)
+            if first:
+                s.sendall(first)
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+            opened[slot] += 1
+        except OSError:
+            pass
+    for _ in range(n):
+        one()
+    ready.wait()
+    while True:
+        closed = 0
+        for key, _ in sel.select(timeout=0.05):
+            try:
+                data = key.fileobj.recv(4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                closed += 1
+        for _ in range(n - len(sel.get_map())):
+            one()
+
+for n, first, slot in ((40, b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n", 0), (1000, b"", 1)):
+    threading.Thread(target=hold, args=(n, first, slot), daemon=True).start()
+ready.wait()
+print("ready", flush=True)
+while True:
+    time.sleep(0.5)
+    print("opened %d half-sent, %d idle" % tuple(opened), flush=True)
+"""
+
+
+def rss_kib(pid):
+    """VmRSS of `pid` in KiB."""
+    for line in read("/proc/%d/status" % pid).splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS for %d" % pid)
 
 
 class StatusEndpoint(DdprunCase):
@@ -279,10 +346,12 @@ class StatusEndpoint(DdprunCase):
         code, headers, _ = self.get("/status", method="POST", body="x")
         self.assertEqual(code, 405)
         self.assertEqual(headers["Allow"], "GET, HEAD")
-        # More idle connections than the cap: the excess is closed, and once
-        # they are gone the endpoint answers again.
+        # Idle connections held open: the endpoint still answers meanwhile
+        # (beyond its limits the oldest idle one would be closed: see
+        # test_healthz_answers_under_a_connection_attack), and after they are gone.
         idle = [socket.create_connection(("127.0.0.1", port), timeout=PATIENCE)
                 for _ in range(40)]
+        self.assertEqual(self.get("/healthz")[0], 200)
         for s in idle + [slow, slow2]:
             s.close()
 
@@ -298,6 +367,77 @@ class StatusEndpoint(DdprunCase):
         err = read(self.err_path)
         self.assertNotIn("warning", err)
         self.assert_agent_messages_clean(err)
+
+    def probe(self, timeout=1.0):
+        """One liveness probe as the kubelet sends it: True if /healthz said
+        200 "ok" within `timeout` seconds (the probe's spec, as in Kubernetes'
+        timeoutSeconds: 1), False otherwise."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("GET", "/healthz")
+            r = c.getresponse()
+            return r.status == 200 and r.read() == b"ok\n"
+        except OSError:
+            return False
+        finally:
+            c.close()
+
+    def probes(self, n=20, apart=0.5):
+        """n probes `apart` seconds apart (the probe period, not a wait for
+        anything); how many were answered and the agent's peak RSS (KiB)."""
+        answered, peak = 0, 0
+        for i in range(n):
+            if i:
+                time.sleep(apart)
+            answered += self.probe()
+            peak = max(peak, rss_kib(self.job.pid))
+        return answered, peak
+
+    def test_healthz_answers_under_a_connection_attack(self):
+        # Issue 25, fault 4: one client holding 40 half-sent requests and
+        # another 1,000 idle connections starved /healthz (20 of 22 probes
+        # failed). Now each new connection is accepted, evicting the oldest
+        # unfinished one, so at least 19 of 20 probes are answered, and the
+        # agent's memory stays bounded.
+        self.start_job("--nproc-per-node", "1", self.worker())
+        self.pids(0, 1)
+        self.wait_status(self.running(0, 1), "workers never shown running")
+        quiet, quiet_rss = self.probes(n=4)
+        self.assertEqual(quiet, 4)
+        attacker = subprocess.Popen([sys.executable, "-c", ATTACK, str(self.port)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        said = {}
+
+        def stop_attacker():
+            """Ends the attacker (once); what it wrote on stderr."""
+            if "err" not in said:
+                if attacker.poll() is None:
+                    attacker.kill()
+                said["out"], said["err"] = attacker.communicate()
+            return said["err"]
+        self.addCleanup(stop_attacker)
+        first = attacker.stdout.readline()  # "ready" once 1,040 are open
+        if first.startswith("nofile"):
+            self.skipTest("the attacker needs 1,200 descriptors; RLIMIT_NOFILE's hard "
+                          "limit here is %s (raise it with ulimit -Hn)" % first.split()[1])
+        if first.strip() != "ready":
+            self.fail("the attacker did not start: %r %s" % (first, stop_attacker()))
+        answered, peak = self.probes(n=20)
+        ended = attacker.poll()
+        err = stop_attacker()
+        self.assertIsNone(ended, "the attacker ended: %s" % err)
+        churn = (said["out"].strip().splitlines() or ["?"])[-1]
+        print("FIGURE status endpoint under attack: %d of 20 probes answered; agent RSS "
+              "%d KiB quiet, %d KiB peak under attack; attacker %s" %
+              (answered, quiet_rss, peak, churn), file=sys.stderr)
+        self.assertGreaterEqual(answered, 19, "%d of 20 /healthz probes answered" % answered)
+        if not SANITIZED:  # a sanitizer's memory is its own
+            self.assertLess(peak - quiet_rss, 64 * 1024,
+                            "RSS %d KiB under attack, %d KiB before" % (peak, quiet_rss))
+        s = self.status()
+        self.assertTrue(all(w["state"] == "running" for w in s["workers"]))
+        self.finish_job(1)
 
     def test_bad_flags_and_a_taken_port(self):
         with socket.socket() as holder:

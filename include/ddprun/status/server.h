@@ -4,10 +4,13 @@
 // The job never depends on it: the agent's thread only publishes (a pointer
 // swap under a mutex); the server's failures are logged as warnings and end
 // nothing but the connection concerned. Limits, so that no client can hurt
-// the agent: one request per connection (Connection: close); headers of at
-// most maxHeaderBytes (431 beyond), a body of at most maxBodyBytes (413);
-// a connection not done within `deadline` is closed (slow clients); at most
-// maxConnections at a time (more are closed at once).
+// the agent or starve another: one request per connection (Connection:
+// close); headers of at most maxHeaderBytes (431 beyond), a body of at most
+// maxBodyBytes (413); the request must arrive within requestDeadline and the
+// connection end within `deadline`; every new connection is accepted, and
+// when maxConnections (bounded by RLIMIT_NOFILE / 4) or
+// maxConnectionsPerAddress are held, the oldest unfinished or idle one is
+// closed to make room (the policy is Admission, admission.h).
 #pragma once
 
 #include <chrono>
@@ -42,11 +45,13 @@ class Publisher {
 
 struct ServerOptions {
   std::string address = "127.0.0.1";  // an IP literal; loopback unless told otherwise
-  uint16_t port = 0;                   // 0: a free port (port() says which)
+  uint16_t port = 0;                  // 0: a free port (port() says which)
   size_t maxHeaderBytes = 8 * 1024;
   size_t maxBodyBytes = 1024;
-  std::chrono::milliseconds deadline{10'000};  // per connection
-  int maxConnections = 32;
+  std::chrono::milliseconds requestDeadline{2'000};  // accept -> request read
+  std::chrono::milliseconds deadline{10'000};        // accept -> closed
+  int maxConnections = 512;
+  int maxConnectionsPerAddress = 64;
 };
 
 // Owns its thread and io_context. Not copyable; the destructor stops it.
