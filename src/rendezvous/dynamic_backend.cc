@@ -6,6 +6,7 @@
 
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/store/auth.h"
 #include "ddprun/store/tcp_store_server.h"
 #include "dynamic_rendezvous_internal.h"
 #include "hosting.h"
@@ -57,10 +58,20 @@ store::LeaseRule departureRule(const DynamicOptions& opts,
           }};
 }
 
+// What a client of the endpoint is, beyond its timeouts: its name in the
+// log, how long it reconnects after its connection broke, and the keys it
+// owns (set again on every new connection).
+struct ClientKind {
+  const char* name;
+  Millis reconnectBudget;
+  std::string ownedPrefix;
+};
+
 // `timeout` bounds connecting, `requestTimeout` each request.
 std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
                                               std::shared_ptr<store::CancelToken> cancel,
-                                              Millis timeout, Millis requestTimeout) {
+                                              Millis timeout, Millis requestTimeout,
+                                              const ClientKind& kind) {
   store::TcpStoreOptions o;
   o.host = opts.endpointHost;
   o.port = opts.endpointPort;
@@ -68,7 +79,17 @@ std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
   o.connectTimeout = timeout;
   o.cancel = std::move(cancel);
   o.authToken = opts.authSecret;
+  o.allowOpenServer = store::auth::openStoreAllowed();
+  o.name = kind.name;
+  o.reconnect.budget = kind.reconnectBudget;
+  o.ownedPrefix = kind.ownedPrefix;
   return store::TcpStore::connect(o);
+}
+
+// A reset of a connection is survived when the store is back within the
+// heartbeat timeout: longer, and the peers have dropped this node anyway.
+Millis heartbeatTimeout(const DynamicOptions& opts) {
+  return opts.keepAliveInterval * opts.keepAliveMaxAttempt;
 }
 
 // Binds the endpoint's port. An inferred host whose port is taken joins
@@ -97,7 +118,8 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
   b.hosting = hosted->endpoint != nullptr;
   b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
   b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
-    return connectEndpoint(opts, std::move(cancel), timeout, opts.readTimeout);
+    return connectEndpoint(opts, std::move(cancel), timeout, opts.readTimeout,
+                           {"rendezvous", heartbeatTimeout(opts), ""});
   };
   b.localAddress = [](store::Store& s) {
     auto* tcp = dynamic_cast<store::TcpStore*>(&s);
@@ -119,9 +141,13 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     // heartbeat timeout means the link or the store is gone (the peers drop
     // this node then anyway: Heartbeat::setOnLost); a slower reply on a
     // loaded machine is no reason to give up.
+    // A broken connection is replaced within one interval (the beats' own
+    // retry is the next interval), and the new one owns this node's key.
     Heartbeat::Connect connect = [opts](std::shared_ptr<store::CancelToken> cancel) {
       return connectEndpoint(opts, std::move(cancel), opts.keepAliveInterval,
-                             opts.keepAliveInterval * opts.keepAliveMaxAttempt);
+                             heartbeatTimeout(opts),
+                             {"heartbeat", opts.keepAliveInterval,
+                              "ddprun/" + opts.runId + "/hb/"});
     };
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);

@@ -12,6 +12,7 @@
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
+#include "ddprun/store/auth.h"
 #include "heartbeat.h"
 #include "hosting.h"
 #include "round_end.h"
@@ -486,6 +487,12 @@ std::unique_ptr<store::Store> connectAgentStore(
   o.connectTimeout = timeout;
   o.cancel = std::move(cancel);
   o.authToken = opts.authSecret;
+  o.allowOpenServer = store::auth::openStoreAllowed();
+  // A broken connection is replaced while the store is back within the
+  // heartbeat timeout; the heartbeat's connection owns the node's beat key.
+  o.name = "agent store";
+  o.reconnect.budget = opts.keepAliveInterval * opts.keepAliveMaxAttempt;
+  o.ownedPrefix = "ddprun/" + opts.runId + "/hb/";
   try {
     return store::TcpStore::connect(o);
   } catch (const TimeoutError& e) {

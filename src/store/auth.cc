@@ -141,4 +141,12 @@ std::optional<std::string> secretFromEnv() {
   return checked(std::move(*value), std::string(kTokenEnv));
 }
 
+bool openStoreAllowed() {
+  const std::string v = env::get(kAllowOpenEnv).value_or("");
+  if (v.empty() || v == "0" || v == "false") return false;
+  if (v == "1" || v == "true") return true;
+  DDPRUN_THROW(InvalidArgument, "$", kAllowOpenEnv, "='", v.substr(0, 16),
+               "': expected 1 (use a store that requires no token) or 0");
+}
+
 }  // namespace ddprun::store::auth

@@ -59,16 +59,38 @@ class TcpStore::Conn {
     return conn;
   }
 
-  // Sends all bytes or throws IoError.
-  void sendAll(std::string_view data) {
+  // Sends all bytes or throws IoError. `anySent` (if given) becomes true
+  // once a byte has left: the server may have the request.
+  void sendAll(std::string_view data, bool* anySent = nullptr) {
     while (!data.empty()) {
       ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
         DDPRUN_THROW(IoError, "sending to the store at ", addr_, " failed: ",
                      std::strerror(errno));
+      if (n > 0 && anySent) *anySent = true;
       data.remove_prefix(static_cast<size_t>(n));
     }
+  }
+
+  // Before a request, when no reply is due: a connection with something to
+  // read has been closed or reset by the peer (or carries bytes nobody asked
+  // for): IoError, with nothing sent.
+  void checkOpen() {
+    pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return;
+    char byte;
+    ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) {
+      closedByPeer_ = true;
+      DDPRUN_THROW(IoError, "the store at ", addr_, " closed the connection");
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n < 0)
+      DDPRUN_THROW(IoError, "the connection to the store at ", addr_,
+                   " failed: ", std::strerror(errno));
+    broken_ = true;
+    DDPRUN_THROW(IoError, "the store at ", addr_, " sent bytes no request asked for");
   }
 
   // Waits until readable. Returns false on timeout.
@@ -98,9 +120,11 @@ class TcpStore::Conn {
       }
       ssize_t got = ::recv(fd_, p, n, 0);
       if (got < 0 && errno == EINTR) continue;
-      if (got == 0)
+      if (got == 0) {
+        closedByPeer_ = true;
         DDPRUN_THROW(IoError, "the store at ", addr_,
                      " closed the connection during ", what);
+      }
       if (got < 0)
         DDPRUN_THROW(IoError, "reading from the store at ", addr_, " failed: ",
                      std::strerror(errno));
@@ -115,7 +139,10 @@ class TcpStore::Conn {
     std::string chunk;
     while (true) {
       auto res = parser.feed(chunk);
-      if (res.status == wire::ParseStatus::kOk) return std::move(parser.reply());
+      if (res.status == wire::ParseStatus::kOk) {
+        ++replies_;
+        return std::move(parser.reply());
+      }
       if (res.status == wire::ParseStatus::kBad)
         DDPRUN_THROW(ProtocolError, "the store at ", addr_, " sent a bad ", what,
                      " reply (", res.error, ")");
@@ -125,16 +152,23 @@ class TcpStore::Conn {
   }
   const std::string& addr() const { return addr_; }
   bool broken() const { return broken_; }
+  // The peer closed its end (EOF), as a server does when it refuses a client.
+  bool closedByPeer() const { return closedByPeer_; }
+  uint64_t replies() const { return replies_; }
   // The numeric IP this end of the connection is bound to ("" if unknown).
-  std::string localIp() const {
+  std::string localIp() const { return localEnd(false); }
+  // "ip:port" of this end ("" if unknown).
+  std::string localEnd(bool withPort = true) const {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
     if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
     char host[NI_MAXHOST];
-    if (::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, nullptr, 0,
-                      NI_NUMERICHOST) != 0)
+    char serv[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, serv,
+                      sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
       return "";
-    return host;
+    return withPort ? net::formatHostPort(host, static_cast<uint16_t>(std::stoi(serv)))
+                    : std::string(host);
   }
 
  private:
@@ -183,6 +217,8 @@ class TcpStore::Conn {
   std::shared_ptr<CancelToken> cancel_;
   CancelToken::Id subscription_ = 0;
   bool broken_ = false;
+  bool closedByPeer_ = false;
+  uint64_t replies_ = 0;
 };
 
 void CancelToken::cancel() {
@@ -236,7 +272,8 @@ wire::Request request(Command c, std::vector<std::string> keys = {},
 }
 }  // namespace
 
-TcpStore::TcpStore(TcpStoreOptions opts) : opts_(std::move(opts)) {
+TcpStore::TcpStore(TcpStoreOptions opts)
+    : opts_(std::move(opts)), policy_(opts_.reconnect) {
   timeout_ = opts_.timeout;
 }
 TcpStore::~TcpStore() = default;
@@ -260,6 +297,7 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
   if (opts_.dialect != ClientDialect::kLegacy) order.push_back(wire::Dialect::kV2);
   if (opts_.dialect != ClientDialect::kV2) order.push_back(wire::Dialect::kLegacy);
   size_t next = 0;
+  bool connected = false;
   while (!deadline.expired()) {
     if (cancelled()) throwCancelled("connecting");
     conn_ = Conn::open(opts_.host, opts_.port, deadline, lastErr, opts_.cancel);
@@ -290,7 +328,9 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
           conn_->readReply(Command::kGetNumKeys, deadline, "the legacy handshake");
         }
         if (!opts_.authToken.empty()) authenticate(deadline);
-        return;
+        handshakeReplies_ = conn_->replies();
+        connected = true;
+        break;
       } catch (const IoError& e) {
         // Hung up on our handshake: a server of another dialect.
         lastErr = e.message();
@@ -311,6 +351,12 @@ void TcpStore::connectAndHandshake(Deadline deadline) {
       std::this_thread::sleep_for(delay);
     else if (opts_.cancel->sleepFor(delay))
       throwCancelled("connecting");
+  }
+  if (connected) {
+    DDPRUN_DEBUG("store: ", opts_.name, " client ", conn_->localEnd(), " connected to ",
+                 address(), policy_.inOutage() ? " again" : "");
+    reown();  // outside the dialect fallback: an IoError here is a broken connection
+    return;
   }
   if (cancelled()) throwCancelled("connecting");
   DDPRUN_THROW(TimeoutError, "could not connect to the store at ", address(),
@@ -333,6 +379,15 @@ void TcpStore::authenticate(Deadline deadline) {
       conn_->readReply(Command::kGet, deadline, "the authentication nonce").values[0]);
   authenticated_ = false;
   if (nonce.empty()) {
+    if (!opts_.allowOpenServer) {
+      conn_.reset();
+      DDPRUN_THROW(auth::AuthError, "the store at ", address(),
+                   " requires no token, so it cannot prove that it is the job's store "
+                   "(anyone could pose as it): refusing to send this job's requests "
+                   "there. Give the store the same secret (ddprun-store --token-file "
+                   "PATH), or, to use a store without authentication anyway, set ",
+                   auth::kAllowOpenEnv, "=1");
+    }
     if (!warnedOpen_)
       DDPRUN_WARN("the store at ", address(),
                   " requires no token: this client's token "
@@ -375,7 +430,100 @@ void TcpStore::authenticate(Deadline deadline) {
 }
 
 void TcpStore::ensureConnected() {
-  if (!conn_) connectAndHandshake(Deadline(opts_.connectTimeout));
+  if (conn_) return;
+  if (policy_.inOutage())
+    reconnect();
+  else
+    connectAndHandshake(Deadline(opts_.connectTimeout));
+}
+
+// Within an outage: connect attempts until the budget's end. Failing, the
+// store has been unreachable for the whole budget: an IoError.
+void TcpStore::reconnect() {
+  try {
+    connectAndHandshake(Deadline(std::chrono::duration_cast<Millis>(
+        policy_.outageEnd() - Clock::now())));
+  } catch (const TimeoutError& e) {
+    DDPRUN_THROW(IoError, "the connection to the store at ", address(), " broke (",
+                 outageCause_, ") and no new one could be made within ",
+                 policy_.options().budget.count(), " ms (", e.message(), ")");
+  }
+}
+
+// The owned keys go first on a new connection, pipelined (SET has no reply):
+// the server binds each to this connection before it reads anything else.
+// Runs at the first connect too (nothing owned yet then).
+void TcpStore::reown() {
+  if (owned_.empty()) return;
+  std::string out;
+  for (const auto& [key, value] : owned_)
+    wire::encodeRequest(dialect_, request(Command::kSet, {wireKey(key)}, {value}), out);
+  conn_->sendAll(out);
+  DDPRUN_DEBUG("store: ", opts_.name, " client set its ", owned_.size(),
+               " own key(s) again on its new connection");
+}
+
+void TcpStore::sleepOrCancel(Millis d) {
+  if (!opts_.cancel)
+    std::this_thread::sleep_for(d);
+  else if (opts_.cancel->sleepFor(d))
+    throwCancelled("reconnecting");
+}
+
+// A request found its connection broken (IoError). Called from the catch
+// block: with no retry left, the error is rethrown (or one saying how long
+// the store was out of reach); else this pauses and the caller tries again.
+// A client without a token whose fresh connection the server closed at its
+// first request may be talking to a store that requires one: asked, it says.
+void TcpStore::afterBroken(Replay replay, const IoError& e) {
+  const bool refusedFresh =
+      conn_ && conn_->closedByPeer() && conn_->replies() == handshakeReplies_;
+  conn_.reset();
+  if (cancelled()) throwCancelled("a store request");
+  if (refusedFresh && opts_.authToken.empty() && requiresToken())
+    DDPRUN_THROW(auth::AuthError, "the store at ", address(),
+                 " requires a token and this client has none (it closed the connection "
+                 "at the first request); give every node the store's secret: ddprun "
+                 "--rdzv-conf token_file=PATH (a file of mode 0600), or $",
+                 auth::kTokenEnv);
+  if (!policy_.inOutage()) outageCause_ = e.message();
+  switch (policy_.onBroken(replay, sent_, Clock::now())) {
+    case ReconnectPolicy::Verdict::kRetry:
+      break;
+    case ReconnectPolicy::Verdict::kNotReplayable:
+      policy_.onSuccess();  // this call ends here; the next starts afresh
+      DDPRUN_THROW(IoError, e.message(),
+                   " (the request was not sent again: it may have been applied, and "
+                   "applying it twice would count twice)");
+    case ReconnectPolicy::Verdict::kOutOfTime:
+      if (policy_.options().budget.count() <= 0) {
+        policy_.onSuccess();
+        throw;
+      }
+      policy_.onSuccess();
+      DDPRUN_THROW(IoError, "the connection to the store at ", address(), " broke (",
+                   outageCause_, ") and it could not be reached again within ",
+                   policy_.options().budget.count(), " ms (last error: ", e.message(), ")");
+  }
+  DDPRUN_DEBUG("store: ", opts_.name, " connection to ", address(), " broke (",
+               e.message(), "); reconnecting");
+  sleepOrCancel(policy_.pause(Clock::now()));
+}
+
+// Asks a fresh connection for the authentication nonce: a store that
+// requires a token sends one (an open ddprun store an empty value). Only on
+// the rare path above: a PyTorch server may keep the key it was asked for.
+bool TcpStore::requiresToken() {
+  try {
+    connectAndHandshake(Deadline(std::min(opts_.connectTimeout, timeout_)));
+    send(request(Command::kGet, {std::string(auth::kNonceKey)}));
+    auto nonce = conn_->readReply(Command::kGet, Deadline(timeout_), "the nonce probe");
+    conn_.reset();
+    return nonce.values[0].size() == auth::kNonceBytes;
+  } catch (const Error&) {
+    conn_.reset();
+    return false;
+  }
 }
 
 void TcpStore::throwCancelled(const char* what) const {
@@ -385,16 +533,31 @@ void TcpStore::throwCancelled(const char* what) const {
 // A cancelled token shuts the socket down, so the interrupted call fails with
 // whatever error the dead socket gives: each is turned into CancelledError.
 template <typename F>
-auto TcpStore::locked(F&& f) {
+auto TcpStore::locked(Replay replay, F&& f) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (cancelled()) throwCancelled("a store request");
+  sent_ = false;
+  for (;;) {
+    if (cancelled()) throwCancelled("a store request");
+    try {
+      return attempt(f);
+    } catch (const IoError& e) {
+      afterBroken(replay, e);  // rethrows, or pauses before the next try
+    }
+  }
+}
+
+// One try of a call: connects if needed (reconnecting within an outage),
+// then runs the call on the connection.
+template <typename F>
+auto TcpStore::attempt(F& f) {
   ensureConnected();
   try {
-    return f(*conn_);
+    conn_->checkOpen();
+    auto result = f(*conn_);
+    policy_.onSuccess();
+    return result;
   } catch (const IoError&) {
-    conn_.reset();  // reconnect on the next call
-    if (cancelled()) throwCancelled("a store request");
-    throw;
+    throw;  // afterBroken() decides
   } catch (const ProtocolError&) {
     conn_.reset();
     if (cancelled()) throwCancelled("a store request");
@@ -412,7 +575,7 @@ auto TcpStore::locked(F&& f) {
 void TcpStore::send(const wire::Request& r) {
   sendBuf_.clear();
   wire::encodeRequest(dialect_, r, sendBuf_);
-  conn_->sendAll(sendBuf_);
+  conn_->sendAll(sendBuf_, replayOf(r.cmd) == Replay::kIfUnsent ? &sent_ : nullptr);
 }
 
 void TcpStore::requireV2(const char* op) const {
@@ -422,14 +585,18 @@ void TcpStore::requireV2(const char* op) const {
 }
 
 void TcpStore::set(const std::string& key, std::string_view value) {
-  locked([&](Conn&) {
+  if (!opts_.ownedPrefix.empty() && key.rfind(opts_.ownedPrefix, 0) == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    owned_[key] = std::string(value);
+  }
+  locked(Replay::kAlways, [&](Conn&) {
     send(request(Command::kSet, {wireKey(key)}, {std::string(value)}));
     return 0;
   });
 }
 
 std::string TcpStore::get(const std::string& key) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     waitLocked({wireKey(key)}, timeout_, "get");
     send(request(Command::kGet, {wireKey(key)}));
     return std::move(c.readReply(Command::kGet, Deadline(timeout_), "GET").values[0]);
@@ -437,7 +604,7 @@ std::string TcpStore::get(const std::string& key) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kIfUnsent, [&](Conn& c) {
     send(request(Command::kAdd, {wireKey(key)}, {}, delta));
     return c.readReply(Command::kAdd, Deadline(timeout_), "ADD").number;
   });
@@ -445,7 +612,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 
 std::string TcpStore::compareSet(const std::string& key, std::string_view expected,
                                  std::string_view desired) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kCompareSet, {wireKey(key)},
                  {std::string(expected), std::string(desired)}));
     return std::move(
@@ -454,7 +621,7 @@ std::string TcpStore::compareSet(const std::string& key, std::string_view expect
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kCheck, wireKeys(keys)));
     return c.readReply(Command::kCheck, Deadline(timeout_), "CHECK").code ==
            wire::kCheckReady;
@@ -462,7 +629,7 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  locked([&](Conn&) {
+  locked(Replay::kAlways, [&](Conn&) {
     waitLocked(wireKeys(keys), timeout, "wait");
     return 0;
   });
@@ -501,14 +668,14 @@ void TcpStore::waitLocked(const std::vector<std::string>& keys, Millis timeout,
 }
 
 bool TcpStore::deleteKey(const std::string& key) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kDeleteKey, {wireKey(key)}));
     return c.readReply(Command::kDeleteKey, Deadline(timeout_), "DELETE_KEY").number != 0;
   });
 }
 
 int64_t TcpStore::numKeys() {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kGetNumKeys));
     return c.readReply(Command::kGetNumKeys, Deadline(timeout_), "GETNUMKEYS").number;
   });
@@ -516,14 +683,14 @@ int64_t TcpStore::numKeys() {
 
 void TcpStore::append(const std::string& key, std::string_view value) {
   requireV2("append");
-  locked([&](Conn&) {
+  locked(Replay::kIfUnsent, [&](Conn&) {
     send(request(Command::kAppend, {wireKey(key)}, {std::string(value)}));
     return 0;
   });
 }
 
 std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys) {
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     auto wk = wireKeys(keys);
     waitLocked(wk, timeout_, "multiGet");
     std::vector<std::string> out;
@@ -544,7 +711,7 @@ void TcpStore::multiSet(const std::vector<std::string>& keys,
                         const std::vector<std::string>& values) {
   DDPRUN_CHECK(keys.size() == values.size(), "multiSet got ", keys.size(),
                " keys but ", values.size(), " values");
-  locked([&](Conn&) {
+  locked(Replay::kAlways, [&](Conn&) {
     if (dialect_ == wire::Dialect::kLegacy) {
       for (size_t i = 0; i < keys.size(); ++i)
         send(request(Command::kSet, {wireKey(keys[i])}, {values[i]}));
@@ -557,7 +724,7 @@ void TcpStore::multiSet(const std::vector<std::string>& keys,
 
 uint32_t TcpStore::ping(uint32_t nonce) {
   requireV2("ping");
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     wire::Request r = request(Command::kPing);
     r.u32 = nonce;
     send(r);
@@ -567,7 +734,7 @@ uint32_t TcpStore::ping(uint32_t nonce) {
 
 std::vector<std::string> TcpStore::listKeys() {
   requireV2("listKeys");
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kListKeys));
     Deadline d(timeout_);
     std::vector<std::string> out;
@@ -579,7 +746,7 @@ std::vector<std::string> TcpStore::listKeys() {
 
 void TcpStore::queuePush(const std::string& key, std::string_view value) {
   requireV2("queuePush");
-  locked([&](Conn&) {
+  locked(Replay::kIfUnsent, [&](Conn&) {
     send(request(Command::kQueuePush, {wireKey(key)}, {std::string(value)}));
     return 0;
   });
@@ -587,7 +754,7 @@ void TcpStore::queuePush(const std::string& key, std::string_view value) {
 
 std::string TcpStore::queuePop(const std::string& key, Millis timeout) {
   requireV2("queuePop");
-  return locked([&](Conn& c) {
+  return locked(Replay::kIfUnsent, [&](Conn& c) {
     waitLocked({wireKey(key)}, timeout, "queuePop");
     send(request(Command::kQueuePop, {wireKey(key)}));
     Deadline d(timeout_);
@@ -600,7 +767,7 @@ std::string TcpStore::queuePop(const std::string& key, Millis timeout) {
 
 int64_t TcpStore::queueLen(const std::string& key) {
   requireV2("queueLen");
-  return locked([&](Conn& c) {
+  return locked(Replay::kAlways, [&](Conn& c) {
     send(request(Command::kQueueLen, {wireKey(key)}));
     return c.readReply(Command::kQueueLen, Deadline(timeout_), "QUEUE_LEN").number;
   });
@@ -609,7 +776,7 @@ int64_t TcpStore::queueLen(const std::string& key) {
 void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout) {
   requireV2("barrier");
   DDPRUN_CHECK(worldSize > 0, "barrier world size must be positive");
-  locked([&](Conn& c) {
+  locked(Replay::kIfUnsent, [&](Conn& c) {
     send(request(Command::kBarrier, {wireKey(key)}, {}, worldSize));
     if (c.waitReadable(timeout)) {
       if (c.readReply(Command::kBarrier, Deadline(timeout_), "BARRIER").code !=
@@ -629,7 +796,7 @@ void TcpStore::barrier(const std::string& key, int64_t worldSize, Millis timeout
 }
 
 std::string TcpStore::localAddress() {
-  return locked([](Conn& c) { return c.localIp(); });
+  return locked(Replay::kAlways, [](Conn& c) { return c.localIp(); });
 }
 
 }  // namespace ddprun::store

@@ -39,6 +39,9 @@ inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
 inline constexpr size_t kMaxSecretBytes = 4096;
 // The environment variable holding the secret when no file is given.
 inline constexpr const char* kTokenEnv = "DDPRUN_RDZV_TOKEN";
+// Set to 1: a client holding a token uses a store that requires none (one
+// warning) instead of refusing it (docs/rendezvous.md, "Authentication").
+inline constexpr const char* kAllowOpenEnv = "DDPRUN_RDZV_ALLOW_OPEN_STORE";
 
 // kNonceBytes from OpenSSL's RAND_bytes. Throws IoError if it fails.
 std::string newNonce();
@@ -60,5 +63,8 @@ std::string loadSecret(const std::string& path);
 // The secret in $DDPRUN_RDZV_TOKEN (trimmed as above); nullopt if unset.
 // Set but empty, or too long: InvalidArgument.
 std::optional<std::string> secretFromEnv();
+// Whether $DDPRUN_RDZV_ALLOW_OPEN_STORE allows an open store: "1" or "true"
+// yes; unset, "", "0" or "false" no; anything else InvalidArgument.
+bool openStoreAllowed();
 
 }  // namespace ddprun::store::auth

@@ -3,7 +3,10 @@
 // here are visible under the same name to PyTorch's TCPStore and vice versa.
 //
 // Thread-safe: requests on the one connection are serialised by a mutex.
-// After a failed request (IoError) the next call reconnects. A CancelToken
+// A connection that breaks (reset, aborted, closed by the server) is replaced
+// within the call under TcpStoreOptions::reconnect (reconnect.h: backoff, a
+// budget, only requests that cannot apply twice are sent again); with no
+// budget the call fails and the next one reconnects. A CancelToken
 // (TcpStoreOptions::cancel) lets another thread end a blocking call at once.
 #pragma once
 
@@ -18,6 +21,8 @@
 #include <string>
 
 #include "ddprun/common/clock.h"
+#include "ddprun/common/error.h"
+#include "ddprun/store/reconnect.h"
 #include "ddprun/store/store.h"
 #include "ddprun/store/wire.h"
 
@@ -71,8 +76,24 @@ struct TcpStoreOptions {
   // the server and check the server's proof in return; a server that
   // refuses it (or cannot prove it knows it) is an auth::AuthError, never
   // retried. A server that requires no token (PyTorch's, or an open
-  // ddprun-store) is used anyway, with one warning: authenticated() says so.
+  // ddprun-store) is refused too (an auth::AuthError: anyone could pose as
+  // it), unless allowOpenServer is set: then it is used, with one warning,
+  // and authenticated() says so. Without a token, a server that requires one
+  // is an auth::AuthError saying so (told apart from a network fault by a
+  // probe when it closes a fresh connection at its first request).
   std::string authToken{};
+  bool allowOpenServer = false;
+  // Reconnects within a call (reconnect.h). The default, no budget, fails a
+  // request whose connection broke at once.
+  ReconnectOptions reconnect{};
+  // Keys under this prefix that this client SETs are its own: bound to its
+  // connection (a lease, store::LeaseRule). After every reconnect each is SET
+  // again, with its last value, before anything else, so the new connection
+  // owns it. Empty: none. Meant for a few keys (a heartbeat's one).
+  std::string ownedPrefix{};
+  // What the client is for ("rendezvous", "heartbeat"): its debug log lines
+  // say it, with its local address, at every (re)connect.
+  std::string name{"store"};
 };
 
 class TcpStore : public Store {
@@ -126,13 +147,20 @@ class TcpStore : public Store {
   class Conn;
   void ensureConnected();
   void connectAndHandshake(Deadline deadline);
+  void reconnect();
+  void reown();
+  void afterBroken(Replay replay, const IoError& e);
+  bool requiresToken();
+  void sleepOrCancel(Millis d);
   void authenticate(Deadline deadline);
   std::string roundTripPrefix() const;
   void send(const wire::Request& r);
   void waitLocked(const std::vector<std::string>& wireKeys, Millis timeout,
                   const std::string& what);
   template <typename F>
-  auto locked(F&& f);
+  auto locked(Replay replay, F&& f);
+  template <typename F>
+  auto attempt(F& f);
   void requireV2(const char* op) const;
   bool cancelled() const { return opts_.cancel && opts_.cancel->cancelled(); }
   [[noreturn]] void throwCancelled(const char* what) const;
@@ -144,6 +172,14 @@ class TcpStore : public Store {
   std::unique_ptr<Conn> conn_;
   std::mutex mu_;
   std::string sendBuf_;
+  ReconnectPolicy policy_;
+  std::string outageCause_;  // what broke the connection first in this outage
+  // A kIfUnsent request of the current call may have left this host.
+  bool sent_ = false;
+  // Replies read on conn_ by the end of its handshake: none since means the
+  // connection has served no request yet.
+  uint64_t handshakeReplies_ = 0;
+  std::map<std::string, std::string> owned_;  // ownedPrefix keys SET, last value
 };
 
 }  // namespace ddprun::store
