@@ -605,6 +605,21 @@ class DynamicRendezvous final : public Rendezvous {
            !store.check({keys_.jobKey("hb/" + node)});
   }
 
+  // Whether `node` owns its heartbeat key again (a new connection beats for
+  // it) by `deadlineMs`, on the departures connection. Cancelled at shutdown.
+  bool beatsAgainBy(const std::string& node, int64_t deadlineMs) {
+    const std::string beat = keys_.jobKey("hb/" + node);
+    if (!leaseEnded(*departClient_, node)) return true;
+    const int64_t left = deadlineMs - now();
+    if (left <= 0) return false;
+    try {
+      departClient_->wait({beat}, Millis(left));
+    } catch (const TimeoutError&) {
+      return false;
+    }
+    return true;
+  }
+
   std::string departedWhy(const std::string& node) const {
     return detail::describeNode(node) +
            " is gone: its connection to the rendezvous store closed";
@@ -614,24 +629,30 @@ class DynamicRendezvous final : public Rendezvous {
   // closed. Queued for the departures thread; never blocks.
   void onDeparted(const std::string& node) {
     if (node == nodeId_) return;
-    departures_.push([this, node] { dropDeparted(node); });
+    const int64_t closedAt = now();
+    departures_.push([this, node, closedAt] { dropDeparted(node, closedAt); });
   }
 
-  // On the departures thread, on a connection of its own: a node that
-  // died is dropped from the job at once (not a heartbeat timeout later);
-  // one that left is in no list by now, and dropping it changes nothing.
-  // Either way it no longer needs the store: its goodbye is written for it,
-  // so that the host never waits for a node that is gone (leave()).
-  void dropDeparted(const std::string& node) {
+  // On the departures thread, on a connection of its own: a node whose
+  // heartbeat connection closed at `closedAtMs` and that does not beat again
+  // on a new one within the heartbeat timeout of the close (a reset
+  // connection reconnects at its next beat: store::ReconnectPolicy) is
+  // dropped from the job; one that left is in no list by now, and dropping
+  // it changes nothing. Either way it no longer needs the store: its goodbye
+  // is written for it, so that the host never waits for a node that is gone
+  // (leave()). A death that broke the workers' collectives is read sooner,
+  // on the failure report's path (dropLostPeers).
+  void dropDeparted(const std::string& node, int64_t closedAtMs) {
     try {
       if (!departClient_) {
         departClient_ = backend_.connect(departCancel_, opts_.readTimeout);
         departCell_.emplace(*departClient_, stateKey(), lim_, departCancel_);
       }
-      // A reset connection, not a death: the node beats again already.
-      if (!leaseEnded(*departClient_, node)) return;
       if (!stopping_) {
-        departCell_->refresh();
+        const State listed = departCell_->refresh();
+        if (departCell_->known() && detail::isListed(listed, node) &&
+            beatsAgainBy(node, closedAtMs + heartbeatTimeout().count()))
+          return;  // a reset connection, not a death
         if (departCell_->known()) {
           bool dropped = false;
           State s = departCell_->update([&](State& st) {

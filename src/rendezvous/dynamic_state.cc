@@ -319,6 +319,12 @@ std::string validate(const State& s, const Limits& lim) {
   return "";
 }
 
+bool isListed(const State& s, const std::string& id) {
+  const auto named = [&](const std::string& other) { return other == id; };
+  return hasId(s.participants, id) || std::any_of(s.expected.begin(), s.expected.end(), named) ||
+         hasId(s.waitList, id) || hasId(s.redundancy, id);
+}
+
 int rankOf(const State& s, const std::string& id) {
   for (size_t i = 0; i < s.participants.size(); ++i)
     if (s.participants[i].id == id) return static_cast<int>(i);

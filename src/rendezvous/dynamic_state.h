@@ -143,6 +143,10 @@ std::string validate(const State& s, const Limits& lim);
 // Group rank of `id` in the state's participants, -1 if absent.
 int rankOf(const State& s, const std::string& id);
 
+// Whether `id` is in any of the state's lists (participants, expected, wait
+// list, redundancy): a node the job still counts on, or waits for.
+bool isListed(const State& s, const std::string& id);
+
 // What join() found after one step.
 enum class JoinOutcome {
   kClosed,        // the job is over

@@ -269,22 +269,28 @@ class StaticRendezvous final : public Rendezvous {
         !str::parseInt(std::string_view(beat).substr(kBeatName.size()), i, 0) ||
         i == opts_.nodeRank || i < 0 || i >= opts_.nnodes)
       return;
-    departures_.push([this, i] { departed(i); });
+    const auto closedAt = std::chrono::steady_clock::now();
+    departures_.push([this, i, closedAt] { departed(i, closedAt); });
   }
 
   // On the departures thread (node 0), on a connection of its own: node i's
-  // agent is gone where the kernel told us (a heartbeat timeout sooner). If
-  // it did not say goodbye, it died: its running round ends as failed by it
-  // (first end wins), as declareDead would later. Either way it no longer
-  // needs the store, so node 0's shutdown never waits for it (leave()). On
-  // this thread, not the task thread: that one may be in leave() already.
-  void departed(int i) {
+  // heartbeat connection closed at `closedAt`. If it did not say goodbye and
+  // no new connection beats for it within the heartbeat timeout of the close
+  // (a reset connection reconnects at its next beat: store::ReconnectPolicy),
+  // it died: its running round ends as failed by it (first end wins), as
+  // declareDead would. Either way it no longer needs the store, so node 0's
+  // shutdown never waits for it (leave()). On this thread, not the task
+  // thread: that one may be in leave() already.
+  void departed(int i, std::chrono::steady_clock::time_point closedAt) {
     const int round = lastJoined_;
     if (round < 0) return;
     const auto left = key(round, "left/" + std::to_string(i));
     try {
       if (!departClient_) departClient_ = backend_.connect(departCancel_, opts_.timeout);
       if (departClient_->check({left})) return;  // a clean exit
+      if (beatsAgainBy(i, closedAt + opts_.keepAliveInterval * opts_.keepAliveMaxAttempt))
+        return;  // a reset connection, not a death
+      if (departClient_->check({left})) return;  // it left meanwhile
       const std::string why = "node " + std::to_string(i) +
                               "'s agent is gone: its connection to the agent store closed";
       const auto end = encodeEnd(RoundEnd::kFailed, i, why);
@@ -296,6 +302,21 @@ class StaticRendezvous final : public Rendezvous {
     } catch (const Error& e) {
       DDPRUN_DEBUG("rendezvous: after node ", i, " went: ", e.message());
     }
+  }
+
+  // Whether node i beats on a connection again (its heartbeat key, a lease
+  // that went with the closed connection, is back) by `deadline`.
+  bool beatsAgainBy(int i, std::chrono::steady_clock::time_point deadline) {
+    const std::string beat = "ddprun/" + opts_.runId + "/hb/" + beatName(i);
+    if (departClient_->check({beat})) return true;
+    const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    try {
+      departClient_->wait({beat}, left);
+    } catch (const TimeoutError&) {
+      return false;
+    }
+    return true;
   }
 
   // The barrier: every node's key. On timeout, names the nodes still absent.

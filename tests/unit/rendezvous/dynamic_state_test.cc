@@ -82,6 +82,25 @@ TEST(DynamicStateTest, GroupRanksPutTheHostFirstThenArrival) {
   EXPECT_EQ(rankOf(s, "nobody"), -1);
 }
 
+// The departures handler grants a listed node time to beat again; one that
+// left (or was dropped) is in no list and gets none.
+TEST(DynamicStateTest, IsListedCoversEveryListAndNothingElse) {
+  Limits lim{2, 2, 30'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b")};
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(s.complete);
+  EXPECT_TRUE(isListed(s, ns[0].id));
+  EXPECT_FALSE(isListed(s, "nobody"));
+  NodeDesc late = node("c");
+  joinStep(s, late, lim, 0);  // a running, full round: c waits
+  EXPECT_TRUE(isListed(s, late.id));
+  ASSERT_TRUE(endRound(s, 0, RoundEnd::kFailed, 1, "rank 1 exited with 1"));
+  EXPECT_TRUE(isListed(s, ns[1].id));  // expected in the next round
+  EXPECT_TRUE(removeNode(s, ns[1].id, "b left", lim, 0));
+  EXPECT_FALSE(isListed(s, ns[1].id));
+}
+
 TEST(DynamicStateTest, ArrivalOrderIsKeptAcrossRounds) {
   Limits lim{2, 3, 30'000};
   State s;
