@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from elastic_case import FAST_KEEP_ALIVE, PATIENCE, ElasticCase, of_round  # noqa: E402
+from elastic_case import FAST_KEEP_ALIVE, PATIENCE, Agent, ElasticCase, of_round  # noqa: E402
 from procs import listening, wait_for  # noqa: E402
 from reserved_port import reserve_port  # noqa: E402
 
@@ -153,6 +153,51 @@ class RdzvReconnectTest(ElasticCase):
         # b owns its key again on the new connection, and the job goes on
         # without re-forming.
         self.finish_cleanly(a, b, ["heartbeat"])
+
+    # The static rendezvous (--master-addr/--master-port): a blip that resets
+    # every client connection to node 0's agent store at once (both agents'
+    # rendezvous clients, heartbeats and watchers).
+
+    def static_agent(self, name, rank, env=None):
+        args = ["--nnodes=2", "--node-rank=%d" % rank, "--master-addr=127.0.0.1",
+                "--master-port=%d" % self.port, "--nproc-per-node=1",
+                "--rdzv-id=%s" % self.run_id,
+                # 10 s of heartbeat timeout: the reconnect's budget and the
+                # time a node whose connection closed has to beat again.
+                "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=10"]
+        out_path, err_path = self.path("agent_%s.out" % name), self.path("agent_%s.err" % name)
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            p = self.popen(*args, "--no-python", self.worker(),
+                           env=dict(env or {}, NODE=name, LOGLEVEL="debug"),
+                           stdout=out, stderr=err)
+        a = Agent(name, p, out_path, err_path)
+        self.agents.append(a)
+        return a
+
+    def test_a_static_job_survives_a_reset_of_every_store_connection(self):
+        self.require_ss()
+        a = self.static_agent("a", 0)
+        if not wait_for(lambda: listening(self.port) or a.poll() is not None, PATIENCE):
+            self.fail("node 0 never listened on %d\n%s" % (self.port, self.agents_said()))
+        b = self.static_agent("b", 1)
+        self.wait_starts(lambda s: len(s) == 2, "both nodes' workers")
+        # Every client side of a connection to the agent store, both agents'.
+        r = subprocess.run(["ss", "-tnK", "dst", "127.0.0.1", "dport", "=", ":%d" % self.port],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        killed = r.stdout.count(":%d" % self.port)
+        self.assertGreaterEqual(killed, 4, "too few connections reset:\n" + r.stdout)
+        if not wait_for(lambda: "connected to 127.0.0.1:%d again" % self.port in b.err() and
+                        "set its 1 own key(s) again" in b.err(), PATIENCE):
+            self.fail("node 1 never reconnected and beat again\n" + self.agents_said())
+        self.go()
+        self.assert_exits([a, b], 0)
+        said = self.agents_said()
+        for agent in (a, b):
+            self.assertNotIn("gone or unreachable", agent.err(), said)
+            self.assertNotIn("ending the round", agent.err(), said)
+        # One round: the workers ran on, nothing restarted.
+        self.assertEqual(sorted(s["NODE"] for s in self.starts()), ["a", "b"], said)
 
     # Authentication at connect time.
 
