@@ -213,15 +213,17 @@ TEST(StoreCliBinary, TokenFileAdmitsOnlyClientsWithTheSecret) {
         << e.message();
     EXPECT_NE(e.message().find("same secret"), std::string::npos) << e.message();
   }
-  // No token: the handshake is allowed, the first request closes it.
+  // No token: the handshake is allowed, the first request closes it, and
+  // the client is told that the store requires a token.
   auto anonymous = ddprun::store::TcpStore::connect(clientOf(port, ""));
   EXPECT_FALSE(anonymous->authenticated());
-  EXPECT_THROW(
-      {
-        anonymous->set("k", "overwritten");  // no reply: the refusal shows next
-        anonymous->get("k");
-      },
-      ddprun::IoError);
+  try {
+    anonymous->set("k", "overwritten");  // no reply: the refusal shows next
+    anonymous->get("k");
+    ADD_FAILURE() << "a client without a token was served";
+  } catch (const ddprun::store::auth::AuthError& e) {
+    EXPECT_NE(e.message().find("requires a token"), std::string::npos) << e.message();
+  }
   auto owner = ddprun::store::TcpStore::connect(clientOf(port, kSecret));
   EXPECT_EQ(owner->get("k"), "v");
   kill(c.pid, SIGTERM);
@@ -243,9 +245,23 @@ TEST(StoreCliBinary, TokenFromTheEnvironment) {
                ddprun::store::auth::AuthError);
 }
 
-TEST(StoreCliBinary, ATokenClientUsesAnOpenStoreAndSaysSo) {
+// A token must not allow a downgrade to a store that cannot prove it knows
+// the secret: refused, unless the client opts in (allowOpenServer, which the
+// agent sets from $DDPRUN_RDZV_ALLOW_OPEN_STORE=1).
+TEST(StoreCliBinary, ATokenClientRefusesAnOpenStoreUnlessAllowed) {
   Child c({kStore, "--port", "0"});
-  auto s = ddprun::store::TcpStore::connect(clientOf(startAndGetPort(c), kSecret));
+  const uint16_t port = startAndGetPort(c);
+  try {
+    ddprun::store::TcpStore::connect(clientOf(port, kSecret));
+    ADD_FAILURE() << "a token client used an open store";
+  } catch (const ddprun::store::auth::AuthError& e) {
+    EXPECT_NE(e.message().find("requires no token"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find(ddprun::store::auth::kAllowOpenEnv), std::string::npos)
+        << e.message();
+  }
+  auto o = clientOf(port, kSecret);
+  o.allowOpenServer = true;
+  auto s = ddprun::store::TcpStore::connect(o);
   EXPECT_FALSE(s->authenticated());
   s->set("k", "v");
   EXPECT_EQ(s->get("k"), "v");
