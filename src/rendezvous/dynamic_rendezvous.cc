@@ -19,6 +19,7 @@
 #include "job_keys.h"
 #include "dynamic_state.h"
 #include "round_end.h"
+#include "round_watcher.h"
 #include "state_cell.h"
 #include "task_thread.h"
 

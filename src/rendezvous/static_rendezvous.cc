@@ -16,6 +16,7 @@
 #include "heartbeat.h"
 #include "hosting.h"
 #include "round_end.h"
+#include "round_watcher.h"
 #include "task_thread.h"
 #include "static_rendezvous_internal.h"
 
