@@ -2,14 +2,12 @@
 // or not), TcpStore clients, each round's worker store, and heartbeats
 // (heartbeat.h). Kept apart from dynamic_rendezvous.cc so that the unit
 // tests, which inject all of these, link without it.
-#include <mutex>
-
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/store/auth.h"
 #include "ddprun/store/tcp_store_server.h"
 #include "dynamic_rendezvous_internal.h"
-#include "hosting.h"
+#include "hosted_stores.h"
 
 namespace ddprun::rendezvous {
 namespace detail {
@@ -30,33 +28,6 @@ class HeartbeatLiveness final : public Liveness {
  private:
   Heartbeat beat_;
 };
-
-// The host serves the endpoint for the rendezvous's whole life, and group
-// rank 0 each round's worker store; both stop at shutdown.
-struct HostedStores {
-  std::unique_ptr<store::TcpStoreServer> endpoint;
-  std::unique_ptr<store::TcpStoreServer> worker;
-  // Who hears of a node's heartbeat connection closing (set by the
-  // rendezvous after the endpoint started; called on its thread).
-  std::mutex goneMu;
-  std::function<void(const std::string&)> onGone;
-};
-
-// A node's heartbeat key is bound to the connection it beats on: when the
-// kernel closes that connection (its agent died or left), the key goes and
-// "<job>/gone/<node>" appears (store::LeaseRule; keys on the wire carry a
-// leading "/").
-store::LeaseRule departureRule(const DynamicOptions& opts,
-                               const std::shared_ptr<HostedStores>& hosted) {
-  const std::string job = "/ddprun/" + opts.runId + "/";
-  std::weak_ptr<HostedStores> weak = hosted;
-  return {job + "hb/", job + "gone/", [weak](const std::string& node) {
-            auto h = weak.lock();
-            if (!h) return;
-            std::lock_guard lock(h->goneMu);
-            if (h->onGone) h->onGone(node);
-          }};
-}
 
 // What a client of the endpoint is, beyond its timeouts: its name in the
 // log, how long it reconnects after its connection broke, and the keys it
@@ -96,12 +67,11 @@ Millis heartbeatTimeout(const DynamicOptions& opts) {
 // whoever listens there instead, as torchrun does; an explicit one fails.
 void hostEndpoint(DynamicOptions& opts, const std::shared_ptr<HostedStores>& hosted) {
   try {
-    hosted->endpoint =
-        hostStore("", opts.endpointPort, "the rendezvous store at the endpoint",
-                  "pass another port in --rdzv-endpoint (the same to every "
-                  "node), or stop that process",
-                  opts.authSecret, {departureRule(opts, hosted)});
-    opts.endpointPort = hosted->endpoint->port();
+    opts.endpointPort = hosted->hostRendezvousStore(
+        "", opts.endpointPort, "the rendezvous store at the endpoint",
+        "pass another port in --rdzv-endpoint (the same to every node), or stop that "
+        "process",
+        opts.authSecret, opts.runId);
   } catch (const IoError& e) {
     if (opts.isHostExplicit) throw;
     DDPRUN_INFO("rendezvous: ", e.message(), "; joining it as a client");
@@ -112,10 +82,12 @@ void hostEndpoint(DynamicOptions& opts, const std::shared_ptr<HostedStores>& hos
 }  // namespace
 
 DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
+  // The host serves the endpoint for the rendezvous's whole life, and group
+  // rank 0 each round's worker store; both stop at shutdown.
   auto hosted = std::make_shared<HostedStores>();
   if (opts.isHost) hostEndpoint(opts, hosted);
   DynamicBackend b;
-  b.hosting = hosted->endpoint != nullptr;
+  b.hosting = hosted->hosting();
   b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
   b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
     return connectEndpoint(opts, std::move(cancel), timeout, opts.readTimeout,
@@ -125,11 +97,7 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     auto* tcp = dynamic_cast<store::TcpStore*>(&s);
     return tcp ? tcp->localAddress() : std::string();
   };
-  b.startWorkerStore = [hosted] {
-    hosted->worker.reset();  // a fresh keyspace for every round
-    hosted->worker = hostStore("", 0, "the round's worker store", "");
-    return hosted->worker->port();
-  };
+  b.startWorkerStore = [hosted] { return hosted->startWorkerStore(); };
   b.missedBeats = std::make_shared<std::atomic<uint64_t>>(0);
   b.startLiveness = [opts, missed = b.missedBeats](
                         const std::string& self) -> std::unique_ptr<Liveness> {
@@ -152,19 +120,7 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);
   };
-  if (b.hosting)
-    b.watchDepartures = [hosted](std::function<void(const std::string&)> onGone) {
-      std::lock_guard lock(hosted->goneMu);
-      hosted->onGone = std::move(onGone);
-    };
-  b.stopHosted = [hosted] {
-    {
-      std::lock_guard lock(hosted->goneMu);
-      hosted->onGone = nullptr;
-    }
-    hosted->worker.reset();
-    hosted->endpoint.reset();
-  };
+  bindHostedStores(b, hosted);
   return b;
 }
 

@@ -19,6 +19,7 @@
 #include "job_keys.h"
 #include "dynamic_state.h"
 #include "round_end.h"
+#include "round_watcher.h"
 #include "state_cell.h"
 #include "task_thread.h"
 
@@ -545,13 +546,7 @@ class DynamicRendezvous final : public Rendezvous {
   // nothing (the first end won) and are skipped: the store may be gone.
   void report(int round, const char* what, const std::function<void()>& request) {
     if (round != lastJoined_ || lastEnded_ >= round || cancel_->cancelled()) return;
-    try {
-      request();
-    } catch (const CancelledError&) {
-      DDPRUN_DEBUG("rendezvous: not reporting that ", what, ": cancelled");
-    } catch (const Error& e) {
-      DDPRUN_WARN("could not tell the other nodes that ", what, ": ", e.message());
-    }
+    detail::sendReport(what, request);
   }
 
   // On the heartbeat's thread: drops a silent node from the state (ending
@@ -711,33 +706,37 @@ class DynamicRendezvous final : public Rendezvous {
     if (!keys.empty()) store.wait(keys, opts_.closeTimeout);
   }
 
-  // Watchers: one per round, each with a token of its own (cancelled by
-  // cancel_ too), so starting a round can end the previous round's watcher.
-  void startWatcher(int round) {
-    stopWatcher();
-    watcher_.start([this, round](const auto& token) { watch(round, token); });
-  }
+  // Watchers: one per round (round_watcher.h); starting a round ends the
+  // previous round's watcher.
+  void startWatcher(int round) { watcher_.start(round); }
   void stopWatcher() { watcher_.stop(); }
 
-  // On the watcher thread: waits for the round's end and posts it as a typed
-  // event; a store that fails is kStoreLost; cancelled: nothing.
-  void watch(int round, const std::shared_ptr<store::CancelToken>& token) {
-    RoundEvent event;
-    try {
-      auto store = backend_.connect(token, opts_.readTimeout);
-      event = keys_.awaitTrustedEnd(*store, round, token, heartbeatTimeout(), nodeId_);
+  // On the watcher thread: waits for the round's end as the state backs it;
+  // a store that fails is kStoreLost; cancelled: nothing.
+  detail::RoundWatcher::Hooks watcherHooks() {
+    detail::RoundWatcher::Hooks h;
+    h.connect = [this](std::shared_ptr<store::CancelToken> token) {
+      return backend_.connect(std::move(token), opts_.readTimeout);
+    };
+    h.awaitEnd = [this](store::Store& store, int round,
+                        const std::shared_ptr<store::CancelToken>& token) {
+      return keys_.awaitTrustedEnd(store, round, token, heartbeatTimeout(), nodeId_);
+    };
+    h.onEnded = [this](store::Store& store, int round, const RoundEvent& event) {
       if (event.kind == RoundEnd::kFinished) finished_ = true;
       if (event.kind == RoundEnd::kFinished || event.kind == RoundEnd::kClosed)
         jobEndSeen_ = true;
       lastEnded_ = std::max(lastEnded_.load(), round);
-      keys_.sayLeft(*store, round, nodeId_);
-    } catch (const CancelledError&) {
-      return;
-    } catch (const Error& e) {
+      keys_.sayLeft(store, round, nodeId_);
+    };
+    h.storeLost = [this](const Error& e) {
       storeLost_ = true;
-      event = {round, RoundEnd::kStoreLost, -1, storeGone(e.message())};
-    }
-    if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+      return storeGone(e.message());
+    };
+    h.deliver = [this](const RoundEvent& event) {
+      if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+    };
+    return h;
   }
 
   Millis heartbeatTimeout() const {
@@ -793,7 +792,7 @@ class DynamicRendezvous final : public Rendezvous {
   // The departures thread's (the host only).
   std::unique_ptr<store::Store> departClient_;
   std::optional<StateCell> departCell_;
-  detail::WatcherThread watcher_{cancel_};
+  detail::RoundWatcher watcher_{cancel_, watcherHooks()};
   detail::TaskThread departures_;
   detail::TaskThread tasks_;  // last: destroyed first, its thread uses the members above
 };

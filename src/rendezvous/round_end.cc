@@ -1,6 +1,7 @@
 #include "round_end.h"
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/log.h"
 #include "ddprun/common/strings.h"
 
 namespace ddprun::rendezvous::detail {
@@ -75,6 +76,16 @@ RoundEvent decodeEndOrClose(int round, const std::string& endKey,
 
 RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey) {
   return decodeEndOrClose(round, endKey, awaitEndValue(store, endKey));
+}
+
+void sendReport(const std::string& what, const std::function<void()>& request) {
+  try {
+    request();
+  } catch (const CancelledError&) {
+    DDPRUN_DEBUG("rendezvous: not reporting that ", what, ": cancelled");
+  } catch (const Error& e) {
+    DDPRUN_WARN("could not tell the other nodes that ", what, ": ", e.message());
+  }
 }
 
 }  // namespace ddprun::rendezvous::detail

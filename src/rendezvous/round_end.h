@@ -33,4 +33,10 @@ std::string awaitEndValue(store::Store& store, const std::string& endKey,
 RoundEvent decodeEndOrClose(int round, const std::string& endKey,
                             const std::string& value);
 
+// Runs `request`, a node's report on a round (its outcome, a peer's death),
+// on the rendezvous's task thread. A report that cannot be delivered is
+// logged, not thrown: a warning naming `what`, or a debug line when it was
+// cancelled (shutdown).
+void sendReport(const std::string& what, const std::function<void()>& request);
+
 }  // namespace ddprun::rendezvous::detail

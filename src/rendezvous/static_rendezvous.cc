@@ -14,8 +14,9 @@
 #include "ddprun/common/strings.h"
 #include "ddprun/store/auth.h"
 #include "heartbeat.h"
-#include "hosting.h"
+#include "hosted_stores.h"
 #include "round_end.h"
+#include "round_watcher.h"
 #include "task_thread.h"
 #include "static_rendezvous_internal.h"
 
@@ -398,13 +399,7 @@ class StaticRendezvous final : public Rendezvous {
   // nothing (the first report won) and are skipped: the store may be gone.
   void report(int round, const std::string& what, const std::function<void()>& request) {
     if (round != lastJoined_ || lastEnded_ >= round) return;
-    try {
-      request();
-    } catch (const CancelledError&) {
-      DDPRUN_DEBUG("rendezvous: not reporting that ", what, ": cancelled");
-    } catch (const Error& e) {
-      DDPRUN_WARN("could not tell the other nodes that ", what, ": ", e.message());
-    }
+    detail::sendReport(what, request);
   }
 
   // On the task thread, at shutdown (see there).
@@ -421,33 +416,38 @@ class StaticRendezvous final : public Rendezvous {
     }
   }
 
-  // Watchers: one per round, each with a token of its own (cancelled by
-  // cancel_ too), so starting a round can end the previous round's watcher.
+  // Watchers: one per round (round_watcher.h); starting a round ends the
+  // previous round's watcher.
   void startWatcher(int round) {
-    stopWatcher();
+    watcher_.stop();
     watchPeers(round);
-    watcher_.start([this, round](const auto& token) { watch(round, token); });
+    watcher_.start(round);
   }
   void stopWatcher() { watcher_.stop(); }
 
-  // On the watcher thread: waits for the round's end and posts it as a typed
-  // event; a store that fails is kStoreLost; cancelled: nothing.
-  void watch(int round, const std::shared_ptr<store::CancelToken>& token) {
-    RoundEvent event;
-    try {
-      auto store = backend_.connect(token, opts_.timeout);
-      event = detail::awaitEnd(*store, round, key(round, "end"));
+  // On the watcher thread: waits for the round's end; a store that fails is
+  // kStoreLost; cancelled: nothing.
+  detail::RoundWatcher::Hooks watcherHooks() {
+    detail::RoundWatcher::Hooks h;
+    h.connect = [this](std::shared_ptr<store::CancelToken> token) {
+      return backend_.connect(std::move(token), opts_.timeout);
+    };
+    h.awaitEnd = [this](store::Store& store, int round, const auto&) {
+      return detail::awaitEnd(store, round, key(round, "end"));
+    };
+    h.onEnded = [this](store::Store& store, int round, const RoundEvent&) {
       lastEnded_ = std::max(lastEnded_.load(), round);
       heartbeat_->setPeers({}, {});  // between rounds nobody is watched
-      sayLeft(*store, round);
-    } catch (const CancelledError&) {
-      return;
-    } catch (const Error& e) {
-      event = {round, RoundEnd::kStoreLost, -1,
-               "the agent store of node 0 at " + backend_.storeAddress + " is gone (" +
-                   e.message() + ")"};
-    }
-    if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+      sayLeft(store, round);
+    };
+    h.storeLost = [this](const Error& e) {
+      return "the agent store of node 0 at " + backend_.storeAddress + " is gone (" +
+             e.message() + ")";
+    };
+    h.deliver = [this](const RoundEvent& event) {
+      if (!stopping_ && handler_) post_([handler = handler_, event] { handler(event); });
+    };
+    return h;
   }
 
   // Best effort: node 0 may stop the store as soon as it has read the end.
@@ -478,24 +478,13 @@ class StaticRendezvous final : public Rendezvous {
   std::unique_ptr<detail::Heartbeat> heartbeat_;
   // The current watcher; touched by the task thread, and by shutdown() once
   // that thread has stopped.
-  detail::WatcherThread watcher_{cancel_};
+  detail::RoundWatcher watcher_{cancel_, watcherHooks()};
   // Node 0's departures thread and its connection.
   const std::shared_ptr<store::CancelToken> departCancel_ =
       std::make_shared<store::CancelToken>();
   std::unique_ptr<store::Store> departClient_;
   TaskThread departures_;
   TaskThread tasks_;  // last: destroyed first, its thread uses the members above
-};
-
-// Node 0 hosts the agent store for the rendezvous's whole life, and with
-// authentication each round's worker store; both stop at shutdown.
-struct HostedStores {
-  std::unique_ptr<store::TcpStoreServer> agent;
-  std::unique_ptr<store::TcpStoreServer> worker;
-  // Who hears of a node's heartbeat connection closing (set by the
-  // rendezvous; called on the agent store's thread).
-  std::mutex goneMu;
-  std::function<void(const std::string&)> onGone;
 };
 
 std::unique_ptr<store::Store> connectAgentStore(
@@ -548,25 +537,14 @@ std::unique_ptr<Rendezvous> makeStaticRendezvous(const StaticOptions& opts,
 }
 
 StaticBackend makeTcpBackend(StaticOptions& opts) {
+  // Node 0 hosts the agent store for the rendezvous's whole life, and with
+  // authentication each round's worker store; both stop at shutdown.
   auto hosted = std::make_shared<HostedStores>();
-  if (opts.nodeRank == 0) {
-    // A node's heartbeat key is a lease of the connection it beats on
-    // (store::LeaseRule): its agent's death is heard at once.
-    const std::string job = "/ddprun/" + opts.runId + "/";
-    std::weak_ptr<HostedStores> weak = hosted;
-    store::LeaseRule departures{job + "hb/", job + "gone/", [weak](const std::string& beat) {
-                                  auto h = weak.lock();
-                                  if (!h) return;
-                                  std::lock_guard lock(h->goneMu);
-                                  if (h->onGone) h->onGone(beat);
-                                }};
-    hosted->agent =
-        hostStore("", opts.masterPort, "node 0's agent store",
-                  "pass another --master-port (the same to every node), or stop "
-                  "that process",
-                  opts.authSecret, {std::move(departures)});
-    opts.masterPort = hosted->agent->port();
-  }
+  if (opts.nodeRank == 0)
+    opts.masterPort = hosted->hostRendezvousStore(
+        "", opts.masterPort, "node 0's agent store",
+        "pass another --master-port (the same to every node), or stop that process",
+        opts.authSecret, opts.runId);
   StaticBackend b;
   b.storeAddress = net::formatHostPort(opts.masterAddr, opts.masterPort);
   b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
@@ -580,32 +558,18 @@ StaticBackend makeTcpBackend(StaticOptions& opts) {
       // sends them as PyTorch's client does.
       std::vector<std::string> wire;
       for (const auto& p : workerPrefixes) wire.push_back("/" + p);
-      const size_t erased = hosted->agent->eraseKeysUnder(wire);
+      const size_t erased = hosted->rendezvousStore().eraseKeysUnder(wire);
       DDPRUN_DEBUG("rendezvous: erased ", erased, " keys of earlier rounds' workers");
-      return hosted->agent->port();
+      return hosted->rendezvousStore().port();
     };
   } else {
     // The agent store admits only agents, and PyTorch's clients know no
     // token: the workers get a store of their own, fresh every round.
     b.readyWorkerStore = [hosted](const std::vector<std::string>&) {
-      hosted->worker.reset();
-      hosted->worker = hostStore("", 0, "the round's worker store", "");
-      return hosted->worker->port();
+      return hosted->startWorkerStore();
     };
   }
-  if (hosted->agent)
-    b.watchDepartures = [hosted](std::function<void(const std::string&)> onGone) {
-      std::lock_guard lock(hosted->goneMu);
-      hosted->onGone = std::move(onGone);
-    };
-  b.stopHosted = [hosted] {
-    {
-      std::lock_guard lock(hosted->goneMu);
-      hosted->onGone = nullptr;
-    }
-    hosted->worker.reset();
-    hosted->agent.reset();
-  };
+  bindHostedStores(b, hosted);
   return b;
 }
 

@@ -2,7 +2,8 @@
 // one's worker stores, the static one with two nodes as objects of this
 // process, the dynamic one with up to three, and cancellation of blocked
 // store calls. Every port is chosen by the kernel (port 0) and read back;
-// every wait is bounded; no sleeps.
+// every wait is bounded; no sleeps. The fixtures (one per suite, all on
+// RendezvousTest) make the nodes, run a round's joins and check errors.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -87,19 +88,80 @@ void expectMentions(const std::string& message, const std::vector<std::string>& 
   for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << message;
 }
 
+// What the tests share: a node of this process with a rendezvous, a round's
+// joins, and the check of an error's message.
+class RendezvousTest : public ::testing::Test {
+ protected:
+  using Joins = std::vector<std::pair<Node*, int>>;  // a node, its local world size
+
+  static std::unique_ptr<Node> node(
+      const std::function<std::unique_ptr<Rendezvous>(Rendezvous::Post)>& make) {
+    auto n = std::make_unique<Node>();
+    n->attach(make(n->queue.post()));
+    return n;
+  }
+
+  // Every node joins, in order; then every join's outcome is awaited, in the
+  // same order. Success: every node joined (use with ASSERT_TRUE).
+  static ::testing::AssertionResult joinRound(const Joins& joins) {
+    for (const auto& [n, size] : joins) n->join(size);
+    std::vector<Node*> nodes;
+    for (const auto& [n, size] : joins) nodes.push_back(n);
+    return awaitJoined(nodes);
+  }
+  static ::testing::AssertionResult awaitJoined(const std::vector<Node*>& nodes) {
+    for (Node* n : nodes) n->awaitJoin();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!nodes[i]->error) continue;
+      try {
+        nodes[i]->rethrow();
+      } catch (const std::exception& e) {
+        return ::testing::AssertionFailure()
+               << "node " << i << " of the call failed to join: " << e.what();
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // `f` must throw an E whose message mentions every part; `ifNone` says
+  // what it did instead. Another exception propagates (the test fails).
+  template <typename E, typename F>
+  static void expectError(F&& f, const std::string& ifNone,
+                          const std::vector<std::string>& parts) {
+    try {
+      f();
+    } catch (const E& e) {
+      expectMentions(e.message(), parts);
+      return;
+    }
+    ADD_FAILURE() << ifNone;
+  }
+  // `n`'s pending join must end with a CancelledError.
+  static void expectJoinCancelled(Node& n) {
+    n.awaitJoin();
+    EXPECT_THROW(n.rethrow(), CancelledError);
+  }
+  // `n`'s pending join must fail with an E mentioning every part.
+  template <typename E>
+  static void expectJoinError(Node& n, const std::string& ifNone,
+                              const std::vector<std::string>& parts) {
+    n.awaitJoin();
+    expectError<E>([&] { n.rethrow(); }, ifNone, parts);
+  }
+};
+
 // ---- local -----------------------------------------------------------------
 
-std::unique_ptr<Node> localNode(LocalOptions opts) {
-  auto n = std::make_unique<Node>();
-  n->attach(makeLocalRendezvous(opts, n->queue.post()));
-  return n;
-}
+class LocalRendezvous : public RendezvousTest {
+ protected:
+  static std::unique_ptr<Node> localNode(LocalOptions opts) {
+    return node([&](Rendezvous::Post post) { return makeLocalRendezvous(opts, post); });
+  }
+};
 
-TEST(LocalRendezvous, EachRoundGetsAFreshReachableWorkerStore) {
+TEST_F(LocalRendezvous, EachRoundGetsAFreshReachableWorkerStore) {
   auto n = localNode({"127.0.0.1", "", 0});
-  n->join(4);
-  n->awaitJoin();
-  ASSERT_FALSE(n->error);
+  ASSERT_TRUE(joinRound({{n.get(), 4}}));
   const RoundInfo first = n->info;
   EXPECT_EQ(first.round, 0);
   EXPECT_EQ(first.groupRank, 0);
@@ -118,9 +180,7 @@ TEST(LocalRendezvous, EachRoundGetsAFreshReachableWorkerStore) {
   EXPECT_EQ(e.node, 0);
   EXPECT_EQ(e.reason, "rank 1 exited with 1");
 
-  n->join(4);
-  n->awaitJoin();
-  ASSERT_FALSE(n->error);
+  ASSERT_TRUE(joinRound({{n.get(), 4}}));
   EXPECT_EQ(n->info.round, 1);
   EXPECT_FALSE(client("127.0.0.1", n->info.workerStorePort)->check({"from-round-0"}));
   EXPECT_EQ(n->events.size(), 1u) << "one event per round";
@@ -130,11 +190,9 @@ TEST(LocalRendezvous, EachRoundGetsAFreshReachableWorkerStore) {
   EXPECT_EQ(e.kind, RoundEnd::kClosed);
 }
 
-TEST(LocalRendezvous, AStoreOnEveryAddressIsReachableAsLocalhostAndLoopback) {
+TEST_F(LocalRendezvous, AStoreOnEveryAddressIsReachableAsLocalhostAndLoopback) {
   auto n = localNode({"localhost", "", 0});
-  n->join(1);
-  n->awaitJoin();
-  ASSERT_FALSE(n->error);
+  ASSERT_TRUE(joinRound({{n.get(), 1}}));
   std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
   if (ipv6LoopbackWorks()) hosts.push_back("::1");
   for (const auto& host : hosts) {
@@ -145,65 +203,56 @@ TEST(LocalRendezvous, AStoreOnEveryAddressIsReachableAsLocalhostAndLoopback) {
   RecordProperty("ipv6_loopback", hosts.size() == 3 ? "checked" : "absent here");
 }
 
-TEST(LocalRendezvous, AFixedPortInUseFailsTheJoinNamingTheHolder) {
+TEST_F(LocalRendezvous, AFixedPortInUseFailsTheJoinNamingTheHolder) {
   auto holder = store::TcpStoreServer::start({"", 0, {}});
   auto n = localNode({"127.0.0.1", "", holder->port()});
   n->join(1);
-  n->awaitJoin();
-  try {
-    n->rethrow();
-    FAIL() << "joined on a port in use";
-  } catch (const IoError& e) {
-    expectMentions(e.message(), {"port " + std::to_string(holder->port()),
-                                 "in use by pid " + std::to_string(::getpid()),
-                                 "pass another --master-port, or omit --master-port"});
-  }
+  expectJoinError<IoError>(*n, "joined on a port in use",
+                           {"port " + std::to_string(holder->port()),
+                            "in use by pid " + std::to_string(::getpid()),
+                            "pass another --master-port, or omit --master-port"});
 }
 
 // ---- static ----------------------------------------------------------------
 
-StaticOptions staticOptions(int rank, uint16_t port, Millis timeout = 120s) {
-  StaticOptions o;
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = port;
-  o.nodeRank = rank;
-  o.nnodes = 2;
-  o.runId = "it";
-  o.timeout = timeout;
-  return o;
-}
+class StaticRendezvous : public RendezvousTest {
+ protected:
+  static StaticOptions staticOptions(int rank, uint16_t port, Millis timeout = 120s) {
+    StaticOptions o;
+    o.masterAddr = "127.0.0.1";
+    o.masterPort = port;
+    o.nodeRank = rank;
+    o.nnodes = 2;
+    o.runId = "it";
+    o.timeout = timeout;
+    return o;
+  }
 
-// Node 0 on a free port; `port` gets the port it bound.
-std::unique_ptr<Node> staticNode0(uint16_t& port, const std::string& secret = "") {
-  StaticOptions o = staticOptions(0, 0);
-  o.authSecret = secret;
-  auto backend = detail::makeTcpBackend(o);
-  port = o.masterPort;
-  auto n = std::make_unique<Node>();
-  n->attach(detail::makeStaticRendezvous(o, n->queue.post(), std::move(backend)));
-  return n;
-}
+  // Node 0 on a free port; `port` gets the port it bound.
+  static std::unique_ptr<Node> staticNode0(uint16_t& port, const std::string& secret = "") {
+    StaticOptions o = staticOptions(0, 0);
+    o.authSecret = secret;
+    auto backend = detail::makeTcpBackend(o);
+    port = o.masterPort;
+    return node([&](Rendezvous::Post post) {
+      return detail::makeStaticRendezvous(o, post, std::move(backend));
+    });
+  }
 
-std::unique_ptr<Node> staticNode1(uint16_t port, const std::string& secret = "") {
-  StaticOptions o = staticOptions(1, port);
-  o.authSecret = secret;
-  auto n = std::make_unique<Node>();
-  n->attach(makeStaticRendezvous(o, n->queue.post()));
-  return n;
-}
+  static std::unique_ptr<Node> staticNode1(uint16_t port, const std::string& secret = "") {
+    StaticOptions o = staticOptions(1, port);
+    o.authSecret = secret;
+    return node([&](Rendezvous::Post post) { return makeStaticRendezvous(o, post); });
+  }
+};
 
-TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
+TEST_F(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   uint16_t port = 0;
   auto n0 = staticNode0(port);
   auto n1 = staticNode1(port);
   EXPECT_EQ(n1->rdzv->describe(),
             "static, node 1 of 2, store 127.0.0.1:" + std::to_string(port));
-  n0->join(2);
-  n1->join(3);
-  n0->awaitJoin();
-  n1->awaitJoin();
-  ASSERT_FALSE(n0->error);
-  ASSERT_FALSE(n1->error);
+  ASSERT_TRUE(joinRound({{n0.get(), 2}, {n1.get(), 3}}));
   EXPECT_EQ(n0->info.baseRank, 0);
   EXPECT_EQ(n1->info.baseRank, 2);
   for (Node* n : {n0.get(), n1.get()}) {
@@ -228,12 +277,7 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
   n0->rdzv->reportFailure(0, "rank 0 exited with 1", /*closeJob=*/false);
   for (Node* n : {n0.get(), n1.get()}) EXPECT_EQ(n->awaitEvent().kind, RoundEnd::kFailed);
 
-  n0->join(2);
-  n1->join(3);
-  n0->awaitJoin();
-  n1->awaitJoin();
-  ASSERT_FALSE(n0->error);
-  ASSERT_FALSE(n1->error);
+  ASSERT_TRUE(joinRound({{n0.get(), 2}, {n1.get(), 3}}));
   EXPECT_EQ(n1->info.workerStorePort, port);
   EXPECT_FALSE(worker->check({"default_pg/0//rank_0"})) << "round 1's workers find it clean";
   EXPECT_FALSE(worker->check({"/worker/attempt_0/default_pg/0//rank_0"}));
@@ -258,19 +302,14 @@ TEST(StaticRendezvous, TwoNodesAgreeOnRanksAndTheWorkerStore) {
 
 // The agent store admits only agents: PyTorch's clients know no token, so
 // the workers get a fresh store of their own each round, open to them.
-TEST(StaticRendezvous, WithASecretTheWorkersGetAFreshStoreEachRound) {
+TEST_F(StaticRendezvous, WithASecretTheWorkersGetAFreshStoreEachRound) {
   const std::string secret = "0123456789abcdef0123456789abcdef";
   uint16_t port = 0;
   auto n0 = staticNode0(port, secret);
   auto n1 = staticNode1(port, secret);
   uint16_t first = 0;
   for (int round = 0; round < 2; ++round) {
-    n0->join(1);
-    n1->join(1);
-    n0->awaitJoin();
-    n1->awaitJoin();
-    ASSERT_FALSE(n0->error);
-    ASSERT_FALSE(n1->error);
+    ASSERT_TRUE(joinRound({{n0.get(), 1}, {n1.get(), 1}}));
     ASSERT_EQ(n0->info.workerStorePort, n1->info.workerStorePort);
     ASSERT_NE(n1->info.workerStorePort, port);
     auto worker = client("127.0.0.1", n1->info.workerStorePort);  // no token
@@ -288,93 +327,89 @@ TEST(StaticRendezvous, WithASecretTheWorkersGetAFreshStoreEachRound) {
   n0->rdzv->shutdown();
 }
 
-TEST(StaticRendezvous, ATakenPortIsASetupErrorNamingTheHolder) {
+TEST_F(StaticRendezvous, ATakenPortIsASetupErrorNamingTheHolder) {
   auto holder = store::TcpStoreServer::start({"", 0, {}});
-  try {
-    makeStaticRendezvous(staticOptions(0, holder->port()), [](std::function<void()>) {});
-    FAIL() << "node 0 started on a port in use";
-  } catch (const IoError& e) {
-    expectMentions(e.message(),
-                   {"port " + std::to_string(holder->port()),
-                    "in use by pid " + std::to_string(::getpid()), "--master-port"});
-  }
+  expectError<IoError>(
+      [&] {
+        makeStaticRendezvous(staticOptions(0, holder->port()), [](std::function<void()>) {});
+      },
+      "node 0 started on a port in use",
+      {"port " + std::to_string(holder->port()),
+       "in use by pid " + std::to_string(::getpid()), "--master-port"});
 }
 
 // Before this rendezvous, SIGINT/SIGTERM waited for the 900 s join timeout.
 // The join timeout here is 120 s and the test's bound 60 s: a CancelledError
 // (not a TimeoutError) shows cancel() ended the wait.
-TEST(StaticRendezvous, CancelEndsNode0WaitingForAnAbsentPeer) {
+TEST_F(StaticRendezvous, CancelEndsNode0WaitingForAnAbsentPeer) {
   uint16_t port = 0;
   auto n0 = staticNode0(port);
   n0->join(1);
   // Node 0 sets its key, then waits for node 1's.
   client("127.0.0.1", port)->wait({"ddprun/it/round/0/node/0"}, 60s);
   n0->rdzv->cancel();
-  n0->awaitJoin();
-  EXPECT_THROW(n0->rethrow(), CancelledError);
+  expectJoinCancelled(*n0);
 }
 
-TEST(StaticRendezvous, CancelEndsANodeRefusedByAnAbsentNode0) {
+TEST_F(StaticRendezvous, CancelEndsANodeRefusedByAnAbsentNode0) {
   HeldPort refusing(/*listen=*/false);
   auto n1 = staticNode1(refusing.port());
   n1->join(1);
   n1->rdzv->cancel();
-  n1->awaitJoin();
-  EXPECT_THROW(n1->rethrow(), CancelledError);
+  expectJoinCancelled(*n1);
 }
 
-TEST(StaticRendezvous, CancelEndsANodeWaitingForASilentNode0) {
+TEST_F(StaticRendezvous, CancelEndsANodeWaitingForASilentNode0) {
   HeldPort silent(/*listen=*/true);
   auto n1 = staticNode1(silent.port());
   n1->join(1);
   ASSERT_TRUE(silent.awaitConnection(60s));  // node 1 now waits for a handshake reply
   n1->rdzv->cancel();
-  n1->awaitJoin();
-  EXPECT_THROW(n1->rethrow(), CancelledError);
+  expectJoinCancelled(*n1);
 }
 
-TEST(StaticRendezvous, ShutdownWhileConnectingReturns) {
+TEST_F(StaticRendezvous, ShutdownWhileConnectingReturns) {
   HeldPort silent(/*listen=*/true);
   auto n1 = staticNode1(silent.port());
   n1->join(1);
   ASSERT_TRUE(silent.awaitConnection(60s));
   n1->rdzv->shutdown();  // cancels and joins the blocked thread
-  n1->awaitJoin();
-  EXPECT_THROW(n1->rethrow(), CancelledError);
+  expectJoinCancelled(*n1);
 }
 
 // ---- dynamic ---------------------------------------------------------------
 
-DynamicOptions dynamicOptions(uint16_t port, int nodes) {
-  DynamicOptions o;
-  o.endpointHost = "127.0.0.1";
-  o.endpointPort = port;
-  o.runId = "it";
-  o.minNodes = o.maxNodes = nodes;
-  o.joinTimeout = 120s;
-  o.closeTimeout = 60s;
-  return o;
-}
+class DynamicRendezvous : public RendezvousTest {
+ protected:
+  static DynamicOptions dynamicOptions(uint16_t port, int nodes) {
+    DynamicOptions o;
+    o.endpointHost = "127.0.0.1";
+    o.endpointPort = port;
+    o.runId = "it";
+    o.minNodes = o.maxNodes = nodes;
+    o.joinTimeout = 120s;
+    o.closeTimeout = 60s;
+    return o;
+  }
 
-// The hosting node on a free port; `port` gets the port it bound.
-std::unique_ptr<Node> dynamicHost(uint16_t& port, int minNodes, int maxNodes) {
-  DynamicOptions o = dynamicOptions(0, minNodes);
-  o.maxNodes = maxNodes;
-  o.isHost = true;
-  auto backend = detail::makeDynamicTcpBackend(o);
-  port = o.endpointPort;
-  auto n = std::make_unique<Node>();
-  n->attach(detail::makeDynamicRendezvous(o, n->queue.post(), std::move(backend)));
-  return n;
-}
+  // The hosting node on a free port; `port` gets the port it bound.
+  static std::unique_ptr<Node> dynamicHost(uint16_t& port, int minNodes, int maxNodes) {
+    DynamicOptions o = dynamicOptions(0, minNodes);
+    o.maxNodes = maxNodes;
+    o.isHost = true;
+    auto backend = detail::makeDynamicTcpBackend(o);
+    port = o.endpointPort;
+    return node([&](Rendezvous::Post post) {
+      return detail::makeDynamicRendezvous(o, post, std::move(backend));
+    });
+  }
 
-std::unique_ptr<Node> dynamicNode(const DynamicOptions& o) {
-  auto n = std::make_unique<Node>();
-  n->attach(makeDynamicRendezvous(o, n->queue.post()));
-  return n;
-}
+  static std::unique_ptr<Node> dynamicNode(const DynamicOptions& o) {
+    return node([&](Rendezvous::Post post) { return makeDynamicRendezvous(o, post); });
+  }
+};
 
-TEST(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
+TEST_F(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
   uint16_t port = 0;
   auto host = dynamicHost(port, 3, 3);
   ASSERT_NE(port, 0);
@@ -385,10 +420,9 @@ TEST(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
   a->join(2);
   b->join(3);
   host->join(1);
+  ASSERT_TRUE(awaitJoined({host.get(), a.get(), b.get()}));
   std::set<int> ranks;
   for (Node* n : {host.get(), a.get(), b.get()}) {
-    n->awaitJoin();
-    ASSERT_FALSE(n->error);
     EXPECT_EQ(n->info.groupWorldSize, 3);
     EXPECT_EQ(n->info.worldSize, 6);
     EXPECT_EQ(n->info.restartCount, 0);
@@ -406,80 +440,59 @@ TEST(DynamicRendezvous, ThreeNodesFormARoundOverRealSockets) {
   for (Node* n : {a.get(), b.get(), host.get()}) n->rdzv->shutdown();
 }
 
-TEST(DynamicRendezvous, AnInferredHostWhosePortIsTakenJoinsAsAClient) {
+TEST_F(DynamicRendezvous, AnInferredHostWhosePortIsTakenJoinsAsAClient) {
   auto other = store::TcpStoreServer::start({"", 0, {}});  // e.g. a ddprun-store
   DynamicOptions o = dynamicOptions(other->port(), 1);
   o.isHost = true;  // inferred: the endpoint's address is ours
   auto n = dynamicNode(o);
   EXPECT_EQ(n->rdzv->describe(),
             "c10d, nodes 1:1, run it, store 127.0.0.1:" + std::to_string(other->port()));
-  n->join(1);
-  n->awaitJoin();
-  ASSERT_FALSE(n->error);
+  ASSERT_TRUE(joinRound({{n.get(), 1}}));
   EXPECT_EQ(n->info.groupRank, 0);
   EXPECT_TRUE(client("127.0.0.1", other->port())->check({"ddprun/it/state"}))
       << "the state lives in the store that held the port";
   n->rdzv->shutdown();
 }
 
-TEST(DynamicRendezvous, AnExplicitHostWhosePortIsTakenFailsNamingTheHolder) {
+TEST_F(DynamicRendezvous, AnExplicitHostWhosePortIsTakenFailsNamingTheHolder) {
   auto other = store::TcpStoreServer::start({"", 0, {}});
   DynamicOptions o = dynamicOptions(other->port(), 1);
   o.isHost = o.isHostExplicit = true;
-  try {
-    makeDynamicRendezvous(o, [](std::function<void()>) {});
-    FAIL() << "hosted on a port in use";
-  } catch (const IoError& e) {
-    expectMentions(e.message(),
-                   {"port " + std::to_string(other->port()),
-                    "in use by pid " + std::to_string(::getpid()), "--rdzv-endpoint"});
-  }
+  expectError<IoError>([&] { makeDynamicRendezvous(o, [](std::function<void()>) {}); },
+                       "hosted on a port in use",
+                       {"port " + std::to_string(other->port()),
+                        "in use by pid " + std::to_string(::getpid()), "--rdzv-endpoint"});
 }
 
-TEST(DynamicRendezvous, AnUnreachableEndpointIsAnIoErrorNamingIt) {
+TEST_F(DynamicRendezvous, AnUnreachableEndpointIsAnIoErrorNamingIt) {
   HeldPort refused(/*listen=*/false);
   DynamicOptions o = dynamicOptions(refused.port(), 1);
   o.joinTimeout = 300ms;
   auto n = dynamicNode(o);
   n->join(1);
-  n->awaitJoin();
-  try {
-    n->rethrow();
-    FAIL() << "joined nothing";
-  } catch (const IoError& e) {
-    expectMentions(e.message(), {"127.0.0.1:" + std::to_string(refused.port()),
-                                 "single point of failure"});
-  }
+  expectJoinError<IoError>(*n, "joined nothing",
+                           {"127.0.0.1:" + std::to_string(refused.port()),
+                            "single point of failure"});
 }
 
-TEST(DynamicRendezvous, TheHostLeavingEndsTheRoundAndItsStoreIsGoneForTheRest) {
+TEST_F(DynamicRendezvous, TheHostLeavingEndsTheRoundAndItsStoreIsGoneForTheRest) {
   uint16_t port = 0;
   auto host = dynamicHost(port, 1, 2);
   DynamicOptions o = dynamicOptions(port, 1);
   o.maxNodes = 2;
   auto a = dynamicNode(o);
-  host->join(1);
-  a->join(1);  // MAX: complete at once
-  host->awaitJoin();
-  a->awaitJoin();
-  ASSERT_FALSE(a->error);
+  ASSERT_TRUE(joinRound({{host.get(), 1}, {a.get(), 1}}));  // MAX: complete at once
   host->rdzv->shutdown();  // a signal on the host: it leaves, and its store goes
   RoundEvent e = a->awaitEvent();
   EXPECT_EQ(e.kind, RoundEnd::kMembershipChanged);
   expectMentions(e.reason,
                  {"node 127.0.0.1 (pid " + std::to_string(::getpid()) + ") left"});
   a->join(1);
-  a->awaitJoin();
-  try {
-    a->rethrow();
-    FAIL() << "joined without a store";
-  } catch (const IoError& e) {
-    expectMentions(e.message(),
-                   {"127.0.0.1:" + std::to_string(port), "single point of failure"});
-  }
+  expectJoinError<IoError>(*a, "joined without a store",
+                           {"127.0.0.1:" + std::to_string(port), "single point of failure"});
 }
 
-TEST(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
+TEST_F(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
   // A figure for the report, not a bound: the time from the last join call
   // to every node's round info, 256 nodes of this process on one store.
   // Under AddressSanitizer (a Debug build ten times slower, ~1,000 threads
@@ -497,16 +510,11 @@ TEST(DynamicRendezvous, ManyNodesFormOneRoundOverRealSockets) {
   for (int i = 1; i < kNodes; ++i)
     nodes.push_back(dynamicNode(dynamicOptions(port, kNodes)));
   const auto t0 = std::chrono::steady_clock::now();
-  host->join(1);
-  for (auto& n : nodes) n->join(1);
+  Joins joins{{host.get(), 1}};
+  for (auto& n : nodes) joins.emplace_back(n.get(), 1);
+  ASSERT_TRUE(joinRound(joins));
   std::set<int> ranks;
-  host->awaitJoin();
-  ASSERT_FALSE(host->error);
-  for (auto& n : nodes) {
-    n->awaitJoin();
-    ASSERT_FALSE(n->error);
-    ranks.insert(n->info.groupRank);
-  }
+  for (auto& n : nodes) ranks.insert(n->info.groupRank);
   const auto ms =
       std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
   EXPECT_EQ(host->info.groupRank, 0);
