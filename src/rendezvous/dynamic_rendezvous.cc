@@ -67,7 +67,8 @@ class DynamicRendezvous final : public Rendezvous {
         keys_(opts_.runId, lim_) {
     if (backend_.pid == 0) backend_.pid = ::getpid();
     if (backend_.watchDepartures)
-      backend_.watchDepartures([this](const std::string& node) { onDeparted(node); });
+      backend_.watchDepartures(
+          [this](const std::string& node, store::ConnEnd how) { onDeparted(node, how); });
   }
   ~DynamicRendezvous() override { shutdown(); }
 
@@ -578,7 +579,7 @@ class DynamicRendezvous final : public Rendezvous {
   bool dropLostPeers(int round, const std::string& why) {
     std::vector<std::string> lost;
     for (const auto& id : roundPeers_)
-      if (leaseEnded(*client_, id)) lost.push_back(id);
+      if (lostForGood(*client_, id)) lost.push_back(id);
     if (lost.empty()) return false;
     State s = cell_->update([&](State& st) {
       for (const auto& id : lost) detail::removeNode(st, id, departedWhy(id), lim_, now());
@@ -594,10 +595,23 @@ class DynamicRendezvous final : public Rendezvous {
   // Whether `node`'s heartbeat connection closed and no connection beats for
   // it now. Its tombstone is read first (the store then reads a closed
   // owner's end, store::LeaseRule); a node beating again on a new connection
-  // (its old one was reset) is alive, whatever an old tombstone says.
+  // is alive, whatever an old tombstone says.
   bool leaseEnded(store::Store& store, const std::string& node) const {
     return store.check({keys_.jobKey("gone/" + node)}) &&
            !store.check({keys_.jobKey("hb/" + node)});
+  }
+  // Whether `node` is lost: its process closed its heartbeat connection
+  // (a "closed" tombstone) and no connection beats for it now. A reset
+  // connection ("reset") is no proof of death: a failure beside it is a
+  // failure.
+  bool lostForGood(store::Store& store, const std::string& node) const {
+    const std::string gone = keys_.jobKey("gone/" + node);
+    if (!leaseEnded(store, node)) return false;
+    try {
+      return store.get(gone) != store::tombstoneValue(store::ConnEnd::kReset);
+    } catch (const TimeoutError&) {
+      return false;  // gone again meanwhile: it beats on a new connection
+    }
   }
 
   // Whether `node` owns its heartbeat key again (a new connection beats for
@@ -622,22 +636,24 @@ class DynamicRendezvous final : public Rendezvous {
 
   // On the store's thread (the host only): a node's heartbeat connection
   // closed. Queued for the departures thread; never blocks.
-  void onDeparted(const std::string& node) {
+  void onDeparted(const std::string& node, store::ConnEnd how) {
     if (node == nodeId_) return;
-    const int64_t closedAt = now();
-    departures_.push([this, node, closedAt] { dropDeparted(node, closedAt); });
+    // A reset connection may be replaced: its node gets the heartbeat
+    // timeout from now to beat again. One its process closed gets none.
+    const int64_t beatAgainBy =
+        how == store::ConnEnd::kReset ? now() + heartbeatTimeout().count() : 0;
+    departures_.push([this, node, beatAgainBy] { dropDeparted(node, beatAgainBy); });
   }
 
   // On the departures thread, on a connection of its own: a node whose
-  // heartbeat connection closed at `closedAtMs` and that does not beat again
-  // on a new one within the heartbeat timeout of the close (a reset
-  // connection reconnects at its next beat: store::ReconnectPolicy) is
-  // dropped from the job; one that left is in no list by now, and dropping
-  // it changes nothing. Either way it no longer needs the store: its goodbye
-  // is written for it, so that the host never waits for a node that is gone
-  // (leave()). A death that broke the workers' collectives is read sooner,
-  // on the failure report's path (dropLostPeers).
-  void dropDeparted(const std::string& node, int64_t closedAtMs) {
+  // heartbeat connection its process closed (it died: FIN) is dropped from
+  // the job at once; one whose connection was reset is dropped only if it
+  // does not beat again on a new one by `beatAgainByMs` (a reset connection
+  // reconnects at its next beat: store::ReconnectPolicy). One that left is
+  // in no list by now, and dropping it changes nothing. Either way it no
+  // longer needs the store: its goodbye is written for it, so that the host
+  // never waits for a node that is gone (leave()).
+  void dropDeparted(const std::string& node, int64_t beatAgainByMs) {
     try {
       if (!departClient_) {
         departClient_ = backend_.connect(departCancel_, opts_.readTimeout);
@@ -646,7 +662,7 @@ class DynamicRendezvous final : public Rendezvous {
       if (!stopping_) {
         const State listed = departCell_->refresh();
         if (departCell_->known() && detail::isListed(listed, node) &&
-            beatsAgainBy(node, closedAtMs + heartbeatTimeout().count()))
+            beatsAgainBy(node, beatAgainByMs))
           return;  // a reset connection, not a death
         if (departCell_->known()) {
           bool dropped = false;

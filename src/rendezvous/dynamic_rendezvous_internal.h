@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddprun/rendezvous/dynamic_rendezvous.h"
+#include "ddprun/store/server_state.h"
 #include "ddprun/store/store.h"
 #include "ddprun/store/tcp_store.h"
 #include "heartbeat.h"
@@ -47,11 +48,13 @@ struct DynamicBackend {
   // Beats for `self` under the job's heartbeat prefix, watching nobody yet.
   std::function<std::unique_ptr<Liveness>(const std::string& self)> startLiveness;
   // The host only (empty elsewhere): registers `onGone`, called with a
-  // node's id the moment the connection its heartbeat beats on closes (the
-  // kernel ended its agent, or it left), on the store's thread: it must not
-  // block. The store then holds "<job>/gone/<node id>" (JobKeys), which any
+  // node's id and how it ended the moment the connection its heartbeat beats
+  // on ends (closed: the kernel ended its agent, or it left; reset: the
+  // network, and it may beat again on a new one), on the store's thread: it
+  // must not block. The store then holds "<job>/gone/<node id>" (JobKeys), which any
   // node may read. Called once, before the first join.
-  std::function<void(std::function<void(const std::string& node)> onGone)> watchDepartures;
+  std::function<void(std::function<void(const std::string& node, store::ConnEnd how)> onGone)>
+      watchDepartures;
   // Called once at shutdown, after the rendezvous's threads have ended:
   // stops the stores this node hosts. May be empty.
   std::function<void()> stopHosted;

@@ -10,9 +10,9 @@ uint16_t HostedStores::hostRendezvousStore(const std::string& bindHost, uint16_t
   // client does.
   const std::string job = "/ddprun/" + runId + "/";
   store::LeaseRule departures{job + "hb/", job + "gone/",
-                              [relay = relay_](const std::string& name) {
+                              [relay = relay_](const std::string& name, store::ConnEnd how) {
                                 std::lock_guard lock(relay->mu);
-                                if (relay->onGone) relay->onGone(name);
+                                if (relay->onGone) relay->onGone(name, how);
                               }};
   rendezvous_ = hostStore(bindHost, port, role, fix, secret, {std::move(departures)});
   return rendezvous_->port();

@@ -37,8 +37,9 @@ namespace ddprun::rendezvous::detail {
 // calls; rendezvousStore() only while hosting().
 class HostedStores {
  public:
-  // Called with a node's heartbeat name; must not block.
-  using OnGone = std::function<void(const std::string& name)>;
+  // Called with a node's heartbeat name and how its connection ended
+  // (store::ConnEnd: closed by its process, or reset); must not block.
+  using OnGone = std::function<void(const std::string& name, store::ConnEnd how)>;
 
   HostedStores() = default;
   ~HostedStores() { stop(); }

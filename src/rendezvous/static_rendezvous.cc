@@ -59,7 +59,8 @@ class StaticRendezvous final : public Rendezvous {
   StaticRendezvous(StaticOptions opts, Post post, detail::StaticBackend backend)
       : opts_(std::move(opts)), post_(std::move(post)), backend_(std::move(backend)) {
     if (backend_.watchDepartures)
-      backend_.watchDepartures([this](const std::string& beat) { onDeparted(beat); });
+      backend_.watchDepartures(
+          [this](const std::string& beat, store::ConnEnd how) { onDeparted(beat, how); });
   }
   ~StaticRendezvous() override { shutdown(); }
 
@@ -262,35 +263,39 @@ class StaticRendezvous final : public Rendezvous {
     });
   }
 
-  // On node 0's store thread: node `beat`'s heartbeat connection closed.
-  // Queued for the departures thread; never blocks.
-  void onDeparted(const std::string& beat) {
+  // On node 0's store thread: node `beat`'s heartbeat connection ended
+  // (`how`). Queued for the departures thread; never blocks.
+  void onDeparted(const std::string& beat, store::ConnEnd how) {
     int i = -1;
     if (beat.rfind(kBeatName, 0) != 0 ||
         !str::parseInt(std::string_view(beat).substr(kBeatName.size()), i, 0) ||
         i == opts_.nodeRank || i < 0 || i >= opts_.nnodes)
       return;
-    const auto closedAt = std::chrono::steady_clock::now();
-    departures_.push([this, i, closedAt] { departed(i, closedAt); });
+    // A reset connection may be replaced: node i gets the heartbeat timeout
+    // from now to beat again. One its process closed gets none.
+    const auto beatAgainBy =
+        std::chrono::steady_clock::now() +
+        (how == store::ConnEnd::kReset ? opts_.keepAliveInterval * opts_.keepAliveMaxAttempt
+                                       : Millis(0));
+    departures_.push([this, i, beatAgainBy] { departed(i, beatAgainBy); });
   }
 
   // On the departures thread (node 0), on a connection of its own: node i's
-  // heartbeat connection closed at `closedAt`. If it did not say goodbye and
-  // no new connection beats for it within the heartbeat timeout of the close
-  // (a reset connection reconnects at its next beat: store::ReconnectPolicy),
-  // it died: its running round ends as failed by it (first end wins), as
-  // declareDead would. Either way it no longer needs the store, so node 0's
-  // shutdown never waits for it (leave()). On this thread, not the task
-  // thread: that one may be in leave() already.
-  void departed(int i, std::chrono::steady_clock::time_point closedAt) {
+  // heartbeat connection ended. If it did not say goodbye and no new
+  // connection beats for it by `beatAgainBy` (at once for a connection its
+  // process closed; a reset one reconnects at its next beat:
+  // store::ReconnectPolicy), it died: its running round ends as failed by it
+  // (first end wins), as declareDead would. Either way it no longer needs the
+  // store, so node 0's shutdown never waits for it (leave()). On this thread,
+  // not the task thread: that one may be in leave() already.
+  void departed(int i, std::chrono::steady_clock::time_point beatAgainBy) {
     const int round = lastJoined_;
     if (round < 0) return;
     const auto left = key(round, "left/" + std::to_string(i));
     try {
       if (!departClient_) departClient_ = backend_.connect(departCancel_, opts_.timeout);
       if (departClient_->check({left})) return;  // a clean exit
-      if (beatsAgainBy(i, closedAt + opts_.keepAliveInterval * opts_.keepAliveMaxAttempt))
-        return;  // a reset connection, not a death
+      if (beatsAgainBy(i, beatAgainBy)) return;  // a reset connection, not a death
       if (departClient_->check({left})) return;  // it left meanwhile
       const std::string why = "node " + std::to_string(i) +
                               "'s agent is gone: its connection to the agent store closed";

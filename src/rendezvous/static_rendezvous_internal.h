@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddprun/rendezvous/static_rendezvous.h"
+#include "ddprun/store/server_state.h"
 #include "ddprun/store/store.h"
 #include "ddprun/store/tcp_store.h"
 
@@ -33,10 +34,12 @@ struct StaticBackend {
   // the rendezvous's thread.
   std::function<uint16_t(const std::vector<std::string>& workerPrefixes)> readyWorkerStore;
   // Node 0 only (empty elsewhere): registers `onGone`, called with a
-  // node's heartbeat name ("node<i>") the moment the connection it beats on
-  // closes (its agent died, or left), on the store's thread: it must not
-  // block. Called once, before the first join.
-  std::function<void(std::function<void(const std::string& beat)> onGone)> watchDepartures;
+  // node's heartbeat name ("node<i>") and how it ended the moment the
+  // connection it beats on ends (closed: its agent died, or left; reset: the
+  // network, and the agent may beat again on a new one), on the store's
+  // thread: it must not block. Called once, before the first join.
+  std::function<void(std::function<void(const std::string& beat, store::ConnEnd how)> onGone)>
+      watchDepartures;
   // Called once at shutdown, after the rendezvous's threads have ended:
   // stops the stores this node hosts. May be empty.
   std::function<void()> stopHosted;

@@ -93,9 +93,12 @@ void ServerState::forgetLease(const std::string& key) {
   release(leaseCost(key));
 }
 
+const char* tombstoneValue(ConnEnd how) { return how == ConnEnd::kReset ? "reset" : "closed"; }
+
 // The connection is gone (or its peer closed its end): every key it still
-// owns is deleted and tombstoned, then each rule's onEnded runs.
-void ServerState::endLeases(Conn& c) {
+// owns is deleted and tombstoned with how it ended, then each rule's onEnded
+// runs.
+void ServerState::endLeases(Conn& c, ConnEnd how) {
   std::vector<std::string> keys = std::move(c.leases);
   c.leases.clear();
   for (const auto& key : keys) {
@@ -109,8 +112,8 @@ void ServerState::endLeases(Conn& c) {
     // Refused only when the memory budget is spent: the key is gone all the
     // same, and the callback still runs (readers of the tombstone then see
     // nothing, and fall back on their own timeouts).
-    doSet(rule->tombstonePrefix + name, "");
-    if (rule->onEnded) rule->onEnded(name);
+    doSet(rule->tombstonePrefix + name, tombstoneValue(how));
+    if (rule->onEnded) rule->onEnded(name, how);
   }
 }
 
@@ -121,7 +124,8 @@ void ServerState::probeTombstones(const Conn& reader, const std::vector<std::str
       auto owner = leaseOwner_.find(rule.prefix + k.substr(rule.tombstonePrefix.size()));
       if (owner == leaseOwner_.end() || owner->second == reader.id) continue;
       auto conn = conns_.find(owner->second);
-      if (conn != conns_.end() && outbox_.peerClosed(owner->second)) endLeases(*conn->second);
+      if (conn != conns_.end() && outbox_.peerClosed(owner->second))
+        endLeases(*conn->second, outbox_.peerEnd(owner->second));
     }
   }
 }

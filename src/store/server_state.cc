@@ -32,12 +32,12 @@ void ServerState::open(ConnId id) {
 
 void ServerState::releaseInFlight(size_t bytes) { release(bytes); }
 
-void ServerState::closed(ConnId id, size_t inFlight) {
+void ServerState::closed(ConnId id, size_t inFlight, ConnEnd how) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Conn& c = *it->second;
   cancelWaits(c);
-  endLeases(c);
+  endLeases(c, how);
   for (const auto& k : c.watchKeys) {
     auto w = watchers_.find(k);
     if (w != watchers_.end()) {

@@ -177,6 +177,15 @@ class TcpStoreServer::Impl : public Outbox {
     pollfd p{it->second->socket.native_handle(), POLLRDHUP, 0};
     return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   }
+  // An RST (or any socket error) shows as POLLERR; a FIN alone does not.
+  ConnEnd peerEnd(ConnId id) override {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->closed) return ConnEnd::kReset;
+    pollfd p{it->second->socket.native_handle(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & POLLERR) == 0 && (p.revents & POLLRDHUP) != 0)
+      return ConnEnd::kClosed;
+    return ConnEnd::kReset;
+  }
 
  private:
   struct Session {
@@ -190,6 +199,9 @@ class TcpStoreServer::Impl : public Outbox {
     bool dirty = false;
     bool readPaused = false;
     bool closed = false;
+    // How it ends: kClosed only when the peer's FIN is read (its process
+    // closed it); a reset, an error or the server's own close is kReset.
+    ConnEnd end = ConnEnd::kReset;
     std::chrono::steady_clock::time_point openedAt = std::chrono::steady_clock::now();
     // When the partial request now held began arriving (idle timeout).
     std::optional<std::chrono::steady_clock::time_point> partialSince;
@@ -268,6 +280,7 @@ class TcpStoreServer::Impl : public Outbox {
       return;
     }
     if (ec) {
+      if (ec == asio::error::eof) s->end = ConnEnd::kClosed;
       if (ec != asio::error::eof && ec != asio::error::connection_reset &&
           ec != asio::error::operation_aborted)
         DDPRUN_DEBUG("read from ", s->peer, " failed: ", ec.message());
@@ -444,7 +457,7 @@ class TcpStoreServer::Impl : public Outbox {
     // What an in-flight write holds stays charged until its handler frees it.
     s->chargedInFlight = s->writing.size();
     std::string().swap(s->out);
-    state_.closed(s->id, s->chargedInFlight);
+    state_.closed(s->id, s->chargedInFlight, s->end);
     sessions_.erase(s->id);
     liveConnections_ = sessions_.size();
     refreshStats();

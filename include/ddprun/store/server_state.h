@@ -45,6 +45,17 @@ struct ServerLimits {
   size_t maxWatchKeys = 4096;       // WATCH_KEY registrations per connection
 };
 
+// How a connection ended, as far as the server can tell. kClosed: its peer
+// closed it (a FIN: the process exited, or died and the kernel closed its
+// sockets). kReset: anything else (an RST from the network, a middlebox or
+// `ss -K`, a failed read or write, or the server closing it): the process at
+// the other end may well be alive and connect again.
+enum class ConnEnd { kClosed, kReset };
+
+// The value of a lease's tombstone: how its connection ended ("closed" or
+// "reset"; see LeaseRule).
+const char* tombstoneValue(ConnEnd how);
+
 // Where replies go. bufferFor(id) returns the output buffer of a live
 // connection; the server flushes it after receive() returns and reports the
 // bytes it wrote with ServerState::sent().
@@ -66,16 +77,21 @@ class Outbox {
     (void)id;
     return false;
   }
+  // How a connection for which peerClosed() is true ended (see ConnEnd).
+  virtual ConnEnd peerEnd(ConnId id) {
+    (void)id;
+    return ConnEnd::kClosed;
+  }
 };
 
 // Keys bound to the connection that set them (an etcd lease, a ZooKeeper
 // ephemeral node): a key under `prefix` belongs to the connection that last
 // SET it (SET, MULTI_SET, or a COMPARE_SET that wrote it). When that
 // connection closes, the key is deleted (watchers hear KEY_DELETED) and the
-// key `tombstonePrefix` + <the rest of its name> is set to "" in the same
-// step, waking whoever waits for it; then `onEnded(<the rest>)` runs, on the
-// server's thread (it must neither block nor throw). An explicit DELETE_KEY
-// ends nothing.
+// key `tombstonePrefix` + <the rest of its name> is set to how it ended
+// (tombstoneValue: "closed" or "reset") in the same step, waking whoever
+// waits for it; then `onEnded(<the rest>, how)` runs, on the server's thread
+// (it must neither block nor throw). An explicit DELETE_KEY ends nothing.
 //
 // A tombstone describes the end of one connection, not of the node: it is
 // deleted (watchers hear KEY_DELETED) as soon as a connection takes the key
@@ -94,7 +110,7 @@ class Outbox {
 struct LeaseRule {
   std::string prefix;
   std::string tombstonePrefix;
-  std::function<void(const std::string& name)> onEnded;
+  std::function<void(const std::string& name, ConnEnd how)> onEnded;
 };
 
 // Shared-secret authentication of connections (the exchange is in auth.h).
@@ -142,8 +158,9 @@ class ServerState {
   // `inFlight` bytes of its output are still held by a write in progress:
   // they stay charged to the budget until releaseInFlight() (the memory is
   // only freed when that write ends), so a storm of closing slow readers
-  // cannot hand the same budget out twice.
-  void closed(ConnId id, size_t inFlight = 0);
+  // cannot hand the same budget out twice. `how` it ended goes to the
+  // tombstones of the leases it held (LeaseRule).
+  void closed(ConnId id, size_t inFlight = 0, ConnEnd how = ConnEnd::kClosed);
   // The write of a closed connection ended: its `inFlight` bytes are freed.
   void releaseInFlight(size_t bytes);
 
@@ -207,7 +224,7 @@ class ServerState {
   std::string refuseTombstoneWrite(const wire::Request& r) const;
   // Deletes a key as DELETE_KEY does (its watchers are told); false if absent.
   bool eraseKey(const std::string& key);
-  void endLeases(Conn& c);
+  void endLeases(Conn& c, ConnEnd how);
   void probeTombstones(const Conn& reader, const std::vector<std::string>& keys);
 
   ServerLimits limits_;

@@ -25,11 +25,15 @@ class DepartureTest : public DynamicRendezvousTest {
       if (d.id.rfind("10.0.0.3_102_", 0) == 0) gone_ = d.id;
     return gone_;
   }
-  // What the store does when node `id`'s heartbeat connection closes.
-  void connectionClosed(Member& host, const std::string& id) {
-    hub_.set("ddprun/job/gone/" + id, "");
+  // What the store does when node `id`'s heartbeat connection ends: its
+  // process closed it (its agent died), or it was reset.
+  void connectionEnded(Member& host, const std::string& id, store::ConnEnd how) {
+    hub_.set("ddprun/job/gone/" + id, store::tombstoneValue(how));
     ASSERT_TRUE(host.onGone) << "the host registered no departure handler";
-    host.onGone(id);
+    host.onGone(id, how);
+  }
+  void connectionClosed(Member& host, const std::string& id) {
+    connectionEnded(host, id, store::ConnEnd::kClosed);
   }
   std::string gone_;
   const std::string why_ =
@@ -58,7 +62,7 @@ TEST_F(DepartureTest, AFailureAfterAPeerIsGoneIsThatMembershipChange) {
   const std::string dead = formThree(ms);
   const int deadRank = detail::rankOf(state(), dead);
   ms[2]->rdzv().cancel();
-  hub_.set("ddprun/job/gone/" + dead, "");  // the store saw it; the host not yet
+  hub_.set("ddprun/job/gone/" + dead, "closed");  // the store saw it; the host not yet
   EXPECT_TRUE(ms[1]->rdzv().absorbsFailuresOfLostPeers());
   ms[1]->rdzv().reportFailure(0, "rank 1 exited with 1", /*closeJob=*/true);
   for (int i : {0, 1})
@@ -73,8 +77,22 @@ TEST_F(DepartureTest, AFailureAfterAPeerIsGoneIsThatMembershipChange) {
 TEST_F(DepartureTest, AFailureIsAFailureWhenTheGonePeerBeatsAgain) {
   std::vector<std::unique_ptr<Member>> ms;
   const std::string reset = formThree(ms);
-  hub_.set("ddprun/job/gone/" + reset, "");
+  hub_.set("ddprun/job/gone/" + reset, "closed");
   hub_.set("ddprun/job/hb/" + reset, "7 1000");  // its new connection's beat
+  ms[1]->rdzv().reportFailure(0, "rank 1 exited with 7", /*closeJob=*/true);
+  const int failing = ms[1]->node->info.groupRank;
+  for (auto& m : ms)
+    expectEvent(m->node->awaitEvent(), 0, RoundEnd::kClosed, failing, "rank 1 exited with 7");
+  EXPECT_TRUE(state().closed);
+}
+
+// A reset heartbeat connection is no proof of death, even before the node
+// beats again: the host does not drop it at once, and a failure beside it is
+// a failure (counted), not a membership change.
+TEST_F(DepartureTest, AResetConnectionIsNoDeath) {
+  std::vector<std::unique_ptr<Member>> ms;
+  const std::string reset = formThree(ms);
+  connectionEnded(*ms[0], reset, store::ConnEnd::kReset);  // waits for it to beat again
   ms[1]->rdzv().reportFailure(0, "rank 1 exited with 7", /*closeJob=*/true);
   const int failing = ms[1]->node->info.groupRank;
   for (auto& m : ms)

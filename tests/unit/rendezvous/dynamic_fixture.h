@@ -96,7 +96,7 @@ struct Member {
   int64_t pid = 0;
   // The host's: what the store calls when a node's heartbeat connection
   // closes (DynamicBackend::watchDepartures).
-  std::function<void(const std::string& node)> onGone;
+  std::function<void(const std::string& node, store::ConnEnd how)> onGone;
   Rendezvous& rdzv() { return *node->rdzv; }
 };
 
@@ -131,7 +131,7 @@ class DynamicRendezvousTest : public ::testing::Test {
       return s.check(keys);
     };
     if (host)
-      b.watchDepartures = [m = m.get()](std::function<void(const std::string&)> f) {
+      b.watchDepartures = [m = m.get()](std::function<void(const std::string&, store::ConnEnd)> f) {
         m->onGone = std::move(f);
       };
     b.hosting = host;

@@ -23,7 +23,10 @@ class LeaseTest : public ::testing::Test {
  protected:
   LeaseTest() : state_(ServerLimits{}, outbox_) {
     state_.addLeaseRule({"/job/hb/", "/job/gone/",
-                         [this](const std::string& name) { ended_.push_back(name); }});
+                         [this](const std::string& name, ConnEnd how) {
+                           ended_.push_back(name);
+                           how_.push_back(how);
+                         }});
   }
   Client client(ConnId id) { return Client(state_, outbox_, id, Dialect::kV2); }
   bool present(Client& c, const std::string& key) {
@@ -33,6 +36,7 @@ class LeaseTest : public ::testing::Test {
   PeerOutbox outbox_;
   ServerState state_;
   std::vector<std::string> ended_;
+  std::vector<ConnEnd> how_;
 };
 
 TEST_F(LeaseTest, ClosingTheOwnerDeletesTheKeyTombstonesItAndTellsTheRule) {
@@ -134,7 +138,7 @@ TEST_F(LeaseTest, ATombstoneGoesWhenANewConnectionOwnsTheKeyAgain) {
   Client watcher(state_, outbox_, 2, Dialect::kLegacy);  // WATCH_KEY is 1.13's
   auto reader = client(3);
   a.send(Command::kSet, {"/job/hb/n"}, {"1 1"});
-  state_.closed(a.id());  // reset
+  state_.closed(a.id(), 0, ConnEnd::kReset);
   EXPECT_TRUE(present(reader, "/job/gone/n"));
   watcher.send(Command::kWatchKey, {"/job/gone/n"});
   EXPECT_EQ(watcher.reply(), u8(wire::kKeyCallbackRegistered));
@@ -143,7 +147,7 @@ TEST_F(LeaseTest, ATombstoneGoesWhenANewConnectionOwnsTheKeyAgain) {
   EXPECT_FALSE(present(reader, "/job/gone/n"));
   EXPECT_TRUE(present(reader, "/job/hb/n"));
   std::string note;
-  wire::Writer(note).u8(wire::kKeyDeleted).bytes("/job/gone/n").bytes("").bytes("");
+  wire::Writer(note).u8(wire::kKeyDeleted).bytes("/job/gone/n").bytes("reset").bytes("");
   EXPECT_EQ(watcher.reply(), note);
   // A waiter on the tombstone waits for the new connection's end, which
   // tombstones the key again.
@@ -200,7 +204,26 @@ TEST_F(LeaseTest, ClientsCannotWriteUnderTheTombstonePrefix) {
   EXPECT_NE(eraser.send(Command::kDeleteKey, {k}), "");
   EXPECT_TRUE(present(reader, k));
   reader.send(Command::kGet, {k});
-  EXPECT_EQ(reader.reply(), bytes(""));
+  EXPECT_EQ(reader.reply(), bytes("closed"));
+}
+
+// The tombstone and the rule say how the connection ended: "closed" (its
+// process closed it: FIN) or "reset" (the network; the process may beat
+// again), so that a reader can tell a death from a blip.
+TEST_F(LeaseTest, TheTombstoneSaysHowTheConnectionEnded) {
+  auto reader = client(9);
+  auto a = client(1);
+  a.send(Command::kSet, {"/job/hb/a"}, {"1"});
+  state_.closed(a.id(), 0, ConnEnd::kClosed);
+  auto b = client(2);
+  b.send(Command::kSet, {"/job/hb/b"}, {"1"});
+  state_.closed(b.id(), 0, ConnEnd::kReset);
+  reader.send(Command::kGet, {"/job/gone/a"});
+  EXPECT_EQ(reader.reply(), bytes("closed"));
+  reader.send(Command::kGet, {"/job/gone/b"});
+  EXPECT_EQ(reader.reply(), bytes("reset"));
+  EXPECT_EQ(ended_, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(how_, (std::vector<ConnEnd>{ConnEnd::kClosed, ConnEnd::kReset}));
 }
 
 // Without lease rules the prefix means nothing: an ordinary key.
