@@ -18,6 +18,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/version.h"
+#include "launch_values.h"
 
 namespace ddprun::cli {
 
@@ -291,10 +292,9 @@ double toSeconds(const std::string& text, const char* flag) {
 }
 
 void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
-  g.with("nnodes",
-         [&](const std::string& v) { agent::parseNnodes(v, c.minNodes, c.maxNodes); });
+  g.with("nnodes", [&](const std::string& v) { parseNnodes(v, c.minNodes, c.maxNodes); });
   g.with("nproc_per_node", [&](const std::string& v) {
-    agent::parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
+    parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
   });
   g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
   g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
@@ -302,8 +302,7 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
     agent::checkRunId(v);  // named as given: PET_RDZV_ID or --rdzv-id
     c.rdzvId = v;
   });
-  g.with("rdzv_conf",
-         [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
+  g.with("rdzv_conf", [&](const std::string& v) { c.rdzvConf = parseRdzvConf(v); });
   g.setSwitch("standalone", c.standalone);
   g.with("node_rank",
          [&](const std::string& v) { c.nodeRank = toInt(v, "--node-rank", 0); });
@@ -334,7 +333,7 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
   g.setSwitch("no_python", c.noPython);
   g.setSwitch("run_path", c.runPath);
   g.with("signals_to_handle", [&](const std::string& v) {
-    c.signalsToHandle = agent::parseSignals(v);
+    c.signalsToHandle = parseSignals(v);
     c.signalsToHandleText = v;
   });
   // --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as torchrun), else 30 s.
@@ -354,19 +353,15 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
 
 void applyOutput(const Given& g, agent::LaunchConfig& c) {
   g.with("log_dir", [&](const std::string& v) { c.logDir = v; });
-  g.with("redirects", [&](const std::string& v) {
-    c.redirects = agent::parseStdSpec(v, "--redirects");
-  });
-  g.with("tee", [&](const std::string& v) { c.tee = agent::parseStdSpec(v, "--tee"); });
-  g.with("local_ranks_filter", [&](const std::string& v) {
-    c.localRanksFilter = agent::parseLocalRanksFilter(v);
-  });
-  g.with("duplicate_stdout_filters", [&](const std::string& v) {
-    c.duplicateStdoutFilters = agent::parseFilterList(v);
-  });
-  g.with("duplicate_stderr_filters", [&](const std::string& v) {
-    c.duplicateStderrFilters = agent::parseFilterList(v);
-  });
+  g.with("redirects",
+         [&](const std::string& v) { c.redirects = parseStdSpec(v, "--redirects"); });
+  g.with("tee", [&](const std::string& v) { c.tee = parseStdSpec(v, "--tee"); });
+  g.with("local_ranks_filter",
+         [&](const std::string& v) { c.localRanksFilter = parseLocalRanksFilter(v); });
+  g.with("duplicate_stdout_filters",
+         [&](const std::string& v) { c.duplicateStdoutFilters = parseFilterList(v); });
+  g.with("duplicate_stderr_filters",
+         [&](const std::string& v) { c.duplicateStderrFilters = parseFilterList(v); });
   g.with("log_line_prefix_template",
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }

@@ -1,5 +1,6 @@
 // finalizeConfig: every rule across flags, on configs built directly (the
-// command line's part is in launch_cli_test.cc).
+// command line's part is in tests/unit/cli/launch_cli_test.cc, the flags'
+// values in tests/unit/cli/launch_values_test.cc).
 #include "ddprun/agent/launch_config.h"
 
 #include <gtest/gtest.h>
@@ -595,20 +596,6 @@ TEST(LaunchConfig, UnhonouredFlagsWarnOnceEach) {
   unknown.eventLogHandler = "syslog";
   EXPECT_TRUE(
       contains(rejection(unknown), "--event-log-handler: unknown handler 'syslog'"));
-}
-
-TEST(LaunchConfig, ValueParsersNameTheFlag) {
-  int lo = 0, hi = 0;
-  parseNnodes("2", lo, hi);
-  EXPECT_EQ(lo, 2);
-  EXPECT_EQ(hi, 2);
-  EXPECT_THROW(parseNnodes("", lo, hi), InvalidArgument);
-  EXPECT_THROW(parseStdSpec("", "--tee"), InvalidArgument);
-  EXPECT_THROW(parseSignals(""), InvalidArgument);
-  EXPECT_EQ(parseSignals("TERM, SIGUSR2"), (std::vector<int>{SIGTERM, SIGUSR2}));
-  EXPECT_EQ(parseRdzvConf(" a = 1 ,b=2 "),
-            (std::map<std::string, std::string>{{"a", "1"}, {"b", "2"}}));
-  EXPECT_EQ(parseFilterList("x,,y,z"), (std::vector<std::string>{"x,y", "z"}));
 }
 
 // The config yields the rendezvous as a value: local for one node, static
