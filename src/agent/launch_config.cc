@@ -434,6 +434,18 @@ void finalizeConfig(LaunchConfig& c) {
   warnExposedStatus(c);
 }
 
+namespace {
+// The fields every multi-node backend takes alike, filled once for both.
+rendezvous::CommonOptions commonOptions(const LaunchConfig& cfg) {
+  rendezvous::CommonOptions o;
+  o.runId = cfg.rdzvId;
+  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.authSecret = cfg.rdzvSecret;
+  return o;
+}
+}  // namespace
+
 // The one place where flags become a rendezvous (see launch_config.h).
 rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   using Kind = rendezvous::RendezvousSpec::Kind;
@@ -441,11 +453,11 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   if (cfg.useDynamic) {
     spec.kind = Kind::kDynamic;
     rendezvous::DynamicOptions& o = spec.dynamic;
+    static_cast<rendezvous::CommonOptions&>(o) = commonOptions(cfg);
     o.endpointHost = cfg.endpointHost;
     o.endpointPort = cfg.endpointPort;
     o.isHost = cfg.isHost;
     o.isHostExplicit = cfg.isHostExplicit;
-    o.runId = cfg.rdzvId;
     o.minNodes = cfg.minNodes;
     o.maxNodes = cfg.maxNodes;
     o.localAddr = cfg.localAddr;
@@ -453,9 +465,6 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
     o.lastCallTimeout = cfg.c10d.lastCallTimeout;
     o.closeTimeout = cfg.c10d.closeTimeout;
     o.readTimeout = cfg.c10d.readTimeout;
-    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-    o.authSecret = cfg.rdzvSecret;
   } else if (cfg.maxNodes == 1) {
     spec.kind = Kind::kLocal;
     spec.local.host = cfg.masterAddr;
@@ -463,15 +472,12 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   } else {
     spec.kind = Kind::kStatic;
     rendezvous::StaticOptions& o = spec.fixed;
+    static_cast<rendezvous::CommonOptions&>(o) = commonOptions(cfg);
     o.masterAddr = cfg.masterAddr;
     o.masterPort = cfg.masterPort;
     o.nodeRank = cfg.nodeRank;
     o.nnodes = cfg.maxNodes;
-    o.runId = cfg.rdzvId;
     o.timeout = cfg.rdzvTimeout;
-    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-    o.authSecret = cfg.rdzvSecret;
   }
   return spec;
 }

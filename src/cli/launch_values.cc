@@ -1,6 +1,7 @@
 #include "launch_values.h"
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 
 namespace ddprun::cli {
@@ -130,6 +131,33 @@ std::vector<std::string> parseFilterList(const std::string& text) {
   }
   if (!cur.empty()) out.push_back(cur);
   return out;
+}
+
+int parseInteger(const std::string& text, const char* flag, int min) {
+  int v = 0;
+  if (!str::parseInt(text, v, min))
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
+                 "': expected an integer >= ", min);
+  return v;
+}
+
+double parseSeconds(const std::string& text, const char* flag) {
+  double v = 0;
+  if (!str::parseDouble(text, v) || !(v > 0))
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
+                 "': expected a number of seconds > 0");
+  return v;
+}
+
+std::string parseStatusAddr(const std::string& text) {
+  std::string addr = str::trim(text);
+  if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']')
+    addr = addr.substr(1, addr.size() - 2);
+  if (!net::isIpLiteral(addr))
+    DDPRUN_THROW(InvalidArgument, "--status-addr: '", str::escape(text),
+                 "' is not an IP address; give one such as 127.0.0.1 (the default), "
+                 "0.0.0.0 or ::1");
+  return addr;
 }
 
 }  // namespace ddprun::cli

@@ -1,6 +1,6 @@
 // The values of `ddprun`'s flags: one parser per form of value (N|MIN:MAX,
 // N|cpu|gpu|auto, 0-3|RANK:0-3,..., KEY=VALUE,..., signal names, filter
-// lists), each turning the text of one
+// lists, integers, seconds, an IP address), each turning the text of one
 // flag (from the command line, its PET_ variable or a cluster manager) into
 // the typed field of agent::LaunchConfig. Rules across flags are
 // agent::finalizeConfig's.
@@ -36,5 +36,12 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& text);
 std::vector<int> parseSignals(const std::string& text);
 // Splits a comma list where ",," stands for a literal comma.
 std::vector<std::string> parseFilterList(const std::string& text);
+// An integer >= min (--node-rank, --max-restarts, --shutdown-timeout);
+// `flag` is named in the message.
+int parseInteger(const std::string& text, const char* flag, int min);
+// A number of seconds > 0 (--monitor-interval).
+double parseSeconds(const std::string& text, const char* flag);
+// --status-addr: an IP address, brackets around IPv6 removed; never a name.
+std::string parseStatusAddr(const std::string& text);
 
 }  // namespace ddprun::cli

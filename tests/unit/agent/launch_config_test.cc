@@ -637,5 +637,37 @@ TEST(RendezvousSpecFromConfig, LocalStaticAndDynamicFromTheFlags) {
   EXPECT_EQ(spec.dynamic.maxNodes, 4);
 }
 
+// Run id, keep-alives and the store's secret reach the static and the
+// dynamic rendezvous alike (rendezvous::CommonOptions, filled once).
+TEST(RendezvousSpecFromConfig, SharedFieldsReachBothBackends) {
+  auto shared = [](LaunchConfig c) {
+    c.script = "train.py";
+    c.rdzvId = "job-7";
+    c.rdzvConf = {{"keep_alive_interval", "2.5"}, {"keep_alive_max_attempt", "7"}};
+    finalizeConfig(c);
+    c.rdzvSecret = "s3cret";  // as finalizeConfig sets it from a token file
+    return rendezvousSpec(c);
+  };
+  auto check = [](const rendezvous::CommonOptions& o, const char* which) {
+    EXPECT_EQ(o.runId, "job-7") << which;
+    EXPECT_EQ(o.keepAliveInterval, std::chrono::milliseconds(2500)) << which;
+    EXPECT_EQ(o.keepAliveMaxAttempt, 7) << which;
+    EXPECT_EQ(o.authSecret, "s3cret") << which;
+  };
+  LaunchConfig fixed;
+  fixed.minNodes = fixed.maxNodes = 2;
+  auto spec = shared(fixed);
+  ASSERT_EQ(spec.kind, rendezvous::RendezvousSpec::Kind::kStatic);
+  check(spec.fixed, "static");
+
+  LaunchConfig elastic;
+  elastic.rdzvBackend = "c10d";
+  elastic.rdzvEndpoint = "head:29400";
+  elastic.maxNodes = 4;
+  spec = shared(elastic);
+  ASSERT_EQ(spec.kind, rendezvous::RendezvousSpec::Kind::kDynamic);
+  check(spec.dynamic, "dynamic");
+}
+
 }  // namespace
 }  // namespace ddprun::agent
