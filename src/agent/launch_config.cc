@@ -15,7 +15,6 @@ namespace ddprun::agent {
 
 namespace {
 using str::parseInt;
-using str::split;
 using str::trim;
 
 struct SignalEntry {
@@ -39,35 +38,6 @@ Std StdSpec::forRank(int localRank) const {
   return it == perRank.end() ? Std::kNone : it->second;
 }
 
-void parseNnodes(const std::string& text, int& minNodes, int& maxNodes) {
-  auto parts = split(text, ':');
-  bool ok = parts.size() == 1 || parts.size() == 2;
-  int lo = 0, hi = 0;
-  ok = ok && parseInt(parts[0], lo);
-  hi = lo;
-  if (ok && parts.size() == 2) ok = parseInt(parts[1], hi);
-  if (!ok || lo <= 0 || lo > hi)
-    DDPRUN_THROW(InvalidArgument, "--nnodes: invalid value '", text,
-                 "': expected N or MIN:MAX with 0 < MIN <= MAX (e.g. --nnodes 2 or "
-                 "--nnodes 1:4)");
-  minNodes = lo;
-  maxNodes = hi;
-}
-
-void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count) {
-  if (text == "cpu")
-    kind = NprocKind::kCpu;
-  else if (text == "gpu")
-    kind = NprocKind::kGpu;
-  else if (text == "auto")
-    kind = NprocKind::kAuto;
-  else if (parseInt(text, count) && count > 0)
-    kind = NprocKind::kCount;
-  else
-    DDPRUN_THROW(InvalidArgument, "--nproc-per-node: invalid value '", text,
-                 "': expected a positive integer, 'cpu', 'gpu' or 'auto'");
-}
-
 void checkRunId(const std::string& id) {
   if (id.size() > kMaxRunIdBytes)
     DDPRUN_THROW(InvalidArgument, "--rdzv-id: a run id of ", id.size(),
@@ -82,104 +52,16 @@ void checkRunId(const std::string& id) {
                    "digits, '.', '_' or '-'");
 }
 
-StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
-  const char* forms =
-      "': expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) for every rank, or a "
-      "per-local-rank map such as 0:1,1:3";
-  StdSpec spec;
-  int v = 0;
-  if (text.empty()) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
-  if (parseInt(text, v)) {
-    if (v < 0 || v > 3)
-      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
-    spec.all = static_cast<Std>(v);
-    return spec;
-  }
-  for (const auto& item : split(text, ',')) {
-    auto colon = item.find(':');
-    int rank = 0, value = 0;
-    if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) ||
-        rank < 0 || !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
-      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
-    spec.perRank[rank] = static_cast<Std>(value);
-  }
-  return spec;
-}
-
-std::set<int> parseLocalRanksFilter(const std::string& text) {
-  std::set<int> out;
-  if (text.empty()) return out;
-  for (const auto& item : split(text, ',')) {
-    int r = 0;
-    if (!parseInt(trim(item), r) || r < 0)
-      DDPRUN_THROW(InvalidArgument, "--local-ranks-filter: invalid value '", text,
-                   "': expected comma-separated local ranks, e.g. 0,2");
-    out.insert(r);
-  }
-  return out;
-}
-
-std::map<std::string, std::string> parseRdzvConf(const std::string& text) {
-  std::map<std::string, std::string> out;
-  if (trim(text).empty()) return out;
-  for (const auto& item : split(text, ',')) {
-    auto eq = item.find('=');
-    std::string key = trim(item.substr(0, eq));
-    std::string value = eq == std::string::npos ? "" : trim(item.substr(eq + 1));
-    if (eq == std::string::npos || key.empty() || value.empty())
-      DDPRUN_THROW(InvalidArgument, "--rdzv-conf: invalid entry '", item, "' in '", text,
-                   "': expected KEY=VALUE pairs separated by commas, e.g. "
-                   "join_timeout=900,read_timeout=120");
-    out[key] = value;
-  }
-  return out;
-}
-
-std::vector<int> parseSignals(const std::string& text) {
-  std::vector<int> out;
-  if (trim(text).empty())
-    DDPRUN_THROW(
-        InvalidArgument,
-        "--signals-to-handle: empty: expected comma-separated signal names such as "
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
-  for (const auto& raw : split(text, ',')) {
-    std::string name = trim(raw);
-    if (!str::startsWith(name, "SIG")) name.insert(0, "SIG");
-    int found = 0;
-    for (const auto& s : kSignals)
-      if (name == s.name) found = s.number;
-    if (found == 0 || found == SIGKILL || found == SIGSTOP)
-      DDPRUN_THROW(InvalidArgument, "--signals-to-handle: cannot handle '", trim(raw),
-                   "': expected comma-separated signal names such as "
-                   "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 (SIGKILL and SIGSTOP cannot be "
-                   "caught)");
-    out.push_back(found);
-  }
-  return out;
-}
-
-std::vector<std::string> parseFilterList(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
-      cur += ',';
-      ++i;
-    } else if (text[i] == ',') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += text[i];
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
 std::string signalName(int sig) {
   for (const auto& s : kSignals)
     if (s.number == sig) return s.name;
   return "SIG" + std::to_string(sig);
+}
+
+std::optional<int> signalByName(const std::string& name) {
+  for (const auto& s : kSignals)
+    if (name == s.name) return s.number;
+  return std::nullopt;
 }
 
 std::optional<bool> parseConfBool(const std::string& text) {
@@ -552,6 +434,18 @@ void finalizeConfig(LaunchConfig& c) {
   warnExposedStatus(c);
 }
 
+namespace {
+// The fields every multi-node backend takes alike, filled once for both.
+rendezvous::CommonOptions commonOptions(const LaunchConfig& cfg) {
+  rendezvous::CommonOptions o;
+  o.runId = cfg.rdzvId;
+  o.keepAliveInterval = cfg.c10d.keepAliveInterval;
+  o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.authSecret = cfg.rdzvSecret;
+  return o;
+}
+}  // namespace
+
 // The one place where flags become a rendezvous (see launch_config.h).
 rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   using Kind = rendezvous::RendezvousSpec::Kind;
@@ -559,11 +453,11 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   if (cfg.useDynamic) {
     spec.kind = Kind::kDynamic;
     rendezvous::DynamicOptions& o = spec.dynamic;
+    static_cast<rendezvous::CommonOptions&>(o) = commonOptions(cfg);
     o.endpointHost = cfg.endpointHost;
     o.endpointPort = cfg.endpointPort;
     o.isHost = cfg.isHost;
     o.isHostExplicit = cfg.isHostExplicit;
-    o.runId = cfg.rdzvId;
     o.minNodes = cfg.minNodes;
     o.maxNodes = cfg.maxNodes;
     o.localAddr = cfg.localAddr;
@@ -571,9 +465,6 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
     o.lastCallTimeout = cfg.c10d.lastCallTimeout;
     o.closeTimeout = cfg.c10d.closeTimeout;
     o.readTimeout = cfg.c10d.readTimeout;
-    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-    o.authSecret = cfg.rdzvSecret;
   } else if (cfg.maxNodes == 1) {
     spec.kind = Kind::kLocal;
     spec.local.host = cfg.masterAddr;
@@ -581,15 +472,12 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg) {
   } else {
     spec.kind = Kind::kStatic;
     rendezvous::StaticOptions& o = spec.fixed;
+    static_cast<rendezvous::CommonOptions&>(o) = commonOptions(cfg);
     o.masterAddr = cfg.masterAddr;
     o.masterPort = cfg.masterPort;
     o.nodeRank = cfg.nodeRank;
     o.nnodes = cfg.maxNodes;
-    o.runId = cfg.rdzvId;
     o.timeout = cfg.rdzvTimeout;
-    o.keepAliveInterval = cfg.c10d.keepAliveInterval;
-    o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
-    o.authSecret = cfg.rdzvSecret;
   }
   return spec;
 }

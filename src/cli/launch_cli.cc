@@ -18,6 +18,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/version.h"
+#include "launch_values.h"
 
 namespace ddprun::cli {
 
@@ -274,27 +275,10 @@ class Given {
   std::map<std::string, Entry> entries_;
 };
 
-int toInt(const std::string& text, const char* flag, int min) {
-  int v = 0;
-  if (!str::parseInt(text, v, min))
-    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
-                 "': expected an integer >= ", min);
-  return v;
-}
-
-double toSeconds(const std::string& text, const char* flag) {
-  double v = 0;
-  if (!str::parseDouble(text, v) || !(v > 0))
-    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
-                 "': expected a number of seconds > 0");
-  return v;
-}
-
 void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
-  g.with("nnodes",
-         [&](const std::string& v) { agent::parseNnodes(v, c.minNodes, c.maxNodes); });
+  g.with("nnodes", [&](const std::string& v) { parseNnodes(v, c.minNodes, c.maxNodes); });
   g.with("nproc_per_node", [&](const std::string& v) {
-    agent::parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
+    parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
   });
   g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
   g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
@@ -302,11 +286,10 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
     agent::checkRunId(v);  // named as given: PET_RDZV_ID or --rdzv-id
     c.rdzvId = v;
   });
-  g.with("rdzv_conf",
-         [&](const std::string& v) { c.rdzvConf = agent::parseRdzvConf(v); });
+  g.with("rdzv_conf", [&](const std::string& v) { c.rdzvConf = parseRdzvConf(v); });
   g.setSwitch("standalone", c.standalone);
   g.with("node_rank",
-         [&](const std::string& v) { c.nodeRank = toInt(v, "--node-rank", 0); });
+         [&](const std::string& v) { c.nodeRank = parseInteger(v, "--node-rank", 0); });
   g.with("master_addr", [&](const std::string& v) { c.masterAddr = v; });
   g.with("master_port", [&](const std::string& v) {
     c.masterPort = net::parsePort(v, "--master-port");
@@ -322,10 +305,11 @@ std::optional<std::string> shutdownTimeoutFromEnv(const EnvLookup& env) {
 }
 
 void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) {
-  g.with("max_restarts",
-         [&](const std::string& v) { c.maxRestarts = toInt(v, "--max-restarts", 0); });
+  g.with("max_restarts", [&](const std::string& v) {
+    c.maxRestarts = parseInteger(v, "--max-restarts", 0);
+  });
   g.with("monitor_interval", [&](const std::string& v) {
-    c.monitorInterval = toSeconds(v, "--monitor-interval");
+    c.monitorInterval = parseSeconds(v, "--monitor-interval");
   });
   g.with("start_method", [&](const std::string& v) { c.startMethod = v; });
   g.with("event_log_handler", [&](const std::string& v) { c.eventLogHandler = v; });
@@ -334,19 +318,19 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
   g.setSwitch("no_python", c.noPython);
   g.setSwitch("run_path", c.runPath);
   g.with("signals_to_handle", [&](const std::string& v) {
-    c.signalsToHandle = agent::parseSignals(v);
+    c.signalsToHandle = parseSignals(v);
     c.signalsToHandleText = v;
   });
   // --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as torchrun), else 30 s.
   bool flagGiven = false;
   g.with("shutdown_timeout", [&](const std::string& v) {
-    c.shutdownTimeout = std::chrono::seconds(toInt(v, "--shutdown-timeout", 0));
+    c.shutdownTimeout = std::chrono::seconds(parseInteger(v, "--shutdown-timeout", 0));
     flagGiven = true;
   });
   auto fromEnv = shutdownTimeoutFromEnv(env);
   if (!flagGiven && fromEnv)
     c.shutdownTimeout =
-        std::chrono::seconds(toInt(*fromEnv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 0));
+        std::chrono::seconds(parseInteger(*fromEnv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 0));
   g.setSwitch("virtual_local_rank", c.virtualLocalRank);
   g.with("logs_specs", [&](const std::string& v) { c.logsSpecs = v; });
   g.with("numa_binding", [&](const std::string& v) { c.numaBinding = v; });
@@ -354,19 +338,15 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
 
 void applyOutput(const Given& g, agent::LaunchConfig& c) {
   g.with("log_dir", [&](const std::string& v) { c.logDir = v; });
-  g.with("redirects", [&](const std::string& v) {
-    c.redirects = agent::parseStdSpec(v, "--redirects");
-  });
-  g.with("tee", [&](const std::string& v) { c.tee = agent::parseStdSpec(v, "--tee"); });
-  g.with("local_ranks_filter", [&](const std::string& v) {
-    c.localRanksFilter = agent::parseLocalRanksFilter(v);
-  });
-  g.with("duplicate_stdout_filters", [&](const std::string& v) {
-    c.duplicateStdoutFilters = agent::parseFilterList(v);
-  });
-  g.with("duplicate_stderr_filters", [&](const std::string& v) {
-    c.duplicateStderrFilters = agent::parseFilterList(v);
-  });
+  g.with("redirects",
+         [&](const std::string& v) { c.redirects = parseStdSpec(v, "--redirects"); });
+  g.with("tee", [&](const std::string& v) { c.tee = parseStdSpec(v, "--tee"); });
+  g.with("local_ranks_filter",
+         [&](const std::string& v) { c.localRanksFilter = parseLocalRanksFilter(v); });
+  g.with("duplicate_stdout_filters",
+         [&](const std::string& v) { c.duplicateStdoutFilters = parseFilterList(v); });
+  g.with("duplicate_stderr_filters",
+         [&](const std::string& v) { c.duplicateStderrFilters = parseFilterList(v); });
   g.with("log_line_prefix_template",
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
@@ -375,16 +355,7 @@ void applyOutput(const Given& g, agent::LaunchConfig& c) {
 void applyStatus(const Given& g, agent::LaunchConfig& c) {
   g.with("status_port",
          [&](const std::string& v) { c.statusPort = net::parsePort(v, "--status-port"); });
-  g.with("status_addr", [&](const std::string& v) {
-    std::string addr = str::trim(v);
-    if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']')
-      addr = addr.substr(1, addr.size() - 2);
-    if (!net::isIpLiteral(addr))
-      DDPRUN_THROW(InvalidArgument, "--status-addr: '", str::escape(v),
-                   "' is not an IP address; give one such as 127.0.0.1 (the default), "
-                   "0.0.0.0 or ::1");
-    c.statusAddr = addr;
-  });
+  g.with("status_addr", [&](const std::string& v) { c.statusAddr = parseStatusAddr(v); });
 }
 
 // What a cluster manager does with signals, unless the user chose: its

@@ -1,8 +1,9 @@
 // Everything one `ddprun` invocation asks for, validated: the torchrun flag
 // set (both spellings, PET_* fallback) turned into typed values.
 //
-// Life cycle: the command line (src/cli/launch_cli.cc) fills the flag fields,
-// then finalizeConfig() checks every rule across flags and fills the derived
+// Life cycle: the command line (src/cli/launch_cli.cc, each flag's value
+// parsed by src/cli/launch_values.cc) fills the flag fields, then
+// finalizeConfig() checks every rule across flags and fills the derived
 // fields. After it, the rendezvous to use follows from three fields:
 //   useDynamic:    the dynamic (c10d-style, elastic) rendezvous: its store at
 //                  endpointHost:endpointPort, hosted by this agent when
@@ -195,22 +196,17 @@ rendezvous::RendezvousSpec rendezvousSpec(const LaunchConfig& cfg);
 // (any case); nullopt for anything else.
 std::optional<bool> parseConfBool(const std::string& text);
 
-// Parsers for the flag values; each throws InvalidArgument whose message
-// names the flag and the accepted forms.
-void parseNnodes(const std::string& text, int& minNodes, int& maxNodes);
-void parseNprocPerNode(const std::string& text, NprocKind& kind, int& count);
-StdSpec parseStdSpec(const std::string& text, const std::string& flag);
 // --rdzv-id: at most kMaxRunIdBytes, no '/' and no control character (a run
 // id names the log directory and the store's keys). Empty passes (replaced
-// by a uuid on the standalone path).
+// by a uuid on the standalone path). Throws InvalidArgument naming --rdzv-id;
+// the CLI checks the flag's value with it, finalizeConfig the final id.
 inline constexpr size_t kMaxRunIdBytes = 128;
 void checkRunId(const std::string& id);
-std::set<int> parseLocalRanksFilter(const std::string& text);
-std::map<std::string, std::string> parseRdzvConf(const std::string& text);
-std::vector<int> parseSignals(const std::string& text);
-// Splits a comma list where ",," stands for a literal comma.
-std::vector<std::string> parseFilterList(const std::string& text);
-// The signal's name without "SIG" prefix handling: "SIGTERM" for 15.
+// The signal's name: "SIGTERM" for 15; "SIG<number>" for one not listed.
 std::string signalName(int sig);
+// The number of a signal named with its "SIG" prefix ("SIGUSR1"), or
+// nullopt for a name not listed (the flag parsers of src/cli read
+// --signals-to-handle with it).
+std::optional<int> signalByName(const std::string& name);
 
 }  // namespace ddprun::agent

@@ -56,6 +56,7 @@
 #include <memory>
 #include <string>
 
+#include "ddprun/rendezvous/common_options.h"
 #include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::rendezvous {
@@ -67,7 +68,11 @@ class JobMismatchError : public ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
-struct DynamicOptions {
+// From CommonOptions: runId; the liveness beat (a node silent for
+// keepAliveInterval * keepAliveMaxAttempt is dropped); authSecret (the store
+// at the endpoint, when this agent hosts it, admits only clients that know
+// it; the round's worker store stays open).
+struct DynamicOptions : CommonOptions {
   std::string endpointHost = "localhost";  // --rdzv-endpoint host (no brackets)
   uint16_t endpointPort = 29400;           // 0: the host picks a free port (one node)
   // This agent hosts the store at the endpoint. isHostExplicit: forced by
@@ -75,7 +80,6 @@ struct DynamicOptions {
   // port in use makes it a client of whoever listens there, as torchrun).
   bool isHost = false;
   bool isHostExplicit = false;
-  std::string runId = "none";
   int minNodes = 1;
   int maxNodes = 1;
   // The address this node advertises (--local-addr); never reverse-resolved.
@@ -86,13 +90,6 @@ struct DynamicOptions {
   std::chrono::milliseconds lastCallTimeout{30'000};
   std::chrono::milliseconds closeTimeout{30'000};
   std::chrono::milliseconds readTimeout{60'000};  // one store request
-  std::chrono::milliseconds keepAliveInterval{5'000};
-  int keepAliveMaxAttempt = 3;
-  // The rendezvous store's shared secret (--rdzv-conf token_file): a store
-  // this agent hosts admits only clients that know it, and every connection
-  // of this agent proves it (docs/rendezvous.md, "Authentication"); empty:
-  // open, as torchrun's. The round's worker store stays open.
-  std::string authSecret;
 };
 
 // Validates (InvalidArgument: 1 <= minNodes <= maxNodes, positive timeouts).

@@ -37,28 +37,24 @@
 #include <memory>
 #include <string>
 
+#include "ddprun/rendezvous/common_options.h"
 #include "ddprun/rendezvous/rendezvous.h"
 
 namespace ddprun::rendezvous {
 
-struct StaticOptions {
+// From CommonOptions: runId; the liveness beat (every node beats from its
+// first join until shutdown; a node silent for keepAliveInterval *
+// keepAliveMaxAttempt during a round is dead); authSecret (node 0's agent
+// store admits only agents that know it).
+struct StaticOptions : CommonOptions {
   std::string masterAddr = "127.0.0.1";
   uint16_t masterPort = 29500;
   int nodeRank = 0;
   int nnodes = 1;
-  std::string runId = "none";
   std::chrono::milliseconds timeout{900'000};  // joining a round, waiting for peers
   // shutdown(): the most it waits for reports to go out and (node 0) for the
   // other nodes to read the round's end.
   std::chrono::milliseconds leaveTimeout{5'000};
-  // Liveness (--rdzv-conf keep_alive_interval, keep_alive_max_attempt): every
-  // node beats this often from its first join until shutdown; a node silent
-  // for keepAliveInterval * keepAliveMaxAttempt during a round is dead.
-  std::chrono::milliseconds keepAliveInterval{5'000};
-  int keepAliveMaxAttempt = 3;
-  // The agent store's shared secret (--rdzv-conf token_file): node 0's store
-  // admits only agents that know it; empty: open, as torchrun's.
-  std::string authSecret;
 };
 
 // Node 0 starts listening on A:P at once, on every address (IoError naming

@@ -1,5 +1,6 @@
 // finalizeConfig: every rule across flags, on configs built directly (the
-// command line's part is in launch_cli_test.cc).
+// command line's part is in tests/unit/cli/launch_cli_test.cc, the flags'
+// values in tests/unit/cli/launch_values_test.cc).
 #include "ddprun/agent/launch_config.h"
 
 #include <gtest/gtest.h>
@@ -597,20 +598,6 @@ TEST(LaunchConfig, UnhonouredFlagsWarnOnceEach) {
       contains(rejection(unknown), "--event-log-handler: unknown handler 'syslog'"));
 }
 
-TEST(LaunchConfig, ValueParsersNameTheFlag) {
-  int lo = 0, hi = 0;
-  parseNnodes("2", lo, hi);
-  EXPECT_EQ(lo, 2);
-  EXPECT_EQ(hi, 2);
-  EXPECT_THROW(parseNnodes("", lo, hi), InvalidArgument);
-  EXPECT_THROW(parseStdSpec("", "--tee"), InvalidArgument);
-  EXPECT_THROW(parseSignals(""), InvalidArgument);
-  EXPECT_EQ(parseSignals("TERM, SIGUSR2"), (std::vector<int>{SIGTERM, SIGUSR2}));
-  EXPECT_EQ(parseRdzvConf(" a = 1 ,b=2 "),
-            (std::map<std::string, std::string>{{"a", "1"}, {"b", "2"}}));
-  EXPECT_EQ(parseFilterList("x,,y,z"), (std::vector<std::string>{"x,y", "z"}));
-}
-
 // The config yields the rendezvous as a value: local for one node, static
 // for a fixed set of nodes, dynamic for c10d; the agent builds whatever it
 // names (rendezvous/spec.h) without knowing which.
@@ -648,6 +635,38 @@ TEST(RendezvousSpecFromConfig, LocalStaticAndDynamicFromTheFlags) {
   EXPECT_EQ(spec.kind, Kind::kDynamic) << rendezvous::toString(spec.kind);
   EXPECT_EQ(spec.dynamic.endpointHost, "head");
   EXPECT_EQ(spec.dynamic.maxNodes, 4);
+}
+
+// Run id, keep-alives and the store's secret reach the static and the
+// dynamic rendezvous alike (rendezvous::CommonOptions, filled once).
+TEST(RendezvousSpecFromConfig, SharedFieldsReachBothBackends) {
+  auto shared = [](LaunchConfig c) {
+    c.script = "train.py";
+    c.rdzvId = "job-7";
+    c.rdzvConf = {{"keep_alive_interval", "2.5"}, {"keep_alive_max_attempt", "7"}};
+    finalizeConfig(c);
+    c.rdzvSecret = "s3cret";  // as finalizeConfig sets it from a token file
+    return rendezvousSpec(c);
+  };
+  auto check = [](const rendezvous::CommonOptions& o, const char* which) {
+    EXPECT_EQ(o.runId, "job-7") << which;
+    EXPECT_EQ(o.keepAliveInterval, std::chrono::milliseconds(2500)) << which;
+    EXPECT_EQ(o.keepAliveMaxAttempt, 7) << which;
+    EXPECT_EQ(o.authSecret, "s3cret") << which;
+  };
+  LaunchConfig fixed;
+  fixed.minNodes = fixed.maxNodes = 2;
+  auto spec = shared(fixed);
+  ASSERT_EQ(spec.kind, rendezvous::RendezvousSpec::Kind::kStatic);
+  check(spec.fixed, "static");
+
+  LaunchConfig elastic;
+  elastic.rdzvBackend = "c10d";
+  elastic.rdzvEndpoint = "head:29400";
+  elastic.maxNodes = 4;
+  spec = shared(elastic);
+  ASSERT_EQ(spec.kind, rendezvous::RendezvousSpec::Kind::kDynamic);
+  check(spec.dynamic, "dynamic");
 }
 
 }  // namespace
