@@ -313,7 +313,8 @@ void becomeKeeper(const Plan& plan) {
     return;
   }
   if (worker < 0) ::_exit(127);  // the agent reads no pid and reports it
-  (void)writeAll(plan.pidPipe, &worker, sizeof worker);  // on failure the agent reads no pid
+  // On failure the agent reads no pid and reports it.
+  (void)writeAll(plan.pidPipe, &worker, sizeof worker);
   closeAllDescriptors();
   keep(plan, worker);
 }

@@ -142,7 +142,8 @@ void writeTemp(const std::string& tmp, const std::string& header,
   // A leftover of an earlier process with our pid is ours to replace; the
   // new file is created exclusively and never through a symbolic link.
   ::unlink(tmp.c_str());
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  UniqueFd fd(
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (fd.get() < 0) failWrite(tmp, "cannot create: " + errnoText());
   writeOrFail(tmp, fd.get(), header.data(), header.size());
   for (const auto& p : layout) writeOrFail(tmp, fd.get(), p.view->data, p.bytes);

@@ -21,8 +21,10 @@ TEST(TimingBound, AssertsTheBoundOnlyWhenAsked) {
   timingBound("under, asserted", seconds(1), seconds(2));
   EXPECT_NONFATAL_FAILURE(timingBound("over, asserted", seconds(2), seconds(1)),
                           "over, asserted took 2 s");
-  if (old) ::setenv("DDPRUN_TIMING_ASSERTS", saved.c_str(), 1);
-  else ::unsetenv("DDPRUN_TIMING_ASSERTS");
+  if (old)
+    ::setenv("DDPRUN_TIMING_ASSERTS", saved.c_str(), 1);
+  else
+    ::unsetenv("DDPRUN_TIMING_ASSERTS");
 }
 
 }  // namespace

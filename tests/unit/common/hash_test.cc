@@ -22,7 +22,8 @@ TEST(Fnv1a, HashesBytesNotCharsAndChainsThroughTheSeed) {
   for (unsigned char c : high) h = (h ^ c) * kFnv1aPrime;
   EXPECT_EQ(fnv1a(high), h);
   EXPECT_EQ(fnv1a("bar", fnv1a("foo")), fnv1a("foobar"));
-  EXPECT_EQ(fnv1a(std::string_view("a\0b", 3)), fnv1a("b", fnv1a(std::string_view("a\0", 2))));
+  EXPECT_EQ(fnv1a(std::string_view("a\0b", 3)),
+            fnv1a("b", fnv1a(std::string_view("a\0", 2))));
 }
 
 // The values the two callers produced before they shared this function

@@ -8,16 +8,16 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/process_group.h"
 #include "rank_threads.h"
-#include "timing.h"
 #include "shm/shm_comm.h"
+#include "timing.h"
 
 using namespace ddprun::runtime;
 
@@ -308,9 +308,11 @@ TEST_P(ThreadRanksTest, RankThatLeavesFailsItsPeersPromptly) {
     EXPECT_NE(std::string(f.what()).find("rank 1 gives up"), std::string::npos) << f.what();
     EXPECT_THROW(std::rethrow_exception(f.cause()), ddprun::InvalidArgument);
   }
-  EXPECT_EQ(timedOut.load(), 0) << "a peer waited for the timeout instead of seeing rank 1 leave";
+  EXPECT_EQ(timedOut.load(), 0)
+      << "a peer waited for the timeout instead of seeing rank 1 leave";
   ddprun::testing::timingBound("peers failing after rank 1 left",
-                               std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+                               std::chrono::steady_clock::now() - t0,
+                               std::chrono::seconds(10));
 }
 
 INSTANTIATE_TEST_SUITE_P(
