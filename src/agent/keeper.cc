@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "ddprun/common/fd.h"  // writeAll: async-signal-safe
+
 namespace ddprun::agent::keeper {
 
 namespace {
@@ -206,17 +208,6 @@ void setDefault(int sig) {
   ::_exit(128 + sig);  // a signal whose default action does not terminate
 }
 
-void writeAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
 void closeAllDescriptors() {
   if (::close_range(0, ~0U, 0) == 0) return;
   if (forEachNumber("/proc/self/fd", [](long fd) { ::close(static_cast<int>(fd)); }))
@@ -322,7 +313,8 @@ void becomeKeeper(const Plan& plan) {
     return;
   }
   if (worker < 0) ::_exit(127);  // the agent reads no pid and reports it
-  writeAll(plan.pidPipe, &worker, sizeof worker);
+  // On failure the agent reads no pid and reports it.
+  (void)writeAll(plan.pidPipe, &worker, sizeof worker);
   closeAllDescriptors();
   keep(plan, worker);
 }

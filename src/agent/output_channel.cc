@@ -1,7 +1,6 @@
 #include "output_channel.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <array>
@@ -23,41 +22,6 @@ constexpr size_t kReadBytes = 64 * 1024;
 constexpr size_t kBatchBytes = 16 * kReadBytes;
 constexpr size_t kDrainBytes = 64 * 1024 * 1024;
 }  // namespace
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
-  if (this != &o) reset(o.release());
-  return *this;
-}
-
-int UniqueFd::release() {
-  int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
-bool writeAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      // Someone made the fd non-blocking (a shared terminal): wait for room.
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return false;
-    } else {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-  }
-  return true;
-}
 
 void Console::write(std::string_view data, const void* writer) {
   if (closed_ || data.empty()) return;

@@ -26,32 +26,10 @@
 #include <string_view>
 #include <vector>
 
+#include "ddprun/common/fd.h"
 #include "line_assembler.h"
 
 namespace ddprun::agent::detail {
-
-// Owns one file descriptor (closed on destruction). Move-only.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  int get() const { return fd_; }
-  int release();
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
-
-// Writes all of `data` to `fd` with write(2), resuming after partial writes
-// and EINTR and waiting (poll) when the fd is non-blocking and full. Returns
-// false on any other failure, with errno set (EPIPE: the reader is gone).
-bool writeAll(int fd, std::string_view data);
 
 // Cuts a byte stream into lines, in linear time and bounded memory: only
 // the new bytes are scanned for '\n', and a line longer than `maxLineBytes`

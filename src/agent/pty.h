@@ -2,7 +2,7 @@
 // terminal, so that isatty() is true for them as under torchrun.
 #pragma once
 
-#include "output_channel.h"
+#include "ddprun/common/fd.h"
 
 namespace ddprun::agent::detail {
 

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/fd.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
@@ -26,7 +27,6 @@ using detail::Channel;
 using detail::ChannelSinks;
 using detail::Console;
 using detail::FileSink;
-using detail::UniqueFd;
 
 namespace {
 
@@ -282,7 +282,7 @@ void Reporter::Impl::event(const std::string& name, nlohmann::json fields, int a
   std::string line =
       fields.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
-  if (!detail::writeAll(events_.get(), line))
+  if (!writeAll(events_.get(), line))
     DDPRUN_WARN("cannot write ", opts_.runDir, "/events.jsonl: ", std::strerror(errno));
 }
 
@@ -290,7 +290,7 @@ void Reporter::Impl::failureReport(const std::string& text) {
   err_->write(text);
   std::string path = (fs::path(opts_.runDir) / "failure_report.txt").string();
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0 || !detail::writeAll(fd.get(), text))
+  if (fd.get() < 0 || !writeAll(fd.get(), text))
     DDPRUN_WARN("cannot write ", path, ": ", std::strerror(errno));
 }
 

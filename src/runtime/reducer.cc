@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/hash.h"
 #include "device_order.h"
 #include "pg_internal.h"
 
@@ -89,10 +90,10 @@ class CpuGradientMemory final : public GradientMemory {
 
 DType hookDType(CommHook h) { return h == CommHook::kFp16 ? DType::kFloat16 : DType::kBFloat16; }
 
-uint64_t fnv1a(const std::string& s, uint64_t h) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+// The seed of the parameter hash: not FNV's offset basis (a digit short of
+// it), kept so that the hash, compared across ranks, stays what it was
+// (pinned in tests/unit/common/hash_test.cc).
+constexpr uint64_t kParamHashSeed = 1469598103934665603ull;
 }  // namespace
 
 std::unique_ptr<GradientMemory> makeCpuGradientMemory(ProcessGroup& pg) {
@@ -207,7 +208,7 @@ Reducer::~Reducer() {
 // Every rank must register the same parameters: compare count, total size
 // and a hash of the names and sizes (one all-gather at construction).
 void Reducer::checkSameParams() {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kParamHashSeed;
   size_t total = 0;
   for (const auto& p : params_) {
     h = fnv1a(p.name + "#" + std::to_string(p.count), h);

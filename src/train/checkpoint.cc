@@ -2,6 +2,8 @@
 
 #include "ddprun/train/files.h"
 
+#include "ddprun/common/fd.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,26 +43,6 @@ constexpr const char* kMetadataKey = "__metadata__";
 }
 
 std::string errnoText() { return std::strerror(errno); }
-
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes now and reports close()'s result (which can carry a write error).
-  bool close() {
-    int fd = std::exchange(fd_, -1);
-    return fd < 0 || ::close(fd) == 0;
-  }
-
- private:
-  int fd_;
-};
 
 // `a * b` into *out unless it overflows uint64.
 bool mulChecked(uint64_t a, uint64_t b, uint64_t* out) {
@@ -143,21 +125,14 @@ std::string buildHeader(const std::string& path, const std::vector<Placed>& layo
   return out + json;
 }
 
-void writeAll(const std::string& path, int fd, const void* data, uint64_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) failWrite(path, "write failed: " + errnoText());
-    p += w;
-    n -= static_cast<uint64_t>(w);
-  }
+void writeOrFail(const std::string& path, int fd, const void* data, uint64_t n) {
+  if (!writeAll(fd, data, n)) failWrite(path, "write failed: " + errnoText());
 }
 
 void fsyncDirectoryOf(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0 || ::fsync(fd.get()) != 0)
     failWrite(path, "cannot fsync directory " + dir + ": " + errnoText());
 }
@@ -167,10 +142,11 @@ void writeTemp(const std::string& tmp, const std::string& header,
   // A leftover of an earlier process with our pid is ours to replace; the
   // new file is created exclusively and never through a symbolic link.
   ::unlink(tmp.c_str());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  UniqueFd fd(
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (fd.get() < 0) failWrite(tmp, "cannot create: " + errnoText());
-  writeAll(tmp, fd.get(), header.data(), header.size());
-  for (const auto& p : layout) writeAll(tmp, fd.get(), p.view->data, p.bytes);
+  writeOrFail(tmp, fd.get(), header.data(), header.size());
+  for (const auto& p : layout) writeOrFail(tmp, fd.get(), p.view->data, p.bytes);
   if (::fsync(fd.get()) != 0) failWrite(tmp, "fsync failed: " + errnoText());
   if (!fd.close()) failWrite(tmp, "close failed: " + errnoText());
 }
@@ -354,7 +330,7 @@ void saveSafetensors(const std::string& path, const std::vector<TensorView>& ten
 SafeTensors loadSafetensors(const std::string& path) {
   // O_NONBLOCK: opening a FIFO returns at once (and fstat refuses it)
   // instead of waiting for a writer; a regular file ignores the flag.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) fail(path, "cannot open: " + errnoText());
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: " + errnoText());

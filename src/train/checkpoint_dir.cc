@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/hash.h"
 #include "ddprun/train/checkpoint.h"
 
 namespace ddprun::train {
@@ -20,13 +21,6 @@ constexpr size_t kMaxTagChars = 64;
 bool tagChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          c == '_' || c == '.' || c == '-';
-}
-
-// FNV-1a, 64 bits: stable across compilers and platforms (std::hash is not).
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
 }
 
 std::string paddedStep(int64_t step) {

@@ -3,9 +3,11 @@
 // test binary again, running only the disabled StaticLivenessChild test, so
 // that ctest never lists it), which is
 // killed with SIGKILL once it has joined. Both survivors must see the round
-// end as failed by node 1, within the heartbeat timeout (the bound,
-// stated generously). Ports are chosen by the kernel; every wait is bounded;
-// the child dies with this process (PR_SET_PDEATHSIG) and is always reaped.
+// end as failed by node 1. How long that took is printed against the issue's
+// bound (within the heartbeat timeout, stated generously) and asserted only
+// with DDPRUN_TIMING_ASSERTS=1 (timing.h). Ports are chosen by the kernel;
+// every wait is bounded; the child dies with this process (PR_SET_PDEATHSIG)
+// and is always reaped.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -27,6 +29,7 @@
 #include "ddprun/rendezvous/static_rendezvous.h"
 #include "rendezvous/post_queue.h"
 #include "static_rendezvous_internal.h"
+#include "timing.h"
 
 extern char** environ;
 
@@ -140,7 +143,7 @@ std::unique_ptr<Node> node0(uint16_t& port) {
   return n;
 }
 
-TEST(StaticLiveness, AKilledAgentEndsTheRoundAsFailedOnEverySurvivorWithinTheTimeout) {
+TEST(StaticLiveness, AKilledAgentEndsTheRoundAsFailedOnEverySurvivor) {
   uint16_t port = 0;
   auto n0 = node0(port);
   auto n2 = std::make_unique<Node>();
@@ -160,9 +163,6 @@ TEST(StaticLiveness, AKilledAgentEndsTheRoundAsFailedOnEverySurvivorWithinTheTim
     RoundEvent e = n->awaitEvent();
     const auto took =
         std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - killed);
-    std::cout << "node " << n->info.groupRank << " saw the round end " << took.count()
-              << " ms after kill -9 (heartbeat timeout " << kHeartbeatTimeout.count()
-              << " ms)" << std::endl;
     EXPECT_EQ(e.round, 0);
     EXPECT_EQ(e.kind, RoundEnd::kFailed) << toString(e.kind) << ": " << e.reason;
     EXPECT_EQ(e.node, 1);
@@ -174,8 +174,12 @@ TEST(StaticLiveness, AKilledAgentEndsTheRoundAsFailedOnEverySurvivorWithinTheTim
                 str::startsWith(e.reason, "node 1's agent missed heartbeats for "))
         << e.reason;
     // The bound: within the heartbeat timeout (plus one interval for
-    // the watcher's last read), stated generously for a loaded machine.
-    EXPECT_LT(took, kHeartbeatTimeout + 10s);
+    // the watcher's last read), stated generously for a loaded machine;
+    // asserted only with DDPRUN_TIMING_ASSERTS=1.
+    testing::timingBound("node " + std::to_string(n->info.groupRank) +
+                             " saw the round end after kill -9 (heartbeat timeout " +
+                             std::to_string(kHeartbeatTimeout.count()) + " ms)",
+                         took, kHeartbeatTimeout + 10s);
   }
   n2->rdzv->shutdown();
   n0->rdzv->shutdown();
