@@ -8,8 +8,9 @@
 //
 // The Backend is the seam for devices: the CPU backend (OpenBLAS GEMM for
 // linear and convolution layers, plain loops for the rest) lives in
-// cpu_backend.cc; a CUDA backend implements the same interface (cuDNN,
-// cuBLAS) without changes to the reducer, the sampler or the loop.
+// src/train/cpu/; the CUDA backend (src/train/cuda/) implements the same
+// interface (cuDNN, cuBLAS) without changes to the reducer, the sampler or the
+// loop.
 //
 // Thread-safety: a layer belongs to one training thread.
 #pragma once
