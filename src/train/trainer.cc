@@ -76,7 +76,7 @@ void broadcastString(ProcessGroup& pg, std::string& s) {
 // fp16's loss scaler; DDPRUN_LOSS_SCALE (an integer) sets its start (tests
 // force an overflow with it).
 LossScaler makeLossScaler(const TrainConfig& cfg) {
-  if (cfg.precision != "fp16") return LossScaler();
+  if (cfg.precision != Precision::kFp16) return LossScaler();
   return LossScaler({.initScale = static_cast<float>(
                          env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62))});
 }
@@ -765,7 +765,7 @@ nlohmann::json Run::execute() {
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
       {"params_sha256", modelSha256(*model_, snap)},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
-      {"backend", be_->describe()}, {"precision", cfg_.precision},
+      {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
       {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
                      {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},

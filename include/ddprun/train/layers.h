@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/train/precision.h"
 #include "ddprun/train/tensor.h"
 
 namespace ddprun::runtime {
@@ -106,12 +107,7 @@ struct Pool2dSpec {
   int kernel = 2, stride = 0, pad = 0;
 };
 
-// Arithmetic of the device's compute: fp32; tf32 (tensor-core inputs rounded
-// to 10-bit mantissas, fp32 accumulate); bf16/fp16 (autocast: convolutions and
-// matrix products take 16-bit inputs, everything else and the master weights
-// stay fp32). The CPU backend computes fp32 only.
-enum class Precision : uint8_t { kFp32, kTf32, kBf16, kFp16 };
-const char* precisionName(Precision p);
+// Precision (the device's arithmetic): precision.h.
 
 class Backend {
  public:
