@@ -747,13 +747,10 @@ nlohmann::json Run::execute() {
   }
   if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
   const double secs = since(runStart_);
-  HostSnapshot snap(*be_);
-  if (rank0_ && !cfg_.save.empty()) {
-    std::vector<std::vector<int64_t>> counts;
-    HostSnapshot snap(*be_);
-    saveSafetensors(cfg_.save, modelTensors(*model_, nullptr, snap, counts),
-                    {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
-  }
+  // Rank 0 writes --save; every rank hashes its parameters.
+  const std::string paramsSha256 =
+      saveAndHashModel(*model_, *be_, rank0_ ? cfg_.save : std::string(),
+                       {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
   nlohmann::json j = {
       {"world", pg_.size()}, {"model", cfg_.model}, {"epochs", cfg_.epochs},
       // Whole-run totals: a resumed run counts the steps of its earlier
@@ -763,7 +760,7 @@ nlohmann::json Run::execute() {
       {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
       {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
-      {"params_sha256", modelSha256(*model_, snap)},
+      {"params_sha256", paramsSha256},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
       {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
       {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
