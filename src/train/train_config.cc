@@ -148,8 +148,8 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_option("--data", c.data,
                  "Directory of Fashion-MNIST IDX .gz files, or 'synthetic' (used, with a notice, "
-                 "when the default directory is absent); 'synthetic-cifar' (3x32x32) for "
-                 "resnet18")
+                 "when --data is not given and the default directory is absent); "
+                 "'synthetic-cifar' (3x32x32) for resnet18")
       ->capture_default_str();
   app.add_option("--stem", c.stem,
                  "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")

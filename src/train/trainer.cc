@@ -752,7 +752,8 @@ nlohmann::json Run::execute() {
       saveAndHashModel(*model_, *be_, rank0_ ? cfg_.save : std::string(),
                        {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
   nlohmann::json j = {
-      {"world", pg_.size()}, {"model", cfg_.model}, {"epochs", cfg_.epochs},
+      {"world", pg_.size()}, {"model", cfg_.model}, {"data", data_.source},
+      {"epochs", cfg_.epochs},
       // Whole-run totals: a resumed run counts the steps of its earlier
       // attempts too (attempt_steps: this process's). Epochs count from 0.
       {"steps", pos_.globalStep}, {"attempt_steps", stepsRun_},

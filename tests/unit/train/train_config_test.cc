@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench_window.h"
+#include "ddprun/train/data.h"
 
 namespace ddprun::train {
 namespace {
@@ -163,6 +164,17 @@ TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
   EXPECT_EQ(parsePrecision("fp64"), std::nullopt);
   EXPECT_EQ(parsePrecision("Fp32"), std::nullopt);
   EXPECT_EQ(parseDeviceChoice("gpu"), std::nullopt);
+}
+
+// Only a --data the user gave is "named" (never replaced by the synthetic set).
+TEST(TrainConfigTest, DataNamedOnlyWhenGiven) {
+  const ParseResult d = parse({});
+  ASSERT_TRUE(d.config) << d.output;
+  EXPECT_FALSE(d.config->dataNamed);
+  EXPECT_EQ(d.config->data, kDefaultDataDir);
+  const ParseResult n = parse({"--data", kDefaultDataDir});
+  ASSERT_TRUE(n.config) << n.output;
+  EXPECT_TRUE(n.config->dataNamed);
 }
 
 TEST(TrainConfigTest, SampleCountsAreBounded) {
