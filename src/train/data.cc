@@ -294,11 +294,17 @@ float normalisePixel(uint8_t p) {
   return normalised(p, kFashionMnistMean, kFashionMnistStd);
 }
 
-bool fashionMnistPresent(const std::string& dir) {
+bool fashionMnistPresent(const std::string& dir) { return missingFashionMnistFiles(dir).empty(); }
+
+std::vector<std::string> missingFashionMnistFiles(const std::string& dir) {
+  std::vector<std::string> missing;
   for (const char* f :
-       {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile})
-    if (!regularFileProblem(dir + "/" + f).empty()) return false;
-  return true;
+       {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile}) {
+    const std::string path = dir + "/" + f;
+    if (const std::string why = regularFileProblem(path); !why.empty())
+      missing.push_back(path + " (" + why + ")");
+  }
+  return missing;
 }
 
 Dataset loadIdxPair(const std::string& imagesPath, const std::string& labelsPath,

@@ -4,7 +4,7 @@
 // src/train/cuda/kernels.cu call exactly what tests/unit/train/kernel_math_test.cc
 // checks on the CPU against the CPU backend.
 //
-// The formulas follow the CPU backend (cpu_backend.cc) operation for
+// The formulas follow the CPU backend (cpu/cpu_backend.cc) operation for
 // operation, including which intermediate values are float and which double,
 // so the two backends agree to rounding (nvcc may still contract a*b+c into
 // one FMA where the host compiler does not).

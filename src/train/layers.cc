@@ -100,14 +100,4 @@ Tensor Backend::uploadInput(const float* host, const Shape& shape) {
   return t;
 }
 
-const char* precisionName(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
-  }
-  return "?";
-}
-
 }  // namespace ddprun::train

@@ -52,9 +52,12 @@ bool valuesUsable(const LoadedTensor& t, const std::string& path, std::string* w
 
 const float* HostSnapshot::read(const Tensor& t) {
   if (t.device() == Device::kCpu) return t.data();
+  const float*& copy = read_[{t.data(), t.numel()}];
+  if (copy) return copy;
   std::vector<float>& c = copies_.emplace_back(static_cast<size_t>(t.numel()));
   be_.download(t.data(), c.data(), c.size());
-  return c.data();
+  copy = c.data();
+  return copy;
 }
 
 std::vector<TensorView> modelTensors(Model& model, Optimizer* optim, HostSnapshot& snap,
@@ -82,6 +85,16 @@ std::string modelSha256(const Model& model, HostSnapshot& snap) {
   for (const Param* p : model.params()) spans.emplace_back(snap.read(p->value), p->value.bytes());
   for (const Buffer* b : model.buffers()) spans.emplace_back(snap.read(b->value), b->value.bytes());
   return sha256Hex(spans);
+}
+
+std::string saveAndHashModel(Model& model, Backend& be, const std::string& savePath,
+                             const std::map<std::string, std::string>& metadata) {
+  HostSnapshot snap(be);
+  if (!savePath.empty()) {
+    std::vector<std::vector<int64_t>> counts;
+    saveSafetensors(savePath, modelTensors(model, nullptr, snap, counts), metadata);
+  }
+  return modelSha256(model, snap);
 }
 
 bool copyInto(const SafeTensors& st, const std::string& path, Model& model,

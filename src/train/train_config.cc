@@ -64,25 +64,34 @@ std::string modelDataProblem(const TrainConfig& c) {
   return "";
 }
 
-std::string deviceProblem(const TrainConfig& c) {
-  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto")
-    return "unknown --device '" + c.device + "': choose one of cpu, cuda, auto";
-  static const std::vector<std::string> precisions = {"fp32", "tf32", "bf16", "fp16"};
-  if (std::find(precisions.begin(), precisions.end(), c.precision) == precisions.end())
-    return "unknown --precision '" + c.precision +
-           "': choose one of " + joined(precisions);
-  if (c.device == "cpu" && c.precision != "fp32")
-    return "--precision " + c.precision +
+// The flags' spellings as given on the command line (parsed in validate).
+struct DeviceFlags {
+  std::string device, precision;
+};
+
+// Parses --device and --precision into c (the one place their spellings are
+// read) and refuses the CPU with another precision than fp32.
+std::string deviceProblem(TrainConfig& c, const DeviceFlags& f) {
+  const std::optional<DeviceChoice> device = parseDeviceChoice(f.device);
+  if (!device)
+    return "unknown --device '" + f.device + "': choose one of " + kDeviceChoices;
+  const std::optional<Precision> precision = parsePrecision(f.precision);
+  if (!precision)
+    return "unknown --precision '" + f.precision + "': choose one of " + kPrecisionChoices;
+  c.device = *device;
+  c.precision = *precision;
+  if (c.device == DeviceChoice::kCpu && c.precision != Precision::kFp32)
+    return std::string("--precision ") + precisionName(c.precision) +
            " needs --device cuda: the CPU computes fp32 only";
   return "";
 }
 
-std::string validate(const TrainConfig& c, int cpus) {
+std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   const auto& models = Model::names();
   if (std::find(models.begin(), models.end(), c.model) == models.end())
     return "unknown model '" + c.model + "': choose one of " + joined(models);
   if (auto e = modelDataProblem(c); !e.empty()) return e;
-  if (auto e = deviceProblem(c); !e.empty()) return e;
+  if (auto e = deviceProblem(c, flags); !e.empty()) return e;
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
     return "unknown optimizer '" + c.optimizer + "': choose one of " + joined(opts);
@@ -131,6 +140,7 @@ std::string validate(const TrainConfig& c, int cpus) {
 ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   TrainConfig c;
   c.data = kDefaultDataDir;
+  DeviceFlags flags{deviceChoiceName(c.device), precisionName(c.precision)};
   CLI::App app{"train: the bundled data-parallel trainer (run it under ddprun, torchrun or alone)",
                "train"};
   app.set_help_flag("-h,--help", "Print this help and exit");
@@ -138,8 +148,8 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_option("--data", c.data,
                  "Directory of Fashion-MNIST IDX .gz files, or 'synthetic' (used, with a notice, "
-                 "when the default directory is absent); 'synthetic-cifar' (3x32x32) for "
-                 "resnet18")
+                 "when --data is not given and the default directory is absent); "
+                 "'synthetic-cifar' (3x32x32) for resnet18")
       ->capture_default_str();
   app.add_option("--stem", c.stem,
                  "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")
@@ -152,9 +162,9 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
                  "resnet18's input side, the images resized (bilinear) on the device; 0: the "
                  "data's own")
       ->capture_default_str();
-  app.add_option("--device", c.device, "cpu | cuda | auto (cuda when a GPU is present)")
+  app.add_option("--device", flags.device, "cpu | cuda | auto (cuda when a GPU is present)")
       ->capture_default_str();
-  app.add_option("--precision", c.precision,
+  app.add_option("--precision", flags.precision,
                  "fp32 | tf32 | bf16 | fp16 (autocast; cuda only, the CPU computes fp32)")
       ->capture_default_str();
   app.add_flag("--deterministic", c.deterministic,
@@ -222,7 +232,8 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
     r.output = std::string(e.what()) + " (see train --help)";
     return r;
   }
-  if (const std::string err = validate(c, cpus); !err.empty()) {
+  c.dataNamed = app.count("--data") > 0;
+  if (const std::string err = validate(c, flags, cpus); !err.empty()) {
     r.exitCode = 2;
     r.output = err;
     return r;

@@ -9,7 +9,7 @@
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/store/hash_store.h"
 #include "ddprun/train/backend_choice.h"
-#include "ddprun/train/data.h"
+#include "ddprun/train/data_choice.h"
 #include "ddprun/train/files.h"
 #include "ddprun/train/trainer.h"
 
@@ -45,24 +45,6 @@ std::string pathsProblem(const TrainConfig& cfg, bool rank0) {
   return "";
 }
 
-DataSplit loadData(const TrainConfig& cfg) {
-  const int64_t maxTrain = cfg.trainSamples > 0 ? cfg.trainSamples : -1;
-  const int64_t maxTest = cfg.testSamples > 0 ? cfg.testSamples : -1;
-  auto synthetic = [&] {
-    return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000, cfg.seed);
-  };
-  if (cfg.data == "synthetic") return synthetic();
-  if (cfg.data == kSyntheticCifar)
-    return makeSyntheticCifar(maxTrain > 0 ? maxTrain : 50000, maxTest > 0 ? maxTest : 10000,
-                              static_cast<int>(cfg.numClasses));
-  if (cfg.data == kDefaultDataDir && !fashionMnistPresent(cfg.data)) {
-    std::fprintf(stderr, "train: Fashion-MNIST is not installed in %s (scripts/setup.sh installs "
-                 "it): training on the synthetic set instead\n", cfg.data.c_str());
-    return synthetic();
-  }
-  return loadFashionMnist(cfg.data, maxTrain, maxTest);
-}
-
 // Under ddprun or torchrun: the launcher's environment; alone: one rank over
 // an in-process store.
 std::unique_ptr<ProcessGroup> joinGroup() {
@@ -93,7 +75,7 @@ int trainMain(int argc, const char* const* argv) {
   }
   try {
     chooseCuda(cfg.device, cfg.precision, probeDevices());  // before any work
-    const DataSplit data = loadData(cfg);
+    const DataSplit data = loadTrainData(cfg, rank0 ? stderr : nullptr);
     auto pg = joinGroup();
     TrainerIo io;
     io.restarted = envRestarted();

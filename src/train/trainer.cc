@@ -76,7 +76,7 @@ void broadcastString(ProcessGroup& pg, std::string& s) {
 // fp16's loss scaler; DDPRUN_LOSS_SCALE (an integer) sets its start (tests
 // force an overflow with it).
 LossScaler makeLossScaler(const TrainConfig& cfg) {
-  if (cfg.precision != "fp16") return LossScaler();
+  if (cfg.precision != Precision::kFp16) return LossScaler();
   return LossScaler({.initScale = static_cast<float>(
                          env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62))});
 }
@@ -747,15 +747,13 @@ nlohmann::json Run::execute() {
   }
   if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
   const double secs = since(runStart_);
-  HostSnapshot snap(*be_);
-  if (rank0_ && !cfg_.save.empty()) {
-    std::vector<std::vector<int64_t>> counts;
-    HostSnapshot snap(*be_);
-    saveSafetensors(cfg_.save, modelTensors(*model_, nullptr, snap, counts),
-                    {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
-  }
+  // Rank 0 writes --save; every rank hashes its parameters.
+  const std::string paramsSha256 =
+      saveAndHashModel(*model_, *be_, rank0_ ? cfg_.save : std::string(),
+                       {{"format", "ddprun-train-model"}, {"model", cfg_.model}});
   nlohmann::json j = {
-      {"world", pg_.size()}, {"model", cfg_.model}, {"epochs", cfg_.epochs},
+      {"world", pg_.size()}, {"model", cfg_.model}, {"data", data_.source},
+      {"epochs", cfg_.epochs},
       // Whole-run totals: a resumed run counts the steps of its earlier
       // attempts too (attempt_steps: this process's). Epochs count from 0.
       {"steps", pos_.globalStep}, {"attempt_steps", stepsRun_},
@@ -763,9 +761,9 @@ nlohmann::json Run::execute() {
       {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
       {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
-      {"params_sha256", modelSha256(*model_, snap)},
+      {"params_sha256", paramsSha256},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
-      {"backend", be_->describe()}, {"precision", cfg_.precision},
+      {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
       {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
                      {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},

@@ -384,7 +384,30 @@ class TrainE2E(unittest.TestCase):
 
     def test_missing_data_names_the_file_and_the_remedy(self):
         p = self.train_alone("--data", "/nonexistent", "--train-samples", "64")
-        self.refused(p, "/nonexistent", ("setup.sh", "--data synthetic"), what="--data /nonexistent")
+        self.refused(p, "/nonexistent", ("setup.sh", "--data synthetic"), *DATA_FILES,
+                     what="--data /nonexistent")
+
+    def test_final_json_says_which_data_and_a_fallback_is_announced_once(self):
+        # --data not given: Fashion-MNIST where it is installed, else the
+        # synthetic set with one line on stderr; a directory named with
+        # --data is never replaced (an empty one here: refused, exit 2).
+        small = ["--train-samples", "256", "--test-samples", "64", "--max-steps", "2"]
+        res = self.ok(self.train_alone(*SYNTHETIC, *small), "--data synthetic")
+        self.assertEqual(res["data"], "synthetic")
+        p = self.train_alone(*small)
+        res = self.ok(p, "train with the default data")
+        notices = [l for l in p.stderr.splitlines() if "training on the synthetic set" in l]
+        if HAVE_DATA:
+            self.assertEqual(res["data"], "Fashion-MNIST (%s)" % DATA)
+            self.assertEqual(notices, [], p.stderr)
+        else:
+            self.assertEqual(res["data"], "synthetic (no Fashion-MNIST at %s)" % DATA)
+            self.assertEqual(len(notices), 1, p.stderr)
+            self.refused(self.train_alone("--data", DATA, *small), DATA, *DATA_FILES,
+                         "setup.sh", what="--data %s named but not installed" % DATA)
+        empty = tempfile.mkdtemp(dir=self.tmp)
+        self.refused(self.train_alone("--data", empty, *small), empty, *DATA_FILES, "setup.sh",
+                     what="--data naming an empty directory")
 
     @unittest.skipUnless(HAVE_DATA, NEED_DATA)
     def test_corrupt_data_files_are_named(self):

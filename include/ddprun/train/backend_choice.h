@@ -5,9 +5,9 @@
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "ddprun/train/layers.h"
+#include "ddprun/train/precision.h"
 #include "ddprun/train/train_config.h"
 
 namespace ddprun::train {
@@ -20,9 +20,6 @@ struct DeviceInventory {
 // This build and machine: runtime::cudaBuilt(), runtime::cudaDeviceCount().
 DeviceInventory probeDevices();
 
-// fp32 | tf32 | bf16 | fp16 (train_config validates the spelling).
-Precision parsePrecision(const std::string& p);
-
 // DDPRUN_CUDNN_DETERMINISTIC=1: --deterministic without the flag (0 or unset:
 // the flag decides). Other values are an error naming the variable.
 bool deterministicFromEnv();
@@ -30,8 +27,7 @@ bool deterministicFromEnv();
 // Whether to compute on CUDA: --device cuda, or auto with a GPU. Throws
 // InvalidArgument for --device cuda without a GPU (or CUDA in the build), and
 // for a --precision other than fp32 when the choice is the CPU.
-bool chooseCuda(const std::string& device, const std::string& precision,
-                const DeviceInventory& inv);
+bool chooseCuda(DeviceChoice device, Precision precision, const DeviceInventory& inv);
 
 // The backend --device chooses: CUDA on this process's GPU (LOCAL_RANK modulo
 // the visible GPUs, DDPRUN_CUDA_DEVICE overrides; ranks may share a GPU), or

@@ -106,6 +106,9 @@ float normalisePixel(uint8_t p);
 
 // True when all four Fashion-MNIST files exist (as regular files) in `dir`.
 bool fashionMnistPresent(const std::string& dir);
+// The Fashion-MNIST files `dir` lacks, each as "<dir>/<file> (<why>)" (no
+// such file, not a regular file, ...); empty when all four are there.
+std::vector<std::string> missingFashionMnistFiles(const std::string& dir);
 
 // Reads one pair of IDX files (gzip-compressed or plain) into a Dataset.
 // At most `maxCount` samples are read (-1 = all); the counts in the two

@@ -8,8 +8,9 @@
 //
 // The Backend is the seam for devices: the CPU backend (OpenBLAS GEMM for
 // linear and convolution layers, plain loops for the rest) lives in
-// cpu_backend.cc; a CUDA backend implements the same interface (cuDNN,
-// cuBLAS) without changes to the reducer, the sampler or the loop.
+// src/train/cpu/; the CUDA backend (src/train/cuda/) implements the same
+// interface (cuDNN, cuBLAS) without changes to the reducer, the sampler or the
+// loop.
 //
 // Thread-safety: a layer belongs to one training thread.
 #pragma once
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/train/precision.h"
 #include "ddprun/train/tensor.h"
 
 namespace ddprun::runtime {
@@ -105,12 +107,7 @@ struct Pool2dSpec {
   int kernel = 2, stride = 0, pad = 0;
 };
 
-// Arithmetic of the device's compute: fp32; tf32 (tensor-core inputs rounded
-// to 10-bit mantissas, fp32 accumulate); bf16/fp16 (autocast: convolutions and
-// matrix products take 16-bit inputs, everything else and the master weights
-// stay fp32). The CPU backend computes fp32 only.
-enum class Precision : uint8_t { kFp32, kTf32, kBf16, kFp16 };
-const char* precisionName(Precision p);
+// Precision (the device's arithmetic): precision.h.
 
 class Backend {
  public:

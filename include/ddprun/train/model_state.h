@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddprun/train/checkpoint.h"
@@ -17,7 +19,10 @@ namespace ddprun::train {
 
 // Host-readable elements of tensors that may live on a device: a CPU tensor
 // is read in place, a device tensor is downloaded into a copy this object
-// owns. Pointers stay valid while it lives.
+// owns, once: reading it again (the same storage and size) returns that copy,
+// so a save and a hash through one snapshot download each tensor once. A
+// snapshot is thus a picture of one moment: take a new one after the model
+// changed. Pointers stay valid while it lives.
 class HostSnapshot {
  public:
   explicit HostSnapshot(Backend& be) : be_(be) {}
@@ -26,6 +31,7 @@ class HostSnapshot {
  private:
   Backend& be_;
   std::deque<std::vector<float>> copies_;
+  std::map<std::pair<const float*, int64_t>, const float*> read_;  // device tensor -> copy
 };
 
 // The model's parameters and buffers (and the optimizer's state when `optim`
@@ -38,6 +44,13 @@ std::vector<TensorView> modelTensors(Model& model, Optimizer* optim, HostSnapsho
 // SHA-256 (hex) of the parameters' then the buffers' float32 bytes, read
 // through `snap` (metrics.h's parametersSha256 over host copies).
 std::string modelSha256(const Model& model, HostSnapshot& snap);
+
+// The end of a run: writes the model's parameters and buffers (no optimizer
+// state) to `savePath` with `metadata` when the path is not empty, and
+// returns modelSha256 of the same state. One snapshot serves both: each
+// device tensor is downloaded once.
+std::string saveAndHashModel(Model& model, Backend& be, const std::string& savePath,
+                             const std::map<std::string, std::string>& metadata);
 
 // Copies a file's tensors into the model (and optimizer state when `optim` is
 // not null). Nothing is copied unless every tensor fits: present, of this

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddprun/common/cpus.h"
+#include "ddprun/train/precision.h"
 
 namespace ddprun::train {
 
@@ -17,11 +18,17 @@ struct TrainConfig {
   // Directory of Fashion-MNIST IDX .gz files, "synthetic" (both 1x28x28, 10
   // classes: mlp, lenet, lenet-bn) or "synthetic-cifar" (3x32x32: resnet18).
   std::string data;
+  // --data was given: a directory named by the user is never replaced by the
+  // synthetic set (data_choice.h); only the default directory falls back.
+  bool dataNamed = false;
   std::string stem = "imagenet";   // resnet18's stem: imagenet | cifar
   int64_t numClasses = 10;         // 10 for the 1x28x28 sets; 2..10 for synthetic-cifar
   int64_t imageSize = 0;           // resnet18's input side; 0: the data's own (32)
-  std::string device = "auto";     // cpu | cuda | auto (cuda when a GPU is there)
-  std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16 (cpu: fp32 only)
+  // Parsed from their spellings here, once (precision.h); the CPU takes fp32
+  // only (a refusal of --device cpu with another precision is made here,
+  // auto's choice against the machine in backend_choice.h).
+  DeviceChoice device = DeviceChoice::kAuto;  // cuda when a GPU is there
+  Precision precision = Precision::kFp32;
   // Bitwise-repeatable device arithmetic (CUDA: deterministic cuDNN algorithms,
   // and in fp32 only those that sum products directly); the default takes the
   // fastest algorithms that pass the accuracy check. The CPU is always

@@ -14,8 +14,10 @@ const DeviceInventory kGpu{.cudaBuilt = true, .gpus = 2};
 const DeviceInventory kNoGpu{.cudaBuilt = true, .gpus = 0};
 const DeviceInventory kNoCuda{.cudaBuilt = false, .gpus = 0};
 
-std::string refusal(const std::string& device, const std::string& precision,
-                    const DeviceInventory& inv) {
+constexpr DeviceChoice kCpu = DeviceChoice::kCpu, kCuda = DeviceChoice::kCuda,
+                        kAuto = DeviceChoice::kAuto;
+
+std::string refusal(DeviceChoice device, Precision precision, const DeviceInventory& inv) {
   try {
     chooseCuda(device, precision, inv);
   } catch (const InvalidArgument& e) {
@@ -25,39 +27,33 @@ std::string refusal(const std::string& device, const std::string& precision,
 }
 
 TEST(BackendChoice, AutoTakesTheGpuWhenThereIsOne) {
-  EXPECT_TRUE(chooseCuda("auto", "fp32", kGpu));
-  EXPECT_TRUE(chooseCuda("auto", "bf16", kGpu));
-  EXPECT_FALSE(chooseCuda("auto", "fp32", kNoGpu));
-  EXPECT_FALSE(chooseCuda("auto", "fp32", kNoCuda));
-  EXPECT_TRUE(chooseCuda("cuda", "tf32", kGpu));
-  EXPECT_FALSE(chooseCuda("cpu", "fp32", kGpu));
+  EXPECT_TRUE(chooseCuda(kAuto, Precision::kFp32, kGpu));
+  EXPECT_TRUE(chooseCuda(kAuto, Precision::kBf16, kGpu));
+  EXPECT_FALSE(chooseCuda(kAuto, Precision::kFp32, kNoGpu));
+  EXPECT_FALSE(chooseCuda(kAuto, Precision::kFp32, kNoCuda));
+  EXPECT_TRUE(chooseCuda(kCuda, Precision::kTf32, kGpu));
+  EXPECT_FALSE(chooseCuda(kCpu, Precision::kFp32, kGpu));
 }
 
 TEST(BackendChoice, CudaWithoutAGpuNamesWhy) {
-  const std::string noGpu = refusal("cuda", "fp32", kNoGpu);
+  const std::string noGpu = refusal(kCuda, Precision::kFp32, kNoGpu);
   EXPECT_NE(noGpu.find("--device cuda"), std::string::npos) << noGpu;
   EXPECT_NE(noGpu.find("no CUDA GPU is visible"), std::string::npos) << noGpu;
   EXPECT_NE(noGpu.find("--device cpu"), std::string::npos) << noGpu;
-  const std::string noCuda = refusal("cuda", "fp32", kNoCuda);
+  const std::string noCuda = refusal(kCuda, Precision::kFp32, kNoCuda);
   EXPECT_NE(noCuda.find("built without CUDA"), std::string::npos) << noCuda;
 }
 
 TEST(BackendChoice, SixteenBitOrTf32OnTheCpuIsRefused) {
-  for (const char* p : {"tf32", "bf16", "fp16"}) {
-    const std::string cpu = refusal("cpu", p, kGpu);
-    EXPECT_NE(cpu.find(std::string("--precision ") + p), std::string::npos) << cpu;
+  for (Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
+    const std::string cpu = refusal(kCpu, p, kGpu);
+    EXPECT_NE(cpu.find(std::string("--precision ") + precisionName(p)), std::string::npos)
+        << cpu;
     EXPECT_NE(cpu.find("--device cpu was given"), std::string::npos) << cpu;
-    const std::string autoCpu = refusal("auto", p, kNoGpu);
+    const std::string autoCpu = refusal(kAuto, p, kNoGpu);
     EXPECT_NE(autoCpu.find("--device auto chose the CPU"), std::string::npos) << autoCpu;
   }
-  EXPECT_EQ(refusal("cpu", "fp32", kNoCuda), "");
-}
-
-TEST(BackendChoice, ParsePrecision) {
-  EXPECT_EQ(parsePrecision("fp32"), Precision::kFp32);
-  EXPECT_EQ(parsePrecision("tf32"), Precision::kTf32);
-  EXPECT_EQ(parsePrecision("bf16"), Precision::kBf16);
-  EXPECT_EQ(parsePrecision("fp16"), Precision::kFp16);
+  EXPECT_EQ(refusal(kCpu, Precision::kFp32, kNoCuda), "");
 }
 
 TEST(LossScaler, OffIsScaleOneAndNeverChanges) {

@@ -1,9 +1,12 @@
 #include "temp_dir.h"
 #include "ddprun/train/data.h"
+#include "ddprun/train/data_choice.h"
 
 #include <gtest/gtest.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -195,6 +198,80 @@ TEST(DataTest, FashionMnistDirectory) {
   EXPECT_FALSE(fashionMnistPresent(dir.path()));
   expectDataError([&] { loadFashionMnist(dir.path()); },
                   {dir.file(kTestLabelsFile), "no such file"});
+}
+
+// loadTrainData with `notices` captured: the split and what was printed.
+std::pair<DataSplit, std::string> trainData(const TrainConfig& cfg) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  DataSplit s;
+  try {
+    s = loadTrainData(cfg, f);
+  } catch (...) {
+    fclose(f);
+    free(buf);
+    throw;
+  }
+  fclose(f);
+  std::string out(buf, len);
+  free(buf);
+  return {std::move(s), out};
+}
+
+TrainConfig dataConfig(const std::string& data, bool named) {
+  TrainConfig c;
+  c.data = data;
+  c.dataNamed = named;
+  c.trainSamples = 8;
+  c.testSamples = 4;
+  return c;
+}
+
+// The default directory (--data not given) without Fashion-MNIST: the
+// synthetic set, announced in one line and recorded in DataSplit::source.
+TEST(DataChoiceTest, DefaultDirectoryMissingFallsBackWithOneNotice) {
+  TempDir dir;
+  const auto [s, notice] = trainData(dataConfig(dir.path(), false));
+  EXPECT_EQ(s.source, "synthetic (no Fashion-MNIST at " + dir.path() + ")");
+  EXPECT_EQ(s.train.size, 8);
+  EXPECT_EQ(s.test.size, 4);
+  EXPECT_EQ(std::count(notice.begin(), notice.end(), '\n'), 1) << notice;
+  EXPECT_NE(notice.find(dir.path()), std::string::npos) << notice;
+  EXPECT_NE(notice.find("synthetic"), std::string::npos) << notice;
+  EXPECT_EQ(loadTrainData(dataConfig(dir.path(), false), nullptr).source, s.source);
+}
+
+// A directory the user named is never replaced: every missing file named,
+// with how to get them.
+TEST(DataChoiceTest, NamedDirectoryWithoutTheFilesIsRefused) {
+  TempDir dir;
+  std::vector<std::string> all;
+  for (const char* f : {kTrainImagesFile, kTrainLabelsFile, kTestImagesFile, kTestLabelsFile})
+    all.push_back(dir.file(f) + " (no such file)");
+  expectDataError([&] { trainData(dataConfig(dir.path(), true)); }, all);
+  writeFashionDir(dir, 6, 4);
+  std::filesystem::remove(dir.file(kTrainLabelsFile));
+  expectDataError([&] { trainData(dataConfig(dir.path(), true)); },
+                  {"--data " + dir.path(), dir.file(kTrainLabelsFile)});
+  try {
+    trainData(dataConfig(dir.path(), true));
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.message().find(kTrainImagesFile), std::string::npos) << e.message();
+  }
+}
+
+TEST(DataChoiceTest, SourcesOfRealAndSyntheticData) {
+  TempDir dir;
+  writeFashionDir(dir, 6, 4);
+  for (bool named : {false, true}) {
+    const auto [s, notice] = trainData(dataConfig(dir.path(), named));
+    EXPECT_EQ(s.source, "Fashion-MNIST (" + dir.path() + ")");
+    EXPECT_EQ(s.train.size, 6);
+    EXPECT_EQ(notice, "");
+  }
+  EXPECT_EQ(trainData(dataConfig("synthetic", true)).first.source, "synthetic");
+  EXPECT_EQ(trainData(dataConfig(kSyntheticCifar, true)).first.source, kSyntheticCifar);
 }
 
 TEST(DataTest, MissingDirectoryNamesTheFile) {

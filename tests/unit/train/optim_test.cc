@@ -19,7 +19,7 @@
 #include "ddprun/train/model_state.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
-#include "dnnl_conv.h"
+#include "cpu/dnnl_conv.h"
 #include "rank_threads.h"
 #include "temp_dir.h"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench_window.h"
+#include "ddprun/train/data.h"
 
 namespace ddprun::train {
 namespace {
@@ -66,8 +67,8 @@ TEST(TrainConfigTest, ResNetFlagsAndTheirDefaults) {
   EXPECT_EQ(d.config->stem, "imagenet");
   EXPECT_EQ(d.config->numClasses, 10);
   EXPECT_EQ(d.config->imageSize, 0);
-  EXPECT_EQ(d.config->device, "auto");
-  EXPECT_EQ(d.config->precision, "fp32");
+  EXPECT_EQ(d.config->device, DeviceChoice::kAuto);
+  EXPECT_EQ(d.config->precision, Precision::kFp32);
   const ParseResult r = parse({"--model", "resnet18", "--data", "synthetic-cifar",
                                "--stem", "cifar", "--num-classes", "4", "--image-size",
                                "64", "--device", "cuda", "--precision", "bf16"});
@@ -77,8 +78,8 @@ TEST(TrainConfigTest, ResNetFlagsAndTheirDefaults) {
   EXPECT_EQ(r.config->stem, "cifar");
   EXPECT_EQ(r.config->numClasses, 4);
   EXPECT_EQ(r.config->imageSize, 64);
-  EXPECT_EQ(r.config->device, "cuda");
-  EXPECT_EQ(r.config->precision, "bf16");
+  EXPECT_EQ(r.config->device, DeviceChoice::kCuda);
+  EXPECT_EQ(r.config->precision, Precision::kBf16);
   for (const char* p : {"fp32", "tf32", "bf16", "fp16"})
     EXPECT_TRUE(parse({"--device", "auto", "--precision", p}).config) << p;
   EXPECT_TRUE(parse({"--device", "cpu", "--precision", "fp32"}).config);
@@ -140,6 +141,40 @@ TEST(TrainConfigTest, DeviceAndPrecision) {
     expectRefused({"--device", "cpu", "--precision", p}, "--precision");
   const ParseResult r = parse({"--device", "cpu", "--precision", "bf16"});
   EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
+  // Spellings are exact: no case folding, no fallback to a default.
+  expectRefused({"--precision", "FP16"}, "unknown --precision 'FP16'");
+  expectRefused({"--precision", ""}, "unknown --precision ''");
+  expectRefused({"--device", "CPU"}, "unknown --device 'CPU'");
+}
+
+// Every spelling parses to its value and back; nothing else parses.
+TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
+  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
+    EXPECT_EQ(parsePrecision(precisionName(p)), p);
+    const ParseResult r = parse({"--device", "cuda", "--precision", precisionName(p)});
+    ASSERT_TRUE(r.config) << r.output;
+    EXPECT_EQ(r.config->precision, p);
+  }
+  for (DeviceChoice d : {DeviceChoice::kCpu, DeviceChoice::kCuda, DeviceChoice::kAuto}) {
+    EXPECT_EQ(parseDeviceChoice(deviceChoiceName(d)), d);
+    const ParseResult r = parse({"--device", deviceChoiceName(d)});
+    ASSERT_TRUE(r.config) << r.output;
+    EXPECT_EQ(r.config->device, d);
+  }
+  EXPECT_EQ(parsePrecision("fp64"), std::nullopt);
+  EXPECT_EQ(parsePrecision("Fp32"), std::nullopt);
+  EXPECT_EQ(parseDeviceChoice("gpu"), std::nullopt);
+}
+
+// Only a --data the user gave is "named" (never replaced by the synthetic set).
+TEST(TrainConfigTest, DataNamedOnlyWhenGiven) {
+  const ParseResult d = parse({});
+  ASSERT_TRUE(d.config) << d.output;
+  EXPECT_FALSE(d.config->dataNamed);
+  EXPECT_EQ(d.config->data, kDefaultDataDir);
+  const ParseResult n = parse({"--data", kDefaultDataDir});
+  ASSERT_TRUE(n.config) << n.output;
+  EXPECT_TRUE(n.config->dataNamed);
 }
 
 TEST(TrainConfigTest, SampleCountsAreBounded) {

@@ -23,7 +23,7 @@
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
 #include "dnnl_conv.h"
-#include "kernel_math.h"
+#include "../kernel_math.h"
 
 namespace ddprun::train {
 namespace {
