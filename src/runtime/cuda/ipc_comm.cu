@@ -16,6 +16,7 @@
 #include "../comm.h"
 #include "cuda_comm.h"
 #include "cuda_support.h"
+#include "reduce_kernels.h"
 #include "ddprun/runtime/process_group.h"
 #include "../shm/shm_comm.h"
 #include "staged_comm.h"

@@ -21,6 +21,7 @@
 #include "../comm.h"
 #include "cuda_comm.h"
 #include "cuda_support.h"
+#include "reduce_kernels.h"
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/common/log.h"
 #include "ddprun/runtime/cuda.h"
