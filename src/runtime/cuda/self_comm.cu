@@ -9,6 +9,7 @@
 
 #include "../comm.h"
 #include "cuda_comm.h"
+#include "cuda_handles.h"
 #include "cuda_support.h"
 #include "ddprun/runtime/process_group.h"
 
@@ -18,8 +19,7 @@ namespace {
 // A group of one: every collective is a device-to-device copy (or nothing).
 class SelfComm : public CudaComm {
  public:
-  explicit SelfComm(ProcessGroup& pg) : pg_(pg) { DDPRUN_CUDA_OK(cudaStreamCreate(&stream_)); }
-  ~SelfComm() override { cudaStreamDestroy(stream_); }
+  explicit SelfComm(ProcessGroup& pg) : pg_(pg), stream_(cuda::Stream::createBlocking()) {}
   std::string name() const override { return "self"; }
   int size() const override { return 1; }
   int me() const override { return 0; }
@@ -57,7 +57,7 @@ class SelfComm : public CudaComm {
     syncStream(stream_, pg_.options().timeout, "copy");
   }
   ProcessGroup& pg_;
-  cudaStream_t stream_{};
+  cuda::Stream stream_;
 };
 
 }  // namespace

@@ -8,14 +8,8 @@
 
 namespace ddprun::runtime {
 
-StagedComm::StagedComm(ProcessGroup& pg, Comm& host) : pg_(pg), host_(host) {
-  DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
-}
-
-StagedComm::~StagedComm() {
-  if (pinned_) cudaFreeHost(pinned_);
-  cudaStreamDestroy(stream_);
-}
+StagedComm::StagedComm(ProcessGroup& pg, Comm& host)
+    : pg_(pg), host_(host), stream_(cuda::Stream::createBlocking()) {}
 
 void StagedComm::allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) {
   const size_t bytes = count * dtypeSize(t);
@@ -59,14 +53,9 @@ void StagedComm::broadcastOrdered(const std::vector<std::pair<void*, size_t>>& b
 }
 
 char* StagedComm::stage(const void* dev, size_t bytes, size_t room) {
-  if (room > pinnedBytes_) {
-    if (pinned_) DDPRUN_CUDA_OK(cudaFreeHost(pinned_));
-    pinned_ = nullptr;
-    DDPRUN_CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), room, cudaHostAllocDefault));
-    pinnedBytes_ = room;
-  }
-  if (dev && bytes) copy(pinned_, dev, bytes, cudaMemcpyDeviceToHost);
-  return pinned_;
+  char* h = static_cast<char*>(pinned_.ensure(room));
+  if (dev && bytes) copy(h, dev, bytes, cudaMemcpyDeviceToHost);
+  return h;
 }
 
 void StagedComm::unstage(void* dev, const char* h, size_t bytes) {

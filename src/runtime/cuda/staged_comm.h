@@ -16,6 +16,7 @@
 
 #include "../comm.h"
 #include "cuda_comm.h"
+#include "cuda_handles.h"
 #include "ddprun/runtime/process_group.h"
 
 namespace ddprun::runtime {
@@ -25,7 +26,6 @@ namespace ddprun::runtime {
 class StagedComm : public CudaComm {
  public:
   StagedComm(ProcessGroup& pg, Comm& host);
-  ~StagedComm() override;
   std::string name() const override { return "staged"; }
   int size() const override { return host_.size(); }
   int me() const override { return host_.me(); }
@@ -50,9 +50,8 @@ class StagedComm : public CudaComm {
 
   ProcessGroup& pg_;
   Comm& host_;
-  cudaStream_t stream_{};
-  char* pinned_ = nullptr;
-  size_t pinnedBytes_ = 0;
+  cuda::Stream stream_;  // blocking (cudaStreamCreate)
+  cuda::PinnedBuffer pinned_;
 };
 
 }  // namespace ddprun::runtime
