@@ -1,4 +1,4 @@
-// CUDA transports (NCCL, IPC, staged). Internal header.
+// CUDA transports (self, staged, NCCL, IPC). Internal header.
 #pragma once
 
 #include <cstddef>
@@ -38,10 +38,13 @@ class CudaComm : public Comm {
 // shm is this host's shared-memory comm when all ranks share one host.
 std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& hostComm, ShmComm* shm);
 
-// The transports behind makeCudaComm (nccl_comm.cu, ipc_comm.cu; the staged
-// one in staged_comm.h). makeNcclComm: `sharedBus` non-empty when ranks share
-// that GPU, which NCCL accepts from 2.30 on (every rank's ncclRuntimeVersion
-// in `versions`; else InvalidArgument naming the version and the fix).
+// The transports behind makeCudaComm, a file each (self_comm.cu,
+// staged_comm.cu, nccl_comm.cu, ipc_comm.cu). makeNcclComm: `sharedBus`
+// non-empty when ranks share that GPU, which NCCL accepts from 2.30 on (every
+// rank's ncclRuntimeVersion in `versions`; else InvalidArgument naming the
+// version and the fix).
+std::unique_ptr<CudaComm> makeSelfComm(ProcessGroup& pg);
+std::unique_ptr<CudaComm> makeStagedComm(ProcessGroup& pg, Comm& hostComm);
 std::unique_ptr<CudaComm> makeNcclComm(ProcessGroup& pg, Comm& hostComm,
                                        const std::vector<int>& versions,
                                        const std::string& sharedBus);

@@ -1,7 +1,8 @@
-// What the CUDA transports share (cuda_comm.cu, nccl_comm.cu, ipc_comm.cu,
-// staged_comm.cu): the GPU checks, a bounded stream wait, the event
-// conversions of the ordered path and our reduction kernels. Internal header
-// of src/runtime/cuda/ (CUDA types: include only from .cu files).
+// What the CUDA transports share (self_comm.cu, staged_comm.cu, nccl_comm.cu,
+// ipc_comm.cu, device_collectives.cu): the GPU checks, a bounded stream wait
+// and the event conversions of the ordered path (the reduction kernels are in
+// reduce_kernels.h). Internal header of src/runtime/cuda/ (CUDA types:
+// include only from .cu files).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,10 +15,6 @@
 #include "ddprun/runtime/types.h"
 
 namespace ddprun::runtime {
-
-// Ranks that may share a host's GPUs through CUDA IPC (and the most sources
-// one reduction kernel reads).
-constexpr int kMaxIpcPeers = 16;
 
 // Throws InvalidArgument when no GPU is visible (a CUDA collective on a
 // machine without one).
@@ -46,16 +43,5 @@ void runOrderedBlocking(std::initializer_list<cudaStream_t> streams,
   op();
   if (ev.done) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.done), first));
 }
-
-
-// Device pointers of a reduction's sources or destinations.
-struct PtrSet {
-  char* p[kMaxIpcPeers];
-};
-
-// out_j[i] = op over k sources of src_k[i], for each of m destinations
-// (avgDiv > 1: the result divided by it, kAvg's second half), on `st`.
-void launchReduce(DType t, ReduceOp op, const PtrSet& s, int k, const PtrSet& d, int m,
-                  size_t count, int avgDiv, cudaStream_t st);
 
 }  // namespace ddprun::runtime

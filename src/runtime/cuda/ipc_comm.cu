@@ -15,7 +15,9 @@
 
 #include "../comm.h"
 #include "cuda_comm.h"
+#include "cuda_handles.h"
 #include "cuda_support.h"
+#include "reduce_kernels.h"
 #include "ddprun/runtime/process_group.h"
 #include "../shm/shm_comm.h"
 #include "staged_comm.h"
@@ -75,8 +77,8 @@ class IpcComm : public CudaComm {
     if (n > kMaxIpcPeers)
       DDPRUN_THROW(InvalidArgument, n, " ranks share this host's GPUs; the CUDA IPC path "
                    "supports ", kMaxIpcPeers, " (set DDPRUN_CUDA_TRANSPORT=staged)");
-    DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
-    DDPRUN_CUDA_OK(cudaMalloc(&mine_, scratch_));
+    stream_ = cuda::Stream::createBlocking();
+    mine_ = cuda::DeviceMemory::alloc(scratch_);
     cudaIpcMemHandle_t handle{};
     DDPRUN_CUDA_OK(cudaIpcGetMemHandle(&handle, mine_));
     std::vector<cudaIpcMemHandle_t> all(n);
@@ -85,7 +87,7 @@ class IpcComm : public CudaComm {
     peers_.assign(n, nullptr);
     for (int j = 0; j < n; ++j) {
       if (j == shm.me()) {
-        peers_[j] = static_cast<char*>(mine_);
+        peers_[j] = static_cast<char*>(mine_.get());
         continue;
       }
       void* p = nullptr;
@@ -96,11 +98,9 @@ class IpcComm : public CudaComm {
   }
   ~IpcComm() override {
     for (auto& [key, p] : mapped_) cudaIpcCloseMemHandle(p);
-    if (ready_) cudaEventDestroy(ready_);
     for (int j = 0; j < static_cast<int>(peers_.size()); ++j)
       if (j != shm_.me() && peers_[j]) cudaIpcCloseMemHandle(peers_[j]);
-    cudaFree(mine_);
-    cudaStreamDestroy(stream_);
+    // Then the members: ready_, mine_, stream_ (reverse declaration order).
   }
   std::string name() const override { return "ipc"; }
   int size() const override { return shm_.size(); }
@@ -236,7 +236,7 @@ class IpcComm : public CudaComm {
     mine.ok = exportPtr(in, &mine.in, &mine.inOff) && exportPtr(out, &mine.out, &mine.outOff);
     // Peers read my input from their own contexts: work queued before this
     // call (on the default stream too: ours is a blocking stream) must be done.
-    if (!ready_) DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    if (!ready_) ready_ = cuda::Event::create();
     DDPRUN_CUDA_OK(cudaEventRecord(ready_, stream_));
     syncStream(stream_, pg_.options().timeout, "allReduce");
     std::vector<DirectRecord> all(n);
@@ -271,11 +271,11 @@ class IpcComm : public CudaComm {
   size_t scratch_;
   size_t minBytes_;
   bool direct_ = !std::getenv("DDPRUN_CUDA_IPC_NO_DIRECT");
-  cudaEvent_t ready_{};
   std::map<std::string, char*> mapped_;
   std::deque<std::string> order_;
-  cudaStream_t stream_{};
-  void* mine_ = nullptr;
+  cuda::Stream stream_;       // blocking (cudaStreamCreate): see allReduceDirect
+  cuda::DeviceMemory mine_;   // this rank's scratch, exported to the peers
+  cuda::Event ready_;         // allReduceDirect's, created on first use
   std::vector<char*> peers_;
 };
 

@@ -20,7 +20,9 @@
 
 #include "../comm.h"
 #include "cuda_comm.h"
+#include "cuda_handles.h"
 #include "cuda_support.h"
+#include "reduce_kernels.h"
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/common/log.h"
 #include "ddprun/runtime/cuda.h"
@@ -72,7 +74,7 @@ class NcclComm : public CudaComm {
     ncclUniqueId id{};
     if (pg.rank() == 0) DDPRUN_NCCL_OK(ncclGetUniqueId(&id));
     host_.broadcast(&id, sizeof(id), 0);
-    DDPRUN_CUDA_OK(cudaStreamCreate(&stream_));
+    stream_ = cuda::Stream::createBlocking();
     DDPRUN_NCCL_OK(ncclCommInitRank(&comm_, pg.size(), id, pg.rank()));
   }
   ~NcclComm() override {
@@ -84,9 +86,7 @@ class NcclComm : public CudaComm {
     if (watchdog_.joinable()) watchdog_.join();
     drain();
     if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
-    for (const Pending& p : pending_) cudaEventDestroy(p.event);
-    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
-    cudaStreamDestroy(stream_);
+    // Then the members: the events (pending_, spare_), then the stream.
   }
   std::string name() const override { return "nccl"; }
   bool enqueues() const override { return true; }
@@ -168,7 +168,7 @@ class NcclComm : public CudaComm {
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
-    cudaEvent_t event;  // ours, recorded after the operation
+    cuda::Event event;  // ours, recorded after the operation
     Clock::time_point issued;
     const char* what;
   };
@@ -205,17 +205,17 @@ class NcclComm : public CudaComm {
   }
   void endOrderedLocked(const internal::OrderedEvents& ev, const char* what) {
     if (ev.done) DDPRUN_CUDA_OK(cudaEventRecord(toEvent(ev.done), stream_));
-    cudaEvent_t mine = nullptr;
+    cuda::Event mine;
     if (!spare_.empty()) {
-      mine = spare_.back();
+      mine = std::move(spare_.back());
       spare_.pop_back();
     } else {
-      DDPRUN_CUDA_OK(cudaEventCreateWithFlags(&mine, cudaEventDisableTiming));
+      mine = cuda::Event::create();
     }
     const cudaError_t rec = cudaEventRecord(mine, stream_);
-    if (rec != cudaSuccess) spare_.push_back(mine);
+    if (rec != cudaSuccess) spare_.push_back(std::move(mine));
     DDPRUN_CUDA_OK(rec);
-    pending_.push_back({mine, Clock::now(), what});
+    pending_.push_back({std::move(mine), Clock::now(), what});
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
     cv_.notify_all();
   }
@@ -233,7 +233,7 @@ class NcclComm : public CudaComm {
         return failLocked(std::string(pending_.front().what) + ": CUDA error " +
                               cudaGetErrorString(e), false);
       }
-      spare_.push_back(pending_.front().event);
+      spare_.push_back(std::move(pending_.front().event));
       pending_.pop_front();
     }
     if (!pending_.empty()) checkCommLocked(pending_.front().what, pending_.front().issued);
@@ -317,13 +317,13 @@ class NcclComm : public CudaComm {
   ProcessGroup& pg_;
   Comm& host_;
   int device_;
-  cudaStream_t stream_{};
+  cuda::Stream stream_;  // blocking (cudaStreamCreate)
   ncclComm_t comm_{};
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;      // ordered operations in flight, oldest first
-  std::vector<cudaEvent_t> spare_;   // their events, for reuse
+  std::vector<cuda::Event> spare_;  // their events, for reuse
   std::string failure_;              // sticky: the first failure seen
   bool failureTimedOut_ = false;
   bool stop_ = false;

@@ -7,29 +7,13 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda_check.h"
+#include "resources.h"  // DeviceScope (orphan frees may come from any thread)
 
 namespace ddprun::train::cuda {
 
 namespace {
 constexpr size_t kSmallGranule = 512;
 constexpr size_t kSmallLimit = size_t{1} << 20;
-
-// Makes `device` current for the scope (orphan frees may come from any thread).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device) DDPRUN_CUDA_OK(cudaSetDevice(device));
-    set_ = prev_ != device && prev_ >= 0;
-  }
-  ~DeviceScope() {
-    if (set_) (void)cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = -1;
-  bool set_ = false;
-};
 
 double mib(size_t b) { return static_cast<double>(b) / (1 << 20); }
 }  // namespace
