@@ -64,7 +64,14 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append, Options optio
     fd_ = -1;
     DDPRUN_THROW(IoError, "eventfd for the metrics writer: ", std::strerror(err));
   }
-  writer_ = std::thread([this] { writerLoop(); });
+  try {
+    writer_ = std::thread([this] { writerLoop(); });
+  } catch (...) {  // std::system_error: no thread, no descriptors left behind
+    ::close(wakeFd_);
+    ::close(fd_);
+    wakeFd_ = fd_ = -1;
+    throw;
+  }
 }
 
 MetricsWriter::~MetricsWriter() {
