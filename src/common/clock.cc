@@ -5,6 +5,11 @@
 
 namespace ddprun {
 
+std::string formatDuration(Millis d) {
+  if (d.count() < 1000) return std::to_string(d.count()) + " ms";
+  return std::to_string(d.count() / 1000) + " s";
+}
+
 Millis Deadline::remaining(Clock::time_point now) const {
   if (now >= end_) return Millis(0);
   return std::chrono::duration_cast<Millis>(end_ - now);

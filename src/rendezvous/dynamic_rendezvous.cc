@@ -18,6 +18,7 @@
 #include "dynamic_rendezvous_internal.h"
 #include "job_keys.h"
 #include "dynamic_state.h"
+#include "node_lease.h"
 #include "round_end.h"
 #include "round_watcher.h"
 #include "state_cell.h"
@@ -43,12 +44,6 @@ constexpr Millis kTurnPatience{2'000};
 
 // The <n> of node ids: distinct for every rendezvous of this process.
 std::atomic<int> nextLocalId{0};
-
-// "900 s", or "150 ms" below a second (tests use short timeouts).
-std::string formatDuration(int64_t ms) {
-  if (ms < 1000) return std::to_string(ms) + " ms";
-  return std::to_string(ms / 1000) + " s";
-}
 
 // Keys: job_keys.h.
 //
@@ -110,9 +105,10 @@ class DynamicRendezvous final : public Rendezvous {
 
   // A failure that follows a peer's death is that membership change, not a
   // failure (the workers died on the broken collective): if a peer of the
-  // round is gone (its heartbeat connection closed: "<job>/gone/<id>", and
-  // no connection beats for it again: leaseEnded), it is dropped, which ends the round as kMembershipChanged, and the failure
-  // is not reported. The store reads a closed connection's end before it
+  // round is lost (its process closed its heartbeat connection and no
+  // connection beats for it again: detail::lostForGood, node_lease.h), it is
+  // dropped, which ends the round as kMembershipChanged, and the failure is
+  // not reported. The store reads a closed connection's end before it
   // answers (store::LeaseRule), so a death that reached our workers has
   // reached it.
   void reportFailure(int round, const std::string& why, bool closeJob) override {
@@ -137,7 +133,7 @@ class DynamicRendezvous final : public Rendezvous {
     tasks_.push([this] { leave(); });
     if (!tasks_.drain(opts_.closeTimeout))
       DDPRUN_DEBUG("rendezvous: leaving after ",
-                   formatDuration(opts_.closeTimeout.count()),
+                   formatDuration(opts_.closeTimeout),
                    " without every report delivered");
     cancel_->cancel();
     leaveCancel_->cancel();
@@ -245,7 +241,7 @@ class DynamicRendezvous final : public Rendezvous {
     if (stopping_ || round < 0 || lastEnded_ >= round || !handler_) return;
     RoundEvent event{round, RoundEnd::kStoreLost, -1,
                      storeGone("no heartbeat of this node reached it for " +
-                               formatDuration(silentMs) +
+                               formatDuration(Millis(silentMs)) +
                                ", so the other nodes have dropped it")};
     post_([handler = handler_, event] { handler(event); });
   }
@@ -383,7 +379,7 @@ class DynamicRendezvous final : public Rendezvous {
                          now());
     });
     DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
-                 " did not complete within ", formatDuration(opts_.joinTimeout.count()),
+                 " did not complete within ", formatDuration(opts_.joinTimeout),
                  ": ", detail::describeShortfall(seen, lim_),
                  ". Start the missing nodes with the same --rdzv-endpoint (",
                  backend_.storeAddress, ") and --rdzv-id, or lower --nnodes' minimum");
@@ -474,7 +470,7 @@ class DynamicRendezvous final : public Rendezvous {
       ownTimeout_ = true;
       DDPRUN_THROW(TimeoutError, "rendezvous round ", info.round,
                    ": group rank 0 did not publish the round's worker store (", k,
-                   ") within ", formatDuration(opts_.readTimeout.count()));
+                   ") within ", formatDuration(opts_.readTimeout));
     }
     const std::string value = client_->get(k);
     if (value == detail::kNoWorkerStore || client_->check({key(info.round, "end")})) {
@@ -482,16 +478,9 @@ class DynamicRendezvous final : public Rendezvous {
                   " ended before it started; joining the next one");
       return false;
     }
-    try {
-      auto hp = net::parseHostPort(value, 0);
-      if (hp.port == 0) throw InvalidArgument("port 0");
-      info.workerStoreHost = hp.host;
-      info.workerStorePort = hp.port;
-    } catch (const InvalidArgument&) {
-      DDPRUN_THROW(ProtocolError, "the rendezvous store holds '", str::escape(value),
-                   "' under ", k, ", not host:port; is another job using --rdzv-id ",
-                   opts_.runId, " on this store?");
-    }
+    const net::HostPort hp = detail::parseWorkerStore(value, k, opts_.runId);
+    info.workerStoreHost = hp.host;
+    info.workerStorePort = hp.port;
     return true;
   }
 
@@ -556,7 +545,7 @@ class DynamicRendezvous final : public Rendezvous {
     std::lock_guard lock(deadMu_);
     if (stopping_) return;
     const std::string why =
-        detail::describeNode(node) + " missed heartbeats for " + formatDuration(silentMs);
+        detail::describeNode(node) + " missed heartbeats for " + formatDuration(Millis(silentMs));
     try {
       if (!deadClient_) {
         deadClient_ = backend_.connect(cancel_, opts_.readTimeout);
@@ -579,7 +568,7 @@ class DynamicRendezvous final : public Rendezvous {
   bool dropLostPeers(int round, const std::string& why) {
     std::vector<std::string> lost;
     for (const auto& id : roundPeers_)
-      if (lostForGood(*client_, id)) lost.push_back(id);
+      if (detail::lostForGood(*client_, leaseKeys(id))) lost.push_back(id);
     if (lost.empty()) return false;
     State s = cell_->update([&](State& st) {
       for (const auto& id : lost) detail::removeNode(st, id, departedWhy(id), lim_, now());
@@ -592,41 +581,17 @@ class DynamicRendezvous final : public Rendezvous {
     return s.lastEndedRound >= round;
   }
 
-  // Whether `node`'s heartbeat connection closed and no connection beats for
-  // it now. Its tombstone is read first (the store then reads a closed
-  // owner's end, store::LeaseRule); a node beating again on a new connection
-  // is alive, whatever an old tombstone says.
-  bool leaseEnded(store::Store& store, const std::string& node) const {
-    return store.check({keys_.jobKey("gone/" + node)}) &&
-           !store.check({keys_.jobKey("hb/" + node)});
-  }
-  // Whether `node` is lost: its process closed its heartbeat connection
-  // (a "closed" tombstone) and no connection beats for it now. A reset
-  // connection ("reset") is no proof of death: a failure beside it is a
-  // failure.
-  bool lostForGood(store::Store& store, const std::string& node) const {
-    const std::string gone = keys_.jobKey("gone/" + node);
-    if (!leaseEnded(store, node)) return false;
-    try {
-      return store.get(gone) != store::tombstoneValue(store::ConnEnd::kReset);
-    } catch (const TimeoutError&) {
-      return false;  // gone again meanwhile: it beats on a new connection
-    }
+  detail::NodeLeaseKeys leaseKeys(const std::string& node) const {
+    return {keys_.jobKey("hb/" + node), keys_.jobKey("gone/" + node)};
   }
 
   // Whether `node` owns its heartbeat key again (a new connection beats for
-  // it) by `deadlineMs`, on the departures connection. Cancelled at shutdown.
+  // it, or no tombstone says its connection ended) by `deadlineMs`, on the
+  // departures connection. Cancelled at shutdown.
   bool beatsAgainBy(const std::string& node, int64_t deadlineMs) {
-    const std::string beat = keys_.jobKey("hb/" + node);
-    if (!leaseEnded(*departClient_, node)) return true;
-    const int64_t left = deadlineMs - now();
-    if (left <= 0) return false;
-    try {
-      departClient_->wait({beat}, Millis(left));
-    } catch (const TimeoutError&) {
-      return false;
-    }
-    return true;
+    const detail::NodeLeaseKeys k = leaseKeys(node);
+    return !detail::leaseEnded(*departClient_, k) ||
+           detail::beatsWithin(*departClient_, k.beat, Millis(deadlineMs - now()));
   }
 
   std::string departedWhy(const std::string& node) const {

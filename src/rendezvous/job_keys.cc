@@ -8,6 +8,19 @@
 
 namespace ddprun::rendezvous::detail {
 
+net::HostPort parseWorkerStore(const std::string& value, const std::string& key,
+                               const std::string& runId) {
+  try {
+    auto hp = net::parseHostPort(value, 0);
+    if (hp.port == 0) throw InvalidArgument("port 0");
+    return hp;
+  } catch (const InvalidArgument&) {
+    DDPRUN_THROW(ProtocolError, "the rendezvous store holds '", str::escape(value), "' under ",
+                 key, ", not host:port; is another job using --rdzv-id ", runId,
+                 " on this store?");
+  }
+}
+
 std::string JobKeys::describeTamper(int round, const std::string& why) const {
   return "the rendezvous state under " + stateKey() + " changed while round " +
          std::to_string(round) + " ran (" + why +

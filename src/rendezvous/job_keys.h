@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "ddprun/common/net.h"
 #include "ddprun/rendezvous/rendezvous.h"
 #include "ddprun/store/store.h"
 #include "ddprun/store/tcp_store.h"
@@ -42,6 +43,12 @@ namespace ddprun::rendezvous::detail {
 // What the node ending a round writes under round/<r>/worker_store when group
 // rank 0 has not published one: the nodes waiting for it see the end.
 inline const std::string kNoWorkerStore = "-";
+
+// The worker store's address as read under `key`; a value that is not
+// host:port with a port names the key and the likely cause (another job
+// using --rdzv-id `runId` on this store): ProtocolError.
+net::HostPort parseWorkerStore(const std::string& value, const std::string& key,
+                               const std::string& runId);
 
 // What is wrong with the state for a running round: `invalid`, it cannot be
 // parsed or validated; otherwise it was deleted or describes something else.

@@ -15,6 +15,7 @@
 #include "ddprun/store/auth.h"
 #include "heartbeat.h"
 #include "hosted_stores.h"
+#include "node_lease.h"
 #include "round_end.h"
 #include "round_watcher.h"
 #include "task_thread.h"
@@ -28,12 +29,6 @@ using detail::encodeEnd;
 using detail::TaskThread;
 
 using Millis = std::chrono::milliseconds;
-
-// "900 s", or "150 ms" below a second (tests use short timeouts).
-std::string formatDuration(Millis d) {
-  if (d.count() < 1000) return std::to_string(d.count()) + " ms";
-  return std::to_string(d.count() / 1000) + " s";
-}
 
 // Keys of the protocol, under "ddprun/<run_id>/round/<r>/":
 //   node/<i>      local world size of node i: the round's barrier
@@ -313,16 +308,9 @@ class StaticRendezvous final : public Rendezvous {
   // Whether node i beats on a connection again (its heartbeat key, a lease
   // that went with the closed connection, is back) by `deadline`.
   bool beatsAgainBy(int i, std::chrono::steady_clock::time_point deadline) {
-    const std::string beat = "ddprun/" + opts_.runId + "/hb/" + beatName(i);
-    if (departClient_->check({beat})) return true;
-    const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    try {
-      departClient_->wait({beat}, left);
-    } catch (const TimeoutError&) {
-      return false;
-    }
-    return true;
+    return detail::beatsWithin(
+        *departClient_, "ddprun/" + opts_.runId + "/hb/" + beatName(i),
+        std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
   }
 
   // The barrier: every node's key. On timeout, names the nodes still absent.

@@ -9,6 +9,30 @@ namespace ddprun::train {
 StepProfile::StepProfile(Backend& backend, std::vector<std::string> layerNames)
     : be_(backend), layers_(std::move(layerNames)) {}
 
+void StepProfile::setBuckets(const runtime::Reducer& reducer) {
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> bytes;
+  for (size_t b = 0; b < reducer.numBuckets(); ++b) {
+    buckets.push_back(reducer.bucketParams(b));
+    size_t n = 0;
+    for (size_t i : buckets.back()) n += reducer.param(i).count * sizeof(float);
+    bytes.push_back(n);
+  }
+  setBuckets(buckets, bytes);
+}
+
+nlohmann::json commProfile(const runtime::DeviceTimings& t) {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : t.buckets)
+    buckets.push_back({{"bytes", b.bytes}, {"wire_bytes", b.wireBytes},
+                       {"ready_ms", b.readyMs}, {"start_ms", b.startMs}, {"end_ms", b.endMs}});
+  return {{"hidden_fraction", t.hiddenFraction},
+          {"backward_end_ms", t.backwardEndMs},
+          {"comm_ms", t.commMs},
+          {"hidden_ms", t.hiddenMs},
+          {"buckets", std::move(buckets)}};
+}
+
 void StepProfile::setBuckets(const std::vector<std::vector<size_t>>& bucketParams,
                              const std::vector<size_t>& bucketBytes) {
   DDPRUN_CHECK(bucketParams.size() == bucketBytes.size(), "profile: ", bucketParams.size(),

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
 
 namespace ddprun::train {
@@ -51,6 +52,8 @@ class StepProfile {
   // last parameter's gradient is final.
   void setBuckets(const std::vector<std::vector<size_t>>& bucketParams,
                   const std::vector<size_t>& bucketBytes);
+  // The same, read from the reducer's current layout (float32 bytes).
+  void setBuckets(const runtime::Reducer& reducer);
 
   void point(Point p);
   void layer(size_t index, bool backward, bool end);
@@ -78,5 +81,10 @@ class StepProfile {
   std::vector<size_t> pending_;      // this step's unready parameters per bucket
   std::vector<Step> steps_;
 };
+
+// The communication of one synchronised iteration, from the reducer's device
+// timestamps: the "comm" object of the profile (ms from its first bucket's
+// readiness).
+nlohmann::json commProfile(const runtime::DeviceTimings& t);
 
 }  // namespace ddprun::train

@@ -529,15 +529,7 @@ void Run::profileStepStart() {
     if (reducer_->streamOrdered() && pg_.size() > 1) reducer_->setDeviceTiming(true);
     be_->profilerRange(true);
   }
-  std::vector<std::vector<size_t>> buckets;
-  std::vector<size_t> bytes;
-  for (size_t b = 0; b < reducer_->numBuckets(); ++b) {
-    buckets.push_back(reducer_->bucketParams(b));
-    size_t n = 0;
-    for (size_t i : buckets.back()) n += reducer_->param(i).count * sizeof(float);
-    bytes.push_back(n);
-  }
-  profile_->setBuckets(buckets, bytes);
+  profile_->setBuckets(*reducer_);
 }
 
 // After the last profiled step: the tracer's window closes, the marks are
@@ -552,15 +544,7 @@ void Run::profileStepEnd() {
   // The communication of the last profiled step, from GPU timestamps (ms
   // from its first bucket's readiness).
   if (const auto t = reducer_->deviceTimings()) {
-    nlohmann::json buckets = nlohmann::json::array();
-    for (const auto& b : t->buckets)
-      buckets.push_back({{"bytes", b.bytes}, {"wire_bytes", b.wireBytes},
-                         {"ready_ms", b.readyMs}, {"start_ms", b.startMs}, {"end_ms", b.endMs}});
-    profileResult_["comm"] = {{"hidden_fraction", t->hiddenFraction},
-                              {"backward_end_ms", t->backwardEndMs},
-                              {"comm_ms", t->commMs},
-                              {"hidden_ms", t->hiddenMs},
-                              {"buckets", std::move(buckets)}};
+    profileResult_["comm"] = commProfile(*t);
     deviceHidden_ = t->hiddenFraction;
   }
   reducer_->setDeviceTiming(false);

@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 
 namespace ddprun {
 
 using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
+
+// "900 s", or "150 ms" below a second (for messages; tests use short timeouts).
+std::string formatDuration(Millis d);
 
 // A point in time after which an operation gives up.
 class Deadline {

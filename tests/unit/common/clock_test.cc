@@ -48,3 +48,10 @@ TEST(Deadline, RemainingNeverNegative) {
 
 }  // namespace
 }  // namespace ddprun
+
+TEST(FormatDuration, MillisecondsBelowASecondWholeSecondsAbove) {
+  EXPECT_EQ(ddprun::formatDuration(ddprun::Millis(150)), "150 ms");
+  EXPECT_EQ(ddprun::formatDuration(ddprun::Millis(999)), "999 ms");
+  EXPECT_EQ(ddprun::formatDuration(ddprun::Millis(1000)), "1 s");
+  EXPECT_EQ(ddprun::formatDuration(ddprun::Millis(900'500)), "900 s");
+}
