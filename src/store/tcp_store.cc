@@ -295,11 +295,8 @@ void TcpStore::afterBroken(Replay replay, const IoError& e) {
                    " (the request was not sent again: it may have been applied, and "
                    "applying it twice would count twice)");
     case ReconnectPolicy::Verdict::kOutOfTime:
-      if (policy_.options().budget.count() <= 0) {
-        policy_.onSuccess();
-        throw;
-      }
       policy_.onSuccess();
+      if (policy_.options().budget.count() <= 0) throw;  // a client that never reconnects
       DDPRUN_THROW(IoError, "the connection to the store at ", address(), " broke (",
                    outageCause_, ") and it could not be reached again within ",
                    policy_.options().budget.count(), " ms (last error: ", e.message(), ")");
@@ -351,7 +348,10 @@ template <typename F>
 auto TcpStore::attempt(F& f) {
   ensureConnected();
   try {
-    conn_->checkOpen();
+    // A reconnecting client notices an idle connection the store closed
+    // before it sends (so that even an ADD may go again); one that never
+    // reconnects pays no extra poll(2) per request.
+    if (policy_.options().budget.count() > 0) conn_->checkOpen();
     auto result = f(*conn_);
     policy_.onSuccess();
     return result;
