@@ -66,10 +66,15 @@ with open(name + ".tmp", "w") as f:
     json.dump({"sum": t.item(), "master": e["MASTER_ADDR"] + ":" + e["MASTER_PORT"],
                "grad": model.module.weight.grad.tolist()}, f)
 os.rename(name + ".tmp", name + ".json")
-if attempt == 0:
-    if rank == world - 1:
-        sys.exit(1)
-    dist.barrier()  # never completes: the failed rank is gone
+if attempt == 0 and rank == world - 1:
+    sys.exit(1)
+# Attempt 0: never completes (the failed rank is gone). Attempt 1: no rank
+# tears its gloo pairs down while a peer may still be finishing the
+# all-reduce with it (PyTorch 2.x then aborts in teardown: "terminate called
+# without an active exception", seen once in CI); the model, which holds the
+# group, goes before the group.
+dist.barrier()
+del model
 dist.destroy_process_group()
 '''
 
@@ -111,7 +116,9 @@ class TwoHosts(DdprunCase):
         env = self.env({"PYTHON_EXEC": PYTHON, "RECORDS": records,
                         # gloo picks its interface from the host name, which
                         # the namespaces share with the machine: eth0 is theirs.
-                        "GLOO_SOCKET_IFNAME": "eth0"})
+                        "GLOO_SOCKET_IFNAME": "eth0",
+                        # a worker that aborts shows its Python stack in the log
+                        "PYTHONFAULTHANDLER": "1"})
         for k in list(env):
             if k in LAUNCHER_VARS or k.startswith(("PET_", "TORCHELASTIC_")):
                 del env[k]
