@@ -74,7 +74,7 @@ int trainMain(int argc, const char* const* argv) {
     return 2;
   }
   try {
-    chooseCuda(cfg.device, cfg.precision, probeDevices());  // before any work
+    decideDevice(cfg.device, cfg.precision, probeDevices(cfg.device));  // before any work
     const DataSplit data = loadTrainData(cfg, rank0 ? stderr : nullptr);
     auto pg = joinGroup();
     TrainerIo io;

@@ -162,6 +162,7 @@ class Run {
   // --profile-steps: the last steps' device profile.
   std::unique_ptr<StepProfile> profile_;
   nlohmann::json profileResult_;
+  DeviceDecision deviceDecision_;  // --device: the choice and why
   std::optional<double> deviceHidden_;  // the profile's comm-hidden fraction (GPU clock)
   void checkBenchFlags();
   bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
@@ -182,7 +183,8 @@ class Run {
 };
 
 void Run::setup() {
-  be_ = makeBackend(cfg_);
+  be_ = makeBackend(cfg_, &deviceDecision_);
+  if (!deviceDecision_.notice.empty()) notice(deviceDecision_.notice);
   model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr,
                          {.numClasses = cfg_.numClasses, .stem = cfg_.stem,
                           .imageSize = cfg_.imageSize});
@@ -747,6 +749,7 @@ nlohmann::json Run::execute() {
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
       {"params_sha256", paramsSha256},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
+      {"device_choice", deviceDecision_.summary},
       {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
       {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},

@@ -13,8 +13,14 @@
 // LOCAL_RANK modulo the number of visible GPUs (set before the first CUDA
 // collective; DDPRUN_CUDA_DEVICE overrides it).
 //
-// Built without CUDA, or on a machine without a GPU/driver, cudaDeviceCount()
-// is 0 and CUDA collectives throw InvalidArgument saying so.
+// The CUDA part is a plugin, libddprun_runtime_cuda.so (built with
+// -DDDPRUN_CUDA=ON; common/plugin.h says where it is looked for), loaded on
+// the first call below that needs it: a program that uses only the CPU never
+// loads a CUDA library. Programs that link the runtime with CUDA on export
+// their symbols (-rdynamic, set by the ddprun_runtime target) for it.
+// Without the plugin, or when a library it needs does not resolve, or on a
+// machine without a GPU/driver, cudaDeviceCount() is 0 and CUDA collectives
+// throw InvalidArgument saying why and how to fix it.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +30,19 @@ namespace ddprun::runtime {
 
 class ProcessGroup;
 
-// True when this library was built with CUDA.
+// True when the CUDA plugin is loaded (loading it on the first call): the
+// build has CUDA and every library the plugin needs resolves. Never throws.
 bool cudaBuilt();
+// Why cudaBuilt() is false ("" when it is true): the plugin is not installed
+// (naming where it was looked for), or the loader's message (a library that
+// does not resolve). Never throws.
+std::string cudaUnavailableReason();
+// The plugin file found ("" when none was), for logs.
+std::string cudaPluginPath();
+// How to fix `why` (a cudaUnavailableReason()), in a few words naming what to
+// install: NVIDIA's PyPI package for a library that did not resolve, the
+// CUDA build of ddprun for a missing plugin. Pure.
+std::string cudaInstallFix(const std::string& why);
 // Visible GPUs; 0 without CUDA, driver or device (never throws).
 int cudaDeviceCount();
 // The device the runtime uses for this process (LOCAL_RANK % count).

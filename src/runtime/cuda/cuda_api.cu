@@ -1,6 +1,5 @@
-// The public CUDA helpers of include/ddprun/runtime/cuda.h, built with CUDA
-// (cuda_stub.cc is their counterpart without it), and cudaBindThread of
-// cuda_comm.h.
+// The CUDA helpers behind include/ddprun/runtime/cuda.h, and the plugin's
+// entry point: the table cuda_loader.cc calls through (cuda_plugin.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,15 +9,16 @@
 
 #include "../pg_internal.h"
 #include "cuda_comm.h"
+#include "cuda_plugin.h"
 #include "cuda_support.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
 
 namespace ddprun::runtime {
+namespace {
+namespace gpu {
 
-bool cudaBuilt() { return true; }
-
-int cudaDeviceCount() {
+int deviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device/driver" error
@@ -29,49 +29,74 @@ int cudaDeviceCount() {
 
 // Resolved once: every collective binds its thread to it (no driver query
 // on the hot path).
-int cudaSelectedDevice() {
+int selectedDevice() {
   static const int dev = [] {
     if (const char* v = std::getenv("DDPRUN_CUDA_DEVICE")) return std::atoi(v);
     const char* lr = std::getenv("LOCAL_RANK");
-    const int n = cudaDeviceCount();
+    const int n = deviceCount();
     return n > 0 ? (lr ? std::atoi(lr) : 0) % n : 0;
   }();
   return dev;
 }
 
-void cudaBindThread() { DDPRUN_CUDA_OK(cudaSetDevice(cudaSelectedDevice())); }
+void bindThread() { DDPRUN_CUDA_OK(cudaSetDevice(selectedDevice())); }
 
-std::string cudaTransportName(ProcessGroup& pg) {
+std::string transportName(ProcessGroup& pg) {
   std::string name;
   internal::enqueue(pg, "cudaTransportName", [&] { name = internal::cudaComm(pg).name(); }).wait();
   return name;
 }
 
-void* cudaAllocDevice(size_t bytes) {
+void* allocDevice(size_t bytes) {
   requireGpu();
-  DDPRUN_CUDA_OK(cudaSetDevice(cudaSelectedDevice()));
+  DDPRUN_CUDA_OK(cudaSetDevice(selectedDevice()));
   void* p = nullptr;
   DDPRUN_CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
   return p;
 }
-void cudaFreeDevice(void* p) {
+void freeDevice(void* p) {
   if (p) cudaFree(p);
 }
-void cudaCopyToDevice(void* dst, const void* src, size_t bytes) {
+void copyToDevice(void* dst, const void* src, size_t bytes) {
   // From pageable memory cudaMemcpy may return before the DMA has landed.
   if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   DDPRUN_CUDA_OK(cudaStreamSynchronize(0));
 }
-void cudaCopyToHost(void* dst, const void* src, size_t bytes) {
+void copyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
-void cudaCopyOnDevice(void* dst, const void* src, size_t bytes) {
+void copyOnDevice(void* dst, const void* src, size_t bytes) {
   if (bytes) DDPRUN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
-void cudaSynchronize() { DDPRUN_CUDA_OK(cudaDeviceSynchronize()); }
-double cudaNowSeconds() {
+void synchronize() { DDPRUN_CUDA_OK(cudaDeviceSynchronize()); }
+double nowSeconds() {
   DDPRUN_CUDA_OK(cudaDeviceSynchronize());
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+}  // namespace gpu
+}  // namespace
 }  // namespace ddprun::runtime
+
+extern "C" __attribute__((visibility("default"))) const ddprun::runtime::internal::CudaPlugin*
+ddprun_runtime_cuda_plugin() {
+  using namespace ddprun::runtime;
+  static const internal::CudaPlugin table{
+      .abi = internal::kCudaPluginAbi,
+      .deviceCount = gpu::deviceCount,
+      .selectedDevice = gpu::selectedDevice,
+      .bindThread = gpu::bindThread,
+      .ncclVersion = internal::loadedNcclVersion,
+      .transportName = gpu::transportName,
+      .allocDevice = gpu::allocDevice,
+      .freeDevice = gpu::freeDevice,
+      .copyToDevice = gpu::copyToDevice,
+      .copyToHost = gpu::copyToHost,
+      .copyOnDevice = gpu::copyOnDevice,
+      .synchronize = gpu::synchronize,
+      .nowSeconds = gpu::nowSeconds,
+      .makeComm = internal::connectCudaComm,
+      .makeDeviceCollectives = internal::makeGpuDeviceCollectives,
+  };
+  return &table;
+}

@@ -16,6 +16,7 @@
 #include "../comm.h"
 #include "../shm/shm_comm.h"
 #include "cuda_comm.h"
+#include "cuda_plugin.h"
 #include "cuda_support.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
@@ -26,7 +27,7 @@ namespace {
 // What each rank tells the others when the CUDA transport is chosen.
 struct RankRecord {
   char ident[120];      // "hostId|busId", NUL-padded (truncated if longer)
-  int32_t ncclVersion;  // ncclRuntimeVersion()
+  int32_t ncclVersion;  // internal::loadedNcclVersion()
   int32_t pad;
 };
 static_assert(sizeof(RankRecord) == 128, "RankRecord is exchanged as 128 bytes");
@@ -35,7 +36,7 @@ static_assert(sizeof(RankRecord) == 128, "RankRecord is exchanged as 128 bytes")
 
 // Agreement: every rank contributes "hostId|busId" and its NCCL version;
 // NCCL when all GPUs differ, IPC when everyone is on one host, else staged.
-std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* shm) {
+std::unique_ptr<CudaComm> internal::connectCudaComm(ProcessGroup& pg, Comm& host, ShmComm* shm) {
   requireGpu();
   const int dev = cudaSelectedDevice();
   DDPRUN_CUDA_OK(cudaSetDevice(dev));
@@ -44,7 +45,7 @@ std::unique_ptr<CudaComm> makeCudaComm(ProcessGroup& pg, Comm& host, ShmComm* sh
   const std::string ident = pg.options().hostId + "|" + bus;
   RankRecord mine{};
   std::memcpy(mine.ident, ident.data(), std::min(ident.size(), sizeof(mine.ident) - 1));
-  mine.ncclVersion = ncclRuntimeVersion();
+  mine.ncclVersion = internal::loadedNcclVersion();
   std::vector<RankRecord> all(pg.size());
   host.allGather(&mine, all.data(), std::vector<size_t>(pg.size(), sizeof(RankRecord)));
   std::vector<std::string> ids;

@@ -12,6 +12,7 @@
 #include "../device_order.h"
 #include "../pg_internal.h"
 #include "cuda_comm.h"
+#include "cuda_plugin.h"
 #include "cuda_support.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
@@ -97,7 +98,7 @@ class CudaDeviceCollectives final : public internal::DeviceCollectives {
 
 }  // namespace
 
-std::unique_ptr<internal::DeviceCollectives> internal::makeDeviceCollectives(ProcessGroup& pg) {
+std::unique_ptr<internal::DeviceCollectives> internal::makeGpuDeviceCollectives(ProcessGroup& pg) {
   return std::make_unique<CudaDeviceCollectives>(pg);
 }
 

@@ -20,6 +20,7 @@
 
 #include "../comm.h"
 #include "cuda_comm.h"
+#include "cuda_plugin.h"
 #include "cuda_handles.h"
 #include "cuda_support.h"
 #include "reduce_kernels.h"
@@ -363,7 +364,7 @@ void allowSharedGpu(const ProcessGroup& pg, const std::vector<int>& versions,
 
 }  // namespace
 
-int ncclRuntimeVersion() {
+int internal::loadedNcclVersion() {
   int v = 0;
   return ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }

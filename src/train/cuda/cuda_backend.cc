@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../cuda_plugin.h"
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
@@ -407,3 +408,12 @@ std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o) {
 }
 
 }  // namespace ddprun::train
+
+extern "C" __attribute__((visibility("default"))) const ddprun::train::internal::CudaBackendPlugin*
+ddprun_train_cuda_plugin() {
+  static const ddprun::train::internal::CudaBackendPlugin table{
+      .abi = ddprun::train::internal::kCudaBackendPluginAbi,
+      .make = ddprun::train::makeCudaBackend,
+  };
+  return &table;
+}

@@ -44,6 +44,47 @@ TEST(BackendChoice, CudaWithoutAGpuNamesWhy) {
   EXPECT_NE(noCuda.find("built without CUDA"), std::string::npos) << noCuda;
 }
 
+TEST(BackendChoice, AnUnusableBackendNamesWhyAndTheFix) {
+  const DeviceInventory noCudnn{
+      .cudaBuilt = false,
+      .unusableWhy = "libcudnn_graph.so.9: cannot open shared object file: No such file or directory"};
+  const std::string cuda = refusal(kCuda, Precision::kFp32, noCudnn);
+  EXPECT_NE(cuda.find("libcudnn_graph.so.9"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("pip install nvidia-cudnn-cu13"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("--device cpu"), std::string::npos) << cuda;
+  // auto: the CPU, with one line; with a GPU present it names the fix too.
+  const DeviceDecision quiet = decideDevice(kAuto, Precision::kFp32, noCudnn);
+  EXPECT_FALSE(quiet.cuda);
+  EXPECT_NE(quiet.notice.find("training on the CPU"), std::string::npos) << quiet.notice;
+  EXPECT_EQ(quiet.notice.find('\n'), std::string::npos) << quiet.notice;
+  DeviceInventory withGpu = noCudnn;
+  withGpu.driverGpus = 1;
+  const DeviceDecision told = decideDevice(kAuto, Precision::kFp32, withGpu);
+  EXPECT_FALSE(told.cuda);
+  EXPECT_NE(told.notice.find("1 NVIDIA GPU is present"), std::string::npos) << told.notice;
+  EXPECT_NE(told.notice.find("pip install nvidia-cudnn-cu13"), std::string::npos) << told.notice;
+  EXPECT_NE(told.summary.find("cpu (--device auto: "), std::string::npos) << told.summary;
+}
+
+TEST(BackendChoice, ACpuOnlyInstallSaysSoInAFewWords) {
+  const DeviceInventory cpuOnly{
+      .cudaBuilt = false, .unusableWhy = "libddprun_runtime_cuda.so is not installed (looked in /x)"};
+  const DeviceDecision d = decideDevice(kAuto, Precision::kFp32, cpuOnly);
+  EXPECT_EQ(d.notice, "--device auto: training on the CPU (this ddprun has no CUDA backend installed)");
+  const std::string cuda = refusal(kCuda, Precision::kFp32, cpuOnly);
+  EXPECT_NE(cuda.find("CPU-only ddprun"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("DDPRUN_CUDA=ON"), std::string::npos) << cuda;
+}
+
+TEST(BackendChoice, TheChoiceIsSummarised) {
+  EXPECT_EQ(decideDevice(kCpu, Precision::kFp32, kGpu).summary, "cpu (--device cpu)");
+  EXPECT_EQ(decideDevice(kCpu, Precision::kFp32, kGpu).notice, "");
+  EXPECT_EQ(decideDevice(kAuto, Precision::kFp32, kGpu).summary, "cuda (--device auto: 2 GPUs visible)");
+  EXPECT_EQ(decideDevice(kCuda, Precision::kFp32, kGpu).summary, "cuda (--device cuda)");
+  EXPECT_NE(decideDevice(kAuto, Precision::kFp32, kNoGpu).notice.find("no CUDA GPU is visible"),
+            std::string::npos);
+}
+
 TEST(BackendChoice, SixteenBitOrTf32OnTheCpuIsRefused) {
   for (Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
     const std::string cpu = refusal(kCpu, p, kGpu);

@@ -1,0 +1,39 @@
+// Where plugins are looked for (pure), and that a missing one is a reason,
+// not a crash.
+#include "ddprun/common/plugin.h"
+
+#include <gtest/gtest.h>
+
+namespace ddprun::plugin {
+namespace {
+
+TEST(PluginSearch, EnvironmentFirstThenBesideTheProgram) {
+  const auto dirs = searchDirs("/venv/bin", "/a:/b::", {"python3.12", "python3.11"});
+  const std::vector<std::string> want = {
+      "/a",
+      "/b",
+      "/venv/bin/../lib/ddprun",
+      "/venv/bin/../lib/python3.12/site-packages/ddprun/lib",
+      "/venv/bin/../lib/python3.12/dist-packages/ddprun/lib",
+      "/venv/bin/../lib/python3.11/site-packages/ddprun/lib",
+      "/venv/bin/../lib/python3.11/dist-packages/ddprun/lib",
+  };
+  EXPECT_EQ(dirs, want);
+}
+
+TEST(PluginSearch, NoProgramDirectoryLeavesTheEnvironmentOnly) {
+  EXPECT_EQ(searchDirs("", "/x", {"python3.11"}), std::vector<std::string>{"/x"});
+  EXPECT_TRUE(searchDirs("", "", {}).empty());
+}
+
+TEST(PluginOpen, AMissingPluginSaysWhereItWasLookedFor) {
+  const Opened o = open("libddprun_no_such_plugin.so", "entry");
+  EXPECT_EQ(o.symbol, nullptr);
+  EXPECT_EQ(o.path, "");
+  EXPECT_NE(o.error.find("libddprun_no_such_plugin.so is not installed"), std::string::npos)
+      << o.error;
+  EXPECT_NE(o.error.find("/lib/ddprun"), std::string::npos) << o.error;
+}
+
+}  // namespace
+}  // namespace ddprun::plugin
