@@ -2,7 +2,8 @@
 # Installs what only the tests need; ddprun itself builds and runs without it.
 #  - Debian's python3-torch (PyTorch 1.13) for wire-dialect interop tests
 #  - PyTorch 2.x from PyPI in a virtual environment ($DDPRUN_TORCH2_VENV,
-#    default /opt/ddprun-test/venv-torch2); skipped with DDPRUN_SKIP_TORCH2=1
+#    default /opt/ddprun-test/venv-torch2); skipped with DDPRUN_SKIP_TORCH2=1;
+#    matplotlib in it too, for the real plots of `python -m ddprun.plot`
 #  - clang's runtime (libFuzzer, sanitizers), iproute2, and stress-ng for
 #    scripts/test-under-load.sh
 #  - Slurm and MUNGE for tests/pyutil/slurm_cluster.py (its own daemons)
@@ -39,5 +40,11 @@ if [ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]; then
            "the PyTorch 2.x interop tests will report themselves skipped" >&2
       rm -rf "$VENV"
     fi
+  fi
+  if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
+    echo "setup-test-deps: installing matplotlib into $VENV (PyPI)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib ||
+      echo "setup-test-deps: WARNING: matplotlib could not be installed;" \
+           "python_package's real plot will report itself skipped" >&2
   fi
 fi

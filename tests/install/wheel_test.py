@@ -1,7 +1,8 @@
 """The wheel end to end: `pip wheel` builds ddprun from the source tree, a fresh
 virtual environment gets it with `pip install`, and an ordinary PyTorch DDP
 script (ddp_worker.py) runs under that environment's bin/ddprun without the
-environment being activated, while the first `python3` on PATH is a stand-in
+environment being activated (and the wheel's Python package, python -m
+ddprun.checkpoint / ddprun.plot, reads a train run's files), while the first `python3` on PATH is a stand-in
 for a pyenv shim without PyTorch. ddprun must run the workers with the
 environment's own interpreter (the one beside it), and PYTHON_EXEC must still
 win over that.
@@ -187,6 +188,44 @@ class Wheel(unittest.TestCase):
                                  "%s comes from %s, not from the wheel" % (k, v))
         out = run([train, "--help"], "train --help", env=self.env)
         self.assertIn("Usage: train", out)
+
+    def python_module(self, *args, env=None):
+        """python -m ... with the fresh environment's interpreter, from outside
+        the source tree (so the wheel's ddprun package is the one imported)."""
+        return subprocess.run([self.venv_python, "-m"] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=self.tmp,
+                              env=env or self.env, timeout=JOB_TIMEOUT)
+
+    def test_python_package_reads_trains_files(self):
+        # train writes a --save file and metrics; the wheel's Python package
+        # lists and loads the one and plots the other.
+        out = os.path.join(self.tmp, "pkg")
+        os.mkdir(out)
+        saved, metrics = os.path.join(out, "final.safetensors"), os.path.join(out, "m.jsonl")
+        run([os.path.join(self.venv, "bin", "train"), "--data", "synthetic", "--train-samples",
+             "128", "--test-samples", "64", "--log-interval", "1", "--save", saved,
+             "--metrics", metrics, "--quiet"], "train", env=self.env, timeout=JOB_TIMEOUT)
+        p = self.python_module("ddprun.checkpoint", "--load", saved)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("format  ddprun-train-model", p.stdout)
+        self.assertIn("conv1.weight  F32  [6, 1, 5, 5]", p.stdout)
+        self.assertIn("loaded with torch: 10 tensors", p.stdout)
+        self.assertIn(os.path.realpath(purelib(self.venv_python)),
+                      os.path.realpath(run([self.venv_python, "-c", "import ddprun; "
+                                            "print(ddprun.__file__)"], "import ddprun",
+                                           env=self.env, cwd=self.tmp)))
+        png = os.path.join(out, "curves.png")
+        has_mpl = subprocess.run([self.venv_python, "-c", "import matplotlib"], env=self.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        p = self.python_module("ddprun.plot", metrics, "-o", png)
+        if has_mpl:
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        else:
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("pip install 'ddprun[plot]'", p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
 
     def ddp_job(self, env):
         type(self).runs += 1
