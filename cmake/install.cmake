@@ -13,6 +13,11 @@
 include(CMakePackageConfigHelpers)
 
 install(TARGETS ddprun ddprun-store train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# train's and the runtime's CUDA parts (plugins, loaded at run time from
+# <bin>/../lib/ddprun: common/plugin.h), on the system's CUDA libraries.
+if(DDPRUN_HAVE_CUDA)
+  install(TARGETS ddprun_runtime_cuda ddprun_train_cuda LIBRARY DESTINATION lib/ddprun)
+endif()
 
 install(FILES ${PROJECT_SOURCE_DIR}/include/ddprun/version.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddprun)

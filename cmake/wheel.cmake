@@ -21,9 +21,21 @@ endforeach()
 
 install(TARGETS ${ddprun_programs} RUNTIME DESTINATION "${SKBUILD_SCRIPTS_DIR}")
 
-# CUDA libraries are never bundled (gigabytes; the driver's libcuda must be the
-# system's): a wheel built with -C cmake.define.DDPRUN_CUDA=ON uses cuDNN,
-# cuBLASLt and NCCL from the system.
+# The CUDA variant (-C ddprun.cuda=true): the two plugins go into the Python
+# package, <env>/lib/python3.X/site-packages/ddprun/lib (where the programs
+# look: common/plugin.h), and find cudart, cuBLAS(Lt), cuDNN and NCCL in
+# NVIDIA's PyPI packages beside it (site-packages/nvidia/*/lib, the wheel's
+# dependencies) through RPATH (not RUNPATH: it also covers those libraries'
+# own dependencies and wins over LD_LIBRARY_PATH), never through system
+# paths. CUDA libraries are never bundled (gigabytes; libcuda must be the
+# driver's own).
+if(DDPRUN_HAVE_CUDA)
+  set(ddprun_nvidia "$ORIGIN/../../nvidia")
+  set_target_properties(ddprun_runtime_cuda ddprun_train_cuda PROPERTIES
+    INSTALL_RPATH "${ddprun_nvidia}/cu13/lib:${ddprun_nvidia}/cudnn/lib:${ddprun_nvidia}/nccl/lib")
+  install(TARGETS ddprun_runtime_cuda ddprun_train_cuda
+    LIBRARY DESTINATION "${SKBUILD_PLATLIB_DIR}/ddprun/lib")
+endif()
 install(CODE "
   set(DDPRUN_BUNDLE_EXECUTABLES \"$<TARGET_FILE:ddprun>;$<TARGET_FILE:ddprun-store>;$<TARGET_FILE:train>\")
   set(DDPRUN_BUNDLE_DESTINATION \"${SKBUILD_DATA_DIR}/lib/ddprun\")

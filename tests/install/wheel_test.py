@@ -189,6 +189,30 @@ class Wheel(unittest.TestCase):
         out = run([train, "--help"], "train --help", env=self.env)
         self.assertIn("Usage: train", out)
 
+    def test_cpu_wheel_maps_no_cuda_library_and_says_so(self):
+        # The plain wheel has no CUDA part: --device auto trains on the CPU
+        # after one line saying so, and nothing CUDA is ever mapped (LD_DEBUG=files
+        # lists every object the process maps, dlopen'ed ones too).
+        train = os.path.join(self.venv, "bin", "train")
+        p = subprocess.run([train, "--device", "auto", "--data", "synthetic", "--train-samples",
+                            "128", "--test-samples", "64", "--quiet"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=dict(self.env, LD_DEBUG="files"),
+                           cwd=self.tmp, timeout=JOB_TIMEOUT)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        loaded = re.findall(r"file=(\S+) \[0\];  (?:needed|dynamically loaded) by", p.stderr)
+        self.assertTrue(loaded, "LD_DEBUG=files listed nothing: " + p.stderr[-2000:])
+        cuda = [f for f in loaded
+                if re.search(r"lib(cuda|cudart|cublas\w*|cudnn\w*|nccl|ddprun_\w+_cuda)\.so", f)]
+        self.assertEqual(cuda, [], "the CPU wheel mapped CUDA code")
+        notices = [line for line in p.stderr.splitlines() if "--device auto" in line]
+        self.assertEqual(notices, ["train: --device auto: training on the CPU (this ddprun has no "
+                                   "CUDA backend installed)"], p.stderr[-3000:])
+        p = subprocess.run([train, "--device", "cuda"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=self.env, timeout=JOB_TIMEOUT)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("CPU-only ddprun", p.stderr)
+        self.assertIn("-C ddprun.cuda=true", p.stderr)
+
     def python_module(self, *args, env=None):
         """python -m ... with the fresh environment's interpreter, from outside
         the source tree (so the wheel's ddprun package is the one imported)."""

@@ -74,8 +74,8 @@ std::string cudaInstallFix(const std::string& why) {
       return std::string("install NVIDIA's package that has it: pip install ") + pkg +
              " (or the CUDA 13 toolkit, cuDNN 9 and NCCL system-wide)";
   if (why.find("is not installed") != std::string::npos)
-    return "this is a CPU-only ddprun: install the CUDA build (README, Install: "
-           "pip install . -C cmake.define.DDPRUN_CUDA=ON)";
+    return "this is a CPU-only ddprun: install its CUDA variant (README, Install: "
+           "pip install . -C ddprun.cuda=true)";
   return "reinstall ddprun (README, Install)";
 }
 

@@ -73,7 +73,7 @@ TEST(BackendChoice, ACpuOnlyInstallSaysSoInAFewWords) {
   EXPECT_EQ(d.notice, "--device auto: training on the CPU (this ddprun has no CUDA backend installed)");
   const std::string cuda = refusal(kCuda, Precision::kFp32, cpuOnly);
   EXPECT_NE(cuda.find("CPU-only ddprun"), std::string::npos) << cuda;
-  EXPECT_NE(cuda.find("DDPRUN_CUDA=ON"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("-C ddprun.cuda=true"), std::string::npos) << cuda;
 }
 
 TEST(BackendChoice, TheChoiceIsSummarised) {
