@@ -6,7 +6,8 @@
 #       Here (no GPU needed; nvcc needs none): builds the CUDA binaries in Release
 #       (build-gpu/), and packs into .gpu/ (git-ignored; carry it) the binaries,
 #       the CUDA test programs and the shared libraries the GPU machine lacks
-#       (oneDNN, OpenBLAS and theirs, xz-compressed), each binary's run path set
+#       (oneDNN, OpenBLAS and theirs, xz-compressed), the CUDA plugins in
+#       lib/ddprun, and the CUDA wheel (-C ddprun.cuda=true), each binary's run path set
 #       to .gpu/lib first (DT_RPATH, ahead of LD_LIBRARY_PATH). --nccl-lib adds a
 #       libnccl.so.2 (e.g. NCCL >= 2.30 for two ranks on one GPU) to that lib.
 #   scripts/gpu_session.sh --run [--only STAGES] [--skip STAGES] [--out DIR] [--budget S]
@@ -23,6 +24,8 @@
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
 #         bench      scripts/bench/resnet_bench.py --device cuda (both sides,
 #                    profiles, kernel traces, the comm model)
+#         wheel      the CUDA wheel (pip install --no-deps), train --device cuda
+#                    on 1 and 2 ranks with no LD_LIBRARY_PATH
 #         tests      cuda_train_tests
 #         traintests tests/cuda/train_gpu_test.py: CPU == CUDA, 2 ranks == 1 rank
 #                    at twice the batch (CUDA IPC, and NCCL on one GPU), resume
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --bench-args) benchArgs=$2; shift 2 ;;
-    -h|--help) sed -n 2,32p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,36p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,6 +79,18 @@ prepare() {
     cp "$root/build-gpu/bin/$p" "$stage/bin/"
   done
   find "$root/build-gpu" -name 'libddprun_kernel_trace.so' -exec cp {} "$stage/bin/" \; -quit
+  # The CUDA plugins (loaded at run time from <bin>/../lib/ddprun).
+  mkdir -p "$stage/lib/ddprun"
+  cp "$root"/build-gpu/lib/ddprun/libddprun_*_cuda.so "$stage/lib/ddprun/" || exit 3
+  # The CUDA wheel, installed there with --no-deps on PyTorch's NVIDIA packages.
+  local wvenv="$root/build-gpu/wheel-venv"
+  [ -x "$wvenv/bin/pip" ] || python3 -m venv "$wvenv" || exit 3
+  rm -rf "$root/build-gpu/wheelhouse"
+  "$wvenv/bin/pip" wheel -q --no-deps --disable-pip-version-check -w "$root/build-gpu/wheelhouse" \
+    "$root" -C ddprun.cuda=true -C build-dir="$root/build-gpu/wheel" \
+    -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache || exit 3
+  mkdir -p "$stage/wheel" && cp "$root"/build-gpu/wheelhouse/*.whl "$stage/wheel/"
   # Libraries of ours the binaries load, resolved here.
   for f in "$stage"/bin/*; do
     ldd "$f" 2>/dev/null | awk '{print $3}' | grep -E "$bundled" || true
@@ -84,11 +99,16 @@ prepare() {
     cp -L "$ncclLib" "$stage/lib/libnccl.so.2" || exit 3
   fi
   for f in "$stage"/bin/* "$stage"/lib/*; do
+    [ -f "$f" ] || continue
     strip --strip-unneeded "$f" 2>/dev/null || true
     patchelf --force-rpath --set-rpath '$ORIGIN/../lib:$ORIGIN' "$f" 2>/dev/null || true
   done
+  for f in "$stage"/lib/ddprun/*; do  # NCCL carried in lib/ wins; NVIDIA's via LD_LIBRARY_PATH
+    strip --strip-unneeded "$f" 2>/dev/null || true
+    patchelf --force-rpath --set-rpath '$ORIGIN/..' "$f" 2>/dev/null || true
+  done
   rm -rf "$pack" && mkdir -p "$pack"
-  tar -C "$stage" -cf - bin lib | xz -T"$(nproc)" -6 > "$pack/carry.tar.xz" || exit 3
+  tar -C "$stage" -cf - bin lib wheel | xz -T"$(nproc)" -6 > "$pack/carry.tar.xz" || exit 3
   git -C "$root" rev-parse HEAD > "$pack/commit" 2>/dev/null || true
   rm -rf "$stage"
   grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
@@ -215,6 +235,15 @@ run() {
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
     --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
     $benchArgs
+  # The CUDA wheel as a user gets it: pip install --no-deps into the Python
+  # environment that has NVIDIA's packages, run with no LD_LIBRARY_PATH (the
+  # plugins' RPATHs find them), one rank and two ranks on the GPU.
+  stage wheel 90 bash -c "python3 -m pip install -q --no-deps --no-index --force-reinstall \
+    /tmp/gpu_session/wheel/*.whl && S=\$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"scripts\"))') \
+    && env -u LD_LIBRARY_PATH \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
+       --max-steps 40 --quiet | tail -1 && env -u LD_LIBRARY_PATH \$S/ddprun --standalone \
+       --nproc_per_node=2 \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
+       --max-steps 40 --quiet | tail -1 && echo OK the wheel trains on the GPU"
   stage tests 120 bash -c "gtest_prog cuda_train_tests"
   stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"
   stage nccl 150 bash -c "'$bin/coll_check' --nccl-version && \

@@ -45,8 +45,19 @@ done
 extra=$(grep '^usr/bin/.' <<< "$contents" | grep -vx -e usr/bin/ddprun -e usr/bin/ddprun-store \
         -e usr/bin/train || true)
 [ -z "$extra" ] || fail "programs beyond ddprun, ddprun-store, train: $extra"
-bundled=$(grep -E '\.so(\.|$)' <<< "$contents" || true)
+# ddprun's own CUDA plugins (a CUDA build) are its code, not bundled libraries.
+plugins=(usr/lib/ddprun/libddprun_runtime_cuda.so usr/lib/ddprun/libddprun_train_cuda.so)
+bundled=$(grep -E '\.so(\.|$)' <<< "$contents" | grep -vx -e "${plugins[0]}" -e "${plugins[1]}" || true)
 [ -z "$bundled" ] || fail "the package bundles shared libraries (Depends should provide them): $bundled"
+cuda_build=0
+[ -f "$build/lib/ddprun/libddprun_runtime_cuda.so" ] && cuda_build=1
+for p in "${plugins[@]}"; do
+  if [ "$cuda_build" = 1 ]; then
+    grep -qx "$p" <<< "$contents" || fail "a CUDA build's package lacks $p"
+  else
+    grep -qx "$p" <<< "$contents" && fail "a CPU build's package has $p"
+  fi
+done
 private=$(grep '^usr/include/.*\.h' <<< "$contents" \
           | grep -vE '^usr/include/ddprun/(version\.h|(common|store|runtime)/[a-z_]+\.h)$' || true)
 [ -z "$private" ] || fail "headers outside the public set: $private"
@@ -71,4 +82,16 @@ echo "$out"
 tail -1 "$tmp/train.out"
 tail -1 "$tmp/train.out" | python3 -c 'import json, sys; assert json.loads(sys.stdin.read())["world"] == 2' \
   || fail "train did not end with its JSON summary of a two-rank run"
+# The unpacked train finds its CUDA plugins beside it (usr/lib/ddprun), or
+# says it has none; either way --device cuda without a GPU is exit 2.
+set +e
+"$bin/train" --device cuda > "$tmp/cuda.out" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || { cat "$tmp/cuda.out"; fail "train --device cuda exited $rc, not 2"; }
+if [ "$cuda_build" = 1 ]; then
+  grep -q "no CUDA GPU is visible" "$tmp/cuda.out" || { cat "$tmp/cuda.out"; fail "train did not load its CUDA plugins"; }
+else
+  grep -q "CPU-only ddprun" "$tmp/cuda.out" || { cat "$tmp/cuda.out"; fail "train --device cuda did not say it is CPU-only"; }
+fi
 echo "OK: the Debian package has the programs and public headers, computed Depends, and runs unpacked"
