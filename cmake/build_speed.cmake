@@ -8,7 +8,17 @@
 # DDPRUN_FAST_BUILD=OFF builds file by file, as before (for A/B timing, or an
 # edit-compile loop: with it ON an edit recompiles the whole library).
 # Figures: docs/benchmarks.md, "Build time".
-option(DDPRUN_FAST_BUILD "Unity builds of the ddprun libraries (faster clean builds)" ON)
+# On by default where a user waits for one clean build (the wheel, the demo,
+# any Release build); off in the development builds (scripts/test.sh), where
+# edits recompile file by file and ccache keeps per-file objects. The wheel's
+# programs are exercised by install_wheel and install_cuda_wheel.
+if(SKBUILD OR CMAKE_BUILD_TYPE STREQUAL "Release")
+  set(ddprun_fast_default ON)
+else()
+  set(ddprun_fast_default OFF)
+endif()
+option(DDPRUN_FAST_BUILD "Unity builds of the ddprun libraries (faster clean builds)"
+       ${ddprun_fast_default})
 if(NOT DDPRUN_FAST_BUILD)
   return()
 endif()
