@@ -39,7 +39,7 @@ fi
 mkdir -p "$root/build-wheel"
 log="$root/build-wheel/pip-install.log"
 echo "demo: building and installing ddprun$([ "$cuda" = 1 ] && echo ' (CUDA variant)') into $venv" \
-     "(a first build takes about 7 minutes on 2 cores; full log: $log)" >&2
+     "(a first build takes about 2 minutes on 2 idle cores; full log: $log)" >&2
 # pip -v prints CMake's output; only the build's progress lines reach the screen.
 "$venv/bin/pip" install -v --disable-pip-version-check "$root" "${flags[@]}" > "$log" 2>&1 < /dev/null &
 pip_pid=$!
