@@ -65,7 +65,9 @@ Opened open(const std::string& file, const std::string& entry) {
   for (const auto& d : dirs) {
     const std::string p = d + "/" + file;
     if (::access(p.c_str(), F_OK) == 0) {
-      r.path = fs::weakly_canonical(p).string();
+      std::error_code ec;
+      const fs::path canonical = fs::weakly_canonical(p, ec);
+      r.path = ec ? p : canonical.string();
       break;
     }
   }
