@@ -14,6 +14,17 @@ namespace ddprun::plugin {
 
 namespace fs = std::filesystem;
 
+namespace {
+constexpr const char* kNotInstalled = " is not installed";
+}  // namespace
+
+bool notInstalled(const std::string& error) { return error.find(kNotInstalled) != std::string::npos; }
+
+std::string abiMismatch(const std::string& path, uint32_t found, uint32_t wanted) {
+  return path + " is from another ddprun build (plugin ABI " + std::to_string(found) +
+         ", this program needs " + std::to_string(wanted) + ")";
+}
+
 std::vector<std::string> searchDirs(const std::string& binDir, const std::string& envPath,
                                     const std::vector<std::string>& pythonDirs) {
   std::vector<std::string> dirs;
@@ -72,7 +83,7 @@ Opened open(const std::string& file, const std::string& entry) {
     }
   }
   if (r.path.empty()) {
-    r.error = file + " is not installed (looked in " + str::join(dirs, ", ") + ")";
+    r.error = file + kNotInstalled + " (looked in " + str::join(dirs, ", ") + ")";
     return r;
   }
   void* h = ::dlopen(r.path.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -4,6 +4,7 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
 
 namespace ddprun::train {
@@ -29,7 +30,7 @@ const char* kNoGpu =
 // A reason in a few words: a missing plugin is "no CUDA backend installed"
 // (the directories searched are for the --device cuda error only).
 std::string shortWhy(const std::string& why) {
-  if (why.find("is not installed") != std::string::npos)
+  if (plugin::notInstalled(why))
     return "this ddprun has no CUDA backend installed";
   return "the CUDA backend does not load: " + why;
 }

@@ -16,36 +16,21 @@ namespace ddprun::train {
 
 namespace {
 
-struct Loaded {
-  const internal::CudaBackendPlugin* api = nullptr;
-  std::string why;
-};
+using Loaded = plugin::Loaded<internal::CudaBackendPlugin>;
 
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
     // The backend stands on the runtime's CUDA part: without it, its reason.
     if (!runtime::cudaBuilt()) {
-      r.why = runtime::cudaUnavailableReason();
-      return r;
-    }
-    const internal::CudaBackendPlugin* api = nullptr;
-    if (ddprun_train_cuda_plugin) {
-      api = ddprun_train_cuda_plugin();
+      r.error = runtime::cudaUnavailableReason();
+    } else if (ddprun_train_cuda_plugin) {
+      r.table = ddprun_train_cuda_plugin();
     } else {
-      const plugin::Opened o =
-          plugin::open(internal::kCudaBackendPluginFile, internal::kCudaBackendPluginEntry);
-      if (!o.symbol) {
-        r.why = o.error;
-        return r;
-      }
-      api = reinterpret_cast<const internal::CudaBackendPlugin* (*)()>(o.symbol)();
-      if (!api || api->abi != internal::kCudaBackendPluginAbi) {
-        r.why = o.path + " is from another ddprun build";
-        return r;
-      }
+      r = plugin::openTable<internal::CudaBackendPlugin>(internal::kCudaBackendPluginFile,
+                                                         internal::kCudaBackendPluginEntry,
+                                                         internal::kCudaBackendPluginAbi);
     }
-    r.api = api;
     return r;
   }();
   return l;
@@ -53,14 +38,14 @@ const Loaded& loaded() {
 
 }  // namespace
 
-std::string cudaBackendUnusable() { return loaded().why; }
+std::string cudaBackendUnusable() { return loaded().error; }
 
 std::unique_ptr<Backend> loadCudaBackend(const CudaBackendOptions& o) {
   const Loaded& l = loaded();
-  if (!l.api)
-    DDPRUN_THROW(InvalidArgument, "the CUDA backend is not usable: ", l.why, "; ",
-                 runtime::cudaInstallFix(l.why), "; or use --device cpu");
-  return l.api->make(o);
+  if (!l.table)
+    DDPRUN_THROW(InvalidArgument, "the CUDA backend is not usable: ", l.error, "; ",
+                 runtime::cudaInstallFix(l.error), "; or use --device cpu");
+  return l.table->make(o);
 }
 
 }  // namespace ddprun::train

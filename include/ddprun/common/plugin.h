@@ -10,6 +10,7 @@
 // Thread-safety: the functions are safe to call from any thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,5 +36,38 @@ struct Opened {
 // used) and returns its symbol `entry`. Never throws. The plugin stays loaded
 // for the life of the process.
 Opened open(const std::string& file, const std::string& entry);
+
+// True when `error` (an Opened::error) says the plugin file was not found at
+// all, as opposed to found but unusable (a library it needs, its ABI).
+bool notInstalled(const std::string& error);
+
+// A plugin whose entry point, `const Table* entry()`, returns a table of
+// functions whose first member is `uint32_t abi`: the table when the plugin
+// opens and its abi is `abi`, else null and the reason (a plugin of another
+// build is refused).
+template <class Table>
+struct Loaded {
+  const Table* table = nullptr;
+  std::string path;   // the file found ("" when none was)
+  std::string error;  // why table is null
+};
+std::string abiMismatch(const std::string& path, uint32_t found, uint32_t wanted);
+template <class Table>
+Loaded<Table> openTable(const std::string& file, const std::string& entry, uint32_t abi) {
+  Loaded<Table> r;
+  const Opened o = open(file, entry);
+  r.path = o.path;
+  if (!o.symbol) {
+    r.error = o.error;
+    return r;
+  }
+  const Table* t = reinterpret_cast<const Table* (*)()>(o.symbol)();
+  if (!t || t->abi != abi) {
+    r.error = abiMismatch(o.path, t ? t->abi : 0, abi);
+    return r;
+  }
+  r.table = t;
+  return r;
+}
 
 }  // namespace ddprun::plugin

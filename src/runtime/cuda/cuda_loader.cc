@@ -16,33 +16,15 @@ namespace ddprun::runtime {
 
 namespace {
 
-struct Loaded {
-  const internal::CudaPlugin* api = nullptr;
-  std::string path;
-  std::string why;  // when api is null
-};
+using Loaded = plugin::Loaded<internal::CudaPlugin>;
 
 std::atomic<const internal::CudaPlugin*> gLoaded{nullptr};
 
 const Loaded& loaded() {
   static const Loaded l = [] {
-    Loaded r;
-    const plugin::Opened o = plugin::open(internal::kCudaPluginFile, internal::kCudaPluginEntry);
-    r.path = o.path;
-    if (!o.symbol) {
-      r.why = o.error;
-      return r;
-    }
-    using Entry = const internal::CudaPlugin* (*)();
-    const internal::CudaPlugin* api = reinterpret_cast<Entry>(o.symbol)();
-    if (!api || api->abi != internal::kCudaPluginAbi) {
-      r.why = o.path + " is from another ddprun build (plugin ABI " +
-              std::to_string(api ? api->abi : 0) + ", this program needs " +
-              std::to_string(internal::kCudaPluginAbi) + ")";
-      return r;
-    }
-    r.api = api;
-    gLoaded.store(api, std::memory_order_release);
+    Loaded r = plugin::openTable<internal::CudaPlugin>(
+        internal::kCudaPluginFile, internal::kCudaPluginEntry, internal::kCudaPluginAbi);
+    if (r.table) gLoaded.store(r.table, std::memory_order_release);
     return r;
   }();
   return l;
@@ -50,16 +32,16 @@ const Loaded& loaded() {
 
 const internal::CudaPlugin& api() {
   const Loaded& l = loaded();
-  if (!l.api)
-    DDPRUN_THROW(InvalidArgument, "CUDA is not available to this program: ", l.why, "; ",
-                 cudaInstallFix(l.why));
-  return *l.api;
+  if (!l.table)
+    DDPRUN_THROW(InvalidArgument, "CUDA is not available to this program: ", l.error, "; ",
+                 cudaInstallFix(l.error));
+  return *l.table;
 }
 
 }  // namespace
 
-bool cudaBuilt() { return loaded().api != nullptr; }
-std::string cudaUnavailableReason() { return loaded().why; }
+bool cudaBuilt() { return loaded().table != nullptr; }
+std::string cudaUnavailableReason() { return loaded().error; }
 std::string cudaPluginPath() { return loaded().path; }
 
 std::string cudaInstallFix(const std::string& why) {
@@ -73,7 +55,7 @@ std::string cudaInstallFix(const std::string& why) {
     if (why.find(lib) != std::string::npos && why.find("cannot open shared object") != std::string::npos)
       return std::string("install NVIDIA's package that has it: pip install ") + pkg +
              " (or the CUDA 13 toolkit, cuDNN 9 and NCCL system-wide)";
-  if (why.find("is not installed") != std::string::npos)
+  if (plugin::notInstalled(why))
     return "this is a CPU-only ddprun: install its CUDA variant (README, Install: "
            "pip install . -C ddprun.cuda=true)";
   return "reinstall ddprun (README, Install)";
@@ -81,11 +63,11 @@ std::string cudaInstallFix(const std::string& why) {
 
 int cudaDeviceCount() {
   const Loaded& l = loaded();
-  return l.api ? l.api->deviceCount() : 0;
+  return l.table ? l.table->deviceCount() : 0;
 }
 int cudaSelectedDevice() {
   const Loaded& l = loaded();
-  return l.api ? l.api->selectedDevice() : 0;
+  return l.table ? l.table->selectedDevice() : 0;
 }
 void cudaBindThread() {
   // Only once CUDA is in use: a CPU collective must not load the plugin.
@@ -93,11 +75,11 @@ void cudaBindThread() {
 }
 int ncclRuntimeVersion() {
   const Loaded& l = loaded();
-  return l.api ? l.api->ncclVersion() : 0;
+  return l.table ? l.table->ncclVersion() : 0;
 }
 std::string cudaTransportName(ProcessGroup& pg) {
   const Loaded& l = loaded();
-  return l.api ? l.api->transportName(pg) : "none";
+  return l.table ? l.table->transportName(pg) : "none";
 }
 void* cudaAllocDevice(size_t bytes) { return api().allocDevice(bytes); }
 void cudaFreeDevice(void* p) {

@@ -33,6 +33,19 @@ TEST(PluginOpen, AMissingPluginSaysWhereItWasLookedFor) {
   EXPECT_NE(o.error.find("libddprun_no_such_plugin.so is not installed"), std::string::npos)
       << o.error;
   EXPECT_NE(o.error.find("/lib/ddprun"), std::string::npos) << o.error;
+  EXPECT_TRUE(notInstalled(o.error));
+  EXPECT_FALSE(notInstalled("libcudnn.so.9: cannot open shared object file"));
+}
+
+TEST(PluginOpen, AMissingPluginTableIsNullWithTheSameReason) {
+  struct Table {
+    uint32_t abi;
+  };
+  const Loaded<Table> l = openTable<Table>("libddprun_no_such_plugin.so", "entry", 1);
+  EXPECT_EQ(l.table, nullptr);
+  EXPECT_TRUE(notInstalled(l.error)) << l.error;
+  EXPECT_EQ(abiMismatch("/x.so", 2, 1),
+            "/x.so is from another ddprun build (plugin ABI 2, this program needs 1)");
 }
 
 }  // namespace
