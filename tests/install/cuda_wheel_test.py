@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import zipfile
 
@@ -34,43 +33,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "pyutil"))
 import testmain  # noqa: E402
-from wheel_test import (JOB_TIMEOUT, SOURCE, TORCH2, WORK, build_venv,  # noqa: E402
-                        project_version, purelib, pypi_unreachable, run)
+from wheel_test import (JOB_TIMEOUT, NVIDIA_LIB, PreparedOnce, build_wheel,  # noqa: E402
+                        fresh_venv, mapped_cuda_code, pip_install, project_version, purelib, run,
+                        torch2_python)
 
 PLUGINS = ("libddprun_runtime_cuda.so", "libddprun_train_cuda.so")
 # The libraries the plugins need and the NVIDIA package directory that has each.
 CUDA_LIBS = {"libcudart.so.13": "cu13", "libcublasLt.so.13": "cu13", "libcudnn.so.9": "cudnn",
              "libnccl.so.2": "nccl"}
 REQUIRED = ("nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-nccl-cu13")
-CUDA_LIB_PATTERN = re.compile(r"lib(cuda|cudart|cublas|cublasLt|cudnn\w*|nccl)\.so")
 
 
-class CudaWheel(unittest.TestCase):
-    _prepared = None
-
-    def setUp(self):
-        cls = type(self)
-        if cls._prepared is None:
-            try:
-                cls.prepare()
-                cls._prepared = (None, None)
-            except unittest.SkipTest as e:
-                cls._prepared = ("skip", str(e))
-            except Exception as e:  # noqa: BLE001 - reported by every test
-                cls._prepared = ("error", "%s: %s" % (type(e).__name__, e))
-        outcome, why = cls._prepared
-        if outcome == "skip":
-            raise unittest.SkipTest(why)
-        if outcome == "error":
-            self.fail("building or installing the CUDA wheel failed: " + why)
+class CudaWheel(PreparedOnce):
+    what = "building or installing the CUDA wheel"
 
     @classmethod
     def prepare(cls):
-        torch2_python = os.path.join(TORCH2, "bin", "python")
-        if not os.access(torch2_python, os.X_OK):
-            raise unittest.SkipTest("no PyTorch 2.x environment at %s (scripts/setup-test-deps.sh "
-                                    "makes it; DDPRUN_TORCH2_VENV names another)" % TORCH2)
-        nvidia = os.path.join(purelib(torch2_python), "nvidia")
+        torch2 = torch2_python()
+        nvidia = os.path.join(purelib(torch2), "nvidia")
         missing = [d for d in set(CUDA_LIBS.values()) if not os.path.isdir(os.path.join(nvidia, d))]
         if missing:
             raise unittest.SkipTest("the PyTorch environment has no NVIDIA CUDA 13 packages (%s "
@@ -79,38 +59,15 @@ class CudaWheel(unittest.TestCase):
             raise unittest.SkipTest("no nvcc: the CUDA wheel cannot be built here")
         cls.tmp = tempfile.mkdtemp(prefix="ddprun_cuda_wheel_")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
-        pip = build_venv()
-        reason = pypi_unreachable(pip, cls.tmp)
-        if reason:
-            raise unittest.SkipTest("PyPI cannot be reached, so pip cannot fetch scikit-build-core "
-                                    "to build the wheel: " + reason)
-        wheelhouse = os.path.join(cls.tmp, "wheelhouse")
-        cmd = [pip, "wheel", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
-               "--config-settings=build-dir=" + os.path.join(WORK, "build"),
-               "--config-settings=ddprun.cuda=true"]
-        if shutil.which("ccache"):
-            cmd += ["--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache",
-                    "--config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
         env = dict(os.environ)
         if not shutil.which("nvcc"):
             env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
-        t0 = time.monotonic()
-        run(cmd, "pip wheel -C ddprun.cuda=true", timeout=3000, env=env)
-        wheels = os.listdir(wheelhouse)
-        assert len(wheels) == 1, wheels
-        cls.wheel = os.path.join(wheelhouse, wheels[0])
-        print("CUDA wheel %s: %d bytes, built in %.0f s" % (
-            wheels[0], os.path.getsize(cls.wheel), time.monotonic() - t0), file=sys.stderr)
-
-        cls.venv = os.path.join(cls.tmp, "fresh")
-        run([torch2_python, "-m", "venv", cls.venv], "creating the fresh venv")
-        cls.venv_python = os.path.join(cls.venv, "bin", "python")
+        cls.wheel = build_wheel(cls.tmp, "pip wheel -C ddprun.cuda=true", ["ddprun.cuda=true"],
+                                env=env)
+        cls.venv, cls.venv_python = fresh_venv(cls.tmp, torch2)
         cls.site = purelib(cls.venv_python)
-        with open(os.path.join(cls.site, "ddprun_test_torch2.pth"), "w") as f:
-            f.write(purelib(torch2_python) + "\n")
         os.symlink(nvidia, os.path.join(cls.site, "nvidia"))
-        run([os.path.join(cls.venv, "bin", "pip"), "install", "--no-deps", "--no-index",
-             "--disable-pip-version-check", cls.wheel], "pip install --no-deps of the CUDA wheel")
+        pip_install(cls.venv, cls.wheel, "pip install --no-deps of the CUDA wheel")
         cls.env = {k: v for k, v in os.environ.items()
                    if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME",
                                 "LD_LIBRARY_PATH", "DDPRUN_PLUGIN_PATH", "CUDA_VISIBLE_DEVICES")}
@@ -133,8 +90,7 @@ class CudaWheel(unittest.TestCase):
         for p in PLUGINS:
             self.assertIn("ddprun/lib/" + p, names)
         # Never bundled: the environment's packages provide them.
-        self.assertFalse([n for n in names if CUDA_LIB_PATTERN.search(os.path.basename(n))],
-                         names)
+        self.assertFalse([n for n in names if NVIDIA_LIB.search(os.path.basename(n))], names)
 
     def test_plugins_find_every_cuda_library_in_the_environment(self):
         lib = os.path.join(self.site, "ddprun", "lib")
@@ -180,11 +136,7 @@ class CudaWheel(unittest.TestCase):
         p = self.train("--device", "cpu", "--data", "synthetic", "--train-samples", "128",
                        "--test-samples", "64", "--quiet", env=dict(self.env, LD_DEBUG="files"))
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-        loaded = re.findall(r"file=(\S+) \[0\];  (?:needed|dynamically loaded) by", p.stderr)
-        self.assertTrue(loaded, "LD_DEBUG=files listed nothing: " + p.stderr[-2000:])
-        cuda = [f for f in loaded if CUDA_LIB_PATTERN.search(os.path.basename(f))
-                or "libddprun_" in f]
-        self.assertEqual(cuda, [], "--device cpu mapped CUDA code")
+        self.assertEqual(mapped_cuda_code(p.stderr), [], "--device cpu mapped CUDA code")
 
 
 if __name__ == "__main__":

@@ -82,11 +82,83 @@ def pypi_unreachable(pip, tmp):
     return lines[-1] if lines else "pip download exited %d" % p.returncode
 
 
-class Wheel(unittest.TestCase):
-    # The wheel is built and installed once, by the first test's setUp (a skip
-    # or failure there is every test's; a skip raised in setUpClass would count
-    # as no test run at all).
+
+def torch2_python():
+    """The PyTorch 2.x environment's interpreter, or SkipTest saying why."""
+    python = os.path.join(TORCH2, "bin", "python")
+    if not os.access(python, os.X_OK):
+        raise unittest.SkipTest("no PyTorch 2.x environment at %s (scripts/setup-test-deps.sh "
+                                "makes it; DDPRUN_TORCH2_VENV names another)" % TORCH2)
+    return python
+
+
+def build_wheel(tmp, what, settings=(), env=None):
+    """pip wheel of the source tree into tmp/wheelhouse with the CMake build
+    kept in WORK/build (ccache when installed), plus the --config-settings
+    `settings`: the wheel's path. SkipTest when PyPI cannot be reached."""
+    pip = build_venv()
+    reason = pypi_unreachable(pip, tmp)
+    if reason:
+        raise unittest.SkipTest("PyPI cannot be reached, so pip cannot fetch scikit-build-core "
+                                "to build the wheel: " + reason)
+    wheelhouse = os.path.join(tmp, "wheelhouse")
+    cmd = [pip, "wheel", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
+           "--config-settings=build-dir=" + os.path.join(WORK, "build")]
+    cmd += ["--config-settings=" + s for s in settings]
+    if shutil.which("ccache"):
+        cmd += ["--config-settings=cmake.define.CMAKE_%s_COMPILER_LAUNCHER=ccache" % lang
+                for lang in ("CXX", "CUDA")]
+    t0 = time.monotonic()
+    run(cmd, what, timeout=3000, env=env)
+    wheels = os.listdir(wheelhouse)
+    assert len(wheels) == 1, wheels
+    wheel = os.path.join(wheelhouse, wheels[0])
+    print("%s: %s, %d bytes, built in %.0f s" % (what, wheels[0], os.path.getsize(wheel),
+                                                 time.monotonic() - t0), file=sys.stderr)
+    return wheel
+
+
+def fresh_venv(tmp, torch2):
+    """A fresh environment in tmp/fresh, with the same Python as the PyTorch
+    one, whose site-packages it sees through a .pth file: (venv, python)."""
+    venv = os.path.join(tmp, "fresh")
+    run([torch2, "-m", "venv", venv], "creating the fresh venv")
+    python = os.path.join(venv, "bin", "python")
+    with open(os.path.join(purelib(python), "ddprun_test_torch2.pth"), "w") as f:
+        f.write(purelib(torch2) + "\n")
+    return venv, python
+
+
+def pip_install(venv, wheel, what):
+    t0 = time.monotonic()
+    run([os.path.join(venv, "bin", "pip"), "install", "--no-deps", "--no-index",
+         "--disable-pip-version-check", wheel], what)
+    print("%s: %.1f s" % (what, time.monotonic() - t0), file=sys.stderr)
+
+
+# NVIDIA's CUDA libraries, and ddprun's own CUDA plugins.
+NVIDIA_LIB = re.compile(r"lib(cuda|cudart|cublas\w*|cudnn\w*|nccl)\.so")
+CUDA_PLUGIN = re.compile(r"libddprun_\w+_cuda\.so")
+
+
+def mapped_cuda_code(ld_debug_files):
+    """The CUDA libraries and plugins a process mapped, from its LD_DEBUG=files
+    output (which lists dlopen'ed objects too); AssertionError when that
+    output lists nothing at all."""
+    mapped = re.findall(r"file=(\S+) \[0\];  (?:needed|dynamically loaded) by", ld_debug_files)
+    if not mapped:
+        raise AssertionError("LD_DEBUG=files listed nothing: " + ld_debug_files[-2000:])
+    return [f for f in mapped
+            if NVIDIA_LIB.search(os.path.basename(f)) or CUDA_PLUGIN.search(f)]
+
+
+class PreparedOnce(unittest.TestCase):
+    """A test class whose classmethod prepare() (building and installing a
+    wheel) runs once, in the first test's setUp: a skip or failure there is
+    every test's (a skip raised in setUpClass would count as no test run at
+    all). `what` names it in the failure."""
     _prepared = None
+    what = "building or installing the wheel"
 
     def setUp(self):
         cls = type(self)
@@ -102,47 +174,19 @@ class Wheel(unittest.TestCase):
         if outcome == "skip":
             raise unittest.SkipTest(why)
         if outcome == "error":
-            self.fail("building or installing the wheel failed: " + why)
+            self.fail("%s failed: %s" % (self.what, why))
 
+
+class Wheel(PreparedOnce):
     @classmethod
     def prepare(cls):
-        torch2_python = os.path.join(TORCH2, "bin", "python")
-        if not os.access(torch2_python, os.X_OK):
-            raise unittest.SkipTest("no PyTorch 2.x environment at %s (scripts/setup-test-deps.sh "
-                                    "makes it; DDPRUN_TORCH2_VENV names another)" % TORCH2)
+        torch2 = torch2_python()
         cls.tmp = tempfile.mkdtemp(prefix="ddprun_wheel_")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
-        pip = build_venv()
-        reason = pypi_unreachable(pip, cls.tmp)
-        if reason:
-            raise unittest.SkipTest("PyPI cannot be reached, so pip cannot fetch scikit-build-core "
-                                    "to build the wheel: " + reason)
-
-        wheelhouse = os.path.join(cls.tmp, "wheelhouse")
-        cmd = [pip, "wheel", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
-               "--config-settings=build-dir=" + os.path.join(WORK, "build")]
-        if shutil.which("ccache"):
-            cmd.append("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache")
-        t0 = time.monotonic()
-        run(cmd, "pip wheel", timeout=3000)
-        wheels = os.listdir(wheelhouse)
-        assert len(wheels) == 1, wheels
-        cls.wheel = os.path.join(wheelhouse, wheels[0])
-        print("wheel %s: %d bytes, built in %.0f s" % (wheels[0], os.path.getsize(cls.wheel),
-                                                       time.monotonic() - t0), file=sys.stderr)
-
-        # The fresh environment: same Python as the PyTorch one, whose
-        # site-packages it sees through a .pth file.
-        cls.venv = os.path.join(cls.tmp, "fresh")
-        run([torch2_python, "-m", "venv", cls.venv], "creating the fresh venv")
-        cls.venv_python = os.path.join(cls.venv, "bin", "python")
-        with open(os.path.join(purelib(cls.venv_python), "ddprun_test_torch2.pth"), "w") as f:
-            f.write(purelib(torch2_python) + "\n")
-        t0 = time.monotonic()
-        run([os.path.join(cls.venv, "bin", "pip"), "install", "--no-deps", "--no-index",
-             "--disable-pip-version-check", cls.wheel], "pip install of the wheel")
-        print("pip install of the wheel: %.1f s" % (time.monotonic() - t0), file=sys.stderr)
-        cls.torch_version = run([torch2_python, "-c", "import torch; print(torch.__version__)"],
+        cls.wheel = build_wheel(cls.tmp, "pip wheel")
+        cls.venv, cls.venv_python = fresh_venv(cls.tmp, torch2)
+        pip_install(cls.venv, cls.wheel, "pip install of the wheel")
+        cls.torch_version = run([torch2, "-c", "import torch; print(torch.__version__)"],
                                 "importing torch").strip()
 
         # PATH's first python3 (and python) is a shim without PyTorch.
@@ -199,11 +243,7 @@ class Wheel(unittest.TestCase):
                            stderr=subprocess.PIPE, text=True, env=dict(self.env, LD_DEBUG="files"),
                            cwd=self.tmp, timeout=JOB_TIMEOUT)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-        loaded = re.findall(r"file=(\S+) \[0\];  (?:needed|dynamically loaded) by", p.stderr)
-        self.assertTrue(loaded, "LD_DEBUG=files listed nothing: " + p.stderr[-2000:])
-        cuda = [f for f in loaded
-                if re.search(r"lib(cuda|cudart|cublas\w*|cudnn\w*|nccl|ddprun_\w+_cuda)\.so", f)]
-        self.assertEqual(cuda, [], "the CPU wheel mapped CUDA code")
+        self.assertEqual(mapped_cuda_code(p.stderr), [], "the CPU wheel mapped CUDA code")
         notices = [line for line in p.stderr.splitlines() if "--device auto" in line]
         self.assertEqual(notices, ["train: --device auto: training on the CPU (this ddprun has no "
                                    "CUDA backend installed)"], p.stderr[-3000:])
