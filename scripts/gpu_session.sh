@@ -90,7 +90,12 @@ prepare() {
     "$root" -C ddprun.cuda=true -C build-dir="$root/build-gpu/wheel" \
     -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
     -C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache || exit 3
-  mkdir -p "$stage/wheel" && cp "$root"/build-gpu/wheelhouse/*.whl "$stage/wheel/"
+  # Unpacked, so that xz's long window stores the wheel's copies of oneDNN and
+  # OpenBLAS as near-repeats of lib/'s (a .whl is already deflated: packed as is,
+  # the carry is over the 64 MiB a call takes). --run zips it again.
+  local whl; whl=$(ls "$root"/build-gpu/wheelhouse/*.whl | head -1)
+  mkdir -p "$stage/wheel/tree" && basename "$whl" > "$stage/wheel/name" \
+    && unzip -q "$whl" -d "$stage/wheel/tree" || exit 3
   # Libraries of ours the binaries load, resolved here.
   for f in "$stage"/bin/*; do
     ldd "$f" 2>/dev/null | awk '{print $3}' | grep -E "$bundled" || true
@@ -108,7 +113,7 @@ prepare() {
     patchelf --force-rpath --set-rpath '$ORIGIN/..' "$f" 2>/dev/null || true
   done
   rm -rf "$pack" && mkdir -p "$pack"
-  tar -C "$stage" -cf - bin lib wheel | xz -T"$(nproc)" -6 > "$pack/carry.tar.xz" || exit 3
+  tar -C "$stage" -cf - lib bin wheel | xz -T1 --lzma2=preset=9e,dict=256MiB > "$pack/carry.tar.xz" || exit 3
   git -C "$root" rev-parse HEAD > "$pack/commit" 2>/dev/null || true
   rm -rf "$stage"
   grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
@@ -238,8 +243,9 @@ run() {
   # The CUDA wheel as a user gets it: pip install --no-deps into the Python
   # environment that has NVIDIA's packages, run with no LD_LIBRARY_PATH (the
   # plugins' RPATHs find them), one rank and two ranks on the GPU.
-  stage wheel 90 bash -c "python3 -m pip install -q --no-deps --no-index --force-reinstall \
-    /tmp/gpu_session/wheel/*.whl && S=\$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"scripts\"))') \
+  stage wheel 90 bash -c "W=/tmp/gpu_session/wheel/\$(cat /tmp/gpu_session/wheel/name) && \
+    (cd /tmp/gpu_session/wheel/tree && python3 -m zipfile -c \$W *) && \
+    python3 -m pip install -q --no-deps --no-index --force-reinstall \$W && S=\$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"scripts\"))') \
     && env -u LD_LIBRARY_PATH \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
        --max-steps 40 --quiet | tail -1 && env -u LD_LIBRARY_PATH \$S/ddprun --standalone \
        --nproc_per_node=2 \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
