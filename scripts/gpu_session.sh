@@ -196,6 +196,32 @@ EOF
   "$bin/train" --help >/dev/null && echo "OK train runs here"
 }
 
+# The CUDA wheel as a user gets it: pip install --no-deps into the Python
+# environment that has NVIDIA's packages, run with no LD_LIBRARY_PATH (the
+# plugins' RPATHs find them), one rank and two ranks on the GPU; every CUDA
+# library the run loads must come from site-packages/nvidia.
+wheel_check() {
+  set -eo pipefail
+  local w s libs
+  w=/tmp/gpu_session/wheel/$(cat /tmp/gpu_session/wheel/name)
+  (cd /tmp/gpu_session/wheel/tree && python3 -m zipfile -c "$w" ./*)
+  python3 -m pip install -q --no-deps --no-index --force-reinstall "$w"
+  s=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  local flags=(--device cuda --model lenet-bn --data synthetic --epochs 1 --max-steps 40 --quiet)
+  env -u LD_LIBRARY_PATH "$s/train" "${flags[@]}" | tail -1
+  env -u LD_LIBRARY_PATH "$s/ddprun" --standalone --nproc_per_node=2 "$s/train" "${flags[@]}" \
+    | tail -1
+  libs=$(env -u LD_LIBRARY_PATH LD_DEBUG=libs "$s/train" "${flags[@]}" --max-steps 2 2>&1 \
+    | grep -E 'calling init: .*lib(cudart|cudnn|cublasLt|nccl)[^/]*$' \
+    | sed 's/.*calling init: //' | sort -u)
+  echo "$libs"
+  [ -n "$libs" ] || { echo "FAILED: no CUDA library seen loading (LD_DEBUG=libs)"; return 1; }
+  if echo "$libs" | grep -vq site-packages/nvidia; then
+    echo "FAILED: a CUDA library came from outside site-packages/nvidia"; return 1
+  fi
+  echo "OK the wheel trains on the GPU, its CUDA libraries from site-packages/nvidia"
+}
+
 gtest_prog() {  # gtest_prog PROGRAM [FILTER]
   [ -x "$bin/$1" ] || { echo "SKIPPED: $1 not packed"; return 0; }
   "$bin/$1" --gtest_brief=1 ${2:+--gtest_filter=$2}
@@ -221,7 +247,7 @@ run() {
   GPU_SESSION_NCCL=$( [ -f /tmp/gpu_session/lib/libnccl.so.2 ] && echo /tmp/gpu_session/lib/libnccl.so.2 || \
     (for d in $nv; do [ -f "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2" && break; done) )
   export DDPRUN_BENCH_COMMIT; DDPRUN_BENCH_COMMIT=$(cat "$pack/commit" 2>/dev/null || echo unknown)
-  export -f versions gtest_prog
+  export -f versions gtest_prog wheel_check
   export bin
   status=0
   record unpack 0 "$((SECONDS - t0))" "commit $DDPRUN_BENCH_COMMIT"
@@ -236,20 +262,14 @@ run() {
   stage allreduce 90 bash -c "rc=0; for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' \
     --standalone --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 \
     --json > '$logs/allreduce_'\$t.jsonl || rc=1; tail -n 3 '$logs/allreduce_'\$t.jsonl; done; exit \$rc"
-  stage bench 260 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
+  stage bench 300 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
     --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
     $benchArgs
   # The CUDA wheel as a user gets it: pip install --no-deps into the Python
   # environment that has NVIDIA's packages, run with no LD_LIBRARY_PATH (the
   # plugins' RPATHs find them), one rank and two ranks on the GPU.
-  stage wheel 90 bash -c "W=/tmp/gpu_session/wheel/\$(cat /tmp/gpu_session/wheel/name) && \
-    (cd /tmp/gpu_session/wheel/tree && python3 -m zipfile -c \$W *) && \
-    python3 -m pip install -q --no-deps --no-index --force-reinstall \$W && S=\$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"scripts\"))') \
-    && env -u LD_LIBRARY_PATH \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
-       --max-steps 40 --quiet | tail -1 && env -u LD_LIBRARY_PATH \$S/ddprun --standalone \
-       --nproc_per_node=2 \$S/train --device cuda --model lenet-bn --data synthetic --epochs 1 \
-       --max-steps 40 --quiet | tail -1 && echo OK the wheel trains on the GPU"
+  stage wheel 90 wheel_check
   stage tests 120 bash -c "gtest_prog cuda_train_tests"
   stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"
   stage nccl 150 bash -c "'$bin/coll_check' --nccl-version && \

@@ -97,7 +97,8 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
   if (d.cuda)
     return loadCudaBackend({.device = runtime::cudaSelectedDevice(),
                             .precision = cfg.precision,
-                            .deterministic = cfg.deterministic || deterministicFromEnv()});
+                            .deterministic = cfg.deterministic || deterministicFromEnv(),
+                            .nhwc = cfg.layout == "nhwc"});
   return makeCpuBackend(cfg.threads);
 }
 

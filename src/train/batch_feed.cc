@@ -71,10 +71,10 @@ Tensor BatchFeed::toInput(HostBatch& b, const Dataset& d) {
     upload(b, d);
     src = b.dev;
   }
-  if (native == xs) return src;
+  if (native == xs) return be_.modelInput(src);
   xin_.ensure(xs, be_.allocator());
   be_.resizeBilinear(src, input_[1], input_[2], xin_);
-  return xin_;
+  return be_.modelInput(xin_);
 }
 
 }  // namespace ddprun::train

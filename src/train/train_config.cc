@@ -95,6 +95,8 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
     return "unknown optimizer '" + c.optimizer + "': choose one of " + joined(opts);
+  if (c.layout != "nhwc" && c.layout != "nchw")
+    return "unknown --layout '" + c.layout + "': choose one of nhwc, nchw";
   if (!runtime::parseCommHook(c.commHook))
     return "unknown --comm-hook '" + c.commHook + "': choose one of none, fp16, bf16";
   if (c.epochs <= 0) return "--epochs must be positive (got " + std::to_string(c.epochs) + ")";
@@ -169,6 +171,10 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_flag("--deterministic", c.deterministic,
                "Bitwise-repeatable GPU runs (slower: deterministic, direct-sum cuDNN algorithms)");
+  app.add_option("--layout", c.layout,
+                 "Activations in GPU memory: nhwc (channels_last) | nchw (cuda only; the CPU "
+                 "computes nchw)")
+      ->capture_default_str();
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "Learning rate, in (0, 10]")->capture_default_str();

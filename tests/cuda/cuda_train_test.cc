@@ -105,6 +105,27 @@ double normwiseError(const std::vector<float>& got, const std::vector<float>& wa
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// NCHW <-> NHWC on the host, for tensors of [N, C, H, W] (others unchanged):
+// what an NHWC backend's activations look like in memory.
+std::vector<float> nchwToNhwc(const std::vector<float>& v, const Shape& s) {
+  if (s.size() != 4) return v;
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t q = 0; q < hw; ++q) out[(i * hw + q) * c + ch] = v[(i * c + ch) * hw + q];
+  return out;
+}
+std::vector<float> nhwcToNchw(const std::vector<float>& v, const Shape& s) {
+  if (s.size() != 4) return v;
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t q = 0; q < hw; ++q) out[(i * c + ch) * hw + q] = v[(i * hw + q) * c + ch];
+  return out;
+}
+
 bool cpuLacks(const InvalidArgument& e) {
   return std::string(e.what()).find("CPU backend") != std::string::npos;
 }
@@ -259,6 +280,34 @@ class CudaBackendTest : public ::testing::Test {
     b.download(t.data(), v.data(), v.size());
     return v;
   }
+  // An activation (x, y, dy, dx) to and from the device in the layout of
+  // the backend under test (nhwc_): host tensors are always NCHW.
+  Tensor toGpuAct(const Tensor& host, Backend* be = nullptr) {
+    Backend& b = be ? *be : *gpu_;
+    const std::vector<float> v =
+        nhwc_ ? nchwToNhwc(hostValues(host), host.shape()) : hostValues(host);
+    Tensor t(host.shape(), b.allocator());
+    b.upload(v.data(), t.data(), v.size());
+    return t;
+  }
+  std::vector<float> fromGpuAct(const Tensor& t, Backend* be = nullptr) {
+    const std::vector<float> v = fromGpu(t, be);
+    return nhwc_ ? nhwcToNchw(v, t.shape()) : v;
+  }
+  // Runs f with gpu_ an NHWC backend (deterministic, precision p) and the
+  // activations converted accordingly.
+  void withNhwc(Precision p, const std::function<void()>& f) {
+    auto other = makeCudaBackend({.device = 0, .precision = p, .deterministic = true,
+                                  .nhwc = true});
+    std::swap(gpu_, other);
+    nhwc_ = true;
+    gPrintWorst = p == Precision::kBf16 || p == Precision::kFp16;
+    std::cout << "[ layout   ] nhwc, " << precisionName(p) << "\n";
+    f();
+    gPrintWorst = false;
+    nhwc_ = false;
+    std::swap(gpu_, other);
+  }
 
   // The reference for a layer: the CPU backend's, or `ref` where the CPU
   // backend lacks the configuration.
@@ -293,7 +342,7 @@ class CudaBackendTest : public ::testing::Test {
       gpu_->upload(g.data(), gp[i]->grad.data(), static_cast<size_t>(g.numel()));
     }
     const Tensor x = hostTensor(in, seed, -2.0f, 2.0f);
-    const Tensor xg = toGpu(x);
+    const Tensor xg = toGpuAct(x);
     Tensor yr, yg;
     try {
       ref.forward(x, yr, training);
@@ -303,15 +352,15 @@ class CudaBackendTest : public ::testing::Test {
     }
     gpu.forward(xg, yg, training);
     ASSERT_EQ(yr.shape(), yg.shape());
-    expectClose(fromGpu(yg), hostValues(yr), rtol, gpu.name() + " forward");
+    expectClose(fromGpuAct(yg), hostValues(yr), rtol, gpu.name() + " forward");
     if (!training) return;
     const Tensor dy = hostTensor(yr.shape(), seed + 7);
-    const Tensor dyg = toGpu(dy);
+    const Tensor dyg = toGpuAct(dy);
     Tensor dxr, dxg;
     ref.backward(x, yr, dy, &dxr);
     gpu.backward(xg, yg, dyg, &dxg);
     ASSERT_EQ(dxr.shape(), dxg.shape());
-    expectClose(fromGpu(dxg), hostValues(dxr), rtol, gpu.name() + " dx");
+    expectClose(fromGpuAct(dxg), hostValues(dxr), rtol, gpu.name() + " dx");
     for (size_t i = 0; i < rp.size(); ++i)
       expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), rtol, gp[i]->name + " grad");
     auto rb = ref.buffers();
@@ -352,6 +401,7 @@ class CudaBackendTest : public ::testing::Test {
   }
 
   std::unique_ptr<Backend> cpu_, gpu_;
+  bool nhwc_ = false;  // gpu_'s activations are NHWC (withNhwc)
 };
 
 // Tolerances of bf16/fp16 (autocast) layers against the float64 reference,
@@ -441,8 +491,12 @@ void setParams(Backend& be, Layer& gpu, Layer* host, uint64_t seed) {
 TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
   setenv("DDPRUN_CONV_LOG", "1", 1);
   std::vector<std::unique_ptr<Backend>> backends;
-  for (const Precision p : kAllPrecisions)
-    backends.push_back(makeCudaBackend({.device = 0, .precision = p}));
+  std::vector<std::pair<Precision, bool>> kinds;  // precision, NHWC
+  for (const bool nhwc : {false, true})
+    for (const Precision p : kAllPrecisions) {
+      backends.push_back(makeCudaBackend({.device = 0, .precision = p, .nhwc = nhwc}));
+      kinds.emplace_back(p, nhwc);
+    }
   uint64_t seed = 700;
   for (const ConvGeometryCase& c : kConvGeometries) {
     RefConv2d ref(c.spec);
@@ -462,9 +516,11 @@ TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
     ref.backward(x, yr, dy, &dxr);  // the reference's gradients start at zero
     for (size_t k = 0; k < backends.size(); ++k) {
       Backend& be = *backends[k];
-      const Precision p = kAllPrecisions[k];
+      const auto [p, nhwc] = kinds[k];
+      nhwc_ = nhwc;
       const double bound = cuda::convErrorBound(p);
-      const std::string what = std::string(c.name) + " " + precisionName(p) + " fast";
+      const std::string what = std::string(c.name) + " " + precisionName(p) + " fast" +
+                               (nhwc ? " nhwc" : "");
       auto conv = be.conv2d("conv", c.spec);
       auto gp = conv->params();
       setParams(be, *conv, nullptr, values);
@@ -473,12 +529,12 @@ TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
         be.upload(nan.data(), q->grad.data(), nan.size());
         q->overwriteGrad = true;
       }
-      const Tensor xg = toGpu(x, &be), dyg = toGpu(dy, &be);
+      const Tensor xg = toGpuAct(x, &be), dyg = toGpuAct(dy, &be);
       Tensor yg, dxg;
       conv->forward(xg, yg, true);
       conv->backward(xg, yg, dyg, &dxg);
-      const double ey = scaledError(fromGpu(yg, &be), hostValues(yr));
-      const double edx = scaledError(fromGpu(dxg, &be), hostValues(dxr));
+      const double ey = scaledError(fromGpuAct(yg, &be), hostValues(yr));
+      const double edx = scaledError(fromGpuAct(dxg, &be), hostValues(dxr));
       std::cout << "[ fast     ] " << what << ": forward " << ey << ", dx " << edx;
       EXPECT_LE(ey, bound) << what << " forward";
       EXPECT_LE(edx, bound) << what << " dx";
@@ -492,6 +548,7 @@ TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
       std::cout << " (bound " << bound << ")\n";
     }
   }
+  nhwc_ = false;
   unsetenv("DDPRUN_CONV_LOG");
 }
 
@@ -752,6 +809,90 @@ TEST_F(CudaBackendTest, FlattenIsAView) {
   EXPECT_EQ(dx.shape(), xg.shape());
 }
 
+// ---------------------------------------------------------------- NHWC
+// Every layer whose work depends on the layout, on an NHWC backend against
+// the CPU (or the float64 reference), activations transposed on the host.
+TEST_F(CudaBackendTest, NhwcConvolutions) {
+  withNhwc(Precision::kFp32, [&] {
+    checkConv({3, 8, 3, 1, 1, true}, {2, 3, 10, 9});
+    checkConv({1, 6, 5, 1, 2, true}, {3, 1, 28, 28});
+    checkConv({4, 8, 3, 2, 1, false}, {2, 4, 11, 12});
+    checkConv({8, 16, 1, 2, 0, false}, {2, 8, 8, 8});
+    checkConv({3, 8, 7, 2, 3, false}, {2, 3, 20, 20});
+    checkConv({3, 5, 3, 2, 1, true}, {2, 3, 9, 9});
+  });
+}
+
+TEST_F(CudaBackendTest, NhwcPoolingNormsAndElementLayers) {
+  withNhwc(Precision::kFp32, [&] {
+    checkPool({2, 2, 0}, {2, 3, 8, 10});
+    checkPool({3, 2, 1}, {2, 4, 11, 12});
+    {
+      auto ref = cpu_->batchNorm2d("bn", 6, nullptr);
+      auto gpu = gpu_->batchNorm2d("bn", 6, nullptr);
+      checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4);
+      checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4, 2);
+      checkLayer(*ref, *gpu, {3, 6, 5, 7}, false, 1e-4, 3);
+    }
+    {
+      // Mean 100, standard deviation about 1: the variance must not cancel.
+      auto ref = cpu_->batchNorm2d("bn", 4, nullptr);
+      auto gpu = gpu_->batchNorm2d("bn", 4, nullptr);
+      Tensor x = hostTensor({8, 4, 6, 6}, 41, 98.3f, 101.7f);
+      Tensor yr, yg;
+      ref->forward(x, yr, true);
+      gpu->forward(toGpuAct(x), yg, true);
+      expectClose(fromGpuAct(yg), hostValues(yr), 1e-3, "bn mean 100 forward");
+    }
+    testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
+      auto ref = cpu_->batchNorm2d("bn", 5, nullptr);
+      auto gpu = gpu_->batchNorm2d("bn", 5, &pg);
+      checkLayer(*ref, *gpu, {4, 5, 6, 3}, true, 1e-4);
+      checkLayer(*ref, *gpu, {2, 5, 6, 3}, false, 1e-4, 3);
+    });
+    auto gapRef = reference([&] { return cpu_->globalAvgPool("gap"); },
+                            [&] { return std::make_unique<RefAvgPool>(); });
+    auto gap = gpu_->globalAvgPool("gap");
+    checkLayer(*gapRef, *gap, {3, 5, 7, 7}, true, 1e-5);
+    checkLayer(*gapRef, *gap, {2, 3, 33, 2}, true, 1e-5, 2);
+    auto relu = cpu_->relu("relu"), gpuRelu = gpu_->relu("relu");
+    checkLayer(*relu, *gpuRelu, {4, 3, 5, 6}, true, 0.0);
+  });
+}
+
+// Flatten gives PyTorch's (c, h, w) order, which the next linear layer's
+// weights are in; a 1x1 map (ResNet's) stays a view.
+TEST_F(CudaBackendTest, NhwcFlattenGivesPyTorchOrder) {
+  withNhwc(Precision::kFp32, [&] {
+    auto gpu = gpu_->flatten("flat");
+    const Tensor x = hostTensor({2, 3, 4, 5}, 1);
+    const Tensor xg = toGpuAct(x);
+    Tensor y, dx;
+    gpu->forward(xg, y, true);
+    EXPECT_EQ(y.shape(), (Shape{2, 60}));
+    EXPECT_EQ(fromGpu(y), hostValues(x));
+    const Tensor dy = hostTensor({2, 60}, 2);
+    gpu->backward(xg, y, toGpu(dy), &dx);
+    EXPECT_EQ(dx.shape(), xg.shape());
+    EXPECT_EQ(fromGpuAct(dx), hostValues(dy));
+    const Tensor one = toGpuAct(hostTensor({2, 7, 1, 1}, 3));
+    gpu->forward(one, y, true);
+    EXPECT_EQ(y.data(), one.data());
+  });
+}
+
+TEST_F(CudaBackendTest, NhwcModelInputTransposes) {
+  const Tensor x = hostTensor({3, 3, 9, 7}, 5);
+  const Tensor plain = toGpu(x);
+  EXPECT_EQ(gpu_->modelInput(plain).data(), plain.data());  // NCHW: the tensor itself
+  withNhwc(Precision::kFp32, [&] {
+    const Tensor in = toGpu(x);
+    const Tensor m = gpu_->modelInput(in);
+    EXPECT_EQ(m.shape(), x.shape());
+    EXPECT_EQ(fromGpuAct(m), hostValues(x));
+  });
+}
+
 TEST_F(CudaBackendTest, Linear) {
   auto ref = cpu_->linear("fc", 33, 17);
   auto gpu = gpu_->linear("fc", 33, 17);
@@ -798,6 +939,22 @@ TEST_F(CudaAutocastTest, ConvStride2Pad1OddChannelsBias) {
 }
 TEST_F(CudaAutocastTest, ConvResNetStem7x7) { checkConv16({3, 8, 7, 2, 3, false}, {2, 3, 20, 20}); }
 TEST_F(CudaAutocastTest, Conv16Channels) { checkConv16({16, 16, 3, 1, 1, true}, {4, 16, 12, 12}); }
+// NHWC: the filter's cast fused with its transpose to KRSC, the bias added
+// by channel in NHWC order, the 16-bit KRSC weight gradient added into the
+// OIHW one.
+TEST_F(CudaAutocastTest, NhwcConv) {
+  for (const Precision p : k16Bit)
+    withNhwc(p, [&] {
+      for (const auto& [s, in] : {std::pair<Conv2dSpec, Shape>{{3, 8, 3, 1, 1, true}, {2, 3, 10, 9}},
+                                  {{3, 8, 7, 2, 3, false}, {2, 3, 20, 20}},
+                                  {{16, 16, 3, 1, 1, true}, {4, 16, 12, 12}}}) {
+        RefConv2d ref(s);
+        auto a = gpu_->conv2d("conv", s);
+        checkLayer(ref, *a, in, true, tolerance16(p));
+        checkLayer(ref, *a, in, false, tolerance16(p), 3);
+      }
+    });
+}
 
 // The linear layer (16-bit A/B, float C/D) against the CPU backend, whose
 // fp32 error is far below these tolerances; odd sizes (ld 33) too.
@@ -1359,7 +1516,9 @@ TEST_F(CudaBackendTest, DescribeNamesDeviceLibraryAndPrecision) {
   const std::string d = gpu_->describe();
   EXPECT_EQ(d.rfind("cuda:0 (", 0), 0u) << d;
   EXPECT_NE(d.find("cuDNN 9."), std::string::npos) << d;
-  EXPECT_NE(d.find("fp32)"), std::string::npos) << d;
+  EXPECT_NE(d.find("fp32, nchw)"), std::string::npos) << d;
+  const std::string n = makeCudaBackend({.device = 0, .nhwc = true})->describe();
+  EXPECT_NE(n.find("fp32, nhwc)"), std::string::npos) << n;
   std::cout << "[ describe ] " << d << "\n";
 }
 
@@ -1377,7 +1536,7 @@ TEST_F(CudaBackendTest, BadDeviceAndPrecisionAreClearErrors) {
   // Every precision is available (bf16/fp16 were refused before autocast).
   for (const Precision p : k16Bit) {
     const std::string d = makeCudaBackend({.device = 0, .precision = p})->describe();
-    EXPECT_NE(d.find(std::string(", ") + precisionName(p) + ")"), std::string::npos) << d;
+    EXPECT_NE(d.find(std::string(", ") + precisionName(p) + ", "), std::string::npos) << d;
   }
 }
 

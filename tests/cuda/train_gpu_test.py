@@ -1,7 +1,8 @@
 """`train --device cuda` end to end, on a GPU (skipped, with the reason, without one).
 
 - CPU and CUDA train the same: same seed (so the same initial weights), same
-  batches, fp32, 20 steps: per-step losses within 1e-4.
+  batches, fp32, 20 steps: per-step losses within 1e-4, with CUDA's
+  activations NHWC (the default) and NCHW (--layout nchw).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
   through CUDA IPC (the default there) and through NCCL (forced; fp32,
   --deterministic; needs NCCL >= 2.30, whose version coll_check reports).
@@ -117,11 +118,14 @@ class TrainGpu(unittest.TestCase):
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
                      "--no-shuffle", "--lr", "0.01", "--precision", "fp32", "--deterministic"]
             cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
-            gpu, lg = self.train(model + "_cuda", "--device", "cuda", *flags)
-            self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
-            self.assertEqual(len(lg), 20)
-            self.compare("%s cpu vs cuda, first %d steps" % (model, checked), lc[:checked],
-                         lg[:checked])
+            for layout in ("nhwc", "nchw"):  # the default, and the A/B
+                gpu, lg = self.train(model + "_cuda_" + layout, "--device", "cuda",
+                                     "--layout", layout, *flags)
+                self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
+                self.assertEqual((cpu["layout"], gpu["layout"]), ("nchw", layout))
+                self.assertEqual(len(lg), 20)
+                self.compare("%s cpu vs cuda %s, first %d steps" % (model, layout, checked),
+                             lc[:checked], lg[:checked])
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
         flags = ["--device", "cuda", "--model", "lenet", *SMALL, "--max-steps", "10",

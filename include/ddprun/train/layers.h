@@ -209,6 +209,13 @@ class Backend {
   // work issued before the next call (inputs are double-buffered). The
   // default: an allocation and upload().
   virtual Tensor uploadInput(const float* host, const Shape& shape);
+  // The model's input from a batch in NCHW order (uploadInput's, or resized):
+  // the same tensor where the backend's activations are NCHW (the default);
+  // on a backend whose activations are NHWC in memory (CudaBackendOptions::
+  // nhwc) a transposed copy in memory the backend owns, valid until the next
+  // call (work issued before then may read it). Shapes stay [N, C, H, W]
+  // either way: the layout is how the elements lie, not the shape.
+  virtual Tensor modelInput(const Tensor& x) { return x; }
   // Waits until everything issued so far has finished (timing, benchmarks).
   virtual void synchronize() = 0;
   // Whether models give this backend's activations back to its allocator as
@@ -279,6 +286,16 @@ struct CudaBackendOptions {
   // one with the smallest workspace within 3 % of the fastest
   // (cudnn_conv.cc).
   bool deterministic = false;
+  // Activations NHWC in memory (PyTorch's channels_last; shapes stay
+  // [N, C, H, W]): cuDNN's tensor-core convolutions and batch norm run
+  // without transposes. Parameters stay in PyTorch's layout (OIHW filters),
+  // so checkpoints, the reducer and the optimizer never see the layout;
+  // convolutions transpose their filters to KRSC once per forward (fused
+  // with the 16-bit cast in bf16/fp16) and their gradients back. A tensor
+  // handed to a layer must be in the backend's layout: inputs go through
+  // Backend::modelInput, and Flatten turns NHWC into PyTorch's C, H, W order.
+  // Off: every activation NCHW (train --layout nchw, the A/B and fallback).
+  bool nhwc = false;
 };
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 

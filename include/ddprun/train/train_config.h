@@ -34,6 +34,10 @@ struct TrainConfig {
   // fastest algorithms that pass the accuracy check. The CPU is always
   // deterministic. DDPRUN_CUDNN_DETERMINISTIC=1 sets it too.
   bool deterministic = false;
+  // How CUDA lays activations out in memory: "nhwc" (channels_last: cuDNN's
+  // tensor-core kernels without transposes) or "nchw" (the A/B and
+  // fallback). The CPU computes NCHW whatever this says.
+  std::string layout = "nhwc";
   int epochs = 1;
   int batchSize = 64;  // per rank
   float lr = 0.05f;

@@ -12,8 +12,8 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 }  // namespace
 
-Context::Context(int device, Precision precision, bool deterministic)
-    : device_(device), precision_(precision), deterministic_(deterministic) {
+Context::Context(int device, Precision precision, bool deterministic, bool nhwc)
+    : device_(device), precision_(precision), deterministic_(deterministic), nhwc_(nhwc) {
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));

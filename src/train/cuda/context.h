@@ -30,8 +30,8 @@ class Context {
  public:
   // Sets `device` current on the calling thread and creates the stream and
   // handles. Precondition: the device exists. `deterministic`: see
-  // CudaBackendOptions.
-  Context(int device, Precision precision, bool deterministic = false);
+  // CudaBackendOptions; `nhwc`: CudaBackendOptions::nhwc.
+  Context(int device, Precision precision, bool deterministic = false, bool nhwc = false);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -40,6 +40,8 @@ class Context {
   Precision precision() const { return precision_; }
   // Bitwise-repeatable algorithms only (--deterministic).
   bool deterministic() const { return deterministic_; }
+  // Activations NHWC in memory (shapes [N, C, H, W]); else NCHW.
+  bool nhwc() const { return nhwc_; }
   // The autocast precisions (bf16, fp16): convolutions and matrix products
   // take 16-bit inputs and accumulate in float; everything else stays float.
   bool autocast() const { return precision_ == Precision::kBf16 || precision_ == Precision::kFp16; }
@@ -81,6 +83,7 @@ class Context {
   int device_;
   Precision precision_;
   bool deterministic_;
+  bool nhwc_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

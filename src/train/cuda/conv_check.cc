@@ -55,34 +55,45 @@ double convErrorBound(Precision p) {
 ConvAccuracyCheck::ConvAccuracyCheck(std::shared_ptr<Context> ctx, const kmath::ConvGeom& full,
                                      cudnnDataType_t type, cudnnFilterDescriptor_t wDesc,
                                      cudnnConvolutionDescriptor_t conv)
-    : ctx_(std::move(ctx)), g_(full), type_(type), wDesc_(wDesc), conv_(conv),
+    : ctx_(std::move(ctx)), g_(full), type_(type), nhwc_(ctx_->nhwc()), wDesc_(wDesc), conv_(conv),
       xDesc_(TensorDesc::create()), yDesc_(TensorDesc::create()), x_(ctx_), w_(ctx_), dy_(ctx_),
       refY_(ctx_), refDx_(ctx_), refDw_(ctx_), result_(ctx_), outF_(ctx_) {
   g_.n = std::min(full.n, kConvCheckBatch);
-  setTensor4d(xDesc_, g_.n, g_.c, g_.h, g_.w, type_);
-  setTensor4d(yDesc_, g_.n, g_.k, g_.oh, g_.ow, type_);
-  draw(x_, xCount(), kSeedX);
-  draw(w_, wCount(), kSeedW);
-  draw(dy_, yCount(), kSeedDy);
+  setTensor4d(xDesc_, g_.n, g_.c, g_.h, g_.w, type_, nhwc_);
+  setTensor4d(yDesc_, g_.n, g_.k, g_.oh, g_.ow, type_, nhwc_);
+  draw(x_, xCount(), kSeedX, xDims());
+  draw(w_, wCount(), kSeedW, wDims());
+  draw(dy_, yCount(), kSeedDy, yDims());
 }
 
-void ConvAccuracyCheck::draw(Operand& o, size_t n, uint64_t seed) {
+void ConvAccuracyCheck::draw(Operand& o, size_t n, uint64_t seed, Dims d) {
   const cudaStream_t s = ctx_->stream();
   float* f = o.f.ensure(n);
   launchFillUniform(f, n, seed, s);
-  if (type_ == CUDNN_DATA_FLOAT) return;
   const bool bf16 = type_ == CUDNN_DATA_BFLOAT16;
-  void* h = o.h.ensure(n);
-  launchTo16(f, h, n, bf16, s);
-  launchFrom16(h, nullptr, f, static_cast<int64_t>(n), 1, 1, bf16, s);  // what cuDNN reads
+  if (type_ != CUDNN_DATA_FLOAT) {  // f becomes what cuDNN reads
+    void* h = o.h.ensure(n);
+    launchTo16(f, h, n, bf16, s);
+    launchFrom16(h, nullptr, f, static_cast<int64_t>(n), 1, 1, bf16, s);
+    if (nhwc_) launchTransposeTo16(f, h, d.a, d.b, d.cd, bf16, s);  // exact: f is 16-bit
+  } else if (nhwc_) {
+    launchTranspose(f, o.t.ensure(n), d.a, d.b, d.cd, false, s);
+  }
 }
 
-double ConvAccuracyCheck::measure(const void* out, const double* ref, size_t n) {
+double ConvAccuracyCheck::measure(const void* out, const double* ref, size_t n, Dims d) {
   const float* got = static_cast<const float*>(out);
-  if (type_ != CUDNN_DATA_FLOAT) {
+  const bool bf16 = type_ == CUDNN_DATA_BFLOAT16;
+  if (nhwc_) {  // back to NCHW / OIHW, as float
     float* f = outF_.ensure(n);
-    launchFrom16(out, nullptr, f, static_cast<int64_t>(n), 1, 1, type_ == CUDNN_DATA_BFLOAT16,
-                 ctx_->stream());
+    if (type_ != CUDNN_DATA_FLOAT)
+      launchTransposeFrom16(out, f, d.a, d.cd, d.b, bf16, false, ctx_->stream());
+    else
+      launchTranspose(got, f, d.a, d.cd, d.b, false, ctx_->stream());
+    got = f;
+  } else if (type_ != CUDNN_DATA_FLOAT) {
+    float* f = outF_.ensure(n);
+    launchFrom16(out, nullptr, f, static_cast<int64_t>(n), 1, 1, bf16, ctx_->stream());
     got = f;
   }
   double* r = result_.ensure(2);
@@ -107,7 +118,7 @@ double ConvAccuracyCheck::error(cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t 
                               algo, ws.get(), bytes, &kZero, yDesc_,
                               out.get()) != CUDNN_STATUS_SUCCESS)
     return kInf;
-  return measure(out.get(), refY_.get(), yCount());
+  return measure(out.get(), refY_.get(), yCount(), yDims());
 }
 
 double ConvAccuracyCheck::error(cudnnConvolutionBwdDataAlgo_t algo, cudnnMathType_t math) {
@@ -125,7 +136,7 @@ double ConvAccuracyCheck::error(cudnnConvolutionBwdDataAlgo_t algo, cudnnMathTyp
                                    conv_, algo, ws.get(), bytes, &kZero, xDesc_,
                                    out.get()) != CUDNN_STATUS_SUCCESS)
     return kInf;
-  return measure(out.get(), refDx_.get(), xCount());
+  return measure(out.get(), refDx_.get(), xCount(), xDims());
 }
 
 double ConvAccuracyCheck::error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathType_t math) {
@@ -143,7 +154,7 @@ double ConvAccuracyCheck::error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathT
                                      conv_, algo, ws.get(), bytes, &kZero, wDesc_,
                                      out.get()) != CUDNN_STATUS_SUCCESS)
     return kInf;
-  return measure(out.get(), refDw_.get(), wCount());
+  return measure(out.get(), refDw_.get(), wCount(), wDims());
 }
 
 }  // namespace ddprun::train::cuda

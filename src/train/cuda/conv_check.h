@@ -80,19 +80,32 @@ class ConvAccuracyCheck {
   double error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathType_t math);
 
  private:
-  // An input: float values (what the reference reads) and, in 16-bit
-  // precisions, the 16-bit copy cuDNN reads.
+  // An input: float values in NCHW / OIHW order (what the reference reads)
+  // and, where cuDNN reads something else (16-bit precisions, an NHWC
+  // context: NHWC / KRSC), cuDNN's copy.
   struct Operand {
-    explicit Operand(const std::shared_ptr<Context>& ctx) : f(ctx), h(ctx) {}
+    explicit Operand(const std::shared_ptr<Context>& ctx) : f(ctx), h(ctx), t(ctx) {}
     DeviceArray<float> f;
-    DeviceArray<uint16_t> h;
+    DeviceArray<uint16_t> h;  // 16-bit (in the layer's layout)
+    DeviceArray<float> t;     // float in NHWC / KRSC
     const void* data() const {
-      return h.get() ? static_cast<const void*>(h.get()) : static_cast<const void*>(f.get());
+      if (h.get()) return h.get();
+      if (t.get()) return t.get();
+      return f.get();
     }
   };
-  void draw(Operand& o, size_t n, uint64_t seed);
-  // The measure for `n` outputs of the layer's type at `out` against `ref`.
-  double measure(const void* out, const double* ref, size_t n);
+  // The matrices whose transposes turn a tensor of [a, b, c, d] from NCHW to
+  // NHWC (a, b, c*d); Transposed: back (a, c*d, b).
+  struct Dims {
+    int64_t a, b, cd;
+  };
+  void draw(Operand& o, size_t n, uint64_t seed, Dims d);
+  // The measure for `n` outputs of the layer's type and layout at `out`
+  // against `ref` (NCHW / OIHW of dims d).
+  double measure(const void* out, const double* ref, size_t n, Dims d);
+  Dims xDims() const { return {g_.n, g_.c, g_.h * g_.w}; }
+  Dims wDims() const { return {g_.k, g_.c, g_.kernel * g_.kernel}; }
+  Dims yDims() const { return {g_.n, g_.k, g_.oh * g_.ow}; }
   size_t elementBytes() const { return type_ == CUDNN_DATA_FLOAT ? 4 : 2; }
   size_t xCount() const { return static_cast<size_t>(g_.n * g_.c * g_.h * g_.w); }
   size_t wCount() const { return static_cast<size_t>(g_.k * g_.c * g_.kernel * g_.kernel); }
@@ -101,6 +114,7 @@ class ConvAccuracyCheck {
   std::shared_ptr<Context> ctx_;
   kmath::ConvGeom g_;
   cudnnDataType_t type_;
+  bool nhwc_;  // the context's layout
   cudnnFilterDescriptor_t wDesc_;
   cudnnConvolutionDescriptor_t conv_;
   TensorDesc xDesc_, yDesc_;

@@ -74,18 +74,65 @@ class GlobalAvgPool final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool) override {
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
-    launchGlobalAvgPool(x.data(), y.data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3),
-                        ctx_->stream());
+    const int64_t hw = x.dim(2) * x.dim(3);
+    if (ctx_->nhwc())
+      launchGlobalAvgPoolNhwc(x.data(), y.data(), x.dim(0), x.dim(1), hw, ctx_->stream());
+    else
+      launchGlobalAvgPool(x.data(), y.data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     ctx_->bind();
     dx->ensure(x.shape(), ctx_->allocator());
-    launchGlobalAvgPoolBackward(dy.data(), dx->data(), x.dim(0) * x.dim(1), x.dim(2) * x.dim(3),
-                                ctx_->stream());
+    const int64_t hw = x.dim(2) * x.dim(3);
+    if (ctx_->nhwc())
+      launchGlobalAvgPoolNhwcBackward(dy.data(), dx->data(), x.dim(0), x.dim(1), hw,
+                                      ctx_->stream());
+    else
+      launchGlobalAvgPoolBackward(dy.data(), dx->data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
   }
 
  private:
+  std::shared_ptr<Context> ctx_;
+};
+
+// Flatten of NHWC activations: [N, C, H, W] to [N, C*H*W] in PyTorch's
+// order (c, h, w), which the next linear layer's weights are in: a transpose
+// forward and back (a view where H*W == 1, or for a tensor that is not 4-d).
+class FlattenNhwc final : public Layer {
+ public:
+  FlattenNhwc(std::shared_ptr<Context> ctx, std::string name)
+      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
+  Shape outputShape(const Shape& s) const override {
+    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
+    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
+  }
+  void forward(const Tensor& x, Tensor& y, bool) override {
+    if (!transposes(x)) {
+      y = x.reshaped(outputShape(x.shape()));
+      return;
+    }
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    launchTranspose(x.data(), y.data(), x.dim(0), x.dim(2) * x.dim(3), x.dim(1), false,
+                    ctx_->stream());
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    if (!transposes(x)) {
+      *dx = dy.reshaped(x.shape());
+      return;
+    }
+    ctx_->bind();
+    dx->ensure(x.shape(), ctx_->allocator());
+    launchTranspose(dy.data(), dx->data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), false,
+                    ctx_->stream());
+  }
+
+ private:
+  static bool transposes(const Tensor& x) {
+    return x.rank() == 4 && x.dim(2) * x.dim(3) > 1 && x.dim(1) > 1;
+  }
   std::shared_ptr<Context> ctx_;
 };
 
@@ -97,7 +144,7 @@ void checkSame(const Tensor& a, const Tensor& b, const char* what) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic)),
+      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic, o.nhwc)),
         labels_(ctx_), rowLoss_(ctx_), rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_),
         lossAcc_(ctx_) {}
   ~CudaBackend() override {
@@ -115,7 +162,7 @@ class CudaBackend final : public Backend {
     const size_t v = cudnnGetVersion();
     return "cuda:" + std::to_string(ctx_->device()) + " (" + ctx_->deviceName() + ", cuDNN " +
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
-           precisionName(ctx_->precision()) + ")";
+           precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") + ")";
   }
 
   std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
@@ -129,6 +176,10 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Layer> globalAvgPool(std::string n) override {
     return std::make_unique<GlobalAvgPool>(ctx_, std::move(n));
+  }
+  std::unique_ptr<Layer> flatten(std::string n) override {
+    if (!ctx_->nhwc()) return Backend::flatten(std::move(n));
+    return std::make_unique<FlattenNhwc>(ctx_, std::move(n));
   }
   std::unique_ptr<Layer> relu(std::string n) override {
     return std::make_unique<Relu>(ctx_, std::move(n));
@@ -276,6 +327,16 @@ class CudaBackend final : public Backend {
     s.used = true;
     return Tensor::view(s.dev.data(), shape, Device::kCuda);
   }
+  // NHWC: the batch transposed into a buffer of ours (reused each call; work
+  // on the one stream reads it before the next call's transpose overwrites it).
+  Tensor modelInput(const Tensor& x) override {
+    if (!ctx_->nhwc() || x.rank() != 4) return x;
+    ctx_->bind();
+    nhwcInput_.ensure(x.shape(), ctx_->allocator());
+    launchTranspose(x.data(), nhwcInput_.data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), false,
+                    ctx_->stream());
+    return nhwcInput_;
+  }
   size_t peakDeviceBytes() const override { return ctx_->peakBytes(); }
   size_t peakReservedBytes() const override { return ctx_->peakReservedBytes(); }
   void resetPeakDeviceBytes() override { ctx_->resetPeaks(); }
@@ -334,6 +395,7 @@ class CudaBackend final : public Backend {
   Stream copy_ = Stream::create();  // the input pipeline's copies
   InputSlot slots_[kInputSlots];
   int nextSlot_ = 0;
+  Tensor nhwcInput_;  // modelInput's
   DeviceArray<int32_t> labels_;
   DeviceArray<double> rowLoss_;
   DeviceArray<int> rowHit_;

@@ -275,7 +275,7 @@ class Conv2d final : public Layer {
   Conv2d(std::shared_ptr<Context> ctx, std::string name, const Conv2dSpec& s)
       : Layer(name), ctx_(std::move(ctx)), s_(s),
         w_(makeDeviceParam(*ctx_, name + ".weight", {s.outC, s.inC, s.kernel, s.kernel})),
-        x16_(ctx_), w16_(ctx_) {
+        x16_(ctx_), w16_(ctx_), wK_(ctx_) {
     DDPRUN_CHECK(s.inC > 0 && s.outC > 0 && s.kernel > 0 && s.stride > 0 && s.pad >= 0, name,
                  ": invalid convolution (in ", s.inC, ", out ", s.outC, ", kernel ", s.kernel,
                  ", stride ", s.stride, ", pad ", s.pad, ")");
@@ -288,8 +288,10 @@ class Conv2d final : public Layer {
     biasDesc_ = TensorDesc::create();
     wDesc_ = FilterDesc::create();
     conv_ = ConvDesc::create();
-    setTensor4d(biasDesc_, 1, s.outC, 1, 1);
-    DDPRUN_CUDNN_OK(cudnnSetFilter4dDescriptor(wDesc_, type_, CUDNN_TENSOR_NCHW,
+    setTensor4d(biasDesc_, 1, s.outC, 1, 1, CUDNN_DATA_FLOAT, ctx_->nhwc());
+    // NHWC: the filter in KRSC (filterForCudnn()), as cuDNN's NHWC kernels read it.
+    DDPRUN_CUDNN_OK(cudnnSetFilter4dDescriptor(wDesc_, type_,
+                                               ctx_->nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                                static_cast<int>(s.outC), static_cast<int>(s.inC),
                                                s.kernel, s.kernel));
     // Float compute in every precision (16-bit data: cuDNN's "pseudo" half
@@ -313,7 +315,7 @@ class Conv2d final : public Layer {
     Algos& a = algos(x.shape());
     findForward(a, x.shape());
     if (ctx_->autocast()) return forward16(x, y, training, *a.fwd);
-    runForward(x.data(), w_.value.data(), y.data(), *a.fwd);
+    runForward(x.data(), filterForCudnn(), y.data(), *a.fwd);
     if (s_.bias)
       DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
                                      yDesc_, y.data()));
@@ -332,9 +334,17 @@ class Conv2d final : public Layer {
       b_.overwriteGrad = false;
     }
     if (ctx_->autocast()) return backward16(x, dy, dx, a);
-    runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), *a.filter);
+    if (ctx_->nhwc()) {  // KRSC from cuDNN, transposed into (or added to) the OIHW gradient
+      DeviceArray<float> dwK(ctx_);
+      runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kZero, *a.filter);
+      launchTranspose(dwK.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, !w_.overwriteGrad,
+                      ctx_->stream());
+    } else {
+      runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), *a.filter);
+    }
     w_.overwriteGrad = false;
-    if (dx) runBackwardData(w_.value.data(), dy.data(), dx->data(), *a.data);
+    if (dx) runBackwardData(ctx_->nhwc() ? wK_.get() : w_.value.data(), dy.data(), dx->data(),
+                            *a.data);
   }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
@@ -348,6 +358,27 @@ class Conv2d final : public Layer {
     std::optional<cudnnConvolutionBwdFilterAlgoPerf_t> filter;
   };
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  int64_t kernelArea() const { return static_cast<int64_t>(s_.kernel) * s_.kernel; }
+  // The filter as cuDNN reads it: the OIHW parameter itself, or (NHWC) its
+  // KRSC copy, made here and kept for backward (one transpose per forward:
+  // the parameters keep PyTorch's layout for checkpoints and the optimizer).
+  const float* filterForCudnn() {
+    if (!ctx_->nhwc()) return w_.value.data();
+    float* k = wK_.ensure(weightCount());
+    launchTranspose(w_.value.data(), k, s_.outC, s_.inC, kernelArea(), false, ctx_->stream());
+    return k;
+  }
+  // Autocast: the filter's 16-bit copy in cuDNN's layout (KRSC with NHWC:
+  // cast and transpose in one pass), kept in w16_.
+  const void* filter16() {
+    void* p = w16_.ensure(weightCount());
+    if (ctx_->nhwc())
+      launchTransposeTo16(w_.value.data(), p, s_.outC, s_.inC, kernelArea(), ctx_->bf16(),
+                          ctx_->stream());
+    else
+      launchTo16(w_.value.data(), p, weightCount(), ctx_->bf16(), ctx_->stream());
+    return p;
+  }
   // The blending factor of a gradient's output: 0 writes it (overwriteGrad),
   // 1 adds to it.
   static const float* beta(const Param& p) { return p.overwriteGrad ? &kZero : &kOne; }
@@ -361,9 +392,10 @@ class Conv2d final : public Layer {
     }
   }
   void setShapes(const Shape& x, const Shape& y) {
-    setTensor4d(xDesc_, x[0], x[1], x[2], x[3], type_);
-    setTensor4d(yDesc_, y[0], y[1], y[2], y[3], type_);
-    setTensor4d(dyDesc_, y[0], y[1], y[2], y[3]);  // float: the bias gradient's input
+    const bool nhwc = ctx_->nhwc();
+    setTensor4d(xDesc_, x[0], x[1], x[2], x[3], type_, nhwc);
+    setTensor4d(yDesc_, y[0], y[1], y[2], y[3], type_, nhwc);
+    setTensor4d(dyDesc_, y[0], y[1], y[2], y[3], CUDNN_DATA_FLOAT, nhwc);  // the bias gradient's input
   }
   Algos& algos(const Shape& x) { return cache_[{static_cast<int64_t>(type_), x[0], x[2], x[3]}]; }
   kmath::ConvGeom geometry(const Shape& x) const {
@@ -519,12 +551,18 @@ class Conv2d final : public Layer {
   // forward), 16-bit output cast to float with the bias added.
   void forward16(const Tensor& x, Tensor& y, bool training,
                  const cudnnConvolutionFwdAlgoPerf_t& f) {
-    const void* w16 = castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
+    const void* w16 = filter16();
     const void* x16 = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
     DeviceArray<uint16_t> y16(ctx_);
     runForward(x16, w16, y16.ensure(static_cast<size_t>(y.numel())), f);
-    launchFrom16(y16.get(), s_.bias ? b_.value.data() : nullptr, y.data(), y.dim(0), y.dim(1),
-                 y.dim(2) * y.dim(3), ctx_->bf16(), ctx_->stream());
+    // The bias by channel: NCHW as [N, C, H*W], NHWC as [N*H*W, C, 1].
+    const int64_t hw = y.dim(2) * y.dim(3);
+    if (ctx_->nhwc())
+      launchFrom16(y16.get(), s_.bias ? b_.value.data() : nullptr, y.data(), y.dim(0) * hw,
+                   y.dim(1), 1, ctx_->bf16(), ctx_->stream());
+    else
+      launchFrom16(y16.get(), s_.bias ? b_.value.data() : nullptr, y.data(), y.dim(0), y.dim(1),
+                   hw, ctx_->bf16(), ctx_->stream());
     x16Of_ = x.data();
     if (!training) releaseInput16();  // no backward follows: do not hold the memory
   }
@@ -536,12 +574,14 @@ class Conv2d final : public Layer {
     const void* x16 = x16Of_ == x.data() && x16_.get()
                           ? x16_.get()
                           : castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
-    const void* w16 =
-        w16_.get() ? w16_.get() : castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
+    const void* w16 = w16_.get() ? w16_.get() : filter16();
     DeviceArray<uint16_t> dy16(ctx_), dw16(ctx_);
     castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
     runBackwardFilter(x16, dy16.get(), dw16.ensure(weightCount()), &kZero, *a.filter);
-    if (w_.overwriteGrad)
+    if (ctx_->nhwc())
+      launchTransposeFrom16(dw16.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, bf16,
+                            !w_.overwriteGrad, ctx_->stream());
+    else if (w_.overwriteGrad)
       launchFrom16(dw16.get(), nullptr, w_.grad.data(), static_cast<int64_t>(weightCount()), 1, 1,
                    bf16, ctx_->stream());
     else
@@ -572,6 +612,7 @@ class Conv2d final : public Layer {
   // tensor it came from) and weights of the last forward.
   DeviceArray<uint16_t> x16_, w16_;
   const float* x16Of_ = nullptr;
+  DeviceArray<float> wK_;  // NHWC: the float filter in KRSC (filterForCudnn)
 };
 }  // namespace
 

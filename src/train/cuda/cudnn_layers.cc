@@ -59,8 +59,8 @@ class MaxPool2d final : public Layer {
 
  private:
   void setShapes(const Shape& x, const Shape& y) {
-    setTensor4d(xDesc_, x[0], x[1], x[2], x[3]);
-    setTensor4d(yDesc_, y[0], y[1], y[2], y[3]);
+    setTensor4d(xDesc_, x[0], x[1], x[2], x[3], CUDNN_DATA_FLOAT, ctx_->nhwc());
+    setTensor4d(yDesc_, y[0], y[1], y[2], y[3], CUDNN_DATA_FLOAT, ctx_->nhwc());
   }
   std::shared_ptr<Context> ctx_;
   int k_, stride_, pad_;
@@ -143,6 +143,7 @@ class BatchNorm2d final : public Layer {
     setTensor4d(bnDesc_, 1, c, 1, 1);
     saveMean_ = Tensor({c}, ctx_->allocator());
     saveInvStd_ = Tensor({c}, ctx_->allocator());
+    if (ctx_->nhwc()) trainMode_ = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   }
   Shape outputShape(const Shape& s) const override {
     DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
@@ -155,7 +156,7 @@ class BatchNorm2d final : public Layer {
     trained_ = training;
     if (!training) {
       if (x.numel() == 0) return;
-      setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+      setInput(x);
       DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardInference(
           ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, xDesc_, x.data(), xDesc_,
           y.data(), bnDesc_, w_.value.data(), b_.value.data(), rm_.value.data(),
@@ -167,11 +168,19 @@ class BatchNorm2d final : public Layer {
     } else {
       DDPRUN_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, name(), ": batch norm in training needs "
                    "more than one value per channel, got input ", shapeString(x.shape()));
-      setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
-      DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
-          ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, xDesc_, x.data(), xDesc_,
-          y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(),
-          rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+      setInput(x);
+      auto run = [&](cudnnBatchNormMode_t mode) {
+        return cudnnBatchNormalizationForwardTraining(
+            ctx_->cudnn(), mode, &kOne, &kZero, xDesc_, x.data(), xDesc_, y.data(), bnDesc_,
+            w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(), rv_.value.data(), kEps,
+            saveMean_.data(), saveInvStd_.data());
+      };
+      cudnnStatus_t st = run(trainMode_);
+      if (st == CUDNN_STATUS_NOT_SUPPORTED && trainMode_ != CUDNN_BATCHNORM_SPATIAL) {
+        trainMode_ = CUDNN_BATCHNORM_SPATIAL;  // this cuDNN lacks the persistent kernels here
+        st = run(trainMode_);
+      }
+      DDPRUN_CUDNN_OK(st);
     }
     countStep();
   }
@@ -189,9 +198,9 @@ class BatchNorm2d final : public Layer {
     // overwritten; a lone flagged one is zeroed first and accumulated into.
     const bool overwrite = w_.overwriteGrad && b_.overwriteGrad;
     if (!overwrite) zeroFlaggedGrads(false);
-    setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+    setInput(x);
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
-        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne,
+        ctx_->cudnn(), trainMode_, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne,
         xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out->data(), bnDesc_, w_.value.data(),
         w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(), saveInvStd_.data()));
     w_.overwriteGrad = b_.overwriteGrad = false;
@@ -201,6 +210,20 @@ class BatchNorm2d final : public Layer {
 
  private:
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+  // x's descriptor (the context's layout) and, NHWC, the parameters' derived
+  // from it.
+  void setInput(const Tensor& x) {
+    setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3), CUDNN_DATA_FLOAT, ctx_->nhwc());
+    if (ctx_->nhwc())
+      DDPRUN_CUDNN_OK(cudnnDeriveBNTensorDescriptor(bnDesc_, xDesc_, CUDNN_BATCHNORM_SPATIAL));
+  }
+  // The per-channel kernels' view of x: NCHW as [N, C, H*W], NHWC as
+  // [N*H*W, C, 1] (kernels.h).
+  int64_t rowsOf(const Tensor& x) const {
+    return ctx_->nhwc() ? x.dim(0) * x.dim(2) * x.dim(3) : x.dim(0);
+  }
+  int64_t planeOf(const Tensor& x) const { return ctx_->nhwc() ? 1 : x.dim(2) * x.dim(3); }
 
   // One training forward: the leader advances the shared counter; every
   // other member checks that it keeps step with the leader (its forwards
@@ -237,7 +260,7 @@ class BatchNorm2d final : public Layer {
                                 .device = runtime::Device::kCuda});
   }
   void syncForward(const Tensor& x, Tensor& y) {
-    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    const int64_t n = rowsOf(x), hw = planeOf(x);
     double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
     double* q = sqdev_.ensure(static_cast<size_t>(c_));
     launchChannelSum(x.data(), n, c_, hw, s, ctx_->stream());
@@ -254,7 +277,7 @@ class BatchNorm2d final : public Layer {
                       b_.value.data(), xhat_.data(), y.data(), n, c_, hw, ctx_->stream());
   }
   void syncBackward(const Tensor& x, const Tensor& dy, Tensor* dx) {
-    const int64_t n = x.dim(0), hw = x.dim(2) * x.dim(3);
+    const int64_t n = rowsOf(x), hw = planeOf(x);
     double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
     launchBnBackwardSums(dy.data(), xhat_.data(), n, c_, hw, s, ctx_->stream());
     launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
@@ -276,6 +299,10 @@ class BatchNorm2d final : public Layer {
   Tensor saveMean_, saveInvStd_, scratch_, xhat_;
   DeviceArray<double> sums_, sqdev_;
   bool trained_ = false;
+  // Training's cuDNN mode: NHWC the persistent kernels (what PyTorch runs for
+  // channels_last: deterministic, cuDNN's documentation says, with a scaled
+  // integer reduction), falling back to SPATIAL where cuDNN refuses them.
+  cudnnBatchNormMode_t trainMode_ = CUDNN_BATCHNORM_SPATIAL;
   std::shared_ptr<StepCounter> counter_;
   bool leader_ = false;
   int64_t forwards_ = 0;  // a follower's training forwards (host)

@@ -326,8 +326,115 @@ __global__ void accumulate16Kernel(const void* src16, float* dst, size_t n, bool
   DDPRUN_GRID_LOOP(i, n) dst[i] += load16(src16, i, bf16);
 }
 
+// ------------------------------------------------------ layout (NHWC)
+// Loads and stores of the transposes: float or 16-bit, stores written or added.
+struct LoadFloat {
+  const float* p;
+  __device__ float operator()(size_t i) const { return p[i]; }
+};
+struct Load16 {
+  const void* p;
+  bool bf16;
+  __device__ float operator()(size_t i) const { return load16(p, i, bf16); }
+};
+struct StoreFloat {
+  float* p;
+  bool accumulate;
+  __device__ void operator()(size_t i, float v) const {
+    if (accumulate)
+      p[i] += v;
+    else
+      p[i] = v;
+  }
+};
+struct Store16 {
+  void* p;
+  bool bf16;
+  __device__ void operator()(size_t i, float v) const {
+    if (bf16)
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+    else
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+  }
+};
+constexpr int kTile = 32, kTileRows = 8;
+// One 32x32 tile per block (32 x 8 threads) through shared memory (padded
+// against bank conflicts): reads and writes both coalesced.
+template <class Load, class Store>
+__global__ void transposeKernel(Load ld, Store st, int64_t rows, int64_t cols) {
+  __shared__ float tile[kTile][kTile + 1];
+  const size_t base = static_cast<size_t>(blockIdx.z) * rows * cols;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int k = threadIdx.y; k < kTile; k += kTileRows) {
+    const int64_t r = r0 + k, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[k][threadIdx.x] = ld(base + r * cols + c);
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < kTile; k += kTileRows) {
+    const int64_t c = c0 + k, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) st(base + c * rows + r, tile[threadIdx.x][k]);
+  }
+}
+template <class Load, class Store>
+void transpose(Load ld, Store st, int64_t batches, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (batches <= 0 || rows <= 0 || cols <= 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>((rows + kTile - 1) / kTile),
+                  static_cast<unsigned>(batches));
+  transposeKernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(ld, st, rows, cols);
+  checkLaunch();
+}
+
+// One thread per (image, channel): consecutive threads read consecutive
+// channels (coalesced); the sum runs over the positions in order.
+__global__ void globalAvgPoolNhwcKernel(const float* x, float* y, int64_t n, int64_t c,
+                                        int64_t hw) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * c)) {
+    const int64_t img = static_cast<int64_t>(i) / c, ch = static_cast<int64_t>(i) % c;
+    const float* in = x + img * hw * c + ch;
+    float s = 0.0f;
+    for (int64_t q = 0; q < hw; ++q) s += in[q * c];
+    y[i] = s / static_cast<float>(hw);
+  }
+}
+__global__ void globalAvgPoolNhwcBackwardKernel(const float* dy, float* dx, int64_t n, int64_t c,
+                                                int64_t hw) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * hw * c)) {
+    const int64_t img = static_cast<int64_t>(i) / (hw * c), ch = static_cast<int64_t>(i) % c;
+    dx[i] = dy[img * c + ch] / static_cast<float>(hw);
+  }
+}
+
 int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 }  // namespace
+
+void launchTranspose(const float* x, float* y, int64_t batches, int64_t rows, int64_t cols,
+                     bool accumulate, cudaStream_t s) {
+  transpose(LoadFloat{x}, StoreFloat{y, accumulate}, batches, rows, cols, s);
+}
+void launchTransposeTo16(const float* x, void* y16, int64_t batches, int64_t rows, int64_t cols,
+                         bool bf16, cudaStream_t s) {
+  transpose(LoadFloat{x}, Store16{y16, bf16}, batches, rows, cols, s);
+}
+void launchTransposeFrom16(const void* x16, float* y, int64_t batches, int64_t rows,
+                           int64_t cols, bool bf16, bool accumulate, cudaStream_t s) {
+  transpose(Load16{x16, bf16}, StoreFloat{y, accumulate}, batches, rows, cols, s);
+}
+void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
+                             cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * c);
+  if (!total) return;
+  globalAvgPoolNhwcKernel<<<blocksFor(total), kThreads, 0, s>>>(x, y, n, c, hw);
+  checkLaunch();
+}
+void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
+                                     int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * hw * c);
+  if (!total) return;
+  globalAvgPoolNhwcBackwardKernel<<<blocksFor(total), kThreads, 0, s>>>(dy, dx, n, c, hw);
+  checkLaunch();
+}
 
 void launchRelu(const float* x, float* y, size_t n, cudaStream_t s) {
   if (!n) return;

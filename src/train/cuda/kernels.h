@@ -93,7 +93,32 @@ void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int
 void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
                           int64_t oh, int64_t ow, cudaStream_t stream);
 
+// ------------------------------------------------------ layout (NHWC)
+// y[b][j][i] = x[b][i][j] for `batches` row-major [rows, cols] matrices: NCHW
+// to NHWC is (N, C, H*W), NHWC to NCHW (N, H*W, C), OIHW filters to KRSC
+// (O, I, R*S) and back (O, R*S, I). `accumulate`: y[...] += instead of =.
+// Preconditions: rows < 2^21, batches < 65536 (the grid's y and z limits).
+void launchTranspose(const float* x, float* y, int64_t batches, int64_t rows, int64_t cols,
+                     bool accumulate, cudaStream_t stream);
+// The same, each result rounded to 16 bits (launchTo16's rounding): a filter's
+// autocast copy in KRSC.
+void launchTransposeTo16(const float* x, void* y16, int64_t batches, int64_t rows, int64_t cols,
+                         bool bf16, cudaStream_t stream);
+// The same from 16 bits into float, written or added (a KRSC 16-bit weight
+// gradient into the OIHW float one).
+void launchTransposeFrom16(const void* x16, float* y, int64_t batches, int64_t rows,
+                           int64_t cols, bool bf16, bool accumulate, cudaStream_t stream);
+// Global average pooling of NHWC x ([n, hw, c] in memory): y[i * c + ch] =
+// mean over q of x[(i * hw + q) * c + ch], summed in q order; and its backward
+// dx[(i * hw + q) * c + ch] = dy[i * c + ch] / hw.
+void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
+                             cudaStream_t stream);
+void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
+                                     int64_t hw, cudaStream_t stream);
+
 // ------------------------------------------------------ sync batch norm
+// (The NCHW kernels below serve NHWC x as n * hw rows of c channels with
+// hw = 1: the element of (row e, channel ch) is x[e * c + ch].)
 // NCHW x with n, c, hw. out[ch] = sum over (n, hw) of x; out[c] = n * hw.
 void launchChannelSum(const float* x, int64_t n, int64_t c, int64_t hw, double* out,
                       cudaStream_t stream);

@@ -71,10 +71,11 @@ using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
-// 4-d NCHW descriptor (float unless `type` says otherwise).
+// 4-d descriptor of [n, c, h, w], NCHW in memory, or NHWC with `nhwc` (float
+// unless `type` says otherwise).
 inline void setTensor4d(cudnnTensorDescriptor_t d, int64_t n, int64_t c, int64_t h, int64_t w,
-                        cudnnDataType_t type = CUDNN_DATA_FLOAT) {
-  DDPRUN_CUDNN_OK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type,
+                        cudnnDataType_t type = CUDNN_DATA_FLOAT, bool nhwc = false) {
+  DDPRUN_CUDNN_OK(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, type,
                                              static_cast<int>(n), static_cast<int>(c),
                                              static_cast<int>(h), static_cast<int>(w)));
 }

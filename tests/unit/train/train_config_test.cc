@@ -148,6 +148,19 @@ TEST(TrainConfigTest, DeviceAndPrecision) {
 }
 
 // Every spelling parses to its value and back; nothing else parses.
+// CUDA's activation layout: NHWC unless --layout nchw (the A/B); anything
+// else is refused with the choices.
+TEST(TrainConfigTest, LayoutDefaultsToNhwc) {
+  const ParseResult d = parse({});
+  ASSERT_TRUE(d.config);
+  EXPECT_EQ(d.config->layout, "nhwc");
+  const ParseResult n = parse({"--layout", "nchw"});
+  ASSERT_TRUE(n.config);
+  EXPECT_EQ(n.config->layout, "nchw");
+  expectRefused({"--layout", "NHWC"}, "unknown --layout 'NHWC': choose one of nhwc, nchw");
+  expectRefused({"--layout", "channels_last"}, "unknown --layout 'channels_last'");
+}
+
 TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
   for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
     EXPECT_EQ(parsePrecision(precisionName(p)), p);
