@@ -207,13 +207,13 @@ wheel_check() {
   (cd /tmp/gpu_session/wheel/tree && python3 -m zipfile -c "$w" ./*)
   python3 -m pip install -q --no-deps --no-index --force-reinstall "$w"
   s=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-  local flags=(--device cuda --model lenet-bn --data synthetic --epochs 1 --max-steps 40 --quiet)
-  env -u LD_LIBRARY_PATH "$s/train" "${flags[@]}" | tail -1
+  local flags=(--device cuda --model lenet-bn --data synthetic --epochs 1 --quiet)
+  env -u LD_LIBRARY_PATH "$s/train" "${flags[@]}" --max-steps 40 | tail -1
   env -u LD_LIBRARY_PATH "$s/ddprun" --standalone --nproc_per_node=2 "$s/train" "${flags[@]}" \
-    | tail -1
+    --max-steps 40 | tail -1
   libs=$(env -u LD_LIBRARY_PATH LD_DEBUG=libs "$s/train" "${flags[@]}" --max-steps 2 2>&1 \
     | grep -E 'calling init: .*lib(cudart|cudnn|cublasLt|nccl)[^/]*$' \
-    | sed 's/.*calling init: //' | sort -u)
+    | sed 's/.*calling init: //' | xargs -r realpath -s -m | sort -u)
   echo "$libs"
   [ -n "$libs" ] || { echo "FAILED: no CUDA library seen loading (LD_DEBUG=libs)"; return 1; }
   if echo "$libs" | grep -vq site-packages/nvidia; then

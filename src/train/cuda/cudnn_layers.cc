@@ -1,10 +1,12 @@
 // The cuDNN layers of the CUDA backend besides convolution (cudnn_conv.cc):
 // max pooling and batch norm, through cuDNN's legacy descriptor API (see
 // cudnn_conv.cc for why that API).
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "conv_check.h"  // ScopedDeviceBytes
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
@@ -123,7 +125,8 @@ class BatchNorm2d final : public Layer {
               runtime::ProcessGroup* sync)
       : Layer(name), ctx_(std::move(ctx)), c_(c), sync_(sync),
         w_(makeDeviceParam(*ctx_, name + ".weight", {c})),
-        b_(makeDeviceParam(*ctx_, name + ".bias", {c})), sums_(ctx_), sqdev_(ctx_) {
+        b_(makeDeviceParam(*ctx_, name + ".bias", {c})), sums_(ctx_), sqdev_(ctx_),
+        reserve_(ctx_) {
     DDPRUN_CHECK(c > 0, name, ": batch norm needs at least one channel");
     if (sync_ && runtime::cudaSelectedDevice() != ctx_->device())
       DDPRUN_THROW(InvalidArgument, name, ": SyncBatchNorm on cuda:", ctx_->device(),
@@ -143,7 +146,7 @@ class BatchNorm2d final : public Layer {
     setTensor4d(bnDesc_, 1, c, 1, 1);
     saveMean_ = Tensor({c}, ctx_->allocator());
     saveInvStd_ = Tensor({c}, ctx_->allocator());
-    if (ctx_->nhwc()) trainMode_ = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    ex_ = ctx_->nhwc();
   }
   Shape outputShape(const Shape& s) const override {
     DDPRUN_CHECK(s.size() == 4 && s[1] == c_, name(), " expects [N, ", c_, ", H, W], got ",
@@ -169,18 +172,12 @@ class BatchNorm2d final : public Layer {
       DDPRUN_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, name(), ": batch norm in training needs "
                    "more than one value per channel, got input ", shapeString(x.shape()));
       setInput(x);
-      auto run = [&](cudnnBatchNormMode_t mode) {
-        return cudnnBatchNormalizationForwardTraining(
-            ctx_->cudnn(), mode, &kOne, &kZero, xDesc_, x.data(), xDesc_, y.data(), bnDesc_,
-            w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(), rv_.value.data(), kEps,
-            saveMean_.data(), saveInvStd_.data());
-      };
-      cudnnStatus_t st = run(trainMode_);
-      if (st == CUDNN_STATUS_NOT_SUPPORTED && trainMode_ != CUDNN_BATCHNORM_SPATIAL) {
-        trainMode_ = CUDNN_BATCHNORM_SPATIAL;  // this cuDNN lacks the persistent kernels here
-        st = run(trainMode_);
+      if (!ex_ || !forwardEx(x, y)) {
+        DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
+            ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, xDesc_, x.data(), xDesc_,
+            y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(),
+            rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data()));
       }
-      DDPRUN_CUDNN_OK(st);
     }
     countStep();
   }
@@ -199,10 +196,15 @@ class BatchNorm2d final : public Layer {
     const bool overwrite = w_.overwriteGrad && b_.overwriteGrad;
     if (!overwrite) zeroFlaggedGrads(false);
     setInput(x);
-    DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
-        ctx_->cudnn(), trainMode_, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne,
-        xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out->data(), bnDesc_, w_.value.data(),
-        w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(), saveInvStd_.data()));
+    if (ex_) {
+      backwardEx(x, dy, *out, overwrite);
+    } else {
+      DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
+          ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne,
+          overwrite ? &kZero : &kOne, xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out->data(),
+          bnDesc_, w_.value.data(), w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(),
+          saveInvStd_.data()));
+    }
     w_.overwriteGrad = b_.overwriteGrad = false;
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
@@ -210,6 +212,55 @@ class BatchNorm2d final : public Layer {
 
  private:
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+  // NHWC training: cuDNN's Ex API in SPATIAL_PERSISTENT mode, which runs its
+  // NHWC kernels (what PyTorch calls for channels_last; the plain API runs
+  // the NCHW kernels over NHWC data, 5x slower on an H200). Its reserve space
+  // goes from forward to backward. False (and ex_ off for good): cuDNN
+  // refused the configuration; the caller runs the plain API.
+  static constexpr cudnnBatchNormMode_t kExMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  static constexpr cudnnBatchNormOps_t kExOps = CUDNN_BATCHNORM_OPS_BN;
+  bool forwardEx(const Tensor& x, Tensor& y) {
+    size_t wsBytes = 0, rsBytes = 0;
+    cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+        ctx_->cudnn(), kExMode, kExOps, xDesc_, xDesc_, xDesc_, bnDesc_, nullptr, &wsBytes);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(ctx_->cudnn(), kExMode, kExOps,
+                                                                nullptr, xDesc_, &rsBytes);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      ScopedDeviceBytes ws(*ctx_, wsBytes);
+      reserve_.reset();
+      reserveBytes_ = rsBytes;
+      st = cudnnBatchNormalizationForwardTrainingEx(
+          ctx_->cudnn(), kExMode, kExOps, &kOne, &kZero, xDesc_, x.data(), nullptr, nullptr,
+          xDesc_, y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum,
+          rm_.value.data(), rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data(), nullptr,
+          ws.get(), wsBytes, rsBytes ? reserve_.ensure(rsBytes) : nullptr, rsBytes);
+    }
+    if (st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM) {
+      ex_ = false;
+      reserve_.reset();
+      std::fprintf(stderr, "ddprun: %s: cuDNN refused its NHWC batch norm (%s); using the "
+                   "plain kernels\n", name().c_str(), cudnnGetErrorString(st));
+      return false;
+    }
+    DDPRUN_CUDNN_OK(st);
+    return true;
+  }
+  void backwardEx(const Tensor& x, const Tensor& dy, Tensor& dx, bool overwrite) {
+    size_t wsBytes = 0;
+    DDPRUN_CUDNN_OK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+        ctx_->cudnn(), kExMode, kExOps, xDesc_, xDesc_, xDesc_, nullptr, xDesc_, bnDesc_, nullptr,
+        &wsBytes));
+    ScopedDeviceBytes ws(*ctx_, wsBytes);
+    DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackwardEx(
+        ctx_->cudnn(), kExMode, kExOps, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne, xDesc_,
+        x.data(), nullptr, nullptr, xDesc_, dy.data(), nullptr, nullptr, xDesc_, dx.data(),
+        bnDesc_, w_.value.data(), nullptr, w_.grad.data(), b_.grad.data(), kEps,
+        saveMean_.data(), saveInvStd_.data(), nullptr, ws.get(), wsBytes, reserve_.get(),
+        reserveBytes_));
+    reserve_.reset();  // one backward per training forward
+  }
 
   // x's descriptor (the context's layout) and, NHWC, the parameters' derived
   // from it.
@@ -299,10 +350,12 @@ class BatchNorm2d final : public Layer {
   Tensor saveMean_, saveInvStd_, scratch_, xhat_;
   DeviceArray<double> sums_, sqdev_;
   bool trained_ = false;
-  // Training's cuDNN mode: NHWC the persistent kernels (what PyTorch runs for
-  // channels_last: deterministic, cuDNN's documentation says, with a scaled
-  // integer reduction), falling back to SPATIAL where cuDNN refuses them.
-  cudnnBatchNormMode_t trainMode_ = CUDNN_BATCHNORM_SPATIAL;
+  // NHWC: training through forwardEx/backwardEx (cuDNN's persistent NHWC
+  // kernels; deterministic, cuDNN's documentation says, through a scaled
+  // integer reduction), off where cuDNN refuses them.
+  bool ex_ = false;
+  DeviceArray<uint8_t> reserve_;  // the Ex API's, forward to backward
+  size_t reserveBytes_ = 0;
   std::shared_ptr<StepCounter> counter_;
   bool leader_ = false;
   int64_t forwards_ = 0;  // a follower's training forwards (host)
