@@ -26,9 +26,10 @@ process under `ddprun --standalone`):
     ranks sharing the GPU: ours through NCCL, DDPRUN_CUDA_TRANSPORT=nccl,
     and through CUDA IPC as `ours_ipc`; PyTorch through NCCL with
     NCCL_MULTI_RANK_GPU_ENABLE=1 when its NCCL is 2.30 or newer, else gloo),
-    lenet-fp32, and extras: resnet18-224-{tf32,bf16}-nchw (ours with
-    --layout nchw, the A/B of train's NHWC default; PyTorch's figures are
-    the base case's), resnet18-224-tf32-asyncalloc (ours with
+    lenet-fp32, and extras: resnet18-224-fp32-nhwc and
+    resnet18-224-{tf32,bf16}-nchw (ours in the layout train's --layout auto
+    does not pick there: the A/B; PyTorch's figures are the base case's),
+    resnet18-224-tf32-asyncalloc (ours with
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
     resnet18-224-fp32-deterministic (train --deterministic against PyTorch's
     cudnn.deterministic in its faster fp32 setting). --extra-case adds more.
@@ -97,7 +98,11 @@ def cuda_cases(quick):
                     "timeout": NCCL_TIMEOUT},
                    {"key": "ours_ipc", "env": {"DDPRUN_CUDA_TRANSPORT": "ipc"}}]),
         resnet("bf16"), resnet("fp16"),
-        # The layout A/B: ours with NCHW activations (train's default is NHWC).
+        # The layout A/B: ours in the layout --layout auto does not choose
+        # (auto: NHWC in tf32/bf16/fp16, NCHW in fp32).
+        dict(base, name="resnet18-224-fp32-nhwc", precision="fp32", settings=[],
+             pytorch_same_as="resnet18-224-fp32", extra=True,
+             ours=[{"key": "ours", "args": ["--layout", "nhwc"]}]),
         dict(base, name="resnet18-224-tf32-nchw", precision="tf32", settings=[],
              pytorch_same_as="resnet18-224-tf32", extra=True,
              ours=[{"key": "ours", "args": ["--layout", "nchw"]}]),

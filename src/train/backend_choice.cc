@@ -91,6 +91,11 @@ DeviceDecision decideDevice(DeviceChoice device, Precision precision, const Devi
   return d;
 }
 
+bool nhwcLayout(const std::string& layout, Precision precision) {
+  if (layout == "auto") return precision != Precision::kFp32;
+  return layout == "nhwc";
+}
+
 std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* decision) {
   const DeviceDecision d = decideDevice(cfg.device, cfg.precision, probeDevices(cfg.device));
   if (decision) *decision = d;
@@ -98,7 +103,7 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
     return loadCudaBackend({.device = runtime::cudaSelectedDevice(),
                             .precision = cfg.precision,
                             .deterministic = cfg.deterministic || deterministicFromEnv(),
-                            .nhwc = cfg.layout == "nhwc"});
+                            .nhwc = nhwcLayout(cfg.layout, cfg.precision)});
   return makeCpuBackend(cfg.threads);
 }
 

@@ -95,8 +95,8 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
     return "unknown optimizer '" + c.optimizer + "': choose one of " + joined(opts);
-  if (c.layout != "nhwc" && c.layout != "nchw")
-    return "unknown --layout '" + c.layout + "': choose one of nhwc, nchw";
+  if (c.layout != "auto" && c.layout != "nhwc" && c.layout != "nchw")
+    return "unknown --layout '" + c.layout + "': choose one of auto, nhwc, nchw";
   if (!runtime::parseCommHook(c.commHook))
     return "unknown --comm-hook '" + c.commHook + "': choose one of none, fp16, bf16";
   if (c.epochs <= 0) return "--epochs must be positive (got " + std::to_string(c.epochs) + ")";
@@ -172,8 +172,8 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   app.add_flag("--deterministic", c.deterministic,
                "Bitwise-repeatable GPU runs (slower: deterministic, direct-sum cuDNN algorithms)");
   app.add_option("--layout", c.layout,
-                 "Activations in GPU memory: nhwc (channels_last) | nchw (cuda only; the CPU "
-                 "computes nchw)")
+                 "Activations in GPU memory: auto (nhwc in tf32/bf16/fp16, nchw in fp32) | "
+                 "nhwc (channels_last) | nchw (cuda only; the CPU computes nchw)")
       ->capture_default_str();
   app.add_option("--epochs", c.epochs)->capture_default_str();
   app.add_option("--batch-size", c.batchSize, "Samples per rank per step")->capture_default_str();

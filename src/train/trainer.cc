@@ -751,7 +751,8 @@ nlohmann::json Run::execute() {
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
       {"device_choice", deviceDecision_.summary},
       {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
-      {"layout", be_->device() == Device::kCuda ? cfg_.layout : std::string("nchw")},
+      {"layout", be_->device() == Device::kCuda && nhwcLayout(cfg_.layout, cfg_.precision)
+                     ? "nhwc" : "nchw"},
       {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
                      {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},

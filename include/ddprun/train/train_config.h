@@ -35,9 +35,10 @@ struct TrainConfig {
   // deterministic. DDPRUN_CUDNN_DETERMINISTIC=1 sets it too.
   bool deterministic = false;
   // How CUDA lays activations out in memory: "nhwc" (channels_last: cuDNN's
-  // tensor-core kernels without transposes) or "nchw" (the A/B and
-  // fallback). The CPU computes NCHW whatever this says.
-  std::string layout = "nhwc";
+  // tensor-core kernels without transposes), "nchw" (the A/B and fallback)
+  // or "auto": NHWC in tf32/bf16/fp16, NCHW in fp32 (nhwcLayout(),
+  // backend_choice.h). The CPU computes NCHW whatever this says.
+  std::string layout = "auto";
   int epochs = 1;
   int batchSize = 64;  // per rank
   float lr = 0.05f;

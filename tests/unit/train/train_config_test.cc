@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench_window.h"
+#include "ddprun/train/backend_choice.h"
 #include "ddprun/train/data.h"
 
 namespace ddprun::train {
@@ -148,17 +149,27 @@ TEST(TrainConfigTest, DeviceAndPrecision) {
 }
 
 // Every spelling parses to its value and back; nothing else parses.
-// CUDA's activation layout: NHWC unless --layout nchw (the A/B); anything
-// else is refused with the choices.
-TEST(TrainConfigTest, LayoutDefaultsToNhwc) {
+// CUDA's activation layout: auto unless --layout nhwc|nchw; auto is NHWC
+// in the tensor-core precisions and NCHW in fp32; anything else is refused
+// with the choices.
+TEST(TrainConfigTest, LayoutDefaultsToAutoNhwcExceptInFp32) {
   const ParseResult d = parse({});
   ASSERT_TRUE(d.config);
-  EXPECT_EQ(d.config->layout, "nhwc");
-  const ParseResult n = parse({"--layout", "nchw"});
-  ASSERT_TRUE(n.config);
-  EXPECT_EQ(n.config->layout, "nchw");
-  expectRefused({"--layout", "NHWC"}, "unknown --layout 'NHWC': choose one of nhwc, nchw");
+  EXPECT_EQ(d.config->layout, "auto");
+  for (const char* l : {"nchw", "nhwc"}) {
+    const ParseResult n = parse({"--layout", l});
+    ASSERT_TRUE(n.config);
+    EXPECT_EQ(n.config->layout, l);
+  }
+  expectRefused({"--layout", "NHWC"},
+                "unknown --layout 'NHWC': choose one of auto, nhwc, nchw");
   expectRefused({"--layout", "channels_last"}, "unknown --layout 'channels_last'");
+  EXPECT_FALSE(nhwcLayout("auto", Precision::kFp32));
+  for (const Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
+    EXPECT_TRUE(nhwcLayout("auto", p));
+    EXPECT_FALSE(nhwcLayout("nchw", p));
+  }
+  EXPECT_TRUE(nhwcLayout("nhwc", Precision::kFp32));
 }
 
 TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
