@@ -23,7 +23,11 @@ order:
   step as PyTorch's recipe does); cudnn.benchmark on; --deterministic sets
   cudnn.deterministic.
 
-Each --setting KEY=FORMAT (nchw or channels_last) runs in turn in this process
+Each --setting KEY=FORMAT (nchw or channels_last, either with +compile:
+torch.compile of the (DDP) model, default mode, --compile-backend inductor
+unless told otherwise; its compile time is the first warm-up step's, reported
+as compile_s, and a compiled setting has no profile: module hooks would break
+its graphs) runs in turn in this process
 (a fresh model from the same seed each time; memory freed and the peak reset
 in between): W warm-up steps, then torch.cuda.synchronize() and
 reset_peak_memory_stats(), then S steps timed with nothing in between (no
@@ -360,7 +364,7 @@ def profiler_range(cuda, start, errors):
         errors.append("torch.cuda.profiler.%s: %s" % ("start" if start else "stop", e))
 
 
-def run_setting(args, key, fmt, batches, env):
+def run_setting(args, key, fmt, compiled, batches, env):
     """One setting: warm-up, the timed window, the profile phase."""
     dev, cuda, world, sync = env["dev"], env["cuda"], env["world"], env["sync"]
     t_setting = time.perf_counter()
@@ -372,6 +376,8 @@ def run_setting(args, key, fmt, batches, env):
     if world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    if compiled:  # after DDP, as PyTorch's DDP + compile recipe does
+        ddp = torch.compile(ddp, backend=args.compile_backend)
     scaler = None
     if args.precision == "fp16":
         scaler = torch.amp.GradScaler("cuda") if hasattr(torch, "amp") and hasattr(
@@ -413,7 +419,11 @@ def run_setting(args, key, fmt, batches, env):
         return loss
 
     w, s, p = args.warmup, args.steps, args.profile_steps
-    for i in range(w):
+    t0 = time.perf_counter()
+    step(0)
+    sync()
+    first_step_s = time.perf_counter() - t0  # compiled: the compile time, in the main
+    for i in range(1, w):
         step(i)
     sync()
     if cuda:
@@ -423,14 +433,16 @@ def run_setting(args, key, fmt, batches, env):
         loss = step(i)
     sync()
     secs = time.perf_counter() - t0
-    res = {"setting": key, "memory_format": fmt,
+    res = {"setting": key, "memory_format": fmt, "compiled": compiled,
+           "compile_backend": args.compile_backend if compiled else None,
+           "compile_s": first_step_s if compiled else None, "first_step_s": first_step_s,
            "autocast": str(half).replace("torch.", "") if half else None,
            "steps": s, "warmup_steps": w, "train_seconds": secs,
            "samples_per_second": s * args.batch_size * world / secs,
            "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None,
            "peak_reserved_mb": torch.cuda.max_memory_reserved(dev) / 2**20 if cuda else None}
     errors = []
-    if p > 0:
+    if p > 0 and not compiled:
         prof = LayerProfiler(profiled_layers(model), cuda)
         prof.attach()
         sync()
@@ -448,6 +460,8 @@ def run_setting(args, key, fmt, batches, env):
         res["profile"]["wall_step_ms"] = wall * 1e3
     else:
         res["profile"] = None
+        if p > 0:
+            res["profile_skipped"] = "a compiled model: module hooks would break its graphs"
     # After the window: the loss read back, averaged over every step and rank.
     if world > 1:
         dist.all_reduce(loss_sum)
@@ -481,9 +495,12 @@ def parse_args(argv=None):
     ap.add_argument("--train-samples", type=int, default=0,
                     help="the data set's size (default: the steps' batches on every rank)")
     ap.add_argument("--seed", type=int, default=0, help="train's --seed: shuffling (and LeNet's data)")
-    ap.add_argument("--setting", action="append", default=[], metavar="KEY=FORMAT",
-                    help="a result key and a memory format (nchw, channels_last); repeatable; "
-                         "default pytorch=nchw (bf16/fp16: pytorch=channels_last)")
+    ap.add_argument("--setting", action="append", default=[], metavar="KEY=FORMAT[+compile]",
+                    help="a result key and a memory format (nchw, channels_last), +compile for "
+                         "torch.compile; repeatable; default pytorch=nchw (bf16/fp16: "
+                         "pytorch=channels_last)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile's backend for +compile settings (tests: eager)")
     ap.add_argument("--own-resnet", action="store_true", help="this file's module, not torchvision's")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--comm-backend", default="auto", choices=("auto", "nccl", "gloo"))
@@ -496,10 +513,15 @@ def parse_args(argv=None):
                         args.model == "resnet18" else "pytorch=nchw"]
     settings = []
     for s in args.setting:
-        key, _, fmt = s.partition("=")
-        if not key.startswith("pytorch") or fmt not in FORMATS:
-            ap.error("--setting %s: KEY must start with 'pytorch', FORMAT be nchw or channels_last" % s)
-        settings.append((key, fmt))
+        key, _, value = s.partition("=")
+        fmt, plus, mode = value.partition("+")
+        if not key.startswith("pytorch") or fmt not in FORMATS or (plus and mode != "compile"):
+            ap.error("--setting %s: KEY must start with 'pytorch', FORMAT be nchw or "
+                     "channels_last, optionally followed by +compile" % s)
+        if plus and not hasattr(torch, "compile"):
+            ap.error("--setting %s: torch.compile needs PyTorch 2 (this is %s)"
+                     % (s, torch.__version__))
+        settings.append((key, fmt, bool(plus)))
     args.settings = settings
     if args.warmup < 1 or args.steps < 1 or args.profile_steps < 0:
         ap.error("--warmup and --steps must be at least 1, --profile-steps at least 0")
@@ -543,8 +565,8 @@ def main():
                  "matmul": torch.backends.cuda.matmul.allow_tf32} if cuda else None,
         "import_s": T_IMPORTED - T_START, "setup_s": time.perf_counter() - T_IMPORTED}
     results = {}
-    for key, fmt in args.settings:
-        r = run_setting(args, key, fmt, batches, env)
+    for key, fmt, compiled in args.settings:
+        r = run_setting(args, key, fmt, compiled, batches, env)
         results[key] = r
         if rank == 0:
             print(json.dumps(dict(head, **r)), flush=True)

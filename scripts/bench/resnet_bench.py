@@ -72,6 +72,11 @@ REF = os.path.join(ROOT, "examples/pytorch/ddp_bench.py")
 TRACE_LIB_NAME = "libddprun_kernel_trace.so"
 TRACE_CASES = ("resnet18-224-tf32", "lenet-fp32")
 BOTH = ["pytorch=nchw", "pytorch_channels_last=channels_last"]
+# torch.compile (default mode, channels_last): a reported column, not the
+# ratio's base (the ratio stays against the faster eager setting).
+COMPILE_KEY = "pytorch_compile"
+COMPILE = COMPILE_KEY + "=channels_last+compile"
+COMPILE_TIMEOUT = 300  # seconds for a PyTorch process that also compiles (inductor, cold cache)
 NCCL_TIMEOUT = 150  # seconds for a run through NCCL with two ranks on one GPU (~15 s when it works)
 
 
@@ -87,8 +92,10 @@ def cuda_cases(quick):
 
     def resnet(prec):
         half = prec in ("bf16", "fp16")
-        return dict(base, name="resnet18-224-" + prec, precision=prec,
-                    settings=["pytorch=channels_last"] if half else BOTH)
+        settings = ["pytorch=channels_last"] if half else list(BOTH)
+        if prec in ("tf32", "bf16") and not quick:
+            settings.append(COMPILE)
+        return dict(base, name="resnet18-224-" + prec, precision=prec, settings=settings)
     return [
         resnet("tf32"), resnet("fp32"),
         dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
@@ -266,8 +273,9 @@ def pytorch_cuda(c, settings, o, extra_env=None):
         try:
             # A first try through NCCL with ranks sharing the GPU gets less time: a hang there
             # must not eat the session.
-            p, wall = run(cmd, min(o.timeout, NCCL_TIMEOUT) if len(backends) > 1 and i == 0
-                          else o.timeout, env)
+            timeout = max(o.timeout, COMPILE_TIMEOUT) if COMPILE in settings else o.timeout
+            p, wall = run(cmd, min(timeout, NCCL_TIMEOUT) if len(backends) > 1 and i == 0
+                          else timeout, env)
             head, res = parse_pytorch(p.stdout)
             break
         except RunError as e:
@@ -315,9 +323,11 @@ def ours_cpu(c, o):
 
 # ----------------------------------------------------------------------------- results
 
-def pytorch_keys(entry):
+def pytorch_keys(entry, compiled=False):
+    """The PyTorch results of an entry: eager ones, and torch.compile's too
+    with `compiled`."""
     return [k for k in entry if k.startswith("pytorch") and k != "pytorch_meta"
-            and isinstance(entry[k], dict)]
+            and isinstance(entry[k], dict) and (compiled or k != COMPILE_KEY)]
 
 
 def ours_keys(entry):
@@ -343,10 +353,15 @@ def summarize(entry):
     best = faster_pytorch(entry)
     entry["faster_pytorch"] = best
     entry["ratio"] = {}
+    comp = (entry.get(COMPILE_KEY) or {}).get("samples_per_second")
+    if ok(comp):
+        entry["compile_ratio"] = {}
     for k in ours_keys(entry):
         o = entry[k].get("samples_per_second")
         if best and ok(o):
             entry["ratio"][k] = o / entry[best]["samples_per_second"]
+        if ok(comp) and ok(o):
+            entry["compile_ratio"][k] = o / comp
     return entry
 
 
@@ -378,7 +393,7 @@ def run_cuda_case(c, o, res):
     same = c.get("pytorch_same_as")
     if same:
         ref = next((r for r in res["results"] if r["case"]["name"] == same), None)
-        for k in pytorch_keys(ref or {}):
+        for k in pytorch_keys(ref or {}, compiled=True):
             entry[k] = dict(ref[k], same_as=same)
         if ref is None:
             entry["pytorch"] = error_result("pytorch", "case %s was not run" % same)
@@ -649,8 +664,31 @@ def table(res):
     if cpu:
         out = out.replace("peak alloc MiB", "peak device alloc MiB")
     out += "\n\nRatios are against the faster PyTorch setting of each case (named in the third column)."
+    ct = compile_table(res)
+    if ct:
+        out += "\n\n" + ct
     kt = kernel_table(res)
     return out + ("\n\n" + kt if kt else "")
+
+
+def compile_table(res):
+    """torch.compile's column: ours against PyTorch compiled (default mode,
+    channels_last), with its compile time (the first warm-up step)."""
+    lines = []
+    for r in res["results"]:
+        t = r.get(COMPILE_KEY)
+        if not isinstance(t, dict) or t.get("same_as"):
+            continue
+        for k in ours_keys(r):
+            lines.append("| %s | %s | %s | %s | %s |" % (
+                r["case"]["name"] + ("" if k == "ours" else " (%s)" % k),
+                fmt_num(r[k].get("samples_per_second")), fmt_num(t.get("samples_per_second")),
+                fmt_num((r.get("compile_ratio") or {}).get(k), "%.2fx"),
+                fmt_num(t.get("compile_s"), "%.1f")))
+    if not lines:
+        return ""
+    return "\n".join(["| case | ours samples/s | torch.compile samples/s | ours / compiled | "
+                      "compile s |", "|---|---:|---:|---:|---:|"] + lines)
 
 
 def kernel_table(res):

@@ -154,11 +154,15 @@ head = {"side": "pytorch", "torch": "2.11.0+fake", "cudnn": 91400, "nccl": "2.30
         "import_s": 2.0, "setup_s": 1.0}
 res = {}
 for s in settings:
-    key, fmt = s.split("=")
+    key, value_ = s.split("=")
+    fmt, plus, _ = value_.partition("+")
     sps = (4500.0 if fmt == "channels_last" else 4200.0) * (15 if model == "lenet" else 1)
+    if plus:
+        sps = 6000.0
     r = dict(head, setting=key, memory_format=fmt, samples_per_second=sps, peak_device_mb=2900.0,
-             peak_reserved_mb=3100.0, final_loss=1.3, last_step_loss=1.1,
-             profile=t.fake_profile(layers, 1.1, buckets=[]))
+             peak_reserved_mb=3100.0, final_loss=1.3, last_step_loss=1.1, compiled=bool(plus),
+             compile_s=42.0 if plus else None,
+             profile=None if plus else t.fake_profile(layers, 1.1, buckets=[]))
     res[key] = r
     print(json.dumps(r))
 print(json.dumps(dict(head, settings=res, process_s=9.0)))
@@ -389,7 +393,8 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertEqual(self.proc.returncode, 0, self.proc.stderr[-3000:])
         self.assertEqual(list(self.by), [
             "resnet18-224-tf32", "resnet18-224-fp32", "lenet-fp32", "resnet18-224-tf32-2ranks",
-            "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-tf32-asyncalloc",
+            "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-fp32-nhwc",
+            "resnet18-224-tf32-nchw", "resnet18-224-bf16-nchw", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):
@@ -414,7 +419,24 @@ class ResnetBenchFake(unittest.TestCase):
         for field in ("samples_per_second", "peak_device_mb", "peak_reserved_mb", "final_loss",
                       "profile", "host_sync_calls_per_step", "host_sync_waits_per_step"):
             self.assertIn(field, tf32["ours"])
-        self.assertEqual(self.by["resnet18-224-bf16"]["case"]["settings"], ["pytorch=channels_last"])
+        self.assertEqual(self.by["resnet18-224-bf16"]["case"]["settings"],
+                         ["pytorch=channels_last", "pytorch_compile=channels_last+compile"])
+
+    def test_compile_is_a_column_not_the_ratio_base(self):
+        # torch.compile (6000/s in the fake) is faster than eager (4500/s), yet
+        # the ratio stays against eager; compile's own ratio and time are reported.
+        tf32 = self.by["resnet18-224-tf32"]
+        self.assertIn("pytorch_compile=channels_last+compile", tf32["case"]["settings"])
+        self.assertEqual(tf32["faster_pytorch"], "pytorch_channels_last")
+        self.assertAlmostEqual(tf32["compile_ratio"]["ours"], 4000.0 / 6000.0)
+        self.assertEqual(tf32["pytorch_compile"]["compile_s"], 42.0)
+        self.assertNotIn("pytorch_compile", self.by["resnet18-224-fp32"])
+        self.assertNotIn("compile_ratio", self.by["resnet18-224-fp32"])
+        self.assertIn("| resnet18-224-tf32 | 4000 | 6000 | 0.67x | 42.0 |", self.proc.stdout)
+        # An A/B extra gets the base case's compiled figure too.
+        self.assertAlmostEqual(self.by["resnet18-224-tf32-nchw"]["compile_ratio"]["ours"],
+                               4000.0 / 6000.0)
+        self.assertEqual(self.by["resnet18-224-tf32-nchw"]["ours"]["args"], ["--layout", "nchw"])
 
     def test_failures_are_recorded_and_the_rest_runs(self):
         two = self.by["resnet18-224-tf32-2ranks"]
@@ -599,8 +621,8 @@ class DdpBenchCpu(unittest.TestCase):
         if cls.py is None:
             raise unittest.SkipTest("no Python with PyTorch and numpy (scripts/setup-test-deps.sh)")
 
-    def bench(self, *args):
-        p = subprocess.run([self.py, os.path.join(ROOT, "examples/pytorch/ddp_bench.py"),
+    def bench(self, *args, py=None):
+        p = subprocess.run([py or self.py, os.path.join(ROOT, "examples/pytorch/ddp_bench.py"),
                             "--device", "cpu", "--threads", "1"] + list(args),
                            capture_output=True, text=True, timeout=600,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -638,12 +660,39 @@ class DdpBenchCpu(unittest.TestCase):
         names = [l["name"] for l in last["settings"]["pytorch"]["profile"]["layers"]]
         self.assertEqual(names, RESNET_LAYERS)
 
+    def test_compile_setting(self):
+        # The plumbing of +compile (the eager backend: dynamo without inductor's
+        # C++ build, seconds here): compiled, a compile time, no profile.
+        venv = os.environ.get("DDPRUN_TORCH2_VENV", "/opt/ddprun-test/venv-torch2")
+        py = next((p for p in (self.py, os.path.join(venv, "bin/python"))
+                   if os.access(p, os.X_OK) and subprocess.run(
+                       [p, "-c", "import sys, torch; sys.exit(not hasattr(torch, 'compile'))"],
+                       capture_output=True, timeout=120).returncode == 0), None)
+        if py is None:
+            self.skipTest("no PyTorch 2 (torch.compile) here: scripts/setup-test-deps.sh")
+        last, _ = self.bench("--model", "lenet", "--batch-size", "8", "--warmup", "2", "--steps",
+                             "2", "--profile-steps", "1", "--compile-backend", "eager",
+                             "--setting", "pytorch_compile=nchw+compile", py=py)
+        r = last["settings"]["pytorch_compile"]
+        self.assertTrue(r["compiled"])
+        self.assertEqual(r["compile_backend"], "eager")
+        self.assertGreater(r["compile_s"], 0)
+        self.assertGreater(r["samples_per_second"], 0)
+        self.assertIsNone(r["profile"])
+        self.assertIn("compiled", r["profile_skipped"])
+        self.assertTrue(math.isfinite(r["final_loss"]))
+
     def test_bad_setting(self):
         p = subprocess.run([self.py, os.path.join(ROOT, "examples/pytorch/ddp_bench.py"),
                             "--device", "cpu", "--setting", "torch=nchw"],
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(p.returncode, 2)
         self.assertIn("must start with 'pytorch'", p.stderr)
+        p = subprocess.run([self.py, os.path.join(ROOT, "examples/pytorch/ddp_bench.py"),
+                            "--device", "cpu", "--setting", "pytorch=nchw+jit"],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("optionally followed by +compile", p.stderr)
 
 
 if __name__ == "__main__":
