@@ -23,7 +23,9 @@
 #         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32)
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
 #         bench      scripts/bench/resnet_bench.py --device cuda (both sides,
-#                    profiles, kernel traces, the comm model)
+#                    profiles, kernel traces, the comm model; torch.compile's
+#                    cold compile of ResNet-18 in tf32 and bf16 makes it the
+#                    longest stage: give it a call of its own when time is short)
 #         wheel      the CUDA wheel (pip install --no-deps), train --device cuda
 #                    on 1 and 2 ranks with no LD_LIBRARY_PATH
 #         tests      cuda_train_tests
@@ -262,7 +264,7 @@ run() {
   stage allreduce 90 bash -c "rc=0; for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' \
     --standalone --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 \
     --json > '$logs/allreduce_'\$t.jsonl || rc=1; tail -n 3 '$logs/allreduce_'\$t.jsonl; done; exit \$rc"
-  stage bench 300 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
+  stage bench 420 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
     --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
     $benchArgs

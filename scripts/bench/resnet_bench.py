@@ -29,7 +29,8 @@ process under `ddprun --standalone`):
     lenet-fp32, and extras: resnet18-224-fp32-nhwc and
     resnet18-224-{tf32,bf16}-nchw (ours in the layout train's --layout auto
     does not pick there: the A/B; PyTorch's figures are the base case's),
-    resnet18-224-tf32-asyncalloc (ours with
+    resnet18-224-{tf32,bf16}-bnfusion (ours with DDPRUN_CUDNN_BN_FUSION=1:
+    cuDNN's fused batch norm + ReLU (+ add)), resnet18-224-tf32-asyncalloc (ours with
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
     resnet18-224-fp32-deterministic (train --deterministic against PyTorch's
     cudnn.deterministic in its faster fp32 setting). --extra-case adds more.
@@ -116,6 +117,13 @@ def cuda_cases(quick):
         dict(base, name="resnet18-224-bf16-nchw", precision="bf16", settings=[],
              pytorch_same_as="resnet18-224-bf16", extra=True,
              ours=[{"key": "ours", "args": ["--layout", "nchw"]}]),
+        # cuDNN's fused batch norm + ReLU (+ add), opt-in until measured.
+        dict(base, name="resnet18-224-tf32-bnfusion", precision="tf32", settings=[],
+             pytorch_same_as="resnet18-224-tf32", extra=True,
+             ours=[{"key": "ours", "env": {"DDPRUN_CUDNN_BN_FUSION": "1"}}]),
+        dict(base, name="resnet18-224-bf16-bnfusion", precision="bf16", settings=[],
+             pytorch_same_as="resnet18-224-bf16", extra=True,
+             ours=[{"key": "ours", "env": {"DDPRUN_CUDNN_BN_FUSION": "1"}}]),
         dict(base, name="resnet18-224-tf32-asyncalloc", precision="tf32", settings=[],
              pytorch_same_as="resnet18-224-tf32", extra=True,
              ours=[{"key": "ours", "env": {"DDPRUN_CUDA_ALLOCATOR": "async"}}]),

@@ -67,6 +67,65 @@ std::unique_ptr<Layer> Backend::flatten(std::string name) {
   return std::make_unique<Flatten>(std::move(name));
 }
 
+void BatchNormAct::forward(const Tensor& x, Tensor& y, bool training) {
+  DDPRUN_CHECK(!residual(), name(), ": a batch norm with a residual add needs the residual "
+               "(forward(x, z, y))");
+  forward(x, nullptr, y, training);
+}
+void BatchNormAct::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
+  DDPRUN_CHECK(!residual(), name(), ": a batch norm with a residual add gives the residual's "
+               "gradient (backward(x, y, dy, dx, dz))");
+  backward(x, y, dy, dx, nullptr);
+}
+
+namespace {
+// The default BatchNormAct: the backend's batch norm, add() and ReLU, as
+// ResNet's block ran them apart: the sum and the ReLU in place in y (the
+// batch norm's backward reads its input, not y; the ReLU's reads y).
+class ComposedBatchNormAct final : public BatchNormAct {
+ public:
+  ComposedBatchNormAct(Backend& be, std::string name, int64_t c, runtime::ProcessGroup* sync,
+                       bool residual)
+      : BatchNormAct(name), be_(be), bn_(be.batchNorm2d(name, c, sync)),
+        relu_(be.relu(name + ".relu")), residual_(residual) {}
+  bool residual() const override { return residual_; }
+  using BatchNormAct::backward;
+  using BatchNormAct::forward;
+  void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
+    DDPRUN_CHECK((z != nullptr) == residual_, name(), residual_
+                 ? ": the residual is missing" : ": a residual was given to a batch norm "
+                 "without one");
+    y.ensure(x.shape(), be_.allocator());
+    bn_->forward(x, y, training);
+    if (z) be_.add(y, *z, y);
+    relu_->forward(y, y, training);
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                Tensor* dz) override {
+    DDPRUN_CHECK(!residual_ || dz, name(), ": the residual's gradient needs somewhere to go");
+    Tensor& g = residual_ ? *dz : g_;
+    g.ensure(y.shape(), be_.allocator());
+    relu_->backward(y, y, dy, &g);
+    if (dx) dx->ensure(x.shape(), be_.allocator());
+    bn_->backward(x, y, g, dx);
+    if (be_.releasesActivations()) g_ = Tensor();
+  }
+  std::vector<Param*> params() override { return bn_->params(); }
+  std::vector<Buffer*> buffers() override { return bn_->buffers(); }
+
+ private:
+  Backend& be_;
+  std::unique_ptr<Layer> bn_, relu_;
+  bool residual_;
+  Tensor g_;  // dL/d(bn's output) without a residual
+};
+}  // namespace
+
+std::unique_ptr<BatchNormAct> Backend::batchNormAct(std::string name, int64_t channels,
+                                                    runtime::ProcessGroup* sync, bool residual) {
+  return std::make_unique<ComposedBatchNormAct>(*this, std::move(name), channels, sync, residual);
+}
+
 void Backend::sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum,
                       float weightDecay, bool firstStep) {
   for (const OptimChunk& c : chunks)

@@ -8,6 +8,8 @@ namespace {
 // Forward keeps the intermediates some backward reads (each child's input;
 // outputs for their shapes); backward walks the main branch back from
 // dL/dsum, then the shortcut, and adds the two contributions to dL/dx.
+// Each batch norm runs with the ReLU after it as one BatchNormAct (bn2 with
+// the residual add too), which a device may fuse.
 class BasicBlock final : public Layer {
  public:
   BasicBlock(Backend& be, std::string name, int64_t inC, int64_t outC, int stride,
@@ -15,11 +17,9 @@ class BasicBlock final : public Layer {
       : Layer(name), be_(be) {
     const std::string p = name + ".";
     conv1_ = be.conv2d(p + "conv1", Conv2dSpec{inC, outC, 3, stride, 1, false});
-    bn1_ = be.batchNorm2d(p + "bn1", outC, sync);
-    relu1_ = be.relu(p + "relu");
+    bn1_ = be.batchNormAct(p + "bn1", outC, sync, false);
     conv2_ = be.conv2d(p + "conv2", Conv2dSpec{outC, outC, 3, 1, 1, false});
-    bn2_ = be.batchNorm2d(p + "bn2", outC, sync);
-    relu2_ = be.relu(p + "relu");
+    bn2_ = be.batchNormAct(p + "bn2", outC, sync, true);
     if (stride != 1 || inC != outC) {
       dsConv_ = be.conv2d(p + "downsample.0", Conv2dSpec{inC, outC, 1, stride, 0, false});
       dsBn_ = be.batchNorm2d(p + "downsample.1", outC, sync);
@@ -36,14 +36,10 @@ class BasicBlock final : public Layer {
 
   void forward(const Tensor& x, Tensor& y, bool training) override {
     run(*conv1_, x, c1_, training);
-    run(*bn1_, c1_, b1_, training);
-    // In place: relu's backward reads its output, batch norm's its input.
-    run(*relu1_, b1_, b1_, training);
+    bn1_->forward(c1_, nullptr, b1_, training);  // relu(bn1(c1))
     if (!training) done(c1_);  // no backward follows evaluation
     run(*conv2_, b1_, c2_, training);
     if (!training) done(b1_);
-    run(*bn2_, c2_, b2_, training);
-    if (!training) done(c2_);
     const Tensor* shortcut = &x;
     if (dsConv_) {
       run(*dsConv_, x, dc_, training);
@@ -51,15 +47,14 @@ class BasicBlock final : public Layer {
       if (!training) done(dc_);
       shortcut = &db_;
     }
-    // The sum and the last ReLU in place in bn2's output (bn2's backward does
-    // not read it), which becomes the block's output y: torchvision's
-    // `out += identity; out = relu(out)`.
-    be_.add(b2_, *shortcut, b2_);
+    // relu(bn2(c2) + shortcut) into b2_, the block's output y: torchvision's
+    // `out = bn2(out); out += identity; out = relu(out)`.
+    bn2_->forward(c2_, shortcut, b2_, training);
+    if (!training) done(c2_);
     // The downsample's batch norm output was read by the sum only: its
     // backward reads its input (dc_), so nothing keeps it.
     done(db_);
     y = b2_;
-    relu2_->forward(y, y, training);
     if (!training) done(b2_);  // y (the caller's handle) keeps the output alone
   }
 
@@ -67,16 +62,17 @@ class BasicBlock final : public Layer {
   // last reader ran (done(); kept on the CPU): backward holds the block's
   // input and a few gradients at a time, not the whole forward.
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
-    back(*relu2_, y, y, dy, &gSum_);
-    back(*bn2_, c2_, b2_, gSum_, &gC2_);
+    // dL/dc2 and dL/dsum (the ReLU's masked dy: the shortcut's gradient).
+    gC2_.ensure(c2_.shape(), be_.allocator());
+    gSum_.ensure(y.shape(), be_.allocator());
+    bn2_->backward(c2_, y, dy, &gC2_, &gSum_);
     done(b2_);  // the output (y) is read by nothing below
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
     done(c2_);
-    back(*relu1_, b1_, b1_, gR1_, &gB1_);
+    gC1_.ensure(c1_.shape(), be_.allocator());
+    bn1_->backward(c1_, b1_, gR1_, &gC1_, nullptr);
     done(gR1_);
-    back(*bn1_, c1_, b1_, gB1_, &gC1_);
-    done(gB1_);
     done(b1_);
     back(*conv1_, x, c1_, gC1_, dx);
     done(gC1_);
@@ -133,13 +129,14 @@ class BasicBlock final : public Layer {
   }
 
   Backend& be_;
-  std::unique_ptr<Layer> conv1_, bn1_, relu1_, conv2_, bn2_, relu2_, dsConv_, dsBn_;
-  // Forward: conv1 output; bn1 output, relu'd in place; conv2 output; bn2
-  // output, shortcut added and relu'd in place (shared with the block's
-  // output); downsample conv, bn outputs.
+  std::unique_ptr<Layer> conv1_, conv2_, dsConv_, dsBn_;
+  std::unique_ptr<BatchNormAct> bn1_, bn2_;
+  // Forward: conv1 output; relu(bn1(.)); conv2 output; relu(bn2(.) +
+  // shortcut) (shared with the block's output); downsample conv, bn outputs.
   Tensor c1_, b1_, c2_, b2_, dc_, db_;
-  // Backward: dL/d of the tensors above (gX_: the shortcut's share of dL/dx).
-  Tensor gSum_, gC2_, gR1_, gB1_, gC1_, gDc_, gX_;
+  // Backward: dL/d of the tensors above (gSum_: of the sum before the last
+  // ReLU; gX_: the shortcut's share of dL/dx).
+  Tensor gSum_, gC2_, gR1_, gC1_, gDc_, gX_;
 };
 
 }  // namespace

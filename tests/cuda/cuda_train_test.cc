@@ -881,6 +881,63 @@ TEST_F(CudaBackendTest, NhwcFlattenGivesPyTorchOrder) {
   });
 }
 
+// Batch norm + ReLU (+ the residual add) as one layer, on NHWC with cuDNN's
+// fused kernels (DDPRUN_CUDNN_BN_FUSION=1; where cuDNN refuses them the layer
+// says so on stderr and runs the layers apart): against the CPU's
+// composition, inputs around 0 and around 100 (the variance must not
+// cancel), two steps (running statistics, accumulated gradients).
+TEST_F(CudaBackendTest, NhwcBatchNormActMatchesCpu) {
+  setenv("DDPRUN_CUDNN_BN_FUSION", "1", 1);
+  withNhwc(Precision::kFp32, [&] {
+    for (const bool residual : {false, true})
+      for (const float centre : {0.0f, 100.0f}) {
+        const std::string what = std::string(residual ? "bn+add+relu" : "bn+relu") +
+                                 (centre != 0.0f ? " mean 100" : "");
+        auto ref = cpu_->batchNormAct("bn", 8, nullptr, residual);
+        auto gpu = gpu_->batchNormAct("bn", 8, nullptr, residual);
+        auto rp = ref->params(), gp = gpu->params();
+        ASSERT_EQ(rp.size(), gp.size());
+        for (size_t i = 0; i < rp.size(); ++i) {
+          const Tensor v = hostTensor(rp[i]->value.shape(), 90 + i, 0.5f, 1.5f);
+          std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
+          gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
+          rp[i]->overwriteGrad = gp[i]->overwriteGrad = true;
+        }
+        const double rtol = centre != 0.0f ? 1e-3 : 1e-4;
+        for (uint64_t step = 0; step < 2; ++step) {
+          const Shape shape{4, 8, 6, 5};
+          const Tensor x = hostTensor(shape, 100 + step, centre - 1.7f, centre + 1.7f);
+          const Tensor z = hostTensor(shape, 200 + step), dy = hostTensor(shape, 300 + step);
+          const Tensor xg = toGpuAct(x), zg = toGpuAct(z), dyg = toGpuAct(dy);
+          Tensor yr, yg, dxr, dxg, dzr, dzg;
+          ref->forward(x, residual ? &z : nullptr, yr, true);
+          gpu->forward(xg, residual ? &zg : nullptr, yg, true);
+          expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " forward");
+          ref->backward(x, yr, dy, &dxr, residual ? &dzr : nullptr);
+          gpu->backward(xg, yg, dyg, &dxg, residual ? &dzg : nullptr);
+          expectClose(fromGpuAct(dxg), hostValues(dxr), rtol, what + " dx");
+          if (residual) expectClose(fromGpuAct(dzg), hostValues(dzr), rtol, what + " dz");
+          for (size_t i = 0; i < rp.size(); ++i)
+            expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), rtol,
+                        what + " " + gp[i]->name + " grad");
+        }
+        auto rb = ref->buffers(), gb = gpu->buffers();
+        for (size_t i = 0; i < rb.size(); ++i)
+          expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), rtol,
+                      what + " " + gb[i]->name);
+        // Evaluation: running statistics, the layers apart.
+        const Tensor x = hostTensor({2, 8, 6, 5}, 400, centre - 1.7f, centre + 1.7f);
+        const Tensor z = hostTensor({2, 8, 6, 5}, 401);
+        const Tensor xg = toGpuAct(x), zg = toGpuAct(z);
+        Tensor yr, yg;
+        ref->forward(x, residual ? &z : nullptr, yr, false);
+        gpu->forward(xg, residual ? &zg : nullptr, yg, false);
+        expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " eval");
+      }
+  });
+  unsetenv("DDPRUN_CUDNN_BN_FUSION");
+}
+
 TEST_F(CudaBackendTest, NhwcModelInputTransposes) {
   const Tensor x = hostTensor({3, 3, 9, 7}, 5);
   const Tensor plain = toGpu(x);

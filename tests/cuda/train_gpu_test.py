@@ -2,7 +2,8 @@
 
 - CPU and CUDA train the same: same seed (so the same initial weights), same
   batches, fp32, 20 steps: per-step losses within 1e-4, with CUDA's
-  activations NHWC (the default) and NCHW (--layout nchw).
+  activations NHWC and NCHW (--layout), and NHWC with cuDNN's fused batch
+  norm + ReLU (+ add) (DDPRUN_CUDNN_BN_FUSION=1).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
   through CUDA IPC (the default there) and through NCCL (forced; fp32,
   --deterministic; needs NCCL >= 2.30, whose version coll_check reports).
@@ -118,13 +119,16 @@ class TrainGpu(unittest.TestCase):
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
                      "--no-shuffle", "--lr", "0.01", "--precision", "fp32", "--deterministic"]
             cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
-            for layout in ("nhwc", "nchw"):  # the default, and the A/B
-                gpu, lg = self.train(model + "_cuda_" + layout, "--device", "cuda",
-                                     "--layout", layout, *flags)
+            # Both layouts; NHWC also with cuDNN's fused batch norm + ReLU (+ add).
+            for layout, fusion in (("nhwc", "0"), ("nchw", "0"), ("nhwc", "1")):
+                what = layout + (" fused bn" if fusion == "1" else "")
+                gpu, lg = self.train(model + "_cuda_" + what.replace(" ", "_"), "--device",
+                                     "cuda", "--layout", layout, *flags,
+                                     env=dict(clean_env(), DDPRUN_CUDNN_BN_FUSION=fusion))
                 self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
                 self.assertEqual((cpu["layout"], gpu["layout"]), ("nchw", layout))
                 self.assertEqual(len(lg), 20)
-                self.compare("%s cpu vs cuda %s, first %d steps" % (model, layout, checked),
+                self.compare("%s cpu vs cuda %s, first %d steps" % (model, what, checked),
                              lc[:checked], lg[:checked])
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):

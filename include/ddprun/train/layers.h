@@ -94,6 +94,34 @@ class Layer {
   std::string name_;
 };
 
+// Batch norm followed by a ReLU and, with a residual, the residual add
+// between them: y = relu(bn(x) + z), ResNet's `out = bn2(conv2(..)); out +=
+// identity; relu(out)` (and bn1 + relu, without z). One layer, so that a
+// backend may run it in one pass forward (batch norm fused with the add and
+// the ReLU) and fold the ReLU's mask and the residual's gradient into batch
+// norm's backward. params() and buffers() are the batch norm's, named as
+// batchNorm2d's. As a plain Layer (no residual) forward(x, y) is y =
+// relu(bn(x)).
+class BatchNormAct : public Layer {
+ public:
+  // z: null without a residual, else x's shape; neither x nor z may share
+  // y's storage.
+  virtual void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) = 0;
+  // From dL/dy: dL/dx into *dx (null: not wanted) and, with a residual,
+  // dL/dz into *dz (required then: the ReLU's masked dy, which is also the
+  // batch norm's dy). Reads x and forward's y.
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                        Tensor* dz) = 0;
+  virtual bool residual() const = 0;
+
+  Shape outputShape(const Shape& in) const override { return in; }
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+
+ protected:
+  using Layer::Layer;
+};
+
 // Convolution geometry: square kernel, stride and zero padding; `bias`
 // false for convolutions followed by batch norm (ResNet's bias=False).
 struct Conv2dSpec {
@@ -139,6 +167,12 @@ class Backend {
   // forward, the matching sums in backward).
   virtual std::unique_ptr<Layer> batchNorm2d(std::string name, int64_t channels,
                                              runtime::ProcessGroup* sync) = 0;
+  // Batch norm `name` (as batchNorm2d) with the ReLU after it and, with
+  // `residual`, the residual add before that ReLU (BatchNormAct). The
+  // default composes batchNorm2d, add() and relu() (the arithmetic of the
+  // three layers run apart); a device may fuse them.
+  virtual std::unique_ptr<BatchNormAct> batchNormAct(std::string name, int64_t channels,
+                                                     runtime::ProcessGroup* sync, bool residual);
 
   // Mean cross-entropy of the batch; writes dL/dlogits (times `gradScale`,
   // the fp16 loss scale) when asked and counts the rows whose arg-max equals

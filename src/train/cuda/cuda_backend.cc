@@ -14,6 +14,7 @@
 
 #include "../cuda_plugin.h"
 #include "cuda_layers.h"
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
@@ -186,6 +187,15 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
     return makeBatchNorm2d(ctx_, std::move(n), c, s);
+  }
+  // cuDNN's fused batch norm + ReLU (+ add) on NHWC, opt-in until a GPU run
+  // has measured it (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise,
+  // and with SyncBatchNorm, the layers apart (Backend's composition).
+  std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
+                                             bool residual) override {
+    if (ctx_->nhwc() && !s && env::integer("DDPRUN_CUDNN_BN_FUSION", 0, 0, 1) == 1)
+      return makeBatchNormAct(ctx_, std::move(n), c, residual);
+    return Backend::batchNormAct(std::move(n), c, s, residual);
   }
 
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,

@@ -34,6 +34,12 @@ std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string n
 // our own kernels plus all-reduces of the sums over `sync` on device buffers.
 std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string name,
                                        int64_t channels, runtime::ProcessGroup* sync);
+// Batch norm with the ReLU after it and, with `residual`, the residual add
+// before that (BatchNormAct), for NHWC contexts without SyncBatchNorm:
+// cuDNN's fused Ex kernels where cuDNN accepts the configuration, else the
+// layers apart (our add and ReLU).
+std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
+                                               int64_t channels, bool residual);
 // cuBLASLt linear layer: y = x W^T + b.
 std::unique_ptr<Layer> makeLinear(std::shared_ptr<Context> ctx, std::string name, int64_t in,
                                   int64_t out);

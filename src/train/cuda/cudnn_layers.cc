@@ -210,6 +210,51 @@ class BatchNorm2d final : public Layer {
   std::vector<Param*> params() override { return {&w_, &b_}; }
   std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
 
+  // BatchNormAct in one cuDNN call each way (NHWC, not SyncBatchNorm): the
+  // training forward y = relu(bn(x) + z) (z null: relu(bn(x))), false where
+  // cuDNN refuses the fused configuration (nothing done; the caller runs the
+  // layers apart, and this layer does not try again).
+  bool fusedForward(const Tensor& x, const Tensor* z, Tensor& y) {
+    if (!ex_ || sync_ || !fuse_) return false;
+    ctx_->bind();
+    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    DDPRUN_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, name(), ": batch norm in training needs "
+                 "more than one value per channel, got input ", shapeString(x.shape()));
+    setInput(x);
+    const cudnnBatchNormOps_t ops =
+        z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    const cudnnStatus_t st = exForward(x, z, y, ops);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      fuse_ = false;
+      std::fprintf(stderr, "ddprun: %s: cuDNN refused batch norm fused with the ReLU%s (%s); "
+                   "running them apart\n", name().c_str(), z ? " and the residual add" : "",
+                   cudnnGetErrorString(st));
+      return false;
+    }
+    trained_ = true;
+    fusedOps_ = ops;
+    countStep();
+    return true;
+  }
+  // The backward of the last fusedForward: dx, and dz (required with a
+  // residual) the ReLU's masked dy.
+  void fusedBackward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor* dz) {
+    DDPRUN_CHECK(trained_ && fusedOps_ != CUDNN_BATCHNORM_OPS_BN, name(),
+                 ": fused backward without a fused training forward");
+    DDPRUN_CHECK((dz != nullptr) == (fusedOps_ == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION), name(),
+                 ": the residual's gradient is given exactly when forward added a residual");
+    ctx_->bind();
+    dx.ensure(x.shape(), ctx_->allocator());
+    if (dz) dz->ensure(x.shape(), ctx_->allocator());
+    if (x.numel() == 0) return zeroFlaggedGrads(true);
+    const bool overwrite = w_.overwriteGrad && b_.overwriteGrad;
+    if (!overwrite) zeroFlaggedGrads(false);
+    setInput(x);
+    exBackward(x, &y, dy, dx, dz, fusedOps_, overwrite);
+    w_.overwriteGrad = b_.overwriteGrad = false;
+    fusedOps_ = CUDNN_BATCHNORM_OPS_BN;
+  }
+
  private:
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
 
@@ -219,47 +264,78 @@ class BatchNorm2d final : public Layer {
   // goes from forward to backward. False (and ex_ off for good): cuDNN
   // refused the configuration; the caller runs the plain API.
   static constexpr cudnnBatchNormMode_t kExMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-  static constexpr cudnnBatchNormOps_t kExOps = CUDNN_BATCHNORM_OPS_BN;
   bool forwardEx(const Tensor& x, Tensor& y) {
+    const cudnnStatus_t st = exForward(x, nullptr, y, CUDNN_BATCHNORM_OPS_BN);
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    ex_ = false;
+    std::fprintf(stderr, "ddprun: %s: cuDNN refused its NHWC batch norm (%s); using the "
+                 "plain kernels\n", name().c_str(), cudnnGetErrorString(st));
+    return false;
+  }
+  void backwardEx(const Tensor& x, const Tensor& dy, Tensor& dx, bool overwrite) {
+    exBackward(x, nullptr, dy, dx, nullptr, CUDNN_BATCHNORM_OPS_BN, overwrite);
+  }
+  // The Ex API's training forward with `ops` (the ReLU, and the add of z,
+  // where ops say so): SUCCESS, or the status with which cuDNN refused the
+  // configuration (NOT_SUPPORTED, BAD_PARAM: nothing was done); other
+  // failures throw.
+  cudnnStatus_t exForward(const Tensor& x, const Tensor* z, Tensor& y, cudnnBatchNormOps_t ops) {
+    const cudnnActivationDescriptor_t act = activation(ops);
+    const cudnnTensorDescriptor_t zDesc = z ? xDesc_.get() : nullptr;
     size_t wsBytes = 0, rsBytes = 0;
     cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        ctx_->cudnn(), kExMode, kExOps, xDesc_, xDesc_, xDesc_, bnDesc_, nullptr, &wsBytes);
+        ctx_->cudnn(), kExMode, ops, xDesc_, z ? zDesc : xDesc_.get(), xDesc_, bnDesc_, act,
+        &wsBytes);
     if (st == CUDNN_STATUS_SUCCESS)
-      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(ctx_->cudnn(), kExMode, kExOps,
-                                                                nullptr, xDesc_, &rsBytes);
+      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(ctx_->cudnn(), kExMode, ops, act,
+                                                                xDesc_, &rsBytes);
     if (st == CUDNN_STATUS_SUCCESS) {
       ScopedDeviceBytes ws(*ctx_, wsBytes);
       reserve_.reset();
       reserveBytes_ = rsBytes;
       st = cudnnBatchNormalizationForwardTrainingEx(
-          ctx_->cudnn(), kExMode, kExOps, &kOne, &kZero, xDesc_, x.data(), nullptr, nullptr,
-          xDesc_, y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum,
-          rm_.value.data(), rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data(), nullptr,
-          ws.get(), wsBytes, rsBytes ? reserve_.ensure(rsBytes) : nullptr, rsBytes);
+          ctx_->cudnn(), kExMode, ops, &kOne, &kZero, xDesc_, x.data(), zDesc,
+          z ? z->data() : nullptr, xDesc_, y.data(), bnDesc_, w_.value.data(), b_.value.data(),
+          kMomentum, rm_.value.data(), rv_.value.data(), kEps, saveMean_.data(),
+          saveInvStd_.data(), act, ws.get(), wsBytes,
+          rsBytes ? reserve_.ensure(rsBytes) : nullptr, rsBytes);
     }
     if (st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM) {
-      ex_ = false;
       reserve_.reset();
-      std::fprintf(stderr, "ddprun: %s: cuDNN refused its NHWC batch norm (%s); using the "
-                   "plain kernels\n", name().c_str(), cudnnGetErrorString(st));
-      return false;
+      return st;
     }
     DDPRUN_CUDNN_OK(st);
-    return true;
+    return st;
   }
-  void backwardEx(const Tensor& x, const Tensor& dy, Tensor& dx, bool overwrite) {
+  // Its backward: dx, and dz where ops add a residual; y (forward's output)
+  // where ops have the ReLU.
+  void exBackward(const Tensor& x, const Tensor* y, const Tensor& dy, Tensor& dx, Tensor* dz,
+                  cudnnBatchNormOps_t ops, bool overwrite) {
+    const cudnnActivationDescriptor_t act = activation(ops);
+    const cudnnTensorDescriptor_t yDesc = y ? xDesc_.get() : nullptr;
+    const cudnnTensorDescriptor_t dzDesc = dz ? xDesc_.get() : nullptr;
     size_t wsBytes = 0;
     DDPRUN_CUDNN_OK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        ctx_->cudnn(), kExMode, kExOps, xDesc_, xDesc_, xDesc_, nullptr, xDesc_, bnDesc_, nullptr,
-        &wsBytes));
+        ctx_->cudnn(), kExMode, ops, xDesc_, y ? yDesc : xDesc_.get(), xDesc_, dzDesc, xDesc_,
+        bnDesc_, act, &wsBytes));
     ScopedDeviceBytes ws(*ctx_, wsBytes);
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackwardEx(
-        ctx_->cudnn(), kExMode, kExOps, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne, xDesc_,
-        x.data(), nullptr, nullptr, xDesc_, dy.data(), nullptr, nullptr, xDesc_, dx.data(),
-        bnDesc_, w_.value.data(), nullptr, w_.grad.data(), b_.grad.data(), kEps,
-        saveMean_.data(), saveInvStd_.data(), nullptr, ws.get(), wsBytes, reserve_.get(),
-        reserveBytes_));
+        ctx_->cudnn(), kExMode, ops, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne, xDesc_,
+        x.data(), yDesc, y ? y->data() : nullptr, xDesc_, dy.data(), dzDesc,
+        dz ? dz->data() : nullptr, xDesc_, dx.data(), bnDesc_, w_.value.data(),
+        act ? b_.value.data() : nullptr, w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(),
+        saveInvStd_.data(), act, ws.get(), wsBytes, reserve_.get(), reserveBytes_));
     reserve_.reset();  // one backward per training forward
+  }
+  // The ReLU's descriptor for ops with an activation, else null.
+  cudnnActivationDescriptor_t activation(cudnnBatchNormOps_t ops) {
+    if (ops == CUDNN_BATCHNORM_OPS_BN) return nullptr;
+    if (!relu_) {
+      relu_ = ActivationDesc::create();
+      DDPRUN_CUDNN_OK(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU,
+                                                   CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    }
+    return relu_;
   }
 
   // x's descriptor (the context's layout) and, NHWC, the parameters' derived
@@ -356,12 +432,75 @@ class BatchNorm2d final : public Layer {
   bool ex_ = false;
   DeviceArray<uint8_t> reserve_;  // the Ex API's, forward to backward
   size_t reserveBytes_ = 0;
+  ActivationDesc relu_;  // the fused ReLU's (activation())
+  // BatchNormAct: cuDNN's fused forward may still be tried (off once refused),
+  // and the ops the last training forward ran with (BN: not fused).
+  bool fuse_ = true;
+  cudnnBatchNormOps_t fusedOps_ = CUDNN_BATCHNORM_OPS_BN;
   std::shared_ptr<StepCounter> counter_;
   bool leader_ = false;
   int64_t forwards_ = 0;  // a follower's training forwards (host)
 };
 
+// ------------------------------------------------- batch norm + ReLU (+ add)
+// BatchNormAct on NHWC: cuDNN's fused training forward and backward
+// (BatchNorm2d::fusedForward/fusedBackward) where cuDNN accepts them; else,
+// and in evaluation, the batch norm, our add and our ReLU apart (the
+// composition Backend::batchNormAct would make), so both paths keep the
+// contract: y = relu(bn(x) + z), dz = the ReLU's masked dy.
+class FusedBatchNormAct final : public BatchNormAct {
+ public:
+  FusedBatchNormAct(std::shared_ptr<Context> ctx, std::string name, int64_t c, bool residual)
+      : BatchNormAct(name), ctx_(ctx), bn_(std::move(ctx), name, c, nullptr),
+        residual_(residual) {}
+  bool residual() const override { return residual_; }
+  using BatchNormAct::backward;
+  using BatchNormAct::forward;
+  void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
+    DDPRUN_CHECK((z != nullptr) == residual_, name(), residual_
+                 ? ": the residual is missing" : ": a residual was given to a batch norm "
+                 "without one");
+    fused_ = training && bn_.fusedForward(x, z, y);
+    if (fused_) return;
+    ctx_->bind();
+    y.ensure(x.shape(), ctx_->allocator());
+    bn_.forward(x, y, training);
+    const size_t n = static_cast<size_t>(y.numel());
+    if (z) launchAdd(y.data(), z->data(), y.data(), n, ctx_->stream());
+    launchRelu(y.data(), y.data(), n, ctx_->stream());
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                Tensor* dz) override {
+    DDPRUN_CHECK(!residual_ || dz, name(), ": the residual's gradient needs somewhere to go");
+    ctx_->bind();
+    Tensor& out = dx ? *dx : scratch_;
+    if (fused_) return bn_.fusedBackward(x, y, dy, out, dz);
+    Tensor& g = dz ? *dz : g_;
+    g.ensure(y.shape(), ctx_->allocator());
+    launchReluBackward(y.data(), dy.data(), g.data(), static_cast<size_t>(y.numel()),
+                       ctx_->stream());
+    out.ensure(x.shape(), ctx_->allocator());
+    bn_.backward(x, y, g, &out);
+    g_ = Tensor();
+  }
+  std::vector<Param*> params() override { return bn_.params(); }
+  std::vector<Buffer*> buffers() override { return bn_.buffers(); }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  BatchNorm2d bn_;
+  bool residual_;
+  bool fused_ = false;  // the last forward ran fused (its backward must too)
+  Tensor g_, scratch_;  // apart: dL/d(bn's output) without a residual; dx nobody wants
+};
+
 }  // namespace
+
+std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
+                                               int64_t channels, bool residual) {
+  return std::make_unique<FusedBatchNormAct>(std::move(ctx), std::move(name), channels,
+                                             residual);
+}
 
 std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string name,
                                      const Pool2dSpec& spec) {

@@ -54,6 +54,8 @@ using ConvDesc = CudnnOwned<cudnnConvolutionDescriptor_t, cudnnCreateConvolution
                             cudnnDestroyConvolutionDescriptor>;
 using PoolDesc = CudnnOwned<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
                             cudnnDestroyPoolingDescriptor>;
+using ActivationDesc = CudnnOwned<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor,
+                                  cudnnDestroyActivationDescriptor>;
 
 class LtHandle : public Owned<cublasLtHandle_t, cublasLtDestroy> {
  public:

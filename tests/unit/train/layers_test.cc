@@ -648,5 +648,114 @@ TEST_F(LayersTest, OptimizersFollowTorchOptimRules) {
   EXPECT_THROW(Optimizer::create({.kind = "lbfgs"}, *be, ps), ddprun::InvalidArgument);
 }
 
+// ------------------------------------------------------------ BatchNormAct
+// relu(bn(x) + z) and its gradients in float64, batch statistics (biased
+// variance, eps 1e-5), gamma/beta per channel.
+struct BnActRef {
+  std::vector<double> y, dx, dz, dgamma, dbeta;
+};
+BnActRef bnActReference(const Tensor& x, const Tensor* z, const std::vector<float>& gamma,
+                        const std::vector<float>& beta, const Tensor& dy) {
+  const int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
+  const double m = static_cast<double>(n * hw);
+  auto at = [&](int64_t i, int64_t ch, int64_t q) { return (i * c + ch) * hw + q; };
+  BnActRef r;
+  r.y.resize(x.numel());
+  r.dx.resize(x.numel());
+  r.dz.resize(x.numel());
+  r.dgamma.assign(c, 0.0);
+  r.dbeta.assign(c, 0.0);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t q = 0; q < hw; ++q) mean += x.data()[at(i, ch, q)];
+    mean /= m;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t q = 0; q < hw; ++q) var += std::pow(x.data()[at(i, ch, q)] - mean, 2);
+    var /= m;
+    const double invstd = 1.0 / std::sqrt(var + 1e-5);
+    double sg = 0, sgx = 0;
+    std::vector<double> xhat(n * hw), g(n * hw);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t q = 0; q < hw; ++q) {
+        const int64_t e = at(i, ch, q), k = i * hw + q;
+        xhat[k] = (x.data()[e] - mean) * invstd;
+        const double s = gamma[ch] * xhat[k] + beta[ch] + (z ? z->data()[e] : 0.0);
+        r.y[e] = std::max(s, 0.0);
+        g[k] = s > 0 ? dy.data()[e] : 0.0;
+        r.dz[e] = g[k];
+        sg += g[k];
+        sgx += g[k] * xhat[k];
+      }
+    r.dbeta[ch] = sg;
+    r.dgamma[ch] = sgx;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t q = 0; q < hw; ++q) {
+        const int64_t k = i * hw + q;
+        r.dx[at(i, ch, q)] = gamma[ch] * invstd / m * (m * g[k] - sg - xhat[k] * sgx);
+      }
+  }
+  return r;
+}
+
+void expectNear(const std::vector<float>& got, const std::vector<double>& want, double rtol,
+                const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rtol * (std::fabs(want[i]) + 0.1 * scale) + 1e-12)
+        << what << "[" << i << "]";
+}
+
+// The default BatchNormAct (the backend's batch norm, add and ReLU) against
+// float64, with and without the residual, on inputs around 0 and around 100
+// (standard deviation about 1: the variance must not cancel).
+TEST_F(LayersTest, BatchNormActMatchesFloat64) {
+  for (const bool residual : {false, true})
+    for (const float centre : {0.0f, 100.0f}) {
+      SCOPED_TRACE(std::string(residual ? "residual" : "no residual") + ", mean " +
+                   std::to_string(centre));
+      auto l = be->batchNormAct("bn", 3, nullptr, residual);
+      EXPECT_EQ(l->residual(), residual);
+      ASSERT_EQ(l->params().size(), 2u);
+      EXPECT_EQ(l->params()[0]->name, "bn.weight");
+      EXPECT_EQ(l->buffers().size(), 3u);
+      Rng rng(11);
+      const std::vector<float> gamma = {0.7f, 1.3f, 1.0f}, beta = {0.2f, -0.1f, 0.0f};
+      for (int ch = 0; ch < 3; ++ch) {
+        l->params()[0]->value.data()[ch] = gamma[ch];
+        l->params()[1]->value.data()[ch] = beta[ch];
+      }
+      Tensor x({4, 3, 5, 3}), z({4, 3, 5, 3}), dy({4, 3, 5, 3});
+      fillRandom(x, rng, centre - 1.7f, centre + 1.7f);
+      fillRandom(z, rng);
+      fillRandom(dy, rng);
+      Tensor y, dx, dz;
+      l->forward(x, residual ? &z : nullptr, y, true);
+      l->backward(x, y, dy, &dx, residual ? &dz : nullptr);
+      const BnActRef r = bnActReference(x, residual ? &z : nullptr, gamma, beta, dy);
+      const double tol = centre == 0.0f ? 1e-5 : 1e-3;  // float x near 100: 2^-17 per unit
+      expectNear(values(y), r.y, tol, "y");
+      expectNear(values(dx), r.dx, tol, "dx");
+      if (residual) expectNear(values(dz), r.dz, 0.0, "dz");
+      expectNear(values(l->params()[0]->grad), r.dgamma, tol, "dgamma");
+      expectNear(values(l->params()[1]->grad), r.dbeta, tol, "dbeta");
+    }
+}
+
+TEST_F(LayersTest, BatchNormActWithAResidualIsNoPlainLayer) {
+  auto l = be->batchNormAct("bn", 2, nullptr, true);
+  Tensor x({2, 2, 2, 2}), y;
+  EXPECT_THROW(l->forward(x, y, true), InvalidArgument);
+  EXPECT_THROW(l->forward(x, nullptr, y, true), InvalidArgument);
+  auto plain = be->batchNormAct("bn", 2, nullptr, false);
+  Rng rng(3);
+  fillRandom(x, rng);
+  plain->forward(x, y, true);  // as a Layer: relu(bn(x))
+  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_GE(y.data()[i], 0.0f);
+  EXPECT_THROW(plain->forward(x, &x, y, true), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace ddprun::train
