@@ -67,6 +67,15 @@ std::unique_ptr<Layer> Backend::flatten(std::string name) {
   return std::make_unique<Flatten>(std::move(name));
 }
 
+void BatchNormAct::checkResidual(const Tensor* z) const {
+  DDPRUN_CHECK((z != nullptr) == residual_, name(), residual_
+               ? ": the residual is missing" : ": a residual was given to a batch norm "
+               "without one");
+}
+void BatchNormAct::checkResidualGrad(const Tensor* dz) const {
+  DDPRUN_CHECK(!residual_ || dz, name(), ": the residual's gradient needs somewhere to go");
+}
+
 void BatchNormAct::forward(const Tensor& x, Tensor& y, bool training) {
   DDPRUN_CHECK(!residual(), name(), ": a batch norm with a residual add needs the residual "
                "(forward(x, z, y))");
@@ -86,15 +95,12 @@ class ComposedBatchNormAct final : public BatchNormAct {
  public:
   ComposedBatchNormAct(Backend& be, std::string name, int64_t c, runtime::ProcessGroup* sync,
                        bool residual)
-      : BatchNormAct(name), be_(be), bn_(be.batchNorm2d(name, c, sync)),
-        relu_(be.relu(name + ".relu")), residual_(residual) {}
-  bool residual() const override { return residual_; }
+      : BatchNormAct(name, residual), be_(be), bn_(be.batchNorm2d(name, c, sync)),
+        relu_(be.relu(name + ".relu")) {}
   using BatchNormAct::backward;
   using BatchNormAct::forward;
   void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
-    DDPRUN_CHECK((z != nullptr) == residual_, name(), residual_
-                 ? ": the residual is missing" : ": a residual was given to a batch norm "
-                 "without one");
+    checkResidual(z);
     y.ensure(x.shape(), be_.allocator());
     bn_->forward(x, y, training);
     if (z) be_.add(y, *z, y);
@@ -102,8 +108,8 @@ class ComposedBatchNormAct final : public BatchNormAct {
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 Tensor* dz) override {
-    DDPRUN_CHECK(!residual_ || dz, name(), ": the residual's gradient needs somewhere to go");
-    Tensor& g = residual_ ? *dz : g_;
+    checkResidualGrad(dz);
+    Tensor& g = residual() ? *dz : g_;
     g.ensure(y.shape(), be_.allocator());
     relu_->backward(y, y, dy, &g);
     if (dx) dx->ensure(x.shape(), be_.allocator());
@@ -116,7 +122,6 @@ class ComposedBatchNormAct final : public BatchNormAct {
  private:
   Backend& be_;
   std::unique_ptr<Layer> bn_, relu_;
-  bool residual_;
   Tensor g_;  // dL/d(bn's output) without a residual
 };
 }  // namespace

@@ -112,14 +112,21 @@ class BatchNormAct : public Layer {
   // batch norm's dy). Reads x and forward's y.
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                         Tensor* dz) = 0;
-  virtual bool residual() const = 0;
+  bool residual() const { return residual_; }
 
   Shape outputShape(const Shape& in) const override { return in; }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 
  protected:
-  using Layer::Layer;
+  BatchNormAct(std::string name, bool residual) : Layer(std::move(name)), residual_(residual) {}
+  // InvalidArgument unless z is given exactly with a residual (forward), and
+  // dz with one (backward).
+  void checkResidual(const Tensor* z) const;
+  void checkResidualGrad(const Tensor* dz) const;
+
+ private:
+  bool residual_;
 };
 
 // Convolution geometry: square kernel, stride and zero padding; `bias`

@@ -451,15 +451,11 @@ class BatchNorm2d final : public Layer {
 class FusedBatchNormAct final : public BatchNormAct {
  public:
   FusedBatchNormAct(std::shared_ptr<Context> ctx, std::string name, int64_t c, bool residual)
-      : BatchNormAct(name), ctx_(ctx), bn_(std::move(ctx), name, c, nullptr),
-        residual_(residual) {}
-  bool residual() const override { return residual_; }
+      : BatchNormAct(name, residual), ctx_(ctx), bn_(std::move(ctx), name, c, nullptr) {}
   using BatchNormAct::backward;
   using BatchNormAct::forward;
   void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
-    DDPRUN_CHECK((z != nullptr) == residual_, name(), residual_
-                 ? ": the residual is missing" : ": a residual was given to a batch norm "
-                 "without one");
+    checkResidual(z);
     fused_ = training && bn_.fusedForward(x, z, y);
     if (fused_) return;
     ctx_->bind();
@@ -471,7 +467,7 @@ class FusedBatchNormAct final : public BatchNormAct {
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 Tensor* dz) override {
-    DDPRUN_CHECK(!residual_ || dz, name(), ": the residual's gradient needs somewhere to go");
+    checkResidualGrad(dz);
     ctx_->bind();
     Tensor& out = dx ? *dx : scratch_;
     if (fused_) return bn_.fusedBackward(x, y, dy, out, dz);
@@ -489,7 +485,6 @@ class FusedBatchNormAct final : public BatchNormAct {
  private:
   std::shared_ptr<Context> ctx_;
   BatchNorm2d bn_;
-  bool residual_;
   bool fused_ = false;  // the last forward ran fused (its backward must too)
   Tensor g_, scratch_;  // apart: dL/d(bn's output) without a residual; dx nobody wants
 };
