@@ -86,7 +86,8 @@ class CudaWheel(PreparedOnce):
             names = z.namelist()
         requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)([^;\n]*)$", meta, re.M)
         self.assertEqual(sorted(n for n, _ in requires), sorted(REQUIRED), meta[:2000])
-        self.assertIn(">=2.30", dict(requires)["nvidia-nccl-cu13"])
+        # PyTorch 2.11 pins nvidia-nccl-cu13==2.28.9: the floor must admit it.
+        self.assertIn(">=2.28", dict(requires)["nvidia-nccl-cu13"])
         for p in PLUGINS:
             self.assertIn("ddprun/lib/" + p, names)
         # Never bundled: the environment's packages provide them.
