@@ -27,7 +27,8 @@
 #                    cold compile of ResNet-18 in tf32 and bf16 makes it the
 #                    longest stage: give it a call of its own when time is short)
 #         wheel      the CUDA wheel (pip install --no-deps), train --device cuda
-#                    on 1 and 2 ranks with no LD_LIBRARY_PATH
+#                    on 1 and 2 ranks with no LD_LIBRARY_PATH, every CUDA
+#                    library loaded from site-packages/nvidia (LD_DEBUG=libs)
 #         tests      cuda_train_tests
 #         traintests tests/cuda/train_gpu_test.py: CPU == CUDA, 2 ranks == 1 rank
 #                    at twice the batch (CUDA IPC, and NCCL on one GPU), resume
@@ -268,9 +269,6 @@ run() {
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
     --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
     $benchArgs
-  # The CUDA wheel as a user gets it: pip install --no-deps into the Python
-  # environment that has NVIDIA's packages, run with no LD_LIBRARY_PATH (the
-  # plugins' RPATHs find them), one rank and two ranks on the GPU.
   stage wheel 90 wheel_check
   stage tests 120 bash -c "gtest_prog cuda_train_tests"
   stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"

@@ -97,6 +97,13 @@ def cuda_cases(quick):
         if prec in ("tf32", "bf16") and not quick:
             settings.append(COMPILE)
         return dict(base, name="resnet18-224-" + prec, precision=prec, settings=settings)
+
+    def variant(prec, suffix, **ours):
+        """An extra: ours with other flags or environment; PyTorch's figures
+        are resnet(prec)'s."""
+        return dict(base, name="resnet18-224-%s-%s" % (prec, suffix), precision=prec, settings=[],
+                    pytorch_same_as="resnet18-224-" + prec, extra=True,
+                    ours=[dict(key="ours", **ours)])
     return [
         resnet("tf32"), resnet("fp32"),
         dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
@@ -108,25 +115,13 @@ def cuda_cases(quick):
         resnet("bf16"), resnet("fp16"),
         # The layout A/B: ours in the layout --layout auto does not choose
         # (auto: NHWC in tf32/bf16/fp16, NCHW in fp32).
-        dict(base, name="resnet18-224-fp32-nhwc", precision="fp32", settings=[],
-             pytorch_same_as="resnet18-224-fp32", extra=True,
-             ours=[{"key": "ours", "args": ["--layout", "nhwc"]}]),
-        dict(base, name="resnet18-224-tf32-nchw", precision="tf32", settings=[],
-             pytorch_same_as="resnet18-224-tf32", extra=True,
-             ours=[{"key": "ours", "args": ["--layout", "nchw"]}]),
-        dict(base, name="resnet18-224-bf16-nchw", precision="bf16", settings=[],
-             pytorch_same_as="resnet18-224-bf16", extra=True,
-             ours=[{"key": "ours", "args": ["--layout", "nchw"]}]),
+        variant("fp32", "nhwc", args=["--layout", "nhwc"]),
+        variant("tf32", "nchw", args=["--layout", "nchw"]),
+        variant("bf16", "nchw", args=["--layout", "nchw"]),
         # cuDNN's fused batch norm + ReLU (+ add), opt-in until measured.
-        dict(base, name="resnet18-224-tf32-bnfusion", precision="tf32", settings=[],
-             pytorch_same_as="resnet18-224-tf32", extra=True,
-             ours=[{"key": "ours", "env": {"DDPRUN_CUDNN_BN_FUSION": "1"}}]),
-        dict(base, name="resnet18-224-bf16-bnfusion", precision="bf16", settings=[],
-             pytorch_same_as="resnet18-224-bf16", extra=True,
-             ours=[{"key": "ours", "env": {"DDPRUN_CUDNN_BN_FUSION": "1"}}]),
-        dict(base, name="resnet18-224-tf32-asyncalloc", precision="tf32", settings=[],
-             pytorch_same_as="resnet18-224-tf32", extra=True,
-             ours=[{"key": "ours", "env": {"DDPRUN_CUDA_ALLOCATOR": "async"}}]),
+        variant("tf32", "bnfusion", env={"DDPRUN_CUDNN_BN_FUSION": "1"}),
+        variant("bf16", "bnfusion", env={"DDPRUN_CUDNN_BN_FUSION": "1"}),
+        variant("tf32", "asyncalloc", env={"DDPRUN_CUDA_ALLOCATOR": "async"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

@@ -91,9 +91,9 @@ DeviceDecision decideDevice(DeviceChoice device, Precision precision, const Devi
   return d;
 }
 
-bool nhwcLayout(const std::string& layout, Precision precision) {
-  if (layout == "auto") return precision != Precision::kFp32;
-  return layout == "nhwc";
+bool nhwcLayout(Layout layout, Precision precision) {
+  if (layout == Layout::kAuto) return precision != Precision::kFp32;
+  return layout == Layout::kNhwc;
 }
 
 std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* decision) {

@@ -33,4 +33,19 @@ std::optional<DeviceChoice> parseDeviceChoice(const std::string& s) {
   return std::nullopt;
 }
 
+const char* layoutName(Layout l) {
+  switch (l) {
+    case Layout::kAuto: return "auto";
+    case Layout::kNhwc: return "nhwc";
+    case Layout::kNchw: return "nchw";
+  }
+  return "?";
+}
+
+std::optional<Layout> parseLayout(const std::string& s) {
+  for (Layout l : {Layout::kAuto, Layout::kNhwc, Layout::kNchw})
+    if (s == layoutName(l)) return l;
+  return std::nullopt;
+}
+
 }  // namespace ddprun::train

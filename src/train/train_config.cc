@@ -66,10 +66,10 @@ std::string modelDataProblem(const TrainConfig& c) {
 
 // The flags' spellings as given on the command line (parsed in validate).
 struct DeviceFlags {
-  std::string device, precision;
+  std::string device, precision, layout;
 };
 
-// Parses --device and --precision into c (the one place their spellings are
+// Parses --device, --precision and --layout into c (the one place their spellings are
 // read) and refuses the CPU with another precision than fp32.
 std::string deviceProblem(TrainConfig& c, const DeviceFlags& f) {
   const std::optional<DeviceChoice> device = parseDeviceChoice(f.device);
@@ -78,8 +78,11 @@ std::string deviceProblem(TrainConfig& c, const DeviceFlags& f) {
   const std::optional<Precision> precision = parsePrecision(f.precision);
   if (!precision)
     return "unknown --precision '" + f.precision + "': choose one of " + kPrecisionChoices;
+  const std::optional<Layout> layout = parseLayout(f.layout);
+  if (!layout) return "unknown --layout '" + f.layout + "': choose one of " + kLayoutChoices;
   c.device = *device;
   c.precision = *precision;
+  c.layout = *layout;
   if (c.device == DeviceChoice::kCpu && c.precision != Precision::kFp32)
     return std::string("--precision ") + precisionName(c.precision) +
            " needs --device cuda: the CPU computes fp32 only";
@@ -95,8 +98,6 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
     return "unknown optimizer '" + c.optimizer + "': choose one of " + joined(opts);
-  if (c.layout != "auto" && c.layout != "nhwc" && c.layout != "nchw")
-    return "unknown --layout '" + c.layout + "': choose one of auto, nhwc, nchw";
   if (!runtime::parseCommHook(c.commHook))
     return "unknown --comm-hook '" + c.commHook + "': choose one of none, fp16, bf16";
   if (c.epochs <= 0) return "--epochs must be positive (got " + std::to_string(c.epochs) + ")";
@@ -142,7 +143,7 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
 ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   TrainConfig c;
   c.data = kDefaultDataDir;
-  DeviceFlags flags{deviceChoiceName(c.device), precisionName(c.precision)};
+  DeviceFlags flags{deviceChoiceName(c.device), precisionName(c.precision), layoutName(c.layout)};
   CLI::App app{"train: the bundled data-parallel trainer (run it under ddprun, torchrun or alone)",
                "train"};
   app.set_help_flag("-h,--help", "Print this help and exit");
@@ -171,7 +172,7 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_flag("--deterministic", c.deterministic,
                "Bitwise-repeatable GPU runs (slower: deterministic, direct-sum cuDNN algorithms)");
-  app.add_option("--layout", c.layout,
+  app.add_option("--layout", flags.layout,
                  "Activations in GPU memory: auto (nhwc in tf32/bf16/fp16, nchw in fp32) | "
                  "nhwc (channels_last) | nchw (cuda only; the CPU computes nchw)")
       ->capture_default_str();

@@ -105,24 +105,18 @@ double normwiseError(const std::vector<float>& got, const std::vector<float>& wa
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// NCHW <-> NHWC on the host, for tensors of [N, C, H, W] (others unchanged):
-// what an NHWC backend's activations look like in memory.
-std::vector<float> nchwToNhwc(const std::vector<float>& v, const Shape& s) {
+// NCHW -> NHWC (toNhwc) or back on the host, for tensors of [N, C, H, W]
+// (others unchanged): what an NHWC backend's activations look like in memory.
+std::vector<float> relayout(const std::vector<float>& v, const Shape& s, bool toNhwc) {
   if (s.size() != 4) return v;
   const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
   std::vector<float> out(v.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t q = 0; q < hw; ++q) out[(i * hw + q) * c + ch] = v[(i * c + ch) * hw + q];
-  return out;
-}
-std::vector<float> nhwcToNchw(const std::vector<float>& v, const Shape& s) {
-  if (s.size() != 4) return v;
-  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
-  std::vector<float> out(v.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t q = 0; q < hw; ++q) out[(i * c + ch) * hw + q] = v[(i * hw + q) * c + ch];
+      for (int64_t q = 0; q < hw; ++q) {
+        const int64_t nchw = (i * c + ch) * hw + q, nhwc = (i * hw + q) * c + ch;
+        out[toNhwc ? nhwc : nchw] = v[toNhwc ? nchw : nhwc];
+      }
   return out;
 }
 
@@ -285,14 +279,14 @@ class CudaBackendTest : public ::testing::Test {
   Tensor toGpuAct(const Tensor& host, Backend* be = nullptr) {
     Backend& b = be ? *be : *gpu_;
     const std::vector<float> v =
-        nhwc_ ? nchwToNhwc(hostValues(host), host.shape()) : hostValues(host);
+        nhwc_ ? relayout(hostValues(host), host.shape(), true) : hostValues(host);
     Tensor t(host.shape(), b.allocator());
     b.upload(v.data(), t.data(), v.size());
     return t;
   }
   std::vector<float> fromGpuAct(const Tensor& t, Backend* be = nullptr) {
     const std::vector<float> v = fromGpu(t, be);
-    return nhwc_ ? nhwcToNchw(v, t.shape()) : v;
+    return nhwc_ ? relayout(v, t.shape(), false) : v;
   }
   // Runs f with gpu_ an NHWC backend (deterministic, precision p) and the
   // activations converted accordingly.

@@ -48,12 +48,11 @@ inline bool chooseCuda(DeviceChoice device, Precision precision, const DeviceInv
   return decideDevice(device, precision, inv).cuda;
 }
 
-// Whether CUDA's activations are NHWC for --layout `layout` ("nhwc", "nchw"
-// or "auto") at `precision`: auto is NHWC where cuDNN runs tensor-core
-// kernels on it (tf32, bf16, fp16) and NCHW in fp32, whose NHWC kernels are
-// not tensor-core kernels (docs/benchmarks.md). Pure; `layout` is one of the
-// three (train_config.cc checks).
-bool nhwcLayout(const std::string& layout, Precision precision);
+// Whether CUDA's activations are NHWC for --layout `layout` at `precision`:
+// auto is NHWC where cuDNN runs tensor-core kernels on it (tf32, bf16, fp16)
+// and NCHW in fp32, whose NHWC kernels are not tensor-core kernels
+// (docs/benchmarks.md). Pure.
+bool nhwcLayout(Layout layout, Precision precision);
 
 // The backend --device chooses: CUDA on this process's GPU (LOCAL_RANK modulo
 // the visible GPUs, DDPRUN_CUDA_DEVICE overrides; ranks may share a GPU), or

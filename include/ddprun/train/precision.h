@@ -1,6 +1,7 @@
-// The trainer's two device flags as values: --device (which backend) and
-// --precision (the arithmetic of the device's compute). train_config parses
-// the spellings once; everything after it takes these enums.
+// The trainer's device flags as values: --device (which backend),
+// --precision (the arithmetic of the device's compute) and --layout (how
+// CUDA keeps activations). train_config parses the spellings once;
+// everything after it takes these enums.
 // Thread-safety: constants and pure functions.
 #pragma once
 
@@ -29,5 +30,14 @@ enum class DeviceChoice : uint8_t { kCpu, kCuda, kAuto };
 const char* deviceChoiceName(DeviceChoice d);
 std::optional<DeviceChoice> parseDeviceChoice(const std::string& s);
 inline constexpr const char* kDeviceChoices = "cpu, cuda, auto";
+
+// --layout: CUDA's activations NHWC (channels_last) or NCHW in memory, or
+// auto, which picks by precision (nhwcLayout(), backend_choice.h). The CPU
+// computes NCHW whatever it says.
+enum class Layout : uint8_t { kAuto, kNhwc, kNchw };
+// "auto" | "nhwc" | "nchw".
+const char* layoutName(Layout l);
+std::optional<Layout> parseLayout(const std::string& s);
+inline constexpr const char* kLayoutChoices = "auto, nhwc, nchw";
 
 }  // namespace ddprun::train

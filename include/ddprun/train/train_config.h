@@ -34,11 +34,11 @@ struct TrainConfig {
   // fastest algorithms that pass the accuracy check. The CPU is always
   // deterministic. DDPRUN_CUDNN_DETERMINISTIC=1 sets it too.
   bool deterministic = false;
-  // How CUDA lays activations out in memory: "nhwc" (channels_last: cuDNN's
-  // tensor-core kernels without transposes), "nchw" (the A/B and fallback)
-  // or "auto": NHWC in tf32/bf16/fp16, NCHW in fp32 (nhwcLayout(),
+  // How CUDA lays activations out in memory: nhwc (channels_last: cuDNN's
+  // tensor-core kernels without transposes), nchw (the A/B and fallback) or
+  // auto: NHWC in tf32/bf16/fp16, NCHW in fp32 (nhwcLayout(),
   // backend_choice.h). The CPU computes NCHW whatever this says.
-  std::string layout = "auto";
+  Layout layout = Layout::kAuto;
   int epochs = 1;
   int batchSize = 64;  // per rank
   float lr = 0.05f;

@@ -99,31 +99,23 @@ class GlobalAvgPool final : public Layer {
 
 // Flatten of NHWC activations: [N, C, H, W] to [N, C*H*W] in PyTorch's
 // order (c, h, w), which the next linear layer's weights are in: a transpose
-// forward and back (a view where H*W == 1, or for a tensor that is not 4-d).
+// forward and back; the shared view (Backend::flatten) where the orders
+// agree (H*W == 1 or C == 1, or a tensor that is not 4-d).
 class FlattenNhwc final : public Layer {
  public:
-  FlattenNhwc(std::shared_ptr<Context> ctx, std::string name)
-      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
-  Shape outputShape(const Shape& s) const override {
-    DDPRUN_CHECK(!s.empty(), name(), " needs a batch dimension");
-    return {s[0], s[0] ? numelOf(s) / s[0] : 0};
-  }
-  void forward(const Tensor& x, Tensor& y, bool) override {
-    if (!transposes(x)) {
-      y = x.reshaped(outputShape(x.shape()));
-      return;
-    }
+  FlattenNhwc(std::shared_ptr<Context> ctx, std::unique_ptr<Layer> view)
+      : Layer(view->name()), ctx_(std::move(ctx)), view_(std::move(view)) {}
+  Shape outputShape(const Shape& s) const override { return view_->outputShape(s); }
+  void forward(const Tensor& x, Tensor& y, bool training) override {
+    if (!transposes(x)) return view_->forward(x, y, training);
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
     launchTranspose(x.data(), y.data(), x.dim(0), x.dim(2) * x.dim(3), x.dim(1), false,
                     ctx_->stream());
   }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (!transposes(x)) return view_->backward(x, y, dy, dx);
     if (!dx) return;
-    if (!transposes(x)) {
-      *dx = dy.reshaped(x.shape());
-      return;
-    }
     ctx_->bind();
     dx->ensure(x.shape(), ctx_->allocator());
     launchTranspose(dy.data(), dx->data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), false,
@@ -135,6 +127,7 @@ class FlattenNhwc final : public Layer {
     return x.rank() == 4 && x.dim(2) * x.dim(3) > 1 && x.dim(1) > 1;
   }
   std::shared_ptr<Context> ctx_;
+  std::unique_ptr<Layer> view_;
 };
 
 void checkSame(const Tensor& a, const Tensor& b, const char* what) {
@@ -180,7 +173,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Layer> flatten(std::string n) override {
     if (!ctx_->nhwc()) return Backend::flatten(std::move(n));
-    return std::make_unique<FlattenNhwc>(ctx_, std::move(n));
+    return std::make_unique<FlattenNhwc>(ctx_, Backend::flatten(std::move(n)));
   }
   std::unique_ptr<Layer> relu(std::string n) override {
     return std::make_unique<Relu>(ctx_, std::move(n));

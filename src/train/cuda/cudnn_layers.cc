@@ -197,7 +197,7 @@ class BatchNorm2d final : public Layer {
     if (!overwrite) zeroFlaggedGrads(false);
     setInput(x);
     if (ex_) {
-      backwardEx(x, dy, *out, overwrite);
+      exBackward(x, nullptr, dy, *out, nullptr, CUDNN_BATCHNORM_OPS_BN, overwrite);
     } else {
       DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
           ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne,
@@ -261,8 +261,8 @@ class BatchNorm2d final : public Layer {
   // NHWC training: cuDNN's Ex API in SPATIAL_PERSISTENT mode, which runs its
   // NHWC kernels (what PyTorch calls for channels_last; the plain API runs
   // the NCHW kernels over NHWC data, 5x slower on an H200). Its reserve space
-  // goes from forward to backward. False (and ex_ off for good): cuDNN
-  // refused the configuration; the caller runs the plain API.
+  // goes from forward to backward (exBackward). False (and ex_ off for good):
+  // cuDNN refused the configuration; the caller runs the plain API.
   static constexpr cudnnBatchNormMode_t kExMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
   bool forwardEx(const Tensor& x, Tensor& y) {
     const cudnnStatus_t st = exForward(x, nullptr, y, CUDNN_BATCHNORM_OPS_BN);
@@ -271,9 +271,6 @@ class BatchNorm2d final : public Layer {
     std::fprintf(stderr, "ddprun: %s: cuDNN refused its NHWC batch norm (%s); using the "
                  "plain kernels\n", name().c_str(), cudnnGetErrorString(st));
     return false;
-  }
-  void backwardEx(const Tensor& x, const Tensor& dy, Tensor& dx, bool overwrite) {
-    exBackward(x, nullptr, dy, dx, nullptr, CUDNN_BATCHNORM_OPS_BN, overwrite);
   }
   // The Ex API's training forward with `ops` (the ReLU, and the add of z,
   // where ops say so): SUCCESS, or the status with which cuDNN refused the
@@ -284,8 +281,7 @@ class BatchNorm2d final : public Layer {
     const cudnnTensorDescriptor_t zDesc = z ? xDesc_.get() : nullptr;
     size_t wsBytes = 0, rsBytes = 0;
     cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        ctx_->cudnn(), kExMode, ops, xDesc_, z ? zDesc : xDesc_.get(), xDesc_, bnDesc_, act,
-        &wsBytes);
+        ctx_->cudnn(), kExMode, ops, xDesc_, xDesc_, xDesc_, bnDesc_, act, &wsBytes);
     if (st == CUDNN_STATUS_SUCCESS)
       st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(ctx_->cudnn(), kExMode, ops, act,
                                                                 xDesc_, &rsBytes);
@@ -316,8 +312,8 @@ class BatchNorm2d final : public Layer {
     const cudnnTensorDescriptor_t dzDesc = dz ? xDesc_.get() : nullptr;
     size_t wsBytes = 0;
     DDPRUN_CUDNN_OK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        ctx_->cudnn(), kExMode, ops, xDesc_, y ? yDesc : xDesc_.get(), xDesc_, dzDesc, xDesc_,
-        bnDesc_, act, &wsBytes));
+        ctx_->cudnn(), kExMode, ops, xDesc_, xDesc_, xDesc_, dzDesc, xDesc_, bnDesc_, act,
+        &wsBytes));
     ScopedDeviceBytes ws(*ctx_, wsBytes);
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackwardEx(
         ctx_->cudnn(), kExMode, ops, &kOne, &kZero, &kOne, overwrite ? &kZero : &kOne, xDesc_,

@@ -148,30 +148,30 @@ TEST(TrainConfigTest, DeviceAndPrecision) {
   expectRefused({"--device", "CPU"}, "unknown --device 'CPU'");
 }
 
-// Every spelling parses to its value and back; nothing else parses.
 // CUDA's activation layout: auto unless --layout nhwc|nchw; auto is NHWC
 // in the tensor-core precisions and NCHW in fp32; anything else is refused
 // with the choices.
 TEST(TrainConfigTest, LayoutDefaultsToAutoNhwcExceptInFp32) {
   const ParseResult d = parse({});
   ASSERT_TRUE(d.config);
-  EXPECT_EQ(d.config->layout, "auto");
+  EXPECT_EQ(d.config->layout, Layout::kAuto);
   for (const char* l : {"nchw", "nhwc"}) {
     const ParseResult n = parse({"--layout", l});
     ASSERT_TRUE(n.config);
-    EXPECT_EQ(n.config->layout, l);
+    EXPECT_STREQ(layoutName(n.config->layout), l);
   }
   expectRefused({"--layout", "NHWC"},
                 "unknown --layout 'NHWC': choose one of auto, nhwc, nchw");
   expectRefused({"--layout", "channels_last"}, "unknown --layout 'channels_last'");
-  EXPECT_FALSE(nhwcLayout("auto", Precision::kFp32));
+  EXPECT_FALSE(nhwcLayout(Layout::kAuto, Precision::kFp32));
   for (const Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
-    EXPECT_TRUE(nhwcLayout("auto", p));
-    EXPECT_FALSE(nhwcLayout("nchw", p));
+    EXPECT_TRUE(nhwcLayout(Layout::kAuto, p));
+    EXPECT_FALSE(nhwcLayout(Layout::kNchw, p));
   }
-  EXPECT_TRUE(nhwcLayout("nhwc", Precision::kFp32));
+  EXPECT_TRUE(nhwcLayout(Layout::kNhwc, Precision::kFp32));
 }
 
+// Every spelling parses to its value and back; nothing else parses.
 TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
   for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
     EXPECT_EQ(parsePrecision(precisionName(p)), p);
