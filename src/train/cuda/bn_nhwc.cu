@@ -1,0 +1,1 @@
+// Placeholder: the NHWC batch norm kernels (bn_nhwc.h) are being written.

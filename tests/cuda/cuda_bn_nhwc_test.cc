@@ -1,0 +1,1 @@
+// Placeholder: the GPU tests of the NHWC batch norm kernels are being written.

@@ -1,0 +1,1 @@
+// Placeholder: Tensor's element types are being written.
