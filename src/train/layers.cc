@@ -101,7 +101,7 @@ class ComposedBatchNormAct final : public BatchNormAct {
   using BatchNormAct::forward;
   void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
     checkResidual(z);
-    y.ensure(x.shape(), be_.allocator());
+    y.ensureLike(x, be_.allocator());
     bn_->forward(x, y, training);
     if (z) be_.add(y, *z, y);
     relu_->forward(y, y, training);
@@ -110,9 +110,9 @@ class ComposedBatchNormAct final : public BatchNormAct {
                 Tensor* dz) override {
     checkResidualGrad(dz);
     Tensor& g = residual() ? *dz : g_;
-    g.ensure(y.shape(), be_.allocator());
+    g.ensureLike(y, be_.allocator());
     relu_->backward(y, y, dy, &g);
-    if (dx) dx->ensure(x.shape(), be_.allocator());
+    if (dx) dx->ensureLike(x, be_.allocator());
     bn_->backward(x, y, g, dx);
     if (be_.releasesActivations()) g_ = Tensor();
   }

@@ -63,14 +63,14 @@ class BasicBlock final : public Layer {
   // input and a few gradients at a time, not the whole forward.
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     // dL/dc2 and dL/dsum (the ReLU's masked dy: the shortcut's gradient).
-    gC2_.ensure(c2_.shape(), be_.allocator());
-    gSum_.ensure(y.shape(), be_.allocator());
+    gC2_.ensureLike(c2_, be_.allocator());
+    gSum_.ensureLike(y, be_.allocator());
     bn2_->backward(c2_, y, dy, &gC2_, &gSum_);
     done(b2_);  // the output (y) is read by nothing below
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
     done(c2_);
-    gC1_.ensure(c1_.shape(), be_.allocator());
+    gC1_.ensureLike(c1_, be_.allocator());
     bn1_->backward(c1_, b1_, gR1_, &gC1_, nullptr);
     done(gR1_);
     done(b1_);
@@ -111,9 +111,10 @@ class BasicBlock final : public Layer {
     if (dsConv_) v.insert(v.end(), {dsConv_.get(), dsBn_.get()});
     return v;
   }
-  // Outputs and gradients live in this backend's memory.
+  // Outputs and gradients live in this backend's memory; a layer gives its
+  // output the shape and element type it makes (16-bit activations on a
+  // device that keeps them so), and a gradient has its activation's type.
   void run(Layer& l, const Tensor& in, Tensor& out, bool training) {
-    out.ensure(l.outputShape(in.shape()), be_.allocator());
     l.forward(in, out, training);
   }
   // An intermediate is given back to the backend's allocator once its last
@@ -124,7 +125,7 @@ class BasicBlock final : public Layer {
     if (be_.releasesActivations()) t = Tensor();
   }
   void back(Layer& l, const Tensor& in, const Tensor& out, const Tensor& dout, Tensor* din) {
-    if (din) din->ensure(in.shape(), be_.allocator());
+    if (din) din->ensureLike(in, be_.allocator());
     l.backward(in, out, dout, din);
   }
 

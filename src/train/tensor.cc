@@ -46,37 +46,70 @@ Allocator& cpuAllocator() {
   return a;
 }
 
-Tensor::Tensor(Shape shape, Allocator& a) {
-  const int64_t n = numelOf(shape);
-  adopt(a.alloc(static_cast<size_t>(n)), static_cast<size_t>(n), a);
-  shape_ = std::move(shape);
-  numel_ = n;
+bool isTensorType(DType t) {
+  return t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16;
 }
 
-void Tensor::adopt(float* p, size_t capacity, Allocator& a) {
+namespace {
+void checkTensorType(DType t) {
+  if (!isTensorType(t))
+    DDPRUN_THROW(InvalidArgument, "a tensor holds float32, bfloat16 or float16 elements, not ",
+                 runtime::dtypeName(t));
+}
+// The allocators count floats: the floats that hold n elements of t.
+size_t floatsFor(int64_t n, DType t) {
+  return (static_cast<size_t>(n) * runtime::dtypeSize(t) + sizeof(float) - 1) / sizeof(float);
+}
+}  // namespace
+
+Tensor::Tensor(Shape shape, Allocator& a, DType t) {
+  checkTensorType(t);
+  const int64_t n = numelOf(shape);
+  const size_t floats = floatsFor(n, t);
+  adopt(a.alloc(floats), floats * sizeof(float), a);
+  shape_ = std::move(shape);
+  numel_ = n;
+  dtype_ = t;
+}
+
+void Tensor::adopt(float* p, size_t capacityBytes, Allocator& a) {
   Allocator* alloc = &a;
   storage_ = std::shared_ptr<float>(p, [alloc](float* q) { alloc->free(q); });
   data_ = p;
-  capacity_ = capacity;
+  capacityBytes_ = capacityBytes;
   device_ = a.device();
 }
 
 Tensor Tensor::view(float* data, Shape shape, Device d) {
+  return view(data, std::move(shape), d, DType::kFloat32);
+}
+
+Tensor Tensor::view(void* data, Shape shape, Device d, DType type) {
+  checkTensorType(type);
   Tensor t;
   t.numel_ = numelOf(shape);
   t.shape_ = std::move(shape);
   t.data_ = data;
   t.device_ = d;
+  t.dtype_ = type;
   return t;
 }
 
-void Tensor::ensure(const Shape& shape, Allocator& a) {
+void Tensor::ensure(const Shape& shape, Allocator& a, DType t) {
+  checkTensorType(t);
   const int64_t n = numelOf(shape);
-  if (!storage_ || static_cast<size_t>(n) > capacity_ || a.device() != device_) {
-    adopt(a.allocUninitialized(static_cast<size_t>(n)), static_cast<size_t>(n), a);
-  }
+  const size_t floats = floatsFor(n, t);
+  if (!storage_ || floats * sizeof(float) > capacityBytes_ || a.device() != device_)
+    adopt(a.allocUninitialized(floats), floats * sizeof(float), a);
   shape_ = shape;
   numel_ = n;
+  dtype_ = t;
+}
+
+void Tensor::notFloat() const {
+  DDPRUN_THROW(InvalidArgument, "a ", runtime::dtypeName(dtype_), " tensor ", shapeString(shape_),
+               " was read as float32: this operation takes float32 elements (a 16-bit "
+               "activation reached a layer that does not take them)");
 }
 
 Tensor Tensor::reshaped(Shape shape) const {
