@@ -103,7 +103,9 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
     return loadCudaBackend({.device = runtime::cudaSelectedDevice(),
                             .precision = cfg.precision,
                             .deterministic = cfg.deterministic || deterministicFromEnv(),
-                            .nhwc = nhwcLayout(cfg.layout, cfg.precision)});
+                            .nhwc = nhwcLayout(cfg.layout, cfg.precision),
+                            // Opt-in until a GPU run has validated it (docs/train.md).
+                            .activations16 = env::integer("DDPRUN_CUDA_ACT16", 0, 0, 1) == 1});
   return makeCpuBackend(cfg.threads);
 }
 

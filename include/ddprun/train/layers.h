@@ -337,6 +337,15 @@ struct CudaBackendOptions {
   // Backend::modelInput, and Flatten turns NHWC into PyTorch's C, H, W order.
   // Off: every activation NCHW (train --layout nchw, the A/B and fallback).
   bool nhwc = false;
+  // bf16/fp16 with nhwc: the activations between layers, and the gradients
+  // flowing back through them, are stored in 16 bits (Tensor::dtype()), as
+  // autocast on channels_last keeps them: convolutions read and write them
+  // directly (no casts), batch norm runs our NHWC kernels (float statistics,
+  // fused with the ReLU and the residual add: bn_nhwc.h), ReLU, pooling and
+  // the adds move 16-bit elements; linear layers take 16-bit inputs and give
+  // float outputs, so the logits and the loss stay float. Parameters,
+  // gradients and optimizer state stay float. Ignored in fp32/tf32 or NCHW.
+  bool activations16 = false;
 };
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 

@@ -12,8 +12,11 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 }  // namespace
 
-Context::Context(int device, Precision precision, bool deterministic, bool nhwc)
-    : device_(device), precision_(precision), deterministic_(deterministic), nhwc_(nhwc) {
+Context::Context(int device, Precision precision, bool deterministic, bool nhwc,
+                 bool activations16)
+    : device_(device), precision_(precision), deterministic_(deterministic), nhwc_(nhwc),
+      act16_(activations16 && nhwc &&
+             (precision == Precision::kBf16 || precision == Precision::kFp16)) {
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));

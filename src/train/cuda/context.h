@@ -30,8 +30,10 @@ class Context {
  public:
   // Sets `device` current on the calling thread and creates the stream and
   // handles. Precondition: the device exists. `deterministic`: see
-  // CudaBackendOptions; `nhwc`: CudaBackendOptions::nhwc.
-  Context(int device, Precision precision, bool deterministic = false, bool nhwc = false);
+  // CudaBackendOptions; `nhwc`, `activations16`: CudaBackendOptions' (the
+  // latter taken only with nhwc in bf16 or fp16).
+  Context(int device, Precision precision, bool deterministic = false, bool nhwc = false,
+          bool activations16 = false);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -46,6 +48,14 @@ class Context {
   // take 16-bit inputs and accumulate in float; everything else stays float.
   bool autocast() const { return precision_ == Precision::kBf16 || precision_ == Precision::kFp16; }
   bool bf16() const { return precision_ == Precision::kBf16; }
+  // Activations between layers in 16 bits (CudaBackendOptions::activations16):
+  // the layers make their outputs of type actType(), bf16 or fp16; float32
+  // otherwise.
+  bool activations16() const { return act16_; }
+  runtime::DType actType() const {
+    if (!act16_) return runtime::DType::kFloat32;
+    return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
+  }
   cudaStream_t stream() const { return stream_.get(); }
   cudnnHandle_t cudnn() const { return cudnn_.get(); }
   cublasLtHandle_t lt() const { return lt_.get(); }
@@ -84,6 +94,7 @@ class Context {
   Precision precision_;
   bool deterministic_;
   bool nhwc_;
+  bool act16_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

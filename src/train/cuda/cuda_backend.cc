@@ -37,6 +37,12 @@ void* castTo16(Context& ctx, const float* src, size_t n, DeviceArray<uint16_t>& 
   return p;
 }
 
+void checkType(const Tensor& a, const Tensor& b, const char* what) {
+  DDPRUN_CHECK(a.dtype() == b.dtype(), what, ": a ", runtime::dtypeName(a.dtype()), " and a ",
+               runtime::dtypeName(b.dtype()), " tensor (", shapeString(a.shape()), ", ",
+               shapeString(b.shape()), "): their element types must agree");
+}
+
 namespace {
 
 class Relu final : public Layer {
@@ -44,17 +50,19 @@ class Relu final : public Layer {
   Relu(std::shared_ptr<Context> ctx, std::string name)
       : Layer(std::move(name)), ctx_(std::move(ctx)) {}
   Shape outputShape(const Shape& s) const override { return s; }
+  // Float or 16-bit elements alike (the output and dx of x's type).
   void forward(const Tensor& x, Tensor& y, bool) override {
     ctx_->bind();
-    y.ensure(x.shape(), ctx_->allocator());
-    launchRelu(x.data(), y.data(), static_cast<size_t>(x.numel()), ctx_->stream());
+    y.ensureLike(x, ctx_->allocator());
+    launchRelu(x.raw(), y.raw(), static_cast<size_t>(x.numel()), x.dtype(), ctx_->stream());
   }
   bool worksInPlace() const override { return true; }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     ctx_->bind();
-    dx->ensure(x.shape(), ctx_->allocator());
-    launchReluBackward(y.data(), dy.data(), dx->data(), static_cast<size_t>(x.numel()),
+    checkType(dy, y, name().c_str());
+    dx->ensureLike(x, ctx_->allocator());
+    launchReluBackward(y.raw(), dy.raw(), dx->raw(), static_cast<size_t>(x.numel()), x.dtype(),
                        ctx_->stream());
   }
 
@@ -72,22 +80,24 @@ class GlobalAvgPool final : public Layer {
                  " expects [N, C, H, W] with H, W > 0, got ", shapeString(s));
     return {s[0], s[1]};
   }
+  // NHWC: float or 16-bit (the output and dx of x's type); NCHW: float.
   void forward(const Tensor& x, Tensor& y, bool) override {
     ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
     const int64_t hw = x.dim(2) * x.dim(3);
     if (ctx_->nhwc())
-      launchGlobalAvgPoolNhwc(x.data(), y.data(), x.dim(0), x.dim(1), hw, ctx_->stream());
+      launchGlobalAvgPoolNhwc(x.raw(), y.raw(), x.dtype(), x.dim(0), x.dim(1), hw,
+                              ctx_->stream());
     else
       launchGlobalAvgPool(x.data(), y.data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     ctx_->bind();
-    dx->ensure(x.shape(), ctx_->allocator());
+    dx->ensureLike(x, ctx_->allocator());
     const int64_t hw = x.dim(2) * x.dim(3);
     if (ctx_->nhwc())
-      launchGlobalAvgPoolNhwcBackward(dy.data(), dx->data(), x.dim(0), x.dim(1), hw,
+      launchGlobalAvgPoolNhwcBackward(dy.raw(), dx->raw(), x.dtype(), x.dim(0), x.dim(1), hw,
                                       ctx_->stream());
     else
       launchGlobalAvgPoolBackward(dy.data(), dx->data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
@@ -109,16 +119,16 @@ class FlattenNhwc final : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override {
     if (!transposes(x)) return view_->forward(x, y, training);
     ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator());
-    launchTranspose(x.data(), y.data(), x.dim(0), x.dim(2) * x.dim(3), x.dim(1), false,
+    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
+    launchTranspose(x.raw(), y.raw(), x.dtype(), x.dim(0), x.dim(2) * x.dim(3), x.dim(1),
                     ctx_->stream());
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!transposes(x)) return view_->backward(x, y, dy, dx);
     if (!dx) return;
     ctx_->bind();
-    dx->ensure(x.shape(), ctx_->allocator());
-    launchTranspose(dy.data(), dx->data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), false,
+    dx->ensureLike(x, ctx_->allocator());
+    launchTranspose(dy.raw(), dx->raw(), x.dtype(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
                     ctx_->stream());
   }
 
@@ -133,12 +143,14 @@ class FlattenNhwc final : public Layer {
 void checkSame(const Tensor& a, const Tensor& b, const char* what) {
   DDPRUN_CHECK(a.numel() == b.numel(), what, " of ", shapeString(a.shape()), " and ",
                shapeString(b.shape()), ": element counts differ");
+  checkType(a, b, what);
 }
 
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic, o.nhwc)),
+      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic, o.nhwc,
+                                       o.activations16)),
         labels_(ctx_), rowLoss_(ctx_), rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_),
         lossAcc_(ctx_) {}
   ~CudaBackend() override {
@@ -156,7 +168,8 @@ class CudaBackend final : public Backend {
     const size_t v = cudnnGetVersion();
     return "cuda:" + std::to_string(ctx_->device()) + " (" + ctx_->deviceName() + ", cuDNN " +
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
-           precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") + ")";
+           precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
+           (ctx_->activations16() ? ", 16-bit activations" : "") + ")";
   }
 
   std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
@@ -181,13 +194,15 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
     return makeBatchNorm2d(ctx_, std::move(n), c, s);
   }
-  // cuDNN's fused batch norm + ReLU (+ add) on NHWC, opt-in until a GPU run
-  // has measured it (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise,
+  // 16-bit activations: our NHWC kernels, fused (SyncBatchNorm included).
+  // Float NHWC: cuDNN's fused batch norm + ReLU (+ add), opt-in until a GPU
+  // run has measured it (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise,
   // and with SyncBatchNorm, the layers apart (Backend's composition).
   std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
                                              bool residual) override {
-    if (ctx_->nhwc() && !s && env::integer("DDPRUN_CUDNN_BN_FUSION", 0, 0, 1) == 1)
-      return makeBatchNormAct(ctx_, std::move(n), c, residual);
+    if (ctx_->activations16() ||
+        (ctx_->nhwc() && !s && env::integer("DDPRUN_CUDNN_BN_FUSION", 0, 0, 1) == 1))
+      return makeBatchNormAct(ctx_, std::move(n), c, s, residual);
     return Backend::batchNormAct(std::move(n), c, s, residual);
   }
 
@@ -251,18 +266,19 @@ class CudaBackend final : public Backend {
     checkSame(a, b, "add");
     checkSame(a, out, "add");
     ctx_->bind();
-    launchAdd(a.data(), b.data(), out.data(), static_cast<size_t>(a.numel()), ctx_->stream());
+    launchAdd(a.raw(), b.raw(), out.raw(), static_cast<size_t>(a.numel()), a.dtype(),
+              ctx_->stream());
   }
   void zero(Tensor& t) override {
     if (!t.numel()) return;
     ctx_->bind();
-    DDPRUN_CUDA_OK(cudaMemsetAsync(t.data(), 0, t.bytes(), ctx_->stream()));
+    DDPRUN_CUDA_OK(cudaMemsetAsync(t.raw(), 0, t.bytes(), ctx_->stream()));
   }
   void copy(const Tensor& src, Tensor& dst) override {
     checkSame(src, dst, "copy");
-    if (!src.numel() || src.data() == dst.data()) return;
+    if (!src.numel() || src.raw() == dst.raw()) return;
     ctx_->bind();
-    DDPRUN_CUDA_OK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice,
+    DDPRUN_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice,
                                    ctx_->stream()));
   }
   void resizeBilinear(const Tensor& x, int64_t h, int64_t w, Tensor& y) override {
@@ -332,12 +348,17 @@ class CudaBackend final : public Backend {
   }
   // NHWC: the batch transposed into a buffer of ours (reused each call; work
   // on the one stream reads it before the next call's transpose overwrites it).
+  // With 16-bit activations the transpose rounds to 16 bits in the same pass.
   Tensor modelInput(const Tensor& x) override {
     if (!ctx_->nhwc() || x.rank() != 4) return x;
     ctx_->bind();
-    nhwcInput_.ensure(x.shape(), ctx_->allocator());
-    launchTranspose(x.data(), nhwcInput_.data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), false,
-                    ctx_->stream());
+    nhwcInput_.ensure(x.shape(), ctx_->allocator(), ctx_->actType());
+    if (ctx_->activations16())
+      launchTransposeTo16(x.data(), nhwcInput_.raw(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
+                          ctx_->bf16(), ctx_->stream());
+    else
+      launchTranspose(x.data(), nhwcInput_.data(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
+                      false, ctx_->stream());
     return nhwcInput_;
   }
   size_t peakDeviceBytes() const override { return ctx_->peakBytes(); }

@@ -2,8 +2,11 @@
 // Internal header of src/train/cuda/.
 //
 // Every layer computes on its context's stream and allocates from its
-// context's allocator; tensors at the layer boundary are NCHW (or [N, F])
-// float32 device memory. Parameters are created zero (the model initialises
+// context's allocator; tensors at the layer boundary are NCHW or NHWC
+// (Context::nhwc; or [N, F]) device memory, float32, or 16-bit where the
+// context keeps activations so (Context::activations16): a layer takes
+// either type, makes its output of the type it computes in, and gives dx
+// its input's type (a gradient has its activation's type). Parameters are created zero (the model initialises
 // them); gradients accumulate (+=) into Param::grad, read at each backward
 // (it usually points into the reducer's bucket memory), or overwrite it when
 // Param::overwriteGrad is set (the first writer of a step; layers.h).
@@ -35,11 +38,13 @@ std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string n
 std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string name,
                                        int64_t channels, runtime::ProcessGroup* sync);
 // Batch norm with the ReLU after it and, with `residual`, the residual add
-// before that (BatchNormAct), for NHWC contexts without SyncBatchNorm:
-// cuDNN's fused Ex kernels where cuDNN accepts the configuration, else the
-// layers apart (our add and ReLU).
+// before that (BatchNormAct), for NHWC contexts: on 16-bit activations our
+// fused NHWC kernels (bn_nhwc.h; `sync` non-null: SyncBatchNorm over it);
+// on float ones cuDNN's fused Ex kernels where cuDNN accepts the
+// configuration (not with `sync`), else the layers apart (our add and ReLU).
 std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
-                                               int64_t channels, bool residual);
+                                               int64_t channels, runtime::ProcessGroup* sync,
+                                               bool residual);
 // cuBLASLt linear layer: y = x W^T + b.
 std::unique_ptr<Layer> makeLinear(std::shared_ptr<Context> ctx, std::string name, int64_t in,
                                   int64_t out);
@@ -57,5 +62,8 @@ Param makeDeviceParam(Context& ctx, const std::string& name, const Shape& shape)
 // Autocast: the context's 16-bit type (bf16 or fp16) copy of the n floats at
 // `src` into `dst` (grown as needed, on the context's stream); returns it.
 void* castTo16(Context& ctx, const float* src, size_t n, DeviceArray<uint16_t>& dst);
+
+// InvalidArgument naming `what` unless a and b have the same element type.
+void checkType(const Tensor& a, const Tensor& b, const char* what);
 
 }  // namespace ddprun::train::cuda

@@ -51,6 +51,11 @@
 // output is then not read) and clears the flag; otherwise backward adds to it
 // (beta = 1). An empty batch zeroes a flagged gradient.
 //
+// bf16/fp16 with 16-bit activations (CudaBackendOptions::activations16): x,
+// y, dy and dx are 16-bit tensors that cuDNN reads and writes directly; only
+// the filter is cast (once per forward) and the weight gradient cast back;
+// the bias is added to the 16-bit output by our kernel and its gradient is
+// dy's column sums in double. Otherwise, as follows.
 // bf16/fp16 (torch.autocast semantics): activations between layers, weights,
 // gradients and batch norm stay float; a convolution casts its input and its
 // weights to 16 bits (our kernel, into allocator memory; the weights once per
@@ -309,7 +314,8 @@ class Conv2d final : public Layer {
   }
   void forward(const Tensor& x, Tensor& y, bool training) override {
     ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    checkInput(x);
+    y.ensure(outputShape(x.shape()), ctx_->allocator(), ctx_->actType());
     if (x.dim(0) == 0) return;
     setShapes(x.shape(), y.shape());
     Algos& a = algos(x.shape());
@@ -323,12 +329,17 @@ class Conv2d final : public Layer {
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
-    if (dx) dx->ensure(x.shape(), ctx_->allocator());
+    checkType(dy, y, name().c_str());
+    if (dx) dx->ensureLike(x, ctx_->allocator());
     if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     Algos& a = algos(x.shape());
     findBackward(a, x.shape(), dx != nullptr);
-    if (s_.bias) {  // from the float dy in every precision
+    if (s_.bias && dy.is16()) {  // 16-bit activations (NHWC): dy's column sums in double
+      launchColumnSum(dy.raw(), dy.dtype(), b_.grad.data(), dy.numel() / s_.outC, s_.outC,
+                      !b_.overwriteGrad, ctx_->stream());
+      b_.overwriteGrad = false;
+    } else if (s_.bias) {  // from the float dy in every precision
       DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kOne, dyDesc_, dy.data(),
                                                    beta(b_), biasDesc_, b_.grad.data()));
       b_.overwriteGrad = false;
@@ -358,6 +369,12 @@ class Conv2d final : public Layer {
     std::optional<cudnnConvolutionBwdFilterAlgoPerf_t> filter;
   };
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
+  // x is float, or of the context's 16-bit activation type.
+  void checkInput(const Tensor& x) const {
+    DDPRUN_CHECK(!x.is16() || x.dtype() == ctx_->actType(), name(), ": a ",
+                 runtime::dtypeName(x.dtype()), " input, but this backend's activations are ",
+                 runtime::dtypeName(ctx_->actType()));
+  }
   int64_t kernelArea() const { return static_cast<int64_t>(s_.kernel) * s_.kernel; }
   // The filter as cuDNN reads it: the OIHW parameter itself, or (NHWC) its
   // KRSC copy, made here and kept for backward (one transpose per forward:
@@ -548,11 +565,23 @@ class Conv2d final : public Layer {
 
   // ------------------------------------------------------- autocast
   // 16-bit x and w (kept for backward: x until then, w until the next
-  // forward), 16-bit output cast to float with the bias added.
+  // forward), 16-bit output cast to float with the bias added. With 16-bit
+  // activations x is read and y written as they are (no casts; the bias
+  // added in place), and the model keeps x for backward.
   void forward16(const Tensor& x, Tensor& y, bool training,
                  const cudnnConvolutionFwdAlgoPerf_t& f) {
     const void* w16 = filter16();
-    const void* x16 = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
+    const void* x16 = x.is16() ? x.raw()
+                               : castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
+    if (y.is16()) {
+      runForward(x16, w16, y.raw(), f);
+      if (s_.bias)
+        launchAddChannelBias(y.raw(), y.dtype(), b_.value.data(), y.numel() / s_.outC, s_.outC,
+                             ctx_->stream());
+      x16Of_ = x.is16() ? nullptr : x.data();
+      if (!training || x.is16()) releaseInput16();
+      return;
+    }
     DeviceArray<uint16_t> y16(ctx_);
     runForward(x16, w16, y16.ensure(static_cast<size_t>(y.numel())), f);
     // The bias by channel: NCHW as [N, C, H*W], NHWC as [N*H*W, C, 1].
@@ -569,15 +598,18 @@ class Conv2d final : public Layer {
   // dy to 16 bits; dW in 16 bits (cuDNN's legacy API wants dw in x's type)
   // added into, or written over, the float gradient; dx in 16 bits cast
   // into *dx.
+  // 16-bit x, dy and dx (16-bit activations) are used as they are.
   void backward16(const Tensor& x, const Tensor& dy, Tensor* dx, const Algos& a) {
     const bool bf16 = ctx_->bf16();
-    const void* x16 = x16Of_ == x.data() && x16_.get()
+    const void* x16 = x.is16() ? x.raw()
+                      : x16Of_ == x.data() && x16_.get()
                           ? x16_.get()
                           : castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
     const void* w16 = w16_.get() ? w16_.get() : filter16();
     DeviceArray<uint16_t> dy16(ctx_), dw16(ctx_);
-    castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
-    runBackwardFilter(x16, dy16.get(), dw16.ensure(weightCount()), &kZero, *a.filter);
+    const void* g16 = dy.is16() ? dy.raw()
+                                : castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
+    runBackwardFilter(x16, g16, dw16.ensure(weightCount()), &kZero, *a.filter);
     if (ctx_->nhwc())
       launchTransposeFrom16(dw16.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, bf16,
                             !w_.overwriteGrad, ctx_->stream());
@@ -587,9 +619,11 @@ class Conv2d final : public Layer {
     else
       launchAccumulate16(dw16.get(), w_.grad.data(), weightCount(), bf16, ctx_->stream());
     w_.overwriteGrad = false;
-    if (dx) {
+    if (dx && dx->is16()) {
+      runBackwardData(w16, g16, dx->raw(), *a.data);
+    } else if (dx) {
       DeviceArray<uint16_t> dx16(ctx_);
-      runBackwardData(w16, dy16.get(), dx16.ensure(static_cast<size_t>(x.numel())), *a.data);
+      runBackwardData(w16, g16, dx16.ensure(static_cast<size_t>(x.numel())), *a.data);
       launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
     }
     releaseInput16();  // one backward per forward

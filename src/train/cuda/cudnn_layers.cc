@@ -1,11 +1,13 @@
 // The cuDNN layers of the CUDA backend besides convolution (cudnn_conv.cc):
 // max pooling and batch norm, through cuDNN's legacy descriptor API (see
-// cudnn_conv.cc for why that API).
+// cudnn_conv.cc for why that API); batch norm on 16-bit activations through
+// our NHWC kernels (bn_nhwc.h: cuDNN has no bf16 batch norm).
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "bn_nhwc.h"
 #include "conv_check.h"  // ScopedDeviceBytes
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
@@ -40,29 +42,32 @@ class MaxPool2d final : public Layer {
                  shapeString(x));
     return {x[0], x[1], (x[2] + 2 * pad_ - k_) / stride_ + 1, (x[3] + 2 * pad_ - k_) / stride_ + 1};
   }
+  // Float or 16-bit elements (the output and dx of x's type; the maximum of
+  // 16-bit values is one of them, exact).
   void forward(const Tensor& x, Tensor& y, bool) override {
     ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator());
+    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
     if (y.numel() == 0) return;
-    setShapes(x.shape(), y.shape());
-    DDPRUN_CUDNN_OK(cudnnPoolingForward(ctx_->cudnn(), desc_, &kOne, xDesc_, x.data(), &kZero,
-                                        yDesc_, y.data()));
+    setShapes(x, y.shape());
+    DDPRUN_CUDNN_OK(cudnnPoolingForward(ctx_->cudnn(), desc_, &kOne, xDesc_, x.raw(), &kZero,
+                                        yDesc_, y.raw()));
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
     ctx_->bind();
-    dx->ensure(x.shape(), ctx_->allocator());
+    checkType(dy, y, name().c_str());
+    dx->ensureLike(x, ctx_->allocator());
     if (y.numel() == 0) return;
-    setShapes(x.shape(), y.shape());
-    DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kOne, yDesc_, y.data(), yDesc_,
-                                         dy.data(), xDesc_, x.data(), &kZero, xDesc_,
-                                         dx->data()));
+    setShapes(x, y.shape());
+    DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kOne, yDesc_, y.raw(), yDesc_,
+                                         dy.raw(), xDesc_, x.raw(), &kZero, xDesc_, dx->raw()));
   }
 
  private:
-  void setShapes(const Shape& x, const Shape& y) {
-    setTensor4d(xDesc_, x[0], x[1], x[2], x[3], CUDNN_DATA_FLOAT, ctx_->nhwc());
-    setTensor4d(yDesc_, y[0], y[1], y[2], y[3], CUDNN_DATA_FLOAT, ctx_->nhwc());
+  void setShapes(const Tensor& x, const Shape& y) {
+    const cudnnDataType_t t = cudnnType(x.dtype());
+    setTensor4d(xDesc_, x.dim(0), x.dim(1), x.dim(2), x.dim(3), t, ctx_->nhwc());
+    setTensor4d(yDesc_, y[0], y[1], y[2], y[3], t, ctx_->nhwc());
   }
   std::shared_ptr<Context> ctx_;
   int k_, stride_, pad_;
@@ -146,6 +151,7 @@ class BatchNorm2d final : public Layer {
     setTensor4d(bnDesc_, 1, c, 1, 1);
     saveMean_ = Tensor({c}, ctx_->allocator());
     saveInvStd_ = Tensor({c}, ctx_->allocator());
+    evalInvStd_ = Tensor({c}, ctx_->allocator());
     ex_ = ctx_->nhwc();
   }
   Shape outputShape(const Shape& s) const override {
@@ -154,6 +160,7 @@ class BatchNorm2d final : public Layer {
     return s;
   }
   void forward(const Tensor& x, Tensor& y, bool training) override {
+    if (x.is16()) return ownForward(x, nullptr, y, false, training);
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
     trained_ = training;
@@ -183,6 +190,7 @@ class BatchNorm2d final : public Layer {
   }
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (x.is16()) return ownBackward(x, nullptr, dy, dx, nullptr, false);
     DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward (batch norm keeps "
                  "batch statistics only in training)");
     ctx_->bind();
@@ -209,6 +217,82 @@ class BatchNorm2d final : public Layer {
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
   std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
+
+  // Our NHWC kernels (bn_nhwc.h), for x of any element type (16-bit
+  // activations take this path, SyncBatchNorm included): y = bn(x), plus z
+  // (not null) and then the ReLU (`relu`) in the same pass; training with
+  // the batch's statistics (sums in double, all-reduced with sync_),
+  // evaluation with the running ones. Statistics, parameters and running
+  // stats are float; y has x's element type.
+  void ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool relu, bool training) {
+    ctx_->bind();
+    DDPRUN_CHECK(ctx_->nhwc(), name(), ": the batch norm kernels of 16-bit activations are "
+                 "NHWC kernels, but this backend's activations are NCHW");
+    if (z) checkSame16(*z, x, "the residual");
+    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
+    trained_ = training;
+    const int64_t rows = rowsOf(x);
+    const void* zp = z ? z->raw() : nullptr;
+    if (!training) {
+      if (x.numel() == 0) return;
+      launchBnNhwcInvStd(rv_.value.data(), c_, kEps, evalInvStd_.data(), ctx_->stream());
+      launchBnNhwcForward(x.raw(), zp, y.raw(), x.dtype(), rows, c_, rm_.value.data(),
+                          evalInvStd_.data(), w_.value.data(), b_.value.data(), relu,
+                          ctx_->stream());
+      return;
+    }
+    if (!sync_)
+      DDPRUN_CHECK(rows > 1, name(), ": batch norm in training needs more than one value per "
+                   "channel, got input ", shapeString(x.shape()));
+    double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+    {
+      ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
+      launchBnNhwcStats(x.raw(), x.dtype(), rows, c_, ws.get(), s, ctx_->stream());
+    }
+    if (sync_) {
+      allReduce(s, static_cast<size_t>(2 * c_ + 1));
+      double count = 0;
+      ctx_->readBack(s + 2 * c_, &count, sizeof(count));
+      DDPRUN_CHECK(count > 0, name(), ": empty batch");
+    }
+    launchBnNhwcFinish(s, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
+                       rm_.value.data(), rv_.value.data(), ctx_->stream());
+    launchBnNhwcForward(x.raw(), zp, y.raw(), x.dtype(), rows, c_, saveMean_.data(),
+                        saveInvStd_.data(), w_.value.data(), b_.value.data(), relu,
+                        ctx_->stream());
+    countStep();
+  }
+  // Its backward from dL/dy: with `relu`, the ReLU's mask from y (forward's
+  // output) folded in; dz (not null: the residual's gradient, the masked dy)
+  // written in the same pass as the sums; dx (not null) from the (global)
+  // sums. dgamma/dbeta are the local sums (written or added, overwriteGrad).
+  void ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy, Tensor* dx, Tensor* dz,
+                   bool relu) {
+    DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward (batch norm keeps "
+                 "batch statistics only in training)");
+    DDPRUN_CHECK(!relu || y, name(), ": the fused ReLU's backward needs forward's output");
+    ctx_->bind();
+    checkSame16(dy, x, "dL/dy");
+    if (dz) dz->ensureLike(x, ctx_->allocator());
+    if (dx) dx->ensureLike(x, ctx_->allocator());
+    const int64_t rows = rowsOf(x);
+    double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+    const void* yp = y ? y->raw() : nullptr;
+    {
+      ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
+      launchBnNhwcBackwardSums(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, x.dtype(), rows,
+                               c_, saveMean_.data(), saveInvStd_.data(), relu, ws.get(), s,
+                               ctx_->stream());
+    }
+    launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
+                       b_.overwriteGrad, ctx_->stream());
+    w_.overwriteGrad = b_.overwriteGrad = false;
+    if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
+    if (!dx || rows == 0) return;
+    launchBnNhwcBackwardData(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, dx->raw(),
+                             x.dtype(), rows, c_, s, w_.value.data(), saveMean_.data(),
+                             saveInvStd_.data(), relu, ctx_->stream());
+  }
 
   // BatchNormAct in one cuDNN call each way (NHWC, not SyncBatchNorm): the
   // training forward y = relu(bn(x) + z) (z null: relu(bn(x))), false where
@@ -334,6 +418,12 @@ class BatchNorm2d final : public Layer {
     return relu_;
   }
 
+  // InvalidArgument unless t has x's shape and element type.
+  void checkSame16(const Tensor& t, const Tensor& x, const char* what) const {
+    DDPRUN_CHECK(t.shape() == x.shape(), name(), ": ", what, " is ", shapeString(t.shape()),
+                 ", the input ", shapeString(x.shape()));
+    checkType(t, x, name().c_str());
+  }
   // x's descriptor (the context's layout) and, NHWC, the parameters' derived
   // from it.
   void setInput(const Tensor& x) {
@@ -420,6 +510,7 @@ class BatchNorm2d final : public Layer {
   Buffer rm_, rv_, nbt_;
   TensorDesc xDesc_, bnDesc_;
   Tensor saveMean_, saveInvStd_, scratch_, xhat_;
+  Tensor evalInvStd_;  // ownForward's in evaluation, from the running variance
   DeviceArray<double> sums_, sqdev_;
   bool trained_ = false;
   // NHWC: training through forwardEx/backwardEx (cuDNN's persistent NHWC
@@ -446,12 +537,15 @@ class BatchNorm2d final : public Layer {
 // contract: y = relu(bn(x) + z), dz = the ReLU's masked dy.
 class FusedBatchNormAct final : public BatchNormAct {
  public:
-  FusedBatchNormAct(std::shared_ptr<Context> ctx, std::string name, int64_t c, bool residual)
-      : BatchNormAct(name, residual), ctx_(ctx), bn_(std::move(ctx), name, c, nullptr) {}
+  FusedBatchNormAct(std::shared_ptr<Context> ctx, std::string name, int64_t c,
+                    runtime::ProcessGroup* sync, bool residual)
+      : BatchNormAct(name, residual), ctx_(ctx), bn_(std::move(ctx), name, c, sync) {}
   using BatchNormAct::backward;
   using BatchNormAct::forward;
   void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
     checkResidual(z);
+    own_ = x.is16();  // 16-bit activations: our fused kernels, forward and back
+    if (own_) return bn_.ownForward(x, z, y, true, training);
     fused_ = training && bn_.fusedForward(x, z, y);
     if (fused_) return;
     ctx_->bind();
@@ -464,6 +558,7 @@ class FusedBatchNormAct final : public BatchNormAct {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 Tensor* dz) override {
     checkResidualGrad(dz);
+    if (own_) return bn_.ownBackward(x, &y, dy, dx, dz, true);
     ctx_->bind();
     Tensor& out = dx ? *dx : scratch_;
     if (fused_) return bn_.fusedBackward(x, y, dy, out, dz);
@@ -481,15 +576,17 @@ class FusedBatchNormAct final : public BatchNormAct {
  private:
   std::shared_ptr<Context> ctx_;
   BatchNorm2d bn_;
-  bool fused_ = false;  // the last forward ran fused (its backward must too)
+  bool fused_ = false;  // the last forward ran cuDNN's fused kernels (its backward must too)
+  bool own_ = false;    // the last forward ran ours (16-bit activations)
   Tensor g_, scratch_;  // apart: dL/d(bn's output) without a residual; dx nobody wants
 };
 
 }  // namespace
 
 std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
-                                               int64_t channels, bool residual) {
-  return std::make_unique<FusedBatchNormAct>(std::move(ctx), std::move(name), channels,
+                                               int64_t channels, runtime::ProcessGroup* sync,
+                                               bool residual) {
+  return std::make_unique<FusedBatchNormAct>(std::move(ctx), std::move(name), channels, sync,
                                              residual);
 }
 

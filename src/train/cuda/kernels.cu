@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "../kernel_math.h"
+#include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "kernels.h"
 
@@ -23,6 +25,41 @@ int blocksFor(size_t n) {
 }
 
 void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
+
+// Activation storage: float, bf16 or fp16 elements, loaded into float and
+// stored rounded to nearest even (the math is float's either way).
+template <typename T>
+__device__ inline float ldf(const T* p, size_t i) {
+  if constexpr (std::is_same_v<T, float>)
+    return p[i];
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(p[i]);
+  else
+    return __half2float(p[i]);
+}
+template <typename T>
+__device__ inline void stf(T* p, size_t i, float v) {
+  if constexpr (std::is_same_v<T, float>)
+    p[i] = v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    p[i] = __float2bfloat16_rn(v);
+  else
+    p[i] = __float2half_rn(v);
+}
+// Calls f with a null T* for the storage type t (T = float, __nv_bfloat16,
+// __half), which the launcher turns into its kernel's template argument.
+template <class F>
+void byType(runtime::DType t, F&& f) {
+  switch (t) {
+    case runtime::DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case runtime::DType::kBFloat16: return f(static_cast<__nv_bfloat16*>(nullptr));
+    case runtime::DType::kFloat16: return f(static_cast<__half*>(nullptr));
+    default:
+      DDPRUN_THROW(InvalidArgument, "the CUDA kernels store activations as float32, bfloat16 "
+                   "or float16, not ", runtime::dtypeName(t));
+  }
+}
+#define DDPRUN_T(tag) std::remove_pointer_t<decltype(tag)>
 
 #define DDPRUN_GRID_LOOP(i, n)                                                    \
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
@@ -43,14 +80,19 @@ __device__ double blockSum(double v) {
 }
 
 // ---------------------------------------------------------- element-wise
-__global__ void reluKernel(const float* x, float* y, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) y[i] = kmath::reluForward(x[i]);
+// 16-bit ReLU results are exact (a stored value or zero); the sum is
+// rounded once, as PyTorch's bf16/fp16 add.
+template <typename T>
+__global__ void reluKernel(const T* x, T* y, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) stf(y, i, kmath::reluForward(ldf(x, i)));
 }
-__global__ void reluBackwardKernel(const float* y, const float* dy, float* dx, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) dx[i] = kmath::reluBackward(y[i], dy[i]);
+template <typename T>
+__global__ void reluBackwardKernel(const T* y, const T* dy, T* dx, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) stf(dx, i, kmath::reluBackward(ldf(y, i), ldf(dy, i)));
 }
-__global__ void addKernel(const float* a, const float* b, float* out, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+template <typename T>
+__global__ void addKernel(const T* a, const T* b, T* out, size_t n) {
+  DDPRUN_GRID_LOOP(i, n) stf(out, i, ldf(a, i) + ldf(b, i));
 }
 __global__ void addScalarKernel(float* p, float v) { *p += v; }
 __global__ void scaleCheckKernel(float* data, size_t n, float scale, int* nonFinite) {
@@ -164,12 +206,13 @@ __global__ void crossEntropyReduceKernel(const double* rowLoss, const int* rowHi
   }
 }
 
-__global__ void columnSumKernel(const float* dy, float* db, int64_t rows, int64_t cols,
+template <typename T>
+__global__ void columnSumKernel(const T* dy, float* db, int64_t rows, int64_t cols,
                                 bool accumulate) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   double s = 0.0;
-  for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
+  for (int64_t r = 0; r < rows; ++r) s += ldf(dy, static_cast<size_t>(r * cols + c));
   // s starts at +0 and is never -0, so "=" is bitwise "+=" into a zeroed db.
   if (accumulate)
     db[c] += static_cast<float>(s);
@@ -387,24 +430,42 @@ void transpose(Load ld, Store st, int64_t batches, int64_t rows, int64_t cols, c
 }
 
 // One thread per (image, channel): consecutive threads read consecutive
-// channels (coalesced); the sum runs over the positions in order.
-__global__ void globalAvgPoolNhwcKernel(const float* x, float* y, int64_t n, int64_t c,
-                                        int64_t hw) {
+// channels (coalesced); the sum runs over the positions in order, in float.
+template <typename T>
+__global__ void globalAvgPoolNhwcKernel(const T* x, T* y, int64_t n, int64_t c, int64_t hw) {
   DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * c)) {
     const int64_t img = static_cast<int64_t>(i) / c, ch = static_cast<int64_t>(i) % c;
-    const float* in = x + img * hw * c + ch;
+    const T* in = x + img * hw * c + ch;
     float s = 0.0f;
-    for (int64_t q = 0; q < hw; ++q) s += in[q * c];
-    y[i] = s / static_cast<float>(hw);
+    for (int64_t q = 0; q < hw; ++q) s += ldf(in, static_cast<size_t>(q * c));
+    stf(y, i, s / static_cast<float>(hw));
   }
 }
-__global__ void globalAvgPoolNhwcBackwardKernel(const float* dy, float* dx, int64_t n, int64_t c,
+template <typename T>
+__global__ void globalAvgPoolNhwcBackwardKernel(const T* dy, T* dx, int64_t n, int64_t c,
                                                 int64_t hw) {
   DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * hw * c)) {
     const int64_t img = static_cast<int64_t>(i) / (hw * c), ch = static_cast<int64_t>(i) % c;
-    dx[i] = dy[img * c + ch] / static_cast<float>(hw);
+    stf(dx, i, ldf(dy, static_cast<size_t>(img * c + ch)) / static_cast<float>(hw));
   }
 }
+// y[r * c + ch] += bias[ch] over rows x c (NHWC as [N*H*W, C]), rounded once.
+template <typename T>
+__global__ void addChannelBiasKernel(T* y, const float* bias, int64_t rows, int64_t c) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(rows * c))
+    stf(y, i, ldf(y, i) + bias[static_cast<int64_t>(i) % c]);
+}
+// The transposes' typed loads and stores (16-bit to 16-bit moves exactly).
+template <typename T>
+struct LoadT {
+  const T* p;
+  __device__ float operator()(size_t i) const { return ldf(p, i); }
+};
+template <typename T>
+struct StoreT {
+  T* p;
+  __device__ void operator()(size_t i, float v) const { stf(p, i, v); }
+};
 
 int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 }  // namespace
@@ -421,35 +482,95 @@ void launchTransposeFrom16(const void* x16, float* y, int64_t batches, int64_t r
                            int64_t cols, bool bf16, bool accumulate, cudaStream_t s) {
   transpose(Load16{x16, bf16}, StoreFloat{y, accumulate}, batches, rows, cols, s);
 }
-void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
-                             cudaStream_t s) {
+void launchTranspose(const void* x, void* y, runtime::DType t, int64_t batches, int64_t rows,
+                     int64_t cols, cudaStream_t s) {
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    transpose(LoadT<T>{static_cast<const T*>(x)}, StoreT<T>{static_cast<T*>(y)}, batches, rows,
+              cols, s);
+  });
+}
+void launchGlobalAvgPoolNhwc(const void* x, void* y, runtime::DType t, int64_t n, int64_t c,
+                             int64_t hw, cudaStream_t s) {
   const size_t total = static_cast<size_t>(n * c);
   if (!total) return;
-  globalAvgPoolNhwcKernel<<<blocksFor(total), kThreads, 0, s>>>(x, y, n, c, hw);
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    globalAvgPoolNhwcKernel<T><<<blocksFor(total), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, c, hw);
+  });
   checkLaunch();
+}
+void launchGlobalAvgPoolNhwcBackward(const void* dy, void* dx, runtime::DType t, int64_t n,
+                                     int64_t c, int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * hw * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    globalAvgPoolNhwcBackwardKernel<T><<<blocksFor(total), kThreads, 0, s>>>(
+        static_cast<const T*>(dy), static_cast<T*>(dx), n, c, hw);
+  });
+  checkLaunch();
+}
+void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
+                             cudaStream_t s) {
+  launchGlobalAvgPoolNhwc(x, y, runtime::DType::kFloat32, n, c, hw, s);
 }
 void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
                                      int64_t hw, cudaStream_t s) {
-  const size_t total = static_cast<size_t>(n * hw * c);
+  launchGlobalAvgPoolNhwcBackward(dy, dx, runtime::DType::kFloat32, n, c, hw, s);
+}
+void launchAddChannelBias(void* y, runtime::DType t, const float* bias, int64_t rows, int64_t c,
+                          cudaStream_t s) {
+  const size_t total = static_cast<size_t>(rows * c);
   if (!total) return;
-  globalAvgPoolNhwcBackwardKernel<<<blocksFor(total), kThreads, 0, s>>>(dy, dx, n, c, hw);
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    addChannelBiasKernel<T><<<blocksFor(total), kThreads, 0, s>>>(static_cast<T*>(y), bias,
+                                                                   rows, c);
+  });
+  checkLaunch();
+}
+
+void launchRelu(const void* x, void* y, size_t n, runtime::DType t, cudaStream_t s) {
+  if (!n) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    reluKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y),
+                                                     n);
+  });
+  checkLaunch();
+}
+void launchReluBackward(const void* y, const void* dy, void* dx, size_t n, runtime::DType t,
+                        cudaStream_t s) {
+  if (!n) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    reluBackwardKernel<T><<<blocksFor(n), kThreads, 0, s>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n);
+  });
+  checkLaunch();
+}
+void launchAdd(const void* a, const void* b, void* out, size_t n, runtime::DType t,
+               cudaStream_t s) {
+  if (!n) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    addKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<const T*>(a),
+                                                    static_cast<const T*>(b),
+                                                    static_cast<T*>(out), n);
+  });
   checkLaunch();
 }
 
 void launchRelu(const float* x, float* y, size_t n, cudaStream_t s) {
-  if (!n) return;
-  reluKernel<<<blocksFor(n), kThreads, 0, s>>>(x, y, n);
-  checkLaunch();
+  launchRelu(x, y, n, runtime::DType::kFloat32, s);
 }
 void launchReluBackward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t s) {
-  if (!n) return;
-  reluBackwardKernel<<<blocksFor(n), kThreads, 0, s>>>(y, dy, dx, n);
-  checkLaunch();
+  launchReluBackward(y, dy, dx, n, runtime::DType::kFloat32, s);
 }
 void launchAdd(const float* a, const float* b, float* out, size_t n, cudaStream_t s) {
-  if (!n) return;
-  addKernel<<<blocksFor(n), kThreads, 0, s>>>(a, b, out, n);
-  checkLaunch();
+  launchAdd(a, b, out, n, runtime::DType::kFloat32, s);
 }
 void launchAddScalar(float* p, float v, cudaStream_t s) {
   addScalarKernel<<<1, 1, 0, s>>>(p, v);
@@ -537,11 +658,19 @@ void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, i
   crossEntropyReduceKernel<<<1, kThreads, 0, s>>>(rowLoss, rowHit, n, out);
   checkLaunch();
 }
+void launchColumnSum(const void* dy, runtime::DType t, float* db, int64_t rows, int64_t cols,
+                     bool accumulate, cudaStream_t s) {
+  if (cols <= 0) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    columnSumKernel<T><<<rowsBlocks(cols), kThreads, 0, s>>>(static_cast<const T*>(dy), db, rows,
+                                                             cols, accumulate);
+  });
+  checkLaunch();
+}
 void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
                      cudaStream_t s) {
-  if (cols <= 0) return;
-  columnSumKernel<<<rowsBlocks(cols), kThreads, 0, s>>>(dy, db, rows, cols, accumulate);
-  checkLaunch();
+  launchColumnSum(dy, runtime::DType::kFloat32, db, rows, cols, accumulate, s);
 }
 void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw, cudaStream_t s) {
   if (planes <= 0) return;

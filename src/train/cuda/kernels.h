@@ -14,13 +14,29 @@
 #include <cstdint>
 
 #include "../kernel_math.h"
+#include "ddprun/runtime/types.h"
 
 namespace ddprun::train::cuda {
+
+// Activation storage: the launchers taking a runtime::DType `t` read and
+// write their tensors' elements as t (float32, bfloat16, float16: the
+// activations of CudaBackendOptions::activations16), computing in float and
+// rounding each stored result to nearest even; another t throws
+// InvalidArgument. The float* forms are t = float32.
 
 // ---------------------------------------------------------- element-wise
 void launchRelu(const float* x, float* y, size_t n, cudaStream_t stream);
 void launchReluBackward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t stream);
 void launchAdd(const float* a, const float* b, float* out, size_t n, cudaStream_t stream);
+void launchRelu(const void* x, void* y, size_t n, runtime::DType t, cudaStream_t stream);
+void launchReluBackward(const void* y, const void* dy, void* dx, size_t n, runtime::DType t,
+                        cudaStream_t stream);
+void launchAdd(const void* a, const void* b, void* out, size_t n, runtime::DType t,
+               cudaStream_t stream);
+// y[r * c + ch] += bias[ch] for an NHWC output seen as [rows = N*H*W, c] (a
+// 16-bit convolution output and its float channel bias).
+void launchAddChannelBias(void* y, runtime::DType t, const float* bias, int64_t rows, int64_t c,
+                          cudaStream_t stream);
 // *p += v (one element: num_batches_tracked).
 void launchAddScalar(float* p, float v, cudaStream_t stream);
 // data *= scale; *nonFinite becomes nonzero when a result is not finite
@@ -81,6 +97,8 @@ void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t stream);
 // deterministic).
 void launchColumnSum(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
                      cudaStream_t stream);
+void launchColumnSum(const void* dy, runtime::DType t, float* db, int64_t rows, int64_t cols,
+                     bool accumulate, cudaStream_t stream);
 
 // ------------------------------------------------------- pooling, resize
 // y[p] = mean of plane p (hw elements) for `planes` planes.
@@ -115,6 +133,14 @@ void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int
                              cudaStream_t stream);
 void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
                                      int64_t hw, cudaStream_t stream);
+// The same over elements of t (x and y, dy and dx alike), summed in float.
+void launchGlobalAvgPoolNhwc(const void* x, void* y, runtime::DType t, int64_t n, int64_t c,
+                             int64_t hw, cudaStream_t stream);
+void launchGlobalAvgPoolNhwcBackward(const void* dy, void* dx, runtime::DType t, int64_t n,
+                                     int64_t c, int64_t hw, cudaStream_t stream);
+// launchTranspose over elements of t, written (a 16-bit NHWC flatten).
+void launchTranspose(const void* x, void* y, runtime::DType t, int64_t batches, int64_t rows,
+                     int64_t cols, cudaStream_t stream);
 
 // ------------------------------------------------------ sync batch norm
 // (The NCHW kernels below serve NHWC x as n * hw rows of c channels with

@@ -21,6 +21,9 @@
 // gradient, it is not rounded to 16 bits). db is the column sum of the float
 // dy. Nothing is clamped: an fp16 dy beyond 65504 is inf after the cast and
 // makes the gradients inf/NaN (the loss scaler's overflow signal).
+// 16-bit activations (CudaBackendOptions::activations16): a 16-bit x is the
+// GEMMs' B as it is (no cast); y stays float; dx is computed in float and
+// rounded to x's type.
 // Algorithms come from cuBLASLt's heuristic once per problem shape (cached);
 // split-K schemes that reduce with atomics (CUBLASLT_REDUCTION_SCHEME_INPLACE)
 // are excluded so results repeat bitwise.
@@ -126,7 +129,8 @@ class Linear final : public Layer {
   Linear(std::shared_ptr<Context> ctx, std::string name, int64_t in, int64_t out)
       : Layer(name), ctx_(std::move(ctx)), in_(in), out_(out),
         w_(makeDeviceParam(*ctx_, name + ".weight", {out, in})),
-        b_(makeDeviceParam(*ctx_, name + ".bias", {out})), x16_(ctx_), w16_(ctx_) {
+        b_(makeDeviceParam(*ctx_, name + ".bias", {out})), x16_(ctx_), w16_(ctx_), xF_(ctx_),
+        dxF_(ctx_) {
     DDPRUN_CHECK(in > 0 && out > 0, name, ": linear layer sizes must be positive, got ", in, "x",
                  out);
     if (ctx_->autocast()) ab_ = ctx_->bf16() ? CUDA_R_16BF : CUDA_R_16F;
@@ -136,48 +140,61 @@ class Linear final : public Layer {
                  shapeString(s));
     return {s[0], out_};
   }
+  // x float, or 16-bit (16-bit activations: the GEMM reads it as it is); y
+  // float either way (the logits and the loss stay float, as autocast's
+  // cross-entropy computes in float).
   void forward(const Tensor& x, Tensor& y, bool training) override {
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
     const int64_t n = x.dim(0);
     if (n == 0) return;
     const void* w = w_.value.data();
-    const void* xin = x.data();
+    const void* xin = x.is16() ? x.raw() : x.data();
     if (ab_ != CUDA_R_32F) {
       w = castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
-      xin = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
-      x16Of_ = training ? x.data() : nullptr;
+      if (!x.is16()) {
+        xin = castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
+        x16Of_ = training ? x.data() : nullptr;
+      }
     }
-    gemm({true, false, out_, n, in_, in_, in_, out_, false, true}, w, xin, w_.value.data(),
-         x.data(), y.data(), b_.value.data());
+    gemm({true, false, out_, n, in_, in_, in_, out_, false, true}, w, xin,
+         [&] { return w_.value.data(); }, [&] { return floatOf(x); }, y.data(), b_.value.data());
     if (!training) releaseInput16();
   }
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     const int64_t n = x.dim(0);
-    if (dx) dx->ensure(x.shape(), ctx_->allocator());
+    if (dx) dx->ensureLike(x, ctx_->allocator());
     if (n == 0) return zeroFlaggedGrads();
     const void* w = w_.value.data();
-    const void* xin = x.data();
+    const void* xin = x.is16() ? x.raw() : x.data();
     const void* g = dy.data();
     DeviceArray<uint16_t> dy16(ctx_);
     if (ab_ != CUDA_R_32F) {
       if (!w16_.get()) castTo16(*ctx_, w_.value.data(), weightCount(), w16_);
-      if (x16Of_ != x.data() || !x16_.get())
+      if (!x.is16() && (x16Of_ != x.data() || !x16_.get()))
         castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
       w = w16_.get();
-      xin = x16_.get();
+      if (!x.is16()) xin = x16_.get();
       g = castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
     }
-    gemm({false, true, in_, out_, n, in_, out_, in_, !w_.overwriteGrad, false}, xin, g, x.data(),
-         dy.data(), w_.grad.data(), nullptr);
+    auto dyF = [&] { return dy.data(); };
+    gemm({false, true, in_, out_, n, in_, out_, in_, !w_.overwriteGrad, false}, xin, g,
+         [&] { return floatOf(x); }, dyF, w_.grad.data(), nullptr);
     w_.overwriteGrad = false;
     launchColumnSum(dy.data(), b_.grad.data(), n, out_, !b_.overwriteGrad, ctx_->stream());
     b_.overwriteGrad = false;
-    if (dx)
-      gemm({false, false, in_, n, out_, in_, out_, in_, false, false}, w, g, w_.value.data(),
-           dy.data(), dx->data(), nullptr);
+    if (dx) {
+      // A 16-bit dx (x's type) is computed in float and rounded once.
+      float* d = dx->is16() ? dxF_.ensure(static_cast<size_t>(dx->numel())) : dx->data();
+      gemm({false, false, in_, n, out_, in_, out_, in_, false, false}, w, g,
+           [&] { return w_.value.data(); }, dyF, d, nullptr);
+      if (dx->is16()) {
+        launchTo16(d, dx->raw(), static_cast<size_t>(dx->numel()), ctx_->bf16(), ctx_->stream());
+        dxF_.reset();
+      }
+    }
     releaseInput16();  // one backward per forward
   }
   std::vector<Param*> params() override { return {&w_, &b_}; }
@@ -199,8 +216,11 @@ class Linear final : public Layer {
   // refusal is taken once, this GEMM runs in float and the layer stays in
   // float from then on (a GEMM either ran whole or not at all, so nothing is
   // accumulated twice).
-  void gemm(LtGemm::Problem p, const void* a16, const void* b16, const float* a32,
-            const float* b32, float* c, const float* bias) {
+  // a32()/b32() give the float operands, asked for only when the GEMM runs
+  // in float (a 16-bit input is then converted: floatOf()).
+  template <class A32, class B32>
+  void gemm(LtGemm::Problem p, const void* a16, const void* b16, A32&& a32, B32&& b32, float* c,
+            const float* bias) {
     if (ab_ != CUDA_R_32F) {
       p.ab = ab_;
       try {
@@ -212,7 +232,16 @@ class Linear final : public Layer {
       }
     }
     p.ab = CUDA_R_32F;
-    gemm_.run(*ctx_, p, a32, b32, c, bias);
+    gemm_.run(*ctx_, p, a32(), b32(), c, bias);
+  }
+  // x's elements as floats: x itself, or (16-bit) a float copy in xF_, kept
+  // until the next call.
+  const float* floatOf(const Tensor& x) {
+    if (!x.is16()) return x.data();
+    float* f = xF_.ensure(static_cast<size_t>(x.numel()));
+    launchFrom16(x.raw(), nullptr, f, x.numel(), 1, 1, x.dtype() == runtime::DType::kBFloat16,
+                 ctx_->stream());
+    return f;
   }
   void releaseInput16() {
     x16_.reset();
@@ -228,6 +257,9 @@ class Linear final : public Layer {
   // tensor it came from) and weights of the last forward.
   DeviceArray<uint16_t> x16_, w16_;
   const float* x16Of_ = nullptr;
+  // 16-bit inputs: their float copy where a GEMM runs in float (floatOf),
+  // and dx computed in float before its rounding.
+  DeviceArray<float> xF_, dxF_;
 };
 
 }  // namespace

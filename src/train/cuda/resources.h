@@ -17,6 +17,7 @@
 
 #include "../../runtime/cuda/cuda_handles.h"
 #include "ddprun/runtime/cuda_check.h"
+#include "ddprun/runtime/types.h"
 
 namespace ddprun::train::cuda {
 
@@ -72,6 +73,15 @@ class LtHandle : public Owned<cublasLtHandle_t, cublasLtDestroy> {
 using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// cuDNN's data type of a tensor's element type (float32, bfloat16, float16).
+inline cudnnDataType_t cudnnType(runtime::DType t) {
+  switch (t) {
+    case runtime::DType::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    case runtime::DType::kFloat16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
 
 // 4-d descriptor of [n, c, h, w], NCHW in memory, or NHWC with `nhwc` (float
 // unless `type` says otherwise).
