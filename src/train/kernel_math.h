@@ -154,6 +154,61 @@ DDPRUN_HD inline float bnBackward(float dy, float xhat, float scale, float k1, f
   return scale * (dy - k1 - xhat * k2);
 }
 
+// ------------------------------------- fused batch norm (NHWC, bn_nhwc.cu)
+// The element math of the NHWC batch norm kernels (src/train/cuda/bn_nhwc.cu),
+// whose activations are stored as float, bf16 or fp16 and converted to float
+// on load (exactly) and rounded to nearest even on store; everything below is
+// in float, the sums in double. Statistics come from one-pass sums
+// (sum x, sum x^2, count: all-reduced over ranks for SyncBatchNorm).
+//
+// Mean and biased variance from the sums: var = q/count - mean^2, clamped at
+// 0 (cancellation can make it slightly negative when the spread is tiny
+// against the mean: in double, x^2 summed at mean 100 and std 1 keeps about
+// 12 digits of the variance). count <= 0 (no elements): mean 0, var 0.
+struct BnMoments {
+  double mean = 0.0, var = 0.0;
+};
+DDPRUN_HD inline BnMoments bnMomentsFromSums(double sum, double sumSq, double count) {
+  BnMoments m;
+  if (!(count > 0)) return m;
+  m.mean = sum / count;
+  const double var = sumSq / count - m.mean * m.mean;
+  m.var = var > 0.0 ? var : 0.0;
+  return m;
+}
+// y = relu?(xhat * gamma + beta + z) with xhat = (x - mean) * invstd
+// (bnXhat, bnOut): the batch norm, the residual's add (z = 0 without a
+// residual: adding +0 changes nothing but a -0 into +0) and the ReLU.
+DDPRUN_HD inline float bnActForward(float x, float mean, float invstd, float gamma, float beta,
+                                    float z, bool relu) {
+  const float v = bnOut(bnXhat(x, mean, invstd), gamma, beta) + z;
+  return relu ? reluForward(v) : v;
+}
+// The gradient at the batch norm's output (and the residual's, dz): through
+// the ReLU from its stored output y (reluBackward), or dy itself without one.
+DDPRUN_HD inline float bnActGrad(float y, float dy, bool relu) {
+  return relu ? reluBackward(y, dy) : dy;
+}
+// bnBackward's per-channel factors from the sums S1 = sum g, S2 = sum g*xhat
+// over M elements (the global batch): scale = gamma*invstd, k1 = S1/M,
+// k2 = S2/M, each rounded to float. M > 0.
+struct BnBackwardCoefs {
+  float scale = 0.0f, k1 = 0.0f, k2 = 0.0f;
+};
+DDPRUN_HD inline BnBackwardCoefs bnBackwardCoefs(double s1, double s2, double m, float gamma,
+                                                 float invstd) {
+  BnBackwardCoefs k;
+  k.scale = gamma * invstd;
+  k.k1 = static_cast<float>(s1 / m);
+  k.k2 = static_cast<float>(s2 / m);
+  return k;
+}
+// dx = scale * (g - k1 - xhat * k2) (bnBackward) with xhat recomputed from x.
+DDPRUN_HD inline float bnActBackwardData(float x, float g, float mean, float invstd,
+                                         BnBackwardCoefs k) {
+  return bnBackward(g, bnXhat(x, mean, invstd), k.scale, k.k1, k.k2);
+}
+
 // ------------------------------------------------------------ convolution
 // The float64 reference of a convolution, one output element per call (the
 // CUDA backend's accuracy check of cuDNN's algorithms runs these, one GPU

@@ -1,1 +1,508 @@
-// Placeholder: the NHWC batch norm kernels (bn_nhwc.h) are being written.
+// The NHWC batch norm kernels; see bn_nhwc.h. Element math comes from
+// kernel_math.h (checked on the CPU by kernel_math_test.cc); this file maps
+// threads to elements and sums in a fixed order.
+//
+// Thread mapping (every kernel): a block is 16 x 16 threads; threadIdx.x picks
+// a group of V consecutive channels (V = 4, 2 or 1: the widest vector that
+// divides c and that every activation pointer is aligned to; 16-bit storage
+// then loads 8 bytes a thread, float 16), threadIdx.y a row, so a warp reads
+// two (V = 4, c = 64) or more whole rows' worth of consecutive memory:
+// coalesced. blockIdx.x tiles the channels (16 * V per tile).
+//
+// Sums (launchBnNhwcStats, launchBnNhwcBackwardSums): blockIdx.y is a chunk
+// of chunkRows(rows) consecutive rows (at most kMaxChunks chunks, at least
+// kMinChunkRows rows each: 512 blocks for rows = 128*56*56 at c = 64). Each
+// thread sums, in double and in row order, the rows of its chunk congruent to
+// threadIdx.y mod 16; a fixed tree over threadIdx.y gives the chunk's partial,
+// written to the workspace ([chunk][2c]); a second kernel sums the partials
+// over the chunks (a fixed strided split of the chunks over 8 threads, then a
+// fixed tree). The order depends on rows only (not on V, the device or the
+// timing): bitwise reproducible. Loads are issued kUnroll rows at a time
+// before their arithmetic (memory-level parallelism).
+//
+// Memory traffic per element (E = the storage's bytes, 2 or 4):
+//   stats:           reads x                               E
+//   forward:         reads x (+ z), writes y               2E (3E)
+//   backward sums:   reads x, dy (+ y), writes g (if gOut)  2E .. 4E
+//   backward data:   reads x, g (or dy (+ y)), writes dx   3E (3E .. 4E)
+// plus the per-chunk partials (2c doubles per chunk, under 1% at c = 64).
+// The double adds and the float->double conversions are below an H100's
+// FP64 rate at full bandwidth for 16-bit storage.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "../kernel_math.h"
+#include "bn_nhwc.h"
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/cuda_check.h"
+
+namespace ddprun::train::cuda {
+
+namespace {
+
+constexpr int kBx = 16;  // channel groups per block
+constexpr int kBy = 16;  // rows per block
+constexpr int kUnroll = 4;
+constexpr int kMaxV = 4;
+constexpr int64_t kMaxChunks = 512;
+constexpr int64_t kMinChunkRows = 64;
+// The element-wise kernels' row blocks (each thread then loops over rows).
+constexpr int64_t kMaxRowBlocks = 1024;
+// The chunk reduction: 32 sums x 8 chunk lanes.
+constexpr int kRx = 32, kRy = 8;
+
+int64_t chunkRows(int64_t rows) {
+  return std::max(kMinChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
+}
+int64_t chunksFor(int64_t rows) {
+  return rows <= 0 ? 0 : (rows + chunkRows(rows) - 1) / chunkRows(rows);
+}
+
+void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
+
+// ------------------------------------------------------------ storage
+template <class T>
+struct Storage;
+template <>
+struct Storage<float> {
+  __device__ static float load(float v) { return v; }
+  __device__ static float store(float v) { return v; }
+};
+template <>
+struct Storage<__nv_bfloat16> {
+  __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Storage<__half> {
+  __device__ static float load(__half v) { return __half2float(v); }
+  __device__ static __half store(float v) { return __float2half_rn(v); }
+};
+
+// V consecutive elements, loaded and stored as one aligned access.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+template <class T, int V>
+__device__ Vec<T, V> ldv(const void* p, size_t i) {
+  return *reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(p) + i);
+}
+template <class T, int V>
+__device__ void stv(void* p, size_t i, const float (&f)[V]) {
+  Vec<T, V> o;
+#pragma unroll
+  for (int k = 0; k < V; ++k) o.v[k] = Storage<T>::store(f[k]);
+  *reinterpret_cast<Vec<T, V>*>(static_cast<T*>(p) + i) = o;
+}
+template <class T, int V>
+__device__ void toFloat(const Vec<T, V>& in, float (&f)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) f[k] = Storage<T>::load(in.v[k]);
+}
+
+// ------------------------------------------------------------ sums
+// The per-element terms of the two sums: a += pa, b += double(pa) * pb.
+template <class T, int V>
+struct StatsOp {
+  const void* x;
+  struct Raw {
+    Vec<T, V> x;
+  };
+  __device__ void init(int64_t) {}
+  __device__ void load(size_t i, Raw& r) const { r.x = ldv<T, V>(x, i); }
+  __device__ void eval(const Raw& r, size_t, float (&pa)[V], float (&pb)[V]) const {
+    toFloat(r.x, pa);
+#pragma unroll
+    for (int k = 0; k < V; ++k) pb[k] = pa[k];
+  }
+};
+
+template <class T, int V>
+struct BackwardSumsOp {
+  const void *x, *y, *dy;
+  void* gOut;
+  const float *meanP, *invstdP;
+  bool relu;
+  float mean[V], invstd[V];
+  struct Raw {
+    Vec<T, V> x, y, dy;
+  };
+  __device__ void init(int64_t ch0) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) mean[k] = meanP[ch0 + k], invstd[k] = invstdP[ch0 + k];
+  }
+  __device__ void load(size_t i, Raw& r) const {
+    r.x = ldv<T, V>(x, i);
+    r.dy = ldv<T, V>(dy, i);
+    if (relu) r.y = ldv<T, V>(y, i);
+  }
+  __device__ void eval(const Raw& r, size_t i, float (&pa)[V], float (&pb)[V]) const {
+    float xv[V], dyv[V], yv[V];
+    toFloat(r.x, xv);
+    toFloat(r.dy, dyv);
+    if (relu) toFloat(r.y, yv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      pa[k] = kmath::bnActGrad(relu ? yv[k] : 0.0f, dyv[k], relu);
+      pb[k] = kmath::bnXhat(xv[k], mean[k], invstd[k]);
+    }
+    if (gOut) stv<T, V>(gOut, i, pa);  // exact: g is dy or 0
+  }
+};
+
+// Partials of one (channel tile, row chunk) block into ws[chunk][2c].
+template <class T, int V, class Op>
+__global__ void __launch_bounds__(kBx* kBy)
+    partialSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws) {
+  __shared__ double sa[kBy][kBx * kMaxV], sb[kBy][kBx * kMaxV];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + tx) * V;
+  const bool active = ch0 < c;
+  const int64_t r0 = blockIdx.y * chunkRows;
+  const int64_t r1 = rows < r0 + chunkRows ? rows : r0 + chunkRows;
+  double a[V], b[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a[k] = 0.0, b[k] = 0.0;
+  if (active) {
+    op.init(ch0);
+    for (int64_t r = r0 + ty; r < r1; r += kBy * kUnroll) {
+      typename Op::Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t rr = r + u * kBy;
+        if (rr < r1) op.load(static_cast<size_t>(rr * c + ch0), raw[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t rr = r + u * kBy;
+        if (rr >= r1) break;
+        float pa[V], pb[V];
+        op.eval(raw[u], static_cast<size_t>(rr * c + ch0), pa, pb);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          a[k] += pa[k];
+          b[k] += static_cast<double>(pa[k]) * static_cast<double>(pb[k]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) sa[ty][tx * V + k] = a[k], sb[ty][tx * V + k] = b[k];
+  __syncthreads();
+  for (int s = kBy / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        sa[ty][tx * V + k] += sa[ty + s][tx * V + k];
+        sb[ty][tx * V + k] += sb[ty + s][tx * V + k];
+      }
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && active) {
+    double* w = ws + blockIdx.y * 2 * c;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      w[ch0 + k] = sa[0][tx * V + k];
+      w[c + ch0 + k] = sb[0][tx * V + k];
+    }
+  }
+}
+
+// out[j] = sum over chunks of ws[chunk][j] for j < 2c (fixed order); out[2c] = rows.
+__global__ void __launch_bounds__(kRx* kRy)
+    chunkSumsKernel(const double* ws, int64_t chunks, int64_t c, int64_t rows, double* out) {
+  __shared__ double s[kRy][kRx];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t n2 = 2 * c;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kRx) + tx;
+  double v = 0.0;
+  if (j < n2)
+    for (int64_t k = ty; k < chunks; k += kRy) v += ws[k * n2 + j];
+  s[ty][tx] = v;
+  __syncthreads();
+  for (int w = kRy / 2; w > 0; w >>= 1) {
+    if (ty < w) s[ty][tx] += s[ty + w][tx];
+    __syncthreads();
+  }
+  if (ty == 0 && j < n2) out[j] = s[0][tx];
+  if (blockIdx.x == 0 && tx == 0 && ty == 0) out[n2] = static_cast<double>(rows);
+}
+
+// ------------------------------------------------------- element-wise
+template <class T, int V>
+__global__ void __launch_bounds__(kBx* kBy)
+    forwardKernel(const void* x, const void* z, void* y, int64_t rows, int64_t c,
+                  const float* meanP, const float* invstdP, const float* gammaP,
+                  const float* betaP, bool relu) {
+  const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
+  if (ch0 >= c) return;
+  float mean[V], invstd[V], gamma[V], beta[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    mean[k] = meanP[ch0 + k], invstd[k] = invstdP[ch0 + k];
+    gamma[k] = gammaP[ch0 + k], beta[k] = betaP[ch0 + k];
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kBy;
+  for (int64_t r = blockIdx.y * static_cast<int64_t>(kBy) + threadIdx.y; r < rows;
+       r += stride * kUnroll) {
+    Vec<T, V> xr[kUnroll], zr[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * stride;
+      if (rr < rows) {
+        xr[u] = ldv<T, V>(x, static_cast<size_t>(rr * c + ch0));
+        if (z) zr[u] = ldv<T, V>(z, static_cast<size_t>(rr * c + ch0));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * stride;
+      if (rr >= rows) break;
+      float xv[V], zv[V], out[V];
+      toFloat(xr[u], xv);
+      if (z) {
+        toFloat(zr[u], zv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) zv[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        out[k] = kmath::bnActForward(xv[k], mean[k], invstd[k], gamma[k], beta[k], zv[k], relu);
+      stv<T, V>(y, static_cast<size_t>(rr * c + ch0), out);
+    }
+  }
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kBx* kBy)
+    backwardDataKernel(const void* x, const void* y, const void* dy, const void* g, void* dx,
+                       int64_t rows, int64_t c, const double* sums, const float* gammaP,
+                       const float* meanP, const float* invstdP, bool relu) {
+  const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
+  if (ch0 >= c) return;
+  const double m = sums[2 * c];
+  float mean[V], invstd[V];
+  kmath::BnBackwardCoefs coef[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t ch = ch0 + k;
+    mean[k] = meanP[ch], invstd[k] = invstdP[ch];
+    coef[k] = kmath::bnBackwardCoefs(sums[ch], sums[c + ch], m, gammaP[ch], invstd[k]);
+  }
+  const bool useY = !g && relu;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kBy;
+  for (int64_t r = blockIdx.y * static_cast<int64_t>(kBy) + threadIdx.y; r < rows;
+       r += stride * kUnroll) {
+    Vec<T, V> xr[kUnroll], gr[kUnroll], yr[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * stride;
+      if (rr < rows) {
+        const size_t i = static_cast<size_t>(rr * c + ch0);
+        xr[u] = ldv<T, V>(x, i);
+        gr[u] = ldv<T, V>(g ? g : dy, i);
+        if (useY) yr[u] = ldv<T, V>(y, i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t rr = r + u * stride;
+      if (rr >= rows) break;
+      float xv[V], gv[V], yv[V], out[V];
+      toFloat(xr[u], xv);
+      toFloat(gr[u], gv);
+      if (useY) toFloat(yr[u], yv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float gk = useY ? kmath::bnActGrad(yv[k], gv[k], true)
+                              : (g ? gv[k] : kmath::bnActGrad(0.0f, gv[k], false));
+        out[k] = kmath::bnActBackwardData(xv[k], gk, mean[k], invstd[k], coef[k]);
+      }
+      stv<T, V>(dx, static_cast<size_t>(rr * c + ch0), out);
+    }
+  }
+}
+
+// ------------------------------------------------------- per channel
+__global__ void finishKernel(const double* sums, int64_t c, double eps, double momentum,
+                             float* mean, float* invstd, float* runningMean, float* runningVar) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= c) return;
+  const double count = sums[2 * c];
+  const kmath::BnMoments mo = kmath::bnMomentsFromSums(sums[ch], sums[c + ch], count);
+  mean[ch] = static_cast<float>(mo.mean);
+  invstd[ch] = kmath::bnInvStd(mo.var, eps);
+  if (runningMean && count > 0)
+    kmath::bnRunningUpdate(runningMean[ch], runningVar[ch], mo.mean, mo.var, count, momentum);
+}
+__global__ void invStdKernel(const float* var, int64_t c, double eps, float* invstd) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch < c) invstd[ch] = kmath::bnInvStd(var[ch], eps);
+}
+
+// ------------------------------------------------------- dispatch
+template <class T>
+struct Tag {
+  using type = T;
+};
+template <class F>
+void withStorage(runtime::DType t, const char* what, F&& f) {
+  switch (t) {
+    case runtime::DType::kFloat32: f(Tag<float>{}); return;
+    case runtime::DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return;
+    case runtime::DType::kFloat16: f(Tag<__half>{}); return;
+    default:
+      DDPRUN_THROW(::ddprun::InvalidArgument, what, ": activations stored as ",
+                   runtime::dtypeName(t),
+                   " are not supported; use float32, bfloat16 or float16");
+  }
+}
+// The widest V in {4, 2, 1} dividing c with every non-null pointer aligned to V elements.
+int vectorWidth(int64_t c, size_t elem, std::initializer_list<const void*> ptrs) {
+  for (int v : {4, 2}) {
+    if (c % v != 0) continue;
+    bool ok = true;
+    for (const void* p : ptrs)
+      if (p && reinterpret_cast<uintptr_t>(p) % (elem * v) != 0) ok = false;
+    if (ok) return v;
+  }
+  return 1;
+}
+template <class F>
+void withWidth(int v, F&& f) {
+  if (v == 4)
+    f(std::integral_constant<int, 4>{});
+  else if (v == 2)
+    f(std::integral_constant<int, 2>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+unsigned channelTiles(int64_t c, int v) {
+  return static_cast<unsigned>((c / v + kBx - 1) / kBx);
+}
+unsigned rowBlocks(int64_t rows) {
+  return static_cast<unsigned>(
+      std::min<int64_t>((rows + kBy * kUnroll - 1) / (kBy * kUnroll), kMaxRowBlocks));
+}
+void checkShape(const char* what, int64_t rows, int64_t c) {
+  DDPRUN_CHECK(rows >= 0 && c >= 0, what, ": rows (", rows, ") and channels (", c,
+               ") must not be negative");
+}
+
+// The partial sums of `op` (V wide) then the chunk reduction into out.
+template <class T, int V, class Op>
+void launchSums(const Op& op, int64_t rows, int64_t c, void* workspace, double* out,
+                cudaStream_t s) {
+  const int64_t chunks = (rows > 0 && c > 0) ? chunksFor(rows) : 0;
+  if (chunks > 0) {
+    const dim3 grid(channelTiles(c, V), static_cast<unsigned>(chunks));
+    partialSumsKernel<T, V, Op><<<grid, dim3(kBx, kBy), 0, s>>>(
+        op, rows, c, chunkRows(rows), static_cast<double*>(workspace));
+    checkLaunch();
+  }
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, (2 * c + kRx - 1) / kRx));
+  chunkSumsKernel<<<blocks, dim3(kRx, kRy), 0, s>>>(static_cast<const double*>(workspace),
+                                                     chunks, c, rows, out);
+  checkLaunch();
+}
+
+}  // namespace
+
+size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c) {
+  if (rows <= 0 || c <= 0) return 0;
+  return static_cast<size_t>(chunksFor(rows)) * 2 * static_cast<size_t>(c) * sizeof(double);
+}
+
+void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
+                       void* workspace, double* out, cudaStream_t s) {
+  checkShape("launchBnNhwcStats", rows, c);
+  withStorage(t, "launchBnNhwcStats", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    withWidth(vectorWidth(c, sizeof(T), {x}), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      launchSums<T, V>(StatsOp<T, V>{x}, rows, c, workspace, out, s);
+    });
+  });
+}
+
+void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
+                              runtime::DType t, int64_t rows, int64_t c, const float* mean,
+                              const float* invstd, bool relu, void* workspace, double* out,
+                              cudaStream_t s) {
+  checkShape("launchBnNhwcBackwardSums", rows, c);
+  DDPRUN_CHECK(!relu || y || rows == 0 || c == 0,
+               "launchBnNhwcBackwardSums: the ReLU's backward needs its output y");
+  withStorage(t, "launchBnNhwcBackwardSums", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    withWidth(vectorWidth(c, sizeof(T), {x, relu ? y : nullptr, dy, gOut}), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      BackwardSumsOp<T, V> op{x, y, dy, gOut, mean, invstd, relu, {}, {}};
+      launchSums<T, V>(op, rows, c, workspace, out, s);
+    });
+  });
+}
+
+void launchBnNhwcFinish(const double* sums, int64_t c, double eps, double momentum, float* mean,
+                        float* invstd, float* runningMean, float* runningVar, cudaStream_t s) {
+  DDPRUN_CHECK(!runningMean == !runningVar,
+               "launchBnNhwcFinish: give both running statistics or neither");
+  if (c <= 0) return;
+  finishKernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(
+      sums, c, eps, momentum, mean, invstd, runningMean, runningVar);
+  checkLaunch();
+}
+
+void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd, cudaStream_t s) {
+  if (c <= 0) return;
+  invStdKernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(var, c, eps, invstd);
+  checkLaunch();
+}
+
+void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t, int64_t rows,
+                         int64_t c, const float* mean, const float* invstd, const float* gamma,
+                         const float* beta, bool relu, cudaStream_t s) {
+  checkShape("launchBnNhwcForward", rows, c);
+  withStorage(t, "launchBnNhwcForward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows == 0 || c == 0) return;
+    withWidth(vectorWidth(c, sizeof(T), {x, z, y}), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      const dim3 grid(channelTiles(c, V), rowBlocks(rows));
+      forwardKernel<T, V><<<grid, dim3(kBx, kBy), 0, s>>>(x, z, y, rows, c, mean, invstd, gamma,
+                                                          beta, relu);
+      checkLaunch();
+    });
+  });
+}
+
+void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, const void* g,
+                              void* dx, runtime::DType t, int64_t rows, int64_t c,
+                              const double* sums, const float* gamma, const float* mean,
+                              const float* invstd, bool relu, cudaStream_t s) {
+  checkShape("launchBnNhwcBackwardData", rows, c);
+  DDPRUN_CHECK(g || !relu || y || rows == 0 || c == 0,
+               "launchBnNhwcBackwardData: without g, the ReLU's backward needs its output y");
+  withStorage(t, "launchBnNhwcBackwardData", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows == 0 || c == 0) return;
+    const void* yUsed = !g && relu ? y : nullptr;
+    const void* dyUsed = g ? nullptr : dy;
+    withWidth(vectorWidth(c, sizeof(T), {x, yUsed, dyUsed, g, dx}), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      const dim3 grid(channelTiles(c, V), rowBlocks(rows));
+      backwardDataKernel<T, V><<<grid, dim3(kBx, kBy), 0, s>>>(
+          x, yUsed, dyUsed, g, dx, rows, c, sums, gamma, mean, invstd, relu);
+      checkLaunch();
+    });
+  });
+}
+
+}  // namespace ddprun::train::cuda

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddprun/common/error.h"
+#include "ddprun/runtime/types.h"
 #include "ddprun/train/layers.h"
 #include "train/random_vector.h"
 
@@ -354,6 +355,204 @@ TEST(KernelMath, HashUniformIsReproducibleAndUniform) {
   EXPECT_LT(lo, -0.99f);
   EXPECT_GT(hi, 0.99f);
   EXPECT_NE(kmath::hashUniform(7, 0), kmath::hashUniform(8, 0));
+}
+
+
+// ------------------------------------------ fused NHWC batch norm (bn_nhwc.cu)
+TEST(KernelMath, BnMomentsFromSums) {
+  // x = {1, 2, 3, 6}: mean 3, biased var (1 + 4 + 9 + 36) / 4 - 9 = 3.5.
+  const kmath::BnMoments m = kmath::bnMomentsFromSums(12.0, 50.0, 4.0);
+  EXPECT_DOUBLE_EQ(m.mean, 3.0);
+  EXPECT_DOUBLE_EQ(m.var, 3.5);
+  // Cancellation below zero is clamped; no elements: zeros.
+  EXPECT_EQ(kmath::bnMomentsFromSums(3.0 * 0.1, 3.0 * 0.1 * 0.1 * (1 - 1e-15), 3.0).var, 0.0);
+  const kmath::BnMoments none = kmath::bnMomentsFromSums(0.0, 0.0, 0.0);
+  EXPECT_EQ(none.mean, 0.0);
+  EXPECT_EQ(none.var, 0.0);
+}
+
+TEST(KernelMath, BnActForwardAndGrad) {
+  // xhat = (3 - 1) * 0.5 = 1; 1 * 2 + 0.25 = 2.25; + z.
+  EXPECT_EQ(kmath::bnActForward(3.0f, 1.0f, 0.5f, 2.0f, 0.25f, 0.0f, false), 2.25f);
+  EXPECT_EQ(kmath::bnActForward(3.0f, 1.0f, 0.5f, 2.0f, 0.25f, -3.0f, false), -0.75f);
+  EXPECT_EQ(kmath::bnActForward(3.0f, 1.0f, 0.5f, 2.0f, 0.25f, -3.0f, true), 0.0f);
+  EXPECT_EQ(kmath::bnActForward(3.0f, 1.0f, 0.5f, 2.0f, 0.25f, 1.0f, true), 3.25f);
+  EXPECT_EQ(kmath::bnActGrad(0.5f, -2.0f, true), -2.0f);
+  EXPECT_EQ(kmath::bnActGrad(0.0f, -2.0f, true), 0.0f);
+  EXPECT_EQ(kmath::bnActGrad(-1.0f, -2.0f, false), -2.0f);
+  const kmath::BnBackwardCoefs k = kmath::bnBackwardCoefs(2.0, -4.0, 8.0, 2.0f, 0.5f);
+  EXPECT_EQ(k.scale, 1.0f);
+  EXPECT_EQ(k.k1, 0.25f);
+  EXPECT_EQ(k.k2, -0.5f);
+  // xhat = 1: 1 * (1 - 0.25 + 0.5) = 1.25.
+  EXPECT_EQ(kmath::bnActBackwardData(3.0f, 1.0f, 1.0f, 0.5f, k), 1.25f);
+}
+
+// The storage types of the NHWC kernels: values pass through them as the
+// kernels' loads and stores do (round to nearest even).
+enum class BnStore { kF32, kBf16, kF16 };
+const char* bnStoreName(BnStore s) {
+  return s == BnStore::kF32 ? "float32" : s == BnStore::kBf16 ? "bfloat16" : "float16";
+}
+float bnStored(BnStore s, float v) {
+  if (s == BnStore::kBf16) return runtime::bf16ToFloat(runtime::floatToBf16(v));
+  if (s == BnStore::kF16) return runtime::halfToFloat(runtime::floatToHalf(v));
+  return v;
+}
+// The unit roundoff of the storage, 2^-p for p significand bits (8 for
+// bf16, 11 for fp16, 24 for float): a stored result is within u * |v| of the
+// float it rounds (normal range; half an ulp at the bottom of a binade).
+double bnUnitRoundoff(BnStore s) {
+  return s == BnStore::kBf16 ? std::ldexp(1.0, -8) : s == BnStore::kF16 ? std::ldexp(1.0, -11)
+                                                                        : std::ldexp(1.0, -24);
+}
+
+// |got - want| <= rel * |want| + abs * max|want|.
+void expectBounded(const std::vector<float>& got, const std::vector<double>& want, double rel,
+                   double abs, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    if (!(err <= rel * std::fabs(want[i]) + abs * scale) && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
+                    << " (scale " << scale << ")";
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+// The whole NHWC algorithm on the host, element by element as bn_nhwc.cu
+// computes it (the same kmath calls, the same float/double split, storage
+// rounding at every load and store), against a float64 reference computed
+// from the same stored inputs. Bounds:
+//  - mean, invstd, running stats (float from double sums): 1e-6 relative
+//    (float rounding is 6e-8; the one-pass variance in double loses ~1e-12
+//    at mean 100, std 1).
+//  - y and dx: the storage's rounding of the result, u * |want| (u = 2^-24,
+//    2^-8, 2^-11 for float, bf16, fp16), plus 1e-5 of the tensor's largest
+//    magnitude for the float arithmetic before it (at mean 100 the float mean
+//    alone is off by up to 100 * 2^-24 = 6e-6, i.e. 6e-6 in xhat).
+//  - dz (the masked dy, stored): exact.
+//  - the sums S1 = dbeta, S2 = dgamma (double over float terms; xhat is
+//    float): 1e-5 of sum |g| (1 + |xhat|), the condition of the sum.
+// The ReLU's mask follows the stored y in both (as PyTorch's backward does).
+struct BnNhwcCase {
+  int64_t rows, c;
+  BnStore store;
+  bool residual, relu;
+  float xMean;
+};
+void checkBnNhwcOnHost(const BnNhwcCase& k) {
+  const int64_t rows = k.rows, c = k.c;
+  const size_t n = static_cast<size_t>(rows * c);
+  const double eps = 1e-5, momentum = 0.1;
+  SCOPED_TRACE(std::string(bnStoreName(k.store)) + (k.residual ? " +z" : "") +
+               (k.relu ? " relu" : "") + " mean " + std::to_string(k.xMean));
+  auto x = randomVector(n, 41, k.xMean - 1.7f, k.xMean + 1.7f);  // std ~1
+  auto z = randomVector(n, 42, -1.0f, 1.0f), dy = randomVector(n, 43, -1.0f, 1.0f);
+  for (auto* v : {&x, &z, &dy})
+    for (float& e : *v) e = bnStored(k.store, e);
+  const auto gamma = randomVector(static_cast<size_t>(c), 44, 0.5f, 1.5f);
+  const auto beta = randomVector(static_cast<size_t>(c), 45, -0.5f, 0.5f);
+  const auto rm0 = randomVector(static_cast<size_t>(c), 46, -1.0f, 1.0f);
+  const auto rv0 = randomVector(static_cast<size_t>(c), 47, 0.5f, 2.0f);
+  auto at = [c](int64_t r, int64_t ch) { return static_cast<size_t>(r * c + ch); };
+
+  // The kernels' arithmetic.
+  std::vector<float> mean(c), invstd(c), rm = rm0, rv = rv0, y(n), g(n), dx(n);
+  std::vector<double> s1(c), s2(c);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double s = 0, q = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      s += x[at(r, ch)];
+      q += static_cast<double>(x[at(r, ch)]) * static_cast<double>(x[at(r, ch)]);
+    }
+    const kmath::BnMoments mo = kmath::bnMomentsFromSums(s, q, static_cast<double>(rows));
+    mean[ch] = static_cast<float>(mo.mean);
+    invstd[ch] = kmath::bnInvStd(mo.var, eps);
+    kmath::bnRunningUpdate(rm[ch], rv[ch], mo.mean, mo.var, static_cast<double>(rows), momentum);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = at(r, ch);
+      y[i] = bnStored(k.store, kmath::bnActForward(x[i], mean[ch], invstd[ch], gamma[ch],
+                                                   beta[ch], k.residual ? z[i] : 0.0f, k.relu));
+      g[i] = bnStored(k.store, kmath::bnActGrad(k.relu ? y[i] : 0.0f, dy[i], k.relu));
+      s1[ch] += g[i];
+      s2[ch] += static_cast<double>(g[i]) *
+                static_cast<double>(kmath::bnXhat(x[i], mean[ch], invstd[ch]));
+    }
+    const kmath::BnBackwardCoefs co =
+        kmath::bnBackwardCoefs(s1[ch], s2[ch], static_cast<double>(rows), gamma[ch], invstd[ch]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = at(r, ch);
+      dx[i] = bnStored(k.store, kmath::bnActBackwardData(x[i], g[i], mean[ch], invstd[ch], co));
+    }
+  }
+
+  // The float64 reference.
+  const double m = static_cast<double>(rows), u = bnUnitRoundoff(k.store);
+  std::vector<double> yd(n), dxd(n), gd(n);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double s = 0, q = 0, t1 = 0, t2 = 0, cond = 0;
+    for (int64_t r = 0; r < rows; ++r) s += x[at(r, ch)];
+    const double md = s / m;
+    for (int64_t r = 0; r < rows; ++r) q += (x[at(r, ch)] - md) * (x[at(r, ch)] - md);
+    const double vd = q / m, isd = 1.0 / std::sqrt(vd + eps);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = at(r, ch);
+      const double xh = (x[i] - md) * isd;
+      const double v = xh * gamma[ch] + beta[ch] + (k.residual ? z[i] : 0.0);
+      yd[i] = k.relu ? std::max(v, 0.0) : v;
+      gd[i] = k.relu && !(y[i] > 0.0f) ? 0.0 : dy[i];
+      t1 += gd[i];
+      t2 += gd[i] * xh;
+      cond += std::fabs(gd[i]) * (1 + std::fabs(xh));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = at(r, ch);
+      const double xh = (x[i] - md) * isd;
+      dxd[i] = gamma[ch] * isd * (gd[i] - t1 / m - xh * t2 / m);
+    }
+    EXPECT_NEAR(mean[ch], md, 1e-6 * (std::fabs(md) + std::sqrt(vd))) << "mean " << ch;
+    EXPECT_NEAR(invstd[ch], isd, 1e-6 * isd) << "invstd " << ch;
+    const double rmd = (1 - momentum) * rm0[ch] + momentum * md;
+    const double rvd = (1 - momentum) * rv0[ch] + momentum * vd * m / (m - 1);
+    EXPECT_NEAR(rm[ch], rmd, 1e-6 * (std::fabs(rmd) + 1)) << "running mean " << ch;
+    EXPECT_NEAR(rv[ch], rvd, 1e-6 * rvd) << "running var " << ch;
+    EXPECT_NEAR(s1[ch], t1, 1e-5 * cond) << "dbeta " << ch;
+    EXPECT_NEAR(s2[ch], t2, 1e-5 * cond) << "dgamma " << ch;
+    EXPECT_NEAR(static_cast<float>(s1[ch]), t1, 1e-5 * cond) << "dbeta (float) " << ch;
+    EXPECT_NEAR(static_cast<float>(s2[ch]), t2, 1e-5 * cond) << "dgamma (float) " << ch;
+  }
+  expectBounded(y, yd, u, 1e-5, "y");
+  expectBounded(dx, dxd, u, 1e-5, "dx");
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(g[i], gd[i]) << "dz at " << i;
+  if (k.relu) {  // the cases exercise both sides of the mask
+    const auto zeros = std::count(y.begin(), y.end(), 0.0f);
+    EXPECT_GT(zeros, 0);
+    EXPECT_LT(static_cast<size_t>(zeros), n);
+  }
+}
+
+TEST(KernelMath, BnNhwcHostAlgorithmMatchesFloat64) {
+  for (const BnStore st : {BnStore::kF32, BnStore::kBf16, BnStore::kF16})
+    for (const bool residual : {false, true})
+      for (const bool relu : {false, true})
+        for (const float xMean : {0.0f, 100.0f})
+          checkBnNhwcOnHost({2 * 5 * 7, 6, st, residual, relu, xMean});
+  // Odd channel count, a few rows.
+  checkBnNhwcOnHost({3 * 4 * 4, 3, BnStore::kBf16, true, true, 0.0f});
+}
+
+// The storage bounds are tight: a result rounded to bf16 where fp16 was meant
+// is off by up to 2^-8, beyond fp16's 2^-11 and within bf16's own bound.
+TEST(KernelMath, BnNhwcStorageBoundsAreTight) {
+  const float v = 1.00390625f;  // 1 + 2^-8: exact in fp16, halfway in bf16
+  EXPECT_EQ(bnStored(BnStore::kF16, v), v);
+  EXPECT_NE(bnStored(BnStore::kBf16, v), v);
+  EXPECT_GT(std::fabs(bnStored(BnStore::kBf16, v) - v), bnUnitRoundoff(BnStore::kF16) * v);
+  EXPECT_LE(std::fabs(bnStored(BnStore::kBf16, v) - v), bnUnitRoundoff(BnStore::kBf16) * v);
 }
 
 }  // namespace
