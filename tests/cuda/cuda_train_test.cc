@@ -274,19 +274,55 @@ class CudaBackendTest : public ::testing::Test {
     b.download(t.data(), v.data(), v.size());
     return v;
   }
-  // An activation (x, y, dy, dx) to and from the device in the layout of
-  // the backend under test (nhwc_): host tensors are always NCHW.
+  // An activation (x, y, dy, dx) to and from the device in the layout and
+  // element type of the backend under test (nhwc_, act_): host tensors are
+  // always NCHW float. A 16-bit activation goes up rounded to nearest even
+  // (roundAct() gives a reference the same values) and comes back exactly.
   Tensor toGpuAct(const Tensor& host, Backend* be = nullptr) {
     Backend& b = be ? *be : *gpu_;
     const std::vector<float> v =
         nhwc_ ? relayout(hostValues(host), host.shape(), true) : hostValues(host);
-    Tensor t(host.shape(), b.allocator());
-    b.upload(v.data(), t.data(), v.size());
+    if (act_ == DType::kFloat32) {
+      Tensor t(host.shape(), b.allocator());
+      b.upload(v.data(), t.data(), v.size());
+      return t;
+    }
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bits[i] = to16(v[i]);
+    Tensor t(host.shape(), b.allocator(), act_);
+    b.synchronize();  // the backend's stream does not order the legacy-stream copy
+    DDPRUN_CUDA_OK(cudaMemcpy(t.raw(), bits.data(), t.bytes(), cudaMemcpyHostToDevice));
+    DDPRUN_CUDA_OK(cudaDeviceSynchronize());
     return t;
   }
   std::vector<float> fromGpuAct(const Tensor& t, Backend* be = nullptr) {
-    const std::vector<float> v = fromGpu(t, be);
+    std::vector<float> v;
+    if (t.is16()) {
+      (be ? *be : *gpu_).synchronize();
+      std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+      DDPRUN_CUDA_OK(cudaMemcpy(bits.data(), t.raw(), t.bytes(), cudaMemcpyDeviceToHost));
+      v.resize(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i)
+        v[i] = t.dtype() == DType::kBFloat16 ? runtime::bf16ToFloat(bits[i])
+                                             : runtime::halfToFloat(bits[i]);
+    } else {
+      v = fromGpu(t, be);
+    }
     return nhwc_ ? relayout(v, t.shape(), false) : v;
+  }
+  // A host activation as the backend under test stores it: each value
+  // rounded to act_ (itself for float).
+  Tensor roundAct(const Tensor& host) const {
+    Tensor r = copyOf(host);
+    if (act_ == DType::kFloat32) return r;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      const uint16_t b = to16(r.data()[i]);
+      r.data()[i] = act_ == DType::kBFloat16 ? runtime::bf16ToFloat(b) : runtime::halfToFloat(b);
+    }
+    return r;
+  }
+  uint16_t to16(float v) const {
+    return act_ == DType::kBFloat16 ? runtime::floatToBf16(v) : runtime::floatToHalf(v);
   }
   // Runs f with gpu_ an NHWC backend (deterministic, precision p) and the
   // activations converted accordingly.
@@ -335,7 +371,7 @@ class CudaBackendTest : public ::testing::Test {
       gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
       gpu_->upload(g.data(), gp[i]->grad.data(), static_cast<size_t>(g.numel()));
     }
-    const Tensor x = hostTensor(in, seed, -2.0f, 2.0f);
+    const Tensor x = roundAct(hostTensor(in, seed, -2.0f, 2.0f));
     const Tensor xg = toGpuAct(x);
     Tensor yr, yg;
     try {
@@ -348,8 +384,12 @@ class CudaBackendTest : public ::testing::Test {
     ASSERT_EQ(yr.shape(), yg.shape());
     expectClose(fromGpuAct(yg), hostValues(yr), rtol, gpu.name() + " forward");
     if (!training) return;
-    const Tensor dy = hostTensor(yr.shape(), seed + 7);
+    // dy has y's element type (a float linear output's, or 16-bit).
+    const DType saved = act_;
+    if (!yg.is16()) act_ = DType::kFloat32;
+    const Tensor dy = roundAct(hostTensor(yr.shape(), seed + 7));
     const Tensor dyg = toGpuAct(dy);
+    act_ = saved;
     Tensor dxr, dxg;
     ref.backward(x, yr, dy, &dxr);
     gpu.backward(xg, yg, dyg, &dxg);
@@ -394,8 +434,27 @@ class CudaBackendTest : public ::testing::Test {
     std::swap(gpu_, other);
   }
 
+  // Runs f with gpu_ an NHWC backend (deterministic, precision p: bf16 or
+  // fp16) keeping 16-bit activations, and the activations converted
+  // accordingly.
+  void withAct16(Precision p, const std::function<void()>& f) {
+    auto other = makeCudaBackend({.device = 0, .precision = p, .deterministic = true,
+                                  .nhwc = true, .activations16 = true});
+    std::swap(gpu_, other);
+    nhwc_ = true;
+    act_ = p == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat16;
+    gPrintWorst = true;
+    std::cout << "[ layout   ] nhwc, " << precisionName(p) << ", 16-bit activations\n";
+    f();
+    gPrintWorst = false;
+    act_ = DType::kFloat32;
+    nhwc_ = false;
+    std::swap(gpu_, other);
+  }
+
   std::unique_ptr<Backend> cpu_, gpu_;
   bool nhwc_ = false;  // gpu_'s activations are NHWC (withNhwc)
+  DType act_ = DType::kFloat32;  // and their element type (withAct16)
 };
 
 // Tolerances of bf16/fp16 (autocast) layers against the float64 reference,
@@ -1129,6 +1188,213 @@ TEST_F(CudaAutocastTest, SmallModelTrainsCloseToFp32) {
     }
     std::cout << "\n";
     EXPECT_LT(l16.back(), l16.front()) << precisionName(p);
+    for (size_t i = 0; i < w16.size(); ++i) {
+      const double e = normwiseError(w16[i], w32[i]);
+      std::cout << "[ training ] " << precisionName(p) << " parameter " << i
+                << " normwise error against fp32 " << e << "\n";
+      EXPECT_LE(e, paramTol) << precisionName(p) << " parameter " << i;
+    }
+  }
+}
+
+// ------------------------------------ 16-bit activations (bf16 / fp16)
+// CudaBackendOptions::activations16: each layer on 16-bit NHWC activations
+// against the CPU backend (or the float64 reference) on the same inputs,
+// rounded to 16 bits as the backend stores them. Layers that compute in float
+// and store once are within one rounding of the output's type plus float's
+// noise (oneRounding: 2 units of roundoff, u = 2^-8 bf16, 2^-11 fp16); the
+// convolutions and linear layers, which also round their weights, within
+// tolerance16; ReLU, max pooling and flatten move values exactly.
+double oneRounding(Precision p) { return p == Precision::kBf16 ? 2.0 / 256 : 2.0 / 2048; }
+
+TEST_F(CudaBackendTest, Act16LayersMatchCpu) {
+  for (const Precision p : k16Bit)
+    withAct16(p, [&] {
+      auto relu = cpu_->relu("relu");
+      auto reluG = gpu_->relu("relu");
+      checkLayer(*relu, *reluG, {2, 6, 5, 7}, true, 0.0);
+      auto flat = cpu_->flatten("flat");
+      auto flatG = gpu_->flatten("flat");
+      checkLayer(*flat, *flatG, {2, 3, 4, 5}, true, 0.0);
+      auto bn = cpu_->batchNorm2d("bn", 6, nullptr);
+      auto bnG = gpu_->batchNorm2d("bn", 6, nullptr);
+      checkLayer(*bn, *bnG, {4, 6, 5, 7}, true, oneRounding(p));
+      checkLayer(*bn, *bnG, {4, 6, 5, 7}, true, oneRounding(p), 2);  // running stats
+      checkLayer(*bn, *bnG, {3, 6, 5, 7}, false, oneRounding(p), 3);  // eval
+      auto gap = reference([&] { return cpu_->globalAvgPool("gap"); },
+                           [&] { return std::make_unique<RefAvgPool>(); });
+      auto gapG = gpu_->globalAvgPool("gap");
+      checkLayer(*gap, *gapG, {3, 8, 5, 4}, true, oneRounding(p));
+      auto fc = cpu_->linear("fc", 33, 17);
+      auto fcG = gpu_->linear("fc", 33, 17);
+      checkLayer(*fc, *fcG, {5, 33}, true, tolerance16(p));  // 16-bit x, float y
+      for (const auto& [spec, in] :
+           {std::pair<Conv2dSpec, Shape>{{3, 8, 3, 1, 1, true}, {2, 3, 10, 9}},
+            {{8, 8, 3, 2, 1, false}, {2, 8, 11, 12}},
+            {{3, 8, 7, 2, 3, false}, {2, 3, 20, 20}}}) {
+        RefConv2d ref(spec);
+        auto conv = gpu_->conv2d("conv", spec);
+        checkLayer(ref, *conv, in, true, tolerance16(p));
+      }
+      testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
+        auto ref = cpu_->batchNorm2d("bn", 5, nullptr);
+        auto sync = gpu_->batchNorm2d("bn", 5, &pg);
+        checkLayer(*ref, *sync, {4, 5, 6, 3}, true, oneRounding(p));
+        checkLayer(*ref, *sync, {2, 5, 6, 3}, false, oneRounding(p), 3);
+      });
+    });
+}
+
+// Max pooling moves 16-bit values exactly: inputs all distinct (k/64 for
+// distinct k, exact in bf16 and fp16), so the window maxima and where dy
+// goes are those of the CPU's.
+TEST_F(CudaBackendTest, Act16MaxPoolIsExact) {
+  for (const Precision p : k16Bit)
+    withAct16(p, [&] {
+      const Shape in{2, 4, 9, 8};
+      Tensor x(in);
+      std::vector<int> k(static_cast<size_t>(x.numel()));
+      for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int>(i) - 200;
+      std::shuffle(k.begin(), k.end(), std::mt19937(7));
+      for (size_t i = 0; i < k.size(); ++i) x.data()[i] = static_cast<float>(k[i]) / 64.0f;
+      auto ref = reference([&] { return cpu_->maxPool2d("pool", Pool2dSpec{3, 2, 1}); },
+                           [&] { return std::make_unique<RefMaxPool>(Pool2dSpec{3, 2, 1}); });
+      auto pool = gpu_->maxPool2d("pool", Pool2dSpec{3, 2, 1});
+      const Tensor xg = toGpuAct(x);
+      Tensor yr, yg, dxr, dxg;
+      ref->forward(x, yr, true);
+      pool->forward(xg, yg, true);
+      EXPECT_EQ(yg.dtype(), act_);
+      EXPECT_EQ(fromGpuAct(yg), hostValues(yr));
+      const Tensor dy = roundAct(hostTensor(yr.shape(), 8));
+      ref->backward(x, yr, dy, &dxr);
+      pool->backward(xg, yg, toGpuAct(dy), &dxg);
+      EXPECT_EQ(fromGpuAct(dxg), hostValues(dxr));
+    });
+}
+
+// Batch norm + ReLU (+ the residual add) as one layer on 16-bit activations
+// (our fused NHWC kernels) against the CPU's composition on the same rounded
+// inputs: around 0 and around 100, two steps, then evaluation.
+TEST_F(CudaBackendTest, Act16BatchNormActMatchesCpu) {
+  for (const Precision p : k16Bit)
+    withAct16(p, [&] {
+      for (const bool residual : {false, true})
+        for (const float centre : {0.0f, 100.0f}) {
+          const std::string what = std::string(precisionName(p)) +
+                                   (residual ? " bn+add+relu" : " bn+relu") +
+                                   (centre != 0.0f ? " mean 100" : "");
+          auto ref = cpu_->batchNormAct("bn", 8, nullptr, residual);
+          auto gpu = gpu_->batchNormAct("bn", 8, nullptr, residual);
+          auto rp = ref->params(), gp = gpu->params();
+          ASSERT_EQ(rp.size(), gp.size());
+          for (size_t i = 0; i < rp.size(); ++i) {
+            const Tensor v = hostTensor(rp[i]->value.shape(), 90 + i, 0.5f, 1.5f);
+            std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
+            gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
+            rp[i]->overwriteGrad = gp[i]->overwriteGrad = true;
+          }
+          const double rtol = oneRounding(p);
+          for (uint64_t step = 0; step < 2; ++step) {
+            const Shape shape{4, 8, 6, 5};
+            const Tensor x = roundAct(hostTensor(shape, 100 + step, centre - 1.7f, centre + 1.7f));
+            const Tensor z = roundAct(hostTensor(shape, 200 + step));
+            const Tensor dy = roundAct(hostTensor(shape, 300 + step));
+            const Tensor xg = toGpuAct(x), zg = toGpuAct(z), dyg = toGpuAct(dy);
+            Tensor yr, yg, dxr, dxg, dzr, dzg;
+            ref->forward(x, residual ? &z : nullptr, yr, true);
+            gpu->forward(xg, residual ? &zg : nullptr, yg, true);
+            EXPECT_EQ(yg.dtype(), act_) << what;
+            expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " forward");
+            ref->backward(x, yr, dy, &dxr, residual ? &dzr : nullptr);
+            gpu->backward(xg, yg, dyg, &dxg, residual ? &dzg : nullptr);
+            expectClose(fromGpuAct(dxg), hostValues(dxr), rtol, what + " dx");
+            if (residual) expectClose(fromGpuAct(dzg), hostValues(dzr), rtol, what + " dz");
+            for (size_t i = 0; i < rp.size(); ++i)
+              expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), 1e-3,
+                          what + " " + gp[i]->name + " grad");
+          }
+          auto rb = ref->buffers(), gb = gpu->buffers();
+          for (size_t i = 0; i < rb.size(); ++i)
+            expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), 1e-4,
+                        what + " " + gb[i]->name);
+          const Tensor x = roundAct(hostTensor({2, 8, 6, 5}, 400, centre - 1.7f, centre + 1.7f));
+          const Tensor z = roundAct(hostTensor({2, 8, 6, 5}, 401));
+          const Tensor xg = toGpuAct(x), zg = toGpuAct(z);
+          Tensor yr, yg;
+          ref->forward(x, residual ? &z : nullptr, yr, false);
+          gpu->forward(xg, residual ? &zg : nullptr, yg, false);
+          expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " eval");
+        }
+    });
+}
+
+// What keeps 16 bits: the model input (transposed and rounded in one pass),
+// every layer's output up to the linear layer, whose logits are float; the
+// option is ignored where it does not apply (fp32, tf32, NCHW).
+TEST_F(CudaBackendTest, Act16TensorTypes) {
+  auto be = makeCudaBackend({.device = 0, .precision = Precision::kBf16, .nhwc = true,
+                             .activations16 = true});
+  EXPECT_NE(be->describe().find("16-bit activations"), std::string::npos) << be->describe();
+  const Tensor host = hostTensor({2, 3, 8, 8}, 11);
+  const Tensor in = be->modelInput(toGpu(host, be.get()));
+  EXPECT_EQ(in.dtype(), DType::kBFloat16);
+  auto conv = be->conv2d("conv", Conv2dSpec{3, 4, 3, 1, 1, false});
+  auto gap = be->globalAvgPool("gap");
+  auto fc = be->linear("fc", 4, 3);
+  Tensor c, g, logits;
+  conv->forward(in, c, true);
+  gap->forward(c, g, true);
+  fc->forward(g, logits, true);
+  EXPECT_EQ(c.dtype(), DType::kBFloat16);
+  EXPECT_EQ(g.dtype(), DType::kBFloat16);
+  EXPECT_EQ(logits.dtype(), DType::kFloat32);
+  for (const auto& o : {CudaBackendOptions{.device = 0, .precision = Precision::kTf32,
+                                           .nhwc = true, .activations16 = true},
+                        CudaBackendOptions{.device = 0, .precision = Precision::kBf16,
+                                           .nhwc = false, .activations16 = true}}) {
+    auto other = makeCudaBackend(o);
+    EXPECT_EQ(other->describe().find("16-bit activations"), std::string::npos)
+        << other->describe();
+    EXPECT_EQ(other->modelInput(toGpu(host, other.get())).dtype(), DType::kFloat32);
+  }
+}
+
+// A small model trains on 16-bit activations as on float ones: losses and
+// weights after 5 SGD steps within the autocast bounds of the fp32 run
+// (SmallModelTrainsCloseToFp32's).
+TEST_F(CudaBackendTest, Act16SmallModelTrainsCloseToFp32) {
+  const Tensor x = hostTensor({16, 3, 16, 16}, 71);
+  std::vector<int32_t> labels(16);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 3) % 10);
+  auto train = [&](Backend& be, float scale, std::vector<double>& losses) {
+    TinyNet net(be);
+    const Tensor xg = be.modelInput(toGpu(x, &be));
+    for (int step = 0; step < 5; ++step) {
+      losses.push_back(net.forwardBackward(xg, labels, scale));
+      EXPECT_TRUE(net.unscale(scale)) << be.describe() << " step " << step;
+      net.sgd(step == 0);
+    }
+    std::vector<std::vector<float>> values;
+    for (Param* p : net.params()) values.push_back(fromGpu(p->value, &be));
+    return values;
+  };
+  std::vector<double> l32;
+  auto fp32 = makeCudaBackend({.device = 0, .precision = Precision::kFp32, .nhwc = true});
+  const auto w32 = train(*fp32, 1.0f, l32);
+  for (const Precision p : k16Bit) {
+    const double tol = p == Precision::kBf16 ? 2e-2 : 5e-3;
+    const double paramTol = p == Precision::kBf16 ? 5e-2 : 2e-2;
+    auto be = makeCudaBackend({.device = 0, .precision = p, .nhwc = true, .activations16 = true});
+    std::vector<double> l16;
+    const auto w16 = train(*be, p == Precision::kFp16 ? 1024.0f : 1.0f, l16);
+    ASSERT_EQ(l16.size(), l32.size());
+    std::cout << "[ training ] " << precisionName(p) << " 16-bit activations, loss";
+    for (size_t i = 0; i < l16.size(); ++i) {
+      std::cout << " " << l16[i] << " (fp32 " << l32[i] << ")";
+      EXPECT_NEAR(l16[i], l32[i], tol * l32[i]) << precisionName(p) << " step " << i;
+    }
+    std::cout << "\n";
     for (size_t i = 0; i < w16.size(); ++i) {
       const double e = normwiseError(w16[i], w32[i]);
       std::cout << "[ training ] " << precisionName(p) << " parameter " << i
