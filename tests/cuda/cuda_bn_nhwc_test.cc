@@ -27,6 +27,7 @@
 #include "ddprun/runtime/types.h"
 #include "kernel_math.h"
 #include "require_gpu.h"
+#include "train/expect_bounded.h"
 #include "train/random_vector.h"
 
 namespace ddprun::train {
@@ -105,20 +106,7 @@ std::vector<float> decode(DType t, const std::vector<uint8_t>& b) {
 }
 std::vector<float> stored(DType t, const std::vector<float>& v) { return decode(t, encode(t, v)); }
 
-void expectBounded(const std::vector<float>& got, const std::vector<double>& want, double rel,
-                   double abs, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(got[i] - want[i]);
-    if (!(err <= rel * std::fabs(want[i]) + abs * scale) && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
-                    << " (scale " << scale << ")";
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " off";
-}
+using ddprun::testing::expectBounded;
 
 // ------------------------------------------------------- one training step
 struct Case {

@@ -434,6 +434,65 @@ class CudaBackendTest : public ::testing::Test {
     std::swap(gpu_, other);
   }
 
+  // Batch norm + ReLU (+ the residual add) as one layer of gpu_ against the
+  // CPU's composition: with and without the residual, inputs around 0 and
+  // around 100 (the variance must not cancel), two training steps (running
+  // statistics, accumulated gradients), then evaluation. Inputs as the
+  // backend stores them (roundAct); tolOf(centre) bounds the outputs (y, dx,
+  // dz, evaluation), the parameter gradients and the buffers.
+  struct BnTol {
+    double out, grad, buf;
+  };
+  void checkBatchNormAct(const std::function<BnTol(float)>& tolOf) {
+    for (const bool residual : {false, true})
+      for (const float centre : {0.0f, 100.0f}) {
+        const std::string what = gpu_->describe() + (residual ? " bn+add+relu" : " bn+relu") +
+                                 (centre != 0.0f ? " mean 100" : "");
+        const BnTol tol = tolOf(centre);
+        auto ref = cpu_->batchNormAct("bn", 8, nullptr, residual);
+        auto gpu = gpu_->batchNormAct("bn", 8, nullptr, residual);
+        auto rp = ref->params(), gp = gpu->params();
+        ASSERT_EQ(rp.size(), gp.size());
+        for (size_t i = 0; i < rp.size(); ++i) {
+          const Tensor v = hostTensor(rp[i]->value.shape(), 90 + i, 0.5f, 1.5f);
+          std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
+          gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
+          rp[i]->overwriteGrad = gp[i]->overwriteGrad = true;
+        }
+        for (uint64_t step = 0; step < 2; ++step) {
+          const Shape shape{4, 8, 6, 5};
+          const Tensor x = roundAct(hostTensor(shape, 100 + step, centre - 1.7f, centre + 1.7f));
+          const Tensor z = roundAct(hostTensor(shape, 200 + step));
+          const Tensor dy = roundAct(hostTensor(shape, 300 + step));
+          const Tensor xg = toGpuAct(x), zg = toGpuAct(z), dyg = toGpuAct(dy);
+          Tensor yr, yg, dxr, dxg, dzr, dzg;
+          ref->forward(x, residual ? &z : nullptr, yr, true);
+          gpu->forward(xg, residual ? &zg : nullptr, yg, true);
+          EXPECT_EQ(yg.dtype(), act_) << what;
+          expectClose(fromGpuAct(yg), hostValues(yr), tol.out, what + " forward");
+          ref->backward(x, yr, dy, &dxr, residual ? &dzr : nullptr);
+          gpu->backward(xg, yg, dyg, &dxg, residual ? &dzg : nullptr);
+          expectClose(fromGpuAct(dxg), hostValues(dxr), tol.out, what + " dx");
+          if (residual) expectClose(fromGpuAct(dzg), hostValues(dzr), tol.out, what + " dz");
+          for (size_t i = 0; i < rp.size(); ++i)
+            expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), tol.grad,
+                        what + " " + gp[i]->name + " grad");
+        }
+        auto rb = ref->buffers(), gb = gpu->buffers();
+        for (size_t i = 0; i < rb.size(); ++i)
+          expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), tol.buf,
+                      what + " " + gb[i]->name);
+        // Evaluation: running statistics.
+        const Tensor x = roundAct(hostTensor({2, 8, 6, 5}, 400, centre - 1.7f, centre + 1.7f));
+        const Tensor z = roundAct(hostTensor({2, 8, 6, 5}, 401));
+        const Tensor xg = toGpuAct(x), zg = toGpuAct(z);
+        Tensor yr, yg;
+        ref->forward(x, residual ? &z : nullptr, yr, false);
+        gpu->forward(xg, residual ? &zg : nullptr, yg, false);
+        expectClose(fromGpuAct(yg), hostValues(yr), tol.out, what + " eval");
+      }
+  }
+
   // Runs f with gpu_ an NHWC backend (deterministic, precision p: bf16 or
   // fp16) keeping 16-bit activations, and the activations converted
   // accordingly.
@@ -942,51 +1001,10 @@ TEST_F(CudaBackendTest, NhwcFlattenGivesPyTorchOrder) {
 TEST_F(CudaBackendTest, NhwcBatchNormActMatchesCpu) {
   setenv("DDPRUN_CUDNN_BN_FUSION", "1", 1);
   withNhwc(Precision::kFp32, [&] {
-    for (const bool residual : {false, true})
-      for (const float centre : {0.0f, 100.0f}) {
-        const std::string what = std::string(residual ? "bn+add+relu" : "bn+relu") +
-                                 (centre != 0.0f ? " mean 100" : "");
-        auto ref = cpu_->batchNormAct("bn", 8, nullptr, residual);
-        auto gpu = gpu_->batchNormAct("bn", 8, nullptr, residual);
-        auto rp = ref->params(), gp = gpu->params();
-        ASSERT_EQ(rp.size(), gp.size());
-        for (size_t i = 0; i < rp.size(); ++i) {
-          const Tensor v = hostTensor(rp[i]->value.shape(), 90 + i, 0.5f, 1.5f);
-          std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
-          gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
-          rp[i]->overwriteGrad = gp[i]->overwriteGrad = true;
-        }
-        const double rtol = centre != 0.0f ? 1e-3 : 1e-4;
-        for (uint64_t step = 0; step < 2; ++step) {
-          const Shape shape{4, 8, 6, 5};
-          const Tensor x = hostTensor(shape, 100 + step, centre - 1.7f, centre + 1.7f);
-          const Tensor z = hostTensor(shape, 200 + step), dy = hostTensor(shape, 300 + step);
-          const Tensor xg = toGpuAct(x), zg = toGpuAct(z), dyg = toGpuAct(dy);
-          Tensor yr, yg, dxr, dxg, dzr, dzg;
-          ref->forward(x, residual ? &z : nullptr, yr, true);
-          gpu->forward(xg, residual ? &zg : nullptr, yg, true);
-          expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " forward");
-          ref->backward(x, yr, dy, &dxr, residual ? &dzr : nullptr);
-          gpu->backward(xg, yg, dyg, &dxg, residual ? &dzg : nullptr);
-          expectClose(fromGpuAct(dxg), hostValues(dxr), rtol, what + " dx");
-          if (residual) expectClose(fromGpuAct(dzg), hostValues(dzr), rtol, what + " dz");
-          for (size_t i = 0; i < rp.size(); ++i)
-            expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), rtol,
-                        what + " " + gp[i]->name + " grad");
-        }
-        auto rb = ref->buffers(), gb = gpu->buffers();
-        for (size_t i = 0; i < rb.size(); ++i)
-          expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), rtol,
-                      what + " " + gb[i]->name);
-        // Evaluation: running statistics, the layers apart.
-        const Tensor x = hostTensor({2, 8, 6, 5}, 400, centre - 1.7f, centre + 1.7f);
-        const Tensor z = hostTensor({2, 8, 6, 5}, 401);
-        const Tensor xg = toGpuAct(x), zg = toGpuAct(z);
-        Tensor yr, yg;
-        ref->forward(x, residual ? &z : nullptr, yr, false);
-        gpu->forward(xg, residual ? &zg : nullptr, yg, false);
-        expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " eval");
-      }
+    checkBatchNormAct([](float centre) {
+      const double r = centre != 0.0f ? 1e-3 : 1e-4;
+      return BnTol{r, r, r};
+    });
   });
   unsetenv("DDPRUN_CUDNN_BN_FUSION");
 }
@@ -1279,53 +1297,7 @@ TEST_F(CudaBackendTest, Act16MaxPoolIsExact) {
 TEST_F(CudaBackendTest, Act16BatchNormActMatchesCpu) {
   for (const Precision p : k16Bit)
     withAct16(p, [&] {
-      for (const bool residual : {false, true})
-        for (const float centre : {0.0f, 100.0f}) {
-          const std::string what = std::string(precisionName(p)) +
-                                   (residual ? " bn+add+relu" : " bn+relu") +
-                                   (centre != 0.0f ? " mean 100" : "");
-          auto ref = cpu_->batchNormAct("bn", 8, nullptr, residual);
-          auto gpu = gpu_->batchNormAct("bn", 8, nullptr, residual);
-          auto rp = ref->params(), gp = gpu->params();
-          ASSERT_EQ(rp.size(), gp.size());
-          for (size_t i = 0; i < rp.size(); ++i) {
-            const Tensor v = hostTensor(rp[i]->value.shape(), 90 + i, 0.5f, 1.5f);
-            std::copy(v.data(), v.data() + v.numel(), rp[i]->value.data());
-            gpu_->upload(v.data(), gp[i]->value.data(), static_cast<size_t>(v.numel()));
-            rp[i]->overwriteGrad = gp[i]->overwriteGrad = true;
-          }
-          const double rtol = oneRounding(p);
-          for (uint64_t step = 0; step < 2; ++step) {
-            const Shape shape{4, 8, 6, 5};
-            const Tensor x = roundAct(hostTensor(shape, 100 + step, centre - 1.7f, centre + 1.7f));
-            const Tensor z = roundAct(hostTensor(shape, 200 + step));
-            const Tensor dy = roundAct(hostTensor(shape, 300 + step));
-            const Tensor xg = toGpuAct(x), zg = toGpuAct(z), dyg = toGpuAct(dy);
-            Tensor yr, yg, dxr, dxg, dzr, dzg;
-            ref->forward(x, residual ? &z : nullptr, yr, true);
-            gpu->forward(xg, residual ? &zg : nullptr, yg, true);
-            EXPECT_EQ(yg.dtype(), act_) << what;
-            expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " forward");
-            ref->backward(x, yr, dy, &dxr, residual ? &dzr : nullptr);
-            gpu->backward(xg, yg, dyg, &dxg, residual ? &dzg : nullptr);
-            expectClose(fromGpuAct(dxg), hostValues(dxr), rtol, what + " dx");
-            if (residual) expectClose(fromGpuAct(dzg), hostValues(dzr), rtol, what + " dz");
-            for (size_t i = 0; i < rp.size(); ++i)
-              expectClose(fromGpu(gp[i]->grad), hostValues(rp[i]->grad), 1e-3,
-                          what + " " + gp[i]->name + " grad");
-          }
-          auto rb = ref->buffers(), gb = gpu->buffers();
-          for (size_t i = 0; i < rb.size(); ++i)
-            expectClose(fromGpu(gb[i]->value), hostValues(rb[i]->value), 1e-4,
-                        what + " " + gb[i]->name);
-          const Tensor x = roundAct(hostTensor({2, 8, 6, 5}, 400, centre - 1.7f, centre + 1.7f));
-          const Tensor z = roundAct(hostTensor({2, 8, 6, 5}, 401));
-          const Tensor xg = toGpuAct(x), zg = toGpuAct(z);
-          Tensor yr, yg;
-          ref->forward(x, residual ? &z : nullptr, yr, false);
-          gpu->forward(xg, residual ? &zg : nullptr, yg, false);
-          expectClose(fromGpuAct(yg), hostValues(yr), rtol, what + " eval");
-        }
+      checkBatchNormAct([p](float) { return BnTol{oneRounding(p), 1e-3, 1e-4}; });
     });
 }
 

@@ -14,6 +14,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/types.h"
 #include "ddprun/train/layers.h"
+#include "train/expect_bounded.h"
 #include "train/random_vector.h"
 
 namespace ddprun::train {
@@ -407,21 +408,7 @@ double bnUnitRoundoff(BnStore s) {
                                                                         : std::ldexp(1.0, -24);
 }
 
-// |got - want| <= rel * |want| + abs * max|want|.
-void expectBounded(const std::vector<float>& got, const std::vector<double>& want, double rel,
-                   double abs, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(got[i] - want[i]);
-    if (!(err <= rel * std::fabs(want[i]) + abs * scale) && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
-                    << " (scale " << scale << ")";
-  }
-  EXPECT_EQ(bad, 0u) << what;
-}
+using ddprun::testing::expectBounded;
 
 // The whole NHWC algorithm on the host, element by element as bn_nhwc.cu
 // computes it (the same kmath calls, the same float/double split, storage
