@@ -30,7 +30,8 @@ process under `ddprun --standalone`):
     resnet18-224-{tf32,bf16}-nchw (ours in the layout train's --layout auto
     does not pick there: the A/B; PyTorch's figures are the base case's),
     resnet18-224-{bf16,fp16}-act16 (ours with DDPRUN_CUDA_ACT16=1: 16-bit
-    activations, batch norm through our NHWC kernels),
+    activations, batch norm through our NHWC kernels), resnet18-224-tf32-ourbn
+    (ours with DDPRUN_CUDA_OUR_BN=1: those kernels on float activations),
     resnet18-224-{tf32,bf16}-bnfusion (ours with DDPRUN_CUDNN_BN_FUSION=1:
     cuDNN's fused batch norm + ReLU (+ add)), resnet18-224-tf32-asyncalloc (ours with
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
@@ -118,6 +119,8 @@ def cuda_cases(quick):
         # 16-bit activations (our NHWC batch norm kernels), opt-in until measured.
         variant("bf16", "act16", env={"DDPRUN_CUDA_ACT16": "1"}),
         variant("fp16", "act16", env={"DDPRUN_CUDA_ACT16": "1"}),
+        # Our fused NHWC batch norm on float activations (the A/B against cuDNN's).
+        variant("tf32", "ourbn", env={"DDPRUN_CUDA_OUR_BN": "1"}),
         # The layout A/B: ours in the layout --layout auto does not choose
         # (auto: NHWC in tf32/bf16/fp16, NCHW in fp32).
         variant("fp32", "nhwc", args=["--layout", "nhwc"]),

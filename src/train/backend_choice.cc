@@ -105,7 +105,8 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
                             .deterministic = cfg.deterministic || deterministicFromEnv(),
                             .nhwc = nhwcLayout(cfg.layout, cfg.precision),
                             // Opt-in until a GPU run has validated it (docs/train.md).
-                            .activations16 = env::integer("DDPRUN_CUDA_ACT16", 0, 0, 1) == 1});
+                            .activations16 = env::integer("DDPRUN_CUDA_ACT16", 0, 0, 1) == 1,
+                            .ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", 0, 0, 1) == 1});
   return makeCpuBackend(cfg.threads);
 }
 

@@ -327,14 +327,23 @@ class CudaBackendTest : public ::testing::Test {
   // Runs f with gpu_ an NHWC backend (deterministic, precision p) and the
   // activations converted accordingly.
   void withNhwc(Precision p, const std::function<void()>& f) {
-    auto other = makeCudaBackend({.device = 0, .precision = p, .deterministic = true,
-                                  .nhwc = true});
+    withBackend({.device = 0, .precision = p, .deterministic = true, .nhwc = true}, f);
+  }
+  // Runs f with gpu_ the backend `o` makes (deterministic as o says), the
+  // activations converted to its layout and (activations16) element type;
+  // 16-bit precisions print their worst errors.
+  void withBackend(const CudaBackendOptions& o, const std::function<void()>& f) {
+    auto other = makeCudaBackend(o);
     std::swap(gpu_, other);
-    nhwc_ = true;
-    gPrintWorst = p == Precision::kBf16 || p == Precision::kFp16;
-    std::cout << "[ layout   ] nhwc, " << precisionName(p) << "\n";
+    const bool p16 = o.precision == Precision::kBf16 || o.precision == Precision::kFp16;
+    nhwc_ = o.nhwc;
+    if (o.activations16 && o.nhwc && p16)
+      act_ = o.precision == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat16;
+    gPrintWorst = p16;
+    std::cout << "[ backend  ] " << gpu_->describe() << "\n";
     f();
     gPrintWorst = false;
+    act_ = DType::kFloat32;
     nhwc_ = false;
     std::swap(gpu_, other);
   }
@@ -425,13 +434,7 @@ class CudaBackendTest : public ::testing::Test {
   // Runs f with gpu_ a deterministic backend of precision p (16-bit:
   // printing worst errors).
   void withPrecision(Precision p, const std::function<void()>& f) {
-    auto other = makeCudaBackend({.device = 0, .precision = p, .deterministic = true});
-    std::swap(gpu_, other);
-    gPrintWorst = p == Precision::kBf16 || p == Precision::kFp16;
-    std::cout << "[ precision] " << precisionName(p) << "\n";
-    f();
-    gPrintWorst = false;
-    std::swap(gpu_, other);
+    withBackend({.device = 0, .precision = p, .deterministic = true}, f);
   }
 
   // Batch norm + ReLU (+ the residual add) as one layer of gpu_ against the
@@ -497,18 +500,9 @@ class CudaBackendTest : public ::testing::Test {
   // fp16) keeping 16-bit activations, and the activations converted
   // accordingly.
   void withAct16(Precision p, const std::function<void()>& f) {
-    auto other = makeCudaBackend({.device = 0, .precision = p, .deterministic = true,
-                                  .nhwc = true, .activations16 = true});
-    std::swap(gpu_, other);
-    nhwc_ = true;
-    act_ = p == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat16;
-    gPrintWorst = true;
-    std::cout << "[ layout   ] nhwc, " << precisionName(p) << ", 16-bit activations\n";
-    f();
-    gPrintWorst = false;
-    act_ = DType::kFloat32;
-    nhwc_ = false;
-    std::swap(gpu_, other);
+    withBackend({.device = 0, .precision = p, .deterministic = true, .nhwc = true,
+                 .activations16 = true},
+                f);
   }
 
   std::unique_ptr<Backend> cpu_, gpu_;
@@ -764,7 +758,8 @@ TEST_F(CudaBackendTest, ConvOverwriteGradContract) {
 // functions on the host (kernel_math.h, which the CPU unit tests compare
 // with the CPU backend); the fill and the error reduction too.
 TEST_F(CudaBackendTest, ConvReferenceKernelsMatchHost) {
-  auto ctx = std::make_shared<cuda::Context>(0, Precision::kFp32);
+  auto ctx = std::make_shared<cuda::Context>(
+      CudaBackendOptions{.device = 0, .precision = Precision::kFp32});
   const cudaStream_t s = ctx->stream();
   for (const kmath::ConvGeom& g :
        {kmath::convGeom(2, 3, 11, 12, 5, 3, 2, 1), kmath::convGeom(3, 1, 12, 12, 6, 5, 1, 2),
@@ -835,7 +830,8 @@ TEST_F(CudaBackendTest, ConvReferenceKernelsMatchHost) {
 // precision and direction some algorithm passes (else the layer would fall
 // back to the deterministic choice).
 TEST_F(CudaBackendTest, ConvAccuracyCheckOfEveryAlgorithm) {
-  auto ctx = std::make_shared<cuda::Context>(0, Precision::kFp32);
+  auto ctx = std::make_shared<cuda::Context>(
+      CudaBackendOptions{.device = 0, .precision = Precision::kFp32});
   const ConvGeometryCase cases[] = {
       {{1, 6, 5, 1, 2, true}, {64, 1, 28, 28}, "LeNet conv1 5x5 p2 1->6"},
       {{64, 64, 3, 1, 1, false}, {32, 64, 56, 56}, "3x3 s1 p1 64->64 56x56"},
@@ -1007,6 +1003,32 @@ TEST_F(CudaBackendTest, NhwcBatchNormActMatchesCpu) {
     });
   });
   unsetenv("DDPRUN_CUDNN_BN_FUSION");
+}
+
+// Our NHWC batch norm kernels on float activations (CudaBackendOptions::
+// ourBatchNorm, the A/B against cuDNN's): batch norm alone (training, running
+// statistics, evaluation), SyncBatchNorm over one rank, and fused with the
+// ReLU and the residual add, against the CPU within float's rounding.
+TEST_F(CudaBackendTest, OurBatchNormOnFloatMatchesCpu) {
+  withBackend({.device = 0, .precision = Precision::kFp32, .deterministic = true, .nhwc = true,
+               .ourBatchNorm = true},
+              [&] {
+                EXPECT_NE(gpu_->describe().find("our batch norm"), std::string::npos);
+                auto ref = cpu_->batchNorm2d("bn", 6, nullptr);
+                auto gpu = gpu_->batchNorm2d("bn", 6, nullptr);
+                checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4);
+                checkLayer(*ref, *gpu, {4, 6, 5, 7}, true, 1e-4, 2);
+                checkLayer(*ref, *gpu, {3, 6, 5, 7}, false, 1e-4, 3);
+                testing::runRanks(1, [&](runtime::ProcessGroup& pg) {
+                  auto r = cpu_->batchNorm2d("bn", 5, nullptr);
+                  auto g = gpu_->batchNorm2d("bn", 5, &pg);
+                  checkLayer(*r, *g, {4, 5, 6, 3}, true, 1e-4);
+                });
+                checkBatchNormAct([](float centre) {
+                  const double r = centre != 0.0f ? 1e-3 : 1e-4;
+                  return BnTol{r, r, r};
+                });
+              });
 }
 
 TEST_F(CudaBackendTest, NhwcModelInputTransposes) {

@@ -3,7 +3,8 @@
 - CPU and CUDA train the same: same seed (so the same initial weights), same
   batches, fp32, 20 steps: per-step losses within 1e-4, with CUDA's
   activations NHWC and NCHW (--layout), and NHWC with cuDNN's fused batch
-  norm + ReLU (+ add) (DDPRUN_CUDNN_BN_FUSION=1).
+  norm + ReLU (+ add) (DDPRUN_CUDNN_BN_FUSION=1) and with our NHWC batch norm
+  kernels (DDPRUN_CUDA_OUR_BN=1).
 - bf16 and fp16 with 16-bit activations (DDPRUN_CUDA_ACT16=1) train within a
   band of the same precision with float activations (LeNet-BN, ResNet-18).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
@@ -121,12 +122,14 @@ class TrainGpu(unittest.TestCase):
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
                      "--no-shuffle", "--lr", "0.01", "--precision", "fp32", "--deterministic"]
             cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
-            # Both layouts; NHWC also with cuDNN's fused batch norm + ReLU (+ add).
-            for layout, fusion in (("nhwc", "0"), ("nchw", "0"), ("nhwc", "1")):
-                what = layout + (" fused bn" if fusion == "1" else "")
+            # Both layouts; NHWC also with cuDNN's fused batch norm + ReLU (+ add)
+            # and with our NHWC batch norm kernels (fused) on float activations.
+            for layout, what, env in (("nhwc", "nhwc", {}), ("nchw", "nchw", {}),
+                                      ("nhwc", "nhwc fused bn", {"DDPRUN_CUDNN_BN_FUSION": "1"}),
+                                      ("nhwc", "nhwc our bn", {"DDPRUN_CUDA_OUR_BN": "1"})):
                 gpu, lg = self.train(model + "_cuda_" + what.replace(" ", "_"), "--device",
                                      "cuda", "--layout", layout, *flags,
-                                     env=dict(clean_env(), DDPRUN_CUDNN_BN_FUSION=fusion))
+                                     env=dict(clean_env(), **env))
                 self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
                 self.assertEqual((cpu["layout"], gpu["layout"]), ("nchw", layout))
                 self.assertEqual(len(lg), 20)

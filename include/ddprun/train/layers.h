@@ -346,6 +346,11 @@ struct CudaBackendOptions {
   // float outputs, so the logits and the loss stay float. Parameters,
   // gradients and optimizer state stay float. Ignored in fp32/tf32 or NCHW.
   bool activations16 = false;
+  // NHWC with float activations: batch norm through our NHWC kernels (fused
+  // with the ReLU and the residual add, SyncBatchNorm included) instead of
+  // cuDNN's (the A/B of the two; always ours with activations16). Ignored
+  // with NCHW.
+  bool ourBatchNorm = false;
 };
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 

@@ -12,11 +12,12 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 }  // namespace
 
-Context::Context(int device, Precision precision, bool deterministic, bool nhwc,
-                 bool activations16)
-    : device_(device), precision_(precision), deterministic_(deterministic), nhwc_(nhwc),
-      act16_(activations16 && nhwc &&
-             (precision == Precision::kBf16 || precision == Precision::kFp16)) {
+Context::Context(const CudaBackendOptions& o)
+    : device_(o.device), precision_(o.precision), deterministic_(o.deterministic), nhwc_(o.nhwc),
+      act16_(o.activations16 && o.nhwc &&
+             (o.precision == Precision::kBf16 || o.precision == Precision::kFp16)),
+      ourBn_(act16_ || (o.ourBatchNorm && o.nhwc)) {
+  const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));

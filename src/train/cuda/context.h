@@ -29,11 +29,10 @@ namespace ddprun::train::cuda {
 class Context {
  public:
   // Sets `device` current on the calling thread and creates the stream and
-  // handles. Precondition: the device exists. `deterministic`: see
-  // CudaBackendOptions; `nhwc`, `activations16`: CudaBackendOptions' (the
-  // latter taken only with nhwc in bf16 or fp16).
-  Context(int device, Precision precision, bool deterministic = false, bool nhwc = false,
-          bool activations16 = false);
+  // handles. Precondition: o.device exists. The options as
+  // CudaBackendOptions says (activations16 taken only with nhwc in bf16 or
+  // fp16, ourBatchNorm only with nhwc).
+  explicit Context(const CudaBackendOptions& o);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -52,6 +51,10 @@ class Context {
   // the layers make their outputs of type actType(), bf16 or fp16; float32
   // otherwise.
   bool activations16() const { return act16_; }
+  // Batch norm through our NHWC kernels (bn_nhwc.h): with 16-bit
+  // activations always, on float NHWC ones where CudaBackendOptions::
+  // ourBatchNorm asks; otherwise cuDNN's.
+  bool ourBatchNorm() const { return ourBn_; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -95,6 +98,7 @@ class Context {
   bool deterministic_;
   bool nhwc_;
   bool act16_;
+  bool ourBn_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

@@ -149,8 +149,7 @@ void checkSame(const Tensor& a, const Tensor& b, const char* what) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : ctx_(std::make_shared<Context>(o.device, o.precision, o.deterministic, o.nhwc,
-                                       o.activations16)),
+      : ctx_(std::make_shared<Context>(o)),
         labels_(ctx_), rowLoss_(ctx_), rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_),
         lossAcc_(ctx_) {}
   ~CudaBackend() override {
@@ -169,7 +168,8 @@ class CudaBackend final : public Backend {
     return "cuda:" + std::to_string(ctx_->device()) + " (" + ctx_->deviceName() + ", cuDNN " +
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
            precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
-           (ctx_->activations16() ? ", 16-bit activations" : "") + ")";
+           (ctx_->activations16() ? ", 16-bit activations" : "") +
+           (ctx_->ourBatchNorm() ? ", our batch norm" : "") + ")";
   }
 
   std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {
@@ -194,13 +194,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
     return makeBatchNorm2d(ctx_, std::move(n), c, s);
   }
-  // 16-bit activations: our NHWC kernels, fused (SyncBatchNorm included).
-  // Float NHWC: cuDNN's fused batch norm + ReLU (+ add), opt-in until a GPU
-  // run has measured it (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise,
-  // and with SyncBatchNorm, the layers apart (Backend's composition).
+  // Our NHWC kernels (16-bit activations, or CudaBackendOptions::
+  // ourBatchNorm): fused, SyncBatchNorm included. Otherwise on NHWC: cuDNN's
+  // fused batch norm + ReLU (+ add), opt-in until a GPU run has measured it
+  // (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise, and with
+  // SyncBatchNorm, the layers apart (Backend's composition).
   std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
                                              bool residual) override {
-    if (ctx_->activations16() ||
+    if (ctx_->ourBatchNorm() ||
         (ctx_->nhwc() && !s && env::integer("DDPRUN_CUDNN_BN_FUSION", 0, 0, 1) == 1))
       return makeBatchNormAct(ctx_, std::move(n), c, s, residual);
     return Backend::batchNormAct(std::move(n), c, s, residual);

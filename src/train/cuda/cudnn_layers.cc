@@ -160,7 +160,7 @@ class BatchNorm2d final : public Layer {
     return s;
   }
   void forward(const Tensor& x, Tensor& y, bool training) override {
-    if (x.is16()) return ownForward(x, nullptr, y, false, training);
+    if (ours(x)) return ownForward(x, nullptr, y, false, training);
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator());
     trained_ = training;
@@ -190,7 +190,7 @@ class BatchNorm2d final : public Layer {
   }
   bool backwardReadsOutput() const override { return false; }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (x.is16()) return ownBackward(x, nullptr, dy, dx, nullptr, false);
+    if (ours(x)) return ownBackward(x, nullptr, dy, dx, nullptr, false);
     DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward (batch norm keeps "
                  "batch statistics only in training)");
     ctx_->bind();
@@ -218,8 +218,12 @@ class BatchNorm2d final : public Layer {
   std::vector<Param*> params() override { return {&w_, &b_}; }
   std::vector<Buffer*> buffers() override { return {&rm_, &rv_, &nbt_}; }
 
+  // Whether x goes through our kernels (ownForward/ownBackward): 16-bit x,
+  // or Context::ourBatchNorm.
+  bool ours(const Tensor& x) const { return x.is16() || ctx_->ourBatchNorm(); }
   // Our NHWC kernels (bn_nhwc.h), for x of any element type (16-bit
-  // activations take this path, SyncBatchNorm included): y = bn(x), plus z
+  // activations take this path, and float ones with Context::ourBatchNorm;
+  // SyncBatchNorm included): y = bn(x), plus z
   // (not null) and then the ReLU (`relu`) in the same pass; training with
   // the batch's statistics (sums in double, all-reduced with sync_),
   // evaluation with the running ones. Statistics, parameters and running
@@ -544,7 +548,7 @@ class FusedBatchNormAct final : public BatchNormAct {
   using BatchNormAct::forward;
   void forward(const Tensor& x, const Tensor* z, Tensor& y, bool training) override {
     checkResidual(z);
-    own_ = x.is16();  // 16-bit activations: our fused kernels, forward and back
+    own_ = bn_.ours(x);  // our fused kernels, forward and back
     if (own_) return bn_.ownForward(x, z, y, true, training);
     fused_ = training && bn_.fusedForward(x, z, y);
     if (fused_) return;
