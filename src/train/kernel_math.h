@@ -247,6 +247,19 @@ DDPRUN_HD inline TapRange convTapRange(int64_t a, int64_t inSize, int64_t outSiz
   if (r.hi > outSize) r.hi = outSize;
   return r;
 }
+// The output positions i in [0, outSize) whose pooling window (k wide,
+// stride s, padding p) covers input position h: i*s - p <= h <= i*s - p + k - 1.
+// Empty: lo >= hi. (Max pooling's backward gathers dx[h] from these.)
+DDPRUN_HD inline TapRange poolCoverRange(int64_t h, int64_t outSize, int64_t k, int64_t s,
+                                         int64_t p) {
+  // i >= ceil((h + p - k + 1) / s) and i <= floor((h + p) / s).
+  const int64_t lowNum = h + p - k + 1, highNum = h + p;
+  TapRange r;
+  r.lo = lowNum <= 0 ? 0 : (lowNum + s - 1) / s;
+  r.hi = highNum < 0 ? 0 : highNum / s + 1;
+  if (r.hi > outSize) r.hi = outSize;
+  return r;
+}
 // y[n, o, i, j] = sum over c, a, b of x[n, c, i*s - p + a, j*s - p + b] * w[o, c, a, b].
 DDPRUN_HD inline double convForwardAt(const float* x, const float* wt, const ConvGeom& g,
                                       int64_t n, int64_t o, int64_t i, int64_t j) {

@@ -1292,30 +1292,46 @@ TEST_F(CudaBackendTest, Act16LayersMatchCpu) {
 
 // Max pooling moves 16-bit values exactly: inputs all distinct (k/64 for
 // distinct k, exact in bf16 and fp16), so the window maxima and where dy
-// goes are those of the CPU's.
-TEST_F(CudaBackendTest, Act16MaxPoolIsExact) {
+// goes are those of the CPU's. Through cuDNN (where it takes the 16-bit
+// configuration) and through our NHWC kernels (DDPRUN_CUDA_OWN_POOL=1, which
+// run where cuDNN refuses), also on float activations.
+TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
+  const Pool2dSpec spec{3, 2, 1};
+  auto check = [&](const std::string& what) {
+    const Shape in{2, 4, 9, 8};
+    Tensor x(in);
+    std::vector<int> k(static_cast<size_t>(x.numel()));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int>(i) - 200;
+    std::shuffle(k.begin(), k.end(), std::mt19937(7));
+    for (size_t i = 0; i < k.size(); ++i) x.data()[i] = static_cast<float>(k[i]) / 64.0f;
+    auto ref = reference([&] { return cpu_->maxPool2d("pool", spec); },
+                         [&] { return std::make_unique<RefMaxPool>(spec); });
+    const Tensor xg = toGpuAct(x);
+    for (const char* own : {"0", "1"}) {
+      setenv("DDPRUN_CUDA_OWN_POOL", own, 1);
+      auto pool = gpu_->maxPool2d("pool", spec);
+      unsetenv("DDPRUN_CUDA_OWN_POOL");
+      const std::string label = what + (own[0] == '1' ? " (our kernels)" : " (cuDNN)");
+      for (uint64_t step = 0; step < 2; ++step) {
+        Tensor yr, yg, dxr, dxg;
+        ref->forward(x, yr, true);
+        pool->forward(xg, yg, true);
+        EXPECT_EQ(yg.dtype(), act_) << label;
+        EXPECT_EQ(fromGpuAct(yg), hostValues(yr)) << label;
+        const Tensor dy = roundAct(hostTensor(yr.shape(), 8 + step));
+        ref->backward(x, yr, dy, &dxr);
+        pool->backward(xg, yg, toGpuAct(dy), &dxg);
+        EXPECT_EQ(fromGpuAct(dxg), hostValues(dxr)) << label;
+      }
+      Tensor ye, yr;
+      pool->forward(xg, ye, false);  // evaluation keeps no winners
+      ref->forward(x, yr, false);
+      EXPECT_EQ(fromGpuAct(ye), hostValues(yr)) << label << " eval";
+    }
+  };
+  withNhwc(Precision::kFp32, [&] { check("fp32 nhwc"); });
   for (const Precision p : k16Bit)
-    withAct16(p, [&] {
-      const Shape in{2, 4, 9, 8};
-      Tensor x(in);
-      std::vector<int> k(static_cast<size_t>(x.numel()));
-      for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int>(i) - 200;
-      std::shuffle(k.begin(), k.end(), std::mt19937(7));
-      for (size_t i = 0; i < k.size(); ++i) x.data()[i] = static_cast<float>(k[i]) / 64.0f;
-      auto ref = reference([&] { return cpu_->maxPool2d("pool", Pool2dSpec{3, 2, 1}); },
-                           [&] { return std::make_unique<RefMaxPool>(Pool2dSpec{3, 2, 1}); });
-      auto pool = gpu_->maxPool2d("pool", Pool2dSpec{3, 2, 1});
-      const Tensor xg = toGpuAct(x);
-      Tensor yr, yg, dxr, dxg;
-      ref->forward(x, yr, true);
-      pool->forward(xg, yg, true);
-      EXPECT_EQ(yg.dtype(), act_);
-      EXPECT_EQ(fromGpuAct(yg), hostValues(yr));
-      const Tensor dy = roundAct(hostTensor(yr.shape(), 8));
-      ref->backward(x, yr, dy, &dxr);
-      pool->backward(xg, yg, toGpuAct(dy), &dxg);
-      EXPECT_EQ(fromGpuAct(dxg), hostValues(dxr));
-    });
+    withAct16(p, [&] { check(std::string(precisionName(p)) + " 16-bit"); });
 }
 
 // Batch norm + ReLU (+ the residual add) as one layer on 16-bit activations

@@ -10,6 +10,7 @@
 #include "bn_nhwc.h"
 #include "conv_check.h"  // ScopedDeviceBytes
 #include "cuda_layers.h"
+#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
@@ -25,7 +26,7 @@ class MaxPool2d final : public Layer {
  public:
   MaxPool2d(std::shared_ptr<Context> ctx, std::string name, const Pool2dSpec& s)
       : Layer(std::move(name)), ctx_(std::move(ctx)), k_(s.kernel),
-        stride_(s.stride ? s.stride : s.kernel), pad_(s.pad) {
+        stride_(s.stride ? s.stride : s.kernel), pad_(s.pad), arg_(ctx_) {
     DDPRUN_CHECK(k_ > 0 && stride_ > 0 && pad_ >= 0 && pad_ <= k_ / 2, this->name(),
                  ": invalid max pooling (kernel ", k_, ", stride ", stride_, ", pad ", pad_,
                  "; PyTorch needs pad <= kernel / 2)");
@@ -35,6 +36,7 @@ class MaxPool2d final : public Layer {
                                                 stride_, stride_));
     xDesc_ = TensorDesc::create();
     yDesc_ = TensorDesc::create();
+    own_ = ctx_->nhwc() && k_ <= 16 && env::integer("DDPRUN_CUDA_OWN_POOL", 0, 0, 1) == 1;
   }
   Shape outputShape(const Shape& x) const override {
     DDPRUN_CHECK(x.size() == 4 && x[2] + 2 * pad_ >= k_ && x[3] + 2 * pad_ >= k_, name(),
@@ -43,14 +45,30 @@ class MaxPool2d final : public Layer {
     return {x[0], x[1], (x[2] + 2 * pad_ - k_) / stride_ + 1, (x[3] + 2 * pad_ - k_) / stride_ + 1};
   }
   // Float or 16-bit elements (the output and dx of x's type; the maximum of
-  // 16-bit values is one of them, exact).
-  void forward(const Tensor& x, Tensor& y, bool) override {
+  // 16-bit values is one of them, exact). cuDNN's pooling, or on NHWC our
+  // kernels (launchMaxPoolNhwc: where cuDNN refuses the configuration, said
+  // once, or with DDPRUN_CUDA_OWN_POOL=1); backward runs what forward ran.
+  void forward(const Tensor& x, Tensor& y, bool training) override {
     ctx_->bind();
     y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
+    ownLast_ = false;
     if (y.numel() == 0) return;
-    setShapes(x, y.shape());
-    DDPRUN_CUDNN_OK(cudnnPoolingForward(ctx_->cudnn(), desc_, &kOne, xDesc_, x.raw(), &kZero,
-                                        yDesc_, y.raw()));
+    if (!own_) {
+      setShapes(x, y.shape());
+      const cudnnStatus_t st = cudnnPoolingForward(ctx_->cudnn(), desc_, &kOne, xDesc_, x.raw(),
+                                                   &kZero, yDesc_, y.raw());
+      if (st == CUDNN_STATUS_SUCCESS) return;
+      if (!ctx_->nhwc() || (st != CUDNN_STATUS_NOT_SUPPORTED && st != CUDNN_STATUS_BAD_PARAM))
+        DDPRUN_CUDNN_OK(st);
+      own_ = true;
+      std::fprintf(stderr, "ddprun: %s: cuDNN refused %s max pooling (%s); using our NHWC "
+                   "kernels\n", name().c_str(), runtime::dtypeName(x.dtype()),
+                   cudnnGetErrorString(st));
+    }
+    uint8_t* arg = training ? arg_.ensure(static_cast<size_t>(y.numel())) : nullptr;
+    launchMaxPoolNhwc(x.raw(), y.raw(), arg, x.dtype(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
+                      y.dim(2), y.dim(3), k_, stride_, pad_, ctx_->stream());
+    ownLast_ = training;
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     if (!dx) return;
@@ -58,6 +76,16 @@ class MaxPool2d final : public Layer {
     checkType(dy, y, name().c_str());
     dx->ensureLike(x, ctx_->allocator());
     if (y.numel() == 0) return;
+    if (ownLast_) {
+      launchMaxPoolNhwcBackward(dy.raw(), arg_.get(), dx->raw(), x.dtype(), x.dim(0), x.dim(1),
+                                x.dim(2), x.dim(3), y.dim(2), y.dim(3), k_, stride_, pad_,
+                                ctx_->stream());
+      arg_.reset();  // one backward per training forward
+      ownLast_ = false;
+      return;
+    }
+    DDPRUN_CHECK(!own_, name(), ": backward after an evaluation forward of our pooling kernels "
+                 "(they keep the winners only in training)");
     setShapes(x, y.shape());
     DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kOne, yDesc_, y.raw(), yDesc_,
                                          dy.raw(), xDesc_, x.raw(), &kZero, xDesc_, dx->raw()));
@@ -73,6 +101,11 @@ class MaxPool2d final : public Layer {
   int k_, stride_, pad_;
   PoolDesc desc_;
   TensorDesc xDesc_, yDesc_;
+  // Our NHWC kernels: in use (from the start with DDPRUN_CUDA_OWN_POOL=1, or
+  // once cuDNN refused), the last forward ran them in training, and the
+  // winning taps it kept for backward.
+  bool own_ = false, ownLast_ = false;
+  DeviceArray<uint8_t> arg_;
 };
 
 // --------------------------------------------------- num_batches_tracked

@@ -455,6 +455,60 @@ __global__ void addChannelBiasKernel(T* y, const float* bias, int64_t rows, int6
   DDPRUN_GRID_LOOP(i, static_cast<size_t>(rows * c))
     stf(y, i, ldf(y, i) + bias[static_cast<int64_t>(i) % c]);
 }
+// One thread per output element (NHWC: consecutive threads on consecutive
+// channels, coalesced); the window scanned row by row, the first maximum kept.
+template <typename T>
+__global__ void maxPoolNhwcKernel(const T* x, T* y, uint8_t* arg, int64_t n, int64_t c, int64_t h,
+                                  int64_t w, int64_t oh, int64_t ow, int k, int s, int p) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * oh * ow * c)) {
+    const int64_t ch = static_cast<int64_t>(i) % c;
+    int64_t rest = static_cast<int64_t>(i) / c;
+    const int64_t oj = rest % ow;
+    rest /= ow;
+    const int64_t oi = rest % oh, img = rest / oh;
+    float best = 0.0f;
+    int tap = -1;
+    for (int a = 0; a < k; ++a) {
+      const int64_t ii = oi * s - p + a;
+      if (ii < 0 || ii >= h) continue;
+      for (int b = 0; b < k; ++b) {
+        const int64_t jj = oj * s - p + b;
+        if (jj < 0 || jj >= w) continue;
+        const float v = ldf(x, static_cast<size_t>(((img * h + ii) * w + jj) * c + ch));
+        if (tap < 0 || v > best) {
+          best = v;
+          tap = a * k + b;
+        }
+      }
+    }
+    stf(y, i, best);
+    if (arg) arg[i] = static_cast<uint8_t>(tap);
+  }
+}
+// One thread per input element: the outputs whose window covers it
+// (kmath::poolCoverRange), in order, those whose winner it is.
+template <typename T>
+__global__ void maxPoolNhwcBackwardKernel(const T* dy, const uint8_t* arg, T* dx, int64_t n,
+                                          int64_t c, int64_t h, int64_t w, int64_t oh,
+                                          int64_t ow, int k, int s, int p) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * h * w * c)) {
+    const int64_t ch = static_cast<int64_t>(i) % c;
+    int64_t rest = static_cast<int64_t>(i) / c;
+    const int64_t jj = rest % w;
+    rest /= w;
+    const int64_t ii = rest % h, img = rest / h;
+    const kmath::TapRange ri = kmath::poolCoverRange(ii, oh, k, s, p);
+    const kmath::TapRange rj = kmath::poolCoverRange(jj, ow, k, s, p);
+    float g = 0.0f;
+    for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
+      for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
+        const size_t o = static_cast<size_t>(((img * oh + oi) * ow + oj) * c + ch);
+        const int64_t tap = (ii - (oi * s - p)) * k + (jj - (oj * s - p));
+        if (arg[o] == tap) g += ldf(dy, o);
+      }
+    stf(dx, i, g);
+  }
+}
 // The transposes' typed loads and stores (16-bit to 16-bit moves exactly).
 template <typename T>
 struct LoadT {
@@ -519,6 +573,33 @@ void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int
 void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
                                      int64_t hw, cudaStream_t s) {
   launchGlobalAvgPoolNhwcBackward(dy, dx, runtime::DType::kFloat32, n, c, hw, s);
+}
+void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, int64_t n,
+                       int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s,
+                       int p, cudaStream_t stream) {
+  DDPRUN_CHECK(k > 0 && k <= 16 && s > 0 && p >= 0 && p <= k / 2, "max pooling kernel ", k,
+               ", stride ", s, ", pad ", p, ": our NHWC kernels take windows up to 16 with "
+               "pad <= kernel / 2");
+  const size_t total = static_cast<size_t>(n * oh * ow * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    maxPoolNhwcKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), arg, n, c, h, w, oh, ow, k, s, p);
+  });
+  checkLaunch();
+}
+void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
+                               int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
+                               int64_t ow, int k, int s, int p, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n * h * w * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    maxPoolNhwcBackwardKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), arg, static_cast<T*>(dx), n, c, h, w, oh, ow, k, s, p);
+  });
+  checkLaunch();
 }
 void launchAddChannelBias(void* y, runtime::DType t, const float* bias, int64_t rows, int64_t c,
                           cudaStream_t s) {

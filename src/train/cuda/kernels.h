@@ -107,6 +107,21 @@ void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw,
 // dx[p * hw + q] = dy[p] / hw.
 void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int64_t hw,
                                  cudaStream_t stream);
+// Max pooling of NHWC x ([n, h, w, c] in memory, elements of t) into y
+// ([n, oh, ow, c]): square window k (<= 16), stride s, padding p (padded
+// positions never win), the first maximum in scan order (row, then column)
+// winning, as the CPU backend; `arg` (not null: training) receives each
+// output's winning tap a * k + b. The backward gathers, for each input
+// element, dy of the outputs whose winning tap it is (in output order, in
+// float; deterministic, no atomics) into dx. PyTorch's channels_last pooling
+// is its own kernel too; the layer runs these where cuDNN refuses 16-bit
+// pooling (or DDPRUN_CUDA_OWN_POOL=1).
+void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, int64_t n,
+                       int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s,
+                       int p, cudaStream_t stream);
+void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
+                               int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
+                               int64_t ow, int k, int s, int p, cudaStream_t stream);
 // F.interpolate bilinear, align_corners=False, plane by plane.
 void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
                           int64_t oh, int64_t ow, cudaStream_t stream);

@@ -338,6 +338,27 @@ TEST(KernelMath, ConvTapRangeMatchesBruteForce) {
         }
 }
 
+// poolCoverRange gives exactly the output positions whose pooling window
+// covers an input position (max pooling's backward gathers over them).
+TEST(KernelMath, PoolCoverRangeMatchesBruteForce) {
+  for (int64_t in = 1; in <= 9; ++in)
+    for (int64_t k = 1; k <= 5; ++k)
+      for (int64_t s = 1; s <= 3; ++s)
+        for (int64_t p = 0; p <= k / 2; ++p) {
+          if (in + 2 * p < k) continue;
+          const int64_t out = (in + 2 * p - k) / s + 1;
+          for (int64_t h = 0; h < in; ++h) {
+            const kmath::TapRange r = kmath::poolCoverRange(h, out, k, s, p);
+            for (int64_t i = 0; i < out; ++i) {
+              const bool covers = i * s - p <= h && h <= i * s - p + k - 1;
+              EXPECT_EQ(i >= r.lo && i < r.hi, covers)
+                  << "in " << in << " k " << k << " s " << s << " p " << p << " h " << h
+                  << " i " << i;
+            }
+          }
+        }
+}
+
 // hashUniform: in [-1, 1), reproducible, different per seed, about uniform.
 TEST(KernelMath, HashUniformIsReproducibleAndUniform) {
   double sum = 0;
