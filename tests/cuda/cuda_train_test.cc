@@ -1383,25 +1383,30 @@ TEST_F(CudaBackendTest, Act16TensorTypes) {
 TEST_F(CudaAutocastTest, Fp16OverflowGivesNonFiniteGradients) {
   const Tensor x = hostTensor({4, 3, 16, 16}, 81);
   const std::vector<int32_t> labels = {1, 7, 3, 0};
-  for (const Precision p : k16Bit) {
-    auto be = makeCudaBackend({.device = 0, .precision = p});
-    TinyNet net(*be);
-    const Tensor xg = toGpu(x, be.get());
-    for (const float scale : {1024.0f, 1099511627776.0f}) {
-      net.forwardBackward(xg, labels, scale);
-      const bool overflow = p == Precision::kFp16 && scale > 1e6f;
-      std::vector<Param*> ps = net.params();
-      for (Param* q : ps) {
-        // conv.weight (cuDNN's 16-bit dW) and fc.weight (cuBLASLt's float
-        // dW from fp16 dy) must show it; the biases come from the float dy.
-        if (q->name != "conv.weight" && q->name != "fc.weight") continue;
-        const bool finite = be->scaleAndCheckFinite(
-            q->grad.data(), static_cast<size_t>(q->grad.numel()), 1.0f / scale);
-        EXPECT_EQ(finite, !overflow) << precisionName(p) << " scale " << scale << " " << q->name;
+  // Also with 16-bit NHWC activations, where the overflow travels in the
+  // fp16 activations' gradients through our batch norm kernels.
+  for (const bool act16 : {false, true})
+    for (const Precision p : k16Bit) {
+      auto be = makeCudaBackend({.device = 0, .precision = p, .nhwc = act16,
+                                 .activations16 = act16});
+      TinyNet net(*be);
+      const Tensor xg = be->modelInput(toGpu(x, be.get()));
+      const std::string what = be->describe();
+      for (const float scale : {1024.0f, 1099511627776.0f}) {
+        net.forwardBackward(xg, labels, scale);
+        const bool overflow = p == Precision::kFp16 && scale > 1e6f;
+        std::vector<Param*> ps = net.params();
+        for (Param* q : ps) {
+          // conv.weight (cuDNN's 16-bit dW) and fc.weight (cuBLASLt's float
+          // dW from fp16 dy) must show it; the biases come from the float dy.
+          if (q->name != "conv.weight" && q->name != "fc.weight") continue;
+          const bool finite = be->scaleAndCheckFinite(
+              q->grad.data(), static_cast<size_t>(q->grad.numel()), 1.0f / scale);
+          EXPECT_EQ(finite, !overflow) << what << " scale " << scale << " " << q->name;
+        }
+        EXPECT_EQ(net.unscale(1.0f), !overflow) << what << " scale " << scale;
       }
-      EXPECT_EQ(net.unscale(1.0f), !overflow) << precisionName(p) << " scale " << scale;
     }
-  }
 }
 
 // -------------------------------------------------------------- batch norm
