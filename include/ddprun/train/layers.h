@@ -2,7 +2,9 @@
 //
 // A Layer computes y = f(x) in forward() and, in backward(), accumulates the
 // gradients of its parameters (Param::grad, which usually points into the
-// Reducer's bucket memory) and writes dL/dx. Layers keep what backward needs
+// Reducer's bucket memory) and writes dL/dx. forward() gives y its shape and
+// element type (float, or a device's 16-bit activations: Tensor::dtype());
+// dL/dy has y's type and dL/dx is given x's. Layers keep what backward needs
 // from forward (im2col columns, pooling argmax, normalised activations), so
 // one forward is followed by at most one backward.
 //
@@ -226,10 +228,12 @@ class Backend {
                         float beta2, float eps, float weightDecay, int64_t step);
 
   // Element-wise work on this backend's memory, ordered with its layers.
-  // out = a + b (out may be a or b; same number of elements).
+  // out = a + b (out may be a or b; same number of elements and element
+  // type: float, or a device's 16-bit activations).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   virtual void zero(Tensor& t) = 0;
-  // dst gets src's elements (same number of elements; dst keeps its shape).
+  // dst gets src's elements (same number of elements and element type; dst
+  // keeps its shape).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // y = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
   // for [N, C, H, W] x (y is given that shape).
