@@ -28,18 +28,14 @@
 // plus the per-chunk partials (2c doubles per chunk, under 1% at c = 64).
 // The double adds and the float->double conversions are below an H100's
 // FP64 rate at full bandwidth for 16-bit storage.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "bn_nhwc.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "../kernel_math.h"
-#include "bn_nhwc.h"
-#include "ddprun/common/error.h"
-#include "ddprun/runtime/cuda_check.h"
+#include "kernel_support.cuh"
 
 namespace ddprun::train::cuda {
 
@@ -63,27 +59,6 @@ int64_t chunksFor(int64_t rows) {
   return rows <= 0 ? 0 : (rows + chunkRows(rows) - 1) / chunkRows(rows);
 }
 
-void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
-
-// ------------------------------------------------------------ storage
-template <class T>
-struct Storage;
-template <>
-struct Storage<float> {
-  __device__ static float load(float v) { return v; }
-  __device__ static float store(float v) { return v; }
-};
-template <>
-struct Storage<__nv_bfloat16> {
-  __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Storage<__half> {
-  __device__ static float load(__half v) { return __half2float(v); }
-  __device__ static __half store(float v) { return __float2half_rn(v); }
-};
-
 // V consecutive elements, loaded and stored as one aligned access.
 template <class T, int V>
 struct alignas(sizeof(T) * V) Vec {
@@ -97,13 +72,13 @@ template <class T, int V>
 __device__ void stv(void* p, size_t i, const float (&f)[V]) {
   Vec<T, V> o;
 #pragma unroll
-  for (int k = 0; k < V; ++k) o.v[k] = Storage<T>::store(f[k]);
+  for (int k = 0; k < V; ++k) o.v[k] = fromFloat<T>(f[k]);
   *reinterpret_cast<Vec<T, V>*>(static_cast<T*>(p) + i) = o;
 }
 template <class T, int V>
-__device__ void toFloat(const Vec<T, V>& in, float (&f)[V]) {
+__device__ void toFloats(const Vec<T, V>& in, float (&f)[V]) {
 #pragma unroll
-  for (int k = 0; k < V; ++k) f[k] = Storage<T>::load(in.v[k]);
+  for (int k = 0; k < V; ++k) f[k] = toFloat(in.v[k]);
 }
 
 // ------------------------------------------------------------ sums
@@ -117,7 +92,7 @@ struct StatsOp {
   __device__ void init(int64_t) {}
   __device__ void load(size_t i, Raw& r) const { r.x = ldv<T, V>(x, i); }
   __device__ void eval(const Raw& r, size_t, float (&pa)[V], float (&pb)[V]) const {
-    toFloat(r.x, pa);
+    toFloats(r.x, pa);
 #pragma unroll
     for (int k = 0; k < V; ++k) pb[k] = pa[k];
   }
@@ -144,9 +119,9 @@ struct BackwardSumsOp {
   }
   __device__ void eval(const Raw& r, size_t i, float (&pa)[V], float (&pb)[V]) const {
     float xv[V], dyv[V], yv[V];
-    toFloat(r.x, xv);
-    toFloat(r.dy, dyv);
-    if (relu) toFloat(r.y, yv);
+    toFloats(r.x, xv);
+    toFloats(r.dy, dyv);
+    if (relu) toFloats(r.y, yv);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       pa[k] = kmath::bnActGrad(relu ? yv[k] : 0.0f, dyv[k], relu);
@@ -266,9 +241,9 @@ __global__ void __launch_bounds__(kBx* kBy)
       const int64_t rr = r + u * stride;
       if (rr >= rows) break;
       float xv[V], zv[V], out[V];
-      toFloat(xr[u], xv);
+      toFloats(xr[u], xv);
       if (z) {
-        toFloat(zr[u], zv);
+        toFloats(zr[u], zv);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) zv[k] = 0.0f;
@@ -317,9 +292,9 @@ __global__ void __launch_bounds__(kBx* kBy)
       const int64_t rr = r + u * stride;
       if (rr >= rows) break;
       float xv[V], gv[V], yv[V], out[V];
-      toFloat(xr[u], xv);
-      toFloat(gr[u], gv);
-      if (useY) toFloat(yr[u], yv);
+      toFloats(xr[u], xv);
+      toFloats(gr[u], gv);
+      if (useY) toFloats(yr[u], yv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float gk = useY ? kmath::bnActGrad(yv[k], gv[k], true)
@@ -349,22 +324,6 @@ __global__ void invStdKernel(const float* var, int64_t c, double eps, float* inv
 }
 
 // ------------------------------------------------------- dispatch
-template <class T>
-struct Tag {
-  using type = T;
-};
-template <class F>
-void withStorage(runtime::DType t, const char* what, F&& f) {
-  switch (t) {
-    case runtime::DType::kFloat32: f(Tag<float>{}); return;
-    case runtime::DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return;
-    case runtime::DType::kFloat16: f(Tag<__half>{}); return;
-    default:
-      DDPRUN_THROW(::ddprun::InvalidArgument, what, ": activations stored as ",
-                   runtime::dtypeName(t),
-                   " are not supported; use float32, bfloat16 or float16");
-  }
-}
 // The widest V in {4, 2, 1} dividing c with every non-null pointer aligned to V elements.
 int vectorWidth(int64_t c, size_t elem, std::initializer_list<const void*> ptrs) {
   for (int v : {4, 2}) {
@@ -424,8 +383,8 @@ size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c) {
 void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
                        void* workspace, double* out, cudaStream_t s) {
   checkShape("launchBnNhwcStats", rows, c);
-  withStorage(t, "launchBnNhwcStats", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
     withWidth(vectorWidth(c, sizeof(T), {x}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       launchSums<T, V>(StatsOp<T, V>{x}, rows, c, workspace, out, s);
@@ -440,8 +399,8 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
   checkShape("launchBnNhwcBackwardSums", rows, c);
   DDPRUN_CHECK(!relu || y || rows == 0 || c == 0,
                "launchBnNhwcBackwardSums: the ReLU's backward needs its output y");
-  withStorage(t, "launchBnNhwcBackwardSums", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
     withWidth(vectorWidth(c, sizeof(T), {x, relu ? y : nullptr, dy, gOut}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       BackwardSumsOp<T, V> op{x, y, dy, gOut, mean, invstd, relu, {}, {}};
@@ -470,8 +429,8 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
                          int64_t c, const float* mean, const float* invstd, const float* gamma,
                          const float* beta, bool relu, cudaStream_t s) {
   checkShape("launchBnNhwcForward", rows, c);
-  withStorage(t, "launchBnNhwcForward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
     if (rows == 0 || c == 0) return;
     withWidth(vectorWidth(c, sizeof(T), {x, z, y}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
@@ -490,8 +449,8 @@ void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, cons
   checkShape("launchBnNhwcBackwardData", rows, c);
   DDPRUN_CHECK(g || !relu || y || rows == 0 || c == 0,
                "launchBnNhwcBackwardData: without g, the ReLU's backward needs its output y");
-  withStorage(t, "launchBnNhwcBackwardData", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
     if (rows == 0 || c == 0) return;
     const void* yUsed = !g && relu ? y : nullptr;
     const void* dyUsed = g ? nullptr : dy;

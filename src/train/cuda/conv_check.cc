@@ -6,6 +6,7 @@
 #include "conv_reference.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "kernels.h"
+#include "nhwc_kernels.h"
 
 namespace ddprun::train::cuda {
 

@@ -20,6 +20,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
+#include "nhwc_kernels.h"
 
 namespace ddprun::train {
 

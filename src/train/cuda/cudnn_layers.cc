@@ -15,6 +15,7 @@
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
+#include "nhwc_kernels.h"
 
 namespace ddprun::train::cuda {
 

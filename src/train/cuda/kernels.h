@@ -1,8 +1,10 @@
 // The CUDA backend's own kernels (kernels.cu), for the work cuDNN and cuBLASLt
 // do not cover: the loss, the optimizer steps, small element-wise operations,
 // bilinear resizing, global average pooling, the sums of SyncBatchNorm, the
-// gradient buckets' 16-bit compression and the casts of autocast (bf16/fp16). Each launcher enqueues on `stream`
-// and returns at once; the element math is kernel_math.h's.
+// gradient buckets' 16-bit compression and the casts of autocast (bf16/fp16).
+// The NHWC layout's kernels are in nhwc_kernels.h, batch norm's on NHWC in
+// bn_nhwc.h. Each launcher enqueues on `stream` and returns at once; the
+// element math is kernel_math.h's.
 //
 // Preconditions: pointers are device memory of the current device, sized as
 // the arguments say; n == 0 launches nothing. Launch errors throw CudaError.
@@ -33,10 +35,6 @@ void launchReluBackward(const void* y, const void* dy, void* dx, size_t n, runti
                         cudaStream_t stream);
 void launchAdd(const void* a, const void* b, void* out, size_t n, runtime::DType t,
                cudaStream_t stream);
-// y[r * c + ch] += bias[ch] for an NHWC output seen as [rows = N*H*W, c] (a
-// 16-bit convolution output and its float channel bias).
-void launchAddChannelBias(void* y, runtime::DType t, const float* bias, int64_t rows, int64_t c,
-                          cudaStream_t stream);
 // *p += v (one element: num_batches_tracked).
 void launchAddScalar(float* p, float v, cudaStream_t stream);
 // data *= scale; *nonFinite becomes nonzero when a result is not finite
@@ -107,55 +105,9 @@ void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw,
 // dx[p * hw + q] = dy[p] / hw.
 void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int64_t hw,
                                  cudaStream_t stream);
-// Max pooling of NHWC x ([n, h, w, c] in memory, elements of t) into y
-// ([n, oh, ow, c]): square window k (<= 16), stride s, padding p (padded
-// positions never win), the first maximum in scan order (row, then column)
-// winning, as the CPU backend; `arg` (not null: training) receives each
-// output's winning tap a * k + b. The backward gathers, for each input
-// element, dy of the outputs whose winning tap it is (in output order, in
-// float; deterministic, no atomics) into dx. PyTorch's channels_last pooling
-// is its own kernel too; the layer runs these where cuDNN refuses 16-bit
-// pooling (or DDPRUN_CUDA_OWN_POOL=1).
-void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, int64_t n,
-                       int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s,
-                       int p, cudaStream_t stream);
-void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
-                               int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
-                               int64_t ow, int k, int s, int p, cudaStream_t stream);
 // F.interpolate bilinear, align_corners=False, plane by plane.
 void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
                           int64_t oh, int64_t ow, cudaStream_t stream);
-
-// ------------------------------------------------------ layout (NHWC)
-// y[b][j][i] = x[b][i][j] for `batches` row-major [rows, cols] matrices: NCHW
-// to NHWC is (N, C, H*W), NHWC to NCHW (N, H*W, C), OIHW filters to KRSC
-// (O, I, R*S) and back (O, R*S, I). `accumulate`: y[...] += instead of =.
-// Preconditions: rows < 2^21, batches < 65536 (the grid's y and z limits).
-void launchTranspose(const float* x, float* y, int64_t batches, int64_t rows, int64_t cols,
-                     bool accumulate, cudaStream_t stream);
-// The same, each result rounded to 16 bits (launchTo16's rounding): a filter's
-// autocast copy in KRSC.
-void launchTransposeTo16(const float* x, void* y16, int64_t batches, int64_t rows, int64_t cols,
-                         bool bf16, cudaStream_t stream);
-// The same from 16 bits into float, written or added (a KRSC 16-bit weight
-// gradient into the OIHW float one).
-void launchTransposeFrom16(const void* x16, float* y, int64_t batches, int64_t rows,
-                           int64_t cols, bool bf16, bool accumulate, cudaStream_t stream);
-// Global average pooling of NHWC x ([n, hw, c] in memory): y[i * c + ch] =
-// mean over q of x[(i * hw + q) * c + ch], summed in q order; and its backward
-// dx[(i * hw + q) * c + ch] = dy[i * c + ch] / hw.
-void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
-                             cudaStream_t stream);
-void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
-                                     int64_t hw, cudaStream_t stream);
-// The same over elements of t (x and y, dy and dx alike), summed in float.
-void launchGlobalAvgPoolNhwc(const void* x, void* y, runtime::DType t, int64_t n, int64_t c,
-                             int64_t hw, cudaStream_t stream);
-void launchGlobalAvgPoolNhwcBackward(const void* dy, void* dx, runtime::DType t, int64_t n,
-                                     int64_t c, int64_t hw, cudaStream_t stream);
-// launchTranspose over elements of t, written (a 16-bit NHWC flatten).
-void launchTranspose(const void* x, void* y, runtime::DType t, int64_t batches, int64_t rows,
-                     int64_t cols, cudaStream_t stream);
 
 // ------------------------------------------------------ sync batch norm
 // (The NCHW kernels below serve NHWC x as n * hw rows of c channels with

@@ -1,0 +1,93 @@
+// What the CUDA backend's kernel files (kernels.cu, nhwc_kernels.cu,
+// bn_nhwc.cu) share: the launch shape of grid-stride loops, the launch check,
+// and element access over the activations' storage types (float, bf16,
+// fp16: loaded exactly into float, stored rounded to nearest even) with the
+// host-side dispatch from a runtime::DType to a kernel's template argument.
+// Internal to src/train/cuda/; include from .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+#include "ddprun/common/error.h"
+#include "ddprun/runtime/cuda_check.h"
+#include "ddprun/runtime/types.h"
+
+namespace ddprun::train::cuda {
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements.
+inline int blocksFor(size_t n) {
+  return static_cast<int>(std::min<size_t>((n + kThreads - 1) / kThreads, 8192));
+}
+
+// Throws CudaError for the last launch's error.
+inline void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
+
+#define DDPRUN_GRID_LOOP(i, n)                                                    \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// One stored element to float (exact) and a float to storage (round to
+// nearest even; fp16 overflows to inf, never clamped).
+template <typename T>
+__device__ inline float toFloat(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
+}
+template <typename T>
+__device__ inline T fromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
+template <typename T>
+__device__ inline float ldf(const T* p, size_t i) {
+  return toFloat(p[i]);
+}
+template <typename T>
+__device__ inline void stf(T* p, size_t i, float v) {
+  p[i] = fromFloat<T>(v);
+}
+// The 16-bit type chosen at run time (bf16, else fp16).
+__device__ inline float load16(const void* p, size_t i, bool bf16) {
+  return bf16 ? ldf(static_cast<const __nv_bfloat16*>(p), i)
+              : ldf(static_cast<const __half*>(p), i);
+}
+__device__ inline void store16(void* p, size_t i, float v, bool bf16) {
+  if (bf16)
+    stf(static_cast<__nv_bfloat16*>(p), i, v);
+  else
+    stf(static_cast<__half*>(p), i, v);
+}
+
+// Calls f with a null T* for the storage type t (T = float, __nv_bfloat16,
+// __half), which the launcher turns into its kernel's template argument
+// (DDPRUN_T(tag)); another t throws InvalidArgument naming it.
+template <class F>
+void byType(runtime::DType t, F&& f) {
+  switch (t) {
+    case runtime::DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case runtime::DType::kBFloat16: return f(static_cast<__nv_bfloat16*>(nullptr));
+    case runtime::DType::kFloat16: return f(static_cast<__half*>(nullptr));
+    default:
+      DDPRUN_THROW(InvalidArgument, "the CUDA kernels store activations as float32, bfloat16 "
+                   "or float16, not ", runtime::dtypeName(t));
+  }
+}
+#define DDPRUN_T(tag) std::remove_pointer_t<decltype(tag)>
+
+}  // namespace ddprun::train::cuda
