@@ -579,8 +579,10 @@ class Conv2d final : public Layer {
       if (s_.bias)
         launchAddChannelBias(y.raw(), y.dtype(), b_.value.data(), y.numel() / s_.outC, s_.outC,
                              ctx_->stream());
-      x16Of_ = x.is16() ? nullptr : x.data();
-      if (!training || x.is16()) releaseInput16();
+      if (x.is16() || !training)
+        releaseInput16();  // the model keeps a 16-bit x; no backward follows evaluation
+      else
+        x16Of_ = x.data();
       return;
     }
     DeviceArray<uint16_t> y16(ctx_);
