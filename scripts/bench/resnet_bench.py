@@ -32,6 +32,8 @@ process under `ddprun --standalone`):
     resnet18-224-{bf16,fp16}-act16 (ours with DDPRUN_CUDA_ACT16=1: 16-bit
     activations, batch norm through our NHWC kernels), resnet18-224-tf32-ourbn
     (ours with DDPRUN_CUDA_OUR_BN=1: those kernels on float activations),
+    resnet18-224-tf32-graph and resnet18-224-bf16-act16-graph (ours with
+    DDPRUN_CUDNN_GRAPH=1: convolutions through cuDNN's graph-API engines),
     resnet18-224-{tf32,bf16}-bnfusion (ours with DDPRUN_CUDNN_BN_FUSION=1:
     cuDNN's fused batch norm + ReLU (+ add)), resnet18-224-tf32-asyncalloc (ours with
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
@@ -121,6 +123,11 @@ def cuda_cases(quick):
         variant("fp16", "act16", env={"DDPRUN_CUDA_ACT16": "1"}),
         # Our fused NHWC batch norm on float activations (the A/B against cuDNN's).
         variant("tf32", "ourbn", env={"DDPRUN_CUDA_OUR_BN": "1"}),
+        # Convolutions through cuDNN's graph-API engines (PyTorch's candidate
+        # set) instead of the legacy search, opt-in until measured; the last
+        # also with 16-bit activations, the combination a win would default.
+        variant("tf32", "graph", env={"DDPRUN_CUDNN_GRAPH": "1"}),
+        variant("bf16", "act16-graph", env={"DDPRUN_CUDA_ACT16": "1", "DDPRUN_CUDNN_GRAPH": "1"}),
         # The layout A/B: ours in the layout --layout auto does not choose
         # (auto: NHWC in tf32/bf16/fp16, NCHW in fp32).
         variant("fp32", "nhwc", args=["--layout", "nhwc"]),

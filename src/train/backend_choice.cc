@@ -106,7 +106,9 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
                             .nhwc = nhwcLayout(cfg.layout, cfg.precision),
                             // Opt-in until a GPU run has validated it (docs/train.md).
                             .activations16 = env::integer("DDPRUN_CUDA_ACT16", 0, 0, 1) == 1,
-                            .ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", 0, 0, 1) == 1});
+                            .ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", 0, 0, 1) == 1,
+                            .graphConv = static_cast<CudaBackendOptions::GraphConv>(
+                                env::integer("DDPRUN_CUDNN_GRAPH", 0, 0, 2))});
   return makeCpuBackend(cfg.threads);
 }
 

@@ -394,7 +394,8 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertEqual(list(self.by), [
             "resnet18-224-tf32", "resnet18-224-fp32", "lenet-fp32", "resnet18-224-tf32-2ranks",
             "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-bf16-act16",
-            "resnet18-224-fp16-act16", "resnet18-224-tf32-ourbn", "resnet18-224-fp32-nhwc",
+            "resnet18-224-fp16-act16", "resnet18-224-tf32-ourbn", "resnet18-224-tf32-graph",
+            "resnet18-224-bf16-act16-graph", "resnet18-224-fp32-nhwc",
             "resnet18-224-tf32-nchw", "resnet18-224-bf16-nchw", "resnet18-224-tf32-bnfusion",
             "resnet18-224-bf16-bnfusion", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-fp32-deterministic", "tf32-extra"])

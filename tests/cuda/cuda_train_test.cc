@@ -594,14 +594,26 @@ void setParams(Backend& be, Layer& gpu, Layer* host, uint64_t seed) {
 // output's scale): whatever algorithm the search admits, the layer is that
 // accurate. The gradients start as NaN with overwriteGrad set, so they must
 // be written, never read. DDPRUN_CONV_LOG=1 puts each choice in the output.
+// The same through cuDNN's graph API (CudaBackendOptions::graphConv, NHWC):
+// its engines must be found, checked and chosen for every problem here, so
+// the legacy search's fallback warning must not appear.
 TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
   setenv("DDPRUN_CONV_LOG", "1", 1);
+  using GraphConv = CudaBackendOptions::GraphConv;
+  struct Kind {
+    Precision p;
+    bool nhwc;
+    GraphConv graph;
+  };
   std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<std::pair<Precision, bool>> kinds;  // precision, NHWC
-  for (const bool nhwc : {false, true})
+  std::vector<Kind> kinds;
+  const std::pair<bool, GraphConv> searches[] = {
+      {false, GraphConv::kOff}, {true, GraphConv::kOff}, {true, GraphConv::kPrecompiled}};
+  for (const auto& [nhwc, graph] : searches)
     for (const Precision p : kAllPrecisions) {
-      backends.push_back(makeCudaBackend({.device = 0, .precision = p, .nhwc = nhwc}));
-      kinds.emplace_back(p, nhwc);
+      backends.push_back(
+          makeCudaBackend({.device = 0, .precision = p, .nhwc = nhwc, .graphConv = graph}));
+      kinds.push_back({p, nhwc, graph});
     }
   uint64_t seed = 700;
   for (const ConvGeometryCase& c : kConvGeometries) {
@@ -622,11 +634,12 @@ TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
     ref.backward(x, yr, dy, &dxr);  // the reference's gradients start at zero
     for (size_t k = 0; k < backends.size(); ++k) {
       Backend& be = *backends[k];
-      const auto [p, nhwc] = kinds[k];
+      const auto [p, nhwc, graph] = kinds[k];
       nhwc_ = nhwc;
       const double bound = cuda::convErrorBound(p);
       const std::string what = std::string(c.name) + " " + precisionName(p) + " fast" +
-                               (nhwc ? " nhwc" : "");
+                               (nhwc ? " nhwc" : "") + (graph != GraphConv::kOff ? " graph" : "");
+      if (graph != GraphConv::kOff) ::testing::internal::CaptureStderr();
       auto conv = be.conv2d("conv", c.spec);
       auto gp = conv->params();
       setParams(be, *conv, nullptr, values);
@@ -639,6 +652,12 @@ TEST_F(CudaBackendTest, ConvFastModeWithinTheCheckBounds) {
       Tensor yg, dxg;
       conv->forward(xg, yg, true);
       conv->backward(xg, yg, dyg, &dxg);
+      if (graph != GraphConv::kOff) {
+        const std::string log = ::testing::internal::GetCapturedStderr();
+        std::cout << log;
+        EXPECT_EQ(log.find("no cuDNN graph-API engine may run"), std::string::npos) << what;
+        EXPECT_NE(log.find("engine "), std::string::npos) << what << ": no graph engine chosen";
+      }
       const double ey = scaledError(fromGpuAct(yg, &be), hostValues(yr));
       const double edx = scaledError(fromGpuAct(dxg, &be), hostValues(dxr));
       std::cout << "[ fast     ] " << what << ": forward " << ey << ", dx " << edx;

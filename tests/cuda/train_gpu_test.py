@@ -7,6 +7,8 @@
   kernels (DDPRUN_CUDA_OUR_BN=1).
 - bf16 and fp16 with 16-bit activations (DDPRUN_CUDA_ACT16=1) train within a
   band of the same precision with float activations (LeNet-BN, ResNet-18).
+- Convolutions through cuDNN's graph API (DDPRUN_CUDNN_GRAPH=1) train within
+  a band of the legacy search's in tf32 and bf16 (ResNet-18, 7x7 stem).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
   through CUDA IPC (the default there) and through NCCL (forced; fp32,
   --deterministic; needs NCCL >= 2.30, whose version coll_check reports).
@@ -91,6 +93,7 @@ class TrainGpu(unittest.TestCase):
                            env=env or clean_env())
         self.assertEqual(p.returncode, 0, "%s exited %d\nstdout:\n%s\nstderr:\n%s"
                          % (what, p.returncode, p.stdout[-3000:], p.stderr[-5000:]))
+        self.last_stderr = p.stderr
         res = final_json(p.stdout)
         self.assertIsNotNone(res, "%s printed no final JSON" % what)
         return res
@@ -166,6 +169,34 @@ class TrainGpu(unittest.TestCase):
                       file=sys.stderr)
                 self.assertLessEqual(worst, band, "%s\n%s\n%s" % (what, lg, lr))
                 self.assertLess(sum(lg[-5:]), sum(lg[:5]), "%s: no learning: %s" % (what, lg))
+
+    def test_graph_api_convolutions_train_as_the_legacy_search(self):
+        # DDPRUN_CUDNN_GRAPH=1 runs every convolution through a cuDNN graph-API
+        # engine, timed and accuracy-checked as the legacy algorithms are. It
+        # applies in fast mode only, where both searches pick their fastest
+        # passing algorithms, so the runs differ by those algorithms' rounding:
+        # ResNet-18 (the 7x7 stem with 3 input channels at 64x64, whose
+        # backward-filter the graph API is for) within 2 % of the loss over
+        # its first 5 steps in tf32 and bf16, both learning, and no
+        # convolution falling back to the legacy search.
+        data = ["--data", "synthetic-cifar", "--stem", "imagenet", "--image-size", "64",
+                "--train-samples", "640", "--test-samples", "64"]
+        for prec in ("tf32", "bf16"):
+            flags = ["--device", "cuda", "--model", "resnet18", *data, "--batch-size", "32",
+                     "--max-steps", "20", "--no-shuffle", "--lr", "0.01", "--precision", prec,
+                     "--layout", "nhwc"]
+            ref, lr = self.train("resnet18_%s_legacy" % prec, *flags,
+                                 env=dict(clean_env(), DDPRUN_CUDNN_GRAPH="0"))
+            got, lg = self.train("resnet18_%s_graph" % prec, *flags,
+                                 env=dict(clean_env(), DDPRUN_CUDNN_GRAPH="1"))
+            self.assertIn("cuDNN graph convolutions", got["backend"])
+            self.assertNotIn("cuDNN graph convolutions", ref["backend"])
+            self.assertNotIn("no cuDNN graph-API engine may run", self.last_stderr)
+            what = "resnet18 %s: graph API vs legacy search, first 5 steps" % prec
+            worst = max(abs(a - b) / abs(b) for a, b in zip(lg[:5], lr[:5]))
+            print("\n%s: worst relative loss difference %.2e" % (what, worst), file=sys.stderr)
+            self.assertLessEqual(worst, 0.02, "%s\n%s\n%s" % (what, lg, lr))
+            self.assertLess(sum(lg[-5:]), sum(lg[:5]), "%s: no learning: %s" % (what, lg))
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
         flags = ["--device", "cuda", "--model", "lenet", *SMALL, "--max-steps", "10",

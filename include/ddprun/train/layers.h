@@ -355,6 +355,15 @@ struct CudaBackendOptions {
   // cuDNN's (the A/B of the two; always ours with activations16). Ignored
   // with NCHW.
   bool ourBatchNorm = false;
+  // Convolutions through cuDNN's graph API (src/train/cuda/cudnn_graph.h):
+  // its engines for each problem (heuristics mode A, then the fallback list:
+  // the set PyTorch's cudnn.benchmark times) are timed and accuracy-checked
+  // under the same policy as the legacy API's algorithms, which they
+  // replace. kAll also tries engines whose plan compiles a kernel at run
+  // time (seconds each). NHWC in fast mode only (deterministic mode keeps
+  // the legacy heuristics); where no engine may run, the legacy search runs.
+  enum class GraphConv { kOff, kPrecompiled, kAll };
+  GraphConv graphConv = GraphConv::kOff;
 };
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 

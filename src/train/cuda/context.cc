@@ -16,7 +16,8 @@ Context::Context(const CudaBackendOptions& o)
     : device_(o.device), precision_(o.precision), deterministic_(o.deterministic), nhwc_(o.nhwc),
       act16_(o.activations16 && o.nhwc &&
              (o.precision == Precision::kBf16 || o.precision == Precision::kFp16)),
-      ourBn_(act16_ || (o.ourBatchNorm && o.nhwc)) {
+      ourBn_(act16_ || (o.ourBatchNorm && o.nhwc)),
+      graphConv_(o.nhwc && !o.deterministic ? o.graphConv : CudaBackendOptions::GraphConv::kOff) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};

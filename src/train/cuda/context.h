@@ -55,6 +55,9 @@ class Context {
   // activations always, on float NHWC ones where CudaBackendOptions::
   // ourBatchNorm asks; otherwise cuDNN's.
   bool ourBatchNorm() const { return ourBn_; }
+  // Convolution search through cuDNN's graph API (CudaBackendOptions::
+  // graphConv; kOff in NCHW and in deterministic mode).
+  CudaBackendOptions::GraphConv graphConv() const { return graphConv_; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -99,6 +102,7 @@ class Context {
   bool nhwc_;
   bool act16_;
   bool ourBn_;
+  CudaBackendOptions::GraphConv graphConv_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

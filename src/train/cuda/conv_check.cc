@@ -105,57 +105,94 @@ double ConvAccuracyCheck::measure(const void* out, const double* ref, size_t n, 
   return host[0] / host[1];  // NaN stays NaN
 }
 
+double ConvAccuracyCheck::errorOf(ConvDirection dir, const Runner& run) {
+  const cudaStream_t s = ctx_->stream();
+  const double* ref = nullptr;
+  size_t n = 0;
+  Dims d{};
+  const void* in1 = x_.data();
+  const void* in2 = dy_.data();
+  switch (dir) {
+    case ConvDirection::kForward:
+      if (!refY_.get())
+        launchConvReferenceForward(x_.f.get(), w_.f.get(), refY_.ensure(yCount()), g_, s);
+      ref = refY_.get(), n = yCount(), d = yDims(), in2 = w_.data();
+      break;
+    case ConvDirection::kBackwardData:
+      if (!refDx_.get())
+        launchConvReferenceBackwardData(w_.f.get(), dy_.f.get(), refDx_.ensure(xCount()), g_, s);
+      ref = refDx_.get(), n = xCount(), d = xDims(), in1 = w_.data();
+      break;
+    case ConvDirection::kBackwardFilter:
+      if (!refDw_.get())
+        launchConvReferenceBackwardFilter(x_.f.get(), dy_.f.get(), refDw_.ensure(wCount()), g_, s);
+      ref = refDw_.get(), n = wCount(), d = wDims();
+      break;
+  }
+  ScopedDeviceBytes out(*ctx_, n * elementBytes());
+  if (!run(in1, in2, out.get())) return kInf;
+  return measure(out.get(), ref, n, d);
+}
+
 double ConvAccuracyCheck::error(cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math) {
-  if (!refY_.get())
-    launchConvReferenceForward(x_.f.get(), w_.f.get(), refY_.ensure(yCount()), g_, ctx_->stream());
-  DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
-  size_t bytes = 0;
-  if (cudnnGetConvolutionForwardWorkspaceSize(ctx_->cudnn(), xDesc_, wDesc_, conv_, yDesc_, algo,
-                                              &bytes) != CUDNN_STATUS_SUCCESS ||
-      bytes > kConvWorkspaceCap)
-    return kInf;
-  ScopedDeviceBytes out(*ctx_, yCount() * elementBytes()), ws(*ctx_, bytes);
-  if (cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x_.data(), wDesc_, w_.data(), conv_,
-                              algo, ws.get(), bytes, &kZero, yDesc_,
-                              out.get()) != CUDNN_STATUS_SUCCESS)
-    return kInf;
-  return measure(out.get(), refY_.get(), yCount(), yDims());
+  return errorOf(ConvDirection::kForward, [&](const void* x, const void* w, void* y) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
+    size_t bytes = 0;
+    if (cudnnGetConvolutionForwardWorkspaceSize(ctx_->cudnn(), xDesc_, wDesc_, conv_, yDesc_,
+                                                algo, &bytes) != CUDNN_STATUS_SUCCESS ||
+        bytes > kConvWorkspaceCap)
+      return false;
+    ScopedDeviceBytes ws(*ctx_, bytes);
+    return cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x, wDesc_, w, conv_, algo,
+                                   ws.get(), bytes, &kZero, yDesc_, y) == CUDNN_STATUS_SUCCESS;
+  });
 }
 
 double ConvAccuracyCheck::error(cudnnConvolutionBwdDataAlgo_t algo, cudnnMathType_t math) {
-  if (!refDx_.get())
-    launchConvReferenceBackwardData(w_.f.get(), dy_.f.get(), refDx_.ensure(xCount()), g_,
-                                    ctx_->stream());
-  DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
-  size_t bytes = 0;
-  if (cudnnGetConvolutionBackwardDataWorkspaceSize(ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_,
-                                                   algo, &bytes) != CUDNN_STATUS_SUCCESS ||
-      bytes > kConvWorkspaceCap)
-    return kInf;
-  ScopedDeviceBytes out(*ctx_, xCount() * elementBytes()), ws(*ctx_, bytes);
-  if (cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w_.data(), yDesc_, dy_.data(),
-                                   conv_, algo, ws.get(), bytes, &kZero, xDesc_,
-                                   out.get()) != CUDNN_STATUS_SUCCESS)
-    return kInf;
-  return measure(out.get(), refDx_.get(), xCount(), xDims());
+  return errorOf(ConvDirection::kBackwardData, [&](const void* w, const void* dy, void* dx) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
+    size_t bytes = 0;
+    if (cudnnGetConvolutionBackwardDataWorkspaceSize(ctx_->cudnn(), wDesc_, yDesc_, conv_,
+                                                     xDesc_, algo, &bytes) !=
+            CUDNN_STATUS_SUCCESS ||
+        bytes > kConvWorkspaceCap)
+      return false;
+    ScopedDeviceBytes ws(*ctx_, bytes);
+    return cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w, yDesc_, dy, conv_, algo,
+                                        ws.get(), bytes, &kZero, xDesc_,
+                                        dx) == CUDNN_STATUS_SUCCESS;
+  });
 }
 
 double ConvAccuracyCheck::error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathType_t math) {
-  if (!refDw_.get())
-    launchConvReferenceBackwardFilter(x_.f.get(), dy_.f.get(), refDw_.ensure(wCount()), g_,
-                                      ctx_->stream());
-  DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
-  size_t bytes = 0;
-  if (cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_,
-                                                     algo, &bytes) != CUDNN_STATUS_SUCCESS ||
-      bytes > kConvWorkspaceCap)
-    return kInf;
-  ScopedDeviceBytes out(*ctx_, wCount() * elementBytes()), ws(*ctx_, bytes);
-  if (cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x_.data(), yDesc_, dy_.data(),
-                                     conv_, algo, ws.get(), bytes, &kZero, wDesc_,
-                                     out.get()) != CUDNN_STATUS_SUCCESS)
-    return kInf;
-  return measure(out.get(), refDw_.get(), wCount(), wDims());
+  return errorOf(ConvDirection::kBackwardFilter, [&](const void* x, const void* dy, void* dw) {
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, math));
+    size_t bytes = 0;
+    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx_->cudnn(), xDesc_, yDesc_, conv_,
+                                                       wDesc_, algo, &bytes) !=
+            CUDNN_STATUS_SUCCESS ||
+        bytes > kConvWorkspaceCap)
+      return false;
+    ScopedDeviceBytes ws(*ctx_, bytes);
+    return cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x, yDesc_, dy, conv_,
+                                          algo, ws.get(), bytes, &kZero, wDesc_,
+                                          dw) == CUDNN_STATUS_SUCCESS;
+  });
+}
+
+double ConvAccuracyCheck::error(ConvDirection dir, const GraphEngine& e) {
+  const int i = static_cast<int>(dir);
+  if (!graphTried_[i]) {  // the reduced problem's graph, once per direction
+    graphTried_[i] = true;
+    graph_[i] = GraphConv::create(ctx_->cudnn(), {dir, g_, type_, nhwc_}, nullptr);
+  }
+  if (!graph_[i]) return kInf;
+  const std::shared_ptr<const GraphPlan> plan = graph_[i]->plan(e);
+  if (!plan || plan->workspace() > kConvWorkspaceCap) return kInf;
+  return errorOf(dir, [&](const void* in1, const void* in2, void* out) {
+    ScopedDeviceBytes ws(*ctx_, plan->workspace());
+    return plan->execute(ctx_->cudnn(), in1, in2, out, ws.get()) == CUDNN_STATUS_SUCCESS;
+  });
 }
 
 }  // namespace ddprun::train::cuda

@@ -11,10 +11,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "../kernel_math.h"
 #include "context.h"
+#include "cudnn_graph.h"
 #include "resources.h"
 
 namespace ddprun::train::cuda {
@@ -43,16 +45,18 @@ double convErrorBound(Precision p);
 class ScopedDeviceBytes {
  public:
   ScopedDeviceBytes(Context& ctx, size_t bytes)
-      : ctx_(ctx), p_(bytes ? ctx.allocator().allocBytes(bytes) : nullptr) {}
+      : ctx_(ctx), bytes_(bytes), p_(bytes ? ctx.allocator().allocBytes(bytes) : nullptr) {}
   ~ScopedDeviceBytes() {
     if (p_) ctx_.allocator().freeBytes(p_);
   }
   ScopedDeviceBytes(const ScopedDeviceBytes&) = delete;
   ScopedDeviceBytes& operator=(const ScopedDeviceBytes&) = delete;
   void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   Context& ctx_;
+  size_t bytes_;
   void* p_;
 };
 
@@ -78,8 +82,16 @@ class ConvAccuracyCheck {
   double error(cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math);
   double error(cudnnConvolutionBwdDataAlgo_t algo, cudnnMathType_t math);
   double error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathType_t math);
+  // The same for a graph-API engine (cudnn_graph.h), built for the reduced
+  // problem: +infinity also when the engine does not support it.
+  double error(ConvDirection dir, const GraphEngine& e);
 
  private:
+  // Runs one direction on the reduced problem: (in1, in2) -> out in the
+  // operand order of GraphPlan::execute; false: it could not run.
+  using Runner = std::function<bool(const void* in1, const void* in2, void* out)>;
+  // The reference of `dir` (computed on first use) against what run gives.
+  double errorOf(ConvDirection dir, const Runner& run);
   // An input: float values in NCHW / OIHW order (what the reference reads)
   // and, where cuDNN reads something else (16-bit precisions, an NHWC
   // context: NHWC / KRSC), cuDNN's copy.
@@ -121,6 +133,9 @@ class ConvAccuracyCheck {
   Operand x_, w_, dy_;
   DeviceArray<double> refY_, refDx_, refDw_, result_;
   DeviceArray<float> outF_;  // 16-bit outputs as float for the comparison
+  // The reduced problem's operation graph per direction (graph engines).
+  std::unique_ptr<GraphConv> graph_[3];
+  bool graphTried_[3] = {false, false, false};
 };
 
 }  // namespace ddprun::train::cuda

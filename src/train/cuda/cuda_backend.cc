@@ -172,7 +172,18 @@ class CudaBackend final : public Backend {
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
            precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
            (ctx_->activations16() ? ", 16-bit activations" : "") +
-           (ctx_->ourBatchNorm() ? ", our batch norm" : "") + ")";
+           (ctx_->ourBatchNorm() ? ", our batch norm" : "") +
+           graphConvNote(ctx_->graphConv()) + ")";
+  }
+
+  static std::string graphConvNote(CudaBackendOptions::GraphConv g) {
+    switch (g) {
+      case CudaBackendOptions::GraphConv::kOff: return "";
+      case CudaBackendOptions::GraphConv::kPrecompiled: return ", cuDNN graph convolutions";
+      case CudaBackendOptions::GraphConv::kAll:
+        return ", cuDNN graph convolutions with runtime-compiled engines";
+    }
+    return "";
   }
 
   std::unique_ptr<Layer> linear(std::string n, int64_t in, int64_t out) override {

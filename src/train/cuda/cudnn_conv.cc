@@ -100,6 +100,11 @@ const float kOne = 1.0f, kZero = 0.0f;
 // much from run to run, while the workspaces of near-equal algorithms differ
 // by up to hundreds of MiB.
 constexpr double kTimeSlack = 0.03;
+// The graph-API search times at most this many engines per problem (the
+// first ones in cuDNN's order; PyTorch's cudnn.benchmark_limit is 10), each
+// over this many runs after a warm-up.
+constexpr size_t kGraphCandidates = 10;
+constexpr int kGraphTimedRuns = 3;
 
 cudnnMathType_t searchMathType(Precision p) {
   return p == Precision::kFp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
@@ -169,6 +174,23 @@ const char* mathName(cudnnMathType_t m) {
     default: return "UNKNOWN";
   }
 }
+
+// A graph-API engine as a search result, in the legacy results' shape so
+// that the same policy (admitted, choosePassing) ranks both: its time is
+// ours (cudaEvents around a few runs), its math type and determinism come
+// from its numerical notes, and the plan built for the layer's problem
+// travels with it.
+struct GraphPerf {
+  GraphEngine algo;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  float time = 0.0f;
+  size_t memory = 0;
+  cudnnDeterminism_t determinism = CUDNN_DETERMINISTIC;
+  cudnnMathType_t mathType = CUDNN_FMA_MATH;
+  std::shared_ptr<const GraphPlan> plan;
+};
+bool sumsDirectly(const GraphEngine& e) { return !traitsOf(e.notes).transform; }
+std::string algoName(const GraphEngine& e) { return e.name(); }
 
 std::string format(const char* fmt, double v) {
   char buf[64];
@@ -262,16 +284,6 @@ std::optional<Choice<Perf>> choosePassing(const std::vector<Perf>& cands, const 
   return Choice<Perf>{cands[best], err[best]};
 }
 
-enum class Direction { kForward, kBackwardData, kBackwardFilter };
-const char* directionName(Direction d) {
-  switch (d) {
-    case Direction::kForward: return "forward";
-    case Direction::kBackwardData: return "backward-data";
-    case Direction::kBackwardFilter: return "backward-filter";
-  }
-  return "?";
-}
-
 // DDPRUN_CONV_LOG=1: log each choice (read at each search, which is rare).
 bool logChoices() { return env::integer("DDPRUN_CONV_LOG", 0, 0, 1) == 1; }
 
@@ -321,8 +333,8 @@ class Conv2d final : public Layer {
     setShapes(x.shape(), y.shape());
     Algos& a = algos(x.shape());
     findForward(a, x.shape());
-    if (ctx_->autocast()) return forward16(x, y, training, *a.fwd);
-    runForward(x.data(), filterForCudnn(), y.data(), *a.fwd);
+    if (ctx_->autocast()) return forward16(x, y, training, a);
+    runForward(x.data(), filterForCudnn(), y.data(), a);
     if (s_.bias)
       DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
                                      yDesc_, y.data()));
@@ -348,15 +360,15 @@ class Conv2d final : public Layer {
     if (ctx_->autocast()) return backward16(x, dy, dx, a);
     if (ctx_->nhwc()) {  // KRSC from cuDNN, transposed into (or added to) the OIHW gradient
       DeviceArray<float> dwK(ctx_);
-      runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kZero, *a.filter);
+      runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kZero, a);
       launchTranspose(dwK.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, !w_.overwriteGrad,
                       ctx_->stream());
     } else {
-      runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), *a.filter);
+      runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), a);
     }
     w_.overwriteGrad = false;
     if (dx) runBackwardData(ctx_->nhwc() ? wK_.get() : w_.value.data(), dy.data(), dx->data(),
-                            *a.data);
+                            a);
   }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
@@ -364,10 +376,13 @@ class Conv2d final : public Layer {
   }
 
  private:
+  // Per direction, a legacy algorithm or (CudaBackendOptions::graphConv) a
+  // graph-API plan; exactly one of the pair is set once searched.
   struct Algos {
     std::optional<cudnnConvolutionFwdAlgoPerf_t> fwd;
     std::optional<cudnnConvolutionBwdDataAlgoPerf_t> data;
     std::optional<cudnnConvolutionBwdFilterAlgoPerf_t> filter;
+    std::shared_ptr<const GraphPlan> graphFwd, graphData, graphFilter;
   };
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
   // x is float, or of the context's 16-bit activation type.
@@ -421,34 +436,53 @@ class Conv2d final : public Layer {
   }
 
   // --------------------------------------------------- the cuDNN calls
-  // Each with its own workspace from the allocator, returned once enqueued.
-  void runForward(const void* x, const void* w, void* y, const cudnnConvolutionFwdAlgoPerf_t& f) {
+  // Each with its own workspace from the allocator, returned once enqueued;
+  // the direction's graph plan where the search chose one.
+  void runForward(const void* x, const void* w, void* y, const Algos& a) {
+    if (a.graphFwd) return runPlan(*a.graphFwd, x, w, y);
+    const cudnnConvolutionFwdAlgoPerf_t& f = *a.fwd;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
     DDPRUN_CUDNN_OK(cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x, wDesc_, w, conv_,
                                             f.algo, ws.get(), f.memory, &kZero, yDesc_, y));
   }
   void runBackwardFilter(const void* x, const void* dy, void* dw, const float* beta,
-                         const cudnnConvolutionBwdFilterAlgoPerf_t& f) {
+                         const Algos& a) {
+    if (a.graphFilter) {
+      // Graph plans overwrite (beta 0): only NHWC searches them, and NHWC
+      // writes dW into a KRSC temporary first.
+      DDPRUN_CHECK(*beta == 0.0f, name(), ": a graph-API backward-filter plan cannot accumulate");
+      return runPlan(*a.graphFilter, x, dy, dw);
+    }
+    const cudnnConvolutionBwdFilterAlgoPerf_t& f = *a.filter;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
     DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x, yDesc_, dy,
                                                    conv_, f.algo, ws.get(), f.memory, beta,
                                                    wDesc_, dw));
   }
-  void runBackwardData(const void* w, const void* dy, void* dx,
-                       const cudnnConvolutionBwdDataAlgoPerf_t& f) {
+  void runBackwardData(const void* w, const void* dy, void* dx, const Algos& a) {
+    if (a.graphData) return runPlan(*a.graphData, w, dy, dx);
+    const cudnnConvolutionBwdDataAlgoPerf_t& f = *a.data;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
     DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w, yDesc_, dy,
                                                  conv_, f.algo, ws.get(), f.memory, &kZero,
                                                  xDesc_, dx));
   }
+  void runPlan(const GraphPlan& plan, const void* in1, const void* in2, void* out) {
+    ScopedDeviceBytes ws(*ctx_, plan.workspace());
+    DDPRUN_CUDNN_OK(plan.execute(ctx_->cudnn(), in1, in2, out, ws.get()));
+  }
 
   // ------------------------------------------------ algorithm search
   // Call after setShapes() (the descriptors hold the searched shape).
   void findForward(Algos& a, const Shape& x) {
-    if (a.fwd) return;
+    if (a.fwd || a.graphFwd) return;
+    std::optional<ConvAccuracyCheck> check;
+    if (ctx_->graphConv() != CudaBackendOptions::GraphConv::kOff &&
+        (a.graphFwd = findGraph(ConvDirection::kForward, x, check)))
+      return;
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perfs{};
     int n = 0;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, searchMathType(ctx_->precision())));
@@ -459,13 +493,17 @@ class Conv2d final : public Layer {
       DDPRUN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithm(ctx_->cudnn(), xDesc_, wDesc_, conv_,
                                                            yDesc_, perfs.size(), &n,
                                                            perfs.data()));
-    std::optional<ConvAccuracyCheck> check;
-    a.fwd = decide(perfs.data(), n, Direction::kForward, x, check);
+    a.fwd = decide(perfs.data(), n, ConvDirection::kForward, x, check);
   }
   void findBackward(Algos& a, const Shape& x, bool needData) {
     const cudnnMathType_t m = searchMathType(ctx_->precision());
     std::optional<ConvAccuracyCheck> check;  // shared by both directions
-    if (!a.filter) {
+    const bool graph = ctx_->graphConv() != CudaBackendOptions::GraphConv::kOff;
+    if (graph && !a.filter && !a.graphFilter)
+      a.graphFilter = findGraph(ConvDirection::kBackwardFilter, x, check);
+    if (graph && needData && !a.data && !a.graphData)
+      a.graphData = findGraph(ConvDirection::kBackwardData, x, check);
+    if (!a.filter && !a.graphFilter) {
       std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> p{};
       int n = 0;
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
@@ -475,9 +513,9 @@ class Conv2d final : public Layer {
       else
         DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithm(
             ctx_->cudnn(), xDesc_, yDesc_, conv_, wDesc_, p.size(), &n, p.data()));
-      a.filter = decide(p.data(), n, Direction::kBackwardFilter, x, check);
+      a.filter = decide(p.data(), n, ConvDirection::kBackwardFilter, x, check);
     }
-    if (needData && !a.data) {
+    if (needData && !a.data && !a.graphData) {
       std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> p{};
       int n = 0;
       DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, m));
@@ -487,14 +525,114 @@ class Conv2d final : public Layer {
       else
         DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
             ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
-      a.data = decide(p.data(), n, Direction::kBackwardData, x, check);
+      a.data = decide(p.data(), n, ConvDirection::kBackwardData, x, check);
     }
+  }
+
+  // The graph-API search (CudaBackendOptions::graphConv): the engines cuDNN
+  // names for this problem that the precision allows (engineAllowed; kAll
+  // also those compiled at run time), at most kGraphCandidates of them, each
+  // built for the problem and timed on zeroed scratch operands (one warm-up
+  // run, then the mean of kGraphTimedRuns), then the legacy search's policy
+  // (admitted, choosePassing: the accuracy check on the reduced problem, the
+  // smallest workspace within kTimeSlack of the fastest). nullptr: none may
+  // run (said on stderr), and the caller runs the legacy search.
+  std::shared_ptr<const GraphPlan> findGraph(ConvDirection dir, const Shape& x,
+                                             std::optional<ConvAccuracyCheck>& check) {
+    const kmath::ConvGeom g = geometry(x);
+    const Policy pol{ctx_->precision(), ctx_->deterministic()};
+    const bool compiled = ctx_->graphConv() == CudaBackendOptions::GraphConv::kAll;
+    std::string why;
+    std::vector<GraphPerf> perfs;
+    if (std::unique_ptr<GraphConv> gc =
+            GraphConv::create(ctx_->cudnn(), {dir, g, type_, ctx_->nhwc()}, &why)) {
+      const std::vector<GraphEngine> engines = gc->engines();
+      GraphScratch scratch(*ctx_, g, type_ == CUDNN_DATA_FLOAT ? 4 : 2, dir);
+      for (const GraphEngine& e : engines) {
+        if (perfs.size() >= kGraphCandidates) break;
+        const EngineTraits t = traitsOf(e.notes);
+        if (!engineAllowed(t, pol.precision, pol.deterministic) ||
+            (e.runtimeCompiled && !compiled))
+          continue;
+        GraphPerf r;
+        r.algo = e;
+        r.mathType = t.tensorCore ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+        r.determinism = t.nondeterministic ? CUDNN_NON_DETERMINISTIC : CUDNN_DETERMINISTIC;
+        if (!(r.plan = gc->plan(e))) continue;
+        r.memory = r.plan->workspace();
+        if (r.memory <= kConvWorkspaceCap) {  // admitted() notes the others
+          const std::optional<float> ms = timePlan(*r.plan, scratch);
+          if (ms) r.time = *ms;
+          else r.status = CUDNN_STATUS_EXECUTION_FAILED;
+        }
+        perfs.push_back(std::move(r));
+      }
+      why = std::to_string(engines.size()) + " engines named, " + std::to_string(perfs.size()) +
+            " allowed and built";
+    }
+    auto errorOf = [&](const GraphPerf& r) {
+      if (!check) check.emplace(ctx_, g, type_, wDesc_, conv_);
+      return check->error(dir, r.algo);
+    };
+    std::string notes;
+    std::optional<Choice<GraphPerf>> c;
+    if (!perfs.empty())
+      c = choosePassing(admitted(perfs.data(), static_cast<int>(perfs.size()), pol, &notes), pol,
+                        errorOf, &notes);
+    if (!c) {
+      std::fprintf(stderr,
+                   "ddprun conv: warning: %s %s %s: no cuDNN graph-API engine may run (%s%s); "
+                   "the legacy API's search runs\n",
+                   name().c_str(), directionName(dir), shapeString(x).c_str(), why.c_str(),
+                   notes.c_str());
+      return nullptr;
+    }
+    if (logChoices()) logChoice(dir, x, *c, pol, notes);
+    return c->perf.plan;
+  }
+  // Zeroed operands of a problem's full size for timing plans (the values do
+  // not change a convolution's speed), in GraphPlan::execute's order.
+  struct GraphScratch {
+    GraphScratch(Context& ctx, const kmath::ConvGeom& g, size_t elem, ConvDirection dir)
+        : x(ctx, static_cast<size_t>(g.n * g.c * g.h * g.w) * elem),
+          w(ctx, static_cast<size_t>(g.k * g.c * g.kernel * g.kernel) * elem),
+          y(ctx, static_cast<size_t>(g.n * g.k * g.oh * g.ow) * elem) {
+      for (const auto* b : {&x, &w, &y})
+        DDPRUN_CUDA_OK(cudaMemsetAsync(b->get(), 0, b->bytes(), ctx.stream()));
+      switch (dir) {
+        case ConvDirection::kForward: in1 = x.get(), in2 = w.get(), out = y.get(); break;
+        case ConvDirection::kBackwardData: in1 = w.get(), in2 = y.get(), out = x.get(); break;
+        case ConvDirection::kBackwardFilter: in1 = x.get(), in2 = y.get(), out = w.get(); break;
+      }
+    }
+    ScopedDeviceBytes x, w, y;
+    const void* in1 = nullptr;
+    const void* in2 = nullptr;
+    void* out = nullptr;
+  };
+  // The mean time of kGraphTimedRuns runs after a warm-up; nullopt when the
+  // plan fails to run.
+  std::optional<float> timePlan(const GraphPlan& plan, const GraphScratch& s) {
+    ScopedDeviceBytes ws(*ctx_, plan.workspace());
+    const cudaStream_t st = ctx_->stream();
+    if (plan.execute(ctx_->cudnn(), s.in1, s.in2, s.out, ws.get()) != CUDNN_STATUS_SUCCESS)
+      return std::nullopt;
+    const Event start = Event::createTiming(), stop = Event::createTiming();
+    start.record(st);
+    for (int i = 0; i < kGraphTimedRuns; ++i)
+      if (plan.execute(ctx_->cudnn(), s.in1, s.in2, s.out, ws.get()) != CUDNN_STATUS_SUCCESS)
+        return std::nullopt;
+    stop.record(st);
+    stop.synchronize();
+    float ms = 0.0f;
+    DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    return ms / kGraphTimedRuns;
   }
 
   // The policy applied to cudnnFind's results (see the file's comment); the
   // check is made on first need and kept in `check` for the next direction.
   template <typename Perf>
-  Perf decide(const Perf* perfs, int n, Direction dir, const Shape& x,
+  Perf decide(const Perf* perfs, int n, ConvDirection dir, const Shape& x,
               std::optional<ConvAccuracyCheck>& check) {
     const Policy pol{ctx_->precision(), ctx_->deterministic()};
     auto errorOf = [&](const Perf& r) {
@@ -547,7 +685,7 @@ class Conv2d final : public Layer {
   }
   // One stderr line per layer, shape and direction (DDPRUN_CONV_LOG=1).
   template <typename Perf>
-  void logChoice(Direction dir, const Shape& x, const Choice<Perf>& c, const Policy& pol,
+  void logChoice(ConvDirection dir, const Shape& x, const Choice<Perf>& c, const Policy& pol,
                  const std::string& notes) const {
     std::string check;
     if (c.error != kUnchecked)
@@ -559,7 +697,8 @@ class Conv2d final : public Layer {
                  "ddprun conv: %s %s %s x %s: %s, math %s, %.3f ms, workspace %s MiB, check %s, "
                  "deterministic %s%s\n",
                  name().c_str(), directionName(dir), precisionName(pol.precision),
-                 shapeString(x).c_str(), algoName(c.perf.algo), mathName(c.perf.mathType),
+                 shapeString(x).c_str(), std::string(algoName(c.perf.algo)).c_str(),
+                 mathName(c.perf.mathType),
                  static_cast<double>(c.perf.time), mib(c.perf.memory).c_str(), check.c_str(),
                  c.perf.determinism == CUDNN_DETERMINISTIC ? "yes" : "no", notes.c_str());
   }
@@ -569,13 +708,12 @@ class Conv2d final : public Layer {
   // forward), 16-bit output cast to float with the bias added. With 16-bit
   // activations x is read and y written as they are (no casts; the bias
   // added in place), and the model keeps x for backward.
-  void forward16(const Tensor& x, Tensor& y, bool training,
-                 const cudnnConvolutionFwdAlgoPerf_t& f) {
+  void forward16(const Tensor& x, Tensor& y, bool training, const Algos& a) {
     const void* w16 = filter16();
     const void* x16 = x.is16() ? x.raw()
                                : castTo16(*ctx_, x.data(), static_cast<size_t>(x.numel()), x16_);
     if (y.is16()) {
-      runForward(x16, w16, y.raw(), f);
+      runForward(x16, w16, y.raw(), a);
       if (s_.bias)
         launchAddChannelBias(y.raw(), y.dtype(), b_.value.data(), y.numel() / s_.outC, s_.outC,
                              ctx_->stream());
@@ -586,7 +724,7 @@ class Conv2d final : public Layer {
       return;
     }
     DeviceArray<uint16_t> y16(ctx_);
-    runForward(x16, w16, y16.ensure(static_cast<size_t>(y.numel())), f);
+    runForward(x16, w16, y16.ensure(static_cast<size_t>(y.numel())), a);
     // The bias by channel: NCHW as [N, C, H*W], NHWC as [N*H*W, C, 1].
     const int64_t hw = y.dim(2) * y.dim(3);
     if (ctx_->nhwc())
@@ -612,7 +750,7 @@ class Conv2d final : public Layer {
     DeviceArray<uint16_t> dy16(ctx_), dw16(ctx_);
     const void* g16 = dy.is16() ? dy.raw()
                                 : castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
-    runBackwardFilter(x16, g16, dw16.ensure(weightCount()), &kZero, *a.filter);
+    runBackwardFilter(x16, g16, dw16.ensure(weightCount()), &kZero, a);
     if (ctx_->nhwc())
       launchTransposeFrom16(dw16.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, bf16,
                             !w_.overwriteGrad, ctx_->stream());
@@ -623,10 +761,10 @@ class Conv2d final : public Layer {
       launchAccumulate16(dw16.get(), w_.grad.data(), weightCount(), bf16, ctx_->stream());
     w_.overwriteGrad = false;
     if (dx && dx->is16()) {
-      runBackwardData(w16, g16, dx->raw(), *a.data);
+      runBackwardData(w16, g16, dx->raw(), a);
     } else if (dx) {
       DeviceArray<uint16_t> dx16(ctx_);
-      runBackwardData(w16, g16, dx16.ensure(static_cast<size_t>(x.numel())), *a.data);
+      runBackwardData(w16, g16, dx16.ensure(static_cast<size_t>(x.numel())), a);
       launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
     }
     releaseInput16();  // one backward per forward

@@ -58,6 +58,20 @@ using PoolDesc = CudnnOwned<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescript
 using ActivationDesc = CudnnOwned<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor,
                                   cudnnDestroyActivationDescriptor>;
 
+// A cuDNN graph-API (backend) descriptor (cudnn_graph.h).
+class BackendDesc : public Owned<cudnnBackendDescriptor_t, cudnnBackendDestroyDescriptor> {
+ public:
+  BackendDesc() = default;
+  static BackendDesc create(cudnnBackendDescriptorType_t type) {
+    cudnnBackendDescriptor_t d = nullptr;
+    DDPRUN_CUDNN_OK(cudnnBackendCreateDescriptor(type, &d));
+    return BackendDesc(d);
+  }
+
+ private:
+  using Owned::Owned;
+};
+
 class LtHandle : public Owned<cublasLtHandle_t, cublasLtDestroy> {
  public:
   static LtHandle create() {

@@ -1,0 +1,71 @@
+// The parts of the graph-API convolution (src/train/cuda/cudnn_graph.h) that
+// need no GPU: the strides each layout gives cuDNN, which engines each
+// precision may run (from their numerical notes), and the engines' names.
+// The graph search itself runs in cuda_train_test.cc's
+// ConvFastModeWithinTheCheckBounds (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <vector>
+
+#include "cuda/cudnn_graph.h"
+
+namespace ddprun::train::cuda {
+namespace {
+
+TEST(CudnnGraph, StridesOfBothLayouts) {
+  // [N, C, H, W] = [2, 3, 5, 7]
+  EXPECT_EQ(graphStrides({2, 3, 5, 7}, false), (std::array<int64_t, 4>{105, 35, 7, 1}));
+  EXPECT_EQ(graphStrides({2, 3, 5, 7}, true), (std::array<int64_t, 4>{105, 1, 21, 3}));
+  // A KRSC filter [K, C, R, S] = [64, 3, 7, 7]: C fastest, then S, then R.
+  EXPECT_EQ(graphStrides({64, 3, 7, 7}, true), (std::array<int64_t, 4>{147, 1, 21, 3}));
+  // One channel: both layouts address the same elements.
+  const auto a = graphStrides({4, 1, 6, 8}, false), b = graphStrides({4, 1, 6, 8}, true);
+  for (int64_t n = 0; n < 4; ++n)
+    for (int64_t h = 0; h < 6; ++h)
+      for (int64_t w = 0; w < 8; ++w)
+        EXPECT_EQ(n * a[0] + h * a[2] + w * a[3], n * b[0] + h * b[2] + w * b[3]);
+}
+
+TEST(CudnnGraph, NotesDecideWhatEachPrecisionMayRun) {
+  const EngineTraits plain = traitsOf({});
+  const EngineTraits tensorCore = traitsOf({CUDNN_NUMERICAL_NOTE_TENSOR_CORE});
+  const EngineTraits winograd =
+      traitsOf({CUDNN_NUMERICAL_NOTE_TENSOR_CORE, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4});
+  const EngineTraits fft = traitsOf({CUDNN_NUMERICAL_NOTE_FFT});
+  const EngineTraits atomics = traitsOf({CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC});
+  const EngineTraits downConvert = traitsOf({CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS});
+  const EngineTraits reduced = traitsOf({CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION});
+  EXPECT_TRUE(tensorCore.tensorCore && !tensorCore.transform);
+  EXPECT_TRUE(winograd.transform && winograd.tensorCore);
+  EXPECT_TRUE(fft.transform && atomics.nondeterministic);
+  for (const Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16,
+                            Precision::kFp16}) {
+    const bool fp32 = p == Precision::kFp32;
+    EXPECT_TRUE(engineAllowed(plain, p, false)) << precisionName(p);
+    EXPECT_EQ(engineAllowed(tensorCore, p, false), !fp32) << precisionName(p);
+    EXPECT_TRUE(engineAllowed(fft, p, false)) << precisionName(p);  // the accuracy check decides
+    EXPECT_TRUE(engineAllowed(atomics, p, false)) << precisionName(p);
+    EXPECT_FALSE(engineAllowed(atomics, p, true)) << precisionName(p);
+    EXPECT_FALSE(engineAllowed(downConvert, p, false)) << precisionName(p);
+    EXPECT_FALSE(engineAllowed(reduced, p, false)) << precisionName(p);
+  }
+}
+
+TEST(CudnnGraph, EnginesCompareAndNameByIndexAndKnobs) {
+  GraphEngine a;
+  a.index = 12;
+  EXPECT_EQ(a.name(), "engine 12");
+  GraphEngine b = a;
+  b.knobs = {{CUDNN_KNOB_TYPE_SPLIT_K_BUF, 4}, {CUDNN_KNOB_TYPE_TILE_SIZE, 1}};
+  EXPECT_FALSE(a == b);
+  EXPECT_EQ(b.name(), "engine 12 (knobs " + std::to_string(CUDNN_KNOB_TYPE_SPLIT_K_BUF) + "=4 " +
+                          std::to_string(CUDNN_KNOB_TYPE_TILE_SIZE) + "=1)");
+  GraphEngine c = b;
+  c.notes = {CUDNN_NUMERICAL_NOTE_TENSOR_CORE};  // notes describe, they do not identify
+  EXPECT_TRUE(b == c);
+  EXPECT_STREQ(directionName(ConvDirection::kBackwardFilter), "backward-filter");
+}
+
+}  // namespace
+}  // namespace ddprun::train::cuda
