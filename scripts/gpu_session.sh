@@ -20,7 +20,8 @@
 #       printed last. STAGES: comma-separated names of
 #         versions   GPU, driver, CUDA, cuDNN, NCCL (ours and PyTorch's), PyTorch
 #         quicktests cuda_smoke_test, cuda_optim_tests
-#         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32)
+#         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32,
+#                    tf32 through cuDNN's graph-API engines)
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
 #         bench      scripts/bench/resnet_bench.py --device cuda (both sides,
 #                    profiles, kernel traces, the comm model; torch.compile's
@@ -50,7 +51,7 @@ while [ $# -gt 0 ]; do
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --bench-args) benchArgs=$2; shift 2 ;;
-    -h|--help) sed -n 2,36p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,37p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -258,9 +259,13 @@ run() {
   # A quick sanity of the new device code first (seconds), then the figures,
   # then the long correctness tests: an interrupted session keeps the most.
   stage quicktests 60 bash -c "gtest_prog cuda_smoke_test && gtest_prog cuda_optim_tests"
-  stage convlog 60 bash -c "for p in tf32 fp32; do DDPRUN_CONV_LOG=1 '$bin/train' --device cuda \
+  # tf32-graph: the same through cuDNN's graph-API engines (DDPRUN_CUDNN_GRAPH=1),
+  # to set the stem's backward-filter choice beside the legacy search's.
+  stage convlog 90 bash -c "for v in tf32 fp32 tf32-graph; do p=\${v%-graph}; \
+    g=\$([ \$v = \$p ] && echo 0 || echo 1); DDPRUN_CONV_LOG=1 DDPRUN_CUDNN_GRAPH=\$g \
+    '$bin/train' --device cuda \
     --model resnet18 --data synthetic-cifar --image-size 224 --batch-size 128 --precision \$p \
-    --max-steps 3 --train-samples 384 --test-samples 128 --quiet 2>&1 | grep -v '^{' | sed \"s/^/\$p /\"; \
+    --max-steps 3 --train-samples 384 --test-samples 128 --quiet 2>&1 | grep -v '^{' | sed \"s/^/\$v /\"; \
     done"
   stage allreduce 90 bash -c "rc=0; for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' \
     --standalone --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 \
