@@ -21,9 +21,11 @@
 
 namespace ddprun::train::cuda {
 
-// No convolution algorithm may need more workspace than this (cuDNN's
-// candidates above it are skipped; PyTorch lets cuDNN take what is free,
-// but a capped, per-call workspace keeps the peak predictable).
+// The workspace a convolution algorithm may always need (cuDNN's candidates
+// above it are skipped, except in fast mode where the run's peak memory
+// leaves room: cudnn_conv.cc; PyTorch lets cuDNN take what is free, but a
+// capped, per-call workspace keeps the peak predictable). The accuracy
+// check's reduced problems are held to it.
 constexpr size_t kConvWorkspaceCap = size_t{256} << 20;
 
 // The check's reduced problem has the layer's C, K, kernel, stride,

@@ -39,7 +39,17 @@
 //   warning on stderr.
 // In fast mode, among the algorithms that may run, the one with the smallest
 // workspace whose time is within kTimeSlack (3 %) of the fastest's; in both
-// none needing more than kConvWorkspaceCap (256 MiB). The workspace comes
+// none needing more than the layer's workspace cap: kConvWorkspaceCap (256
+// MiB), and in fast mode more where the run has already held that much more
+// memory than is in use at the search (the allocator's peak less its use
+// now), so that the workspace does not raise the peak. That is the case at
+// the end of backward, where most activations are gone: ResNet-18's stem
+// backward-filter at batch 128 has a tensor-core algorithm (ALGO_1) that
+// needs 496 MiB, which the fixed cap kept out (an H200, cuDNN 9.19: our
+// 1.74 ms against PyTorch's 0.90, whose cuDNN takes what is free).
+// Deterministic mode keeps the fixed cap, so its choice never depends on the
+// allocator's history (a resumed process chooses as the first one did). The
+// workspace comes
 // from the caching allocator for each call and goes back as soon as the call
 // is enqueued (ScopedDeviceBytes). DDPRUN_CONV_LOG=1 prints each choice on
 // stderr: one line per layer, shape and direction (algorithm, math type,
@@ -203,6 +213,7 @@ std::string mib(size_t bytes) { return format("%.1f", static_cast<double>(bytes)
 struct Policy {
   Precision precision;
   bool deterministic;
+  size_t workspaceCap;  // the most workspace a candidate may need
   bool fp32() const { return precision == Precision::kFp32; }
 };
 
@@ -227,10 +238,10 @@ std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::str
     if (pol.deterministic &&
         (r.determinism != CUDNN_DETERMINISTIC || (pol.fp32() && !sumsDirectly(r.algo))))
       continue;
-    if (r.memory > kConvWorkspaceCap) {
+    if (r.memory > pol.workspaceCap) {
       if (notes)
         *notes += std::string("; skipped ") + algoName(r.algo) + ": workspace " + mib(r.memory) +
-                  " MiB over the " + mib(kConvWorkspaceCap) + " MiB cap";
+                  " MiB over the " + mib(pol.workspaceCap) + " MiB cap";
       continue;
     }
     if (pol.fp32()) r.mathType = CUDNN_FMA_MATH;
@@ -431,6 +442,16 @@ class Conv2d final : public Layer {
     setTensor4d(dyDesc_, y[0], y[1], y[2], y[3], CUDNN_DATA_FLOAT, nhwc);  // the bias gradient's input
   }
   Algos& algos(const Shape& x) { return cache_[{static_cast<int64_t>(type_), x[0], x[2], x[3]}]; }
+  // The search's policy for this layer now (call at the search: the
+  // workspace cap reads the allocator; see the file's comment).
+  Policy policy() const {
+    size_t cap = kConvWorkspaceCap;
+    if (!ctx_->deterministic()) {
+      const AllocatorStats st = ctx_->allocator().stats();
+      if (st.peak > st.inUse) cap = std::max(cap, st.peak - st.inUse);
+    }
+    return {ctx_->precision(), ctx_->deterministic(), cap};
+  }
   kmath::ConvGeom geometry(const Shape& x) const {
     return kmath::convGeom(x[0], s_.inC, x[2], x[3], s_.outC, s_.kernel, s_.stride, s_.pad);
   }
@@ -540,7 +561,7 @@ class Conv2d final : public Layer {
   std::shared_ptr<const GraphPlan> findGraph(ConvDirection dir, const Shape& x,
                                              std::optional<ConvAccuracyCheck>& check) {
     const kmath::ConvGeom g = geometry(x);
-    const Policy pol{ctx_->precision(), ctx_->deterministic()};
+    const Policy pol = policy();
     const bool compiled = ctx_->graphConv() == CudaBackendOptions::GraphConv::kAll;
     std::string why;
     std::vector<GraphPerf> perfs;
@@ -560,7 +581,7 @@ class Conv2d final : public Layer {
         r.determinism = t.nondeterministic ? CUDNN_NON_DETERMINISTIC : CUDNN_DETERMINISTIC;
         if (!(r.plan = gc->plan(e))) continue;
         r.memory = r.plan->workspace();
-        if (r.memory <= kConvWorkspaceCap) {  // admitted() notes the others
+        if (r.memory <= pol.workspaceCap) {  // admitted() notes the others
           const std::optional<float> ms = timePlan(*r.plan, scratch);
           if (ms) r.time = *ms;
           else r.status = CUDNN_STATUS_EXECUTION_FAILED;
@@ -634,7 +655,7 @@ class Conv2d final : public Layer {
   template <typename Perf>
   Perf decide(const Perf* perfs, int n, ConvDirection dir, const Shape& x,
               std::optional<ConvAccuracyCheck>& check) {
-    const Policy pol{ctx_->precision(), ctx_->deterministic()};
+    const Policy pol = policy();
     auto errorOf = [&](const Perf& r) {
       if (!check) check.emplace(ctx_, geometry(x), type_, wDesc_, conv_);
       return check->error(r.algo, r.mathType);
@@ -644,7 +665,7 @@ class Conv2d final : public Layer {
                                                   &notes);
     bool fellBack = false;
     if (!c && !pol.deterministic) {
-      const Policy safe{pol.precision, true};
+      const Policy safe{pol.precision, true, pol.workspaceCap};
       c = choosePassing(admitted(perfs, n, safe, nullptr), safe, errorOf, nullptr);
       fellBack = c.has_value();
     }
@@ -652,7 +673,7 @@ class Conv2d final : public Layer {
       DDPRUN_THROW(runtime::CudaError, name(), ": cuDNN found no ", directionName(dir),
                    " algorithm for input ", shapeString(x), " that may run (",
                    pol.deterministic ? "deterministic" : "fast", " mode, precision ",
-                   precisionName(pol.precision), ", at most ", kConvWorkspaceCap >> 20,
+                   precisionName(pol.precision), ", at most ", pol.workspaceCap >> 20,
                    " MiB of workspace, ", n, " candidates", notes, ")");
     c->perf.memory = std::max(c->perf.memory, workspaceOf(c->perf.algo, c->perf.mathType));
     if (fellBack)
