@@ -43,7 +43,8 @@ process under `ddprun --standalone`):
     of nodes on 400 Gb/s links, from ResNet-18 tf32's bucket ready times;
     its two-rank check takes --allreduce-jsonl): comm_model.json and .md.
   - a kernel phase (--kernel-trace, on when build/bin/libddprun_kernel_trace.so
-    exists): ResNet-18 tf32 and LeNet once more on both sides under the CUPTI
+    exists): ResNet-18 tf32, LeNet and ResNet-18 bf16 with 16-bit activations
+    (resnet18-224-bf16-act16, when run) once more on both sides under the CUPTI
     tracer (CUDA_INJECTION64_PATH), which records the profiled steps
     (cudaProfilerStart/Stop): kernel time per step against the step's wall
     time, launches per step, the top kernels.
@@ -76,7 +77,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(ROOT, "build/bin"))
 REF = os.path.join(ROOT, "examples/pytorch/ddp_bench.py")
 TRACE_LIB_NAME = "libddprun_kernel_trace.so"
-TRACE_CASES = ("resnet18-224-tf32", "lenet-fp32")
+# The kernel phase: tf32 and LeNet, and bf16 with 16-bit activations (the
+# bf16 goal's case; PyTorch's side is its autocast + channels_last).
+TRACE_CASES = ("resnet18-224-tf32", "lenet-fp32", "resnet18-224-bf16-act16")
 BOTH = ["pytorch=nchw", "pytorch_channels_last=channels_last"]
 # torch.compile (default mode, channels_last): a reported column, not the
 # ratio's base (the ratio stays against the faster eager setting).

@@ -486,8 +486,12 @@ class ResnetBenchFake(unittest.TestCase):
             self.assertAlmostEqual(o["kernels_per_step"], 1000 / p)
             self.assertAlmostEqual(o["busy_ms_per_step"], 90.0 / p)
             self.assertAlmostEqual(o["busy_fraction_of_wall"], 90.0 / p / 31.0)
+        # A variant's PyTorch side is its base case's setting, traced again.
+        kt = self.by["resnet18-224-bf16-act16"]["kernel_trace"]
+        self.assertEqual(sorted(kt), ["ours", "pytorch"])
+        self.assertNotIn("error", kt["pytorch"])
         traced = [c for c in self.calls if c["injection"]]
-        self.assertEqual(len(traced), 4)
+        self.assertEqual(len(traced), 6)
 
     def test_table_and_plot(self):
         out = self.proc.stdout
