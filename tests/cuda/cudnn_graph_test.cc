@@ -1,8 +1,11 @@
 // The parts of the graph-API convolution (src/train/cuda/cudnn_graph.h) that
 // need no GPU: the strides each layout gives cuDNN, which engines each
-// precision may run (from their numerical notes), and the engines' names.
-// The graph search itself runs in cuda_train_test.cc's
-// ConvFastModeWithinTheCheckBounds (skipped without a GPU).
+// precision may run (from their numerical notes), the engines' names, and
+// the operation graphs themselves: cuDNN (9.19) finalizes the descriptors
+// and runs its heuristics without a device, so every attribute the graphs
+// set is checked here; only plans need the GPU. The graph search itself runs
+// in cuda_train_test.cc's ConvFastModeWithinTheCheckBounds (skipped without
+// a GPU).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -65,6 +68,50 @@ TEST(CudnnGraph, EnginesCompareAndNameByIndexAndKnobs) {
   c.notes = {CUDNN_NUMERICAL_NOTE_TENSOR_CORE};  // notes describe, they do not identify
   EXPECT_TRUE(b == c);
   EXPECT_STREQ(directionName(ConvDirection::kBackwardFilter), "backward-filter");
+}
+
+// ResNet-18's convolution problems at batch 128, in every direction, data
+// type and layout: cuDNN accepts each graph (the tensors, the convolution
+// descriptor, the operation and the graph all finalize).
+TEST(CudnnGraph, GraphsOfResNetProblemsFinalizeInEveryDirectionTypeAndLayout) {
+  const kmath::ConvGeom problems[] = {
+      kmath::convGeom(128, 3, 224, 224, 64, 7, 2, 3),   // the stem
+      kmath::convGeom(128, 64, 56, 56, 64, 3, 1, 1),    // layer1
+      kmath::convGeom(128, 64, 56, 56, 128, 3, 2, 1),   // layer2.0.conv1
+      kmath::convGeom(128, 64, 56, 56, 128, 1, 2, 0),   // a downsample
+      kmath::convGeom(2, 512, 7, 7, 512, 3, 1, 1),      // the check's reduced batch
+  };
+  for (const kmath::ConvGeom& g : problems)
+    for (const ConvDirection d : {ConvDirection::kForward, ConvDirection::kBackwardData,
+                                  ConvDirection::kBackwardFilter})
+      for (const cudnnDataType_t t : {CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_HALF})
+        for (const bool nhwc : {true, false}) {
+          std::string why;
+          const auto gc = GraphConv::create(nullptr, {d, g, t, nhwc}, &why);
+          const std::string what = std::string(directionName(d)) + " c" + std::to_string(g.c) +
+                                   " k" + std::to_string(g.k) + " r" + std::to_string(g.kernel) +
+                                   " type " + std::to_string(t) + (nhwc ? " nhwc" : " nchw");
+          ASSERT_NE(gc, nullptr) << what << ": " << why;
+          EXPECT_EQ(gc->problem().dir, d);
+          // Without a device the heuristics may name no engine; whatever they
+          // name must carry an index, and no plan is built here.
+          for (const GraphEngine& e : gc->engines()) {
+            EXPECT_GE(e.index, 0) << what;
+            EXPECT_EQ(gc->plan(e), nullptr) << what << ": a plan without a device";
+          }
+        }
+}
+
+// A geometry whose output size does not follow from its input (oh, ow set
+// by hand) is refused with cuDNN's reason, not thrown.
+TEST(CudnnGraph, InconsistentGeometryIsRefusedWithTheReason) {
+  kmath::ConvGeom g = kmath::convGeom(8, 16, 20, 20, 32, 3, 1, 1);
+  g.oh = 7;
+  std::string why;
+  EXPECT_EQ(GraphConv::create(nullptr, {ConvDirection::kForward, g, CUDNN_DATA_FLOAT, true}, &why),
+            nullptr);
+  EXPECT_NE(why.find("the operation graph did not build: CUDNN_STATUS_"), std::string::npos)
+      << why;
 }
 
 }  // namespace

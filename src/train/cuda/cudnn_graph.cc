@@ -69,7 +69,10 @@ class Setter {
   }
   // cuDNN 9 deprecates the handle attributes of the operation graph and the
   // plan, but still reads them (and every sample sets them).
+  // A null handle is not set (cuDNN 9.19 finalizes graphs and heuristics
+  // without one; plans need the device).
   void handle(cudnnBackendDescriptor_t d, bool plan, cudnnHandle_t h) {
+    if (!h) return;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     set(d, plan ? CUDNN_ATTR_EXECUTION_PLAN_HANDLE : CUDNN_ATTR_OPERATIONGRAPH_HANDLE,

@@ -119,6 +119,8 @@ class GraphPlan {
 class GraphConv {
  public:
   // nullptr (with the reason in *why) when cuDNN does not finalize the graph.
+  // h may be null: cuDNN builds the graph and runs its heuristics without a
+  // device (the CPU tests do), but builds no plan.
   static std::unique_ptr<GraphConv> create(cudnnHandle_t h, const GraphConvProblem& p,
                                            std::string* why);
   const GraphConvProblem& problem() const { return p_; }
