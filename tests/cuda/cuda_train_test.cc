@@ -1831,6 +1831,20 @@ TEST_F(CudaBackendTest, DescribeNamesDeviceLibraryAndPrecision) {
   EXPECT_NE(d.find("fp32, nchw)"), std::string::npos) << d;
   const std::string n = makeCudaBackend({.device = 0, .nhwc = true})->describe();
   EXPECT_NE(n.find("fp32, nhwc)"), std::string::npos) << n;
+  // The graph-API search applies in NHWC fast mode only.
+  using GraphConv = CudaBackendOptions::GraphConv;
+  const auto graph = [](bool nhwc, bool deterministic, GraphConv g) {
+    return makeCudaBackend({.device = 0, .precision = Precision::kTf32,
+                            .deterministic = deterministic, .nhwc = nhwc, .graphConv = g})
+        ->describe();
+  };
+  EXPECT_NE(graph(true, false, GraphConv::kPrecompiled).find(", cuDNN graph convolutions)"),
+            std::string::npos);
+  EXPECT_NE(graph(true, false, GraphConv::kAll).find("with runtime-compiled engines)"),
+            std::string::npos);
+  for (const auto& [nhwc, det] : {std::pair{false, false}, std::pair{true, true}})
+    EXPECT_EQ(graph(nhwc, det, GraphConv::kAll).find("graph"), std::string::npos)
+        << "nhwc " << nhwc << ", deterministic " << det;
   std::cout << "[ describe ] " << d << "\n";
 }
 
