@@ -133,39 +133,43 @@ std::unique_ptr<GraphConv> GraphConv::create(cudnnHandle_t h, const GraphConvPro
   s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
   s.finalize(graph->conv);
 
-  const float alpha = 1.0f, beta = 0.0f;
-  switch (p.dir) {
-    case ConvDirection::kForward:
-      graph->op = BackendDesc::create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, graph->x);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, graph->w);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, graph->y);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, graph->conv);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case ConvDirection::kBackwardData:
-      graph->op = BackendDesc::create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, graph->x);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, graph->w);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, graph->y);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, graph->conv);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case ConvDirection::kBackwardFilter:
-      graph->op =
-          BackendDesc::create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, graph->x);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, graph->w);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, graph->y);
-      s.desc(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, graph->conv);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1,
-            &alpha);
-      s.set(graph->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1,
-            &beta);
-      break;
-  }
+  // The operation: the same three operands, alpha and beta, under each
+  // direction's attribute names.
+  struct OpAttrs {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static constexpr OpAttrs kForward{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  static constexpr OpAttrs kBackwardData{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  static constexpr OpAttrs kBackwardFilter{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  const OpAttrs& a = p.dir == ConvDirection::kForward        ? kForward
+                     : p.dir == ConvDirection::kBackwardData ? kBackwardData
+                                                             : kBackwardFilter;
+  const float alpha = 1.0f, beta = 0.0f;  // beta 0: the output is overwritten
+  graph->op = BackendDesc::create(a.type);
+  s.desc(graph->op, a.x, graph->x);
+  s.desc(graph->op, a.w, graph->w);
+  s.desc(graph->op, a.y, graph->y);
+  s.desc(graph->op, a.conv, graph->conv);
+  s.set(graph->op, a.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
+  s.set(graph->op, a.beta, CUDNN_TYPE_FLOAT, 1, &beta);
   s.finalize(graph->op);
 
   graph->graph = BackendDesc::create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
