@@ -1472,51 +1472,81 @@ TEST_F(CudaBackendTest, SyncBatchNormOneRank) {
 
 // Two ranks sharing the GPU (staged transport), half the batch each: the
 // same outputs, dx and running statistics as one batch norm over the whole
-// batch; the ranks' local dgamma/dbeta add up to the whole batch's.
+// batch; the ranks' local dgamma/dbeta add up to the whole batch's; and the
+// ranks hold bitwise the same running statistics (the same all-reduced
+// sums). Through each path SyncBatchNorm has: cuDNN's (NCHW fp32), our NHWC
+// kernels on float activations (DDPRUN_CUDA_OUR_BN's), and our kernels on
+// bf16 activations (the reference then reads the same rounded inputs, and y
+// and dx carry bf16's rounding).
 TEST_F(CudaBackendTest, SyncBatchNormTwoRanksEqualsWholeBatch) {
   const int64_t c = 4;
   const Shape whole{6, c, 5, 5}, half{3, c, 5, 5};
-  const Tensor x = hostTensor(whole, 21, -1.0f, 3.0f), dy = hostTensor(whole, 22);
-  auto ref = cpu_->batchNorm2d("bn", c, nullptr);
-  Tensor y, dx;
-  ref->forward(x, y, true);
-  ref->backward(x, y, dy, &dx);
   const int64_t halfN = numelOf(half);
-  std::vector<std::vector<float>> ys(2), dxs(2), dgs(2), dbs(2), rms(2), rvs(2);
-  setenv("DDPRUN_CUDA_TRANSPORT", "staged", 1);
-  testing::runRanks(2, [&](runtime::ProcessGroup& pg) {
-    const int r = pg.rank();
-    auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
-    auto bn = be->batchNorm2d("bn", c, &pg);
-    Tensor xg(half, be->allocator()), dyg(half, be->allocator()), yg, dxg;
-    be->upload(x.data() + r * halfN, xg.data(), static_cast<size_t>(halfN));
-    be->upload(dy.data() + r * halfN, dyg.data(), static_cast<size_t>(halfN));
-    bn->forward(xg, yg, true);
-    bn->backward(xg, yg, dyg, &dxg);
-    ys[r] = fromGpu(yg, be.get());
-    dxs[r] = fromGpu(dxg, be.get());
-    dgs[r] = fromGpu(bn->params()[0]->grad, be.get());
-    dbs[r] = fromGpu(bn->params()[1]->grad, be.get());
-    rms[r] = fromGpu(bn->buffers()[0]->value, be.get());
-    rvs[r] = fromGpu(bn->buffers()[1]->value, be.get());
-  });
-  unsetenv("DDPRUN_CUDA_TRANSPORT");
-  const auto yw = hostValues(y), dxw = hostValues(dx);
-  for (int r = 0; r < 2; ++r) {
-    expectClose(ys[r], std::vector<float>(yw.begin() + r * halfN, yw.begin() + (r + 1) * halfN),
-                1e-4, "rank " + std::to_string(r) + " y");
-    expectClose(dxs[r], std::vector<float>(dxw.begin() + r * halfN, dxw.begin() + (r + 1) * halfN),
-                1e-4, "rank " + std::to_string(r) + " dx");
-    expectClose(rms[r], hostValues(ref->buffers()[0]->value), 1e-5, "running_mean");
-    expectClose(rvs[r], hostValues(ref->buffers()[1]->value), 1e-5, "running_var");
+  struct Path {
+    const char* name;
+    CudaBackendOptions o;
+    double tol;  // y and dx
+  };
+  const Path paths[] = {
+      {"cuDNN nchw fp32", {.device = 0, .precision = Precision::kFp32}, 1e-4},
+      {"ours nhwc fp32",
+       {.device = 0, .precision = Precision::kFp32, .nhwc = true, .ourBatchNorm = true}, 1e-4},
+      {"ours nhwc bf16 activations",
+       {.device = 0, .precision = Precision::kBf16, .nhwc = true, .activations16 = true}, 1e-2},
+  };
+  for (const Path& path : paths) {
+    // The fixture's activation layout and type for toGpuAct/fromGpuAct.
+    withBackend(path.o, [&] {
+      const Tensor x = roundAct(hostTensor(whole, 21, -1.0f, 3.0f));
+      const Tensor dy = roundAct(hostTensor(whole, 22));
+      auto ref = cpu_->batchNorm2d("bn", c, nullptr);
+      Tensor y, dx;
+      ref->forward(x, y, true);
+      ref->backward(x, y, dy, &dx);
+      std::vector<std::vector<float>> ys(2), dxs(2), dgs(2), dbs(2), rms(2), rvs(2);
+      setenv("DDPRUN_CUDA_TRANSPORT", "staged", 1);
+      testing::runRanks(2, [&](runtime::ProcessGroup& pg) {
+        const int r = pg.rank();
+        auto be = makeCudaBackend(path.o);
+        auto bn = be->batchNorm2d("bn", c, &pg);
+        Tensor xh(half), dyh(half);
+        std::copy_n(x.data() + r * halfN, halfN, xh.data());
+        std::copy_n(dy.data() + r * halfN, halfN, dyh.data());
+        Tensor xg = toGpuAct(xh, be.get()), dyg = toGpuAct(dyh, be.get()), yg, dxg;
+        bn->forward(xg, yg, true);
+        bn->backward(xg, yg, dyg, &dxg);
+        ys[r] = fromGpuAct(yg, be.get());
+        dxs[r] = fromGpuAct(dxg, be.get());
+        dgs[r] = fromGpu(bn->params()[0]->grad, be.get());
+        dbs[r] = fromGpu(bn->params()[1]->grad, be.get());
+        rms[r] = fromGpu(bn->buffers()[0]->value, be.get());
+        rvs[r] = fromGpu(bn->buffers()[1]->value, be.get());
+      });
+      unsetenv("DDPRUN_CUDA_TRANSPORT");
+      const std::string what = path.name;
+      const auto yw = hostValues(y), dxw = hostValues(dx);
+      for (int r = 0; r < 2; ++r) {
+        const std::string rank = what + " rank " + std::to_string(r);
+        expectClose(ys[r],
+                    std::vector<float>(yw.begin() + r * halfN, yw.begin() + (r + 1) * halfN),
+                    path.tol, rank + " y");
+        expectClose(dxs[r],
+                    std::vector<float>(dxw.begin() + r * halfN, dxw.begin() + (r + 1) * halfN),
+                    path.tol, rank + " dx");
+        expectClose(rms[r], hostValues(ref->buffers()[0]->value), 1e-5, rank + " running_mean");
+        expectClose(rvs[r], hostValues(ref->buffers()[1]->value), 1e-5, rank + " running_var");
+      }
+      EXPECT_EQ(rms[0], rms[1]) << what << ": the ranks' running means differ";
+      EXPECT_EQ(rvs[0], rvs[1]) << what << ": the ranks' running variances differ";
+      std::vector<float> dg(c), db(c);
+      for (int64_t k = 0; k < c; ++k) {
+        dg[k] = dgs[0][k] + dgs[1][k];
+        db[k] = dbs[0][k] + dbs[1][k];
+      }
+      expectClose(dg, hostValues(ref->params()[0]->grad), 1e-4, what + " dgamma summed over ranks");
+      expectClose(db, hostValues(ref->params()[1]->grad), 1e-4, what + " dbeta summed over ranks");
+    });
   }
-  std::vector<float> dg(c), db(c);
-  for (int64_t k = 0; k < c; ++k) {
-    dg[k] = dgs[0][k] + dgs[1][k];
-    db[k] = dbs[0][k] + dbs[1][k];
-  }
-  expectClose(dg, hostValues(ref->params()[0]->grad), 1e-4, "dgamma summed over ranks");
-  expectClose(db, hostValues(ref->params()[1]->grad), 1e-4, "dbeta summed over ranks");
 }
 
 // --------------------------------------------------------- loss, optimizers
