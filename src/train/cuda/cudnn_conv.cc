@@ -3,13 +3,13 @@
 //
 // API choice: cuDNN's legacy ("v7") descriptor API (cudnnConvolutionForward,
 // cudnnFindConvolution*Algorithm, cudnnPoolingForward,
-// cudnnBatchNormalization*), deprecated in cuDNN 9 but present in 9.19,
-// rather than the graph API through cudnn-frontend: it covers every
-// operation here (NCHW, fixed shapes per model) with a few calls each,
-// needs no extra header-only dependency, and its algorithm search is one call
-// per direction whose result we cache per input shape. The graph API would pay
-// off for fused patterns (conv + bias + ReLU, 16-bit runtime fusion), which
-// this backend does not do yet; moving there is local to this file.
+// cudnnBatchNormalization*), deprecated in cuDNN 9 but present in 9.19: it
+// covers every operation here with a few calls each, and its algorithm
+// search is one call per direction whose result we cache per input shape.
+// CudaBackendOptions::graphConv searches cuDNN's graph-API engines instead
+// (cudnn_graph.h, the backend descriptors, no cudnn-frontend): PyTorch's
+// candidate set, under the same policy (conv_policy.h), opt-in until a GPU
+// run has measured it.
 //
 // Precision: fp32 sets CUDNN_FMA_MATH on every convolution (no tensor cores,
 // no TF32, whatever the algorithm: fp32 stays true fp32); tf32, bf16 and fp16
@@ -28,8 +28,7 @@
 //   bitwise, also across processes (seen on an H100: cudnnFind's timings
 //   picked another deterministic algorithm in a resumed process, and its
 //   weights ended other bits).
-// - Fast mode: cudnnFind*, then which of its successful results may run:
-// - Fast mode (the default): every algorithm, non-deterministic, Winograd and
+// - Fast mode (the default): cudnnFind*, then every algorithm, non-deterministic, Winograd and
 //   FFT included, in every precision, except one that fails its accuracy
 //   check: the candidate runs on a reduced problem of the layer's geometry
 //   and is compared with a float64 reference (conv_check.h); an error above
@@ -49,9 +48,8 @@
 // 1.74 ms against PyTorch's 0.90, whose cuDNN takes what is free).
 // Deterministic mode keeps the fixed cap, so its choice never depends on the
 // allocator's history (a resumed process chooses as the first one did). The
-// workspace comes
-// from the caching allocator for each call and goes back as soon as the call
-// is enqueued (ScopedDeviceBytes). DDPRUN_CONV_LOG=1 prints each choice on
+// workspace comes from the caching allocator for each call and goes back as
+// soon as the call is enqueued (ScopedDeviceBytes). DDPRUN_CONV_LOG=1 prints each choice on
 // stderr: one line per layer, shape and direction (algorithm, math type,
 // time, workspace, the check's error and bound, deterministic or not, and
 // the candidates rejected).
@@ -94,8 +92,8 @@
 #include <vector>
 
 #include "conv_check.h"
+#include "conv_policy.h"
 #include "cuda_layers.h"
-#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
@@ -105,198 +103,11 @@ namespace ddprun::train::cuda {
 
 namespace {
 const float kOne = 1.0f, kZero = 0.0f;
-// Of the algorithms that may run, the smallest workspace within this
-// fraction of the fastest one's time: cudnnFind's timings vary by about this
-// much from run to run, while the workspaces of near-equal algorithms differ
-// by up to hundreds of MiB.
-constexpr double kTimeSlack = 0.03;
 // The graph-API search times at most this many engines per problem (the
 // first ones in cuDNN's order; PyTorch's cudnn.benchmark_limit is 10), each
 // over this many runs after a warm-up.
 constexpr size_t kGraphCandidates = 10;
 constexpr int kGraphTimedRuns = 3;
-
-cudnnMathType_t searchMathType(Precision p) {
-  return p == Precision::kFp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
-}
-
-// Algorithms that sum the products directly (implicit/explicit GEMM, direct):
-// the only ones fp32 runs in deterministic mode, and the ones it runs
-// unchecked in fast mode. FFT and Winograd transforms trade accuracy for
-// speed (on an H100 with cuDNN 9.14, the fastest backward-data for LeNet's
-// 5x5 conv1 was off by up to 0.9% of the gradient's scale from oneDNN, which
-// agrees with a float64 reference; the direct algorithms agree with both).
-bool sumsDirectly(cudnnConvolutionFwdAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
-         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
-         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
-}
-bool sumsDirectly(cudnnConvolutionBwdDataAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-}
-bool sumsDirectly(cudnnConvolutionBwdFilterAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
-}
-
-const char* algoName(cudnnConvolutionFwdAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "IMPLICIT_GEMM";
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "IMPLICIT_PRECOMP_GEMM";
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "GEMM";
-    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "DIRECT";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "FFT";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "FFT_TILING";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "WINOGRAD";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
-    default: return "UNKNOWN";
-  }
-}
-const char* algoName(cudnnConvolutionBwdDataAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "ALGO_0";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "ALGO_1";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "FFT";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "FFT_TILING";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "WINOGRAD";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
-    default: return "UNKNOWN";
-  }
-}
-const char* algoName(cudnnConvolutionBwdFilterAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "ALGO_0";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "ALGO_1";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "FFT";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "ALGO_3";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD: return "WINOGRAD";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "WINOGRAD_NONFUSED";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "FFT_TILING";
-    default: return "UNKNOWN";
-  }
-}
-const char* mathName(cudnnMathType_t m) {
-  switch (m) {
-    case CUDNN_DEFAULT_MATH: return "DEFAULT";
-    case CUDNN_TENSOR_OP_MATH: return "TENSOR_OP";
-    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "TENSOR_OP_ALLOW_CONVERSION";
-    case CUDNN_FMA_MATH: return "FMA";
-    default: return "UNKNOWN";
-  }
-}
-
-// A graph-API engine as a search result, in the legacy results' shape so
-// that the same policy (admitted, choosePassing) ranks both: its time is
-// ours (cudaEvents around a few runs), its math type and determinism come
-// from its numerical notes, and the plan built for the layer's problem
-// travels with it.
-struct GraphPerf {
-  GraphEngine algo;
-  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
-  float time = 0.0f;
-  size_t memory = 0;
-  cudnnDeterminism_t determinism = CUDNN_DETERMINISTIC;
-  cudnnMathType_t mathType = CUDNN_FMA_MATH;
-  std::shared_ptr<const GraphPlan> plan;
-};
-bool sumsDirectly(const GraphEngine& e) { return !traitsOf(e.notes).transform; }
-std::string algoName(const GraphEngine& e) { return e.name(); }
-
-std::string format(const char* fmt, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
-std::string mib(size_t bytes) { return format("%.1f", static_cast<double>(bytes) / (1 << 20)); }
-
-// What may run: the precision, and whether only deterministic algorithms.
-struct Policy {
-  Precision precision;
-  bool deterministic;
-  size_t workspaceCap;  // the most workspace a candidate may need
-  bool fp32() const { return precision == Precision::kFp32; }
-};
-
-// Fast mode checks every candidate except fp32's direct sums.
-template <typename Algo>
-bool needsCheck(Algo a, const Policy& pol) {
-  return !pol.deterministic && !(pol.fp32() && sumsDirectly(a));
-}
-
-// cuDNN's successful results that the policy lets run (before any accuracy
-// check), fastest first, each with the math type it runs with (fp32: FMA,
-// whatever the search labelled it). `notes` (may be null) collects those
-// skipped only for the workspace cap.
-template <typename Perf>
-std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::string* notes) {
-  std::vector<Perf> out;
-  for (int i = 0; i < n; ++i) {
-    Perf r = perfs[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-        (pol.fp32() && r.mathType == CUDNN_TENSOR_OP_MATH))
-      continue;
-    if (pol.deterministic &&
-        (r.determinism != CUDNN_DETERMINISTIC || (pol.fp32() && !sumsDirectly(r.algo))))
-      continue;
-    if (r.memory > pol.workspaceCap) {
-      if (notes)
-        *notes += std::string("; skipped ") + algoName(r.algo) + ": workspace " + mib(r.memory) +
-                  " MiB over the " + mib(pol.workspaceCap) + " MiB cap";
-      continue;
-    }
-    if (pol.fp32()) r.mathType = CUDNN_FMA_MATH;
-    out.push_back(r);
-  }
-  if (!pol.deterministic)  // deterministic mode keeps the heuristics' order
-    std::stable_sort(out.begin(), out.end(),
-                     [](const Perf& a, const Perf& b) { return a.time < b.time; });
-  return out;
-}
-
-// The chosen algorithm and its check's error (kUnchecked: none was needed).
-constexpr double kUnchecked = -1.0;
-template <typename Perf>
-struct Choice {
-  Perf perf{};
-  double error = kUnchecked;
-};
-
-// The fastest candidate that passes (needs no check, or its error is within
-// the precision's bound), then, among the passing ones within kTimeSlack of
-// its time, the one with the smallest workspace. errorOf(perf) runs the
-// check; each candidate is checked at most once, and only when reached.
-// nullopt: none passes.
-template <typename Perf, typename ErrorOf>
-std::optional<Choice<Perf>> choosePassing(const std::vector<Perf>& cands, const Policy& pol,
-                                          ErrorOf&& errorOf, std::string* notes) {
-  const double bound = convErrorBound(pol.precision);
-  constexpr double kNotYet = -2.0;
-  std::vector<double> err(cands.size(), kNotYet);
-  auto passes = [&](size_t i) {
-    if (err[i] == kNotYet) {
-      err[i] = needsCheck(cands[i].algo, pol) ? errorOf(cands[i]) : kUnchecked;
-      if (!(err[i] <= bound) && notes)
-        *notes += std::string("; rejected ") + algoName(cands[i].algo) + " (" +
-                  mathName(cands[i].mathType) + ", " + format("%.3f", cands[i].time) +
-                  " ms): error " + format("%.2e", err[i]) + " > " + format("%.2e", bound);
-    }
-    return err[i] <= bound;  // false for NaN
-  };
-  size_t best = cands.size();
-  for (size_t i = 0; i < cands.size() && best == cands.size(); ++i)
-    if (passes(i)) best = i;
-  if (best == cands.size()) return std::nullopt;
-  // Deterministic mode ranks by cuDNN's heuristics (no timings): its first
-  // admitted candidate, so every process picks the same.
-  if (pol.deterministic) return Choice<Perf>{cands[best], err[best]};
-  const double limit = static_cast<double>(cands[best].time) * (1.0 + kTimeSlack);
-  for (size_t i = best + 1; i < cands.size(); ++i)
-    if (cands[i].time <= limit && cands[i].memory < cands[best].memory && passes(i)) best = i;
-  return Choice<Perf>{cands[best], err[best]};
-}
-
-// DDPRUN_CONV_LOG=1: log each choice (read at each search, which is rare).
-bool logChoices() { return env::integer("DDPRUN_CONV_LOG", 0, 0, 1) == 1; }
 
 // ------------------------------------------------------------ convolution
 class Conv2d final : public Layer {
