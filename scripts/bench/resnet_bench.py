@@ -91,9 +91,10 @@ NCCL_TIMEOUT = 150  # seconds for a run through NCCL with two ranks on one GPU (
 
 # ----------------------------------------------------------------------------- cases
 
-def cuda_cases(quick):
+def cuda_cases(quick, compile=True):
     """The GPU cases, the issue's goals first (tf32, fp32, LeNet, two ranks):
-    a session cut short keeps those."""
+    a session cut short keeps those. `compile`: torch.compile's column in the
+    tf32 and bf16 cases (never with `quick`)."""
     rw, rs, rp = (3, 8, 2) if quick else (8, 30, 5)
     lw, ls, lp = (10, 60, 5) if quick else (50, 300, 20)
     base = dict(model="resnet18", stem="imagenet", image=224, batch=128, world=1, device="cuda",
@@ -102,7 +103,7 @@ def cuda_cases(quick):
     def resnet(prec):
         half = prec in ("bf16", "fp16")
         settings = ["pytorch=channels_last"] if half else list(BOTH)
-        if prec in ("tf32", "bf16") and not quick:
+        if prec in ("tf32", "bf16") and compile and not quick:
             settings.append(COMPILE)
         return dict(base, name="resnet18-224-" + prec, precision=prec, settings=settings)
 
@@ -819,6 +820,8 @@ def parse_args(argv=None):
     ap.add_argument("--python", default=sys.executable, help="Python with PyTorch (CUDA)")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--no-extras", action="store_true", help="skip the extra cases")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="leave out torch.compile's column (its cold compile takes minutes)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per process")
     ap.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for every train run (repeatable)")
@@ -852,7 +855,7 @@ def parse_args(argv=None):
 
 
 def select_cases(o):
-    cases = cuda_cases(o.quick) if o.device == "cuda" else cpu_cases(o.quick)
+    cases = cuda_cases(o.quick, not o.no_compile) if o.device == "cuda" else cpu_cases(o.quick)
     known = {c["name"]: c for c in cases}
     cases += [extra_case(spec.split(), known) for spec in o.extra_case]
     if o.only:

@@ -540,6 +540,22 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertIn("unknown case", p.stderr)
 
 
+class CaseSelection(unittest.TestCase):
+    """resnet_bench's case list: --no-compile drops torch.compile's column
+    (minutes of cold compile) and nothing else."""
+
+    def test_no_compile_keeps_the_eager_settings(self):
+        import resnet_bench
+        full = resnet_bench.select_cases(resnet_bench.parse_args(
+            ["--only", "resnet18-224-tf32,resnet18-224-bf16"]))
+        lean = resnet_bench.select_cases(resnet_bench.parse_args(
+            ["--only", "resnet18-224-tf32,resnet18-224-bf16", "--no-compile"]))
+        self.assertEqual([c["name"] for c in lean], [c["name"] for c in full])
+        for f, n in zip(full, lean):
+            self.assertIn(resnet_bench.COMPILE, f["settings"])
+            self.assertEqual(n["settings"], [s for s in f["settings"] if s != resnet_bench.COMPILE])
+
+
 @unittest.skipUnless(shutil.which("cc"), "no C compiler to build the stand-in libraries")
 class TraceLibLoading(unittest.TestCase):
     """resnet_bench's trace_setup: a tracer whose libcupti does not resolve is
