@@ -1309,9 +1309,11 @@ TEST_F(CudaBackendTest, Act16LayersMatchCpu) {
     });
 }
 
-// Max pooling moves 16-bit values exactly: inputs all distinct (k/64 for
-// distinct k, exact in bf16 and fp16), so the window maxima and where dy
-// goes are those of the CPU's. Through cuDNN (where it takes the 16-bit
+// Max pooling moves 16-bit values exactly: inputs all distinct and exact in
+// bf16 and fp16 (consecutive bf16 values, 8 significant bits), so the window
+// maxima and where dy goes are those of the CPU's; dy is k/16 with |k| <= 64,
+// so the up to four windows' gradients that meet at one input sum exactly in
+// any order and in 16 bits (|sum| <= 16, a multiple of 1/16). Through cuDNN (where it takes the 16-bit
 // configuration) and through our NHWC kernels (DDPRUN_CUDA_OWN_POOL=1, which
 // run where cuDNN refuses), also on float activations.
 TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
@@ -1319,10 +1321,12 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
   auto check = [&](const std::string& what) {
     const Shape in{2, 4, 9, 8};
     Tensor x(in);
-    std::vector<int> k(static_cast<size_t>(x.numel()));
-    for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int>(i) - 200;
-    std::shuffle(k.begin(), k.end(), std::mt19937(7));
-    for (size_t i = 0; i < k.size(); ++i) x.data()[i] = static_cast<float>(k[i]) / 64.0f;
+    std::vector<float> v(static_cast<size_t>(x.numel()));
+    for (size_t i = 0; i < v.size(); ++i)  // 0.125, then each next bf16 value up
+      v[i] = (i % 2 ? -1.0f : 1.0f) * runtime::bf16ToFloat(static_cast<uint16_t>(0x3E00 + i));
+    std::shuffle(v.begin(), v.end(), std::mt19937(7));
+    std::copy(v.begin(), v.end(), x.data());
+    ASSERT_EQ(hostValues(roundAct(x)), v) << what << ": the inputs must be exact in 16 bits";
     auto ref = reference([&] { return cpu_->maxPool2d("pool", spec); },
                          [&] { return std::make_unique<RefMaxPool>(spec); });
     const Tensor xg = toGpuAct(x);
@@ -1337,7 +1341,10 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
         pool->forward(xg, yg, true);
         EXPECT_EQ(yg.dtype(), act_) << label;
         EXPECT_EQ(fromGpuAct(yg), hostValues(yr)) << label;
-        const Tensor dy = roundAct(hostTensor(yr.shape(), 8 + step));
+        Tensor dy(yr.shape());
+        std::mt19937 gen(static_cast<uint32_t>(8 + step));
+        std::uniform_int_distribution<int> pick(-64, 64);
+        for (int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = static_cast<float>(pick(gen)) / 16.0f;
         ref->backward(x, yr, dy, &dxr);
         pool->backward(xg, yg, toGpuAct(dy), &dxg);
         EXPECT_EQ(fromGpuAct(dxg), hostValues(dxr)) << label;

@@ -176,9 +176,13 @@ class TrainGpu(unittest.TestCase):
         # applies in fast mode only, where both searches pick their fastest
         # passing algorithms, so the runs differ by those algorithms' rounding:
         # ResNet-18 (the 7x7 stem with 3 input channels at 64x64, whose
-        # backward-filter the graph API is for) within 2 % of the loss over
-        # its first 5 steps in tf32 and bf16, both learning, and no
-        # convolution falling back to the legacy search.
+        # backward-filter the graph API is for) within 1 % of the loss over
+        # its first 3 steps in tf32 and bf16, both learning, and no
+        # convolution falling back to the legacy search. Not 5 steps: this
+        # run memorises its data at lr 0.01, and a rounding difference grows
+        # about tenfold a step (H200, tf32: 4e-6, 3e-4, 2.7e-3, 8e-3, 5.4e-2
+        # over steps 0-4), while each graph engine's own error against
+        # float64 stays within the check's bounds (ConvFastModeWithinTheCheckBounds).
         data = ["--data", "synthetic-cifar", "--stem", "imagenet", "--image-size", "64",
                 "--train-samples", "640", "--test-samples", "64"]
         for prec in ("tf32", "bf16"):
@@ -192,10 +196,10 @@ class TrainGpu(unittest.TestCase):
             self.assertIn("cuDNN graph convolutions", got["backend"])
             self.assertNotIn("cuDNN graph convolutions", ref["backend"])
             self.assertNotIn("no cuDNN graph-API engine may run", self.last_stderr)
-            what = "resnet18 %s: graph API vs legacy search, first 5 steps" % prec
-            worst = max(abs(a - b) / abs(b) for a, b in zip(lg[:5], lr[:5]))
+            what = "resnet18 %s: graph API vs legacy search, first 3 steps" % prec
+            worst = max(abs(a - b) / abs(b) for a, b in zip(lg[:3], lr[:3]))
             print("\n%s: worst relative loss difference %.2e" % (what, worst), file=sys.stderr)
-            self.assertLessEqual(worst, 0.02, "%s\n%s\n%s" % (what, lg, lr))
+            self.assertLessEqual(worst, 0.01, "%s\n%s\n%s" % (what, lg, lr))
             self.assertLess(sum(lg[-5:]), sum(lg[:5]), "%s: no learning: %s" % (what, lg))
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
