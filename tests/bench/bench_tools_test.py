@@ -393,9 +393,9 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertEqual(self.proc.returncode, 0, self.proc.stderr[-3000:])
         self.assertEqual(list(self.by), [
             "resnet18-224-tf32", "resnet18-224-fp32", "lenet-fp32", "resnet18-224-tf32-2ranks",
-            "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-bf16-act16",
-            "resnet18-224-fp16-act16", "resnet18-224-tf32-ourbn", "resnet18-224-tf32-graph",
-            "resnet18-224-bf16-act16-graph", "resnet18-224-fp32-nhwc",
+            "resnet18-224-bf16", "resnet18-224-fp16", "resnet18-224-bf16-act32",
+            "resnet18-224-tf32-cudnnbn", "resnet18-224-tf32-graph",
+            "resnet18-224-bf16-graph", "resnet18-224-fp32-nhwc",
             "resnet18-224-tf32-nchw", "resnet18-224-bf16-nchw", "resnet18-224-tf32-bnfusion",
             "resnet18-224-bf16-bnfusion", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
@@ -486,8 +486,8 @@ class ResnetBenchFake(unittest.TestCase):
             self.assertAlmostEqual(o["kernels_per_step"], 1000 / p)
             self.assertAlmostEqual(o["busy_ms_per_step"], 90.0 / p)
             self.assertAlmostEqual(o["busy_fraction_of_wall"], 90.0 / p / 31.0)
-        # A variant's PyTorch side is its base case's setting, traced again.
-        kt = self.by["resnet18-224-bf16-act16"]["kernel_trace"]
+        # bf16's PyTorch side is its one setting (autocast + channels_last).
+        kt = self.by["resnet18-224-bf16"]["kernel_trace"]
         self.assertEqual(sorted(kt), ["ours", "pytorch"])
         self.assertNotIn("error", kt["pytorch"])
         traced = [c for c in self.calls if c["injection"]]

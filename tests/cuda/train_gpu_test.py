@@ -2,11 +2,12 @@
 
 - CPU and CUDA train the same: same seed (so the same initial weights), same
   batches, fp32, 20 steps: per-step losses within 1e-4, with CUDA's
-  activations NHWC and NCHW (--layout), and NHWC with cuDNN's fused batch
-  norm + ReLU (+ add) (DDPRUN_CUDNN_BN_FUSION=1) and with our NHWC batch norm
-  kernels (DDPRUN_CUDA_OUR_BN=1).
-- bf16 and fp16 with 16-bit activations (DDPRUN_CUDA_ACT16=1) train within a
-  band of the same precision with float activations (LeNet-BN, ResNet-18).
+  activations NHWC and NCHW (--layout); NHWC with our NHWC batch norm kernels
+  (the default), with cuDNN's (DDPRUN_CUDA_OUR_BN=0) and with cuDNN's fused
+  batch norm + ReLU (+ add) (DDPRUN_CUDNN_BN_FUSION=1 on cuDNN's).
+- bf16 and fp16 with 16-bit activations (the default; DDPRUN_CUDA_ACT16=0 is
+  float activations) train within a band of the same precision with float
+  activations (LeNet-BN, ResNet-18).
 - Convolutions through cuDNN's graph API (DDPRUN_CUDNN_GRAPH=1) train within
   a band of the legacy search's in tf32 and bf16 (ResNet-18, 7x7 stem).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
@@ -125,23 +126,27 @@ class TrainGpu(unittest.TestCase):
             flags = ["--model", model, *data, "--batch-size", "32", "--max-steps", "20",
                      "--no-shuffle", "--lr", "0.01", "--precision", "fp32", "--deterministic"]
             cpu, lc = self.train(model + "_cpu", "--device", "cpu", *flags)
-            # Both layouts; NHWC also with cuDNN's fused batch norm + ReLU (+ add)
-            # and with our NHWC batch norm kernels (fused) on float activations.
-            for layout, what, env in (("nhwc", "nhwc", {}), ("nchw", "nchw", {}),
-                                      ("nhwc", "nhwc fused bn", {"DDPRUN_CUDNN_BN_FUSION": "1"}),
-                                      ("nhwc", "nhwc our bn", {"DDPRUN_CUDA_OUR_BN": "1"})):
+            # Both layouts; NHWC with our batch norm kernels (the default), with
+            # cuDNN's, and with cuDNN's fused batch norm + ReLU (+ add).
+            for layout, what, env in (("nhwc", "nhwc our bn", {}), ("nchw", "nchw", {}),
+                                      ("nhwc", "nhwc cudnn bn", {"DDPRUN_CUDA_OUR_BN": "0"}),
+                                      ("nhwc", "nhwc fused bn", {"DDPRUN_CUDA_OUR_BN": "0",
+                                                                 "DDPRUN_CUDNN_BN_FUSION": "1"})):
                 gpu, lg = self.train(model + "_cuda_" + what.replace(" ", "_"), "--device",
                                      "cuda", "--layout", layout, *flags,
                                      env=dict(clean_env(), **env))
                 self.assertEqual((cpu["device"], gpu["device"]), ("cpu", "cuda"))
                 self.assertEqual((cpu["layout"], gpu["layout"]), ("nchw", layout))
+                if layout == "nhwc":  # the default is ours; =0 is cuDNN's
+                    self.assertEqual("our batch norm" in gpu["backend"], what == "nhwc our bn",
+                                     gpu["backend"])
                 self.assertEqual(len(lg), 20)
                 self.compare("%s cpu vs cuda %s, first %d steps" % (model, what, checked),
                              lc[:checked], lg[:checked])
 
     def test_16bit_activations_train_as_float_activations(self):
-        # DDPRUN_CUDA_ACT16=1 keeps the activations (and the gradients through
-        # them) in 16 bits, batch norm through our NHWC kernels; against the
+        # 16-bit activations (the default) keep the activations (and the
+        # gradients through them) in 16 bits, batch norm through our NHWC kernels; against the
         # same precision with float activations the run differs by the
         # activations' rounding only, so the losses stay within a band (bf16
         # 5 %, fp16 2 % of the loss) over LeNet-BN's 20 steps and ResNet-18's

@@ -349,11 +349,13 @@ struct CudaBackendOptions {
   // the adds move 16-bit elements; linear layers take 16-bit inputs and give
   // float outputs, so the logits and the loss stay float. Parameters,
   // gradients and optimizer state stay float. Ignored in fp32/tf32 or NCHW.
+  // train turns it on (DDPRUN_CUDA_ACT16=0 turns it off: backend_choice.cc);
+  // the struct's default is the plain path the tests name explicitly.
   bool activations16 = false;
   // NHWC with float activations: batch norm through our NHWC kernels (fused
   // with the ReLU and the residual add, SyncBatchNorm included) instead of
   // cuDNN's (the A/B of the two; always ours with activations16). Ignored
-  // with NCHW.
+  // with NCHW. train turns it on (DDPRUN_CUDA_OUR_BN=0 keeps cuDNN's).
   bool ourBatchNorm = false;
   // Convolutions through cuDNN's graph API (src/train/cuda/cudnn_graph.h):
   // its engines for each problem (heuristics mode A, then the fallback list:
