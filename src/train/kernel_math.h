@@ -313,6 +313,59 @@ DDPRUN_HD inline double convBackwardFilterAt(const float* x, const float* dy, co
   return sum;
 }
 
+// A transpose y[j][i] = x[i][j] of a row-major [rows, cols] matrix whose
+// narrow side (min(rows, cols)) is at most kNarrowMax: a 32x32 tile would
+// leave all but `narrow` of its 32 lanes idle on one side (the model's
+// input, C = 3; a 3x3 filter, R*S = 9), so a block instead takes a chunk of
+// chunkWidth positions of the wide side into shared memory ([narrow][n + 1],
+// n <= chunkWidth) and both its reads and its writes are runs of consecutive
+// elements: on the [narrow][wide] side runs of n, on the [wide][narrow] side
+// the whole chunk (narrow * n elements) in one run.
+constexpr int64_t kNarrowMax = 32;
+constexpr int64_t kNarrowTile = 4096;  // tile elements a chunk fills at most (plus padding)
+struct NarrowTranspose {
+  bool narrowRows;  // rows is the narrow side: x is [narrow][wide], y [wide][narrow]
+  int64_t narrow, wide, chunkWidth;
+};
+DDPRUN_HD inline NarrowTranspose narrowTranspose(int64_t rows, int64_t cols) {
+  NarrowTranspose t{};
+  t.narrowRows = rows <= cols;
+  t.narrow = t.narrowRows ? rows : cols;
+  t.wide = t.narrowRows ? cols : rows;
+  // A multiple of 32 (>= 128 for narrow <= 32): the [wide][narrow] pass then
+  // walks the tile with a pitch of 1 mod 32 banks.
+  t.chunkWidth = kNarrowTile / (t.narrow > 0 ? t.narrow : 1) / 32 * 32;
+  return t;
+}
+// Where element e (< narrow * n) of the chunk starting at wide position w0
+// (n positions) lives: `mem` in the matrix (offset from its first element),
+// (t, j) in the tile (narrow index, wide index within the chunk).
+struct NarrowSlot {
+  int64_t mem;
+  int t, j;
+};
+// In the [narrow][wide] layout: e runs along the wide side (runs of n).
+DDPRUN_HD inline NarrowSlot narrowMajorSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
+  const int t = e / n, j = e % n;
+  return {t * p.wide + w0 + j, t, j};
+}
+// In the [wide][narrow] layout: e runs through the chunk's narrow * n
+// consecutive elements.
+DDPRUN_HD inline NarrowSlot wideMajorSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
+  const int narrow = static_cast<int>(p.narrow);
+  const int j = e / narrow, t = e % narrow;
+  (void)n;
+  return {(w0 + j) * p.narrow + t, t, j};
+}
+// The load reads x, the store writes y: x is [narrow][wide] when rows is the
+// narrow side, y is then [wide][narrow], and the other way round.
+DDPRUN_HD inline NarrowSlot narrowLoadSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
+  return p.narrowRows ? narrowMajorSlot(p, w0, n, e) : wideMajorSlot(p, w0, n, e);
+}
+DDPRUN_HD inline NarrowSlot narrowStoreSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
+  return p.narrowRows ? wideMajorSlot(p, w0, n, e) : narrowMajorSlot(p, w0, n, e);
+}
+
 // A reproducible uniform value in [-1, 1) for element i of stream `seed`
 // (splitmix64 of seed and index; a multiple of 2^-23, so exact in float),
 // the same on the host and the device.

@@ -32,6 +32,7 @@
 #include "cuda/caching_allocator.h"
 #include "cuda/conv_check.h"
 #include "cuda/conv_reference.h"
+#include "cuda/nhwc_kernels.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
@@ -840,6 +841,54 @@ TEST_F(CudaBackendTest, ConvReferenceKernelsMatchHost) {
   cuda::launchMaxError(gd.get(), wd2.get(), 3, out.get(), s);
   ctx->download(out.get(), r, sizeof r);
   EXPECT_TRUE(std::isnan(r[0])) << "a NaN output must fail the check";
+}
+
+// The layout transposes against the host's, exactly: matrices with a narrow
+// side (the model's 3-channel input, 3x3 and 1x1 filters, each way; chunks
+// of the wide side, the last one partial) and without (32x32 tiles), written
+// and added, and through 16 bits and back (rounded once, then exact).
+TEST_F(CudaBackendTest, TransposesOfNarrowAndWideMatricesAreExact) {
+  auto ctx = std::make_shared<cuda::Context>(
+      CudaBackendOptions{.device = 0, .precision = Precision::kFp32});
+  const cudaStream_t s = ctx->stream();
+  struct Case {
+    int64_t batches, rows, cols;
+  };
+  for (const Case c : {Case{2, 3, 3000}, Case{3, 3000, 3}, Case{5, 64, 9}, Case{5, 9, 64},
+                       Case{2, 512, 1}, Case{2, 1, 700}, Case{3, 32, 100}, Case{2, 33, 40},
+                       Case{2, 40, 33}, Case{1, 1, 1}}) {
+    const std::string what = std::to_string(c.batches) + "x" + std::to_string(c.rows) + "x" +
+                             std::to_string(c.cols);
+    const size_t n = static_cast<size_t>(c.batches * c.rows * c.cols);
+    const auto x = randomVector(n, 11);
+    std::vector<float> want(n);
+    for (int64_t b = 0; b < c.batches; ++b)
+      for (int64_t i = 0; i < c.rows; ++i)
+        for (int64_t j = 0; j < c.cols; ++j)
+          want[static_cast<size_t>((b * c.cols + j) * c.rows + i)] =
+              x[static_cast<size_t>((b * c.rows + i) * c.cols + j)];
+    cuda::DeviceArray<float> xd(ctx), yd(ctx), back(ctx);
+    cuda::DeviceArray<uint16_t> h(ctx);
+    ctx->upload(x.data(), xd.ensure(n), n * 4);
+    std::vector<float> got(n);
+    cuda::launchTranspose(xd.get(), yd.ensure(n), c.batches, c.rows, c.cols, false, s);
+    ctx->download(yd.get(), got.data(), n * 4);
+    ASSERT_EQ(got, want) << what;
+    cuda::launchTranspose(xd.get(), yd.get(), c.batches, c.rows, c.cols, true, s);
+    ctx->download(yd.get(), got.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 2.0f * want[i]) << what << " added, " << i;
+    for (const bool bf16 : {true, false}) {
+      cuda::launchTransposeTo16(xd.get(), h.ensure(n), c.batches, c.rows, c.cols, bf16, s);
+      cuda::launchTransposeFrom16(h.get(), back.ensure(n), c.batches, c.cols, c.rows, bf16,
+                                  false, s);
+      ctx->download(back.get(), got.data(), n * 4);
+      for (size_t i = 0; i < n; ++i) {
+        const float r = bf16 ? runtime::bf16ToFloat(runtime::floatToBf16(x[i]))
+                             : runtime::halfToFloat(runtime::floatToHalf(x[i]));
+        ASSERT_EQ(got[i], r) << what << (bf16 ? " bf16 " : " fp16 ") << i;
+      }
+    }
+  }
 }
 
 // The accuracy check on every algorithm of every direction, per precision,

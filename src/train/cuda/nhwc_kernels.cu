@@ -4,6 +4,8 @@
 // and the storage-type dispatch from kernel_support.cuh.
 #include "nhwc_kernels.h"
 
+#include <algorithm>
+
 #include "../kernel_math.h"
 #include "kernel_support.cuh"
 
@@ -62,9 +64,44 @@ __global__ void transposeKernel(Load ld, Store st, int64_t rows, int64_t cols) {
     if (r < rows && c < cols) st(base + c * rows + r, tile[threadIdx.x][k]);
   }
 }
+// A matrix with a narrow side (<= kmath::kNarrowMax: the model's 3-channel
+// input, 3x3 filters): one chunk of the wide side per block through shared
+// memory, read and written in runs (kmath::narrowTranspose); batches strided
+// over the grid's y.
+constexpr int kNarrowThreads = 256;
+template <class Load, class Store>
+__global__ void __launch_bounds__(kNarrowThreads)
+    narrowTransposeKernel(Load ld, Store st, kmath::NarrowTranspose p, int64_t batches) {
+  __shared__ float tile[kmath::kNarrowTile + kmath::kNarrowMax];
+  const int64_t w0 = static_cast<int64_t>(blockIdx.x) * p.chunkWidth;
+  const int n = static_cast<int>(p.wide - w0 < p.chunkWidth ? p.wide - w0 : p.chunkWidth);
+  const int total = static_cast<int>(p.narrow) * n, pitch = n + 1;
+  const size_t mat = static_cast<size_t>(p.narrow * p.wide);
+  for (int64_t b = blockIdx.y; b < batches; b += gridDim.y) {
+    const size_t base = static_cast<size_t>(b) * mat;
+    for (int e = threadIdx.x; e < total; e += kNarrowThreads) {
+      const kmath::NarrowSlot sl = kmath::narrowLoadSlot(p, w0, n, e);
+      tile[sl.t * pitch + sl.j] = ld(base + static_cast<size_t>(sl.mem));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < total; e += kNarrowThreads) {
+      const kmath::NarrowSlot sl = kmath::narrowStoreSlot(p, w0, n, e);
+      st(base + static_cast<size_t>(sl.mem), tile[sl.t * pitch + sl.j]);
+    }
+    __syncthreads();  // the next batch's loads overwrite the tile
+  }
+}
 template <class Load, class Store>
 void transpose(Load ld, Store st, int64_t batches, int64_t rows, int64_t cols, cudaStream_t s) {
   if (batches <= 0 || rows <= 0 || cols <= 0) return;
+  if (std::min(rows, cols) <= kmath::kNarrowMax) {
+    const kmath::NarrowTranspose p = kmath::narrowTranspose(rows, cols);
+    const dim3 grid(static_cast<unsigned>((p.wide + p.chunkWidth - 1) / p.chunkWidth),
+                    static_cast<unsigned>(std::min<int64_t>(batches, 65535)));
+    narrowTransposeKernel<<<grid, kNarrowThreads, 0, s>>>(ld, st, p, batches);
+    checkLaunch();
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                   static_cast<unsigned>((rows + kTile - 1) / kTile),
                   static_cast<unsigned>(batches));

@@ -23,7 +23,10 @@ namespace ddprun::train::cuda {
 // y[b][j][i] = x[b][i][j] for `batches` row-major [rows, cols] matrices: NCHW
 // to NHWC is (N, C, H*W), NHWC to NCHW (N, H*W, C), OIHW filters to KRSC
 // (O, I, R*S) and back (O, R*S, I). `accumulate`: y[...] += instead of =.
-// Preconditions: rows < 2^21, batches < 65536 (the grid's y and z limits).
+// A matrix with a side of at most 32 (the input's channels, a filter's R*S)
+// goes through kmath::narrowTranspose's chunks, any other through 32x32 tiles.
+// Preconditions: with both sides over 32, rows < 2^21 and batches < 65536
+// (the grid's y and z limits).
 void launchTranspose(const float* x, float* y, int64_t batches, int64_t rows, int64_t cols,
                      bool accumulate, cudaStream_t stream);
 // The same, each result rounded to 16 bits (launchTo16's rounding): a filter's

@@ -381,6 +381,67 @@ TEST(KernelMath, HashUniformIsReproducibleAndUniform) {
 
 
 // ------------------------------------------ fused NHWC batch norm (bn_nhwc.cu)
+// The narrow transpose's index math, played block by block on the host as
+// the kernel runs it (nhwc_kernels.cu: one chunk per block, the load pass
+// into a tile of pitch n + 1, then the store pass): every output written
+// once with its transposed input, the tile within its bounds, and on each
+// side the accesses that must be one run for coalescing are one run.
+TEST(KernelMath, NarrowTransposeWritesEveryElementOnceInRuns) {
+  struct Case {
+    int64_t rows, cols;
+  };
+  // The model's input (C = 3 over H*W), 3x3 and 7x7 filters each way, 1x1
+  // filters, partial last chunks, both sides narrow, the widest narrow side.
+  for (const Case c : {Case{3, 5000}, Case{5000, 3}, Case{64, 9}, Case{9, 512}, Case{512, 1},
+                       Case{1, 512}, Case{3, 49}, Case{49, 3}, Case{32, 33}, Case{33, 32},
+                       Case{7, 1}, Case{1, 1}, Case{17, 1000}}) {
+    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols);
+    const kmath::NarrowTranspose p = kmath::narrowTranspose(c.rows, c.cols);
+    ASSERT_EQ(p.narrow, std::min(c.rows, c.cols)) << what;
+    ASSERT_LE(p.narrow, kmath::kNarrowMax) << what;
+    ASSERT_EQ(p.chunkWidth % 32, 0) << what;
+    ASSERT_GE(p.chunkWidth, 128) << what;
+    std::vector<float> x(static_cast<size_t>(c.rows * c.cols));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    std::vector<float> y(x.size(), -1.0f);
+    std::vector<int> writes(x.size(), 0);
+    std::vector<float> tile(static_cast<size_t>(kmath::kNarrowTile + kmath::kNarrowMax));
+    for (int64_t w0 = 0; w0 < p.wide; w0 += p.chunkWidth) {
+      const int n = static_cast<int>(std::min(p.chunkWidth, p.wide - w0));
+      const int total = static_cast<int>(p.narrow) * n;
+      ASSERT_LE(static_cast<int64_t>(p.narrow) * (n + 1), static_cast<int64_t>(tile.size()))
+          << what;
+      int64_t prevLoad = -1, prevStore = -1;
+      for (int e = 0; e < total; ++e) {
+        const kmath::NarrowSlot s = kmath::narrowLoadSlot(p, w0, n, e);
+        ASSERT_TRUE(s.t >= 0 && s.t < p.narrow && s.j >= 0 && s.j < n) << what;
+        tile[static_cast<size_t>(s.t * (n + 1) + s.j)] = x[static_cast<size_t>(s.mem)];
+        // x's [wide][narrow] side (narrow columns) is read as one run, its
+        // [narrow][wide] side in runs of n.
+        if (p.narrowRows ? e % n != 0 : e > 0) {
+          ASSERT_EQ(s.mem, prevLoad + 1) << what;
+        }
+        prevLoad = s.mem;
+      }
+      for (int e = 0; e < total; ++e) {
+        const kmath::NarrowSlot s = kmath::narrowStoreSlot(p, w0, n, e);
+        y[static_cast<size_t>(s.mem)] = tile[static_cast<size_t>(s.t * (n + 1) + s.j)];
+        ++writes[static_cast<size_t>(s.mem)];
+        if (p.narrowRows ? e > 0 : e % n != 0) {
+          ASSERT_EQ(s.mem, prevStore + 1) << what;
+        }
+        prevStore = s.mem;
+      }
+    }
+    for (int64_t i = 0; i < c.rows; ++i)
+      for (int64_t j = 0; j < c.cols; ++j) {
+        const size_t out = static_cast<size_t>(j * c.rows + i);
+        ASSERT_EQ(writes[out], 1) << what << " (" << i << ", " << j << ")";
+        ASSERT_EQ(y[out], x[static_cast<size_t>(i * c.cols + j)]) << what;
+      }
+  }
+}
+
 TEST(KernelMath, BnMomentsFromSums) {
   // x = {1, 2, 3, 6}: mean 3, biased var (1 + 4 + 9 + 36) / 4 - 9 = 3.5.
   const kmath::BnMoments m = kmath::bnMomentsFromSums(12.0, 50.0, 4.0);
