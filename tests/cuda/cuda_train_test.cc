@@ -825,6 +825,16 @@ TEST_F(CudaBackendTest, ConvReferenceKernelsMatchHost) {
   std::vector<float> uh(1000);
   ctx->download(u.get(), uh.data(), 4000);
   for (size_t i = 0; i < uh.size(); ++i) ASSERT_EQ(uh[i], kmath::hashUniform(42, i)) << i;
+  cuda::DeviceArray<uint16_t> u16(ctx);  // the 16-bit fill: the same values, rounded once
+  std::vector<uint16_t> bits(1000);
+  for (const bool bf16 : {true, false}) {
+    cuda::launchFillUniform16(u16.ensure(1000), 1000, 42, bf16, s);
+    ctx->download(u16.get(), bits.data(), 2000);
+    for (size_t i = 0; i < bits.size(); ++i)
+      ASSERT_EQ(bits[i], bf16 ? runtime::floatToBf16(kmath::hashUniform(42, i))
+                              : runtime::floatToHalf(kmath::hashUniform(42, i)))
+          << (bf16 ? "bf16 " : "fp16 ") << i;
+  }
   const std::vector<float> got = {1.0f, 2.0f, 3.0f};
   const std::vector<double> want = {1.0, 2.5, -4.0};
   cuda::DeviceArray<float> gd(ctx);

@@ -7,22 +7,13 @@
 
 #include "conv_reference.h"
 #include "ddprun/runtime/cuda_check.h"
+#include "kernel_support.cuh"
 
 namespace ddprun::train::cuda {
 
+// Launch shapes, grid-stride loops and the launch check: kernel_support.cuh
+// (every launcher below returns before a launch over 0 elements).
 namespace {
-constexpr int kThreads = 256;
-
-int blocksFor(size_t n) {
-  return static_cast<int>(std::max<size_t>(1, std::min<size_t>((n + kThreads - 1) / kThreads,
-                                                               size_t{1} << 16)));
-}
-
-void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
-
-#define DDPRUN_REF_LOOP(e, n)                                                        \
-  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < (n); \
-       e += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 // Element e of a 4-d array [d0, d1, d2, d3] as its four indices.
 struct Index4 {
@@ -35,7 +26,7 @@ __device__ Index4 unflatten(size_t e, int64_t d1, int64_t d2, int64_t d3) {
 
 __global__ void forwardKernel(const float* x, const float* w, double* y, kmath::ConvGeom g) {
   const size_t n = static_cast<size_t>(g.n * g.k * g.oh * g.ow);
-  DDPRUN_REF_LOOP(e, n) {
+  DDPRUN_GRID_LOOP(e, n) {
     const Index4 q = unflatten(e, g.k, g.oh, g.ow);
     y[e] = kmath::convForwardAt(x, w, g, q.a, q.b, q.c, q.d);
   }
@@ -43,7 +34,7 @@ __global__ void forwardKernel(const float* x, const float* w, double* y, kmath::
 __global__ void backwardDataKernel(const float* w, const float* dy, double* dx,
                                    kmath::ConvGeom g) {
   const size_t n = static_cast<size_t>(g.n * g.c * g.h * g.w);
-  DDPRUN_REF_LOOP(e, n) {
+  DDPRUN_GRID_LOOP(e, n) {
     const Index4 q = unflatten(e, g.c, g.h, g.w);
     dx[e] = kmath::convBackwardDataAt(w, dy, g, q.a, q.b, q.c, q.d);
   }
@@ -51,13 +42,16 @@ __global__ void backwardDataKernel(const float* w, const float* dy, double* dx,
 __global__ void backwardFilterKernel(const float* x, const float* dy, double* dw,
                                      kmath::ConvGeom g) {
   const size_t n = static_cast<size_t>(g.k * g.c * g.kernel * g.kernel);
-  DDPRUN_REF_LOOP(e, n) {
+  DDPRUN_GRID_LOOP(e, n) {
     const Index4 q = unflatten(e, g.c, g.kernel, g.kernel);
     dw[e] = kmath::convBackwardFilterAt(x, dy, g, q.a, q.b, q.c, q.d);
   }
 }
 __global__ void fillKernel(float* p, size_t n, uint64_t seed) {
-  DDPRUN_REF_LOOP(e, n) p[e] = kmath::hashUniform(seed, e);
+  DDPRUN_GRID_LOOP(e, n) p[e] = kmath::hashUniform(seed, e);
+}
+__global__ void fill16Kernel(void* p, size_t n, uint64_t seed, bool bf16) {
+  DDPRUN_GRID_LOOP(e, n) store16(p, e, kmath::hashUniform(seed, e), bf16);
 }
 
 // One block: per-thread maxima, then a fixed tree. `bigger` keeps a NaN.
@@ -113,6 +107,12 @@ void launchConvReferenceBackwardFilter(const float* x, const float* dy, double* 
 void launchFillUniform(float* p, size_t n, uint64_t seed, cudaStream_t stream) {
   if (!n) return;
   fillKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, n, seed);
+  checkLaunch();
+}
+
+void launchFillUniform16(void* p, size_t n, uint64_t seed, bool bf16, cudaStream_t stream) {
+  if (!n) return;
+  fill16Kernel<<<blocksFor(n), kThreads, 0, stream>>>(p, n, seed, bf16);
   checkLaunch();
 }
 

@@ -33,6 +33,8 @@ void launchConvReferenceBackwardFilter(const float* x, const float* dy, double* 
 
 // p[i] = kmath::hashUniform(seed, i), in [-1, 1).
 void launchFillUniform(float* p, size_t n, uint64_t seed, cudaStream_t stream);
+// The same rounded to bfloat16 (bf16) or float16 (16-bit elements).
+void launchFillUniform16(void* p, size_t n, uint64_t seed, bool bf16, cudaStream_t stream);
 
 // out[0] = max_i |got[i] - want[i]|, out[1] = max_i |want[i]| (one block, a
 // fixed order; a NaN in got makes out[0] NaN). n >= 1.
