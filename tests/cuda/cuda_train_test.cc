@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -32,6 +33,7 @@
 #include "cuda/caching_allocator.h"
 #include "cuda/conv_check.h"
 #include "cuda/conv_reference.h"
+#include "cuda/kernels.h"
 #include "cuda/nhwc_kernels.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
@@ -896,6 +898,86 @@ TEST_F(CudaBackendTest, TransposesOfNarrowAndWideMatricesAreExact) {
         const float r = bf16 ? runtime::bf16ToFloat(runtime::floatToBf16(x[i]))
                              : runtime::halfToFloat(runtime::floatToHalf(x[i]));
         ASSERT_EQ(got[i], r) << what << (bf16 ? " bf16 " : " fp16 ") << i;
+      }
+    }
+  }
+}
+
+// ReLU, its backward and the add, in every storage type, against the host
+// element by element, exactly: 16 bytes a thread where the pointers are
+// 16-byte aligned (sizes with and without a remainder), one element at a
+// time where they are not (a view one element in), in place too.
+TEST_F(CudaBackendTest, ElementwiseKernelsAreExactAlignedOrNot) {
+  auto ctx = std::make_shared<cuda::Context>(
+      CudaBackendOptions{.device = 0, .precision = Precision::kFp32});
+  const cudaStream_t s = ctx->stream();
+  using runtime::DType;
+  for (const DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const size_t es = t == DType::kFloat32 ? 4 : 2;
+    // Host values as the type stores them (round once), and back.
+    auto stored = [&](float v) {
+      return t == DType::kFloat32    ? v
+             : t == DType::kBFloat16 ? runtime::bf16ToFloat(runtime::floatToBf16(v))
+                                     : runtime::halfToFloat(runtime::floatToHalf(v));
+    };
+    auto bytesOf = [&](const std::vector<float>& v) {
+      std::vector<uint8_t> b(v.size() * es);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (t == DType::kFloat32) {
+          std::memcpy(&b[i * 4], &v[i], 4);
+        } else {
+          const uint16_t h = t == DType::kBFloat16 ? runtime::floatToBf16(v[i])
+                                                   : runtime::floatToHalf(v[i]);
+          std::memcpy(&b[i * 2], &h, 2);
+        }
+      }
+      return b;
+    };
+    auto valuesOf = [&](const std::vector<uint8_t>& b) {
+      std::vector<float> v(b.size() / es);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (t == DType::kFloat32) {
+          std::memcpy(&v[i], &b[i * 4], 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, &b[i * 2], 2);
+          v[i] = t == DType::kBFloat16 ? runtime::bf16ToFloat(h) : runtime::halfToFloat(h);
+        }
+      }
+      return v;
+    };
+    for (const size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{1000},
+                           size_t{1003}}) {
+      for (const size_t offset : {size_t{0}, size_t{1}}) {
+        const std::string what = std::string(runtime::dtypeName(t)) + " n " + std::to_string(n) +
+                                 (offset ? " unaligned" : " aligned");
+        std::vector<float> a = randomVector(n, 21), b = randomVector(n, 22);
+        for (size_t i = 0; i < n; ++i) a[i] = stored(a[i]), b[i] = stored(b[i]);
+        cuda::DeviceArray<uint8_t> ad(ctx), bd(ctx), od(ctx);
+        const size_t bytes = (n + offset) * es;
+        uint8_t* ap = ad.ensure(bytes) + offset * es;
+        uint8_t* bp = bd.ensure(bytes) + offset * es;
+        uint8_t* op = od.ensure(bytes) + offset * es;
+        const auto ab = bytesOf(a), bb = bytesOf(b);
+        ctx->upload(ab.data(), ap, ab.size());
+        ctx->upload(bb.data(), bp, bb.size());
+        std::vector<uint8_t> got(n * es);
+        auto result = [&](const uint8_t* p) {
+          ctx->download(p, got.data(), got.size());
+          return valuesOf(got);
+        };
+        std::vector<float> want(n);
+        cuda::launchRelu(ap, op, n, t, s);
+        for (size_t i = 0; i < n; ++i) want[i] = a[i] > 0.0f ? a[i] : 0.0f;
+        ASSERT_EQ(result(op), want) << what << " relu";
+        cuda::launchReluBackward(op, bp, op, n, t, s);  // in place over y
+        for (size_t i = 0; i < n; ++i) want[i] = want[i] > 0.0f ? b[i] : 0.0f;
+        ASSERT_EQ(result(op), want) << what << " relu backward";
+        cuda::launchAdd(ap, bp, op, n, t, s);
+        for (size_t i = 0; i < n; ++i) want[i] = stored(a[i] + b[i]);
+        ASSERT_EQ(result(op), want) << what << " add";
+        cuda::launchAdd(ap, bp, ap, n, t, s);  // in place over a
+        ASSERT_EQ(result(ap), want) << what << " add in place";
       }
     }
   }

@@ -5,6 +5,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "../kernel_math.h"
 #include "kernel_support.cuh"
@@ -29,17 +30,59 @@ __device__ double blockSum(double v) {
 // ---------------------------------------------------------- element-wise
 // 16-bit ReLU results are exact (a stored value or zero); the sum is
 // rounded once, as PyTorch's bf16/fp16 add.
+struct ReluOp {
+  __device__ float operator()(float x, float) const { return kmath::reluForward(x); }
+};
+struct ReluBackwardOp {  // (y, dy)
+  __device__ float operator()(float y, float dy) const { return kmath::reluBackward(y, dy); }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// 16 bytes of elements (8 16-bit or 4 float), loaded and stored as one access.
 template <typename T>
-__global__ void reluKernel(const T* x, T* y, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) stf(y, i, kmath::reluForward(ldf(x, i)));
+struct alignas(16) Pack16 {
+  static constexpr int kW = 16 / static_cast<int>(sizeof(T));
+  T v[kW];
+};
+// out[i] = op(a[i], b[i]) (b null: op(a[i], 0)), each element's math the
+// same as one at a time; `packed` (every pointer 16-byte aligned, as the
+// allocator's blocks are): 16 bytes a thread, then the last n % kW elements
+// one at a time. In place (out == a) is fine: each index is read and
+// written by one thread.
+template <typename T, class Op>
+__global__ void mapKernel(const T* a, const T* b, T* out, size_t n, bool packed, Op op) {
+  constexpr int kW = Pack16<T>::kW;
+  const size_t packs = packed ? n / kW : 0;
+  DDPRUN_GRID_LOOP(q, packs) {
+    const Pack16<T> pa = reinterpret_cast<const Pack16<T>*>(a)[q];
+    Pack16<T> pb{};
+    if (b) pb = reinterpret_cast<const Pack16<T>*>(b)[q];
+    Pack16<T> po;
+#pragma unroll
+    for (int k = 0; k < kW; ++k)
+      po.v[k] = fromFloat<T>(op(toFloat(pa.v[k]), b ? toFloat(pb.v[k]) : 0.0f));
+    reinterpret_cast<Pack16<T>*>(out)[q] = po;
+  }
+  DDPRUN_GRID_LOOP(i, n - packs * kW) {
+    const size_t j = packs * kW + i;
+    stf(out, j, op(ldf(a, j), b ? ldf(b, j) : 0.0f));
+  }
 }
-template <typename T>
-__global__ void reluBackwardKernel(const T* y, const T* dy, T* dx, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) stf(dx, i, kmath::reluBackward(ldf(y, i), ldf(dy, i)));
-}
-template <typename T>
-__global__ void addKernel(const T* a, const T* b, T* out, size_t n) {
-  DDPRUN_GRID_LOOP(i, n) stf(out, i, ldf(a, i) + ldf(b, i));
+template <class Op>
+void launchMap(const void* a, const void* b, void* out, size_t n, runtime::DType t,
+               cudaStream_t s) {
+  if (!n) return;
+  const bool packed = (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                       reinterpret_cast<uintptr_t>(out)) % 16 == 0;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    const size_t units = packed ? n / Pack16<T>::kW + n % Pack16<T>::kW : n;
+    mapKernel<T, Op><<<std::max(1, blocksFor(units)), kThreads, 0, s>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, packed,
+        Op{});
+  });
+  checkLaunch();
 }
 __global__ void addScalarKernel(float* p, float v) { *p += v; }
 __global__ void scaleCheckKernel(float* data, size_t n, float scale, int* nonFinite) {
@@ -301,34 +344,15 @@ int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThread
 }  // namespace
 
 void launchRelu(const void* x, void* y, size_t n, runtime::DType t, cudaStream_t s) {
-  if (!n) return;
-  byType(t, [&](auto tag) {
-    using T = DDPRUN_T(tag);
-    reluKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y),
-                                                     n);
-  });
-  checkLaunch();
+  launchMap<ReluOp>(x, nullptr, y, n, t, s);
 }
 void launchReluBackward(const void* y, const void* dy, void* dx, size_t n, runtime::DType t,
                         cudaStream_t s) {
-  if (!n) return;
-  byType(t, [&](auto tag) {
-    using T = DDPRUN_T(tag);
-    reluBackwardKernel<T><<<blocksFor(n), kThreads, 0, s>>>(
-        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n);
-  });
-  checkLaunch();
+  launchMap<ReluBackwardOp>(y, dy, dx, n, t, s);
 }
 void launchAdd(const void* a, const void* b, void* out, size_t n, runtime::DType t,
                cudaStream_t s) {
-  if (!n) return;
-  byType(t, [&](auto tag) {
-    using T = DDPRUN_T(tag);
-    addKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<const T*>(a),
-                                                    static_cast<const T*>(b),
-                                                    static_cast<T*>(out), n);
-  });
-  checkLaunch();
+  launchMap<AddOp>(a, b, out, n, t, s);
 }
 
 void launchRelu(const float* x, float* y, size_t n, cudaStream_t s) {
