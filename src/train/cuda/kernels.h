@@ -27,6 +27,9 @@ namespace ddprun::train::cuda {
 // InvalidArgument. The float* forms are t = float32.
 
 // ---------------------------------------------------------- element-wise
+// The output may be one of the inputs (in place), not overlap it otherwise.
+// Where every pointer is 16-byte aligned a thread moves 16 bytes, else one
+// element: the results are the same.
 void launchRelu(const float* x, float* y, size_t n, cudaStream_t stream);
 void launchReluBackward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t stream);
 void launchAdd(const float* a, const float* b, float* out, size_t n, cudaStream_t stream);
