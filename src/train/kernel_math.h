@@ -351,19 +351,18 @@ DDPRUN_HD inline NarrowSlot narrowMajorSlot(const NarrowTranspose& p, int64_t w0
 }
 // In the [wide][narrow] layout: e runs through the chunk's narrow * n
 // consecutive elements.
-DDPRUN_HD inline NarrowSlot wideMajorSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
+DDPRUN_HD inline NarrowSlot wideMajorSlot(const NarrowTranspose& p, int64_t w0, int e) {
   const int narrow = static_cast<int>(p.narrow);
   const int j = e / narrow, t = e % narrow;
-  (void)n;
   return {(w0 + j) * p.narrow + t, t, j};
 }
 // The load reads x, the store writes y: x is [narrow][wide] when rows is the
 // narrow side, y is then [wide][narrow], and the other way round.
 DDPRUN_HD inline NarrowSlot narrowLoadSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
-  return p.narrowRows ? narrowMajorSlot(p, w0, n, e) : wideMajorSlot(p, w0, n, e);
+  return p.narrowRows ? narrowMajorSlot(p, w0, n, e) : wideMajorSlot(p, w0, e);
 }
 DDPRUN_HD inline NarrowSlot narrowStoreSlot(const NarrowTranspose& p, int64_t w0, int n, int e) {
-  return p.narrowRows ? wideMajorSlot(p, w0, n, e) : narrowMajorSlot(p, w0, n, e);
+  return p.narrowRows ? wideMajorSlot(p, w0, e) : narrowMajorSlot(p, w0, n, e);
 }
 
 // A reproducible uniform value in [-1, 1) for element i of stream `seed`
