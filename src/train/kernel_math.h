@@ -189,6 +189,31 @@ DDPRUN_HD inline float bnActForward(float x, float mean, float invstd, float gam
 DDPRUN_HD inline float bnActGrad(float y, float dy, bool relu) {
   return relu ? reluBackward(y, dy) : dy;
 }
+// The backward sums S1 = sum g, S2 = sum g*xhat of one thread: a group of
+// terms (at most kBnGradGroup, the rows one loop step of bn_nhwc.cu's sums
+// kernel loads) is summed in float, g added and g*xhat fused-multiply-added
+// in term order, and each group's two float sums are then added to the
+// thread's double sums (flush). Per term that is two float operations instead
+// of three float->double conversions and two double operations, the work that
+// held the kernel under half the memory bandwidth. The error stays far under
+// float's unit roundoff u times the condition sum |g| (1 + |xhat|): at most
+// about (kBnGradGroup + 1) u per group, and g (a 16-bit or float value) sums
+// exactly while the exponents stay within float's extra bits. The order is a
+// function of the term sequence only, so the sums repeat bitwise.
+constexpr int kBnGradGroup = 4;
+struct BnGradGroup {
+  float s1 = 0.0f, s2 = 0.0f;
+  DDPRUN_HD void add(float g, float xhat) {
+    s1 += g;
+    s2 = fmaf(g, xhat, s2);
+  }
+  // Adds the group to (a, b) and starts an empty one.
+  DDPRUN_HD void flush(double& a, double& b) {
+    a += static_cast<double>(s1);
+    b += static_cast<double>(s2);
+    s1 = 0.0f, s2 = 0.0f;
+  }
+};
 // bnBackward's per-channel factors from the sums S1 = sum g, S2 = sum g*xhat
 // over M elements (the global batch): scale = gamma*invstd, k1 = S1/M,
 // k2 = S2/M, each rounded to float. M > 0.

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../kernel_math.h"
@@ -44,6 +45,8 @@ namespace {
 constexpr int kBx = 16;  // channel groups per block
 constexpr int kBy = 16;  // rows per block
 constexpr int kUnroll = 4;
+// The backward sums' float groups are the rows of one loop step.
+static_assert(kUnroll == kmath::kBnGradGroup, "a float group is one loop step's rows");
 constexpr int kMaxV = 4;
 constexpr int64_t kMaxChunks = 512;
 constexpr int64_t kMinChunkRows = 64;
@@ -68,12 +71,49 @@ template <class T, int V>
 __device__ Vec<T, V> ldv(const void* p, size_t i) {
   return *reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(p) + i);
 }
+// The store is one vector store of 32-bit words through __stwb (st.global.wb,
+// the default write-back policy, spelled out). A plain store of the Vec (or of
+// a uint4/float4 built from it) at p + (row * c + ch) compiled to one scalar
+// store per element: nvcc 13.0 splits a vector store whose 64-bit index is a
+// product with a run-time value (its PTX: st.global.f32 x4, .v2.u16 x2), and
+// every output of these kernels (y, g, dx) was written at a quarter of the
+// width, four store instructions per 16 or 8 bytes (the SASS: STG.E.U16 /
+// STG.E). __stwb is not split (tests/cuda/ptx_store_width_test.py checks the
+// PTX of every kernel here).
+template <class T>
+__device__ unsigned storedBits(float f) {
+  if constexpr (sizeof(T) == 4) {
+    return __float_as_uint(f);
+  } else {
+    const T v = fromFloat<T>(f);
+    unsigned short u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+  }
+}
 template <class T, int V>
 __device__ void stv(void* p, size_t i, const float (&f)[V]) {
-  Vec<T, V> o;
+  T* q = static_cast<T*>(p) + i;
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  if constexpr (V < kPerWord) {
+    *q = fromFloat<T>(f[0]);  // one 16-bit element
+  } else {
+    constexpr int kWords = V / kPerWord;
+    unsigned w[kWords];
 #pragma unroll
-  for (int k = 0; k < V; ++k) o.v[k] = fromFloat<T>(f[k]);
-  *reinterpret_cast<Vec<T, V>*>(static_cast<T*>(p) + i) = o;
+    for (int j = 0; j < kWords; ++j) {
+      if constexpr (kPerWord == 1)
+        w[j] = storedBits<T>(f[j]);
+      else  // little-endian: the lower address in the low half
+        w[j] = storedBits<T>(f[2 * j]) | storedBits<T>(f[2 * j + 1]) << 16;
+    }
+    if constexpr (kWords == 4)
+      __stwb(reinterpret_cast<uint4*>(q), make_uint4(w[0], w[1], w[2], w[3]));
+    else if constexpr (kWords == 2)
+      __stwb(reinterpret_cast<uint2*>(q), make_uint2(w[0], w[1]));
+    else
+      __stwb(reinterpret_cast<unsigned*>(q), w[0]);
+  }
 }
 template <class T, int V>
 __device__ void toFloats(const Vec<T, V>& in, float (&f)[V]) {
@@ -85,6 +125,9 @@ __device__ void toFloats(const Vec<T, V>& in, float (&f)[V]) {
 // The per-element terms of the two sums: a += pa, b += double(pa) * pb.
 template <class T, int V>
 struct StatsOp {
+  // x and x^2 in double term by term: the variance is their difference
+  // (kmath::bnMomentsFromSums), which float partials would cancel away.
+  static constexpr bool kFloatGroups = false;
   const void* x;
   struct Raw {
     Vec<T, V> x;
@@ -100,6 +143,9 @@ struct StatsOp {
 
 template <class T, int V>
 struct BackwardSumsOp {
+  // g and g * xhat (xhat is centred: no cancellation) in float over the rows
+  // of one loop step, then in double (kmath::BnGradGroup).
+  static constexpr bool kFloatGroups = true;
   const void *x, *y, *dy;
   void* gOut;
   const float *meanP, *invstdP;
@@ -159,6 +205,7 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
         const int64_t rr = r + u * kBy;
         if (rr < r1) op.load(static_cast<size_t>(rr * c + ch0), raw[u]);
       }
+      kmath::BnGradGroup group[V];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t rr = r + u * kBy;
@@ -167,9 +214,17 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
         op.eval(raw[u], static_cast<size_t>(rr * c + ch0), pa, pb);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          a[k] += pa[k];
-          b[k] += static_cast<double>(pa[k]) * static_cast<double>(pb[k]);
+          if constexpr (Op::kFloatGroups) {
+            group[k].add(pa[k], pb[k]);
+          } else {
+            a[k] += pa[k];
+            b[k] += static_cast<double>(pa[k]) * static_cast<double>(pb[k]);
+          }
         }
+      }
+      if constexpr (Op::kFloatGroups) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) group[k].flush(a[k], b[k]);
       }
     }
   }

@@ -504,8 +504,9 @@ using ddprun::testing::expectBounded;
 //    magnitude for the float arithmetic before it (at mean 100 the float mean
 //    alone is off by up to 100 * 2^-24 = 6e-6, i.e. 6e-6 in xhat).
 //  - dz (the masked dy, stored): exact.
-//  - the sums S1 = dbeta, S2 = dgamma (double over float terms; xhat is
-//    float): 1e-5 of sum |g| (1 + |xhat|), the condition of the sum.
+//  - the sums S1 = dbeta, S2 = dgamma (float groups of kBnGradGroup terms
+//    added in double; xhat is float): 1e-5 of sum |g| (1 + |xhat|), the
+//    condition of the sum (BnGradGroupErrorIsWithinGroupRoundoff is tighter).
 // The ReLU's mask follows the stored y in both (as PyTorch's backward does).
 struct BnNhwcCase {
   int64_t rows, c;
@@ -533,6 +534,7 @@ void checkBnNhwcOnHost(const BnNhwcCase& k) {
   std::vector<float> mean(c), invstd(c), rm = rm0, rv = rv0, y(n), g(n), dx(n);
   std::vector<double> s1(c), s2(c);
   for (int64_t ch = 0; ch < c; ++ch) {
+    kmath::BnGradGroup group;  // the sums kernel's float groups (of row-order terms here)
     double s = 0, q = 0;
     for (int64_t r = 0; r < rows; ++r) {
       s += x[at(r, ch)];
@@ -547,9 +549,8 @@ void checkBnNhwcOnHost(const BnNhwcCase& k) {
       y[i] = bnStored(k.store, kmath::bnActForward(x[i], mean[ch], invstd[ch], gamma[ch],
                                                    beta[ch], k.residual ? z[i] : 0.0f, k.relu));
       g[i] = bnStored(k.store, kmath::bnActGrad(k.relu ? y[i] : 0.0f, dy[i], k.relu));
-      s1[ch] += g[i];
-      s2[ch] += static_cast<double>(g[i]) *
-                static_cast<double>(kmath::bnXhat(x[i], mean[ch], invstd[ch]));
+      group.add(g[i], kmath::bnXhat(x[i], mean[ch], invstd[ch]));
+      if ((r + 1) % kmath::kBnGradGroup == 0 || r + 1 == rows) group.flush(s1[ch], s2[ch]);
     }
     const kmath::BnBackwardCoefs co =
         kmath::bnBackwardCoefs(s1[ch], s2[ch], static_cast<double>(rows), gamma[ch], invstd[ch]);
@@ -612,6 +613,48 @@ TEST(KernelMath, BnNhwcHostAlgorithmMatchesFloat64) {
           checkBnNhwcOnHost({2 * 5 * 7, 6, st, residual, relu, xMean});
   // Odd channel count, a few rows.
   checkBnNhwcOnHost({3 * 4 * 4, 3, BnStore::kBf16, true, true, 0.0f});
+}
+
+// The backward sums' float groups (kmath::BnGradGroup) against float64 on
+// sequences built to round: g spread over 2^-12 .. 2^12 (bf16 and float
+// values, signs mixed), xhat over +-6, groups flushed every kBnGradGroup terms
+// as the sums kernel does. Bound: (kBnGradGroup + 1) u of the condition
+// sum |g| (1 + |xhat|) with u = 2^-24 (a group of G terms rounds at most G
+// times; the double sums add ~n 2^-53). Also: a group is exact where float
+// holds every partial sum (integers), and an empty flush adds nothing.
+TEST(KernelMath, BnGradGroupErrorIsWithinGroupRoundoff) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> expo(-12.0f, 12.0f), xh(-6.0f, 6.0f), sign(-1.0f, 1.0f);
+  const double u = std::ldexp(1.0, -24);
+  for (const bool bf16 : {true, false})
+    for (const int n : {1, 3, 4, 5, 64, 1001, 100000}) {
+      double a = 0, b = 0, t1 = 0, t2 = 0, cond = 0, worst = 0;
+      kmath::BnGradGroup group;
+      for (int i = 0; i < n; ++i) {
+        float g = std::copysign(std::exp2(expo(gen)), sign(gen));
+        if (bf16) g = runtime::bf16ToFloat(runtime::floatToBf16(g));
+        const float h = xh(gen);
+        group.add(g, h);
+        if ((i + 1) % kmath::kBnGradGroup == 0 || i + 1 == n) group.flush(a, b);
+        t1 += g;
+        t2 += static_cast<double>(g) * h;
+        cond += std::fabs(g) * (1.0 + std::fabs(h));
+      }
+      worst = std::max(std::fabs(a - t1), std::fabs(b - t2));
+      EXPECT_LE(worst, (kmath::kBnGradGroup + 1) * u * cond)
+          << (bf16 ? "bf16" : "float") << " g, n = " << n;
+      EXPECT_GT(cond, 0.0);
+    }
+  kmath::BnGradGroup group;
+  double a = 0.5, b = -0.25;
+  group.flush(a, b);
+  EXPECT_EQ(a, 0.5);
+  EXPECT_EQ(b, -0.25);
+  for (int i = 1; i <= kmath::kBnGradGroup; ++i) group.add(static_cast<float>(i * 1000), 3.0f);
+  group.flush(a, b);
+  const double want = 1000.0 * kmath::kBnGradGroup * (kmath::kBnGradGroup + 1) / 2;
+  EXPECT_EQ(a, 0.5 + want);
+  EXPECT_EQ(b, -0.25 + 3 * want);
 }
 
 // The storage bounds are tight: a result rounded to bf16 where fp16 was meant
