@@ -20,6 +20,8 @@
 #       printed last. STAGES: comma-separated names of
 #         versions   GPU, driver, CUDA, cuDNN, NCCL (ours and PyTorch's), PyTorch
 #         quicktests cuda_smoke_test, cuda_optim_tests
+#         kernels    bn_kernel_bench: the NHWC batch norm kernels on ResNet-18's
+#                    layers against a copy of the same bytes (DIR/bn_kernel_bench.json)
 #         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32,
 #                    tf32 through cuDNN's graph-API engines)
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --bench-args) benchArgs=$2; shift 2 ;;
-    -h|--help) sed -n 2,37p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,42p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,7 +65,7 @@ pack="$root/.gpu"
 # GPU machine with PyTorch does not have. NVIDIA's own (cuDNN, cuBLAS, NCCL,
 # CUPTI) come from PyTorch's environment there, not from here.
 programs=(ddprun train allreduce_perf coll_check cuda_smoke_test cuda_train_tests
-          cuda_optim_tests)
+          cuda_optim_tests bn_kernel_bench)
 bundled='libdnnl|libopenblas|libgfortran|libquadmath|libgomp|libOpenCL|libboost'
 
 prepare() {
@@ -259,6 +261,8 @@ run() {
   # A quick sanity of the new device code first (seconds), then the figures,
   # then the long correctness tests: an interrupted session keeps the most.
   stage quicktests 60 bash -c "gtest_prog cuda_smoke_test && gtest_prog cuda_optim_tests"
+  # The batch norm kernels alone against the copy rate (seconds).
+  stage kernels 60 "$bin/bn_kernel_bench" --out "$out/bn_kernel_bench.json"
   # tf32-graph: the same through cuDNN's graph-API engines (DDPRUN_CUDNN_GRAPH=1),
   # to set the stem's backward-filter choice beside the legacy search's.
   stage convlog 90 bash -c "for v in tf32 fp32 tf32-graph; do p=\${v%-graph}; \

@@ -718,6 +718,48 @@ class DdpBenchCpu(unittest.TestCase):
         self.assertIn("optionally followed by +compile", p.stderr)
 
 
+class BnKernelBench(unittest.TestCase):
+    """src/bench/bn_kernel_bench: its flags and, on a GPU, one small run (the
+    GPU session's `kernels` stage runs the full one)."""
+
+    def setUp(self):
+        self.exe = os.path.join(BIN, "bn_kernel_bench")
+        if not os.path.exists(self.exe):
+            self.skipTest("no bn_kernel_bench in %s (built only with CUDA)" % BIN)
+
+    def run_bench(self, *args):
+        return subprocess.run([self.exe] + list(args), capture_output=True, text=True,
+                              timeout=300)
+
+    def test_bad_flags_name_the_flag_and_exit_2(self):
+        for args, flag in ((["--batch", "0"], "--batch"), (["--image", "16"], "--image"),
+                           (["--dtypes", "int8"], "--dtypes"), (["--reps", "0"], "--reps")):
+            p = self.run_bench(*args)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(flag, p.stderr)
+
+    def test_small_run_or_a_clear_skip(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "bn.json")
+            p = self.run_bench("--batch", "2", "--image", "32", "--reps", "2", "--dtypes",
+                               "bfloat16,float32", "--out", out)
+            if p.returncode == 77:
+                self.assertIn("no CUDA device", p.stderr)
+                self.assertFalse(os.path.exists(out))
+                self.skipTest("no GPU here: bn_kernel_bench exits 77 and measures nothing")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                doc = json.load(f)
+            # 2 dtypes x 12 layer configurations (the stem, layer1's two kinds,
+            # layer2-4's three) x 4 kernels, each timed.
+            self.assertEqual(len(doc["rows"]), 2 * 12 * 4)
+            for r in doc["rows"]:
+                self.assertGreater(r["ms"], 0)
+                self.assertGreater(r["copy_gbps"], 0)
+            for name in ("bfloat16", "float32"):
+                self.assertGreater(doc["step"][name]["total_ms"], 0)
+
+
 if __name__ == "__main__":
     from testmain import main
     main()

@@ -13,7 +13,8 @@ output the kernels write. This test fails on that PTX.
 
 Checked per kernel (3 kernels x float/bf16/fp16 x V = 2, 4: 18 entries):
   - every global store but the double partial sums (st.global.f64) is one
-    st.global.wb of exactly sizeof(T) * V bytes;
+    st.global of exactly sizeof(T) * V bytes, with no cache operator or
+    strength qualifier (__stwb/__stcg compile to strong stores);
   - every vector load (ld.global.vN) is sizeof(T) * V bytes, there are at
     least 4 of them (one loop step's rows), and 16-bit storage has no scalar
     16-bit loads.
@@ -88,7 +89,9 @@ class BnNhwcVectorWidth(unittest.TestCase):
                     for _, quals, _, _, nbytes in stores:
                         self.assertEqual(nbytes, width, "store of %d bytes (%s), not %d: split by "
                                          "the compiler?" % (nbytes, ".".join(quals), width))
-                        self.assertIn("wb", quals, "store not through __stwb: %s" % ".".join(quals))
+                        self.assertEqual([q for q in quals if q in ("wb", "cg", "cs", "wt", "volatile",
+                                                                   "relaxed", "release")], [],
+                                         "not a plain store: %s" % ".".join(quals))
                     vloads = [a for a in accesses(body) if a[0] == "ld" and a[2] > 1]
                     self.assertGreaterEqual(len(vloads), 4, "fewer vector loads than rows a step")
                     for _, quals, _, _, nbytes in vloads:
@@ -109,7 +112,7 @@ class Parsing(unittest.TestCase):
     """The PTX reading itself, on text written here."""
 
     def test_widths_and_targets(self):
-        body = ("\tst.global.wb.v2.u32 \t[%rd1], {%r1, %r2};\n"
+        body = ("\tst.global.v2.u32 \t[%rd1], {%r1, %r2};\n"
                 "\t@%p3 st.global.f32 \t[%rd2+4], %f1;\n"
                 "\tld.global.v4.u16 \t{%rs1, %rs2, %rs3, %rs4}, [%rd3];\n"
                 "\tst.global.f64 \t[%rd4], %fd1;\n")

@@ -71,15 +71,28 @@ template <class T, int V>
 __device__ Vec<T, V> ldv(const void* p, size_t i) {
   return *reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(p) + i);
 }
-// The store is one vector store of 32-bit words through __stwb (st.global.wb,
-// the default write-back policy, spelled out). A plain store of the Vec (or of
-// a uint4/float4 built from it) at p + (row * c + ch) compiled to one scalar
-// store per element: nvcc 13.0 splits a vector store whose 64-bit index is a
-// product with a run-time value (its PTX: st.global.f32 x4, .v2.u16 x2), and
-// every output of these kernels (y, g, dx) was written at a quarter of the
-// width, four store instructions per 16 or 8 bytes (the SASS: STG.E.U16 /
-// STG.E). __stwb is not split (tests/cuda/ptx_store_width_test.py checks the
-// PTX of every kernel here).
+// The store is one vector st.global of 32-bit words, written in PTX. A plain
+// store of the Vec (or of a uint4/float4 built from it) at p + (row * c + ch)
+// compiled to one scalar store per element: nvcc 13.0 splits a vector store
+// whose 64-bit index is a product with a run-time value (its PTX: st.global.f32
+// x4, .v2.u16 x2), and every output of these kernels (y, g, dx) was written at
+// a quarter of the width, four store instructions per 16 or 8 bytes (the SASS:
+// STG.E.U16 / STG.E). __stwb/__stcg are not split but come out as strong
+// stores (STG.E.64.STRONG.SM/.GPU); this is the plain STG.E.64/.128. The
+// "memory" clobber keeps it ordered with the kernel's other accesses (y may be
+// x: read before written). tests/cuda/ptx_vector_width_test.py checks the PTX
+// of every kernel here.
+__device__ inline void storeWords(void* q, const unsigned (&w)[4]) {
+  asm("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(q), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+      "r"(w[3])
+      : "memory");
+}
+__device__ inline void storeWords(void* q, const unsigned (&w)[2]) {
+  asm("st.global.v2.u32 [%0], {%1, %2};" ::"l"(q), "r"(w[0]), "r"(w[1]) : "memory");
+}
+__device__ inline void storeWords(void* q, const unsigned (&w)[1]) {
+  asm("st.global.u32 [%0], %1;" ::"l"(q), "r"(w[0]) : "memory");
+}
 template <class T>
 __device__ unsigned storedBits(float f) {
   if constexpr (sizeof(T) == 4) {
@@ -107,12 +120,7 @@ __device__ void stv(void* p, size_t i, const float (&f)[V]) {
       else  // little-endian: the lower address in the low half
         w[j] = storedBits<T>(f[2 * j]) | storedBits<T>(f[2 * j + 1]) << 16;
     }
-    if constexpr (kWords == 4)
-      __stwb(reinterpret_cast<uint4*>(q), make_uint4(w[0], w[1], w[2], w[3]));
-    else if constexpr (kWords == 2)
-      __stwb(reinterpret_cast<uint2*>(q), make_uint2(w[0], w[1]));
-    else
-      __stwb(reinterpret_cast<unsigned*>(q), w[0]);
+    storeWords(q, w);
   }
 }
 template <class T, int V>

@@ -1,0 +1,275 @@
+// bn_kernel_bench: the CUDA trainer's NHWC batch norm kernels
+// (src/train/cuda/bn_nhwc.h) on ResNet-18's batch norm layers, each kernel
+// timed alone and set against a device-to-device copy of the same tensor
+// (cudaMemcpyAsync: the hardware's streaming rate at that size), so that a GPU
+// session shows which kernel is off the memory limit and by how much, in
+// seconds of device time (docs/benchmarks.md):
+//
+//   bn_kernel_bench [--batch 128] [--image 224] [--dtypes bfloat16,float32]
+//                   [--reps 20] [--out FILE]
+//
+// Per dtype, per layer configuration (bn_bench_plan.h: 5 sizes x bn+ReLU,
+// bn+add+ReLU, plain bn) and per kernel (stats, forward, backward sums,
+// backward data, as a training step runs them, with the ReLU mask and the
+// residual's gradient as the trainer passes them): the mean time of --reps
+// back-to-back launches (CUDA events), the bytes the kernel must move
+// (bn_bench_plan.h), GB/s, the copy's GB/s at that size and their ratio. The
+// step total weights each configuration by its layers a step (ResNet-18: 20
+// batch norms), comparable to the bench's kernel trace. Consecutive launches
+// rotate over copies of the tensors that together exceed twice the L2 cache,
+// so that no launch reads what the one before left in L2.
+//
+// Prints a table; --out also writes the results as JSON (rewritten after each
+// dtype). Exit status: 0 measured, 2 bad flags (CLI11's message), 3 a CUDA
+// error, 77 no CUDA device (nothing measured: the skip code of our tests).
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bn_bench_plan.h"
+#include "cuda/bn_nhwc.h"
+#include "cuda/conv_reference.h"
+#include "ddprun/runtime/types.h"
+
+namespace {
+
+using ddprun::bench::BnKernel;
+using ddprun::bench::BnLayerGroup;
+using ddprun::runtime::DType;
+namespace tc = ddprun::train::cuda;
+
+struct CudaFailure {
+  std::string what;
+};
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CudaFailure{std::string(what) + ": " + cudaGetErrorString(e)};
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) { ok(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// One configuration's tensors, `sets` copies of each activation-sized one.
+struct LayerBuffers {
+  size_t bytes;  // one activation tensor
+  int sets;
+  DeviceBuffer x, z, y, dy, g, dx, ws;
+  DeviceBuffer mean, invstd, gamma, beta, sums;
+  LayerBuffers(const BnLayerGroup& l, size_t elementBytes, int sets_)
+      : bytes(static_cast<size_t>(l.elements()) * elementBytes),
+        sets(sets_),
+        x(bytes * sets),
+        z(bytes * sets),
+        y(bytes * sets),
+        dy(bytes * sets),
+        g(bytes * sets),
+        dx(bytes * sets),
+        ws(tc::bnNhwcWorkspaceBytes(l.rows(), l.c)),
+        mean(l.c * 4),
+        invstd(l.c * 4),
+        gamma(l.c * 4),
+        beta(l.c * 4),
+        sums((2 * l.c + 1) * 8) {}
+  void* at(const DeviceBuffer& b, int set) const { return b.as<char>() + bytes * set; }
+};
+
+void fill(void* p, size_t n, DType t, uint64_t seed, cudaStream_t s) {
+  if (t == DType::kFloat32)
+    tc::launchFillUniform(static_cast<float*>(p), n, seed, s);
+  else
+    tc::launchFillUniform16(p, n, seed, t == DType::kBFloat16, s);
+}
+
+// Launches kernel k of layer l on tensor set `set`.
+void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, int set,
+            cudaStream_t s) {
+  const bool relu = ddprun::bench::bnKindRelu(l.kind);
+  const bool residual = ddprun::bench::bnKindResidual(l.kind);
+  void* x = b.at(b.x, set);
+  void* y = b.at(b.y, set);
+  void* dy = b.at(b.dy, set);
+  void* g = b.at(b.g, set);
+  switch (k) {
+    case BnKernel::kStats:
+      tc::launchBnNhwcStats(x, t, l.rows(), l.c, b.ws.p, b.sums.as<double>(), s);
+      break;
+    case BnKernel::kForward:
+      tc::launchBnNhwcForward(x, residual ? b.at(b.z, set) : nullptr, y, t, l.rows(), l.c,
+                              b.mean.as<float>(), b.invstd.as<float>(), b.gamma.as<float>(),
+                              b.beta.as<float>(), relu, s);
+      break;
+    case BnKernel::kBackwardSums:
+      tc::launchBnNhwcBackwardSums(x, relu ? y : nullptr, dy, residual ? g : nullptr, t,
+                                   l.rows(), l.c, b.mean.as<float>(), b.invstd.as<float>(),
+                                   relu, b.ws.p, b.sums.as<double>(), s);
+      break;
+    case BnKernel::kBackwardData:
+      if (residual)
+        tc::launchBnNhwcBackwardData(x, nullptr, nullptr, g, b.at(b.dx, set), t, l.rows(), l.c,
+                                     b.sums.as<double>(), b.gamma.as<float>(),
+                                     b.mean.as<float>(), b.invstd.as<float>(), relu, s);
+      else
+        tc::launchBnNhwcBackwardData(x, relu ? y : nullptr, dy, nullptr, b.at(b.dx, set), t,
+                                     l.rows(), l.c, b.sums.as<double>(), b.gamma.as<float>(),
+                                     b.mean.as<float>(), b.invstd.as<float>(), relu, s);
+      break;
+  }
+}
+
+// Mean milliseconds of `reps` launches of f(set) rotating over the sets,
+// after two untimed rounds.
+template <class F>
+double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
+  for (int i = 0; i < 2 * sets; ++i) f(i % sets);
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a), "cudaEventCreate");
+  ok(cudaEventCreate(&b), "cudaEventCreate");
+  ok(cudaEventRecord(a, s), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) f(i % sets);
+  ok(cudaEventRecord(b, s), "cudaEventRecord");
+  ok(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0;
+  ok(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return static_cast<double>(ms) / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"the CUDA trainer's NHWC batch norm kernels on ResNet-18's layers, against a copy"};
+  int64_t batch = 128, image = 224;
+  int reps = 20;
+  std::vector<std::string> dtypeNames{"bfloat16", "float32"};
+  std::string out;
+  app.add_option("--batch", batch, "batch size")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--image", image, "square image side (ResNet-18 needs >= 32)")
+      ->check(CLI::Range(int64_t{32}, int64_t{1024}));
+  app.add_option("--dtypes", dtypeNames, "activation storage: bfloat16, float16, float32")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bfloat16", "float16", "float32"}));
+  app.add_option("--reps", reps, "timed launches per kernel")->check(CLI::Range(1, 10000));
+  app.add_option("--out", out, "also write the results as JSON to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "bn_kernel_bench: no CUDA device: nothing to measure\n");
+    return 77;
+  }
+  try {
+    cudaDeviceProp prop{};
+    ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    cudaStream_t s;
+    ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    nlohmann::json doc = {{"device", prop.name},
+                          {"l2_bytes", prop.l2CacheSize},
+                          {"batch", batch},
+                          {"image", image},
+                          {"reps", reps},
+                          {"rows", nlohmann::json::array()},
+                          {"step", nlohmann::json::object()}};
+    const auto layers = ddprun::bench::resnet18BnLayers(batch, image);
+    std::printf("%s, batch %lld, image %lld: ms per launch, GB/s, and against a copy of the "
+                "same tensor\n",
+                prop.name, static_cast<long long>(batch), static_cast<long long>(image));
+    for (const std::string& name : dtypeNames) {
+      const DType t = *ddprun::runtime::parseDType(name);
+      const size_t eb = ddprun::runtime::dtypeSize(t);
+      nlohmann::json step = nlohmann::json::object();
+      double stepMs = 0, stepCopyMs = 0;
+      for (const BnLayerGroup& l : layers) {
+        const size_t bytes = static_cast<size_t>(l.elements()) * eb;
+        // Rotate over copies that exceed twice the L2 (6 tensors a set).
+        const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
+        const int sets = static_cast<int>(std::min<size_t>(16, (2 * l2) / (6 * bytes) + 1));
+        LayerBuffers b(l, eb, sets);
+        for (int k = 0; k < sets; ++k) {
+          fill(b.at(b.x, k), l.elements(), t, 11 + k, s);
+          fill(b.at(b.z, k), l.elements(), t, 101 + k, s);
+          fill(b.at(b.dy, k), l.elements(), t, 211 + k, s);
+        }
+        tc::launchFillUniform(b.gamma.as<float>(), l.c, 5, s);
+        tc::launchFillUniform(b.beta.as<float>(), l.c, 6, s);
+        // Real statistics and outputs (the ReLU's mask) before timing.
+        launch(BnKernel::kStats, l, b, t, 0, s);
+        tc::launchBnNhwcFinish(b.sums.as<double>(), l.c, 1e-5, 0.1, b.mean.as<float>(),
+                               b.invstd.as<float>(), nullptr, nullptr, s);
+        for (int k = 0; k < sets; ++k) launch(BnKernel::kForward, l, b, t, k, s);
+        for (int k = 0; k < sets; ++k) launch(BnKernel::kBackwardSums, l, b, t, k, s);
+        ok(cudaStreamSynchronize(s), "warm-up");
+        const double copyMs = timeMs(reps, sets, s, [&](int k) {
+          ok(cudaMemcpyAsync(b.at(b.dx, k), b.at(b.x, k), bytes, cudaMemcpyDeviceToDevice, s),
+             "cudaMemcpyAsync");
+        });
+        const double copyGbps = 2.0 * static_cast<double>(bytes) / (copyMs * 1e6);
+        for (BnKernel k : ddprun::bench::kBnKernels) {
+          const double ms = timeMs(reps, sets, s, [&](int set) { launch(k, l, b, t, set, s); });
+          const double moved = ddprun::bench::bnKernelBytes(k, l, static_cast<int>(eb));
+          const double gbps = moved / (ms * 1e6);
+          const char* kname = ddprun::bench::bnKernelName(k);
+          std::printf("%-9s %-7s %-11s %4lldx%-3lld c=%-4lld x%d %-14s %8.4f ms %7.0f GB/s "
+                      "copy %7.0f GB/s %5.2f\n",
+                      name.c_str(), l.where.c_str(), ddprun::bench::bnKindName(l.kind),
+                      static_cast<long long>(l.h), static_cast<long long>(l.w),
+                      static_cast<long long>(l.c), l.count, kname, ms, gbps, copyGbps,
+                      gbps / copyGbps);
+          doc["rows"].push_back({{"dtype", name},
+                                 {"where", l.where},
+                                 {"kind", ddprun::bench::bnKindName(l.kind)},
+                                 {"n", l.n},
+                                 {"h", l.h},
+                                 {"w", l.w},
+                                 {"c", l.c},
+                                 {"layers", l.count},
+                                 {"kernel", kname},
+                                 {"ms", ms},
+                                 {"bytes", moved},
+                                 {"gbps", gbps},
+                                 {"copy_ms", copyMs},
+                                 {"copy_gbps", copyGbps},
+                                 {"vs_copy", gbps / copyGbps}});
+          step[kname] = step.value(kname, 0.0) + ms * l.count;
+          stepMs += ms * l.count;
+          // The copy's time for the same bytes: the kernel at the copy's rate.
+          stepCopyMs += moved / (copyGbps * 1e6) * l.count;
+        }
+      }
+      step["total_ms"] = stepMs;
+      step["at_copy_rate_ms"] = stepCopyMs;
+      doc["step"][name] = step;
+      std::printf("%s step (ResNet-18's 20 batch norms): %.3f ms of batch norm kernels; %.3f ms "
+                  "at the copy's rate\n",
+                  name.c_str(), stepMs, stepCopyMs);
+      if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
+    }
+    cudaStreamDestroy(s);
+  } catch (const CudaFailure& e) {
+    std::fprintf(stderr, "bn_kernel_bench: CUDA error: %s\n", e.what.c_str());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}
