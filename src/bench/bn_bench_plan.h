@@ -33,7 +33,9 @@ namespace ddprun::bench {
 
 enum class BnKind { kBnRelu, kBnAddRelu, kBn };
 inline const char* bnKindName(BnKind k) {
-  return k == BnKind::kBnRelu ? "bn_relu" : k == BnKind::kBnAddRelu ? "bn_add_relu" : "bn";
+  return k == BnKind::kBnRelu      ? "bn_relu"
+         : k == BnKind::kBnAddRelu ? "bn_add_relu"
+                                   : "bn";
 }
 inline bool bnKindRelu(BnKind k) { return k != BnKind::kBn; }
 inline bool bnKindResidual(BnKind k) { return k == BnKind::kBnAddRelu; }
@@ -66,8 +68,8 @@ inline std::vector<BnLayerGroup> resnet18BnLayers(int64_t n, int64_t image) {
     if (stage > 0) s = windowOut(s, 3, 2, 1);
     const std::string where = "layer" + std::to_string(stage + 1);
     const int64_t c = widths[stage];
-    out.push_back({where, n, s, s, c, BnKind::kBnRelu, 2});     // two blocks' bn1
-    out.push_back({where, n, s, s, c, BnKind::kBnAddRelu, 2});  // their bn2
+    out.push_back({where, n, s, s, c, BnKind::kBnRelu, 2});             // two blocks' bn1
+    out.push_back({where, n, s, s, c, BnKind::kBnAddRelu, 2});          // their bn2
     if (stage > 0) out.push_back({where, n, s, s, c, BnKind::kBn, 1});  // downsample
   }
   return out;
@@ -77,10 +79,14 @@ inline std::vector<BnLayerGroup> resnet18BnLayers(int64_t n, int64_t image) {
 enum class BnKernel { kStats, kForward, kBackwardSums, kBackwardData };
 inline const char* bnKernelName(BnKernel k) {
   switch (k) {
-    case BnKernel::kStats: return "stats";
-    case BnKernel::kForward: return "forward";
-    case BnKernel::kBackwardSums: return "backward_sums";
-    default: return "backward_data";
+    case BnKernel::kStats:
+      return "stats";
+    case BnKernel::kForward:
+      return "forward";
+    case BnKernel::kBackwardSums:
+      return "backward_sums";
+    default:
+      return "backward_data";
   }
 }
 constexpr BnKernel kBnKernels[] = {BnKernel::kStats, BnKernel::kForward,
@@ -91,15 +97,19 @@ constexpr BnKernel kBnKernels[] = {BnKernel::kStats, BnKernel::kForward,
 inline int bnKernelPasses(BnKernel k, BnKind kind) {
   const bool relu = bnKindRelu(kind), residual = bnKindResidual(kind);
   switch (k) {
-    case BnKernel::kStats: return 1;
-    case BnKernel::kForward: return residual ? 3 : 2;
-    case BnKernel::kBackwardSums: return 2 + (relu ? 1 : 0) + (residual ? 1 : 0);
-    default: return residual ? 3 : (relu ? 4 : 3);
+    case BnKernel::kStats:
+      return 1;
+    case BnKernel::kForward:
+      return residual ? 3 : 2;
+    case BnKernel::kBackwardSums:
+      return 2 + (relu ? 1 : 0) + (residual ? 1 : 0);
+    default:
+      return residual ? 3 : (relu ? 4 : 3);
   }
 }
 inline double bnKernelBytes(BnKernel k, const BnLayerGroup& g, int elementBytes) {
-  return static_cast<double>(bnKernelPasses(k, g.kind)) * static_cast<double>(g.elements()) *
-         elementBytes;
+  return static_cast<double>(bnKernelPasses(k, g.kind)) *
+         static_cast<double>(g.elements()) * elementBytes;
 }
 
 }  // namespace ddprun::bench

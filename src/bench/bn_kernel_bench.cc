@@ -35,6 +35,7 @@
 #include "bn_bench_plan.h"
 #include "cuda/bn_nhwc.h"
 #include "cuda/conv_reference.h"
+#include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"
 
 namespace {
@@ -44,16 +45,11 @@ using ddprun::bench::BnLayerGroup;
 using ddprun::runtime::DType;
 namespace tc = ddprun::train::cuda;
 
-struct CudaFailure {
-  std::string what;
-};
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CudaFailure{std::string(what) + ": " + cudaGetErrorString(e)};
-}
-
 struct DeviceBuffer {
   void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { ok(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  explicit DeviceBuffer(size_t bytes) {
+    DDPRUN_CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  }
   ~DeviceBuffer() { cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -109,23 +105,24 @@ void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, i
       break;
     case BnKernel::kForward:
       tc::launchBnNhwcForward(x, residual ? b.at(b.z, set) : nullptr, y, t, l.rows(), l.c,
-                              b.mean.as<float>(), b.invstd.as<float>(), b.gamma.as<float>(),
-                              b.beta.as<float>(), relu, s);
+                              b.mean.as<float>(), b.invstd.as<float>(),
+                              b.gamma.as<float>(), b.beta.as<float>(), relu, s);
       break;
     case BnKernel::kBackwardSums:
-      tc::launchBnNhwcBackwardSums(x, relu ? y : nullptr, dy, residual ? g : nullptr, t,
-                                   l.rows(), l.c, b.mean.as<float>(), b.invstd.as<float>(),
-                                   relu, b.ws.p, b.sums.as<double>(), s);
+      tc::launchBnNhwcBackwardSums(
+          x, relu ? y : nullptr, dy, residual ? g : nullptr, t, l.rows(), l.c,
+          b.mean.as<float>(), b.invstd.as<float>(), relu, b.ws.p, b.sums.as<double>(), s);
       break;
     case BnKernel::kBackwardData:
       if (residual)
-        tc::launchBnNhwcBackwardData(x, nullptr, nullptr, g, b.at(b.dx, set), t, l.rows(), l.c,
-                                     b.sums.as<double>(), b.gamma.as<float>(),
+        tc::launchBnNhwcBackwardData(x, nullptr, nullptr, g, b.at(b.dx, set), t, l.rows(),
+                                     l.c, b.sums.as<double>(), b.gamma.as<float>(),
                                      b.mean.as<float>(), b.invstd.as<float>(), relu, s);
       else
-        tc::launchBnNhwcBackwardData(x, relu ? y : nullptr, dy, nullptr, b.at(b.dx, set), t,
-                                     l.rows(), l.c, b.sums.as<double>(), b.gamma.as<float>(),
-                                     b.mean.as<float>(), b.invstd.as<float>(), relu, s);
+        tc::launchBnNhwcBackwardData(x, relu ? y : nullptr, dy, nullptr, b.at(b.dx, set),
+                                     t, l.rows(), l.c, b.sums.as<double>(),
+                                     b.gamma.as<float>(), b.mean.as<float>(),
+                                     b.invstd.as<float>(), relu, s);
       break;
   }
 }
@@ -136,14 +133,14 @@ template <class F>
 double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
   for (int i = 0; i < 2 * sets; ++i) f(i % sets);
   cudaEvent_t a, b;
-  ok(cudaEventCreate(&a), "cudaEventCreate");
-  ok(cudaEventCreate(&b), "cudaEventCreate");
-  ok(cudaEventRecord(a, s), "cudaEventRecord");
+  DDPRUN_CUDA_OK(cudaEventCreate(&a));
+  DDPRUN_CUDA_OK(cudaEventCreate(&b));
+  DDPRUN_CUDA_OK(cudaEventRecord(a, s));
   for (int i = 0; i < reps; ++i) f(i % sets);
-  ok(cudaEventRecord(b, s), "cudaEventRecord");
-  ok(cudaEventSynchronize(b), "cudaEventSynchronize");
+  DDPRUN_CUDA_OK(cudaEventRecord(b, s));
+  DDPRUN_CUDA_OK(cudaEventSynchronize(b));
   float ms = 0;
-  ok(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, a, b));
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return static_cast<double>(ms) / reps;
@@ -152,18 +149,21 @@ double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"the CUDA trainer's NHWC batch norm kernels on ResNet-18's layers, against a copy"};
+  CLI::App app{
+      "the CUDA trainer's NHWC batch norm kernels on ResNet-18's layers, against a copy"};
   int64_t batch = 128, image = 224;
   int reps = 20;
   std::vector<std::string> dtypeNames{"bfloat16", "float32"};
   std::string out;
-  app.add_option("--batch", batch, "batch size")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--batch", batch, "batch size")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   app.add_option("--image", image, "square image side (ResNet-18 needs >= 32)")
       ->check(CLI::Range(int64_t{32}, int64_t{1024}));
   app.add_option("--dtypes", dtypeNames, "activation storage: bfloat16, float16, float32")
       ->delimiter(',')
       ->check(CLI::IsMember({"bfloat16", "float16", "float32"}));
-  app.add_option("--reps", reps, "timed launches per kernel")->check(CLI::Range(1, 10000));
+  app.add_option("--reps", reps, "timed launches per kernel")
+      ->check(CLI::Range(1, 10000));
   app.add_option("--out", out, "also write the results as JSON to this file");
   try {
     app.parse(argc, argv);
@@ -179,9 +179,9 @@ int main(int argc, char** argv) {
   }
   try {
     cudaDeviceProp prop{};
-    ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t s;
-    ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    DDPRUN_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     nlohmann::json doc = {{"device", prop.name},
                           {"l2_bytes", prop.l2CacheSize},
                           {"batch", batch},
@@ -190,9 +190,10 @@ int main(int argc, char** argv) {
                           {"rows", nlohmann::json::array()},
                           {"step", nlohmann::json::object()}};
     const auto layers = ddprun::bench::resnet18BnLayers(batch, image);
-    std::printf("%s, batch %lld, image %lld: ms per launch, GB/s, and against a copy of the "
-                "same tensor\n",
-                prop.name, static_cast<long long>(batch), static_cast<long long>(image));
+    std::printf(
+        "%s, batch %lld, image %lld: ms per launch, GB/s, and against a copy of the "
+        "same tensor\n",
+        prop.name, static_cast<long long>(batch), static_cast<long long>(image));
     for (const std::string& name : dtypeNames) {
       const DType t = *ddprun::runtime::parseDType(name);
       const size_t eb = ddprun::runtime::dtypeSize(t);
@@ -202,7 +203,8 @@ int main(int argc, char** argv) {
         const size_t bytes = static_cast<size_t>(l.elements()) * eb;
         // Rotate over copies that exceed twice the L2 (6 tensors a set).
         const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
-        const int sets = static_cast<int>(std::min<size_t>(16, (2 * l2) / (6 * bytes) + 1));
+        const int sets =
+            static_cast<int>(std::min<size_t>(16, (2 * l2) / (6 * bytes) + 1));
         LayerBuffers b(l, eb, sets);
         for (int k = 0; k < sets; ++k) {
           fill(b.at(b.x, k), l.elements(), t, 11 + k, s);
@@ -217,23 +219,25 @@ int main(int argc, char** argv) {
                                b.invstd.as<float>(), nullptr, nullptr, s);
         for (int k = 0; k < sets; ++k) launch(BnKernel::kForward, l, b, t, k, s);
         for (int k = 0; k < sets; ++k) launch(BnKernel::kBackwardSums, l, b, t, k, s);
-        ok(cudaStreamSynchronize(s), "warm-up");
+        DDPRUN_CUDA_OK(cudaStreamSynchronize(s));
         const double copyMs = timeMs(reps, sets, s, [&](int k) {
-          ok(cudaMemcpyAsync(b.at(b.dx, k), b.at(b.x, k), bytes, cudaMemcpyDeviceToDevice, s),
-             "cudaMemcpyAsync");
+          DDPRUN_CUDA_OK(cudaMemcpyAsync(b.at(b.dx, k), b.at(b.x, k), bytes,
+                                         cudaMemcpyDeviceToDevice, s));
         });
         const double copyGbps = 2.0 * static_cast<double>(bytes) / (copyMs * 1e6);
         for (BnKernel k : ddprun::bench::kBnKernels) {
-          const double ms = timeMs(reps, sets, s, [&](int set) { launch(k, l, b, t, set, s); });
+          const double ms =
+              timeMs(reps, sets, s, [&](int set) { launch(k, l, b, t, set, s); });
           const double moved = ddprun::bench::bnKernelBytes(k, l, static_cast<int>(eb));
           const double gbps = moved / (ms * 1e6);
           const char* kname = ddprun::bench::bnKernelName(k);
-          std::printf("%-9s %-7s %-11s %4lldx%-3lld c=%-4lld x%d %-14s %8.4f ms %7.0f GB/s "
-                      "copy %7.0f GB/s %5.2f\n",
-                      name.c_str(), l.where.c_str(), ddprun::bench::bnKindName(l.kind),
-                      static_cast<long long>(l.h), static_cast<long long>(l.w),
-                      static_cast<long long>(l.c), l.count, kname, ms, gbps, copyGbps,
-                      gbps / copyGbps);
+          std::printf(
+              "%-9s %-7s %-11s %4lldx%-3lld c=%-4lld x%d %-14s %8.4f ms %7.0f GB/s "
+              "copy %7.0f GB/s %5.2f\n",
+              name.c_str(), l.where.c_str(), ddprun::bench::bnKindName(l.kind),
+              static_cast<long long>(l.h), static_cast<long long>(l.w),
+              static_cast<long long>(l.c), l.count, kname, ms, gbps, copyGbps,
+              gbps / copyGbps);
           doc["rows"].push_back({{"dtype", name},
                                  {"where", l.where},
                                  {"kind", ddprun::bench::bnKindName(l.kind)},
@@ -258,14 +262,15 @@ int main(int argc, char** argv) {
       step["total_ms"] = stepMs;
       step["at_copy_rate_ms"] = stepCopyMs;
       doc["step"][name] = step;
-      std::printf("%s step (ResNet-18's 20 batch norms): %.3f ms of batch norm kernels; %.3f ms "
-                  "at the copy's rate\n",
-                  name.c_str(), stepMs, stepCopyMs);
+      std::printf(
+          "%s step (ResNet-18's 20 batch norms): %.3f ms of batch norm kernels; %.3f ms "
+          "at the copy's rate\n",
+          name.c_str(), stepMs, stepCopyMs);
       if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
     }
     cudaStreamDestroy(s);
-  } catch (const CudaFailure& e) {
-    std::fprintf(stderr, "bn_kernel_bench: CUDA error: %s\n", e.what.c_str());
+  } catch (const ddprun::runtime::CudaError& e) {
+    std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());
     return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());

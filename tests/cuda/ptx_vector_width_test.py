@@ -33,6 +33,8 @@ KERNELS = ("forwardKernel", "backwardDataKernel", "BackwardSumsOp")
 TYPE_BYTES = {"f": 4, "13__nv_bfloat16": 2, "6__half": 2}
 ENTRY = re.compile(r"^\.(?:visible\s+)?\.?entry\s+(\S+?)\(", re.M)
 ACCESS = re.compile(r"^\s*(?:@%p\d+\s+)?(st|ld)\.global((?:\.[a-z0-9]+)*)\s", re.M)
+# Cache operators and strengths: a plain st.global has none.
+STORE_QUALIFIERS = ("wb", "cg", "cs", "wt", "volatile", "relaxed", "release", "mmio")
 TYPE_WIDTH = {"u8": 1, "b8": 1, "s8": 1, "u16": 2, "b16": 2, "s16": 2, "f16": 2,
               "u32": 4, "b32": 4, "s32": 4, "f32": 4,
               "u64": 8, "b64": 8, "s64": 8, "f64": 8}
@@ -60,8 +62,8 @@ def target(name):
     kernel = next((k for k in KERNELS if k in name), None)
     if kernel is None or ("partialSumsKernel" in name) != (kernel == "BackwardSumsOp"):
         return None
-    m = re.search(r"(?:forwardKernel|backwardDataKernel|partialSumsKernel)I(f|13__nv_bfloat16|6__half)Li(\d)E",
-                  name)
+    m = re.search(r"(?:forwardKernel|backwardDataKernel|partialSumsKernel)"
+                  r"I(f|13__nv_bfloat16|6__half)Li(\d)E", name)
     if not m or int(m.group(2)) < 2:
         return None
     return kernel, TYPE_BYTES[m.group(1)], int(m.group(2))
@@ -69,7 +71,8 @@ def target(name):
 
 class BnNhwcVectorWidth(unittest.TestCase):
     def test_ptx_given(self):
-        self.assertTrue(PTX_FILES, "give the PTX of bn_nhwc.cu (CMake's ptx_vector_width test does)")
+        self.assertTrue(PTX_FILES,
+                        "give the PTX of bn_nhwc.cu (CMake's ptx_vector_width test does)")
 
     def test_stores_and_loads_are_one_access_per_thread_and_row(self):
         checked = set()
@@ -89,9 +92,8 @@ class BnNhwcVectorWidth(unittest.TestCase):
                     for _, quals, _, _, nbytes in stores:
                         self.assertEqual(nbytes, width, "store of %d bytes (%s), not %d: split by "
                                          "the compiler?" % (nbytes, ".".join(quals), width))
-                        self.assertEqual([q for q in quals if q in ("wb", "cg", "cs", "wt", "volatile",
-                                                                   "relaxed", "release")], [],
-                                         "not a plain store: %s" % ".".join(quals))
+                        hints = [q for q in quals if q in STORE_QUALIFIERS]
+                        self.assertEqual(hints, [], "not a plain store: %s" % ".".join(quals))
                     vloads = [a for a in accesses(body) if a[0] == "ld" and a[2] > 1]
                     self.assertGreaterEqual(len(vloads), 4, "fewer vector loads than rows a step")
                     for _, quals, _, _, nbytes in vloads:
@@ -118,10 +120,12 @@ class Parsing(unittest.TestCase):
                 "\tst.global.f64 \t[%rd4], %fd1;\n")
         got = [(k, n) for k, _, _, _, n in accesses(body)]
         self.assertEqual(got, [("st", 8), ("st", 4), ("ld", 8), ("st", 8)])
-        self.assertEqual(target("_ZN6ddprun5train4cuda43_GLOBAL__N_113forwardKernelI13__nv_bfloat16Li4EEEvPKv"),
-                         ("forwardKernel", 2, 4))
-        self.assertEqual(target("_ZN_17partialSumsKernelIfLi2ENS2_14BackwardSumsOpIfLi2EEEEEvT1_lllPd"),
-                         ("BackwardSumsOp", 4, 2))
+        self.assertEqual(
+            target("_ZN6ddprun5train4cuda43_GLOBAL__N_113forwardKernelI13__nv_bfloat16Li4EEEvPKv"),
+            ("forwardKernel", 2, 4))
+        self.assertEqual(
+            target("_ZN_17partialSumsKernelIfLi2ENS2_14BackwardSumsOpIfLi2EEEEEvT1_lllPd"),
+            ("BackwardSumsOp", 4, 2))
         self.assertIsNone(target("_ZN_17partialSumsKernelIfLi4ENS2_7StatsOpIfLi4EEEEEvT1_lllPd"))
         self.assertIsNone(target("_ZN_13forwardKernelIfLi1EEEvPKv"))
         text = ".visible .entry _Z1aPf(\n st.global.f32 [%rd1], %f1;\n}\n.entry _Z1bPf(\n}\n"
