@@ -12,8 +12,10 @@
 // Sums (launchBnNhwcStats, launchBnNhwcBackwardSums): blockIdx.y is a chunk
 // of chunkRows(rows) consecutive rows (at most kMaxChunks chunks, at least
 // kMinChunkRows rows each: 512 blocks for rows = 128*56*56 at c = 64). Each
-// thread sums, in double and in row order, the rows of its chunk congruent to
-// threadIdx.y mod 16; a fixed tree over threadIdx.y gives the chunk's partial,
+// thread sums, in row order, the rows of its chunk congruent to threadIdx.y
+// mod 16 (the statistics in double term by term; the backward sums in float
+// over the kUnroll rows of one loop step, then in double: kmath::BnGradGroup);
+// a fixed tree over threadIdx.y gives the chunk's partial,
 // written to the workspace ([chunk][2c]); a second kernel sums the partials
 // over the chunks (a fixed strided split of the chunks over 32 threads, then a
 // fixed tree). The order depends on rows only (not on V, the device or the
@@ -26,8 +28,10 @@
 //   backward sums:   reads x, dy (+ y), writes g (if gOut)  2E .. 4E
 //   backward data:   reads x, g (or dy (+ y)), writes dx   3E (3E .. 4E)
 // plus the per-chunk partials (2c doubles per chunk, under 1% at c = 64).
-// The double adds and the float->double conversions are below an H100's
-// FP64 rate at full bandwidth for 16-bit storage.
+// Per element the statistics take one float->double conversion and two
+// double operations; the backward sums, two float operations (and per group
+// of kUnroll rows two conversions and two double adds). Every output is one
+// vector store a thread and row (storeWords).
 #include "bn_nhwc.h"
 
 #include <algorithm>
@@ -52,9 +56,9 @@ constexpr int64_t kMaxChunks = 512;
 constexpr int64_t kMinChunkRows = 64;
 // The element-wise kernels' row blocks (each thread then loops over rows).
 constexpr int64_t kMaxRowBlocks = 1024;
-// The chunk reduction: 32 sums x 32 chunk lanes.
-// 32 lanes of chunks a column: 16 loads a thread at 512 chunks (with 8 lanes,
-// 64: the 40 reductions of a ResNet-18 step took 0.21 ms, 5 us each, on an H200).
+// The chunk reduction: 32 sums x 32 chunk lanes, 16 loads a thread at 512
+// chunks (with 8 lanes, 64: the 40 reductions of a ResNet-18 step took
+// 0.21 ms, 5 us each, on an H200).
 constexpr int kRx = 32, kRy = 32;
 
 int64_t chunkRows(int64_t rows) {

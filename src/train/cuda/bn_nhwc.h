@@ -3,7 +3,8 @@
 // for activations stored as float32, bfloat16 or float16: cuDNN has no bf16
 // batch norm, so these kernels normalise bf16 activations (and serve fp16 and
 // float alike). Statistics, parameters and running statistics are float; the
-// sums are double; element math is float (kernel_math.h's bnActForward,
+// sums are double (the backward sums add float groups of a few terms,
+// kmath::BnGradGroup); element math is float (kernel_math.h's bnActForward,
 // bnActGrad, bnActBackwardData, bnMomentsFromSums), loads convert exactly to
 // float and stores round to nearest even.
 //
@@ -81,7 +82,9 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
 // null without relu). Writes g into gOut (storage t: the residual's gradient
 // dz, exact) when gOut is not null; gOut may be dy itself. out[ch] = sum g,
 // out[c + ch] = sum g * xhat (xhat = (x - mean) * invstd recomputed from x, in
-// float; the product and sums in double), out[2c] = rows; rows == 0 and
+// float; g and g * xhat summed in float over each thread's group of
+// kmath::kBnGradGroup rows, the groups in double: kmath::BnGradGroup), out[2c]
+// = rows; rows == 0 and
 // c == 0 as launchBnNhwcStats. Traffic: reads x, dy (and y), writes g.
 void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
                               runtime::DType t, int64_t rows, int64_t c, const float* mean,
