@@ -85,19 +85,20 @@ __device__ Vec<T, V> ldv(const void* p, size_t i) {
 // a quarter of the width, four store instructions per 16 or 8 bytes (the SASS:
 // STG.E.U16 / STG.E). __stwb/__stcg are not split but come out as strong
 // stores (STG.E.64.STRONG.SM/.GPU); this is the plain STG.E.64/.128. The
-// "memory" clobber keeps it ordered with the kernel's other accesses (y may be
-// x: read before written). tests/cuda/ptx_vector_width_test.py checks the PTX
+// asm is volatile (never dropped: it has no outputs) and its "memory" clobber
+// keeps it ordered with the kernel's other accesses (y may be x: read before
+// written). tests/cuda/ptx_vector_width_test.py checks the PTX
 // of every kernel here.
 __device__ inline void storeWords(void* q, const unsigned (&w)[4]) {
-  asm("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(q), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-      "r"(w[3])
-      : "memory");
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(q), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
 }
 __device__ inline void storeWords(void* q, const unsigned (&w)[2]) {
-  asm("st.global.v2.u32 [%0], {%1, %2};" ::"l"(q), "r"(w[0]), "r"(w[1]) : "memory");
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(q), "r"(w[0]), "r"(w[1]) : "memory");
 }
 __device__ inline void storeWords(void* q, const unsigned (&w)[1]) {
-  asm("st.global.u32 [%0], %1;" ::"l"(q), "r"(w[0]) : "memory");
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(q), "r"(w[0]) : "memory");
 }
 template <class T>
 __device__ unsigned storedBits(float f) {
