@@ -190,6 +190,7 @@ int main(int argc, char** argv) {
                           {"rows", nlohmann::json::array()},
                           {"step", nlohmann::json::object()}};
     const auto layers = ddprun::bench::resnet18BnLayers(batch, image);
+    const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
     std::printf(
         "%s, batch %lld, image %lld: ms per launch, GB/s, and against a copy of the "
         "same tensor\n",
@@ -202,7 +203,6 @@ int main(int argc, char** argv) {
       for (const BnLayerGroup& l : layers) {
         const size_t bytes = static_cast<size_t>(l.elements()) * eb;
         // Rotate over copies that exceed twice the L2 (6 tensors a set).
-        const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
         const int sets =
             static_cast<int>(std::min<size_t>(16, (2 * l2) / (6 * bytes) + 1));
         LayerBuffers b(l, eb, sets);
@@ -269,10 +269,7 @@ int main(int argc, char** argv) {
       if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
     }
     cudaStreamDestroy(s);
-  } catch (const ddprun::runtime::CudaError& e) {
-    std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // CudaError and the launchers' InvalidArgument
     std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());
     return 3;
   }
