@@ -179,14 +179,20 @@ class TrainGpu(unittest.TestCase):
         # DDPRUN_CUDNN_GRAPH=1 runs every convolution through a cuDNN graph-API
         # engine, timed and accuracy-checked as the legacy algorithms are. It
         # applies in fast mode only, where both searches pick their fastest
-        # passing algorithms, so the runs differ by those algorithms' rounding:
-        # ResNet-18 (the 7x7 stem with 3 input channels at 64x64, whose
-        # backward-filter the graph API is for) within 1 % of the loss over
-        # its first 3 steps in tf32 and bf16, both learning, and no
-        # convolution falling back to the legacy search. Not 5 steps: this
-        # run memorises its data at lr 0.01, and a rounding difference grows
-        # about tenfold a step (H200, tf32: 4e-6, 3e-4, 2.7e-3, 8e-3, 5.4e-2
-        # over steps 0-4), while each graph engine's own error against
+        # passing algorithms (by timing, so the pairs differ from run to run),
+        # and the runs differ by those algorithms' rounding. ResNet-18 (the 7x7
+        # stem with 3 input channels at 64x64, whose backward-filter the graph
+        # API is for), tf32 and bf16, checked where the comparison means
+        # something:
+        # - step 0, the same weights: the forward's loss within 1 %;
+        # - step 1, after one update: the two updates moved the loss alike,
+        #   within 20 % of the step-0-to-1 change (the gradients agree);
+        # - both learn over 20 steps, and no convolution falls back.
+        # Not a later step's loss: this run memorises its data at lr 0.01, and a
+        # rounding difference grows about tenfold a step (H200, tf32: 4e-6,
+        # 3e-4, 2.7e-3, 8e-3, 5.4e-2 over steps 0-4 in one run; 3e-5, 3.4e-3,
+        # 1.2e-2 over steps 0-2 in another, whose step-1 difference was 2 % of
+        # the step's change), while each graph engine's own error against
         # float64 stays within the check's bounds (ConvFastModeWithinTheCheckBounds).
         data = ["--data", "synthetic-cifar", "--stem", "imagenet", "--image-size", "64",
                 "--train-samples", "640", "--test-samples", "64"]
@@ -201,10 +207,13 @@ class TrainGpu(unittest.TestCase):
             self.assertIn("cuDNN graph convolutions", got["backend"])
             self.assertNotIn("cuDNN graph convolutions", ref["backend"])
             self.assertNotIn("no cuDNN graph-API engine may run", self.last_stderr)
-            what = "resnet18 %s: graph API vs legacy search, first 3 steps" % prec
-            worst = max(abs(a - b) / abs(b) for a, b in zip(lg[:3], lr[:3]))
-            print("\n%s: worst relative loss difference %.2e" % (what, worst), file=sys.stderr)
-            self.assertLessEqual(worst, 0.01, "%s\n%s\n%s" % (what, lg, lr))
+            what = "resnet18 %s: graph API vs legacy search" % prec
+            forward = abs(lg[0] - lr[0]) / abs(lr[0])
+            update = abs(lg[1] - lr[1]) / abs(lr[0] - lr[1])
+            print("\n%s: step 0 relative loss difference %.2e; step 1 difference %.2e of the "
+                  "step's change" % (what, forward, update), file=sys.stderr)
+            self.assertLessEqual(forward, 0.01, "%s, step 0\n%s\n%s" % (what, lg, lr))
+            self.assertLessEqual(update, 0.2, "%s, step 1\n%s\n%s" % (what, lg, lr))
             self.assertLess(sum(lg[-5:]), sum(lg[:5]), "%s: no learning: %s" % (what, lg))
 
     def test_two_ranks_sharing_one_gpu_equal_one_rank_at_twice_the_batch(self):
