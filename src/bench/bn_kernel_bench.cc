@@ -35,6 +35,7 @@
 #include "bn_bench_plan.h"
 #include "cuda/bn_nhwc.h"
 #include "cuda/conv_reference.h"
+#include "cuda/resources.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"
 
@@ -45,42 +46,35 @@ using ddprun::bench::BnLayerGroup;
 using ddprun::runtime::DType;
 namespace tc = ddprun::train::cuda;
 
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    DDPRUN_CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+using ddprun::runtime::cuda::DeviceMemory;
+
+template <class T>
+T* as(const DeviceMemory& m) {
+  return static_cast<T*>(m.get());
+}
 
 // One configuration's tensors, `sets` copies of each activation-sized one.
 struct LayerBuffers {
   size_t bytes;  // one activation tensor
   int sets;
-  DeviceBuffer x, z, y, dy, g, dx, ws;
-  DeviceBuffer mean, invstd, gamma, beta, sums;
+  DeviceMemory x, z, y, dy, g, dx, ws;
+  DeviceMemory mean, invstd, gamma, beta, sums;
   LayerBuffers(const BnLayerGroup& l, size_t elementBytes, int sets_)
       : bytes(static_cast<size_t>(l.elements()) * elementBytes),
         sets(sets_),
-        x(bytes * sets),
-        z(bytes * sets),
-        y(bytes * sets),
-        dy(bytes * sets),
-        g(bytes * sets),
-        dx(bytes * sets),
-        ws(tc::bnNhwcWorkspaceBytes(l.rows(), l.c)),
-        mean(l.c * 4),
-        invstd(l.c * 4),
-        gamma(l.c * 4),
-        beta(l.c * 4),
-        sums((2 * l.c + 1) * 8) {}
-  void* at(const DeviceBuffer& b, int set) const { return b.as<char>() + bytes * set; }
+        x(DeviceMemory::alloc(bytes * sets)),
+        z(DeviceMemory::alloc(bytes * sets)),
+        y(DeviceMemory::alloc(bytes * sets)),
+        dy(DeviceMemory::alloc(bytes * sets)),
+        g(DeviceMemory::alloc(bytes * sets)),
+        dx(DeviceMemory::alloc(bytes * sets)),
+        ws(DeviceMemory::alloc(tc::bnNhwcWorkspaceBytes(l.rows(), l.c))),
+        mean(DeviceMemory::alloc(l.c * 4)),
+        invstd(DeviceMemory::alloc(l.c * 4)),
+        gamma(DeviceMemory::alloc(l.c * 4)),
+        beta(DeviceMemory::alloc(l.c * 4)),
+        sums(DeviceMemory::alloc((2 * l.c + 1) * 8)) {}
+  void* at(const DeviceMemory& b, int set) const { return as<char>(b) + bytes * set; }
 };
 
 void fill(void* p, size_t n, DType t, uint64_t seed, cudaStream_t s) {
@@ -101,28 +95,28 @@ void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, i
   void* g = b.at(b.g, set);
   switch (k) {
     case BnKernel::kStats:
-      tc::launchBnNhwcStats(x, t, l.rows(), l.c, b.ws.p, b.sums.as<double>(), s);
+      tc::launchBnNhwcStats(x, t, l.rows(), l.c, b.ws.get(), as<double>(b.sums), s);
       break;
     case BnKernel::kForward:
       tc::launchBnNhwcForward(x, residual ? b.at(b.z, set) : nullptr, y, t, l.rows(), l.c,
-                              b.mean.as<float>(), b.invstd.as<float>(),
-                              b.gamma.as<float>(), b.beta.as<float>(), relu, s);
+                              as<float>(b.mean), as<float>(b.invstd), as<float>(b.gamma),
+                              as<float>(b.beta), relu, s);
       break;
     case BnKernel::kBackwardSums:
-      tc::launchBnNhwcBackwardSums(
-          x, relu ? y : nullptr, dy, residual ? g : nullptr, t, l.rows(), l.c,
-          b.mean.as<float>(), b.invstd.as<float>(), relu, b.ws.p, b.sums.as<double>(), s);
+      tc::launchBnNhwcBackwardSums(x, relu ? y : nullptr, dy, residual ? g : nullptr, t,
+                                   l.rows(), l.c, as<float>(b.mean), as<float>(b.invstd),
+                                   relu, b.ws.get(), as<double>(b.sums), s);
       break;
     case BnKernel::kBackwardData:
       if (residual)
         tc::launchBnNhwcBackwardData(x, nullptr, nullptr, g, b.at(b.dx, set), t, l.rows(),
-                                     l.c, b.sums.as<double>(), b.gamma.as<float>(),
-                                     b.mean.as<float>(), b.invstd.as<float>(), relu, s);
+                                     l.c, as<double>(b.sums), as<float>(b.gamma),
+                                     as<float>(b.mean), as<float>(b.invstd), relu, s);
       else
         tc::launchBnNhwcBackwardData(x, relu ? y : nullptr, dy, nullptr, b.at(b.dx, set),
-                                     t, l.rows(), l.c, b.sums.as<double>(),
-                                     b.gamma.as<float>(), b.mean.as<float>(),
-                                     b.invstd.as<float>(), relu, s);
+                                     t, l.rows(), l.c, as<double>(b.sums),
+                                     as<float>(b.gamma), as<float>(b.mean),
+                                     as<float>(b.invstd), relu, s);
       break;
   }
 }
@@ -132,17 +126,13 @@ void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, i
 template <class F>
 double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
   for (int i = 0; i < 2 * sets; ++i) f(i % sets);
-  cudaEvent_t a, b;
-  DDPRUN_CUDA_OK(cudaEventCreate(&a));
-  DDPRUN_CUDA_OK(cudaEventCreate(&b));
-  DDPRUN_CUDA_OK(cudaEventRecord(a, s));
+  const tc::Event a = tc::Event::createTiming(), b = tc::Event::createTiming();
+  a.record(s);
   for (int i = 0; i < reps; ++i) f(i % sets);
-  DDPRUN_CUDA_OK(cudaEventRecord(b, s));
-  DDPRUN_CUDA_OK(cudaEventSynchronize(b));
+  b.record(s);
+  b.synchronize();
   float ms = 0;
   DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   return static_cast<double>(ms) / reps;
 }
 
@@ -180,8 +170,7 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    cudaStream_t s;
-    DDPRUN_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const tc::Stream s = tc::Stream::create();
     nlohmann::json doc = {{"device", prop.name},
                           {"l2_bytes", prop.l2CacheSize},
                           {"batch", batch},
@@ -211,15 +200,15 @@ int main(int argc, char** argv) {
           fill(b.at(b.z, k), l.elements(), t, 101 + k, s);
           fill(b.at(b.dy, k), l.elements(), t, 211 + k, s);
         }
-        tc::launchFillUniform(b.gamma.as<float>(), l.c, 5, s);
-        tc::launchFillUniform(b.beta.as<float>(), l.c, 6, s);
+        tc::launchFillUniform(as<float>(b.gamma), l.c, 5, s);
+        tc::launchFillUniform(as<float>(b.beta), l.c, 6, s);
         // Real statistics and outputs (the ReLU's mask) before timing.
         launch(BnKernel::kStats, l, b, t, 0, s);
-        tc::launchBnNhwcFinish(b.sums.as<double>(), l.c, 1e-5, 0.1, b.mean.as<float>(),
-                               b.invstd.as<float>(), nullptr, nullptr, s);
+        tc::launchBnNhwcFinish(as<double>(b.sums), l.c, 1e-5, 0.1, as<float>(b.mean),
+                               as<float>(b.invstd), nullptr, nullptr, s);
         for (int k = 0; k < sets; ++k) launch(BnKernel::kForward, l, b, t, k, s);
         for (int k = 0; k < sets; ++k) launch(BnKernel::kBackwardSums, l, b, t, k, s);
-        DDPRUN_CUDA_OK(cudaStreamSynchronize(s));
+        s.synchronize();
         const double copyMs = timeMs(reps, sets, s, [&](int k) {
           DDPRUN_CUDA_OK(cudaMemcpyAsync(b.at(b.dx, k), b.at(b.x, k), bytes,
                                          cudaMemcpyDeviceToDevice, s));
@@ -268,7 +257,6 @@ int main(int argc, char** argv) {
           name.c_str(), stepMs, stepCopyMs);
       if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
     }
-    cudaStreamDestroy(s);
   } catch (const std::exception& e) {  // CudaError and the launchers' InvalidArgument
     std::fprintf(stderr, "bn_kernel_bench: %s\n", e.what());
     return 3;
