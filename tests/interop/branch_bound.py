@@ -140,17 +140,33 @@ class Step:
         self.grads = {n: p.grad.detach() for n, p in m64.named_parameters()}
         self.buffers = {n: b.detach() for n, b in m64.named_buffers()}
 
-        m32, log32 = _tapped(model, torch.float32)
+        self._model, self._x, self._y = model, x, y
+        self._log64 = log64
+        self._m64 = m64
+        self._candidates = None
+
+    @property
+    def candidates(self):
+        """Every branch within eps of deciding the other way, nearest first:
+        [(|x| / eps, tap, what to backward)]. Computed on first use (it needs
+        PyTorch's float32 step): a step whose gradients match at rounding
+        level never asks."""
+        if self._candidates is None:
+            self._find_branches()
+        return self._candidates
+
+    def _find_branches(self):
+        log64, m64 = self._log64, self._m64
+        m32, log32 = _tapped(self._model, torch.float32)
         m32.train()
-        F.cross_entropy(m32(x.float()), y).backward(retain_graph=True)
+        F.cross_entropy(m32(self._x.float()), self._y).backward(retain_graph=True)
         if [t[:2] for t in log32] != [t[:2] for t in log64]:
             raise AssertionError("float32 and float64 forwards tapped different layers")
         self._names = [n for n, _ in m32.named_parameters()]
         self._params = [p for _, p in m32.named_parameters()]
         self._log = log32
         self._x64 = [t[2].detach() for t in log64]
-        # Every branch within eps: (|x| / eps, tap, what to backward).
-        self.candidates = []
+        candidates = []
         self.eps = {}
         for t, ((kind, name, x64, y64, idx64), (_, _, x32, _, _)) in enumerate(zip(log64,
                                                                                 log32)):
@@ -162,13 +178,12 @@ class Step:
                 u = log32[t][3].grad
                 for i in (x64.abs() < eps).nonzero().tolist():
                     if u[tuple(i)].item() != 0.0:
-                        self.candidates.append((abs(x64[tuple(i)].item()) / eps, t,
-                                                ("relu", tuple(i))))
+                        candidates.append((abs(x64[tuple(i)].item()) / eps, t, ("relu", tuple(i))))
             else:
                 k, s, p = _pool_geometry(m64, name)
                 for gap, where in _pool_candidates(x64, y64.detach(), idx64, k, s, p, eps):
-                    self.candidates.append((gap / eps, t, ("pool", where)))
-        self.candidates.sort(key=lambda c: c[0])
+                    candidates.append((gap / eps, t, ("pool", where)))
+        self._candidates = sorted(candidates, key=lambda c: c[0])
 
     def _effect(self, t, what):
         """The signed change of every parameter gradient if branch i went the

@@ -15,4 +15,5 @@ if ! "$py" -c "import torch.distributed" 2>/dev/null; then
 fi
 cd "$(dirname "$0")"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 300 "$py" "$@"
+# The bound: ctest's TIMEOUT of the test, passed as DDPRUN_INTEROP_TIMEOUT where it is not 300.
+exec timeout "${DDPRUN_INTEROP_TIMEOUT:-300}" "$py" "$@"
