@@ -18,24 +18,27 @@ The effect of a branch is not machine-dependent: once the forward is fixed
 upstream gradient, so flipping branch i changes the parameter gradients by
 exactly e_i = J^T (u_i 1_i), the backward of the upstream gradient u_i of
 that one element (for a pool window: u moved from one input to the other).
-Step.explain() therefore accepts a float32 gradient g32 when, element by
-element,
+Step.explain() therefore accepts a float32 gradient g32 when some flips
+explain it: weights d_i in [0, 1] with, for every parameter and element,
 
-    |g32 - g64| <= tol + sum over the branches i in A of |e_i|
+    |g32 - g64 - sum over the branches i in A of d_i * s_i * e_i| <= tol
 
-where A holds the branches within eps of deciding the other way, eps per
-tapped layer being SAFETY times the largest |x32 - x64| that PyTorch's own
-float32 forward shows at that layer, on this machine, from the same state.
-A wrong kernel (a batch norm backward missing a term, a convolution gradient
-of the wrong window) is off by far more than a few branches' effects, and
-in elements no branch reaches.
+where s_i is the only direction branch i can go (a ReLU input float64
+passes can only be blocked), and A holds the branches within eps of deciding
+the other way, eps per tapped layer being SAFETY times the largest
+|x32 - x64| that PyTorch's own float32 forward shows at that layer, on this
+machine, from the same state. The weights are fitted by least squares over
+every tensor a flip reaches, in units of tol: a real flip shows its own
+pattern in the convolution right below the ReLU as well as in conv1, so a
+wrong kernel (a batch norm backward off by 0.1 %, one missing a term, a
+convolution gradient of the wrong window) is not a combination of a few.
 
-Branches are taken nearest-first (|x| / eps), and the sum stops as soon as
-every gradient is explained: the bound only grows with more branches, so
-stopping early never accepts what the full sum would refuse, and a correct
-step costs a handful of partial backwards instead of one per branch. The
-partial backwards run through PyTorch's float32 graph of the same step
-(float64's decisions, float32's graph: the difference is second order).
+Branches are tried nearest-first (|x| / eps), 1, 2, 4, ... of them, until the
+fit holds: a correct step needs a handful of partial backwards, not one per
+branch, and a step whose gradients already match needs none (PyTorch's
+float32 step is computed only then). The partial backwards run through
+PyTorch's float32 graph of the same step (float64's decisions, float32's
+graph: the difference is second order).
 """
 import copy
 
