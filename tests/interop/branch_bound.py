@@ -168,23 +168,21 @@ class Step:
         self._names = [n for n, _ in m32.named_parameters()]
         self._params = [p for _, p in m32.named_parameters()]
         self._log = log32
-        self._x64 = [t[2].detach() for t in log64]
         candidates = []
-        self.eps = {}
         for t, ((kind, name, x64, y64, idx64), (_, _, x32, _, _)) in enumerate(zip(log64,
                                                                                 log32)):
             x64 = x64.detach()
             err = (x32.detach().double() - x64).abs().max().item()
             eps = max(SAFETY * err, EPS_FLOOR_REL * x64.abs().max().item())
-            self.eps["%d:%s" % (t, name)] = eps
             if kind == "relu":
                 u = log32[t][3].grad
                 for i in (x64.abs() < eps).nonzero().tolist():
                     if u[tuple(i)].item() != 0.0:
                         candidates.append((abs(x64[tuple(i)].item()) / eps, t, ("relu", tuple(i))))
             else:
-                k, s, p = _pool_geometry(m64, name)
-                for gap, where in _pool_candidates(x64, y64.detach(), idx64, k, s, p, eps):
+                pool = m64.get_submodule(name)
+                for gap, where in _pool_candidates(x64, y64.detach(), idx64, pool.k, pool.s,
+                                                   pool.p, eps):
                     candidates.append((gap / eps, t, ("pool", where)))
         self._candidates = sorted(candidates, key=lambda c: c[0])
 
@@ -197,7 +195,7 @@ class Step:
         _, _, x, y, _ = self._log[t]
         v = torch.zeros_like(x)
         if what[0] == "relu":
-            v[what[1]] = y.grad[what[1]] * (-1.0 if self._x64[t][what[1]] > 0 else 1.0)
+            v[what[1]] = y.grad[what[1]] * (-1.0 if self._log64[t][2][what[1]] > 0 else 1.0)
         else:
             nc, taken, other, l = what[1]
             u = y.grad.reshape(v.shape[0] * v.shape[1], -1)[nc, l]
@@ -230,8 +228,6 @@ class Step:
         changes = []            # per branch tried: {parameter: float32 change}
         gram = torch.zeros(0, 0, dtype=torch.float64)
         rhs = torch.zeros(0, dtype=torch.float64)
-        weights = torch.zeros(0, dtype=torch.float64)
-        residual = diffs
         size = 1
         while True:
             for _, t, what in self.candidates[len(changes):size]:
@@ -276,8 +272,3 @@ def _box_least_squares(gram, rhs, sweeps=500):
         if (w - before).abs().max().item() < 1e-9:
             break
     return w
-
-
-def _pool_geometry(model, name):
-    mod = model.get_submodule(name)
-    return mod.k, mod.s, mod.p

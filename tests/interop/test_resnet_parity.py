@@ -31,11 +31,11 @@ numpy), same SGD with momentum. For each stem (cifar; imagenet at 32x32):
      mean, a convolution's dL/dx 1 % off or a weight gradient with two taps
      of its window swapped all fail at step 1 (scripts/replay_fault_check.sh
      builds train with each; the self-test below fakes a 0.1 % one in every
-     run). Nothing here depends on which machine
-     computed it: the branch set and their effects come from float64, and
-     any float32 rounding, this machine's or another's, flips only branches
-     inside it (train's flips sat within 0.12 of the bound on an AVX-512
-     Xeon, natively and with oneDNN and OpenBLAS held to AVX2);
+     run). Nothing here depends on which machine computed it: the branch set
+     and their effects come from float64, and any float32 rounding, this
+     machine's or another's, flips only branches inside it (train's flips
+     sat within 0.12 of the bound on an AVX-512 Xeon, natively and with
+     oneDNN and OpenBLAS held to AVX2);
   2. free running (imagenet stem; the cifar stem costs 4x and adds nothing
      the replay does not check): train's per-step losses against PyTorch
      running the same STEPS steps from the same start, within 1e-4 or 10x
@@ -236,7 +236,7 @@ class ResNetParity(unittest.TestCase):
         self.assertEqual(sorted(ckpts), list(range(1, STEPS + 1)), "checkpoints after each step")
         x, y = self.train_xy
         prev = lenet.load_safetensors(init)
-        worst = {"loss": 0.0, "grad": 0.0, "excess": -1.0, "stats": 0.0, "ratio": 0.0}
+        worst = {"loss": 0.0, "grad": 0.0, "stats": 0.0, "ratio": 0.0}
         flips = []  # per step: the branches train took the other way
         for s in range(1, STEPS + 1):
             ours = lenet.load_safetensors(ckpts[s])
