@@ -206,19 +206,33 @@ class Agent::Impl {
     startWorkers();
   }
 
-  // A failed join: cancelled (we asked for it), the job already over (a late
-  // node: nothing to do, exit 0, as torchrun on RendezvousClosedError), or a
-  // setup error (peers missing, store unreachable: exit 3).
+  // A failed join: cancelled (we asked for it), the job already over, or a
+  // setup error (peers missing, store unreachable: exit 3). The job over: a
+  // node that never ran workers of it arrived late (nothing to do, exit 0,
+  // as torchrun on RendezvousClosedError); one that did is joining again
+  // after its round ended, and exits with the job's result (docs/agent.md,
+  // "Exit codes by the job's outcome").
   void onJoinFailed(std::exception_ptr err) {
     try {
       std::rethrow_exception(err);
     } catch (const CancelledError&) {
       return;
     } catch (const rendezvous::ClosedError& e) {
-      DDPRUN_NOTICE("the job ", cfg_.rdzvId, " is already over (",
-                    closedReason(e.message()), "); nothing to do");
       reporter_->event("rendezvous_closed", {{"reason", e.message()}}, restartCount_);
-      finish(kExitSuccess);
+      if (!announcedStart_) {
+        DDPRUN_NOTICE("the job ", cfg_.rdzvId, " is already over (",
+                      closedReason(e.message()), "); nothing to do");
+        finish(kExitSuccess);
+      } else if (e.finished()) {
+        DDPRUN_NOTICE("the job ", cfg_.rdzvId, " finished without this node (",
+                      closedReason(e.message()), ")");
+        finish(kExitSuccess);
+      } else {
+        DDPRUN_ERROR("the job ", cfg_.rdzvId, " ended while this node was joining again (",
+                     closedReason(e.message()), ")");
+        report();
+        finish(kExitWorkersFailed);
+      }
       return;
     } catch (const rendezvous::JobMismatchError& e) {
       // This node's job-wide flags differ from the job's: a usage error.
@@ -367,6 +381,9 @@ class Agent::Impl {
                       stopCause_ == StopCause::kOwnFailure &&
                       (ev.kind == RoundEnd::kFailed || ev.kind == RoundEnd::kClosed);
     if (ours) {  // we reported it and are already stopping
+      // Reported as a failure, ended as closed: the rendezvous cannot
+      // restart the job (its state was lost or tampered with). Over.
+      if (ev.kind == RoundEnd::kClosed) ownEndClosed_ = true;
       if (awaitingRoundEnd_) afterStopped();
       return;
     }
@@ -446,7 +463,8 @@ class Agent::Impl {
     // or when our own failure used up the budget.
     const bool closed = (peer_ && (peer_->kind == RoundEnd::kClosed ||
                                    peer_->kind == RoundEnd::kStoreLost)) ||
-                        (stopCause_ == StopCause::kOwnFailure && restartsLeft() <= 0);
+                        (stopCause_ == StopCause::kOwnFailure &&
+                         (restartsLeft() <= 0 || ownEndClosed_));
     if (membership || (!closed && restartsLeft() > 0)) {
       restart(membership);
       return;
@@ -634,7 +652,8 @@ class Agent::Impl {
   int restartCount_ = 0;
   int signal_ = 0;
   int exitCode_ = 0;
-  bool announcedStart_ = false;
+  bool announcedStart_ = false;  // workers of this job ran here (onJoinFailed)
+  bool ownEndClosed_ = false;    // this node's failure ended its round as kClosed
 };
 
 Agent::Agent(LaunchConfig cfg, AgentParts parts)

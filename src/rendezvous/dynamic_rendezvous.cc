@@ -42,9 +42,6 @@ constexpr Millis kWatchSlice{3'600'000};
 // How long a join waits for the join before it in line (see Turn).
 constexpr Millis kTurnPatience{2'000};
 
-// The <n> of node ids: distinct for every rendezvous of this process.
-std::atomic<int> nextLocalId{0};
-
 // Keys: job_keys.h.
 //
 // Threads: the agent's thread calls the interface; a task thread runs joins,
@@ -96,7 +93,7 @@ class DynamicRendezvous final : public Rendezvous {
           } catch (const ProtocolError&) {  // endRound() looks again
           }
         }
-        if (client_->add(key(round, "done"), 1) < roundSize_) return;
+        if (!reportDone(round)) return;
         if (tampered) return bury(round, RoundEnd::kFinished, "", *tampered);
         endRound(round, RoundEnd::kFinished, "");
       });
@@ -220,15 +217,36 @@ class DynamicRendezvous final : public Rendezvous {
             : backend_.hosting       ? opts_.endpointHost
                                      : backend_.localAddress(*client_);
     if (addr_.empty()) addr_ = net::hostName();
-    me_.id = detail::makeNodeId(addr_, backend_.pid, nextLocalId++);
+    me_.id = detail::makeNodeId(addr_, backend_.pid,
+                                backend_.nonce.empty()
+                                    ? str::randomToken(detail::kNodeNonceChars)
+                                    : backend_.nonce);
     if (!detail::isValidNodeId(me_.id))
       DDPRUN_THROW(InvalidArgument, "this node's address '", str::escape(addr_, 80),
-                   "' cannot name it in the rendezvous (at most 240 characters of "
+                   "' cannot name it in the rendezvous (at most 230 characters of "
                    "letters, digits and ._-:%[]); pass another --local-addr");
+    claimId();
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
     liveness_->setOnLost([this](int64_t silentMs) { onLost(silentMs); });
+  }
+
+  // The id is this instance's alone: its claim key holds a token only this
+  // instance knows (a compare_set: its reply is the same if it is sent
+  // again after a lost reply). Another instance's token there means two
+  // agents drew the same id, and they must not merge into one node.
+  void claimId() {
+    const std::string claim = keys_.jobKey("id/" + me_.id);
+    const std::string token = str::randomToken(24);
+    const std::string holder = client_->compareSet(claim, "", token);
+    if (holder != token)
+      DDPRUN_THROW(Error, "another agent already joined job ", opts_.runId,
+                   " with this node's id ", me_.id, " (", detail::describeNode(me_.id),
+                   "): two agents would merge into one node; this one refuses to join. "
+                   "Ids hold a random part, so this means a copied process or a "
+                   "program writing the job's keys; start this node again");
+    claimKey_ = claim;
   }
 
   // On the heartbeat's beating thread: no beat of this node reached the
@@ -278,8 +296,10 @@ class DynamicRendezvous final : public Rendezvous {
       turn.release();
       afterRead(*client_, s);
       if (outcome == JoinOutcome::kClosed)
-        DDPRUN_THROW(ClosedError, "the job ", opts_.runId,
-                     " is already over: ", s.closedReason);
+        throw ClosedError(::ddprun::detail::concat("the job ", opts_.runId, " is already over: ",
+                                   s.closedReason),
+                          __FILE__, __LINE__,
+                          /*finished=*/s.lastEnd == detail::encodeEnd(RoundEnd::kFinished, -1, ""));
       if (outcome == JoinOutcome::kFull)
         DDPRUN_THROW(InvalidArgument, "job ", opts_.runId, " already has ",
                      detail::waitingCap(opts_.maxNodes),
@@ -356,8 +376,19 @@ class DynamicRendezvous final : public Rendezvous {
     std::string key_;
   };
 
+  // A ticket whose reply was lost (the connection broke after the ADD left:
+  // it is not sent again, it may have counted) only costs the turn: this
+  // node joins without one, and the holder of the next ticket waits
+  // kTurnPatience for the turn nobody passes on.
   Turn takeTurn() {
-    const int64_t ticket = client_->add(keys_.jobKey("turn"), 1);
+    int64_t ticket = 0;
+    try {
+      ticket = client_->add(keys_.jobKey("turn"), 1);
+    } catch (const IoError& e) {
+      DDPRUN_INFO("rendezvous: joining without a turn (taking a ticket failed: ",
+                  e.message(), ")");
+      return Turn{};
+    }
     if (ticket > 1) {
       const std::string before = keys_.jobKey("turn/") + std::to_string(ticket - 1);
       try {
@@ -482,6 +513,20 @@ class DynamicRendezvous final : public Rendezvous {
     info.workerStoreHost = hp.host;
     info.workerStorePort = hp.port;
     return true;
+  }
+
+  // On the task thread: this node's "done" for `round`, a key of its own
+  // written by a compare_set (answered, unlike a SET, and sent again after
+  // a lost reply, unlike a counter's ADD: store::replayOf), then whether
+  // every participant's is there. Every node checks after its own write, so
+  // the last one to write sees them all (more than one may: the first end
+  // wins). True: every participant's workers succeeded.
+  bool reportDone(int round) {
+    const auto mine = key(round, "done/" + nodeId_);
+    client_->compareSet(mine, "", "1");
+    std::vector<std::string> keys{mine};
+    for (const auto& id : roundPeers_) keys.push_back(key(round, "done/" + id));
+    return client_->check(keys);
   }
 
   // On the task thread: the state change that ends `round`, then its key;
@@ -673,6 +718,7 @@ class DynamicRendezvous final : public Rendezvous {
       ensureMarkers(*store, s);
       if (lastJoined_ >= 0 && !backend_.hosting)  // the host need not wait for this node
         store->set(key(lastJoined_, "left/" + nodeId_), "");
+      if (!claimKey_.empty()) store->deleteKey(claimKey_);
       if (backend_.hosting) awaitGoodbyes(*store);
     } catch (const Error& e) {
       DDPRUN_DEBUG("rendezvous: leaving without every goodbye: ", e.message());
@@ -742,6 +788,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::string addr_;
   NodeDesc me_;
   std::string nodeId_;  // me_.id, for the watchers (set before the first)
+  std::string claimKey_;  // id/<me_.id>, once claimed
   std::unique_ptr<detail::Liveness> liveness_;
   std::vector<std::string> peers_;       // watched by liveness_
   std::vector<std::string> roundPeers_;  // the other participants of the last round

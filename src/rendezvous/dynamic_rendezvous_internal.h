@@ -68,6 +68,7 @@ struct DynamicBackend {
       waitUntil;
   bool hosting = false;      // this node serves the endpoint: group rank 0
   int64_t pid = 0;           // for the node id; 0: getpid()
+  std::string nonce;         // the node id's random part; "": a fresh one (tests fix it)
   std::string storeAddress;  // the endpoint, for messages: "10.0.0.1:29400"
   // This node's failed beats so far (Rendezvous::heartbeatsMissed); may be
   // null (tests).

@@ -64,11 +64,11 @@ std::string textIn(const json& j, const char* name, size_t maxBytes) {
               " bytes");
   return t;
 }
-// Node ids are "<addr>_<pid>_<n>": printable, no quotes or controls.
+// Node ids are "<addr>_<pid>_<nonce>": printable, no quotes or controls.
 std::string idIn(const json& j) {
   std::string id = j.is_string() ? j.get<std::string>() : textIn(j, "id", kMaxIdBytes);
   if (!isValidNodeId(id))
-    throw Bad("a node id \"" + str::escape(id, 40) + "\" is not <addr>_<pid>_<n>");
+    throw Bad("a node id \"" + str::escape(id, 40) + "\" is not <addr>_<pid>_<nonce>");
   return id;
 }
 
@@ -192,8 +192,8 @@ bool isValidNodeId(const std::string& id) {
          });
 }
 
-std::string makeNodeId(const std::string& addr, int64_t pid, int n) {
-  return addr + "_" + std::to_string(pid) + "_" + std::to_string(n);
+std::string makeNodeId(const std::string& addr, int64_t pid, const std::string& nonce) {
+  return addr + "_" + std::to_string(pid) + "_" + nonce;
 }
 
 std::string describeNode(const std::string& id) {

@@ -49,8 +49,8 @@
 
 namespace ddprun::rendezvous::detail {
 
-// A node as the state records it. The id is "<addr>_<pid>_<n>", fixed for
-// an agent's life.
+// A node as the state records it. The id is "<addr>_<pid>_<nonce>"
+// (makeNodeId), fixed for an agent's life.
 struct NodeDesc {
   std::string id;
   int nproc = 0;      // participants only
@@ -111,9 +111,14 @@ int64_t waitingCap(int maxNodes);
 // above it is refused before it is parsed.
 size_t maxStateBytes(int maxNodes);
 
-// "<addr>_<pid>_<n>"; "node <addr> (pid <pid>)" for messages (the id itself
-// if it has not that form).
-std::string makeNodeId(const std::string& addr, int64_t pid, int n);
+// "<addr>_<pid>_<nonce>": the address and pid for the humans, the nonce (a
+// random token per rendezvous instance, kNodeNonceChars of [a-z0-9]) so that
+// two agents with the same address and pid (containers with host
+// networking, each running ddprun as PID 1) never share an id.
+// describeNode: "node <addr> (pid <pid>)" for messages (the id itself if it
+// has not that form).
+constexpr size_t kNodeNonceChars = 12;  // 36^12: about 62 bits
+std::string makeNodeId(const std::string& addr, int64_t pid, const std::string& nonce);
 // What a state accepts as a node id: 1 to kMaxIdBytes of [A-Za-z0-9._:%[]-].
 bool isValidNodeId(const std::string& id);
 std::string describeNode(const std::string& id);

@@ -94,7 +94,7 @@ RoundEvent JobKeys::awaitTrustedEnd(store::Store& store, int round,
 void JobKeys::forgetRound(store::Store& store, int round) const {
   if (round < 0) return;
   try {
-    for (const char* name : {"complete", "worker_store", "done", "end"})
+    for (const char* name : {"complete", "worker_store", "end"})
       store.deleteKey(key(round, name));
   } catch (const Error& e) {
     DDPRUN_DEBUG("rendezvous: round ", round, "'s keys stay: ", e.message());
@@ -104,7 +104,10 @@ void JobKeys::forgetRound(store::Store& store, int round) const {
 void JobKeys::sayLeft(store::Store& store, int round, const std::string& nodeId) const {
   try {
     store.set(key(round, "left/" + nodeId), "");
-    if (round >= 2) store.deleteKey(key(round - 2, "left/" + nodeId));
+    if (round >= 2) {
+      store.deleteKey(key(round - 2, "left/" + nodeId));
+      store.deleteKey(key(round - 2, "done/" + nodeId));
+    }
   } catch (const Error& e) {
     DDPRUN_DEBUG("rendezvous: could not say goodbye for round ", round, ": ", e.message());
   }

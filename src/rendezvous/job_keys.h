@@ -12,16 +12,19 @@
 //   round/<r>/worker_store  "host:port" of the round's worker store (group
 //                           rank 0), or kNoWorkerStore once the round ended
 //                           without one
-//   round/<r>/done          nodes whose workers all succeeded (counter)
+//   round/<r>/done/<id>     node <id>'s workers all succeeded (a SET, so a
+//                           report whose reply was lost is sent again)
 //   round/<r>/end           how round r ended (round_end.h), copied from the
 //                           state by whoever wrote the end, or anyone who
 //                           finds it missing; the watchers WAIT on it
 //   round/<r>/left/<id>     the node read round r's end (the host waits for
 //                           these, bounded, before its store goes)
 //   Round r-2's keys go when round r completes (group rank 0 deletes them;
-//   each node its own left/<id>): a node still in round r-2 was dropped
+//   each node its own left/<id> and done/<id>): a node still in round r-2 was dropped
 //   two rounds ago.
 //   turn, turn/<t>          join tickets and the end of ticket t's turn
+//   id/<node id>            the node's claim on its id: a token only that
+//                           instance knows (dynamic_rendezvous.cc claimId)
 //
 // Thread-safety: const and stateless beyond its configuration; every call
 // works on the connection it is given.

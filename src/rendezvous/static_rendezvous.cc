@@ -35,7 +35,7 @@ using Millis = std::chrono::milliseconds;
 //   worker_store  port of the round's worker store, hosted by node 0: the
 //                 agent store's own (the earlier workers' keys just erased),
 //                 or with authentication a fresh store's
-//   done          nodes whose workers all succeeded (counter)
+//   done/<i>      node i's workers all succeeded
 //   end           how the round ended (see encodeEnd); the first writer wins
 //   left/<i>      node i no longer needs the agent store for this round
 //                 (node 0 waits for these, bounded, before stopping it)
@@ -75,9 +75,15 @@ class StaticRendezvous final : public Rendezvous {
 
   void reportSuccess(int round) override {
     tasks_.push([this, round] {
+      // A key of this node's own, written by a compare_set (answered, unlike
+      // a SET, and sent again after a lost reply, unlike a counter's ADD:
+      // store::replayOf), then whether every node's is there: the last node
+      // to write sees them all and ends the round (more than one may; the
+      // first end wins).
       report(round, "its workers succeeded", [&] {
-        if (client_->add(key(round, "done"), 1) == opts_.nnodes)
-          client_->compareSet(key(round, "end"), "", "finished");
+        client_->compareSet(key(round, "done/" + std::to_string(opts_.nodeRank)), "", "1");
+        if (client_->check(nodeKeys(round, "done")))
+          client_->compareSet(key(round, "end"), "", encodeEnd(RoundEnd::kFinished, -1, ""));
       });
     });
   }

@@ -6,7 +6,9 @@
 // States and transitions (every event arrives on the agent's one thread):
 //   kJoining  --joined-->           kRunning   (workers started)
 //   kJoining  --join failed-->      kDone(3)
-//   kJoining  --job already over--> kDone(0)   (ClosedError: a late node)
+//   kJoining  --job already over--> kDone(0)   (ClosedError: a late node, or
+//                                   one re-joining after the job finished)
+//                                 | kDone(1)   (re-joining: the job failed)
 //   kRunning  --a worker failed-->  kStopping  (report failure; stop the rest)
 //   kRunning  --all succeeded-->    kSucceeded (report success; wait for peers)
 //   kRunning  --round failed/closed/membership elsewhere--> kStopping

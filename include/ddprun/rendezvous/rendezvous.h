@@ -28,10 +28,20 @@
 namespace ddprun::rendezvous {
 
 // join() found the job over (it finished, or a node closed it after the
-// last restart): a node that arrives late has nothing to do. The agent
+// last restart). A node that never joined has nothing to do: the agent
 // prints the message and exits 0, as torchrun does on RendezvousClosedError.
+// A node that ran workers of this job and is joining again after a round
+// ended exits with the job's result: finished() says whether the job's last
+// round ended with every node's workers succeeded.
 class ClosedError : public Error {
-  using Error::Error;
+ public:
+  ClosedError(const std::string& msg, const char* file = "", int line = 0,
+              bool finished = false)
+      : Error(msg, file, line), finished_(finished) {}
+  bool finished() const { return finished_; }
+
+ private:
+  bool finished_;
 };
 
 // What a completed join gives this node.
@@ -85,8 +95,8 @@ class Rendezvous {
   // Joins the next round with this node's number of workers. `done` runs on
   // the agent's thread with the round's info, or with an error: TimeoutError
   // (peers missing; the message names them), CancelledError (cancel() was
-  // called), IoError (store unreachable), ClosedError (the job is over: exit
-  // 0). Never call again before `done` ran.
+  // called), IoError (store unreachable), ClosedError (the job is over; see
+  // there for the exit code). Never call again before `done` ran.
   virtual void join(int localWorldSize, JoinHandler done) = 0;
 
   // This node's workers of `round` all succeeded. The round ends as

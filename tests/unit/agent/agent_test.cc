@@ -354,6 +354,52 @@ TEST(AgentStateMachine, JobAlreadyOverExitsZeroWithOneLine) {
   }
 }
 
+// A node that ran workers of this job and, joining again after its round
+// failed, finds the job over exits with the job's result (issue 40): 1 when
+// the job ended failed (it exited 0 before, as a late node would), 0 when it
+// finished without this node.
+TEST(AgentStateMachine, ReJoiningIntoAClosedJobExitsWithTheJobsResult) {
+  for (bool finished : {false, true}) {
+    LaunchConfig c = config(1, 3);
+    c.rdzvId = "job7";
+    Harness h(c);
+    h.groups = 2;
+    h.policy = [](int attempt, int) { return attempt == 0 ? Behaviour{1} : Behaviour{0}; };
+    h.hook = [finished](FakeRendezvous& r, int round) {
+      if (round == 0) return r.complete(round);
+      r.fail(std::make_exception_ptr(rendezvous::ClosedError(
+          "the job job7 is already over: closed", "dyn.cc", 1, finished)));
+    };
+    EXPECT_EQ(h.run(), finished ? kExitSuccess : kExitWorkersFailed) << finished;
+    EXPECT_EQ(h.rdzv->joins, 2);
+    EXPECT_EQ(h.err.find("nothing to do"), std::string::npos) << h.err;
+    if (finished)
+      EXPECT_NE(h.err.find("ddprun: the job job7 finished without this node (closed)"),
+                std::string::npos)
+          << h.err;
+    else
+      EXPECT_NE(h.err.find("ddprun: error: the job job7 ended while this node was joining "
+                           "again (closed)"),
+                std::string::npos)
+          << h.err;
+  }
+}
+
+// This node's failure (restarts left) ended its round as closed, not failed:
+// the rendezvous cannot restart the job (its state is gone). Exit 1 at
+// once, without joining again (issue 40: a store restarted empty).
+TEST(AgentStateMachine, OwnFailureEndingTheRoundAsClosedEndsTheJob) {
+  Harness h(config(1, 3));
+  h.groups = 2;
+  h.absorbs = true;
+  h.policy = [](int, int) { return Behaviour{1}; };
+  h.failureBecomes = RoundEvent{0, RoundEnd::kClosed, 0,
+                                "rank 0 exited with 1; the job cannot restart: the state was deleted"};
+  EXPECT_EQ(h.run(), kExitWorkersFailed);
+  EXPECT_EQ(h.rdzv->joins, 1);
+  EXPECT_NE(h.err.find("Root Cause"), std::string::npos) << h.err;
+}
+
 // Several nodes: the start line names the rendezvous (its describe()).
 TEST(AgentStateMachine, StartLineNamesTheRendezvousAcrossNodes) {
   LaunchConfig c = config(2, 0);

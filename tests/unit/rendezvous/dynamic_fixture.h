@@ -102,8 +102,9 @@ struct Member {
 
 class DynamicRendezvousTest : public ::testing::Test {
  protected:
-  // Node i at 10.0.0.<i+1>, pid 100+i; `host` serves the endpoint.
-  std::unique_ptr<Member> member(int i, bool host = false) {
+  // Node i at 10.0.0.<i+1>, pid 100+i; `host` serves the endpoint; `nonce`
+  // fixes the node id's random part ("": a fresh one).
+  std::unique_ptr<Member> member(int i, bool host = false, const std::string& nonce = "") {
     auto m = std::make_unique<Member>();
     m->addr = "10.0.0." + std::to_string(i + 1);
     m->pid = 100 + i;
@@ -136,6 +137,7 @@ class DynamicRendezvousTest : public ::testing::Test {
       };
     b.hosting = host;
     b.pid = m->pid;
+    b.nonce = nonce;
     b.storeAddress = "memory:29400";
     m->node = std::make_unique<Node>();
     m->node->attach(

@@ -278,7 +278,7 @@ TEST_F(DynamicRendezvousTest, A256ThreadCompareSetRaceLosesNoUpdate) {
       std::string text;
       for (;;) {
         detail::State st = text.empty() ? detail::State{} : detail::fromJson(text, "k");
-        detail::NodeDesc me{detail::makeNodeId("10.1.0." + std::to_string(i), 1, 0), 1};
+        detail::NodeDesc me{detail::makeNodeId("10.1.0." + std::to_string(i), 1, "0"), 1};
         detail::joinStep(st, me, lim, kStart);
         std::string next = detail::toJson(st);
         std::string got = s->compareSet(stateKey(), text, next);
@@ -531,6 +531,47 @@ TEST_F(DynamicRendezvousTest, FinishedRoundsLeaveNoKeysBehind) {
             << " (after 10: " << after10 << ")\n";
   EXPECT_LE(keys, after10) << "bounded, not growing with the rounds";
   EXPECT_LT(keys, 30);
+}
+
+// Two agents with the same address and pid (containers with host
+// networking, each running ddprun as PID 1) are two nodes: the random part
+// of their ids differs (issue 40: they merged into one before).
+TEST_F(DynamicRendezvousTest, TwoAgentsWithTheSameAddressAndPidAreTwoNodes) {
+  opts_.minNodes = opts_.maxNodes = 2;
+  auto a = member(0), twin = member(0);
+  a->node->join(1);
+  awaitForming(1);
+  twin->node->join(1);
+  for (auto* m : {a.get(), twin.get()}) {
+    m->node->awaitJoin();
+    ASSERT_FALSE(m->node->error) << messageOf(*m->node);
+    EXPECT_EQ(m->node->info.groupWorldSize, 2);
+  }
+  EXPECT_NE(a->node->info.groupRank, twin->node->info.groupRank);
+  const detail::State s = state();
+  ASSERT_EQ(s.participants.size(), 2u);
+  EXPECT_NE(s.participants[0].id, s.participants[1].id);
+  for (const auto& d : s.participants)
+    EXPECT_EQ(d.id.rfind("10.0.0.1_100_", 0), 0u) << d.id;
+}
+
+// Should two instances ever draw the same id, the second is refused, saying
+// so, and the first goes on undisturbed.
+TEST_F(DynamicRendezvousTest, AnIdAnotherInstanceHoldsIsRefused) {
+  opts_.minNodes = opts_.maxNodes = 2;
+  auto a = member(0, false, "samenonce"), twin = member(0, false, "samenonce");
+  a->node->join(1);
+  awaitForming(1);
+  twin->node->join(1);
+  twin->node->awaitJoin();
+  ASSERT_TRUE(twin->node->error);
+  const std::string msg = messageOf(*twin->node);
+  EXPECT_NE(msg.find("another agent already joined job " + opts_.runId +
+                     " with this node's id 10.0.0.1_100_samenonce"),
+            std::string::npos)
+      << msg;
+  const detail::State s = state();
+  EXPECT_EQ(s.participants.size() + s.waitList.size(), 1u) << "the twin never joined";
 }
 
 TEST_F(DynamicRendezvousTest, OptionsAreValidated) {

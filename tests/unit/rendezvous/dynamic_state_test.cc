@@ -17,7 +17,7 @@ constexpr int64_t kT0 = 1'000'000;  // "now" at the start of each test
 
 NodeDesc node(const std::string& addr, int nproc = 1, bool host = false) {
   NodeDesc d;
-  d.id = makeNodeId(addr, 100, 0);
+  d.id = makeNodeId(addr, 100, "0");
   d.nproc = nproc;
   d.host = host;
   return d;
@@ -38,7 +38,7 @@ std::vector<JoinOutcome> joinAll(State& s, std::vector<NodeDesc>& ns, const Limi
 }
 
 TEST(DynamicStateTest, NodeIdsAndTheirDescriptions) {
-  EXPECT_EQ(makeNodeId("10.0.0.2", 42, 0), "10.0.0.2_42_0");
+  EXPECT_EQ(makeNodeId("10.0.0.2", 42, "0"), "10.0.0.2_42_0");
   EXPECT_EQ(describeNode("10.0.0.2_42_0"), "node 10.0.0.2 (pid 42)");
   EXPECT_EQ(describeNode("my_host_7_1"), "node my_host (pid 7)");
   EXPECT_EQ(describeNode("junk"), "node junk");
@@ -405,7 +405,7 @@ TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
       {[](auto& j) { j["rc"] = 5; }, "\"rc\" = 5 is outside [0, 0]"},
       {[](auto& j) { j["er"] = 0; }, "\"er\" = 0 is outside [-1, -1]"},
       {[](auto& j) { j["p"][0]["n"] = 2.5; }, "\"n\" is not an integer"},
-      {[](auto& j) { j["p"][0]["id"] = "a\"b"; }, "is not <addr>_<pid>_<n>"},
+      {[](auto& j) { j["p"][0]["id"] = "a\"b"; }, "is not <addr>_<pid>_<nonce>"},
       {[](auto& j) { j["p"].push_back(j["p"][0]); }, "takes part twice"},
       {[](auto& j) {
          for (int i = 0; i < 2; ++i) {
@@ -441,12 +441,12 @@ TEST(DynamicStateTest, IntegersAreBoundedNeverWrapped) {
 }
 
 TEST(DynamicStateTest, NodeIdsAreCheckedBothWays) {
-  EXPECT_TRUE(isValidNodeId(makeNodeId("10.0.0.2", 42, 0)));
-  EXPECT_TRUE(isValidNodeId(makeNodeId("fe80::1%eth0", 42, 0)));
-  EXPECT_TRUE(isValidNodeId(makeNodeId("my_host-1.example.com", 42, 0)));
-  EXPECT_FALSE(isValidNodeId(makeNodeId("a b", 42, 0)));
-  EXPECT_FALSE(isValidNodeId(makeNodeId("x\"y", 42, 0)));
-  EXPECT_FALSE(isValidNodeId(makeNodeId(std::string(kMaxIdBytes, 'a'), 42, 0)));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("10.0.0.2", 42, "0")));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("fe80::1%eth0", 42, "0")));
+  EXPECT_TRUE(isValidNodeId(makeNodeId("my_host-1.example.com", 42, "0")));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("a b", 42, "0")));
+  EXPECT_FALSE(isValidNodeId(makeNodeId("x\"y", 42, "0")));
+  EXPECT_FALSE(isValidNodeId(makeNodeId(std::string(kMaxIdBytes, 'a'), 42, "0")));
   EXPECT_FALSE(isValidNodeId(""));
 }
 
@@ -466,11 +466,11 @@ TEST(DynamicStateTest, AnOversizedValueIsRefusedBeforeItIsParsed) {
   State s;
   const std::string pad(200, 'x');
   for (int i = 0; i < 256; ++i) {
-    NodeDesc d{makeNodeId(pad + std::to_string(i), 4'194'304, i), 8, -1, false};
+    NodeDesc d{makeNodeId(pad + std::to_string(i), 4'194'304, std::string(kNodeNonceChars, 'z')), 8, -1, false};
     joinStep(s, d, big, kT0);
   }
   for (int64_t i = 0; i < waitingCap(256); ++i) {
-    NodeDesc d{makeNodeId(pad + "w" + std::to_string(i), 4'194'304, 0), 1, -1, false};
+    NodeDesc d{makeNodeId(pad + "w" + std::to_string(i), 4'194'304, std::string(kNodeNonceChars, 'z')), 1, -1, false};
     EXPECT_EQ(joinStep(s, d, big, kT0), JoinOutcome::kWaitEnd);
   }
   NodeDesc extra = node("one-too-many");

@@ -223,10 +223,28 @@ TEST_F(StaticRendezvousTest, RoundsAreIndependent) {
   joinAll(ns);
   ns[0]->rdzv->reportSuccess(1);
   ns[1]->rdzv->reportSuccess(1);
-  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.value(key(1, "done")) == "2"; }));
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(1, "done/0")) && hub_.has(key(1, "done/1")); }));
+  EXPECT_FALSE(hub_.has(key(1, "done/2")));
   EXPECT_FALSE(hub_.has(key(1, "end")));
   ns[2]->rdzv->reportSuccess(1);
   for (auto& n : ns) expectEvent(n->awaitEvent(), 1, RoundEnd::kFinished, -1, "");
+}
+
+// A success report is idempotent (issue 40): one applied twice (a client
+// that sent it again after its reply was lost) counts once, so the round
+// does not finish before every node has reported.
+TEST_F(StaticRendezvousTest, ASuccessReportAppliedTwiceCountsOnce) {
+  auto ns = nodes(3);
+  joinAll(ns);
+  ns[0]->rdzv->reportSuccess(0);
+  ns[0]->rdzv->reportSuccess(0);
+  ns[1]->rdzv->reportSuccess(0);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "done/1")); }));
+  ns[0]->rdzv->reportSuccess(0);
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has(key(0, "done/0")); }));
+  EXPECT_FALSE(hub_.has(key(0, "end"))) << "node 2 has not reported";
+  ns[2]->rdzv->reportSuccess(0);
+  for (auto& n : ns) expectEvent(n->awaitEvent(), 0, RoundEnd::kFinished, -1, "");
 }
 
 TEST_F(StaticRendezvousTest, TheFirstReportOfARoundWins) {
