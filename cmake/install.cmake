@@ -19,7 +19,7 @@ if(DDPRUN_HAVE_CUDA)
   install(TARGETS ddprun_runtime_cuda ddprun_train_cuda LIBRARY DESTINATION lib/ddprun)
 endif()
 
-install(FILES ${PROJECT_SOURCE_DIR}/include/ddprun/version.h
+install(FILES ${PROJECT_BINARY_DIR}/include/ddprun/version.h  # generated: cmake/version.cmake
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddprun)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ddprun/common
                   ${PROJECT_SOURCE_DIR}/include/ddprun/store

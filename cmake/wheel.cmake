@@ -11,6 +11,16 @@
 # which the dynamic loader applies to the bundled libraries' own dependencies too
 # (libdnnl -> libgomp, libopenblas -> libgfortran), so no library needs patching.
 # No headers, static libraries or CMake package: those come with cmake --install.
+# The wheel's metadata (version, dependencies) and its code must be one
+# variant: pyproject.toml's backend (python/backend/ddprun_build.py) names the
+# one the metadata says in DDPRUN_WHEEL_VARIANT, cmake/version.cmake the one
+# this build is (cpu, or cu<CUDA major> when the CUDA backend is built).
+if(DEFINED ENV{DDPRUN_WHEEL_VARIANT} AND NOT "$ENV{DDPRUN_WHEEL_VARIANT}" STREQUAL DDPRUN_VARIANT)
+  message(FATAL_ERROR "the wheel's metadata is the $ENV{DDPRUN_WHEEL_VARIANT} variant but this "
+                      "build is ${DDPRUN_VARIANT} (the CUDA variant is built with "
+                      "-C ddprun.cuda=true, with the CUDA 13 toolkit)")
+endif()
+
 set(ddprun_programs ddprun ddprun-store train)
 set_target_properties(${ddprun_programs} PROPERTIES
   INSTALL_RPATH "$ORIGIN/../lib/ddprun"

@@ -137,6 +137,8 @@ def sampler_indices(n, world, rank, seed=0, epoch=0, shuffle=True):
 
 GAMMA = 0x9E3779B97F4A7C15
 TRAIN_TAG, TEST_TAG = 0x747261696E000000, 0x7465737400000000
+MISLABEL_TAG = 0x6D69736C6162656C  # "mislabel": the training split's shown-class stream
+MISLABELLED_ONE_IN = 20
 MNIST_SIDE, MNIST_CELLS, MNIST_CELL = 28, 7, 4
 MNIST_BYTES = MNIST_SIDE * MNIST_SIDE
 MNIST_DRAWS = 1 + MNIST_BYTES // 8  # the contrast, then 8 noise bytes per draw
@@ -191,7 +193,10 @@ def synthetic_mnist_raw(count, seed=0, split="train"):
     the labels i % 10 (Fisher-Yates from the last position down, j =
     below(i + 1)), then each sample in order takes a contrast draw
     (128 + below(129)) and 98 noise draws (8 bytes each, little-endian);
-    pixel = clamp((proto * contrast >> 8) + (noise * 161 >> 8) - 80, 0, 255)."""
+    pixel = clamp((proto * contrast >> 8) + (noise * 161 >> 8) - 80, 0, 255).
+    The prototype is the label's, except in the training split, where draw
+    i + 1 of the stream seed ^ MISLABEL_TAG gives v = below(20 * 9), and
+    v < 9 shows class (label + 1 + v) % 10 instead (one sample in 20)."""
     import numpy as np
     protos = _mnist_prototypes(seed).reshape(10, MNIST_BYTES)
     state = (seed ^ (TRAIN_TAG if split == "train" else TEST_TAG)) & MASK64
@@ -202,7 +207,15 @@ def synthetic_mnist_raw(count, seed=0, split="train"):
         j = (_draw(state, k) * (i + 1)) >> 64
         labels[i], labels[j] = labels[j], labels[i]
     out = np.zeros((count, MNIST_BYTES), dtype=np.uint8)
-    protos_by_sample = protos[np.array(labels, dtype=np.int64)] if count else protos[:0]
+    shown = np.array(labels, dtype=np.int64)
+    if split == "train" and count:
+        m = (seed ^ MISLABEL_TAG) & MASK64
+        with np.errstate(over="ignore"):
+            z = _mix_array(np.uint64(m) + np.arange(1, count + 1, dtype=np.uint64)
+                           * np.uint64(GAMMA))
+        v = _mul_high(z, MISLABELLED_ONE_IN * 9).astype(np.int64)
+        shown = np.where(v < 9, (shown + 1 + v) % 10, shown)
+    protos_by_sample = protos[shown] if count else protos[:0]
     shifts = np.arange(8, dtype=np.uint64) * np.uint64(8)
     g = np.uint64(GAMMA)
     for lo in range(0, count, 2048):  # chunks bound the temporaries (~40 MB)

@@ -132,7 +132,7 @@ class Agent::Impl {
   // --status-port: the endpoint listens before anything starts.
   bool startStatus() {
     try {
-      status_ = std::make_unique<StatusFeed>(cfg_, host_);
+      status_ = std::make_unique<StatusFeed>(cfg_, host_, nproc_);
     } catch (const Error& e) {
       DDPRUN_ERROR(e.message());
       exitCode_ = kExitSetup;

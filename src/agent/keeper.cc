@@ -312,7 +312,11 @@ void becomeKeeper(const Plan& plan) {
     prepareWorker(plan, self);
     return;
   }
-  if (worker < 0) ::_exit(127);  // the agent reads no pid and reports it
+  if (worker < 0) {  // the agent reads -errno and says why
+    const pid_t err = -errno;
+    (void)writeAll(plan.pidPipe, &err, sizeof err);
+    ::_exit(127);
+  }
   // On failure the agent reads no pid and reports it.
   (void)writeAll(plan.pidPipe, &worker, sizeof worker);
   closeAllDescriptors();

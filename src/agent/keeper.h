@@ -11,7 +11,7 @@ namespace ddprun::agent::keeper {
 // Prepared by the agent before fork.
 struct Plan {
   pid_t agent = 0;    // the agent's pid (getppid() of the keeper)
-  int pidPipe = -1;   // write end: the keeper sends the worker's pid here
+  int pidPipe = -1;   // write end: the keeper sends the worker's pid here (-errno: fork failed)
   int stdoutFd = -1;  // dup'ed onto the worker's stdout, -1: inherit
   int stderrFd = -1;
   long graceMs = 2000;  // descendants' SIGTERM-to-SIGKILL grace after the worker exits

@@ -5,16 +5,17 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
+#include "ddprun/common/user_input.h"
 #include "ddprun/store/auth.h"
 
 namespace ddprun::agent {
 
 namespace {
-using str::parseInt;
 using str::trim;
 
 struct SignalEntry {
@@ -147,13 +148,36 @@ void checkLocalAddr(LaunchConfig& c) {
 }
 
 // ------------------------------------------------------------ --rdzv-conf
-std::chrono::milliseconds confSeconds(const std::string& key, const std::string& value) {
+// The floor of keep_alive_interval. A node is declared dead when its beats
+// stop for interval * keep_alive_max_attempt, measured in milliseconds; an
+// ordinary scheduling delay (milliseconds, tens under load) plus a store
+// round trip must fit well inside one interval, or live nodes are declared
+// dead and no round holds (1e-320 s was accepted once). 50 ms keeps that
+// margin, costs each node 20 store writes a second, and stays below the
+// fastest settings in use (0.1-0.2 s in tests and benchmarks; torchrun
+// reads whole seconds, so its tightest is 1 s).
+constexpr double kMinKeepAliveSeconds = 0.05;
+
+// A --rdzv-conf duration in seconds: > 0, or >= `floor` when one is given.
+std::chrono::milliseconds confSeconds(const std::string& key, const std::string& value,
+                                      double floor = 0) {
+  constexpr double kMinPositive = std::numeric_limits<double>::denorm_min();
   double s = 0;
-  if (!str::parseDouble(value, s) || !(s > 0) || s > kMaxTimeoutSeconds)
+  auto problem = input::parseNumber(value, s, floor > 0 ? floor : kMinPositive,
+                                    static_cast<double>(kMaxTimeoutSeconds));
+  if (problem == input::NumberProblem::kNone)
+    return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(s * 1000.0)));
+  if (floor > 0)
     DDPRUN_THROW(InvalidArgument, "--rdzv-conf ", key, "='", str::escape(value),
-                 "': expected a number of seconds > 0 (at most ", kMaxTimeoutSeconds,
-                 "), e.g. ", key, "=60");
-  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(s * 1000.0)));
+                 "': ", input::describe(problem),
+                 "; expected a number of seconds >= ", floor, " (at most ",
+                 kMaxTimeoutSeconds, "), e.g. ", key, "=5; below ",
+                 std::llround(floor * 1000),
+                 " ms, scheduling and network delays would get live nodes declared dead");
+  DDPRUN_THROW(InvalidArgument, "--rdzv-conf ", key, "='", str::escape(value),
+               "': ", input::describe(problem),
+               "; expected a number of seconds > 0 (at most ", kMaxTimeoutSeconds,
+               "), e.g. ", key, "=60");
 }
 
 bool confBool(const std::string& key, const std::string& value) {
@@ -172,18 +196,23 @@ bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings
       {"last_call_timeout", &out.lastCallTimeout},
       {"close_timeout", &out.closeTimeout},
       {"read_timeout", &out.readTimeout},
-      {"heartbeat_timeout", &out.heartbeatTimeout},
-      {"keep_alive_interval", &out.keepAliveInterval}};
+      {"heartbeat_timeout", &out.heartbeatTimeout}};
   for (const auto& [name, field] : timeouts)
     if (key == name) {
       *field = confSeconds(key, value);
       return true;
     }
-  if (key == "keep_alive_max_attempt") {
-    if (!parseInt(value, out.keepAliveMaxAttempt, 1, 1'000'000))
-      DDPRUN_THROW(InvalidArgument, "--rdzv-conf keep_alive_max_attempt='",
-                   str::escape(value),
-                   "': expected an integer > 0, e.g. keep_alive_max_attempt=3");
+  if (key == "keep_alive_interval") {
+    out.keepAliveInterval = confSeconds(key, value, kMinKeepAliveSeconds);
+  } else if (key == "keep_alive_max_attempt") {
+    int64_t n = 0;
+    auto problem = input::parseNumber(value, n, 1, 1'000'000);
+    if (problem != input::NumberProblem::kNone)
+      DDPRUN_THROW(
+          InvalidArgument, "--rdzv-conf keep_alive_max_attempt='", str::escape(value),
+          "': ", input::describe(problem),
+          "; expected an integer from 1 to 1000000, e.g. keep_alive_max_attempt=3");
+    out.keepAliveMaxAttempt = static_cast<int>(n);
   } else if (key == "is_host") {
     out.isHost = confBool(key, value);
   } else if (key == "use_libuv") {
@@ -193,6 +222,7 @@ bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings
       DDPRUN_THROW(InvalidArgument,
                    "--rdzv-conf token_file='': expected the path of a file holding the "
                    "rendezvous store's shared secret, e.g. token_file=/etc/ddprun/job.token");
+    input::refuseControlChars("--rdzv-conf token_file", value, "path");
     out.tokenFile = value;
   } else if (key == "store_type") {
     if (value != "tcp" && value != "file")
@@ -213,9 +243,12 @@ void parseRdzvSettings(LaunchConfig& c) {
   for (const auto& [key, value] : c.rdzvConf) {
     if (key == "timeout") {
       int64_t s = 0;
-      if (!parseInt(value, s, 1, kMaxTimeoutSeconds))
+      auto problem = input::parseNumber(value, s, 1, kMaxTimeoutSeconds);
+      if (problem != input::NumberProblem::kNone)
         DDPRUN_THROW(InvalidArgument, "--rdzv-conf timeout='", str::escape(value),
-                     "': expected a whole number of seconds > 0, e.g. timeout=900");
+                     "': ", input::describe(problem),
+                     "; expected a whole number of seconds > 0 (at most ",
+                     kMaxTimeoutSeconds, "), e.g. timeout=900");
       c.rdzvTimeout = std::chrono::seconds(s);
     } else if (key != "rank" && !parseC10dKey(key, value, c.c10d)) {
       unknown.push_back(key);  // "rank" is set from --node-rank, as in torchrun

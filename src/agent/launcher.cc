@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <boost/process/extend.hpp>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
@@ -38,7 +40,8 @@ struct Prepared {
 struct KeeperSetup : bp::extend::handler {
   keeper::Plan plan;
   Prepared* prepared;
-  pid_t* failedPid;  // the keeper's pid when Boost reports an error
+  pid_t* failedPid;          // the keeper's pid when Boost reports an error
+  std::error_code* failure;  // the error Boost reports
   template <class Executor>
   void on_exec_setup(Executor& exec) const {
     keeper::becomeKeeper(plan);
@@ -47,10 +50,18 @@ struct KeeperSetup : bp::extend::handler {
     exec.env = prepared->envp.data();
   }
   template <class Executor>
-  void on_error(Executor& exec, const std::error_code&) const {
+  void on_error(Executor& exec, const std::error_code& ec) const {
     *failedPid = exec.pid;
+    *failure = ec;
   }
 };
+
+// A soft resource limit as text ("unlimited" for RLIM_INFINITY).
+std::string softLimit(int resource) {
+  rlimit rl{};
+  if (::getrlimit(resource, &rl) != 0) return "unknown";
+  return rl.rlim_cur == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_cur);
+}
 
 std::vector<char*> pointers(std::vector<std::string>& strings) {
   std::vector<char*> out;
@@ -100,16 +111,17 @@ Prepared prepare(const ProcessSpec& spec) {
   return p;
 }
 
-// Reads the worker's pid that the keeper writes right after forking it;
-// -1 when the keeper exited without one.
-pid_t readWorkerPid(int fd) {
-  pid_t pid = -1;
+// What the keeper writes right after forking the worker: its pid, or
+// -errno when the fork failed (keeper.h); nullopt when the keeper exited
+// without a word.
+std::optional<pid_t> readWorkerPid(int fd) {
+  pid_t pid = 0;
   size_t got = 0;
   auto* out = reinterpret_cast<char*>(&pid);
   while (got < sizeof pid) {
     ssize_t n = ::read(fd, out + got, sizeof pid - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
+    if (n <= 0) return std::nullopt;
     got += static_cast<size_t>(n);
   }
   return pid;
@@ -169,14 +181,33 @@ void PosixLauncher::stopWatching() {
   watch_->sigchld.cancel(ec);
 }
 
+std::string startErrorText(int err) {
+  switch (err) {
+    case EMFILE:
+      return "out of file descriptors (RLIMIT_NOFILE " + softLimit(RLIMIT_NOFILE) +
+             "); raise it with ulimit -n";
+    case ENFILE:
+      return "the system is out of file descriptors (ENFILE: its file table is full); "
+             "close files elsewhere or raise fs.file-max";
+    case EAGAIN:
+      return "out of processes (RLIMIT_NPROC " + softLimit(RLIMIT_NPROC) +
+             ", or the system's pid or thread limit); raise it with ulimit -u";
+    case ENOMEM:
+      return "out of memory";
+    default:
+      return std::strerror(err);
+  }
+}
+
 int PosixLauncher::start(const ProcessSpec& spec) {
   DDPRUN_CHECK(!spec.argv.empty(), "empty worker command");
   Prepared prepared = prepare(spec);
   int pidPipe[2];
   if (::pipe2(pidPipe, O_CLOEXEC) != 0)
     DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0],
-                 "': pipe: ", std::strerror(errno));
+                 "': ", startErrorText(errno));
   pid_t failedPid = -1;
+  std::error_code failure;
   KeeperSetup setup;
   setup.plan.agent = ::getpid();
   setup.plan.pidPipe = pidPipe[1];
@@ -185,31 +216,43 @@ int PosixLauncher::start(const ProcessSpec& spec) {
   setup.plan.graceMs = static_cast<long>(spec.descendantGrace.count());
   setup.prepared = &prepared;
   setup.failedPid = &failedPid;
+  setup.failure = &failure;
   std::error_code ec;
   // Boost reports an exec failure of the worker (which holds its error pipe
-  // until exec) and returns once the worker has exec'ed.
+  // until exec) and returns once the worker has exec'ed. When its own pipe
+  // or fork fails, it may return an invalid child and report nothing
+  // (Boost 1.74 with an error_code): errno then says why.
+  errno = 0;
   bp::child child(
       bp::exe = prepared.exe,
       bp::args = std::vector<std::string>(spec.argv.begin() + 1, spec.argv.end()), setup,
       ec);
+  const int err = errno;
   ::close(pidPipe[1]);
-  if (ec) {
+  if (ec || failure || !child.valid()) {
     ::close(pidPipe[0]);
     discardKeeper(failedPid);
-    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "' (", prepared.exe,
-                 "): ", ec.message());
+    const std::error_code why =
+        ec ? ec : failure ? failure : std::error_code(err, std::system_category());
+    DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0], "' (", prepared.exe, "): ",
+                 why.value() == 0 ? "Boost.Process created no process and said not why"
+                 : why.category() == std::system_category() ? startErrorText(why.value())
+                                                            : why.message());
   }
   const pid_t keeperPid = child.id();
   child.detach();  // the agent reaps it through SIGCHLD
-  const pid_t worker = readWorkerPid(pidPipe[0]);
+  const auto worker = readWorkerPid(pidPipe[0]);
   ::close(pidPipe[0]);
-  if (worker <= 0) {
+  if (!worker || *worker <= 0) {
     discardKeeper(keeperPid);
+    if (worker && *worker < 0)
+      DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0],
+                   "': its keeper process could not fork it: ", startErrorText(-*worker));
     DDPRUN_THROW(IoError, "cannot start worker '", spec.argv[0],
-                 "': its keeper process could not fork it (out of processes or memory?)");
+                 "': its keeper process ended before forking it");
   }
-  workerOfKeeper_[keeperPid] = worker;
-  return worker;
+  workerOfKeeper_[keeperPid] = *worker;
+  return *worker;
 }
 
 void PosixLauncher::signalGroup(int pid, int sig) {

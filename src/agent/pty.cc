@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ddprun/agent/launcher.h"
 #include "ddprun/common/error.h"
 
 namespace ddprun::agent::detail {
@@ -16,7 +17,7 @@ namespace ddprun::agent::detail {
 namespace {
 [[noreturn]] void fail(const char* what) {
   DDPRUN_THROW(IoError, "cannot open a pseudo-terminal for a worker (", what,
-               "): ", std::strerror(errno));
+               "): ", startErrorText(errno));
 }
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
 #include "output_channel.h"
+#include "ddprun/agent/launcher.h"
 #include "pty.h"
 
 namespace fs = std::filesystem;
@@ -64,7 +65,7 @@ std::pair<UniqueFd, UniqueFd> openPipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     DDPRUN_THROW(IoError,
-                 "cannot create a pipe for worker output: ", std::strerror(errno));
+                 "cannot create a pipe for worker output: ", startErrorText(errno));
   return {UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 

@@ -26,15 +26,18 @@ status::WorkerStatus workerStatus(const WorkerRecord& w) {
                                : status::WorkerState::kFailed;
   return s;
 }
+
 }  // namespace
 
-StatusFeed::StatusFeed(const LaunchConfig& cfg, std::string node) : cfg_(cfg) {
+StatusFeed::StatusFeed(const LaunchConfig& cfg, std::string node, int nproc) : cfg_(cfg) {
   counters_.node = std::move(node);
   counters_.runId = cfg.rdzvId;
   if (!cfg.statusPort) return;
   status::ServerOptions opts;
   opts.address = cfg.statusAddr;
   opts.port = *cfg.statusPort;
+  opts.localWorkers = nproc;
+  opts.nodes = cfg.maxNodes;
   try {
     server_ = std::make_unique<status::StatusServer>(opts, publisher_);
   } catch (const Error& e) {

@@ -20,8 +20,10 @@ namespace ddprun::agent {
 class StatusFeed {
  public:
   // Starts the endpoint when cfg.statusPort is set. Throws Error (cannot
-  // listen; the message names --status-addr/--status-port and why).
-  StatusFeed(const LaunchConfig& cfg, std::string node);
+  // listen; the message names --status-addr/--status-port and why). `nproc`
+  // (the resolved --nproc-per-node) sizes the descriptors the endpoint
+  // leaves the agent (docs/status.md).
+  StatusFeed(const LaunchConfig& cfg, std::string node, int nproc);
   StatusFeed(const StatusFeed&) = delete;
   StatusFeed& operator=(const StatusFeed&) = delete;
 

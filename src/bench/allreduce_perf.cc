@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddprun/common/main_guard.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
@@ -124,6 +125,7 @@ void warmUp(ProcessGroup& pg, const AllReduceOptions& o, int warmup) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddprun::ignoreSigpipe();  // as every ddprun program (main_guard.h): EPIPE, not death
   CLI::App app{"all-reduce bandwidth and latency of ddprun_runtime"};
   std::string minS = "8", maxS = "64M", dtypeS = "float32", opS = "sum", devS = "cpu", sizesS;
   double factor = 2;

@@ -36,6 +36,7 @@
 #include "cuda/bn_nhwc.h"
 #include "cuda/conv_reference.h"
 #include "cuda/resources.h"
+#include "ddprun/common/main_guard.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"
 
@@ -139,6 +140,7 @@ double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddprun::ignoreSigpipe();  // as every ddprun program (main_guard.h): EPIPE, not death
   CLI::App app{
       "the CUDA trainer's NHWC batch norm kernels on ResNet-18's layers, against a copy"};
   int64_t batch = 128, image = 224;

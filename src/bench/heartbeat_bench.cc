@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/main_guard.h"
 #include "ddprun/store/hash_store.h"
 #include "ddprun/store/tcp_store.h"
 #include "ddprun/store/tcp_store_server.h"
@@ -266,6 +267,7 @@ void stopLatency(const Config& cfg, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddprun::ignoreSigpipe();  // as every ddprun program (main_guard.h): EPIPE, not death
   Config cfg;
   std::string kind = "memory";
   CLI::App app{"heartbeat_bench: the heartbeat watcher's cost at N watched nodes"};

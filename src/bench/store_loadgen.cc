@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddprun/common/main_guard.h"
 #include "ddprun/common/net.h"
 #include "ddprun/store/wire.h"
 
@@ -212,6 +213,7 @@ double percentile(const std::vector<uint64_t>& sorted, double p) {  // ns -> us
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddprun::ignoreSigpipe();  // as every ddprun program (main_guard.h): EPIPE, not death
   Config cfg;
   CLI::App app{"store_loadgen: load generator for c10d TCPStore servers"};
   app.add_option("--host", cfg.host);

@@ -4,6 +4,8 @@
 #include "ddprun/common/main_guard.h"
 
 int main(int argc, char** argv) {
-  return ddprun::runGuarded("ddprun", ddprun::agent::kExitSetup,
-                            [&] { return ddprun::cli::runLaunchCli(argc, argv); });
+  // runMain ignores SIGPIPE: a closed console (`ddprun ... | head`) never kills
+  // the agent; the worker keeper gives the workers the default back.
+  return ddprun::runMain("ddprun", ddprun::agent::kExitSetup,
+                         [&] { return ddprun::cli::runLaunchCli(argc, argv); });
 }

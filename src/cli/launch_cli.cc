@@ -1,7 +1,5 @@
 #include "ddprun/cli/launch_cli.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -281,7 +279,9 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
     parseNprocPerNode(v, c.nprocKind, c.nprocPerNode);
   });
   g.with("rdzv_backend", [&](const std::string& v) { c.rdzvBackend = v; });
-  g.with("rdzv_endpoint", [&](const std::string& v) { c.rdzvEndpoint = str::trim(v); });
+  g.with("rdzv_endpoint", [&](const std::string& v) {
+    c.rdzvEndpoint = parseHost(str::trim(v), "--rdzv-endpoint");
+  });
   g.with("rdzv_id", [&](const std::string& v) {
     agent::checkRunId(v);  // named as given: PET_RDZV_ID or --rdzv-id
     c.rdzvId = v;
@@ -290,11 +290,13 @@ void applyRendezvous(const Given& g, agent::LaunchConfig& c) {
   g.setSwitch("standalone", c.standalone);
   g.with("node_rank",
          [&](const std::string& v) { c.nodeRank = parseInteger(v, "--node-rank", 0); });
-  g.with("master_addr", [&](const std::string& v) { c.masterAddr = v; });
+  g.with("master_addr",
+         [&](const std::string& v) { c.masterAddr = parseHost(v, "--master-addr"); });
   g.with("master_port", [&](const std::string& v) {
     c.masterPort = net::parsePort(v, "--master-port");
   });
-  g.with("local_addr", [&](const std::string& v) { c.localAddr = v; });
+  g.with("local_addr",
+         [&](const std::string& v) { c.localAddr = parseHost(v, "--local-addr"); });
 }
 
 // torchrun's fallback for --shutdown-timeout, when set and not empty.
@@ -337,7 +339,7 @@ void applyWorkers(const Given& g, const EnvLookup& env, agent::LaunchConfig& c) 
 }
 
 void applyOutput(const Given& g, agent::LaunchConfig& c) {
-  g.with("log_dir", [&](const std::string& v) { c.logDir = v; });
+  g.with("log_dir", [&](const std::string& v) { c.logDir = parsePath(v, "--log-dir"); });
   g.with("redirects",
          [&](const std::string& v) { c.redirects = parseStdSpec(v, "--redirects"); });
   g.with("tee", [&](const std::string& v) { c.tee = parseStdSpec(v, "--tee"); });
@@ -390,7 +392,7 @@ std::string clusterNotice(const cluster::ClusterDefaults& d, const agent::Launch
 // --help, --version and --print-completion print to stdout and end the run.
 int runImmediate(const CommandLine& cl, agent::LaunchConfig& c) {
   if (cl.immediate == "help") std::cout << launchHelp();
-  if (cl.immediate == "version") std::cout << "ddprun " << kVersion << "\n";
+  if (cl.immediate == "version") std::cout << "ddprun " << kVersionDescription << "\n";
   if (cl.immediate == "print_completion") {
     c.printCompletion = true;
     std::cout << completionScript(cl.values.at("print_completion"));
@@ -458,9 +460,6 @@ int runLaunchCli(int argc, const char* const* argv) {
   // `ddprun status HOST:PORT` reads an agent's endpoint (a script named
   // `status` runs as `ddprun ./status`).
   if (argc >= 2 && std::string(argv[1]) == "status") return runStatusCli(argc - 1, argv + 1);
-  // A closed console (`ddprun ... | head`) must never kill the agent; the
-  // worker launcher restores the default disposition for the workers.
-  ::signal(SIGPIPE, SIG_IGN);
   setLogTag("ddprun");
   setLogStyle(LogStyle::kConsole);
   auto env = processEnv();

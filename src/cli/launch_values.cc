@@ -1,12 +1,20 @@
 #include "launch_values.h"
 
+#include <climits>
+#include <limits>
+
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
+#include "ddprun/common/user_input.h"
 
 namespace ddprun::cli {
 
 namespace {
+// The smallest double > 0: "> 0" as an inclusive bound.
+constexpr double kMinPositive = std::numeric_limits<double>::denorm_min();
+// Durations beyond a year are typos (and overflow milliseconds soon after).
+constexpr int64_t kMaxSeconds = 365LL * 24 * 3600;
 using str::parseInt;
 using str::split;
 using str::trim;
@@ -20,7 +28,7 @@ void parseNnodes(const std::string& text, int& minNodes, int& maxNodes) {
   hi = lo;
   if (ok && parts.size() == 2) ok = parseInt(parts[1], hi);
   if (!ok || lo <= 0 || lo > hi)
-    DDPRUN_THROW(InvalidArgument, "--nnodes: invalid value '", text,
+    DDPRUN_THROW(InvalidArgument, "--nnodes: invalid value '", str::escape(text),
                  "': expected N or MIN:MAX with 0 < MIN <= MAX (e.g. --nnodes 2 or "
                  "--nnodes 1:4)");
   minNodes = lo;
@@ -37,7 +45,7 @@ void parseNprocPerNode(const std::string& text, agent::NprocKind& kind, int& cou
   else if (parseInt(text, count) && count > 0)
     kind = agent::NprocKind::kCount;
   else
-    DDPRUN_THROW(InvalidArgument, "--nproc-per-node: invalid value '", text,
+    DDPRUN_THROW(InvalidArgument, "--nproc-per-node: invalid value '", str::escape(text),
                  "': expected a positive integer, 'cpu', 'gpu' or 'auto'");
 }
 
@@ -47,10 +55,12 @@ agent::StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
       "per-local-rank map such as 0:1,1:3";
   agent::StdSpec spec;
   int v = 0;
-  if (text.empty()) DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
+  const std::string shown = str::escape(text);
+  if (text.empty())
+    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", shown, forms);
   if (parseInt(text, v)) {
     if (v < 0 || v > 3)
-      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
+      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", shown, forms);
     spec.all = static_cast<agent::Std>(v);
     return spec;
   }
@@ -59,7 +69,7 @@ agent::StdSpec parseStdSpec(const std::string& text, const std::string& flag) {
     int rank = 0, value = 0;
     if (colon == std::string::npos || !parseInt(item.substr(0, colon), rank) ||
         rank < 0 || !parseInt(item.substr(colon + 1), value) || value < 0 || value > 3)
-      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", text, forms);
+      DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", shown, forms);
     spec.perRank[rank] = static_cast<agent::Std>(value);
   }
   return spec;
@@ -71,7 +81,8 @@ std::set<int> parseLocalRanksFilter(const std::string& text) {
   for (const auto& item : split(text, ',')) {
     int r = 0;
     if (!parseInt(trim(item), r) || r < 0)
-      DDPRUN_THROW(InvalidArgument, "--local-ranks-filter: invalid value '", text,
+      DDPRUN_THROW(InvalidArgument, "--local-ranks-filter: invalid value '",
+                   str::escape(text),
                    "': expected comma-separated local ranks, e.g. 0,2");
     out.insert(r);
   }
@@ -86,7 +97,8 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& text) {
     std::string key = trim(item.substr(0, eq));
     std::string value = eq == std::string::npos ? "" : trim(item.substr(eq + 1));
     if (eq == std::string::npos || key.empty() || value.empty())
-      DDPRUN_THROW(InvalidArgument, "--rdzv-conf: invalid entry '", item, "' in '", text,
+      DDPRUN_THROW(InvalidArgument, "--rdzv-conf: invalid entry '", str::escape(item),
+                   "' in '", str::escape(text),
                    "': expected KEY=VALUE pairs separated by commas, e.g. "
                    "join_timeout=900,read_timeout=120");
     out[key] = value;
@@ -106,7 +118,8 @@ std::vector<int> parseSignals(const std::string& text) {
     if (!str::startsWith(name, "SIG")) name.insert(0, "SIG");
     int found = agent::signalByName(name).value_or(0);
     if (found == 0 || found == SIGKILL || found == SIGSTOP)
-      DDPRUN_THROW(InvalidArgument, "--signals-to-handle: cannot handle '", trim(raw),
+      DDPRUN_THROW(InvalidArgument, "--signals-to-handle: cannot handle '",
+                   str::escape(trim(raw)),
                    "': expected comma-separated signal names such as "
                    "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 (SIGKILL and SIGSTOP cannot be "
                    "caught)");
@@ -134,19 +147,26 @@ std::vector<std::string> parseFilterList(const std::string& text) {
 }
 
 int parseInteger(const std::string& text, const char* flag, int min) {
-  int v = 0;
-  if (!str::parseInt(text, v, min))
-    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
-                 "': expected an integer >= ", min);
-  return v;
+  return static_cast<int>(
+      input::numberFlag<int64_t>(flag, text, min, INT_MAX,
+                                 "an integer >= " + std::to_string(min) + " (at most " +
+                                     std::to_string(INT_MAX) + ")"));
 }
 
 double parseSeconds(const std::string& text, const char* flag) {
-  double v = 0;
-  if (!str::parseDouble(text, v) || !(v > 0))
-    DDPRUN_THROW(InvalidArgument, flag, ": invalid value '", str::escape(text),
-                 "': expected a number of seconds > 0");
-  return v;
+  return input::numberFlag<double>(
+      flag, text, kMinPositive, kMaxSeconds,
+      "a number of seconds > 0 (at most " + std::to_string(kMaxSeconds) + ")");
+}
+
+std::string parseHost(const std::string& text, const char* flag) {
+  input::refuseControlChars(flag, text, "host name");
+  return text;
+}
+
+std::string parsePath(const std::string& text, const char* flag) {
+  input::refuseControlChars(flag, text, "path");
+  return text;
 }
 
 std::string parseStatusAddr(const std::string& text) {

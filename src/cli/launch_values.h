@@ -36,11 +36,18 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& text);
 std::vector<int> parseSignals(const std::string& text);
 // Splits a comma list where ",," stands for a literal comma.
 std::vector<std::string> parseFilterList(const std::string& text);
-// An integer >= min (--node-rank, --max-restarts, --shutdown-timeout);
-// `flag` is named in the message.
+// An integer in [min, INT_MAX] (--node-rank, --max-restarts,
+// --shutdown-timeout); `flag` is named in the message. Numbers are read as
+// input::parseNumber reads them (no NaN, no overflow, no junk).
 int parseInteger(const std::string& text, const char* flag, int min);
-// A number of seconds > 0 (--monitor-interval).
+// A number of seconds > 0 and at most a year (--monitor-interval).
 double parseSeconds(const std::string& text, const char* flag);
+// A host name or address (--master-addr, --rdzv-endpoint, --local-addr), as
+// given: refused when it holds a control character (the message shows it
+// escaped). Resolving and the HOST:PORT form are checked later.
+std::string parseHost(const std::string& text, const char* flag);
+// A path (--log-dir), as given: refused when it holds a control character.
+std::string parsePath(const std::string& text, const char* flag);
 // --status-addr: an IP address, brackets around IPv6 removed; never a name.
 std::string parseStatusAddr(const std::string& text);
 

@@ -3,6 +3,6 @@
 #include "ddprun/common/main_guard.h"
 
 int main(int argc, char** argv) {
-  return ddprun::runGuarded("ddprun-store", ddprun::cli::kExitInternal,
-                            [&] { return ddprun::cli::runStoreCli(argc, argv); });
+  return ddprun::runMain("ddprun-store", ddprun::cli::kExitInternal,
+                         [&] { return ddprun::cli::runStoreCli(argc, argv); });
 }

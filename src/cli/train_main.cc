@@ -5,5 +5,6 @@
 
 int main(int argc, char** argv) {
   // 1: training failed (docs/train.md, "Exit codes").
-  return ddprun::runGuarded("train", 1, [&] { return ddprun::train::trainMain(argc, argv); });
+  return ddprun::runMain("train", 1,
+                         [&] { return ddprun::train::trainMain(argc, argv); });
 }

@@ -1,6 +1,7 @@
 #include "ddprun/common/fd.h"
 
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +45,18 @@ bool writeAll(int fd, const void* data, size_t size) {
     }
   }
   return true;
+}
+
+const char* fileTypeName(unsigned mode) {
+  const auto m = static_cast<mode_t>(mode);
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "a special file";
 }
 
 }  // namespace ddprun

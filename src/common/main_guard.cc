@@ -1,5 +1,6 @@
 #include "ddprun/common/main_guard.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -25,6 +26,13 @@ void writeLine(const char* program, const char* what) noexcept {
   }
 }
 }  // namespace
+
+void ignoreSigpipe() noexcept {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
 
 int reportEscapedException(const char* program, int exitCode) noexcept {
   try {

@@ -18,6 +18,8 @@
 #include <sstream>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/strings.h"
+#include "ddprun/common/user_input.h"
 
 namespace ddprun::net {
 
@@ -140,7 +142,7 @@ uint16_t parsePort(const std::string& text, const std::string& what) {
       std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
       value > 65535) {
-    DDPRUN_THROW(InvalidArgument, "invalid ", what, " '", text,
+    DDPRUN_THROW(InvalidArgument, "invalid ", what, " '", str::escape(text),
                  "': expected an integer between 0 and 65535");
   }
   return static_cast<uint16_t>(value);
@@ -150,17 +152,21 @@ HostPort parseHostPort(const std::string& text, uint16_t defaultPort) {
   const char* forms =
       "expected HOST, HOST:PORT, [IPV6]:PORT or a bare IPv6 address";
   if (text.empty()) DDPRUN_THROW(InvalidArgument, "empty address: ", forms);
+  const std::string shown = str::escape(text);
+  if (input::hasControlChar(text))
+    DDPRUN_THROW(InvalidArgument, "invalid address '", shown,
+                 "': it holds a control character, which no host name has: ", forms);
   HostPort hp{text, defaultPort};
   if (text.front() == '[') {
     auto close = text.find(']');
     if (close == std::string::npos || close == 1)
-      DDPRUN_THROW(InvalidArgument, "invalid address '", text, "': ", forms);
+      DDPRUN_THROW(InvalidArgument, "invalid address '", shown, "': ", forms);
     hp.host = text.substr(1, close - 1);
     std::string rest = text.substr(close + 1);
     if (rest.empty()) return hp;
     if (rest.front() != ':')
-      DDPRUN_THROW(InvalidArgument, "invalid address '", text, "': ", forms);
-    hp.port = parsePort(rest.substr(1), "port in address '" + text + "'");
+      DDPRUN_THROW(InvalidArgument, "invalid address '", shown, "': ", forms);
+    hp.port = parsePort(rest.substr(1), "port in address '" + shown + "'");
     return hp;
   }
   auto colon = text.find(':');
@@ -168,9 +174,8 @@ HostPort parseHostPort(const std::string& text, uint16_t defaultPort) {
   if (text.find(':', colon + 1) != std::string::npos) return hp;  // bare IPv6
   hp.host = text.substr(0, colon);
   if (hp.host.empty())
-    DDPRUN_THROW(InvalidArgument, "invalid address '", text,
-                 "': missing host: ", forms);
-  hp.port = parsePort(text.substr(colon + 1), "port in address '" + text + "'");
+    DDPRUN_THROW(InvalidArgument, "invalid address '", shown, "': missing host: ", forms);
+  hp.port = parsePort(text.substr(colon + 1), "port in address '" + shown + "'");
   return hp;
 }
 

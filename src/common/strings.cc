@@ -1,9 +1,9 @@
 #include "ddprun/common/strings.h"
 
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
+#include <algorithm>
 #include <random>
+
+#include "ddprun/common/user_input.h"
 
 namespace ddprun::str {
 
@@ -57,14 +57,7 @@ std::string replaceAll(std::string s, std::string_view from, std::string_view to
 }
 
 bool parseInt(std::string_view text, int64_t& out, int64_t min, int64_t max) {
-  if (text.empty()) return false;
-  const char* b = text.data();
-  if (*b == '+') ++b;  // from_chars rejects a leading '+'; Python's int() accepts it
-  int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(b, text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size() || v < min || v > max) return false;
-  out = v;
-  return true;
+  return input::parseNumber(text, out, min, max) == input::NumberProblem::kNone;
 }
 
 bool parseInt(std::string_view text, int& out, int min, int max) {
@@ -75,13 +68,7 @@ bool parseInt(std::string_view text, int& out, int min, int max) {
 }
 
 bool parseDouble(std::string_view text, double& out) {
-  std::string s(text);
-  if (s.empty() || s.find_first_of("xXnN") != std::string::npos) return false;  // hex, inf, nan
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(v)) return false;
-  out = v;
-  return true;
+  return input::parseNumber(text, out) == input::NumberProblem::kNone;
 }
 
 std::string escape(std::string_view s, size_t maxBytes) {

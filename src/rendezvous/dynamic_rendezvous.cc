@@ -78,6 +78,7 @@ class DynamicRendezvous final : public Rendezvous {
   }
 
   void reportSuccess(int round) override {
+    succeededRound_ = round;
     tasks_.push([this, round] {
       report(round, "its workers succeeded", [&] {
         // First in the state (a newcomer must not end a round that is
@@ -529,6 +530,23 @@ class DynamicRendezvous final : public Rendezvous {
     return client_->check(keys);
   }
 
+  // On a watcher thread, every slice of its wait: once this node's workers
+  // succeeded, it looks again whether every participant's are done (on the
+  // task thread, which owns the state's cell). The report after the last
+  // success writes the end; this bounds the wait should that report have
+  // failed after every retry (a store out of reach for the whole reconnect
+  // budget), by the heartbeat timeout.
+  void finishIfEveryoneIsDone(int round) {
+    if (succeededRound_ != round || stopping_) return;
+    tasks_.push([this, round] {
+      report(round, "every node's workers succeeded", [&] {
+        std::vector<std::string> keys{key(round, "done/" + nodeId_)};
+        for (const auto& id : roundPeers_) keys.push_back(key(round, "done/" + id));
+        if (client_->check(keys) && !checkRound(round)) endRound(round, RoundEnd::kFinished, "");
+      });
+    });
+  }
+
   // On the task thread: the state change that ends `round`, then its key;
   // bury() if the state no longer describes the round.
   void endRound(int round, RoundEnd kind, const std::string& why) {
@@ -747,7 +765,8 @@ class DynamicRendezvous final : public Rendezvous {
     };
     h.awaitEnd = [this](store::Store& store, int round,
                         const std::shared_ptr<store::CancelToken>& token) {
-      return keys_.awaitTrustedEnd(store, round, token, heartbeatTimeout(), nodeId_);
+      return keys_.awaitTrustedEnd(store, round, token, heartbeatTimeout(), nodeId_,
+                                   [this, round] { finishIfEveryoneIsDone(round); });
     };
     h.onEnded = [this](store::Store& store, int round, const RoundEvent& event) {
       if (event.kind == RoundEnd::kFinished) finished_ = true;
@@ -808,6 +827,7 @@ class DynamicRendezvous final : public Rendezvous {
   std::optional<StateCell> deadCell_;
   std::atomic<int> lastJoined_{-1};
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
+  std::atomic<int> succeededRound_{-1};  // the last round this node's workers succeeded
   std::atomic<bool> finished_{false};
   std::atomic<bool> jobEndSeen_{false};  // a watcher read "finished" or "closed"
   std::atomic<bool> storeLost_{false};  // a join or a watcher found the store gone

@@ -66,7 +66,8 @@ void JobKeys::bury(store::Store& store, const std::string& raw, int round, Round
 RoundEvent JobKeys::awaitTrustedEnd(store::Store& store, int round,
                                     const std::shared_ptr<store::CancelToken>& token,
                                     std::chrono::milliseconds slice,
-                                    const std::string& nodeId) const {
+                                    const std::string& nodeId,
+                                    const std::function<void()>& onSlice) const {
   const std::string endKey = key(round, "end");
   const auto checkWhileRunning = [&] {
     StateCell cell(store, stateKey(), lim_, token);
@@ -76,6 +77,7 @@ RoundEvent JobKeys::awaitTrustedEnd(store::Store& store, int round,
       bury(store, cell.raw(), round, RoundEnd::kClosed, -1, "", Tamper{e.message(), true},
            nodeId);
     }
+    if (onSlice) onSlice();
   };
   for (;;) {
     const std::string value = awaitEndValue(store, endKey, slice, checkWhileRunning);

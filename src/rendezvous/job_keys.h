@@ -31,6 +31,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,10 +101,11 @@ class JobKeys {
   // `slice` while waiting, the state is read: an invalid one buries the
   // round at once (closed on every node), not only when a node's workers
   // end; a deleted or changed one is left to the reports.
+  // `onSlice` (if set) runs after that read, every slice.
   RoundEvent awaitTrustedEnd(store::Store& store, int round,
                              const std::shared_ptr<store::CancelToken>& token,
-                             std::chrono::milliseconds slice,
-                             const std::string& nodeId) const;
+                             std::chrono::milliseconds slice, const std::string& nodeId,
+                             const std::function<void()>& onSlice = nullptr) const;
 
   // Deletes the keys of a round that ended two rounds ago (their readers
   // are gone); best effort.

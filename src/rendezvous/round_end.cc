@@ -74,10 +74,6 @@ RoundEvent decodeEndOrClose(int round, const std::string& endKey,
   }
 }
 
-RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey) {
-  return decodeEndOrClose(round, endKey, awaitEndValue(store, endKey));
-}
-
 void sendReport(const std::string& what, const std::function<void()>& request) {
   try {
     request();

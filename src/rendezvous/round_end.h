@@ -19,14 +19,11 @@ std::string encodeEnd(RoundEnd kind, int node, const std::string& why);
 // ProtocolError naming `key` for anything else.
 RoundEvent decodeEnd(int round, const std::string& key, const std::string& value);
 
-// A watcher's wait: blocks until `endKey` exists (asking again every hour:
-// rounds last as long as training does), then decodes it; junk there ends
-// the job (kClosed, node -1, the ProtocolError's message). Store errors and
-// CancelledError propagate.
-RoundEvent awaitEnd(store::Store& store, int round, const std::string& endKey);
-// The two halves of awaitEnd: the raw value once `endKey` exists, and its
-// decoding (junk: kClosed, node -1, the ProtocolError's message).
-// `onSlice` (if set) runs every `slice` while the key is missing.
+// A watcher's wait, in two halves: the raw value once `endKey` exists
+// (asking again every `slice`, by default every hour: rounds last as long as
+// training does), and its decoding (junk there ends the job: kClosed, node
+// -1, the ProtocolError's message). `onSlice` (if set) runs every `slice`
+// while the key is missing. Store errors and CancelledError propagate.
 std::string awaitEndValue(store::Store& store, const std::string& endKey,
                           std::chrono::milliseconds slice = std::chrono::hours(1),
                           const std::function<void()>& onSlice = nullptr);

@@ -74,6 +74,7 @@ class StaticRendezvous final : public Rendezvous {
   }
 
   void reportSuccess(int round) override {
+    succeededRound_ = round;
     tasks_.push([this, round] {
       // A key of this node's own, written by a compare_set (answered, unlike
       // a SET, and sent again after a lost reply, unlike a counter's ADD:
@@ -394,6 +395,21 @@ class StaticRendezvous final : public Rendezvous {
     return static_cast<uint16_t>(port);
   }
 
+  // On the watcher thread, every heartbeat timeout of its wait: once this
+  // node's workers succeeded, it looks again (on the task thread) whether
+  // every node's are done. The report after the last success writes the
+  // end; this bounds the wait should that report have failed after every
+  // retry (a store out of reach for the whole reconnect budget).
+  void finishIfEveryoneIsDone(int round) {
+    if (succeededRound_ != round || stopping_) return;
+    tasks_.push([this, round] {
+      report(round, "every node's workers succeeded", [&] {
+        if (client_->check(nodeKeys(round, "done")))
+          client_->compareSet(key(round, "end"), "", encodeEnd(RoundEnd::kFinished, -1, ""));
+      });
+    });
+  }
+
   // On the task thread. Reports on a round that already ended change
   // nothing (the first report won) and are skipped: the store may be gone.
   void report(int round, const std::string& what, const std::function<void()>& request) {
@@ -432,7 +448,11 @@ class StaticRendezvous final : public Rendezvous {
       return backend_.connect(std::move(token), opts_.timeout);
     };
     h.awaitEnd = [this](store::Store& store, int round, const auto&) {
-      return detail::awaitEnd(store, round, key(round, "end"));
+      const auto end = key(round, "end");
+      return detail::decodeEndOrClose(
+          round, end,
+          detail::awaitEndValue(store, end, opts_.keepAliveInterval * opts_.keepAliveMaxAttempt,
+                                [this, round] { finishIfEveryoneIsDone(round); }));
     };
     h.onEnded = [this](store::Store& store, int round, const RoundEvent&) {
       lastEnded_ = std::max(lastEnded_.load(), round);
@@ -469,6 +489,7 @@ class StaticRendezvous final : public Rendezvous {
   std::unique_ptr<store::Store> client_;  // task thread
   std::atomic<int> lastJoined_{-1};       // written by the task thread
   std::atomic<int> lastEnded_{-1};  // written by watchers: the last round seen ending
+  std::atomic<int> succeededRound_{-1};  // the last round this node's workers succeeded
   std::atomic<bool> joining_{false};
   std::atomic<bool> stopping_{false};
   // Created by the task thread at the first join, before any watcher; used

@@ -14,7 +14,10 @@
 
 namespace ddprun::train::internal {
 
-// Bumped whenever the table changes: a plugin of another build is refused.
+// Bumped whenever the table changes: a plugin of another build is refused,
+// before it is loaded (the plugin exports it as the data symbol
+// ddprun_train_cuda_plugin_abi, DDPRUN_PLUGIN_ABI, which common/plugin.h
+// reads from the file) and again from the table.
 inline constexpr uint32_t kCudaBackendPluginAbi = 1;
 
 struct CudaBackendPlugin {

@@ -1,16 +1,27 @@
 #include "ddprun/train/data_choice.h"
 
+#include <filesystem>
+
 #include "ddprun/common/strings.h"
 
 namespace ddprun::train {
+namespace {
 
-DataSplit loadTrainData(const TrainConfig& cfg, std::FILE* notices) {
+// What `dir` lacks: the directory itself, or the files named one by one.
+std::string whatIsMissing(const std::string& dir, const std::vector<std::string>& missing) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return dir + " does not exist";
+  return str::join(missing, ", ");
+}
+
+}  // namespace
+
+DataSplit loadTrainData(const TrainConfig& cfg) {
   const int64_t maxTrain = cfg.trainSamples > 0 ? cfg.trainSamples : -1;
   const int64_t maxTest = cfg.testSamples > 0 ? cfg.testSamples : -1;
-  auto synthetic = [&] {
-    return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000, cfg.seed);
-  };
-  if (cfg.data == "synthetic") return synthetic();
+  if (cfg.data == "synthetic")
+    return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000,
+                         cfg.seed);
   if (cfg.data == kSyntheticCifar)
     return makeSyntheticCifar(maxTrain > 0 ? maxTrain : 50000, maxTest > 0 ? maxTest : 10000,
                               static_cast<int>(cfg.numClasses));
@@ -19,14 +30,11 @@ DataSplit loadTrainData(const TrainConfig& cfg, std::FILE* notices) {
   if (cfg.dataNamed)
     DDPRUN_THROW(DataError, "--data ", cfg.data, " holds no Fashion-MNIST: ",
                  str::join(missing, ", "), "; ", kDataHint);
-  if (notices) {
-    std::fprintf(notices, "train: Fashion-MNIST is not installed in %s (scripts/setup.sh installs "
-                 "it): training on the synthetic set instead\n", cfg.data.c_str());
-    std::fflush(notices);
-  }
-  DataSplit s = synthetic();
-  s.source = "synthetic (no Fashion-MNIST at " + cfg.data + ")";
-  return s;
+  // The default set is missing: refused, never replaced by the synthetic set
+  // behind the user's back (whose accuracy would then be read as Fashion-MNIST's).
+  DDPRUN_THROW(DataError, "no --data given, and the default data set, Fashion-MNIST, is not "
+               "installed where train looks for it: ", whatIsMissing(cfg.data, missing), "; ",
+               kDataHint, ", or --data DIR naming a directory with its four IDX .gz files");
 }
 
 }  // namespace ddprun::train

@@ -8,22 +8,13 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ddprun/common/fd.h"
 #include "ddprun/common/strings.h"
 
 namespace ddprun::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kindOf(mode_t m) {
-  if (S_ISLNK(m)) return "a symbolic link";
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
 
 std::string statProblem(const std::string& path) {
   return errno == ENOENT ? "no such file"
@@ -42,7 +33,7 @@ std::string replaceTargetProblem(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : statProblem(path);
   if (S_ISREG(st.st_mode)) return "";
-  return std::string("is ") + kindOf(st.st_mode) +
+  return std::string("is ") + fileTypeName(st.st_mode) +
          ": refusing to replace it with a regular file (name a regular file or a new "
          "path)";
 }
@@ -51,7 +42,7 @@ std::string regularFileProblem(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return statProblem(path);
   if (S_ISREG(st.st_mode)) return "";
-  return std::string("is ") + kindOf(st.st_mode) + ", not a regular file";
+  return std::string("is ") + fileTypeName(st.st_mode) + ", not a regular file";
 }
 
 std::string appendTargetProblem(const std::string& path) {
@@ -66,7 +57,7 @@ std::string appendTargetProblem(const std::string& path) {
     return "";
   }
   if (S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) return "";
-  return std::string("is ") + kindOf(st.st_mode) +
+  return std::string("is ") + fileTypeName(st.st_mode) +
          ": metrics go to a regular file, a FIFO or a character device";
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ddprun/common/strings.h"
+#include "ddprun/common/user_input.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/data.h"
 #include "ddprun/train/models.h"
@@ -138,6 +139,39 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   return "";
 }
 
+// The numeric flags read as every ddprun program reads numbers
+// (common/user_input.h): CLI11 alone takes 99999999999999999999 as the
+// largest int64, -1 as 2^64-1 for --seed, 010 as 8 and 0x1p-3 as a float.
+// Integers are checked, then handed to CLI11 in plain decimal; a float's
+// form is checked here, its range (NaN and infinities included) by validate.
+std::string strictNumber(std::string& text, const std::string& type) {
+  int64_t i = 0;
+  uint64_t u = 0;
+  double d = 0;
+  input::NumberProblem p = type == "UINT"  ? input::parseNumber(text, u)
+                           : type == "INT" ? input::parseNumber(text, i)
+                                           : input::parseNumber(text, d);
+  if (type == "FLOAT" &&
+      (p == input::NumberProblem::kNotFinite || p == input::NumberProblem::kOutOfRange))
+    return "";
+  if (p != input::NumberProblem::kNone)
+    return "invalid value '" + str::escape(text) + "': " + input::describe(p) +
+           (type == "FLOAT" ? "; expected a decimal number"
+            : type == "UINT" ? "; expected an integer from 0 to 18446744073709551615"
+                             : "; expected an integer");
+  if (type != "FLOAT") text = type == "UINT" ? std::to_string(u) : std::to_string(i);
+  return "";
+}
+
+void readNumbersStrictly(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    if (type != "INT" && type != "UINT" && type != "FLOAT") continue;
+    o->transform(CLI::Validator(
+        [type](std::string& text) { return strictNumber(text, type); }, ""));
+  }
+}
+
 }  // namespace
 
 ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
@@ -150,9 +184,9 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   app.add_option("--model", c.model, "mlp | lenet | lenet-bn | resnet18")
       ->capture_default_str();
   app.add_option("--data", c.data,
-                 "Directory of Fashion-MNIST IDX .gz files, or 'synthetic' (used, with a notice, "
-                 "when --data is not given and the default directory is absent); "
-                 "'synthetic-cifar' (3x32x32) for resnet18")
+                 "Directory of Fashion-MNIST IDX .gz files (Debian's dataset-fashion-mnist; "
+                 "missing, train exits 2 saying how to get them), or 'synthetic' (a generated "
+                 "1x28x28 set, used only when named); 'synthetic-cifar' (3x32x32) for resnet18")
       ->capture_default_str();
   app.add_option("--stem", c.stem,
                  "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")
@@ -228,6 +262,7 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
                  "Benchmark: profile the last N steps with device events per layer (after the "
                  "timed window); 0: off");
 
+  readNumbersStrictly(app);
   ParseResult r;
   try {
     app.parse(argc, argv);

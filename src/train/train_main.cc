@@ -75,7 +75,7 @@ int trainMain(int argc, const char* const* argv) {
   }
   try {
     decideDevice(cfg.device, cfg.precision, probeDevices(cfg.device));  // before any work
-    const DataSplit data = loadTrainData(cfg, rank0 ? stderr : nullptr);
+    const DataSplit data = loadTrainData(cfg);
     auto pg = joinGroup();
     TrainerIo io;
     io.restarted = envRestarted();

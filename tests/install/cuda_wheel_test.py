@@ -12,7 +12,9 @@ environment (ldd; the dynamic loader finds each through the RPATH, so no system
 directory is consulted); `train --device cuda` exits 2 with the "no GPU"
 message (no loader error, no crash without libcuda); `--device auto` trains on
 the CPU after one notice line; `--device cpu` loads no CUDA library at all
-(LD_DEBUG=files lists every object the process maps, dlopen'ed ones too).
+(LD_DEBUG=files lists every object the process maps, dlopen'ed ones too);
+`ddprun --version` names the variant and the GPU code built (CUDAARCHS, else
+80 90); pip wheel -v and pip install -v print no warning (wheel_test.py's filter).
 
 Shares the CPU wheel's CMake build directory (install_wheel): the C++ objects
 are the same, only the CUDA plugins are added. Skipped without nvcc, PyPI (pip's
@@ -35,13 +37,29 @@ sys.path.insert(0, os.path.join(HERE, "..", "pyutil"))
 import testmain  # noqa: E402
 from wheel_test import (JOB_TIMEOUT, NVIDIA_LIB, PreparedOnce, build_wheel,  # noqa: E402
                         fresh_venv, mapped_cuda_code, pip_install, project_version, purelib, run,
-                        torch2_python)
+                        torch2_python, warning_lines)
 
 PLUGINS = ("libddprun_runtime_cuda.so", "libddprun_train_cuda.so")
 # The libraries the plugins need and the NVIDIA package directory that has each.
 CUDA_LIBS = {"libcudart.so.13": "cu13", "libcublasLt.so.13": "cu13", "libcudnn.so.9": "cudnn",
              "libnccl.so.2": "nccl"}
 REQUIRED = ("nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-nccl-cu13")
+
+
+def expected_gpu_code(archs):
+    """What --version says was compiled for CMAKE_CUDA_ARCHITECTURES `archs`
+    (CUDAARCHS, else CMakeLists.txt's default "80 90"): "sm_80 sm_90 + PTX
+    compute_80 compute_90"; None for a spelling this test does not model."""
+    sass, ptx = [], []
+    for a in archs.replace(";", " ").split():
+        m = re.fullmatch(r"([0-9]+[a-z]?)(-real|-virtual)?", a)
+        if not m:
+            return None
+        if m.group(2) != "-virtual":
+            sass.append("sm_" + m.group(1))
+        if m.group(2) != "-real":
+            ptx.append("compute_" + m.group(1))
+    return " ".join(sass) + (" + PTX " + " ".join(ptx) if ptx else "")
 
 
 class CudaWheel(PreparedOnce):
@@ -62,12 +80,13 @@ class CudaWheel(PreparedOnce):
         env = dict(os.environ)
         if not shutil.which("nvcc"):
             env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
-        cls.wheel = build_wheel(cls.tmp, "pip wheel -C ddprun.cuda=true", ["ddprun.cuda=true"],
-                                env=env)
+        cls.wheel, cls.build_output = build_wheel(cls.tmp, "pip wheel -C ddprun.cuda=true",
+                                                  ["ddprun.cuda=true"], env=env)
         cls.venv, cls.venv_python = fresh_venv(cls.tmp, torch2)
         cls.site = purelib(cls.venv_python)
         os.symlink(nvidia, os.path.join(cls.site, "nvidia"))
-        pip_install(cls.venv, cls.wheel, "pip install --no-deps of the CUDA wheel")
+        cls.install_output = pip_install(cls.venv, cls.wheel,
+                                         "pip install --no-deps of the CUDA wheel")
         cls.env = {k: v for k, v in os.environ.items()
                    if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME",
                                 "LD_LIBRARY_PATH", "DDPRUN_PLUGIN_PATH", "CUDA_VISIBLE_DEVICES")}
@@ -92,6 +111,21 @@ class CudaWheel(PreparedOnce):
             self.assertIn("ddprun/lib/" + p, names)
         # Never bundled: the environment's packages provide them.
         self.assertFalse([n for n in names if NVIDIA_LIB.search(os.path.basename(n))], names)
+
+    def test_build_and_install_print_no_warning(self):
+        self.assertEqual(warning_lines(self.build_output), [],
+                         "pip wheel -v printed warnings; its output:\n" + self.build_output[-8000:])
+        self.assertEqual(warning_lines(self.install_output), [], self.install_output[-4000:])
+
+    def test_version_names_the_variant_and_the_gpu_code(self):
+        out = run([os.path.join(self.venv, "bin", "ddprun"), "--version"], "ddprun --version",
+                  env=self.env)
+        m = re.fullmatch(r"ddprun (\S+) \(CUDA (13\.[0-9]+); GPU code: (.+)\)\n", out)
+        self.assertTrue(m, out)
+        self.assertEqual(m.group(1), project_version() + "+cu13")
+        want = expected_gpu_code(os.environ.get("CUDAARCHS") or "80 90")
+        if want is not None:
+            self.assertEqual(m.group(3), want)
 
     def test_plugins_find_every_cuda_library_in_the_environment(self):
         lib = os.path.join(self.site, "ddprun", "lib")

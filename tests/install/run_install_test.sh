@@ -21,7 +21,8 @@ private=$(grep -vE '^ddprun/(version\.h|(common|store|runtime)/[a-z_]+\.h)$' <<<
 grep -qx ddprun/runtime/cuda_check.h <<< "$headers" \
   && { echo "FAIL: runtime/cuda_check.h (internal, needs the CUDA toolkit) is installed"; exit 1; }
 # Every public header of the source tree is installed.
-for h in $(cd "$(dirname "$0")/../../include" && ls ddprun/version.h ddprun/{common,store,runtime}/*.h); do
+# (version.h is generated into the build directory: cmake/version.cmake.)
+for h in ddprun/version.h $(cd "$(dirname "$0")/../../include" && ls ddprun/{common,store,runtime}/*.h); do
   [ "$h" = ddprun/runtime/cuda_check.h ] || grep -qx "$h" <<< "$headers" \
     || { echo "FAIL: public header $h is not installed"; exit 1; }
 done

@@ -15,6 +15,11 @@ message when it is missing.
 
 The CMake build is kept in $DDPRUN_WHEEL_BUILD_DIR (ctest: <build>/wheel-build)
 so that a second run only relinks; ccache is used when it is installed.
+
+The build runs with pip -v, as the README's install command does, and its output
+must hold no warning (compiler, CMake, build backend, pip deprecations); pip's
+notes about itself (a newer pip, running as root) are not the build's. A kept
+build directory compiles only what changed, so a clean one (CI's) is the full check.
 """
 import json
 import os
@@ -70,6 +75,20 @@ def build_venv():
     return pip
 
 
+# A warning of the build or install: the compilers' "warning:", CMake's "CMake
+# Warning", the build backend's and pip's "WARNING:", pip's "DEPRECATION:".
+WARNING = re.compile(r"\bwarning\b|^\s*DEPRECATION:", re.I)
+# pip's notes about itself, not about what it builds or installs.
+PIP_NOTICES = re.compile(r"^\s*\[notice\]|A new release of pip|Running pip as the 'root' user|"
+                         r"is not owned or is not writable by the current user")
+
+
+def warning_lines(output):
+    """The lines of a pip run's output that warn about the build or install."""
+    return [line for line in output.splitlines()
+            if WARNING.search(line) and not PIP_NOTICES.search(line)]
+
+
 def pypi_unreachable(pip, tmp):
     """None when pip can fetch scikit-build-core, else pip's reason."""
     p = subprocess.run([pip, "download", "--no-deps", "--disable-pip-version-check",
@@ -93,29 +112,30 @@ def torch2_python():
 
 
 def build_wheel(tmp, what, settings=(), env=None):
-    """pip wheel of the source tree into tmp/wheelhouse with the CMake build
+    """pip wheel -v of the source tree into tmp/wheelhouse with the CMake build
     kept in WORK/build (ccache when installed), plus the --config-settings
-    `settings`: the wheel's path. SkipTest when PyPI cannot be reached."""
+    `settings`: (the wheel's path, pip's output). SkipTest when PyPI cannot be
+    reached."""
     pip = build_venv()
     reason = pypi_unreachable(pip, tmp)
     if reason:
         raise unittest.SkipTest("PyPI cannot be reached, so pip cannot fetch scikit-build-core "
                                 "to build the wheel: " + reason)
     wheelhouse = os.path.join(tmp, "wheelhouse")
-    cmd = [pip, "wheel", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
+    cmd = [pip, "wheel", "-v", "--no-deps", "--disable-pip-version-check", "-w", wheelhouse, SOURCE,
            "--config-settings=build-dir=" + os.path.join(WORK, "build")]
     cmd += ["--config-settings=" + s for s in settings]
     if shutil.which("ccache"):
         cmd += ["--config-settings=cmake.define.CMAKE_%s_COMPILER_LAUNCHER=ccache" % lang
                 for lang in ("CXX", "CUDA")]
     t0 = time.monotonic()
-    run(cmd, what, timeout=3000, env=env)
+    output = run(cmd, what, timeout=3000, env=env)
     wheels = os.listdir(wheelhouse)
     assert len(wheels) == 1, wheels
     wheel = os.path.join(wheelhouse, wheels[0])
     print("%s: %s, %d bytes, built in %.0f s" % (what, wheels[0], os.path.getsize(wheel),
                                                  time.monotonic() - t0), file=sys.stderr)
-    return wheel
+    return wheel, output
 
 
 def fresh_venv(tmp, torch2):
@@ -130,10 +150,12 @@ def fresh_venv(tmp, torch2):
 
 
 def pip_install(venv, wheel, what):
+    """pip install -v --no-deps of the wheel into venv: pip's output."""
     t0 = time.monotonic()
-    run([os.path.join(venv, "bin", "pip"), "install", "--no-deps", "--no-index",
-         "--disable-pip-version-check", wheel], what)
+    output = run([os.path.join(venv, "bin", "pip"), "install", "-v", "--no-deps", "--no-index",
+                  "--disable-pip-version-check", wheel], what)
     print("%s: %.1f s" % (what, time.monotonic() - t0), file=sys.stderr)
+    return output
 
 
 # NVIDIA's CUDA libraries, and ddprun's own CUDA plugins.
@@ -183,9 +205,9 @@ class Wheel(PreparedOnce):
         torch2 = torch2_python()
         cls.tmp = tempfile.mkdtemp(prefix="ddprun_wheel_")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
-        cls.wheel = build_wheel(cls.tmp, "pip wheel")
+        cls.wheel, cls.build_output = build_wheel(cls.tmp, "pip wheel")
         cls.venv, cls.venv_python = fresh_venv(cls.tmp, torch2)
-        pip_install(cls.venv, cls.wheel, "pip install of the wheel")
+        cls.install_output = pip_install(cls.venv, cls.wheel, "pip install of the wheel")
         cls.torch_version = run([torch2, "-c", "import torch; print(torch.__version__)"],
                                 "importing torch").strip()
 
@@ -209,6 +231,29 @@ class Wheel(PreparedOnce):
         self.assertEqual(os.path.basename(self.wheel), "ddprun-%s-py3-none-linux_%s.whl"
                          % (project_version(), os.uname().machine))
 
+    def test_build_and_install_print_no_warning(self):
+        self.assertEqual(warning_lines(self.build_output), [],
+                         "pip wheel -v printed warnings; its output:\n" + self.build_output[-8000:])
+        self.assertEqual(warning_lines(self.install_output), [], self.install_output[-4000:])
+
+    def test_warning_filter_counts_the_builds_warnings_not_pips_notices(self):
+        # The filter of the test above, on lines of real pip -v runs (a method
+        # here, not a class of its own, so that a skipped build still skips all).
+        ours = ["  WARNING: tool.scikit-build.metadata is deprecated; use the standard "
+                "top-level [[tool.dynamic-metadata]] instead",
+                "  /usr/include/c++/12/bits/char_traits.h:431:56: warning: 'void* "
+                "__builtin_memcpy(...)' may overlap [-Wrestrict]",
+                "  CMake Warning (dev) at CMakeLists.txt:5 (find_package):",
+                "  kernels.cu(12): warning #177-D: variable \"x\" was declared but never "
+                "referenced",
+                "DEPRECATION: Building 'ddprun' using the legacy setup.py bdist_wheel mechanism"]
+        pips = ["[notice] A new release of pip is available: 23.0.1 -> 25.0",
+                "[notice] To update, run: python -m pip install --upgrade pip",
+                "WARNING: Running pip as the 'root' user can result in broken permissions",
+                "  [12/54] Building CXX object src/CMakeFiles/ddprun_cli.dir/cli/warnings.cc.o",
+                "  -- Performing Test CMAKE_HAVE_LIBC_PTHREAD - Success"]
+        self.assertEqual(warning_lines("\n".join(ours + pips)), ours)
+
     def test_programs_are_native_executables_in_the_venv_bin(self):
         for name in PROGRAMS:
             path = os.path.join(self.venv, "bin", name)
@@ -216,9 +261,10 @@ class Wheel(PreparedOnce):
             self.assertTrue(os.access(path, os.X_OK), path + " is not executable")
             with open(path, "rb") as f:
                 self.assertEqual(f.read(4), b"\x7fELF", path + " is not a native executable")
+        # The version and the variant: this wheel has no CUDA backend.
         out = run([os.path.join(self.venv, "bin", "ddprun"), "--version"], "ddprun --version",
                   env=self.env)
-        self.assertIn(project_version(), out)
+        self.assertEqual(out, "ddprun %s (cpu)\n" % project_version())
 
     def test_bundled_libraries_are_the_ones_loaded(self):
         train = os.path.join(self.venv, "bin", "train")

@@ -223,6 +223,58 @@ class HostileInput(DdprunCase):
         self.assertTrue(p.stderr.startswith("ddprun: error: PET_RDZV_ID='rrr"), p.stderr[:300])
         self.assertIn("run ids have at most 128", p.stderr)
 
+    def assert_refused_at_parse_time(self, p, needle, ran):
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertTrue(p.stderr.startswith("ddprun: error: "), p.stderr)
+        self.assertIn(needle, p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, "one line: %r" % p.stderr)
+        raw = [ch for ch in p.stderr[:-1] if ord(ch) < 0x20 or ord(ch) == 0x7f]
+        self.assertEqual(raw, [], "control characters printed raw: %r" % p.stderr)
+        self.assertFalse(os.path.exists(ran), "a worker ran")
+
+    def test_control_characters_in_hosts_and_paths_exit_2_shown_escaped(self):
+        # Issue 40: such host names reached the resolver (exit 3, or a join
+        # that never ended) and the terminal raw; such a --log-dir was made.
+        ran = self.path("ran")
+        w = self.script('touch "%s"\n' % ran)
+        static = ("--nnodes=2", "--node-rank=1", "--master-port=1")
+        cases = [
+            (static + ("--master-addr=evil\nhost",), None, "--master-addr: 'evil\\x0ahost'"),
+            (("--nnodes=2", "--node-rank=1", "--rdzv-endpoint=h\x1b[31m:5"), None,
+             "--rdzv-endpoint: 'h\\x1b[31m:5'"),
+            (("--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=h\x1b]0;t\x07:29400"), None,
+             "--rdzv-endpoint: 'h\\x1b]0;t\\x07:29400'"),
+            (("--log-dir=" + self.path("logs\rx"),), None, "logs\\x0dx' holds a control"),
+            (static, {"PET_MASTER_ADDR": "x\x1b[2Jy"},
+             "PET_MASTER_ADDR='x\\x1b[2Jy' (from the environment): --master-addr"),
+            (("--nnodes=2", "--node-rank=1"), {"PET_RDZV_ENDPOINT": "a\nb:5"},
+             "PET_RDZV_ENDPOINT='a\\x0ab:5' (from the environment)"),
+            ((), {"PET_LOG_DIR": self.path("l\x7f")}, "--log-dir"),
+        ]
+        for args, env, needle in cases:
+            with self.subTest(args=args, env=env):
+                p = self.run_ddprun(*args, "--no-python", w, env=env, timeout=30)
+                self.assert_refused_at_parse_time(p, needle, ran)
+        self.assertEqual(os.listdir(self.tmp), [os.path.basename(w)], "a log directory was made")
+
+    def test_nan_infinities_and_numbers_beyond_64_bits_exit_2(self):
+        # Issue 40, and keep_alive_interval's floor (1e-320 once passed).
+        ran = self.path("ran")
+        w = self.script('touch "%s"\n' % ran)
+        cases = [
+            ("--monitor-interval=nan", "--monitor-interval: invalid value 'nan': not a finite"),
+            ("--max-restarts=18446744073709551616", "--max-restarts: invalid value"),
+            ("--shutdown-timeout=inf", "--shutdown-timeout: invalid value 'inf'"),
+            ("--rdzv-conf=join_timeout=-inf", "--rdzv-conf join_timeout='-inf'"),
+            ("--rdzv-conf=read_timeout=1e400", "--rdzv-conf read_timeout='1e400': out of range"),
+            ("--rdzv-conf=keep_alive_interval=1e-320", "seconds >= 0.05"),
+            ("--rdzv-conf=keep_alive_max_attempt=18446744073709551616",
+             "--rdzv-conf keep_alive_max_attempt="),
+        ]
+        for arg, needle in cases:
+            with self.subTest(arg=arg):
+                p = self.run_ddprun("--rdzv-backend=c10d", arg, "--no-python", w, timeout=30)
+                self.assert_refused_at_parse_time(p, needle, ran)
 
     def test_a_status_endpoint_beyond_loopback_warns_once(self):
         warning = ("ddprun: warning: --status-addr 0.0.0.0: the status endpoint answers anyone "

@@ -105,10 +105,8 @@ class C10dLostReply(LostReplyCase):
         b = self.agent("b", "127.0.0.1:%d" % proxy.port, "2:2", worker)
         self.wait_starts(lambda s: len(s) == 2, "both nodes' workers")
         client = self.client(store.port)
-        ids = self.node_ids(client)
-        a_id = [i for i in ids if "_%d_" % a.pid in i]
-        self.assertEqual(len(a_id), 1, "node a's id among %r" % ids)
-        self.assertTrue(wait_for(lambda: self.reported(client, 0, a_id[0]), PATIENCE),
+        a_id = self.node_id(store.port, a)
+        self.assertTrue(wait_for(lambda: self.reported(client, 0, a_id), PATIENCE),
                         "node a's report never reached the store\n" + self.agents_said())
         self.go()
         self.assert_exits([a, b], 0)

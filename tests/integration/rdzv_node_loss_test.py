@@ -174,7 +174,7 @@ class NodeLoss(ElasticCase):
         a = self.agent("a", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=1"])
         b = self.agent("b", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=0"])
         self.wait_round(2)
-        self.reset_heartbeat(b, "127.0.0.1_%d_0" % b.pid)
+        self.reset_heartbeat(b, self.node_id(self.port, b))
         self.touch("fail")
         # Issue 25: the old tombstone made every failure a "departure" of B,
         # uncounted, forever (thousands of worker starts, no agent exited).
@@ -192,7 +192,7 @@ class NodeLoss(ElasticCase):
         a = self.agent("a", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=1"])
         b = self.agent("b", ep, "2:2", w, conf=[*FAST_KEEP_ALIVE, "is_host=0"])
         self.wait_round(2)
-        gone = "/ddprun/%s/gone/127.0.0.1_%d_0" % (self.run_id, b.pid)
+        gone = "/ddprun/%s/gone/%s" % (self.run_id, self.node_id(self.port, b))
         forger = RawClient(self.port, timeout=PATIENCE)
         self.addCleanup(forger.close)
         forger.set(gone, "")

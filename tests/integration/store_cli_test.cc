@@ -118,6 +118,74 @@ TEST(StoreCliBinary, ServesAndStopsCleanlyOnSigtermAndSigint) {
   }
 }
 
+// Issue 40: a store whose stderr reader has gone (a closed terminal, a log
+// pipe whose reader died) lives on: SIGPIPE is ignored, a log line is an
+// EPIPE. Before, the first warning killed it, and any client could provoke
+// one: here an ADD on a value that is no number, which closes that client
+// with a warning.
+TEST(StoreCliBinary, AClosedStderrNeverStopsTheStore) {
+  Child c({kStore, "--port", "0", "--log-level", "info"});
+  ::close(c.err);  // the reader leaves: every later write to stderr is EPIPE
+  c.err = -1;
+  const uint16_t port = startAndGetPort(c);
+  ddprun::store::TcpStoreOptions o;
+  o.port = port;
+  o.timeout = std::chrono::milliseconds(30000);
+  {
+    auto bad = ddprun::store::TcpStore::connect(o);
+    bad->set("word", "not a number");
+    EXPECT_THROW(bad->add("word", 1), ddprun::Error) << "ADD on a non-number was served";
+  }
+  // The warning has been written (the store's one io thread logs it before it
+  // serves anyone else): the store still answers, and was not killed.
+  auto s = ddprun::store::TcpStore::connect(o);
+  s->set("k", "v");
+  EXPECT_EQ(s->get("k"), "v");
+  EXPECT_EQ(s->add("n", 2), 2);
+  ASSERT_EQ(waitpid(c.pid, nullptr, WNOHANG), 0) << "the store exited";
+  kill(c.pid, SIGTERM);
+  const int status = c.wait(10s);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Issue 40: every number is read one way (input::parseNumber): NaN,
+// infinities, values beyond 64 bits or the flag's range, junk: exit 2, the
+// flag named; so are a host name or a path with a control character, shown
+// escaped (never the raw bytes on the terminal).
+TEST(StoreCliBinary, BadNumbersAndControlCharactersExitTwoNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--idle-timeout", "nan"},
+       "--idle-timeout: invalid value 'nan': not a finite number"},
+      {{"--auth-timeout", "nan"},
+       "--auth-timeout: invalid value 'nan': not a finite number"},
+      {{"--auth-timeout", "-inf"}, "--auth-timeout: invalid value '-inf'"},
+      {{"--idle-timeout", "1e400"},
+       "--idle-timeout: invalid value '1e400': out of range"},
+      {{"--max-connections", "18446744073709551616"},
+       "--max-connections: invalid value '18446744073709551616': out of range"},
+      {{"--max-keys-per-request", "99999999999999999999999"}, "--max-keys-per-request"},
+      {{"--max-memory", "18446744073709551616"}, "--max-memory"},
+      {{"--max-wait-keys", "-1"}, "--max-wait-keys: invalid value '-1': out of range"},
+      {{"--busy-poll-us", "100us"},
+       "--busy-poll-us: invalid value '100us': not a number"},
+      {{"--host", "local\nhost"}, "--host: 'local\\x0ahost' holds a control character"},
+      {{"--host", "evil\x1b[2Jhost"}, "--host: 'evil\\x1b[2Jhost'"},
+      {{"--token-file", "/tmp/a\nb"},
+       "--token-file: '/tmp/a\\x0ab' holds a control character"},
+  };
+  for (auto [args, expected] : cases) {
+    args.insert(args.begin(), kStore);
+    args.insert(args.end(), {"--port", "0"});  // were one accepted: no fixed port
+    Child c(args);
+    int status = c.wait(10s);
+    ASSERT_TRUE(WIFEXITED(status)) << args[1];
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args[1] << " " << args[2];
+    EXPECT_NE(c.stderrText.find(expected), std::string::npos) << c.stderrText;
+    EXPECT_EQ(c.stderrText.find('\x1b'), std::string::npos) << "raw escape printed";
+  }
+}
+
 TEST(StoreCliBinary, PortInUseExitsThreeNamingAddressAndHolder) {
   Child first({kStore, "--port", "0"});
   uint16_t port = startAndGetPort(first);

@@ -387,27 +387,59 @@ class TrainE2E(unittest.TestCase):
         self.refused(p, "/nonexistent", ("setup.sh", "--data synthetic"), *DATA_FILES,
                      what="--data /nonexistent")
 
-    def test_final_json_says_which_data_and_a_fallback_is_announced_once(self):
-        # --data not given: Fashion-MNIST where it is installed, else the
-        # synthetic set with one line on stderr; a directory named with
-        # --data is never replaced (an empty one here: refused, exit 2).
+    def train_without_default_data(self, *args):
+        """`train *args` on this machine as if Fashion-MNIST were not installed:
+        where the default directory's parent exists, an empty directory is
+        mounted over it in a private user and mount namespace (unshare -rm),
+        so the default directory does not exist, as on a fresh machine. None
+        when this machine does not permit that."""
+        parent = os.path.dirname(DATA)
+        if not os.path.exists(parent):
+            return self.train_alone(*args)
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            return None
+        empty = tempfile.mkdtemp(dir=self.tmp)
+        hide = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                'mount --bind "$0" "$1" && shift && exec "$@"', empty, parent]
+        if self.run_cmd(hide + ["true"], timeout=30).returncode != 0:
+            return None
+        return self.run_cmd(hide + [TRAIN, *args])
+
+    def test_final_json_says_which_data_and_a_missing_default_set_is_refused(self):
+        # --data not given: Fashion-MNIST where it is installed; where it is
+        # not, exit 2 naming where train looked and the ways out, never a
+        # silent switch to the synthetic set. A directory named with --data
+        # is refused the same way (an empty one here).
         small = ["--train-samples", "256", "--test-samples", "64", "--max-steps", "2"]
         res = self.ok(self.train_alone(*SYNTHETIC, *small), "--data synthetic")
         self.assertEqual(res["data"], "synthetic")
-        p = self.train_alone(*small)
-        res = self.ok(p, "train with the default data")
-        notices = [l for l in p.stderr.splitlines() if "training on the synthetic set" in l]
         if HAVE_DATA:
+            res = self.ok(self.train_alone(*small), "train with the default data")
             self.assertEqual(res["data"], "Fashion-MNIST (%s)" % DATA)
-            self.assertEqual(notices, [], p.stderr)
+        p = self.train_without_default_data(*small)
+        if p is None:
+            print("\nnot checked here: train without Fashion-MNIST (no unshare -rm to hide %s)"
+                  % DATA, file=sys.stderr)
         else:
-            self.assertEqual(res["data"], "synthetic (no Fashion-MNIST at %s)" % DATA)
-            self.assertEqual(len(notices), 1, p.stderr)
-            self.refused(self.train_alone("--data", DATA, *small), DATA, *DATA_FILES,
-                         "setup.sh", what="--data %s named but not installed" % DATA)
+            self.refused(p, "no --data given", "Fashion-MNIST", DATA + " does not exist",
+                         "apt-get install dataset-fashion-mnist", "setup.sh", "--data synthetic",
+                         what="train with no Fashion-MNIST installed")
+            self.assertNotIn("{", p.stdout, "it trained on something")
         empty = tempfile.mkdtemp(dir=self.tmp)
         self.refused(self.train_alone("--data", empty, *small), empty, *DATA_FILES, "setup.sh",
-                     what="--data naming an empty directory")
+                     "--data synthetic", what="--data naming an empty directory")
+
+    def test_synthetic_data_learns_at_the_default_flags(self):
+        # LeNet, SGD lr 0.05, momentum 0.9, batch 64: 313 steps. The set used
+        # to be separable by so wide a margin that this run diverged (loss
+        # back to ln 10 = 2.30, accuracy 0.10); one training sample in 20 is
+        # now mislabelled, which puts a floor (0.31) under the loss.
+        res = self.ok(self.train_alone(*SYNTHETIC, "--train-samples", "20000", "--test-samples",
+                                       "1000", "--device", "cpu"), "train --data synthetic")
+        self.assertEqual((res["model"], res["steps"]), ("lenet", 313))
+        self.assertLess(res["final_loss"], 0.8, res)
+        self.assertGreater(res["test_accuracy"], 0.95, res)
 
     @unittest.skipUnless(HAVE_DATA, NEED_DATA)
     def test_corrupt_data_files_are_named(self):

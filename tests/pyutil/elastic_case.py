@@ -12,6 +12,7 @@ with exit 90 after two minutes, so a broken test leaves nothing running).
 Agents write their stdout and stderr to files (read at any time, never a pipe
 that could fill up); every agent and every worker recorded is killed and
 reaped when the test ends, whatever happened."""
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddprun_case import BIN, PATIENCE, SANITIZED, DdprunCase, read  # noqa: E402
 from procs import alive, kill_all, listening_inodes, wait_for  # noqa: E402
 from store_server import StoreServer  # noqa: E402
+from storewire import RawClient  # noqa: E402
 
 # The environment a worker records (plus NODE, PID and T, its start time in ns).
 RECORDED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -155,6 +157,21 @@ class ElasticCase(DdprunCase):
         a = Agent(name, p, out_path, err_path)
         self.agents.append(a)
         return a
+
+    def node_id(self, port, agent):
+        """`agent`'s node id ("<addr>_<pid>_<nonce>"), read from the job's
+        state in the store on 127.0.0.1:`port` (the agent must be in it, a
+        participant or waiting)."""
+        c = RawClient(port)
+        try:
+            state = json.loads(c.get("/ddprun/%s/state" % self.run_id))
+        finally:
+            c.close()
+        ids = [d["id"] for k in ("p", "w", "d") for d in state.get(k, [])]
+        mine = [i for i in ids if "_%d_" % agent.pid in i]
+        if len(mine) != 1:
+            self.fail("agent %s (pid %d) among the node ids %r" % (agent.name, agent.pid, ids))
+        return mine[0]
 
     def agents_said(self, agents=None):
         return "\n".join(a.describe() for a in (agents or self.agents))

@@ -54,7 +54,8 @@ enum class NprocKind { kCount, kCpu, kGpu, kAuto };
 // The c10d rendezvous settings of --rdzv-conf (torchrun's names and
 // defaults), validated by finalizeConfig. The dynamic rendezvous uses
 // join_timeout, last_call_timeout, close_timeout, read_timeout,
-// keep_alive_interval, keep_alive_max_attempt and is_host; heartbeat_timeout
+// keep_alive_interval (at least 0.05 s: launch_config.cc says why),
+// keep_alive_max_attempt and is_host; heartbeat_timeout
 // and use_libuv are validated and have no effect; store_type=file is refused
 // across nodes (the rendezvous store is a TCP store).
 struct C10dSettings {

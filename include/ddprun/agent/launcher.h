@@ -120,6 +120,13 @@ class PosixLauncher : public Launcher {
   std::map<int, int> workerOfKeeper_;  // keeper pid -> worker pid, until reaped
 };
 
+// Why a process could not be started, for errno `err` of the call that
+// failed, in words that name the resource and how to get more: descriptors
+// (EMFILE: "out of file descriptors (RLIMIT_NOFILE 32); raise it with
+// ulimit -n"; ENFILE: the system's file table), processes (EAGAIN: the
+// RLIMIT_NPROC soft limit, ulimit -u), memory (ENOMEM); strerror otherwise.
+std::string startErrorText(int err);
+
 // Number of CUDA devices, found through the driver library at run time
 // (dlopen of libcuda.so.1); 0 when there is no driver or no GPU.
 int countCudaDevices();

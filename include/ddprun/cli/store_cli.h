@@ -24,11 +24,16 @@ struct StoreCliConfig {
   std::string tokenSource;
 };
 
-// Parses "1048576", "64K", "8M", "1G" (binary units). Throws InvalidArgument.
+// Parses "1048576", "64K", "8M", "1G" (binary units): a decimal > 0 as
+// input::parseNumber reads it, never wrapped past 64 bits. Throws
+// InvalidArgument naming `flag`, the text shown escaped.
 uint64_t parseByteSize(const std::string& text, const std::string& flag);
 
 // Parses argv. On --help/--version or a usage error it prints and returns
-// the exit code to use; otherwise returns -1 and fills `out`.
+// the exit code to use; otherwise returns -1 and fills `out`. Every number is
+// read by input::parseNumber (NaN, infinities, junk, values beyond the
+// flag's range or 64 bits: exit 2), and --host and --token-file with a
+// control character are refused (exit 2).
 int parseStoreCli(int argc, const char* const* argv, StoreCliConfig& out);
 
 // The whole program: parse, listen, serve until SIGINT/SIGTERM/SIGHUP.

@@ -48,4 +48,9 @@ inline bool writeAll(int fd, std::string_view data) {
   return writeAll(fd, data.data(), data.size());
 }
 
+// A file's type from its stat(2) st_mode, for messages: "a regular file",
+// "a directory", "a symbolic link", "a FIFO", "a socket", "a character
+// device", "a block device", else "a special file".
+const char* fileTypeName(unsigned mode);
+
 }  // namespace ddprun

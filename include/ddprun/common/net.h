@@ -15,7 +15,8 @@ struct HostPort {
 
 // Parses "host:port", "[v6addr]:port", "host" (port = defaultPort) and
 // "v6addr" (a bare IPv6 literal, port = defaultPort). Throws InvalidArgument
-// with a message naming the accepted forms.
+// with a message naming the accepted forms, the text shown escaped; a text
+// with a control character is refused (input::hasControlChar).
 HostPort parseHostPort(const std::string& text, uint16_t defaultPort);
 
 // Parses a port number 0..65535. Throws InvalidArgument naming `what`.

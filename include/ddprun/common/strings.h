@@ -23,11 +23,13 @@ bool endsWith(std::string_view s, std::string_view suffix);
 // never re-scanning replaced text.
 std::string replaceAll(std::string s, std::string_view from, std::string_view to);
 
-// Whole-string decimal integer in [min, max]; false on junk, overflow or range.
+// Whole-string decimal integer in [min, max]; false on junk, overflow or range
+// (input::parseNumber, which says why).
 bool parseInt(std::string_view text, int64_t& out, int64_t min = INT64_MIN,
               int64_t max = INT64_MAX);
 bool parseInt(std::string_view text, int& out, int min = INT32_MIN, int max = INT32_MAX);
-// Whole-string finite decimal number (no inf/nan); false otherwise.
+// Whole-string finite decimal number (no inf/nan, no spaces, within a
+// double's range); false otherwise (input::parseNumber, which says why).
 bool parseDouble(std::string_view text, double& out);
 
 // For logs: printable ASCII kept, everything else as \xNN (and \\ for a

@@ -7,10 +7,12 @@
 // the agent or starve another: one request per connection (Connection:
 // close); headers of at most maxHeaderBytes (431 beyond), a body of at most
 // maxBodyBytes (413); the request must arrive within requestDeadline and the
-// connection end within `deadline`; every new connection is accepted, and
-// when maxConnections (bounded by RLIMIT_NOFILE / 4) or
-// maxConnectionsPerAddress are held, the oldest unfinished or idle one is
-// closed to make room (the policy is Admission, admission.h).
+// connection end within `deadline`; connections are accepted once they carry
+// data (TCP_DEFER_ACCEPT, up to requestDeadline), and at most maxConnections
+// (bounded by the descriptors the agent leaves it: connectionCapacity) and
+// maxConnectionsPerAddress are held: beyond them, a connection that waits on
+// its client makes room, and a request that arrived is never closed
+// unanswered (the policy is Admission, admission.h).
 #pragma once
 
 #include <chrono>
@@ -52,6 +54,10 @@ struct ServerOptions {
   std::chrono::milliseconds deadline{10'000};        // accept -> closed
   int maxConnections = 512;
   int maxConnectionsPerAddress = 64;
+  // What the agent runs, for the descriptors it keeps for itself
+  // (DescriptorNeeds in admission.h): its local workers and the most nodes.
+  int localWorkers = 1;
+  int nodes = 1;
 };
 
 // Owns its thread and io_context. Not copyable; the destructor stops it.

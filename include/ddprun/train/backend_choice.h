@@ -4,7 +4,9 @@
 // Thread-safety: stateless (makeBackend creates a backend for the caller).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddprun/train/layers.h"
@@ -13,18 +15,67 @@
 
 namespace ddprun::train {
 
+// Why CUDA is not used: the first cause found by the checks below, which run
+// cheapest first and stop at the first that fails. The CUDA plugins link
+// cudart, cuBLAS(Lt), cuDNN and NCCL (about 180 MB resident once mapped):
+// they are loaded last, so that on a machine without a driver or a GPU no
+// CUDA library is loaded but the driver's own libcuda.so.1 where installed.
+enum class CudaCause {
+  kUsable,           // the backend loaded and the CUDA runtime sees `gpus` GPUs
+  kNotInstalled,     // no CUDA plugin beside this program: a CPU-only ddprun
+  kHidden,           // CUDA_VISIBLE_DEVICES hides every GPU ("", "-1", ...)
+  kNoDriver,         // libcuda.so.1, the NVIDIA driver's library, does not load
+  kDriverFailed,     // libcuda.so.1 loads but cuInit fails
+  kNoDevice,         // the driver works and finds no GPU
+  kBackendUnusable,  // the driver finds GPUs but a CUDA plugin, or a library it needs,
+                     // does not load
+  kRuntimeNoDevice,  // the backend loaded but the CUDA runtime sees none of the driver's
+                     // GPUs
+};
+
 // What the machine offers (injected by tests).
 struct DeviceInventory {
-  // The CUDA backend loads: the runtime's and train's CUDA plugins are
-  // installed and every library they need resolves.
-  bool cudaBuilt = false;
-  int gpus = 0;              // GPUs CUDA sees (0 when !cudaBuilt)
-  std::string unusableWhy{};  // why !cudaBuilt (runtime::cudaUnavailableReason())
-  int driverGpus = 0;        // GPUs the NVIDIA driver lists (/proc/driver/nvidia/gpus)
+  CudaCause cause = CudaCause::kNotInstalled;
+  // The specifics of the cause: the plugin search (kNotInstalled), the
+  // loader's message naming the library (kNoDriver, kBackendUnusable), cuInit's
+  // error (kDriverFailed).
+  std::string detail{};
+  int gpus = 0;        // GPUs the CUDA runtime (kUsable) or the driver (others) sees
+  int driverGpus = 0;  // GPUs the NVIDIA kernel driver lists (/proc/driver/nvidia/gpus)
+  std::optional<std::string> visibleDevices{};  // $CUDA_VISIBLE_DEVICES, when set
 };
-// This build and machine. --device cpu probes nothing (no CUDA library is
-// loaded); cuda and auto load the CUDA plugins (cuda_backend_loader.cc).
+
+// The checks behind probeDevices, in the order run (each a seam for tests).
+struct CudaProbes {
+  // "" when the CUDA plugin file is installed (looked for, not loaded), else why.
+  std::function<std::string()> pluginMissing;
+  std::optional<std::string> visibleDevices;  // $CUDA_VISIBLE_DEVICES
+  // "" when libcuda.so.1 loads (dlopen), else the loader's message.
+  std::function<std::string()> loadDriver;
+  // cuInit(0) and cuDeviceGetCount: the count, or cuInit's error
+  // (CUDA_ERROR_NO_DEVICE counts as 0 GPUs, not an error).
+  struct DriverDevices {
+    int count = 0;
+    std::string error{};
+  };
+  std::function<DriverDevices()> driverDevices;
+  // "" when the CUDA plugins and every library they need load, else why.
+  std::function<std::string()> loadBackend;
+  std::function<int()> runtimeDevices;  // GPUs the CUDA runtime sees (after loadBackend)
+  std::function<int()> driverGpus;      // /proc/driver/nvidia/gpus
+};
+// True when CUDA_VISIBLE_DEVICES=`value` hides every GPU: empty, or its first
+// entry is neither a device index nor a GPU-/MIG- UUID (CUDA ignores the list
+// from the first invalid entry on, so "-1" or "none" hides all). Pure.
+bool visibleDevicesHideAll(const std::string& value);
+// Runs `probes` in order, stopping at the first that fails. No check after
+// the first failing one runs.
+DeviceInventory probeDevices(const CudaProbes& probes);
+// This build and machine (cuda_backend_loader.cc), probed once a process.
+// --device cpu probes nothing: no CUDA library is loaded.
 DeviceInventory probeDevices(DeviceChoice device);
+// The checks on this machine (cuda_backend_loader.cc).
+CudaProbes systemCudaProbes();
 
 // DDPRUN_CUDNN_DETERMINISTIC=1: --deterministic without the flag (0 or unset:
 // the flag decides). Other values are an error naming the variable.
@@ -40,11 +91,13 @@ struct DeviceDecision {
   std::string summary;
 };
 // --device cuda, or auto with a usable backend and a GPU. Throws
-// InvalidArgument (exit 2) for --device cuda without a usable backend (naming
-// why and what to install) or without a GPU, and for a --precision other
-// than fp32 when the choice is the CPU. Pure.
-DeviceDecision decideDevice(DeviceChoice device, Precision precision, const DeviceInventory& inv);
-inline bool chooseCuda(DeviceChoice device, Precision precision, const DeviceInventory& inv) {
+// InvalidArgument (exit 2) for --device cuda when the inventory's cause is not
+// kUsable (naming that cause and its fix), and for a --precision other than
+// fp32 when the choice is the CPU. Pure.
+DeviceDecision decideDevice(DeviceChoice device, Precision precision,
+                            const DeviceInventory& inv);
+inline bool chooseCuda(DeviceChoice device, Precision precision,
+                       const DeviceInventory& inv) {
   return decideDevice(device, precision, inv).cuda;
 }
 
@@ -58,11 +111,13 @@ bool nhwcLayout(Layout layout, Precision precision);
 // the visible GPUs, DDPRUN_CUDA_DEVICE overrides; ranks may share a GPU), or
 // the CPU with --threads.
 // `decision` (optional) receives the choice.
-std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* decision = nullptr);
+std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg,
+                                     DeviceDecision* decision = nullptr);
 
 // The CUDA backend through train's CUDA plugin (libddprun_train_cuda.so,
 // cuda_backend_loader.cc), or linked in when the program has it (tests).
-// cudaBackendUnusable(): "" when it loads, else why (loading it on the first call).
+// cudaBackendUnusable(): "" when it loads, else why (loading it on the first
+// call: the runtime's CUDA plugin, then train's).
 std::string cudaBackendUnusable();
 std::unique_ptr<Backend> loadCudaBackend(const CudaBackendOptions& o);
 

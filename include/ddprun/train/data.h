@@ -1,7 +1,8 @@
 // Training data for the bundled trainer: Fashion-MNIST read from the IDX files
-// Debian's `dataset-fashion-mnist` package installs, or a generated synthetic
-// set of the same shape when the package is absent; and a generated
-// CIFAR-shaped set (3x32x32 colour images) for ResNet. Nothing is downloaded.
+// Debian's `dataset-fashion-mnist` package installs, a generated synthetic set
+// of the same shape (asked for with --data synthetic: never a silent stand-in
+// for missing files, data_choice.h), and a generated CIFAR-shaped set
+// (3x32x32 colour images) for ResNet. Nothing is downloaded.
 //
 // A Dataset keeps the raw pixel bytes (0..255, as in the IDX file): 47 MB for
 // the 60000 training images rather than 188 MB as floats. gatherBatch
@@ -65,8 +66,9 @@ inline constexpr uint64_t kSyntheticCifarSeed = 0xC1FA;
 
 // The appended advice in every DataError message.
 inline constexpr const char* kDataHint =
-    "run scripts/setup.sh (installs Debian's dataset-fashion-mnist) or pass "
-    "--data synthetic";
+    "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist, or "
+    "scripts/setup.sh from a clone), or pass --data synthetic to train on the generated "
+    "set";
 
 // Missing, unreadable or corrupt data. The message is shown to users as is:
 // it names the file, says what is wrong and ends with kDataHint.
@@ -97,7 +99,7 @@ struct Dataset {
 
 struct DataSplit {
   Dataset train, test;
-  std::string source;  // "Fashion-MNIST (<dir>)" or "synthetic"
+  std::string source;  // "Fashion-MNIST (<dir>)", "synthetic" or "synthetic-cifar"
 };
 
 // The normalised value of pixel `p`, computed with the float32 operations
@@ -127,8 +129,12 @@ DataSplit loadFashionMnist(const std::string& dir, int64_t maxTrain = -1,
 // block pattern (shared by train and test), each sample that pattern with a
 // random contrast and per-pixel noise, stored as raw bytes like Fashion-MNIST
 // (gatherBatch normalises them with the same constants). Labels
-// are balanced (counts differ by at most one) and shuffled. The same sizes
-// and seed always give the same bytes. Sizes must be >= 0.
+// are balanced (counts differ by at most one) and shuffled. One training
+// sample in 20 shows another class's pattern than its label (mislabelled, as
+// in real data sets: without them the classes are separable by so wide a
+// margin that SGD at lr 0.05 with momentum 0.9 drives the logits up until
+// training diverges); the test split is clean. The same sizes and seed
+// always give the same bytes (recipe: docs/train.md). Sizes must be >= 0.
 DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed);
 
 // A learnable CIFAR-shaped set: 3x32x32 colour images of `numClasses`

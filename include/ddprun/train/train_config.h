@@ -18,8 +18,8 @@ struct TrainConfig {
   // Directory of Fashion-MNIST IDX .gz files, "synthetic" (both 1x28x28, 10
   // classes: mlp, lenet, lenet-bn) or "synthetic-cifar" (3x32x32: resnet18).
   std::string data;
-  // --data was given: a directory named by the user is never replaced by the
-  // synthetic set (data_choice.h); only the default directory falls back.
+  // --data was given (data_choice.h words a missing directory's error by it:
+  // the user's --data, or the default set train looked for).
   bool dataNamed = false;
   std::string stem = "imagenet";   // resnet18's stem: imagenet | cifar
   int64_t numClasses = 10;         // 10 for the 1x28x28 sets; 2..10 for synthetic-cifar

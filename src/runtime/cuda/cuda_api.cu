@@ -11,6 +11,7 @@
 #include "cuda_comm.h"
 #include "cuda_plugin.h"
 #include "cuda_support.h"
+#include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
 
@@ -77,6 +78,10 @@ double nowSeconds() {
 }  // namespace gpu
 }  // namespace
 }  // namespace ddprun::runtime
+
+// Read from the file before it is loaded (common/plugin.h): a program of
+// another ABI refuses this plugin without running any of its code.
+DDPRUN_PLUGIN_ABI(ddprun_runtime_cuda_plugin, ddprun::runtime::internal::kCudaPluginAbi);
 
 extern "C" __attribute__((visibility("default"))) const ddprun::runtime::internal::CudaPlugin*
 ddprun_runtime_cuda_plugin() {

@@ -18,6 +18,7 @@
 #include "cuda_layers.h"
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
 #include "nhwc_kernels.h"
@@ -509,6 +510,10 @@ std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o) {
 }
 
 }  // namespace ddprun::train
+
+// Read from the file before it is loaded (common/plugin.h): a train of
+// another ABI refuses this plugin without running any of its code.
+DDPRUN_PLUGIN_ABI(ddprun_train_cuda_plugin, ddprun::train::internal::kCudaBackendPluginAbi);
 
 extern "C" __attribute__((visibility("default"))) const ddprun::train::internal::CudaBackendPlugin*
 ddprun_train_cuda_plugin() {

@@ -42,12 +42,20 @@ bool engineAllowed(const EngineTraits& t, Precision p, bool deterministic) {
 }
 
 std::string GraphEngine::name() const {
-  std::string s = "engine " + std::to_string(index);
+  // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, a false
+  // positive) on "literal" + std::to_string(...) temporaries here.
+  std::string s = "engine ";
+  s += std::to_string(index);
   if (knobs.empty()) return s;
   s += " (knobs";
-  for (const auto& [type, value] : knobs)
-    s += " " + std::to_string(static_cast<int>(type)) + "=" + std::to_string(value);
-  return s + ")";
+  for (const auto& [type, value] : knobs) {
+    s += ' ';
+    s += std::to_string(static_cast<int>(type));
+    s += '=';
+    s += std::to_string(value);
+  }
+  s += ')';
+  return s;
 }
 
 namespace {

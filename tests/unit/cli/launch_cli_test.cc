@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -603,6 +604,107 @@ TEST(LaunchCli, DocsFlagTableMatchesTheParser) {
   for (const auto& f : launchFlags()) parsed.insert(f.names.begin(), f.names.end());
   for (const auto& [n, row] : documented)
     EXPECT_TRUE(parsed.count(n)) << n << " is in docs/cli.md but not a flag of ddprun";
+}
+
+// Issue 40: every number of ddprun, --rdzv-conf values included, refuses
+// NaN, infinities, values beyond 64 bits or its range and trailing junk with
+// exit 2 and one line naming the flag (or key) and the value.
+TEST(LaunchCli, EveryNumberRefusesNanInfinitiesOverflowAndJunk) {
+  const std::vector<const char*> bad = {
+      "nan", "inf", "-inf", "1e400", "18446744073709551616", "-5", "5x", "0x10"};
+  const std::vector<std::string> flags = {
+      "--nnodes",           "--nproc-per-node", "--max-restarts",
+      "--monitor-interval", "--node-rank",      "--master-port",
+      "--shutdown-timeout", "--status-port",    "--local-ranks-filter",
+      "--redirects"};
+  for (const auto& flag : flags)
+    for (const char* v : bad) {
+      const std::string arg = flag + "=" + v;
+      auto p = parse({arg.c_str(), "t.py"});
+      EXPECT_EQ(p.rc, kExitUsage) << arg << ": " << p.err;
+      EXPECT_TRUE(contains(p.err, flag)) << arg << ": " << p.err;
+      EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    }
+  const std::vector<std::string> keys = {"timeout",
+                                         "join_timeout",
+                                         "last_call_timeout",
+                                         "close_timeout",
+                                         "read_timeout",
+                                         "heartbeat_timeout",
+                                         "keep_alive_interval",
+                                         "keep_alive_max_attempt"};
+  for (const auto& key : keys)
+    for (const char* v : bad) {
+      const std::string arg = "--rdzv-conf=" + key + "=" + v;
+      auto p = parse({"--rdzv-backend=c10d", arg.c_str(), "t.py"});
+      EXPECT_EQ(p.rc, kExitUsage) << arg << ": " << p.err;
+      EXPECT_TRUE(contains(p.err, "--rdzv-conf " + key + "='" + v + "'")) << p.err;
+    }
+  // From the environment too.
+  auto p = parse({"t.py"}, {{"PET_RDZV_CONF", "read_timeout=nan"}});
+  EXPECT_EQ(p.rc, kExitUsage);
+  EXPECT_TRUE(contains(p.err, "--rdzv-conf read_timeout='nan': not a finite number"))
+      << p.err;
+  p = parse({"t.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "99999999999999999999"}});
+  EXPECT_EQ(p.rc, kExitUsage);
+  EXPECT_TRUE(contains(p.err, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) << p.err;
+}
+
+// Issue 40: keep_alive_interval has a floor of 0.05 s (50 ms), and says so;
+// 1e-320 passed once and no round could hold.
+TEST(LaunchCli, KeepAliveIntervalHasAFloorOf50Ms) {
+  for (const char* v : {"1e-320", "0.001", "0.049"}) {
+    const std::string arg = std::string("--rdzv-conf=keep_alive_interval=") + v;
+    auto p = parse({"--rdzv-backend=c10d", arg.c_str(), "t.py"});
+    EXPECT_EQ(p.rc, kExitUsage) << v;
+    EXPECT_TRUE(contains(p.err, ">= 0.05")) << p.err;
+    EXPECT_TRUE(contains(p.err, "below 50 ms")) << p.err;
+  }
+  for (auto [v, ms] : std::vector<std::pair<const char*, int64_t>>{
+           {"0.05", 50}, {"0.2", 200}, {"1", 1000}}) {
+    const std::string arg = std::string("--rdzv-conf=keep_alive_interval=") + v;
+    auto p = parse({"--rdzv-backend=c10d", arg.c_str(), "t.py"});
+    ASSERT_EQ(p.rc, -1) << p.err;
+    EXPECT_EQ(p.cfg.c10d.keepAliveInterval.count(), ms) << v;
+  }
+}
+
+// Issue 40: a host name or a path with a control character (a pasted
+// newline, an escape sequence) exits 2 at parse time, from the command line
+// or a PET_ variable, shown escaped: the raw bytes never reach the terminal.
+TEST(LaunchCli, ControlCharactersInHostsAndPathsExitTwoShownEscaped) {
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases = {
+      {{"--master-addr=evil\nhost", "--nnodes=2", "--master-port=1", "t.py"},
+       "--master-addr: 'evil\\x0ahost' holds a control character"},
+      {{"--rdzv-endpoint=h\x1b[31m:5", "--nnodes=2", "t.py"},
+       "--rdzv-endpoint: 'h\\x1b[31m:5' holds a control character"},
+      {{"--rdzv-backend=c10d", "--rdzv-endpoint=a\rb:29400", "--nnodes=2", "t.py"},
+       "--rdzv-endpoint: 'a\\x0db:29400'"},
+      {{"--local-addr=a\x07", "t.py"},
+       "--local-addr: 'a\\x07' holds a control character"},
+      {{"--log-dir=/tmp/x\ny", "t.py"},
+       "--log-dir: '/tmp/x\\x0ay' holds a control character"},
+      {{"--rdzv-conf=token_file=/tmp/a\x1b]0;t\x07", "t.py"},
+       "--rdzv-conf token_file: '/tmp/a\\x1b]0;t\\x07'"},
+  };
+  for (const auto& [args, needle] : cases) {
+    auto p = parse(args);
+    EXPECT_EQ(p.rc, kExitUsage) << needle << ": " << p.err;
+    EXPECT_TRUE(contains(p.err, needle)) << p.err;
+    for (char ch : p.err.substr(0, p.err.size() - 1))
+      EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          << str::escape(p.err);
+  }
+  for (const auto& [var, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"PET_MASTER_ADDR", "--master-addr"},
+           {"PET_RDZV_ENDPOINT", "--rdzv-endpoint"},
+           {"PET_LOG_DIR", "--log-dir"}}) {
+    auto p = parse({"--nnodes=2", "--master-port=1", "t.py"}, {{var, "x\x1b[2Jy"}});
+    EXPECT_EQ(p.rc, kExitUsage) << var << ": " << p.err;
+    EXPECT_TRUE(contains(p.err, var + "='x\\x1b[2Jy' (from the environment): " + flag))
+        << p.err;
+    EXPECT_FALSE(contains(p.err, "\x1b")) << str::escape(p.err);
+  }
 }
 
 }  // namespace

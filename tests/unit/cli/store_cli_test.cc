@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "ddprun/common/error.h"
 #include "ddprun/store/auth.h"
@@ -33,6 +34,76 @@ TEST(StoreCli, ParsesByteSizes) {
   EXPECT_THROW(parseByteSize("17179869184G", "--x"), InvalidArgument);
   EXPECT_THROW(parseByteSize("99999999999999999999", "--x"), InvalidArgument);
   EXPECT_EQ(parseByteSize("17179869183G", "--x"), 17179869183ull << 30);
+  // Issue 40: read as input::parseNumber reads numbers; the value escaped.
+  for (const char* bad :
+       {"18446744073709551616", " 5", "5 ", "-1", "nan", "inf", "1e3", "0x10", "1.5K"})
+    EXPECT_THROW(parseByteSize(bad, "--x"), InvalidArgument) << bad;
+  try {
+    parseByteSize("-1", "--max-memory");
+    ADD_FAILURE() << "-1 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(
+        e.message(),
+        "--max-memory: invalid size '-1': out of range; expected a number of bytes > 0, "
+        "optionally with K, M or G");
+  }
+}
+
+// Issue 40: every number of ddprun-store is read by input::parseNumber
+// (CLI11 alone took nan for --idle-timeout/--auth-timeout, an undefined
+// float->int cast, and saturated numbers beyond 64 bits), and a host name or
+// token path with a control character is refused; all exit 2 naming the flag.
+TEST(StoreCli, NumbersBeyondTheirRangeAndControlCharactersExitTwo) {
+  const std::vector<const char*> numeric = {
+      "--idle-timeout",         "--auth-timeout",      "--max-connections",
+      "--max-keys-per-request", "--max-wait-keys",     "--max-watch-keys",
+      "--busy-poll-us",         "--max-memory",        "--max-key-bytes",
+      "--max-value-bytes",      "--max-request-bytes", "--max-unsent-bytes",
+      "--max-reply-bytes"};
+  const std::vector<const char*> values = {
+      "nan", "inf", "-inf", "1e400", "18446744073709551616",
+      "-5",  "5x",  "",     " 5",    "99999999999999999999"};
+  for (const char* flag : numeric)
+    for (const char* value : values) {
+      StoreCliConfig cfg;
+      testing::internal::CaptureStderr();
+      int rc = parse({flag, value}, cfg);
+      std::string err = testing::internal::GetCapturedStderr();
+      EXPECT_EQ(rc, kExitUsage) << flag << " '" << value << "'";
+      EXPECT_NE(err.find(flag), std::string::npos) << err;
+    }
+  for (auto [flag, value, shown] :
+       std::vector<std::tuple<const char*, const char*, const char*>>{
+           {"--host", "evil\nhost", "'evil\\x0ahost'"},
+           {"--host", "\x1b[31mred", "'\\x1b[31mred'"},
+           {"--token-file", "/tmp/a\tb", "'/tmp/a\\x09b'"}}) {
+    StoreCliConfig cfg;
+    testing::internal::CaptureStderr();
+    int rc = parse({flag, value}, cfg);
+    std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rc, kExitUsage) << flag;
+    EXPECT_NE(err.find(std::string(flag) + ": " + shown + " holds a control character"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(err.find('\x1b'), std::string::npos) << "printed raw: " << err;
+  }
+}
+
+TEST(StoreCli, TimeoutsAboveZeroNeverRoundToOff) {
+  StoreCliConfig cfg;
+  EXPECT_EQ(parse({"--idle-timeout", "0.0001", "--auth-timeout", "0.001"}, cfg), -1);
+  EXPECT_EQ(cfg.server.idleTimeout.count(), 1);  // not 0, which means never
+  EXPECT_EQ(cfg.server.authTimeout.count(), 1);
+  StoreCliConfig defaults;
+  EXPECT_EQ(parse({}, defaults), -1);
+  EXPECT_EQ(defaults.server.authTimeout.count(), 30000);
+  EXPECT_EQ(defaults.server.idleTimeout.count(), 0);
+  StoreCliConfig max;
+  EXPECT_EQ(
+      parse({"--max-connections", "18446744073709551615", "--busy-poll-us", "1000000"},
+            max),
+      -1);
+  EXPECT_EQ(max.server.limits.maxConnections, SIZE_MAX);
 }
 
 TEST(StoreCli, DefaultsAndFlags) {

@@ -3,6 +3,7 @@
 #include "ddprun/common/main_guard.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <new>
 #include <stdexcept>
@@ -46,6 +47,26 @@ TEST(MainGuard, AVeryLongMessageIsCutToOneLine) {
   EXPECT_LE(err.size(), 1023u);
   EXPECT_EQ(err.back(), '\n');
   EXPECT_EQ(err.find('\n'), err.size() - 1);
+}
+
+// Issue 40: every program ignores SIGPIPE (runMain), so a closed pipe or
+// socket is an EPIPE its writer handles, never the program's death.
+TEST(MainGuard, RunMainIgnoresSigpipeBeforeTheBody) {
+  struct sigaction before {
+  }, now{};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &before), 0);
+  ::signal(SIGPIPE, SIG_DFL);
+  int rc = runMain("prog", 7, [&] {
+    sigaction(SIGPIPE, nullptr, &now);
+    return 3;
+  });
+  EXPECT_EQ(rc, 3);
+  EXPECT_EQ(now.sa_handler, SIG_IGN) << "SIGPIPE not ignored while the program runs";
+  ::signal(SIGPIPE, SIG_DFL);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(runMain("prog", 7, []() -> int { throw std::runtime_error("boom"); }), 7);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: error: boom\n");
+  sigaction(SIGPIPE, &before, nullptr);
 }
 
 }  // namespace

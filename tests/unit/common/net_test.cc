@@ -37,6 +37,29 @@ TEST(Net, RejectsBadAddressesWithHelpfulMessages) {
   }
 }
 
+// Issue 40: an address with a control character is refused (no host name
+// has one), and no message prints the raw bytes.
+TEST(Net, RefusesControlCharactersShowingThemEscaped) {
+  for (const char* bad : {"evil\nhost:80", "h\x1b[31m:5", "[::1\r]:80", "host:8\x7f" "0",
+                          "a\tb"}) {
+    try {
+      parseHostPort(bad, 1);
+      ADD_FAILURE() << "accepted a control character";
+    } catch (const InvalidArgument& e) {
+      for (char ch : e.message())
+        EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) << e.message();
+      EXPECT_NE(e.message().find("control character"), std::string::npos) << e.message();
+    }
+  }
+  try {
+    parsePort("8\x1b[2J", "--master-port");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.message(),
+              "invalid --master-port '8\\x1b[2J': expected an integer between 0 and 65535");
+  }
+}
+
 TEST(Net, ParsesPorts) {
   EXPECT_EQ(parsePort("0"), 0);
   EXPECT_EQ(parsePort("65535"), 65535);

@@ -27,7 +27,7 @@ TEST(PluginSearch, NoProgramDirectoryLeavesTheEnvironmentOnly) {
 }
 
 TEST(PluginOpen, AMissingPluginSaysWhereItWasLookedFor) {
-  const Opened o = open("libddprun_no_such_plugin.so", "entry");
+  const Opened o = open("libddprun_no_such_plugin.so", "entry", 1);
   EXPECT_EQ(o.symbol, nullptr);
   EXPECT_EQ(o.path, "");
   EXPECT_NE(o.error.find("libddprun_no_such_plugin.so is not installed"), std::string::npos)

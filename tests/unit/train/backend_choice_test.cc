@@ -10,14 +10,17 @@
 namespace ddprun::train {
 namespace {
 
-const DeviceInventory kGpu{.cudaBuilt = true, .gpus = 2};
-const DeviceInventory kNoGpu{.cudaBuilt = true, .gpus = 0};
-const DeviceInventory kNoCuda{.cudaBuilt = false, .gpus = 0};
+const DeviceInventory kGpu{.cause = CudaCause::kUsable, .gpus = 2};
+const DeviceInventory kNoGpu{.cause = CudaCause::kNoDevice};
+const DeviceInventory kNoCuda{
+    .cause = CudaCause::kNotInstalled,
+    .detail = "libddprun_train_cuda.so is not installed (looked in /x)"};
 
 constexpr DeviceChoice kCpu = DeviceChoice::kCpu, kCuda = DeviceChoice::kCuda,
-                        kAuto = DeviceChoice::kAuto;
+                       kAuto = DeviceChoice::kAuto;
 
-std::string refusal(DeviceChoice device, Precision precision, const DeviceInventory& inv) {
+std::string refusal(DeviceChoice device, Precision precision,
+                    const DeviceInventory& inv) {
   try {
     chooseCuda(device, precision, inv);
   } catch (const InvalidArgument& e) {
@@ -41,48 +44,63 @@ TEST(BackendChoice, CudaWithoutAGpuNamesWhy) {
   EXPECT_NE(noGpu.find("no CUDA GPU is visible"), std::string::npos) << noGpu;
   EXPECT_NE(noGpu.find("--device cpu"), std::string::npos) << noGpu;
   const std::string noCuda = refusal(kCuda, Precision::kFp32, kNoCuda);
-  EXPECT_NE(noCuda.find("built without CUDA"), std::string::npos) << noCuda;
+  EXPECT_NE(noCuda.find("no CUDA backend installed"), std::string::npos) << noCuda;
 }
 
 TEST(BackendChoice, AnUnusableBackendNamesWhyAndTheFix) {
-  const DeviceInventory noCudnn{
-      .cudaBuilt = false,
-      .unusableWhy = "libcudnn_graph.so.9: cannot open shared object file: No such file or directory"};
+  const DeviceInventory noCudnn{.cause = CudaCause::kBackendUnusable,
+                                .detail =
+                                    "libcudnn_graph.so.9: cannot open shared object "
+                                    "file: No such file or directory",
+                                .gpus = 1};
   const std::string cuda = refusal(kCuda, Precision::kFp32, noCudnn);
   EXPECT_NE(cuda.find("libcudnn_graph.so.9"), std::string::npos) << cuda;
   EXPECT_NE(cuda.find("pip install nvidia-cudnn-cu13"), std::string::npos) << cuda;
   EXPECT_NE(cuda.find("--device cpu"), std::string::npos) << cuda;
-  // auto: the CPU, with one line; with a GPU present it names the fix too.
-  const DeviceDecision quiet = decideDevice(kAuto, Precision::kFp32, noCudnn);
-  EXPECT_FALSE(quiet.cuda);
-  EXPECT_NE(quiet.notice.find("training on the CPU"), std::string::npos) << quiet.notice;
-  EXPECT_EQ(quiet.notice.find('\n'), std::string::npos) << quiet.notice;
-  DeviceInventory withGpu = noCudnn;
-  withGpu.driverGpus = 1;
-  const DeviceDecision told = decideDevice(kAuto, Precision::kFp32, withGpu);
+  // auto: the CPU, with one line naming the GPU, the library and the fix.
+  const DeviceDecision told = decideDevice(kAuto, Precision::kFp32, noCudnn);
   EXPECT_FALSE(told.cuda);
-  EXPECT_NE(told.notice.find("1 NVIDIA GPU is present"), std::string::npos) << told.notice;
-  EXPECT_NE(told.notice.find("pip install nvidia-cudnn-cu13"), std::string::npos) << told.notice;
+  EXPECT_NE(told.notice.find("training on the CPU"), std::string::npos) << told.notice;
+  EXPECT_EQ(told.notice.find('\n'), std::string::npos) << told.notice;
+  EXPECT_NE(told.notice.find("1 NVIDIA GPU is present"), std::string::npos)
+      << told.notice;
+  EXPECT_NE(told.notice.find("libcudnn_graph.so.9"), std::string::npos) << told.notice;
+  EXPECT_NE(told.notice.find("pip install nvidia-cudnn-cu13"), std::string::npos)
+      << told.notice;
   EXPECT_NE(told.summary.find("cpu (--device auto: "), std::string::npos) << told.summary;
 }
 
 TEST(BackendChoice, ACpuOnlyInstallSaysSoInAFewWords) {
-  const DeviceInventory cpuOnly{
-      .cudaBuilt = false, .unusableWhy = "libddprun_runtime_cuda.so is not installed (looked in /x)"};
-  const DeviceDecision d = decideDevice(kAuto, Precision::kFp32, cpuOnly);
-  EXPECT_EQ(d.notice, "--device auto: training on the CPU (this ddprun has no CUDA backend installed)");
-  const std::string cuda = refusal(kCuda, Precision::kFp32, cpuOnly);
+  const DeviceDecision d = decideDevice(kAuto, Precision::kFp32, kNoCuda);
+  EXPECT_EQ(
+      d.notice,
+      "--device auto: training on the CPU (this ddprun has no CUDA backend installed)");
+  const std::string cuda = refusal(kCuda, Precision::kFp32, kNoCuda);
   EXPECT_NE(cuda.find("CPU-only ddprun"), std::string::npos) << cuda;
   EXPECT_NE(cuda.find("-C ddprun.cuda=true"), std::string::npos) << cuda;
+  // With a GPU on the machine, the notice names it and the fix.
+  DeviceInventory withGpu = kNoCuda;
+  withGpu.driverGpus = 2;
+  const DeviceDecision g = decideDevice(kAuto, Precision::kFp32, withGpu);
+  EXPECT_NE(
+      g.notice.find("2 NVIDIA GPUs are present but this ddprun has no CUDA backend"),
+      std::string::npos)
+      << g.notice;
+  EXPECT_NE(g.notice.find("to use them: this is a CPU-only ddprun"), std::string::npos)
+      << g.notice;
 }
 
 TEST(BackendChoice, TheChoiceIsSummarised) {
   EXPECT_EQ(decideDevice(kCpu, Precision::kFp32, kGpu).summary, "cpu (--device cpu)");
   EXPECT_EQ(decideDevice(kCpu, Precision::kFp32, kGpu).notice, "");
-  EXPECT_EQ(decideDevice(kAuto, Precision::kFp32, kGpu).summary, "cuda (--device auto: 2 GPUs visible)");
+  EXPECT_EQ(decideDevice(kAuto, Precision::kFp32, kGpu).summary,
+            "cuda (--device auto: 2 GPUs visible)");
+  EXPECT_EQ(decideDevice(kAuto, Precision::kFp32, kNoGpu).summary,
+            "cpu (--device auto: no CUDA GPU is visible: the NVIDIA driver finds none)");
   EXPECT_EQ(decideDevice(kCuda, Precision::kFp32, kGpu).summary, "cuda (--device cuda)");
-  EXPECT_NE(decideDevice(kAuto, Precision::kFp32, kNoGpu).notice.find("no CUDA GPU is visible"),
-            std::string::npos);
+  EXPECT_NE(
+      decideDevice(kAuto, Precision::kFp32, kNoGpu).notice.find("no CUDA GPU is visible"),
+      std::string::npos);
 }
 
 TEST(BackendChoice, SixteenBitOrTf32OnTheCpuIsRefused) {

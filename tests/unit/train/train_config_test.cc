@@ -190,7 +190,8 @@ TEST(TrainConfigTest, DeviceAndPrecisionSpellings) {
   EXPECT_EQ(parseDeviceChoice("gpu"), std::nullopt);
 }
 
-// Only a --data the user gave is "named" (never replaced by the synthetic set).
+// Only a --data the user gave is "named" (a missing directory's error says
+// whether the user named it or train looked in its default one).
 TEST(TrainConfigTest, DataNamedOnlyWhenGiven) {
   const ParseResult d = parse({});
   ASSERT_TRUE(d.config) << d.output;
