@@ -492,7 +492,11 @@ class DynamicRendezvous final : public Rendezvous {
     if (info.groupRank == 0) {
       info.workerStoreHost = addr_;
       info.workerStorePort = backend_.startWorkerStore();
-      client_->set(k, net::formatHostPort(addr_, info.workerStorePort));
+      // A compare_set, not a SET: it is answered, so one lost to a reset
+      // connection is sent again (a lost SET would leave the others waiting
+      // read_timeout for it). Should the round have ended first, the end's
+      // kNoWorkerStore stays, as the others read it.
+      client_->compareSet(k, "", net::formatHostPort(addr_, info.workerStorePort));
       keys_.forgetRound(*client_, info.round - 2);
       return true;
     }

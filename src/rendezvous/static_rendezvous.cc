@@ -172,8 +172,11 @@ class StaticRendezvous final : public Rendezvous {
     if (!client_) client_ = backend_.connect(cancel_, deadline.remaining());
     if (!heartbeat_) startHeartbeat();
     const int restarts = restartCount(round);
-    client_->set(key(round, "node/" + std::to_string(opts_.nodeRank)),
-                 std::to_string(localWorldSize));
+    // A compare_set, not a SET: it is answered, so a request lost to a
+    // reset connection is sent again (a SET has no reply: its loss would
+    // show only as this node missing from the barrier).
+    client_->compareSet(key(round, "node/" + std::to_string(opts_.nodeRank)), "",
+                        std::to_string(localWorldSize));
     auto keys = nodeKeys(round, "node");
     waitForPeers(round, keys, deadline);
     auto sizes = parseSizes(keys, client_->multiGet(keys));
@@ -377,7 +380,7 @@ class StaticRendezvous final : public Rendezvous {
     const auto k = key(round, "worker_store");
     if (opts_.nodeRank == 0) {
       uint16_t port = backend_.readyWorkerStore(detail::workerKeyPrefixes());
-      client_->set(k, std::to_string(port));
+      client_->compareSet(k, "", std::to_string(port));  // answered: see joinRound
       return port;
     }
     int port = 0;

@@ -9,7 +9,10 @@ reproducers of three ways a job was lost, as tests with real agents.
    report was an ADD, which a client must not send again, and every node
    waited forever.
 2. The same lost reply on the join ticket (c10d): the node joins without its
-   turn instead of exiting 3 ("store gone") while the store is fine.
+   turn instead of exiting 3 ("store gone") while the store is fine. And a
+   request lost with its connection where the client expected no reply (a
+   SET): the barrier key of a static node, the worker store's address of
+   c10d's group rank 0; both are now compare_sets, answered and sent again.
 3. A store restarted empty mid-round (c10d, a ddprun-store behind a proxy
    that then points at a fresh one): the node whose worker then fails must
    not exit 0, nor must any node of the failed job.
@@ -95,7 +98,39 @@ class StaticLostReply(LostReplyCase):
         self.assert_dropped(proxy, "node 1's success report")
 
 
+    def test_a_barrier_key_lost_with_its_connection_is_sent_again(self):
+        port = reserve_port(self)
+        worker = self.worker()
+        a = self.agent_static("a", 0, port, worker)
+        self.assertTrue(wait_for(lambda: listening(port), PATIENCE), self.agents_said())
+        proxy = self.proxy(port)
+        proxy.drop_request_once(b"/round/0/node/1")  # node 1's arrival at the barrier
+        b = self.agent_static("b", 1, proxy.port, worker)
+        self.wait_starts(lambda s: len(s) == 2, "both nodes' workers")
+        self.go()
+        self.assert_exits([a, b], 0)
+        self.assert_dropped(proxy, "node 1's barrier key")
+
+
 class C10dLostReply(LostReplyCase):
+    def test_a_worker_store_address_lost_with_its_connection_is_sent_again(self):
+        store = self.store()
+        worker = self.worker()
+        proxy = self.proxy(store.port)
+        proxy.drop_request_once(b"/round/0/worker_store")
+        # b arrives first at a separate store: group rank 0, which publishes
+        # the round's worker store (through the proxy).
+        b = self.agent("b", "127.0.0.1:%d" % proxy.port, "2:2", worker)
+        client = self.client(store.port)
+        self.assertTrue(wait_for(lambda: client.check(["/ddprun/%s/state" % self.run_id]),
+                                 PATIENCE), "node b never wrote the state\n" + self.agents_said())
+        a = self.agent("a", "127.0.0.1:%d" % store.port, "2:2", worker)
+        starts = self.wait_starts(lambda s: len(s) == 2, "both nodes' workers")
+        self.assertEqual({s["NODE"]: s["GROUP_RANK"] for s in starts}, {"a": 1, "b": 0})
+        self.go()
+        self.assert_exits([a, b], 0)
+        self.assert_dropped(proxy, "node b's worker store address")
+
     def test_the_last_success_report_survives_a_lost_reply(self):
         store = self.store()
         worker = self.worker(A_FIRST)

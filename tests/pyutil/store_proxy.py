@@ -8,6 +8,11 @@ reply is lost or the store behind an address changes.
   The client then sees a request that may or may not have been applied: the
   window at the end of every job that issue 40 found (a lost reply to the
   last node's success report).
+- drop_request_once(pattern): the first request whose bytes contain
+  `pattern` never reaches the store: the proxy resets the client's
+  connection instead of passing it on (a request lost with its connection;
+  for a SET, which has no reply, the client learns of it only at its next
+  request).
 - set_upstream(port): later connections go to another store (a store
   restarted empty on a new port); existing ones keep theirs and break when
   it goes.
@@ -28,7 +33,8 @@ class StoreProxy:
         self._upstream = upstream_port
         self._lock = threading.Lock()
         self._pattern = None
-        self.dropped = threading.Event()  # set once a reply was dropped
+        self._request_pattern = None
+        self.dropped = threading.Event()  # set once a reply or a request was dropped
         self._conns = []
         self._stopping = False
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -41,6 +47,11 @@ class StoreProxy:
     def drop_reply_once(self, pattern):
         with self._lock:
             self._pattern = pattern if isinstance(pattern, bytes) else pattern.encode()
+            self.dropped.clear()
+
+    def drop_request_once(self, pattern):
+        with self._lock:
+            self._request_pattern = pattern if isinstance(pattern, bytes) else pattern.encode()
             self.dropped.clear()
 
     def set_upstream(self, port):
@@ -96,12 +107,20 @@ class StoreProxy:
         sock.close()
 
     def _claim(self, seen):
-        """Whether `seen` (the client's recent bytes) holds the armed pattern;
-        if so the pattern is used up (once, across connections)."""
+        """Whether `seen` (the client's recent bytes) holds the armed reply
+        pattern; if so the pattern is used up (once, across connections)."""
         with self._lock:
             if self._pattern is None or self._pattern not in seen:
                 return False
             self._pattern = None
+            return True
+
+    def _claim_request(self, seen):
+        """As _claim, for the armed request pattern."""
+        with self._lock:
+            if self._request_pattern is None or self._request_pattern not in seen:
+                return False
+            self._request_pattern = None
             return True
 
     def _pump(self, client, upstream):
@@ -122,6 +141,11 @@ class StoreProxy:
                         return
                     if src is client:
                         seen = tail + data
+                        if self._claim_request(seen):
+                            # Lost with its connection: the store never sees it.
+                            self.dropped.set()
+                            armed = True  # reset the client below
+                            return
                         if not armed and self._claim(seen):
                             armed = True
                         tail = seen[-256:]
