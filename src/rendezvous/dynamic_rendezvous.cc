@@ -380,12 +380,13 @@ class DynamicRendezvous final : public Rendezvous {
   // A ticket whose reply was lost (the connection broke after the ADD left:
   // it is not sent again, it may have counted) only costs the turn: this
   // node joins without one, and the holder of the next ticket waits
-  // kTurnPatience for the turn nobody passes on.
+  // kTurnPatience for the turn nobody passes on. A store out of reach is
+  // not that: its IoError ends the join.
   Turn takeTurn() {
     int64_t ticket = 0;
     try {
       ticket = client_->add(keys_.jobKey("turn"), 1);
-    } catch (const IoError& e) {
+    } catch (const store::UnconfirmedError& e) {
       DDPRUN_INFO("rendezvous: joining without a turn (taking a ticket failed: ",
                   e.message(), ")");
       return Turn{};

@@ -291,7 +291,7 @@ void TcpStore::afterBroken(Replay replay, const IoError& e) {
       break;
     case ReconnectPolicy::Verdict::kNotReplayable:
       policy_.onSuccess();  // this call ends here; the next starts afresh
-      DDPRUN_THROW(IoError, e.message(),
+      DDPRUN_THROW(UnconfirmedError, e.message(),
                    " (the request was not sent again: it may have been applied, and "
                    "applying it twice would count twice)");
     case ReconnectPolicy::Verdict::kOutOfTime:

@@ -11,9 +11,20 @@
 #include <string_view>
 #include <vector>
 
+#include "ddprun/common/error.h"
+
 namespace ddprun::store {
 
 using Millis = std::chrono::milliseconds;
+
+// A request that is not sent twice (ADD, APPEND, QUEUE_PUSH, QUEUE_POP,
+// BARRIER) went out and its connection broke before the reply: the store may
+// or may not have applied it, and the store itself may be fine (a client
+// that reconnects: TcpStore). The caller decides what an unknown outcome
+// means; a store out of reach is a plain IoError.
+class UnconfirmedError : public IoError {
+  using IoError::IoError;
+};
 
 // PyTorch's Store::kDefaultTimeout.
 constexpr Millis kDefaultTimeout{300'000};
