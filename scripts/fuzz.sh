@@ -21,7 +21,8 @@ mkdir -p "$out"
 bin=$out/store_fuzz
 srcs=("$root"/tests/fuzz/store_fuzz.cc "$root"/src/store/wire.cc "$root"/src/store/server_state.cc
       "$root"/src/store/server_auth.cc "$root"/src/store/server_leases.cc "$root"/src/store/auth.cc
-      "$root"/src/common/error.cc "$root"/src/common/strings.cc "$root"/src/common/env.cc)
+      "$root"/src/common/error.cc "$root"/src/common/strings.cc "$root"/src/common/env.cc
+      "$root"/src/common/user_input.cc)
 if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" "$root"/include -newer "$bin" 2>/dev/null | head -1)" ]; then
   echo "fuzz: building $bin with $cxx"
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
