@@ -17,6 +17,7 @@
 #include "ddprun/common/strings.h"
 #include "dynamic_rendezvous_internal.h"
 #include "job_keys.h"
+#include "join_turn.h"
 #include "dynamic_state.h"
 #include "node_lease.h"
 #include "round_end.h"
@@ -39,7 +40,7 @@ using Millis = std::chrono::milliseconds;
 // rounds last as long as training does.
 constexpr Millis kWatchSlice{3'600'000};
 
-// How long a join waits for the join before it in line (see Turn).
+// How long a join waits for the join before it in line (join_turn.h).
 constexpr Millis kTurnPatience{2'000};
 
 // Keys: job_keys.h.
@@ -226,29 +227,13 @@ class DynamicRendezvous final : public Rendezvous {
       DDPRUN_THROW(InvalidArgument, "this node's address '", str::escape(addr_, 80),
                    "' cannot name it in the rendezvous (at most 230 characters of "
                    "letters, digits and ._-:%[]); pass another --local-addr");
-    claimId();
+    claimKey_ = keys_.claimNodeId(*client_, me_.id);  // refuses a duplicate id
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
     liveness_->setOnLost([this](int64_t silentMs) { onLost(silentMs); });
   }
 
-  // The id is this instance's alone: its claim key holds a token only this
-  // instance knows (a compare_set: its reply is the same if it is sent
-  // again after a lost reply). Another instance's token there means two
-  // agents drew the same id, and they must not merge into one node.
-  void claimId() {
-    const std::string claim = keys_.jobKey("id/" + me_.id);
-    const std::string token = str::randomToken(24);
-    const std::string holder = client_->compareSet(claim, "", token);
-    if (holder != token)
-      DDPRUN_THROW(Error, "another agent already joined job ", opts_.runId,
-                   " with this node's id ", me_.id, " (", detail::describeNode(me_.id),
-                   "): two agents would merge into one node; this one refuses to join. "
-                   "Ids hold a random part, so this means a copied process or a "
-                   "program writing the job's keys; start this node again");
-    claimKey_ = claim;
-  }
 
   // On the heartbeat's beating thread: no beat of this node reached the
   // store for the heartbeat timeout (its link or the store is gone), so the
@@ -278,7 +263,7 @@ class DynamicRendezvous final : public Rendezvous {
     const int64_t deadline = now() + opts_.joinTimeout.count();
     me_.nproc = localWorldSize;
     for (bool first = true;; first = false) {
-      Turn turn = first ? takeTurn() : Turn{};
+      detail::Turn turn = first ? takeTurn() : detail::Turn{};
       // Read before the state, so that a node giving up names what it saw
       // after its deadline, not before.
       const bool late = now() >= deadline;
@@ -349,58 +334,10 @@ class DynamicRendezvous final : public Rendezvous {
                  " is closed: start it again with another --rdzv-id");
   }
 
-  // Joins take turns: nodes arriving together would otherwise all miss but
-  // one at every compare_set, each retry parsing and writing the whole state
-  // (O(nodes^2) work: seconds for 256 nodes on two cores). A ticket from a
-  // counter orders them; each waits for its predecessor's turn key, does its
-  // compare_set, and writes its own. Only an optimisation: the compare_set
-  // stays correct without it, so a predecessor that died (or is slow)
-  // holds the next one up for kTurnPatience at most.
-  class Turn {
-   public:
-    Turn() = default;
-    Turn(store::Store* store, std::string key) : store_(store), key_(std::move(key)) {}
-    Turn(Turn&& o) noexcept : store_(std::exchange(o.store_, nullptr)), key_(o.key_) {}
-    Turn& operator=(Turn&&) = delete;
-    ~Turn() { release(); }
-    void release() {
-      if (!store_) return;
-      try {
-        std::exchange(store_, nullptr)->set(key_, "");
-      } catch (const Error& e) {  // the next one waits a moment longer
-        DDPRUN_DEBUG("rendezvous: could not pass the turn on: ", e.message());
-      }
-    }
-
-   private:
-    store::Store* store_ = nullptr;
-    std::string key_;
-  };
-
-  // A ticket whose reply was lost (the connection broke after the ADD left:
-  // it is not sent again, it may have counted) only costs the turn: this
-  // node joins without one, and the holder of the next ticket waits
-  // kTurnPatience for the turn nobody passes on. A store out of reach is
-  // not that: its IoError ends the join.
-  Turn takeTurn() {
-    int64_t ticket = 0;
-    try {
-      ticket = client_->add(keys_.jobKey("turn"), 1);
-    } catch (const store::UnconfirmedError& e) {
-      DDPRUN_INFO("rendezvous: joining without a turn (taking a ticket failed: ",
-                  e.message(), ")");
-      return Turn{};
-    }
-    if (ticket > 1) {
-      const std::string before = keys_.jobKey("turn/") + std::to_string(ticket - 1);
-      try {
-        client_->wait({before}, kTurnPatience);
-        client_->deleteKey(before);  // nobody else waits for it
-      } catch (const TimeoutError&) {
-        DDPRUN_DEBUG("rendezvous: joining without the turn of ticket ", ticket - 1);
-      }
-    }
-    return Turn(client_.get(), keys_.jobKey("turn/") + std::to_string(ticket));
+  // Join tickets: join_turn.h.
+  detail::Turn takeTurn() {
+    return detail::takeTurn(*client_, keys_.jobKey("turn"), keys_.jobKey("turn/"),
+                            kTurnPatience);
   }
 
   // The join deadline passed in a forming round: this node leaves it, then
@@ -528,11 +465,14 @@ class DynamicRendezvous final : public Rendezvous {
   // the last one to write sees them all (more than one may: the first end
   // wins). True: every participant's workers succeeded.
   bool reportDone(int round) {
-    const auto mine = key(round, "done/" + nodeId_);
-    client_->compareSet(mine, "", "1");
-    std::vector<std::string> keys{mine};
+    client_->compareSet(key(round, "done/" + nodeId_), "", "1");
+    return client_->check(doneKeys(round));
+  }
+  // Every participant's done/<id> of `round`, this node's first.
+  std::vector<std::string> doneKeys(int round) const {
+    std::vector<std::string> keys{key(round, "done/" + nodeId_)};
     for (const auto& id : roundPeers_) keys.push_back(key(round, "done/" + id));
-    return client_->check(keys);
+    return keys;
   }
 
   // On a watcher thread, every slice of its wait: once this node's workers
@@ -545,9 +485,8 @@ class DynamicRendezvous final : public Rendezvous {
     if (succeededRound_ != round || stopping_) return;
     tasks_.push([this, round] {
       report(round, "every node's workers succeeded", [&] {
-        std::vector<std::string> keys{key(round, "done/" + nodeId_)};
-        for (const auto& id : roundPeers_) keys.push_back(key(round, "done/" + id));
-        if (client_->check(keys) && !checkRound(round)) endRound(round, RoundEnd::kFinished, "");
+        if (client_->check(doneKeys(round)) && !checkRound(round))
+          endRound(round, RoundEnd::kFinished, "");
       });
     });
   }
@@ -636,10 +575,10 @@ class DynamicRendezvous final : public Rendezvous {
   bool dropLostPeers(int round, const std::string& why) {
     std::vector<std::string> lost;
     for (const auto& id : roundPeers_)
-      if (detail::lostForGood(*client_, leaseKeys(id))) lost.push_back(id);
+      if (detail::lostForGood(*client_, keys_.leaseKeys(id))) lost.push_back(id);
     if (lost.empty()) return false;
     State s = cell_->update([&](State& st) {
-      for (const auto& id : lost) detail::removeNode(st, id, departedWhy(id), lim_, now());
+      for (const auto& id : lost) detail::removeNode(st, id, detail::departedWhy(id), lim_, now());
     });
     ensureMarkers(*client_, s);
     DDPRUN_INFO("rendezvous: this node's workers failed (", why, ") after ",
@@ -649,23 +588,15 @@ class DynamicRendezvous final : public Rendezvous {
     return s.lastEndedRound >= round;
   }
 
-  detail::NodeLeaseKeys leaseKeys(const std::string& node) const {
-    return {keys_.jobKey("hb/" + node), keys_.jobKey("gone/" + node)};
-  }
-
   // Whether `node` owns its heartbeat key again (a new connection beats for
   // it, or no tombstone says its connection ended) by `deadlineMs`, on the
   // departures connection. Cancelled at shutdown.
   bool beatsAgainBy(const std::string& node, int64_t deadlineMs) {
-    const detail::NodeLeaseKeys k = leaseKeys(node);
+    const detail::NodeLeaseKeys k = keys_.leaseKeys(node);
     return !detail::leaseEnded(*departClient_, k) ||
            detail::beatsWithin(*departClient_, k.beat, Millis(deadlineMs - now()));
   }
 
-  std::string departedWhy(const std::string& node) const {
-    return detail::describeNode(node) +
-           " is gone: its connection to the rendezvous store closed";
-  }
 
   // On the store's thread (the host only): a node's heartbeat connection
   // closed. Queued for the departures thread; never blocks.
@@ -700,10 +631,10 @@ class DynamicRendezvous final : public Rendezvous {
         if (departCell_->known()) {
           bool dropped = false;
           State s = departCell_->update([&](State& st) {
-            dropped = detail::removeNode(st, node, departedWhy(node), lim_, now());
+            dropped = detail::removeNode(st, node, detail::departedWhy(node), lim_, now());
           });
           ensureMarkers(*departClient_, s);
-          if (dropped) DDPRUN_INFO("rendezvous: ", departedWhy(node), "; dropped from the job");
+          if (dropped) DDPRUN_INFO("rendezvous: ", detail::departedWhy(node), "; dropped from the job");
         }
       }
       const int round = lastJoined_;

@@ -103,6 +103,18 @@ void JobKeys::forgetRound(store::Store& store, int round) const {
   }
 }
 
+std::string JobKeys::claimNodeId(store::Store& store, const std::string& nodeId) const {
+  const std::string claim = jobKey("id/" + nodeId);
+  const std::string token = str::randomToken(24);
+  if (store.compareSet(claim, "", token) != token)
+    DDPRUN_THROW(Error, "another agent already joined job ", runId_, " with this node's id ",
+                 nodeId, " (", describeNode(nodeId),
+                 "): two agents would merge into one node; this one refuses to join. "
+                 "Ids hold a random part, so this means a copied process or a program "
+                 "writing the job's keys; start this node again");
+  return claim;
+}
+
 void JobKeys::sayLeft(store::Store& store, int round, const std::string& nodeId) const {
   try {
     store.set(key(round, "left/" + nodeId), "");

@@ -41,6 +41,7 @@
 #include "ddprun/store/store.h"
 #include "ddprun/store/tcp_store.h"
 #include "dynamic_state.h"
+#include "node_lease.h"
 
 namespace ddprun::rendezvous::detail {
 
@@ -61,10 +62,15 @@ struct Tamper {
   bool invalid = false;
 };
 
+// Why `node` was dropped when its heartbeat connection closed for good.
+inline std::string departedWhy(const std::string& node) {
+  return describeNode(node) + " is gone: its connection to the rendezvous store closed";
+}
+
 class JobKeys {
  public:
   JobKeys(const std::string& runId, const Limits& lim)
-      : prefix_("ddprun/" + runId + "/"), lim_(lim) {}
+      : runId_(runId), prefix_("ddprun/" + runId + "/"), lim_(lim) {}
 
   std::string stateKey() const { return prefix_ + "state"; }
   std::string key(int round, const std::string& name) const {
@@ -72,6 +78,10 @@ class JobKeys {
   }
   // prefix + name for the job's other keys ("turn", "hb/").
   std::string jobKey(const std::string& name) const { return prefix_ + name; }
+  // `node`'s heartbeat key and its tombstone (node_lease.h).
+  NodeLeaseKeys leaseKeys(const std::string& node) const {
+    return {jobKey("hb/" + node), jobKey("gone/" + node)};
+  }
 
   // "the rendezvous state under K changed while round R ran (why); ...".
   std::string describeTamper(int round, const std::string& why) const;
@@ -114,7 +124,15 @@ class JobKeys {
   // store once every node has); its goodbye of two rounds ago goes.
   void sayLeft(store::Store& store, int round, const std::string& nodeId) const;
 
+  // Claims id/<nodeId> for this instance: a compare_set of a token only it
+  // knows (its reply is the same if it is sent again after a lost reply).
+  // Another instance's token there means two agents drew the same id, which
+  // must not merge into one node: Error, saying so. Returns the claim key
+  // (deleted when the node leaves).
+  std::string claimNodeId(store::Store& store, const std::string& nodeId) const;
+
  private:
+  const std::string runId_;
   const std::string prefix_;
   const Limits lim_;
 };
