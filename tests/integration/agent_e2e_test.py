@@ -113,8 +113,13 @@ class AgentE2E(DdprunCase):
     def test_agent_error_file_duplicate_filters_and_exit_events(self):
         logdir = self.path("logs")
         own = self.path("agent_error.json")
+        # Rank 1 fails only once the agent has recorded rank 0's exit: else
+        # the group's stop may end rank 0 before it has printed a line.
         w = self.script('echo "loss=1.5 step=$LOCAL_RANK"\necho "noise"\n'
                         '[ "$LOCAL_RANK" = 1 ] || exit 0\n'
+                        'until grep -qs \'"exit_code":0\' "%s"/*/events.jsonl; do\n'
+                        '  sleep 0.01\n'
+                        'done\n' % logdir +
                         'echo \'{"message": {"message": "RuntimeError: r1", "extraInfo": '
                         '{"py_callstack": "tb", "timestamp": "1"}}}\' > "$TORCHELASTIC_ERROR_FILE"\n'
                         'exit 4\n')
