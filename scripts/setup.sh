@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 pkgs=(build-essential cmake g++ libboost-dev libboost-filesystem-dev libboost-system-dev
-      libopenblas-dev libdnnl-dev zlib1g-dev libssl-dev dataset-fashion-mnist
+      libopenblas-dev libdnnl-dev zlib1g-dev libjpeg-dev libpng-dev libssl-dev dataset-fashion-mnist
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev python3-venv)
 
 missing=()

@@ -6,6 +6,10 @@ native executables in the environment's bin/):
   python -m ddprun.checkpoint FILE                       a checkpoint's metadata and tensors
   ddprun.checkpoint.load(path)                           (state_dict, optimizer_state, metadata)
                                                           for PyTorch (needs only torch)
+  ddprun.progress.report(step, loss=..., total_steps=...)  training progress for the agent
+                                                          (`ddprun status`, /metrics,
+                                                          --progress-timeout); a no-op
+                                                          outside ddprun
 """
 try:
     from importlib.metadata import PackageNotFoundError, version as _version

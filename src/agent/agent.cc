@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "ddprun/agent/failure.h"
@@ -20,8 +22,10 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/net.h"
+#include "ddprun/common/progress_file.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/rendezvous/spec.h"
+#include "progress_watch.h"
 #include "status_feed.h"
 
 namespace ddprun::agent {
@@ -41,6 +45,18 @@ std::string messageOf(const std::exception& e) {
 double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// "3.2 s" below 10 s, else "31 s": how long a rank was silent.
+std::string secondsText(double seconds) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, seconds < 10 ? "%.1f s" : "%.0f s", seconds);
+  return buf;
+}
+
+std::optional<ProgressWatch::Clock::duration> watchTimeout(const LaunchConfig& cfg) {
+  if (!cfg.progressTimeout) return std::nullopt;
+  return *cfg.progressTimeout;
+}
 }  // namespace
 
 class Agent::Impl {
@@ -57,7 +73,11 @@ class Agent::Impl {
 
  public:
   Impl(LaunchConfig cfg, AgentParts parts)
-      : cfg_(std::move(cfg)), parts_(std::move(parts)), sigs_(io_) {}
+      : cfg_(std::move(cfg)),
+        parts_(std::move(parts)),
+        sigs_(io_),
+        progressTimer_(io_),
+        progress_(watchTimeout(cfg_)) {}
 
   int run() {
     if (!prepare()) return exitCode_;
@@ -150,10 +170,16 @@ class Agent::Impl {
     if (!status_ || !status_->enabled()) return;
     static constexpr const char* kNames[] = {"idle",    "joining",  "running",
                                              "succeeded", "stopping", "done"};
-    status_->publish({kNames[static_cast<int>(state_)], &round_, restartCount_,
-                      restartsLeft(), group_ ? &group_->workers() : nullptr,
-                      rdzv_ && rdzv_->spansNodes() ? rdzv_->describe() : "",
-                      rdzv_ ? rdzv_->heartbeatsMissed() : 0});
+    StatusFeed::View view{kNames[static_cast<int>(state_)],
+                          &round_,
+                          restartCount_,
+                          restartsLeft(),
+                          group_ ? &group_->workers() : nullptr,
+                          rdzv_ && rdzv_->spansNodes() ? rdzv_->describe() : "",
+                          rdzv_ ? rdzv_->heartbeatsMissed() : 0};
+    view.progress = &progress_;
+    view.now = ProgressWatch::Clock::now();
+    status_->publish(view);
   }
 
   bool resolveNproc() {
@@ -276,6 +302,7 @@ class Agent::Impl {
   void startWorkers() {
     const std::string attemptDir =
         (fs::path(reporter_->runDir()) / ("attempt_" + std::to_string(restartCount_))).string();
+    progress_.reset();
     try {
       group_->start(round_, nproc_, restartCount_, cfg_.rdzvId, attemptDir);
     } catch (const std::exception& e) {
@@ -288,6 +315,7 @@ class Agent::Impl {
     }
     state_ = State::kRunning;
     publishStatus();
+    armProgressTimer();
     for (const auto& w : group_->workers())
       reporter_->event("start", {{"local_rank", w.localRank}, {"rank", w.globalRank}, {"pid", w.pid}},
                        restartCount_);
@@ -323,6 +351,8 @@ class Agent::Impl {
   void onExit(int pid, int status) {
     const WorkerRecord* w = group_ ? group_->onExit(pid, status) : nullptr;
     if (w == nullptr) return;
+    readProgress(*w, ProgressWatch::Clock::now());  // its last word, for the status
+    progress_.exited(w->localRank);
     status_->workerExited(w->exitCode);
     publishStatus();
     reporter_->event("exit",
@@ -356,9 +386,99 @@ class Agent::Impl {
     f.time = std::time(nullptr);
     f.victim = w.stoppedByAgent;
     readErrorFile(w.errorFile, f);
+    if (stalled_ && stalled_->pid == w.pid) {
+      // Stopped by us, but for what it did not do: the root cause.
+      f.victim = false;
+      const std::string said = !f.traceback.empty() ? f.traceback : f.message;
+      f.traceback = stalled_->text + (said.empty() ? "" : "\n" + said);
+    }
     f.stderrTail = reporter_->stderrTail(w.localRank);
     f.tailHasStdout = reporter_->tailHasStdout(w.localRank);
     failures_.push_back(std::move(f));
+  }
+
+  // ------------------------------------------------------------ progress
+  // The workers' progress files are read on a timer while they run, when
+  // someone looks (--status-port) or --progress-timeout watches for hangs.
+  bool watchesProgress() const {
+    return cfg_.progressTimeout || (status_ && status_->enabled());
+  }
+
+  // Once a second; with --progress-timeout, a quarter of it (0.1 s to 1 s),
+  // so that a stall is noticed within about a quarter of the timeout.
+  std::chrono::milliseconds progressInterval() const {
+    using std::chrono::milliseconds;
+    if (!cfg_.progressTimeout) return milliseconds(1000);
+    return std::clamp(*cfg_.progressTimeout / 4, milliseconds(100), milliseconds(1000));
+  }
+
+  void armProgressTimer() {
+    if (!watchesProgress()) return;
+    progressTimer_.expires_after(progressInterval());
+    // A completion queued before a re-arm still runs: the generation tells.
+    progressTimer_.async_wait(
+        [this, gen = ++progressGeneration_](boost::system::error_code ec) {
+          if (ec || gen != progressGeneration_ || state_ != State::kRunning) return;
+          onProgressTick();
+        });
+  }
+
+  void onProgressTick() {
+    const auto now = ProgressWatch::Clock::now();
+    for (const auto& w : group_->workers())
+      if (w.running) readProgress(w, now);
+    if (auto stall = progress_.stalled(now)) {
+      onStall(*stall);
+      return;
+    }
+    publishStatus();
+    armProgressTimer();
+  }
+
+  // One worker's file into the watch. A file that is there but wrong is
+  // ignored, with one warning per worker and attempt.
+  void readProgress(const WorkerRecord& w, ProgressWatch::Clock::time_point now) {
+    if (!watchesProgress()) return;
+    std::string why;
+    if (auto report = readProgressFile(w.progressFile, &why)) {
+      progress_.observe(w.localRank, *report, now);
+    } else if (!why.empty() && badProgressFiles_.insert(w.localRank).second) {
+      DDPRUN_WARN("ignoring the progress file of worker local_rank ", w.localRank,
+                  " (pid ", w.pid, "): ", why, " (", w.progressFile, ")");
+    }
+  }
+
+  // --progress-timeout: a rank that reported and then went silent fails the
+  // group like a worker failure (restart if restarts are left, else the
+  // report names it). It gets SIGCONT after the SIGTERM, so that one held
+  // by SIGSTOP (a debugger, job control) ends too.
+  void onStall(const ProgressWatch::Stall& st) {
+    const WorkerRecord* w = nullptr;
+    for (const auto& r : group_->workers())
+      if (r.running && r.localRank == st.localRank) w = &r;
+    if (w == nullptr) return;  // cannot be: only running ranks are watched
+    const int pid = w->pid;
+    const double silent = std::chrono::duration<double>(st.silent).count();
+    const double timeout = std::chrono::duration<double>(*cfg_.progressTimeout).count();
+    failureWhy_ = "rank " + std::to_string(w->globalRank) + " (local_rank " +
+                  std::to_string(w->localRank) + ", pid " + std::to_string(pid) +
+                  ") made no progress for " + secondsText(silent) + " (last step " +
+                  std::to_string(st.lastStep) + ")";
+    char limit[48];
+    std::snprintf(limit, sizeof limit, "%g s", timeout);
+    stalled_ = StalledRank{
+        pid, failureWhy_ + "; ddprun stopped it (--progress-timeout " + limit + ")"};
+    DDPRUN_ERROR(failureWhy_, " (--progress-timeout ", limit, "); stopping the workers");
+    reporter_->event("stalled",
+                     {{"local_rank", w->localRank},
+                      {"rank", w->globalRank},
+                      {"pid", pid},
+                      {"last_step", st.lastStep},
+                      {"silent_s", silent}},
+                     restartCount_);
+    rdzv_->reportFailure(round_.round, failureWhy_, /*closeJob=*/restartsLeft() <= 0);
+    beginStop(SIGTERM, StopCause::kOwnFailure);
+    parts_.launcher->signalGroup(pid, SIGCONT);
   }
 
   void onRoundEvent(const RoundEvent& ev) {
@@ -510,6 +630,9 @@ class Agent::Impl {
     awaitingRoundEnd_ = false;
     failureWhy_.clear();
     stopCause_ = StopCause::kNone;
+    stalled_.reset();
+    badProgressFiles_.clear();
+    progress_.reset();
   }
 
   // The final report. A local failure that was not caused by us is the root
@@ -621,6 +744,7 @@ class Agent::Impl {
       reporter_->event("end", {{"exit_code", code}}, restartCount_);
     }
     parts_.launcher->stopWatching();
+    ++progressGeneration_;
     publishStatus();
     boost::system::error_code ec;
     sigs_.cancel(ec);
@@ -637,6 +761,16 @@ class Agent::Impl {
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   std::unique_ptr<StatusFeed> status_;  // the --status-port endpoint's feed
+  // The workers' progress files (--status-port, --progress-timeout).
+  asio::steady_timer progressTimer_;
+  unsigned progressGeneration_ = 0;
+  ProgressWatch progress_;
+  std::set<int> badProgressFiles_;  // local ranks warned about this attempt
+  struct StalledRank {
+    int pid = 0;
+    std::string text;  // for the failure report
+  };
+  std::optional<StalledRank> stalled_;  // the rank --progress-timeout stopped
   std::string host_ = net::hostName();
   int nproc_ = 1;
   State state_ = State::kIdle;

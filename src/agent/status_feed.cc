@@ -27,6 +27,14 @@ status::WorkerStatus workerStatus(const WorkerRecord& w) {
   return s;
 }
 
+// The worker's latest progress report, when it made one this attempt.
+void addProgress(status::WorkerStatus& s, const StatusFeed::View& v) {
+  const ProgressWatch::Rank* r = v.progress ? v.progress->rank(s.localRank) : nullptr;
+  if (r == nullptr) return;
+  s.progress = status::WorkerProgress{
+      r->report, v.progress->secondsSinceProgress(s.localRank, v.now).value_or(0)};
+}
+
 }  // namespace
 
 StatusFeed::StatusFeed(const LaunchConfig& cfg, std::string node, int nproc) : cfg_(cfg) {
@@ -82,7 +90,13 @@ void StatusFeed::publish(const View& v) {
       s.members.push_back({static_cast<int>(i), r.localWorldSizes[i], layout.baseRanks[i]});
   }
   if (v.workers)
-    for (const auto& w : *v.workers) s.workers.push_back(workerStatus(w));
+    for (const auto& w : *v.workers) {
+      s.workers.push_back(workerStatus(w));
+      addProgress(s.workers.back(), v);
+    }
+  if (v.progress) s.etaSeconds = v.progress->etaSeconds();
+  if (cfg_.progressTimeout)
+    s.progressTimeout = std::chrono::duration<double>(*cfg_.progressTimeout).count();
   publisher_->publish(std::move(s));
 }
 

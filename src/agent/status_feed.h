@@ -14,6 +14,7 @@
 #include "ddprun/agent/worker_group.h"
 #include "ddprun/rendezvous/rendezvous.h"
 #include "ddprun/status/server.h"
+#include "progress_watch.h"
 
 namespace ddprun::agent {
 
@@ -43,6 +44,9 @@ class StatusFeed {
     const std::vector<WorkerRecord>* workers = nullptr;
     std::string backend;
     uint64_t heartbeatsMissed = 0;
+    // The workers' progress reports (null: none), read at `now`.
+    const ProgressWatch* progress = nullptr;
+    ProgressWatch::Clock::time_point now{};
   };
   void publish(const View& view);
 

@@ -82,10 +82,11 @@ void WorkerGroup::startOne(const AttemptInfo& attempt, int localRank,
   rec.localRank = localRank;
   rec.globalRank = attempt.round.baseRank + localRank;
   rec.errorFile = (dir / "error.json").string();
+  rec.progressFile = (dir / "progress.json").string();
   ProcessSpec spec;
   spec.argv = std::move(cmd.argv);
   spec.exe = std::move(cmd.exe);
-  spec.env = workerEnv(cfg_, attempt, localRank, rec.errorFile, agentEnv_);
+  spec.env = workerEnv(cfg_, attempt, localRank, rec.errorFile, agentEnv_, rec.progressFile);
   spec.notFoundHint = cmd.interpreter ? kInterpreterHint : kProgramHint;
   WorkerFds fds = output_.openWorker(localRank, rec.globalRank, dir.string());
   spec.stdoutFd = fds.stdoutFd;

@@ -10,6 +10,7 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/progress_file.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/store/auth.h"
 
@@ -145,7 +146,8 @@ WorkerCommand workerCommand(const LaunchConfig& cfg, int localRank,
 }
 
 Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank,
-              const std::string& errorFile, const Env& agentEnv) {
+              const std::string& errorFile, const Env& agentEnv,
+              const std::string& progressFile) {
   const rendezvous::RoundInfo& round = attempt.round;
   Env env = agentEnv;
   // The rendezvous store's secret is the agents' alone: a worker that could
@@ -170,6 +172,12 @@ Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank
   set("TORCHELASTIC_USE_AGENT_STORE", "True");  // every backend hosts the workers' store
   set("TORCHELASTIC_ERROR_FILE", errorFile);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signalsToHandleText);
+  // An agent's own file only: one inherited from an outer ddprun would make
+  // this worker report into the outer job's.
+  if (progressFile.empty())
+    env.erase(kProgressFileEnv);
+  else
+    set(kProgressFileEnv, progressFile);
   if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
     set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (cfg.virtualLocalRank) {

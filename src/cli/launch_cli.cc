@@ -1,6 +1,7 @@
 #include "ddprun/cli/launch_cli.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -353,11 +354,15 @@ void applyOutput(const Given& g, agent::LaunchConfig& c) {
          [&](const std::string& v) { c.logLinePrefixTemplate = v; });
 }
 
-// --status-port, --status-addr (docs/status.md).
+// --status-port, --status-addr, --progress-timeout (docs/status.md).
 void applyStatus(const Given& g, agent::LaunchConfig& c) {
   g.with("status_port",
          [&](const std::string& v) { c.statusPort = net::parsePort(v, "--status-port"); });
   g.with("status_addr", [&](const std::string& v) { c.statusAddr = parseStatusAddr(v); });
+  g.with("progress_timeout", [&](const std::string& v) {
+    c.progressTimeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, std::llround(parseSeconds(v, "--progress-timeout") * 1000)));
+  });
 }
 
 // What a cluster manager does with signals, unless the user chose: its

@@ -129,11 +129,16 @@ std::vector<FlagInfo> makeFlags() {
       noEnv(choices(value("print_completion", "SHELL", "",
                           "Print a shell completion script for ddprun and exit."),
                     {"bash", "zsh", "tcsh"})),
-      noEnv(value("status_port", "PORT", "",
-                   "Serve /status, /healthz and /metrics over HTTP on this port (0: a free "
-                   "port, printed; ddprun only). Read it with `ddprun status HOST:PORT`.")),
+      noEnv(
+          value("status_port", "PORT", "",
+                "Serve /status, /healthz and /metrics over HTTP on this port (0: a free "
+                "port, printed; ddprun only). Read it with `ddprun status HOST:PORT`.")),
       noEnv(value("status_addr", "ADDR", "127.0.0.1",
-                   "The IP address --status-port listens on (ddprun only).")),
+                  "The IP address --status-port listens on (ddprun only).")),
+      value("progress_timeout", "SECONDS", "",
+            "Fail the worker group when a worker that reported progress "
+            "(DDPRUN_PROGRESS_FILE) reports none for this long (default off; ddprun "
+            "only)."),
       single(flag("version", "Print ddprun's version and exit (ddprun only).")),
   };
 }

@@ -7,6 +7,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -104,6 +105,53 @@ std::string exitOf(const nlohmann::json& w) {
   return text(w, "exit_code");
 }
 
+// A number of the optional "progress" object as text, "-" when absent or
+// null; `format` is printf's for a double.
+std::string progressCell(const nlohmann::json& progress, const char* name,
+                         const char* format) {
+  if (!progress.is_object() || !progress.contains(name)) return "-";
+  const auto& v = progress.at(name);
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (!v.is_number()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v.get<double>());
+  return buf;
+}
+
+// "3h 02m", "4m 05s", "12s": a duration for people.
+std::string humanSeconds(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[64];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh %02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm %02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  return buf;
+}
+
+// Whether any worker has reported progress (the table then has its columns).
+bool anyProgress(const nlohmann::json& workers) {
+  for (const auto& w : workers)
+    if (w.is_object() && w.contains("progress") && w.at("progress").is_object())
+      return true;
+  return false;
+}
+
+// The progress columns of one worker (an agent without them: "-").
+std::vector<std::string> progressCells(const nlohmann::json& w) {
+  static const nlohmann::json kNone;
+  const auto& p = w.is_object() && w.contains("progress") ? w.at("progress") : kNone;
+  std::string last = progressCell(p, "seconds_since_progress", "%.1f");
+  if (last != "-") last += " s ago";
+  return {progressCell(p, "step", "%.0f"), progressCell(p, "epoch", "%.0f"),
+          progressCell(p, "loss", "%.4g"), progressCell(p, "samples_per_second", "%.1f"),
+          last};
+}
+
 // Rows of cells, left-aligned, two spaces between columns.
 std::string columns(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
@@ -134,14 +182,29 @@ std::string formatStatusTable(const nlohmann::json& s) {
        text(s, "restarts_left") + " of " + text(s, "max_restarts")},
       {"round:", text(round, "round"), "world size:", text(round, "world_size")},
   });
-  o << "members: " << members(round) << "\n\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"LOCAL_RANK", "RANK", "PID", "STATE", "STARTED", "EXIT"}};
+  o << "members: " << members(round) << "\n";
+  // Fields of newer agents: optional, so that an older agent's status prints.
+  if (s.contains("eta_seconds") && s.at("eta_seconds").is_number())
+    o << "eta:     " << humanSeconds(s.at("eta_seconds").get<double>())
+      << " (at the slowest rank's rate)\n";
+  if (s.contains("progress_timeout") && s.at("progress_timeout").is_number())
+    o << "progress timeout: " << progressCell(s, "progress_timeout", "%g") << " s\n";
+  o << "\n";
   const auto& workers = field(s, "workers");
   if (!workers.is_array()) DDPRUN_THROW(ProtocolError, "the status field 'workers' is not a list");
-  for (const auto& w : workers)
+  const bool progress = anyProgress(workers);
+  std::vector<std::vector<std::string>> rows = {
+      {"LOCAL_RANK", "RANK", "PID", "STATE", "STARTED", "EXIT"}};
+  if (progress)
+    rows[0].insert(rows[0].end(), {"STEP", "EPOCH", "LOSS", "SAMPLES/S", "LAST STEP"});
+  for (const auto& w : workers) {
     rows.push_back({text(w, "local_rank"), text(w, "global_rank"), text(w, "pid"),
                     text(w, "state"), text(w, "started"), exitOf(w)});
+    if (progress) {
+      auto cells = progressCells(w);
+      rows.back().insert(rows.back().end(), cells.begin(), cells.end());
+    }
+  }
   o << columns(rows);
   return o.str();
 }

@@ -48,6 +48,25 @@ std::string isoUtc(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
+namespace {
+template <typename T>
+nlohmann::json orNull(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+nlohmann::json progressJson(const std::optional<WorkerProgress>& p) {
+  if (!p) return nullptr;
+  const ProgressReport& r = p->report;
+  return {{"step", r.step},
+          {"epoch", orNull(r.epoch)},
+          {"loss", orNull(r.loss)},
+          {"samples_per_second", orNull(r.samplesPerSecond)},
+          {"total_steps", orNull(r.totalSteps)},
+          {"time", r.time},
+          {"seconds_since_progress", p->secondsSinceProgress}};
+}
+}  // namespace
+
 nlohmann::json toJson(const Snapshot& s) {
   nlohmann::json members = nlohmann::json::array();
   for (const auto& m : s.members)
@@ -62,6 +81,7 @@ nlohmann::json toJson(const Snapshot& s) {
                         {"signal", nullptr}};
     if (w.exitCode) j["exit_code"] = *w.exitCode;
     if (!w.signal.empty()) j["signal"] = w.signal;
+    j["progress"] = progressJson(w.progress);
     workers.push_back(std::move(j));
   }
   return {{"run_id", s.runId},
@@ -79,6 +99,8 @@ nlohmann::json toJson(const Snapshot& s) {
             {"worker_store", s.workerStore},
             {"members", std::move(members)}}},
           {"workers", std::move(workers)},
+          {"eta_seconds", orNull(s.etaSeconds)},
+          {"progress_timeout", orNull(s.progressTimeout)},
           {"updated", s.updated}};
 }
 
@@ -124,6 +146,63 @@ void histogram(std::ostringstream& o, const std::string& name, const Histogram& 
   o << name << "_sum" << plain << ' ' << number(h.sum) << '\n';
   o << name << "_count" << plain << ' ' << h.count << '\n';
 }
+
+// The per-rank progress gauges: one sample per worker that reported the
+// field, labelled by its ranks.
+void progressGauges(std::ostringstream& o, const Snapshot& s, const std::string& run) {
+  struct Gauge {
+    const char* name;
+    const char* help;
+    std::optional<double> (*value)(const WorkerProgress&);
+  };
+  static const Gauge kGauges[] = {
+      {"ddprun_worker_step", "The last training step a worker reported.",
+       [](const WorkerProgress& p) -> std::optional<double> {
+         return static_cast<double>(p.report.step);
+       }},
+      {"ddprun_worker_epoch", "The epoch a worker last reported.",
+       [](const WorkerProgress& p) -> std::optional<double> {
+         if (!p.report.epoch) return std::nullopt;
+         return static_cast<double>(*p.report.epoch);
+       }},
+      {"ddprun_worker_total_steps",
+       "The steps of the whole run, as a worker reported them.",
+       [](const WorkerProgress& p) -> std::optional<double> {
+         if (!p.report.totalSteps) return std::nullopt;
+         return static_cast<double>(*p.report.totalSteps);
+       }},
+      {"ddprun_worker_loss", "The loss a worker last reported.",
+       [](const WorkerProgress& p) { return p.report.loss; }},
+      {"ddprun_worker_samples_per_second", "A worker's throughput, as it reported it.",
+       [](const WorkerProgress& p) { return p.report.samplesPerSecond; }},
+      {"ddprun_worker_last_progress_timestamp_seconds",
+       "When a worker's last reported step ended (unix seconds, the worker's clock).",
+       [](const WorkerProgress& p) -> std::optional<double> { return p.report.time; }},
+      {"ddprun_worker_seconds_since_progress",
+       "Seconds since the agent saw a worker's progress report change.",
+       [](const WorkerProgress& p) -> std::optional<double> {
+         return p.secondsSinceProgress;
+       }},
+  };
+  // A family with no sample (nobody reported that field) is left out whole.
+  for (const Gauge& g : kGauges) {
+    std::ostringstream samples;
+    for (const auto& w : s.workers) {
+      if (!w.progress) continue;
+      const auto v = g.value(*w.progress);
+      if (!v) continue;
+      samples << g.name << '{' << run << ",rank=\"" << w.globalRank << "\",local_rank=\""
+              << w.localRank << "\"} " << number(*v) << '\n';
+    }
+    if (samples.tellp() == 0) continue;
+    header(o, g.name, "gauge", g.help);
+    o << samples.str();
+  }
+  if (!s.etaSeconds) return;
+  header(o, "ddprun_job_eta_seconds", "gauge",
+         "Seconds to the job's last step at the slowest local rank's rate.");
+  o << "ddprun_job_eta_seconds{" << run << "} " << number(*s.etaSeconds) << '\n';
+}
 }  // namespace
 
 std::string toPrometheus(const Snapshot& s) {
@@ -156,6 +235,7 @@ std::string toPrometheus(const Snapshot& s) {
   header(o, "ddprun_heartbeats_missed_total", "counter",
          "This node's heartbeats that did not reach the rendezvous store.");
   o << "ddprun_heartbeats_missed_total{" << run << "} " << s.heartbeatsMissed << '\n';
+  progressGauges(o, s, run);
   return o.str();
 }
 

@@ -6,9 +6,14 @@
 
 namespace ddprun::train {
 
+BatchFeed::BatchFeed(Backend& be, Shape input, int dataThreads)
+    : be_(be), input_(std::move(input)), pool_(std::make_unique<WorkPool>(dataThreads)) {}
+
+BatchFeed::~BatchFeed() = default;
+
 BatchFeed::Batch BatchFeed::take(const Dataset& d, const int64_t* idx, int64_t n) {
   HostBatch& b = batches_[cur_];
-  if (b.idx != idx || b.n != n) assemble(b, d, idx, n);
+  if (b.idx != idx || b.n != n) assemble(b, d, idx, n, transform_);
   return {toInput(b, d), b.y.data()};
 }
 
@@ -19,22 +24,23 @@ void BatchFeed::prepareNext(const Dataset& d, const int64_t* idx, int64_t n) {
     b.idx = nullptr;
     return;
   }
-  assemble(b, d, idx, n);
+  assemble(b, d, idx, n, transform_);
   upload(b, d);  // copied while the device runs backward
 }
 
 BatchFeed::Batch BatchFeed::once(const Dataset& d, const int64_t* idx, int64_t n) {
   HostBatch& b = batches_[cur_];
-  assemble(b, d, idx, n);
+  assemble(b, d, idx, n, SampleTransform{});
   const Tensor x = toInput(b, d);
   b.idx = nullptr;  // never mistaken for a training step's samples
   return {x, b.y.data()};
 }
 
-void BatchFeed::assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n) {
+void BatchFeed::assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n,
+                         const SampleTransform& t) {
   b.x.resize(static_cast<size_t>(n * d.sampleElems()));
   b.y.resize(static_cast<size_t>(n));
-  gatherBatch(d, idx, static_cast<size_t>(n), b.x.data(), b.y.data());
+  gatherBatch(d, idx, static_cast<size_t>(n), b.x.data(), b.y.data(), t, pool_.get());
   b.idx = idx;
   b.n = n;
   b.dev = Tensor();

@@ -11,17 +11,25 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ddprun/train/data.h"
 #include "ddprun/train/layers.h"
+#include "work_pool.h"
 
 namespace ddprun::train {
 
 class BatchFeed {
  public:
-  // `input`: the model's per-sample input shape.
-  BatchFeed(Backend& be, Shape input) : be_(be), input_(std::move(input)) {}
+  // `input`: the model's per-sample input shape. Batches are assembled on
+  // `dataThreads` threads (the training thread one of them).
+  BatchFeed(Backend& be, Shape input, int dataThreads = 1);
+  ~BatchFeed();
+
+  // How training batches are augmented from now on (the trainer sets the
+  // epoch at each epoch's start); evaluation batches never are.
+  void setTransform(const SampleTransform& t) { transform_ = t; }
 
   struct Batch {
     Tensor x;               // the model's input
@@ -44,7 +52,8 @@ class BatchFeed {
     int64_t n = 0;
     Tensor dev;  // x on the backend's device (uploaded: non-null data)
   };
-  void assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n);
+  void assemble(HostBatch& b, const Dataset& d, const int64_t* idx, int64_t n,
+                const SampleTransform& t);
   void upload(HostBatch& b, const Dataset& d);
   Tensor toInput(HostBatch& b, const Dataset& d);
   // The batch's shape at the data's own image size (before upsampling).
@@ -52,6 +61,8 @@ class BatchFeed {
 
   Backend& be_;
   Shape input_;
+  std::unique_ptr<WorkPool> pool_;
+  SampleTransform transform_;
   HostBatch batches_[2];
   int cur_ = 0;  // batches_[cur_]: this step's
   Tensor xin_;   // the batch upsampled to the model's input

@@ -1,6 +1,8 @@
 #include "ddprun/train/checkpoint_meta.h"
 
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
@@ -36,6 +38,30 @@ std::string intField(const std::string& path, const Meta& m, const char* key, in
   if (!isInt) return msg + ", not an integer (a damaged or hand-edited checkpoint)";
   return msg + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (" +
          why + ")";
+}
+
+// An optional non-negative decimal field (RunTotals): "" when absent
+// (*present false) or valid.
+std::string numberField(const std::string& path, const Meta& m, const char* key, double* out,
+                        bool* present) {
+  const auto it = m.find(key);
+  *present = it != m.end();
+  if (!*present) return "";
+  double v = 0;
+  const std::string& text = it->second;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+      !std::isfinite(v) || v < 0)
+    return path + ": metadata field '" + key + "' is \"" + str::escape(text, 40) +
+           "\", not a finite number >= 0 (a damaged or hand-edited checkpoint)";
+  *out = v;
+  return "";
+}
+
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
 }
 
 bool isUnsigned(const std::string& text) {
@@ -80,7 +106,12 @@ std::map<std::string, std::string> checkpointMetadata(const RunShape& s,
           {"world", std::to_string(s.world)},
           {"batch_size", std::to_string(s.batchSize)},
           {"seed", std::to_string(s.seed)},
-          {"rng", p.rng}};
+          {"rng", p.rng},
+          {"epoch_loss_sum", exact(p.totals.epochLossSum)},
+          {"epoch_loss_count", exact(p.totals.epochLossCount)},
+          {"epoch_seconds", exact(p.totals.epochSeconds)},
+          {"run_seconds", exact(p.totals.runSeconds)},
+          {"run_samples", std::to_string(p.totals.runSamples)}};
 }
 
 std::string readCheckpointMetadata(const std::string& path, const Meta& m,
@@ -125,6 +156,25 @@ std::string readCheckpointMetadata(const std::string& path, const Meta& m,
   } catch (const InvalidArgument&) {
     return path + ": metadata field 'rng' is not a random generator state";
   }
+  RunTotals& t = p.totals;
+  bool present = false;
+  int known = 0;
+  for (auto [key, field] : {std::pair{"epoch_loss_sum", &t.epochLossSum},
+                            {"epoch_loss_count", &t.epochLossCount},
+                            {"epoch_seconds", &t.epochSeconds},
+                            {"run_seconds", &t.runSeconds}}) {
+    if (auto e = numberField(path, m, key, field, &present); !e.empty()) return e;
+    known += present;
+  }
+  if (m.count("run_samples") > 0) {
+    if (auto e = intField(path, m, "run_samples", 0, int64_t{1} << 62,
+                          "samples trained so far", &t.runSamples);
+        !e.empty())
+      return e;
+    ++known;
+  }
+  t.known = known == 5;
+  if (!t.known) t = RunTotals{.known = false};
   *out = p;
   return "";
 }

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
+
+#include "work_pool.h"
 
 namespace ddprun::train {
 
@@ -489,25 +492,93 @@ DataSplit makeSynthetic(int64_t trainSize, int64_t testSize, uint64_t seed) {
 }
 
 void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y) {
+  gatherBatch(d, idx, n, x, y, SampleTransform{}, nullptr);
+}
+
+namespace {
+
+// Two sample-sized buffers a thread transforms its samples in.
+struct SampleScratch {
+  explicit SampleScratch(size_t elems) : a(elems), b(elems) {}
+  std::vector<uint8_t> a, b;
+};
+
+// Sample j's pixels as the batch takes them (d's channels x height x width),
+// transformed by `t`: in `s`'s buffers, or the stored bytes themselves.
+const uint8_t* samplePixels(const Dataset& d, int64_t j, const SampleTransform& t,
+                            SampleScratch& s) {
+  ImageU8 file;
+  ImageView src{nullptr, d.channels, d.height, d.width};
+  if (d.load) {
+    file = d.load(j);
+    src = file.view();
+  } else if (d.render) {
+    d.render(j, s.a.data());
+    src.px = s.a.data();
+  } else {
+    src.px = d.pixels.data() + j * d.sampleElems();
+  }
+  SampleRng rng(t.seed, t.epoch, j);
+  uint8_t* dst = src.px == s.a.data() ? s.b.data() : s.a.data();
+  if (t.augment == Augment::kRandomResizedCrop) {
+    // RandomResizedCrop to the batch's size (from the decoded file itself) + flip.
+    augment(t.augment, src, rng, {.outH = d.height, .outW = d.width}, dst);
+    return dst;
+  }
+  if (d.load) {  // a file of its own size: its centre crop, resized
+    resizedCrop(src, centreCropBox(src.h, src.w, d.height, d.width), d.height, d.width, dst);
+    src = {dst, d.channels, d.height, d.width};
+    dst = dst == s.a.data() ? s.b.data() : s.a.data();
+  }
+  if (t.augment == Augment::kNone) return src.px;
+  augment(t.augment, src, rng, {.pad = kCropFlipPad}, dst);
+  return dst;
+}
+
+}  // namespace
+
+CropBox centreCropBox(int h, int w, int outH, int outW, double fraction) {
+  DDPRUN_CHECK(h >= 1 && w >= 1 && outH >= 1 && outW >= 1 && fraction > 0 && fraction <= 1,
+               "centreCropBox: bad sizes");
+  // The largest box of outH:outW's aspect inside h x w, scaled by fraction.
+  double bh = h, bw = static_cast<double>(h) * outW / outH;
+  if (bw > w) {
+    bw = w;
+    bh = static_cast<double>(w) * outH / outW;
+  }
+  const int ch = std::clamp(static_cast<int>(std::nearbyint(bh * fraction)), 1, h);
+  const int cw = std::clamp(static_cast<int>(std::nearbyint(bw * fraction)), 1, w);
+  // torchvision's CenterCrop: top = round((h - ch) / 2), half to even.
+  return {.top = static_cast<int>(std::nearbyint((h - ch) / 2.0)),
+          .left = static_cast<int>(std::nearbyint((w - cw) / 2.0)),
+          .height = ch,
+          .width = cw};
+}
+
+void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y,
+                 const SampleTransform& t, WorkPool* pool) {
   if (n == 0) return;
   const int64_t elems = d.sampleElems(), plane = int64_t{d.height} * d.width;
+  for (size_t i = 0; i < n; ++i)
+    DDPRUN_CHECK(idx[i] >= 0 && idx[i] < d.size, "sample index ", idx[i], " outside [0, ",
+                 d.size, ")");
   const auto tables = pixelTables(d);
-  std::vector<uint8_t> rendered(d.render ? static_cast<size_t>(elems) : 0);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t j = idx[i];
-    DDPRUN_CHECK(j >= 0 && j < d.size, "sample index ", j, " outside [0, ", d.size, ")");
-    const uint8_t* px = d.pixels.data() + j * elems;
-    if (d.render) {
-      d.render(j, rendered.data());
-      px = rendered.data();
+  // Samples [begin, end): each written to its own slot, whichever thread.
+  auto gather = [&](size_t begin, size_t end) {
+    SampleScratch scratch(static_cast<size_t>(elems));
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t j = idx[i];
+      const uint8_t* px = samplePixels(d, j, t, scratch);
+      float* out = x + i * elems;
+      for (int c = 0; c < d.channels; ++c) {
+        const auto& tab = tables[c];
+        for (int64_t q = c * plane; q < (c + 1) * plane; ++q) out[q] = tab[px[q]];
+      }
+      y[i] = d.labels[j];
     }
-    float* out = x + i * elems;
-    for (int c = 0; c < d.channels; ++c) {
-      const auto& t = tables[c];
-      for (int64_t q = c * plane; q < (c + 1) * plane; ++q) out[q] = t[px[q]];
-    }
-    y[i] = d.labels[j];
-  }
+  };
+  if (pool) pool->run(n, gather);
+  else gather(0, n);
 }
 
 }  // namespace ddprun::train

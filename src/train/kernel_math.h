@@ -24,14 +24,27 @@
 namespace ddprun::train::kmath {
 
 // ------------------------------------------------------------- optimizers
-// torch.optim.SGD (dampening 0, no Nesterov) on one element:
-// g' = g + wd*w; buf = g' on the first step, else momentum*buf + g'; w -= lr*buf.
+// torch.optim.SGD (dampening 0) on one element, in the order of PyTorch's
+// _single_tensor_sgd and _multi_tensor_sgd (torch/optim/sgd.py), one float
+// rounding per op:
+//   g' = g + wd*w                       grad.add(param, alpha=wd)
+//   buf = g' (first step), else
+//   buf = momentum*buf + g'             buf.mul_(momentum).add_(grad)
+//   d = buf, or with `nesterov`
+//   d = g' + momentum*buf               grad.add(buf, alpha=momentum)
+//   w -= lr*d                           param.add_(grad, alpha=-lr)
+// Momentum 0 skips the buffer (and Nesterov: PyTorch refuses nesterov
+// without momentum; optimizerOptionsProblem in optim.h). nesterov = false is
+// the arithmetic this function had before Nesterov, bit for bit. (PyTorch's
+// CPU kernels fuse add-with-alpha into one FMA where the vector unit has
+// one; the host build here does not contract, nvcc does: both agree with
+// PyTorch to float rounding, not bitwise.)
 DDPRUN_HD inline void sgdStep(float& w, float g, float& buf, float lr, float momentum, float wd,
-                              bool first) {
+                              bool first, bool nesterov = false) {
   float d = wd != 0.0f ? g + wd * w : g;
   if (momentum != 0.0f) {
     buf = first ? d : momentum * buf + d;
-    d = buf;
+    d = nesterov ? d + momentum * buf : buf;
   }
   w -= lr * d;
 }
@@ -60,6 +73,15 @@ DDPRUN_HD inline void adamStep(float& w, float g, float& m, float& v, AdamScalar
 }
 
 // ---------------------------------------------------------- cross-entropy
+// torch.nn.CrossEntropyLoss(label_smoothing=eps) with class-index targets
+// and reduction "mean", over k classes and n rows: row i's loss is
+//   (1 - eps) * (lse - z_y) + eps/k * sum_j (lse - z_j)
+// (the target distribution (1 - eps) * onehot(y) + eps/k), and the gradient
+//   dL/dz_j = (softmax_j - ((1 - eps) [j == y] + eps/k)) / n.
+// PyTorch computes the same as (1 - eps) * nll + eps/k * smooth_loss
+// (aten's cross_entropy_loss_label_smoothing); here in double, rounded once.
+// eps = 0 is today's arithmetic bit for bit (the branch keeps it).
+//
 // One row of logits z[0..k) (k >= 1): the arg max (first maximum, as the CPU
 // backend and torch.argmax) and log-sum-exp in double, shifted by the max.
 struct CeRow {
@@ -75,16 +97,28 @@ DDPRUN_HD inline CeRow crossEntropyRow(const float* z, int64_t k) {
   for (int64_t j = 0; j < k; ++j) se += exp(static_cast<double>(z[j] - mx));
   return {arg, mx + log(se)};
 }
-// The row's loss: lse - z[label].
-DDPRUN_HD inline double crossEntropyLoss(const float* z, CeRow r, int32_t label) {
-  return r.lse - z[label];
+// The row's loss: lse - z[label]; with eps > 0 (k: the row's length) the
+// smoothed loss above, its smoothing sum taken term by term (each term >= 0).
+DDPRUN_HD inline double crossEntropyLoss(const float* z, CeRow r, int32_t label, float eps = 0.0f,
+                                         int64_t k = 0) {
+  const double nll = r.lse - z[label];
+  if (eps == 0.0f) return nll;
+  double smooth = 0.0;
+  for (int64_t j = 0; j < k; ++j) smooth += r.lse - z[j];
+  const double e = eps;
+  return (1.0 - e) * nll + e / static_cast<double>(k) * smooth;
 }
 // dL/dz_j of the batch mean over n rows, times the loss scale:
-// (softmax_j - [j == label]) / n * gradScale.
+// (softmax_j - target_j) / n * gradScale, target_j = [j == label] without
+// smoothing, (1 - eps) [j == label] + eps/k with it (k: the row's length).
 DDPRUN_HD inline float crossEntropyGrad(float zj, double lse, bool isLabel, int64_t n,
-                                        float gradScale) {
-  return static_cast<float>((exp(zj - lse) - (isLabel ? 1.0 : 0.0)) / static_cast<double>(n)) *
-         gradScale;
+                                        float gradScale, float eps = 0.0f, int64_t k = 1) {
+  double target = isLabel ? 1.0 : 0.0;
+  if (eps != 0.0f) {
+    const double e = eps, off = e / static_cast<double>(k);
+    target = isLabel ? (1.0 - e) + off : off;
+  }
+  return static_cast<float>((exp(zj - lse) - target) / static_cast<double>(n)) * gradScale;
 }
 
 // ------------------------------------------------------------- element-wise

@@ -40,6 +40,12 @@ void Backend::crossEntropyDeferred(const Tensor& logits, const int32_t* labels, 
   deferredLoss_ += mean * static_cast<double>(logits.dim(0));
 }
 
+void Backend::setLabelSmoothing(float eps) {
+  if (!(eps >= 0.0f && eps <= 1.0f))
+    DDPRUN_THROW(InvalidArgument, "label smoothing ", eps, " outside [0, 1]");
+  labelSmoothing_ = eps;
+}
+
 double Backend::takeLossSum() {
   const double s = deferredLoss_;
   deferredLoss_ = 0;
@@ -132,9 +138,9 @@ std::unique_ptr<BatchNormAct> Backend::batchNormAct(std::string name, int64_t ch
 }
 
 void Backend::sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum,
-                      float weightDecay, bool firstStep) {
+                      float weightDecay, bool firstStep, bool nesterov) {
   for (const OptimChunk& c : chunks)
-    sgdUpdate(c.w, c.g, c.s1, c.n, lr, momentum, weightDecay, firstStep);
+    sgdUpdate(c.w, c.g, c.s1, c.n, lr, momentum, weightDecay, firstStep, nesterov);
 }
 
 void Backend::adamStep(const std::vector<OptimChunk>& chunks, float lr, float beta1, float beta2,

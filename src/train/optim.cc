@@ -28,7 +28,8 @@ class Sgd final : public Optimizer {
       for (size_t i = 0; i < params_.size(); ++i) slot(i, "momentum_buffer");
   }
   void step() override {
-    be_.sgdStep(chunks(), opts_.lr, opts_.momentum, opts_.weightDecay, steps_ == 0);
+    be_.sgdStep(chunks(), opts_.lr, opts_.momentum, opts_.weightDecay, steps_ == 0,
+                opts_.nesterov);
     ++steps_;
   }
 };
@@ -56,8 +57,23 @@ const std::vector<std::string>& Optimizer::kinds() {
   return k;
 }
 
+std::string optimizerOptionsProblem(const OptimizerOptions& o) {
+  if (o.kind != "sgd" && o.kind != "adam")
+    return "unknown optimizer '" + o.kind + "': choose one of sgd, adam";
+  if (o.nesterov && o.kind != "sgd")
+    return "nesterov is SGD's option; optimizer '" + o.kind + "' has none";
+  if (o.nesterov && o.momentum == 0.0f)
+    return "nesterov needs a momentum: momentum is 0 (as PyTorch: Nesterov momentum requires "
+           "a momentum and zero dampening)";
+  return "";
+}
+
 std::unique_ptr<Optimizer> Optimizer::create(const OptimizerOptions& o, Backend& be,
                                              std::vector<Param*> params) {
+  if (o.kind == "sgd" || o.kind == "adam") {
+    const std::string problem = optimizerOptionsProblem(o);
+    if (!problem.empty()) DDPRUN_THROW(InvalidArgument, problem);
+  }
   if (o.kind == "sgd") return std::make_unique<Sgd>(o, be, std::move(params));
   if (o.kind == "adam") return std::make_unique<Adam>(o, be, std::move(params));
   DDPRUN_THROW(InvalidArgument, "unknown optimizer '", o.kind, "': choose one of sgd, adam");

@@ -7,12 +7,17 @@
 #include <sstream>
 #include <thread>
 
+#include "ddprun/common/env.h"
+#include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/common/user_input.h"
 #include "ddprun/runtime/reducer.h"
+#include "ddprun/train/cifar.h"
 #include "ddprun/train/data.h"
+#include "ddprun/train/lr_schedule.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
+#include "ddprun/train/transforms.h"
 
 namespace ddprun::train {
 namespace {
@@ -35,22 +40,29 @@ std::string outOfRange(const char* flag, double v, FlagRange r, bool lowIncluded
   return os.str();
 }
 
-// The model, its options and the data fit together: resnet18 takes the
-// 3-channel set, the others the 1x28x28 ones; the classes match the data's.
-std::string modelDataProblem(const TrainConfig& c) {
+constexpr const char* kResnetData =
+    "pass a CIFAR-10/100 directory (torchvision's layout) or --data synthetic-cifar";
+
+// The model, its options and the data fit together, as far as the flags
+// tell: resnet18 takes 3-channel sets, the others the 1x28x28 ones; the
+// classes match the data's. A --data path is checked once loaded
+// (modelDataProblem(cfg, data)).
+std::string knownDataProblem(const TrainConfig& c) {
   const bool resnet = c.model == "resnet18", cifar = c.data == kSyntheticCifar;
+  // Fashion-MNIST by default, or the 1x28x28 synthetic set.
+  const bool gray = c.data == "synthetic" || !c.dataNamed;
   const auto& stems = Model::stems();
   if (std::find(stems.begin(), stems.end(), c.stem) == stems.end())
     return "unknown --stem '" + c.stem + "': choose one of " + joined(stems);
-  if (resnet && !cifar)
-    return "--model resnet18 needs 3-channel images: pass --data synthetic-cifar "
-           "(Fashion-MNIST and 'synthetic' are 1x28x28)";
+  if (resnet && gray)
+    return std::string("--model resnet18 needs 3-channel images: ") + kResnetData +
+           " (Fashion-MNIST and 'synthetic' are 1x28x28)";
   if (!resnet && cifar)
     return "--model " + c.model + " takes 1x28x28 images (Fashion-MNIST or --data "
            "synthetic); --data synthetic-cifar is 3x32x32: use --model resnet18";
-  if (c.numClasses < 2 || c.numClasses > 10)
+  if (cifar && (c.numClasses < 2 || c.numClasses > 10))
     return "--num-classes must be in [2, 10] (got " + std::to_string(c.numClasses) + ")";
-  if (!cifar && c.numClasses != 10)
+  if (gray && c.numClasses != 10)
     return "--num-classes " + std::to_string(c.numClasses) +
            " does not match the data: Fashion-MNIST and 'synthetic' have 10 classes "
            "(synthetic-cifar takes 2 to 10)";
@@ -90,11 +102,54 @@ std::string deviceProblem(TrainConfig& c, const DeviceFlags& f) {
   return "";
 }
 
+// The recipe's flags: schedule, Nesterov, label smoothing, augmentation,
+// normalisation (their spellings read by lr_schedule.h and transforms.h).
+std::string recipeProblem(const TrainConfig& c) {
+  if (auto e = outOfRange("--label-smoothing", c.labelSmoothing, kLabelSmoothingRange, true);
+      !e.empty())
+    return e;
+  if (c.labelSmoothing >= kLabelSmoothingRange.hi)
+    return "--label-smoothing must be below 1 (got " + std::to_string(c.labelSmoothing) + ")";
+  if (auto e = outOfRange("--lr-gamma", c.lrGamma, kLrGammaRange, false); !e.empty())
+    return e;
+  if (c.nesterov && (c.optimizer != "sgd" || c.momentum <= 0.0f))
+    return "--nesterov needs --optimizer sgd with --momentum above 0 (as PyTorch's SGD)";
+  if (c.warmupEpochs < 0 || c.warmupEpochs >= c.epochs)
+    return "--warmup-epochs must be >= 0 and below --epochs (got " +
+           std::to_string(c.warmupEpochs) + " of " + std::to_string(c.epochs) + ")";
+  try {
+    (void)lrScheduleSpec(c, c.lr, 1);  // its form; the steps per epoch are known later
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  if (!parseDataFormat(c.dataFormat))
+    return "unknown --data-format '" + str::escape(c.dataFormat) + "': choose one of " +
+           kDataFormatNames;
+  if (!parseAugment(c.augment))
+    return "unknown --augment '" + c.augment +
+           "': choose none, crop-flip or random-resized-crop";
+  if (!c.normalize.empty()) {
+    // The channels are the data's, known once it is read: the form is
+    // checked here for both kinds of set, the count again at load.
+    std::string err;
+    for (int channels : {3, 1}) {
+      try {
+        (void)parseNormalize(c.normalize, channels);
+        return "";
+      } catch (const InvalidArgument& e) {
+        if (err.empty()) err = e.message();
+      }
+    }
+    return "--normalize: " + err;
+  }
+  return "";
+}
+
 std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
   const auto& models = Model::names();
   if (std::find(models.begin(), models.end(), c.model) == models.end())
     return "unknown model '" + c.model + "': choose one of " + joined(models);
-  if (auto e = modelDataProblem(c); !e.empty()) return e;
+  if (auto e = knownDataProblem(c); !e.empty()) return e;
   if (auto e = deviceProblem(c, flags); !e.empty()) return e;
   const auto& opts = Optimizer::kinds();
   if (std::find(opts.begin(), opts.end(), c.optimizer) == opts.end())
@@ -119,6 +174,12 @@ std::string validate(TrainConfig& c, const DeviceFlags& flags, int cpus) {
       !e.empty())
     return e;
   if (c.logInterval <= 0) return "--log-interval must be positive";
+  if (auto e = outOfRange("--log-seconds", c.logSeconds, kLogSecondsRange, true); !e.empty())
+    return e;
+  if (auto e = recipeProblem(c); !e.empty()) return e;
+  if (c.dataThreads < 0 || c.dataThreads > kMaxDataThreads)
+    return "--data-threads must be in [0, " + std::to_string(kMaxDataThreads) +
+           "] (0: from the CPUs this rank may use; got " + std::to_string(c.dataThreads) + ")";
   if (c.checkpointEvery < 0) return "--checkpoint-every must be >= 0";
   if (c.checkpointEvery > 0 && c.checkpointDir.empty())
     return "--checkpoint-every needs --checkpoint-dir";
@@ -185,8 +246,14 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_option("--data", c.data,
                  "Directory of Fashion-MNIST IDX .gz files (Debian's dataset-fashion-mnist; "
-                 "missing, train exits 2 saying how to get them), or 'synthetic' (a generated "
-                 "1x28x28 set, used only when named); 'synthetic-cifar' (3x32x32) for resnet18")
+                 "missing, train exits 2 saying how to get them), a CIFAR-10/100 directory as "
+                 "torchvision leaves it (python or binary version), or 'synthetic' (a "
+                 "generated 1x28x28 set, used only when named); 'synthetic-cifar' (3x32x32)")
+      ->capture_default_str();
+  app.add_option("--data-format", c.dataFormat,
+                 std::string("How to read a --data path (auto: recognised from its files; "
+                             "cifar10/cifar100: torchvision's python pickles): ") +
+                     kDataFormatNames)
       ->capture_default_str();
   app.add_option("--stem", c.stem,
                  "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")
@@ -217,6 +284,36 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       ->capture_default_str();
   app.add_option("--weight-decay", c.weightDecay, "In [0, 1]")->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "sgd | adam")->capture_default_str();
+  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd with --momentum > 0)");
+  app.add_option("--lr-schedule", c.lrSchedule,
+                 "constant | step | multistep | cosine (PyTorch's StepLR, MultiStepLR, "
+                 "CosineAnnealingLR)")
+      ->capture_default_str();
+  app.add_option("--lr-milestones", c.lrMilestones,
+                 "multistep: the epochs where the lr is multiplied by --lr-gamma (e.g. "
+                 "30,60,80); step: one number, the period in epochs");
+  app.add_option("--lr-gamma", c.lrGamma, "The lr's factor at each milestone, in (0, 1]")
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", c.warmupEpochs,
+                 "Linear warm-up of the lr over the first N epochs, per step (0: none)")
+      ->capture_default_str();
+  app.add_option("--lr-step-on", c.lrStepOn,
+                 "When the schedule advances: epoch (scheduler.step() per epoch, PyTorch's "
+                 "usual) | step (per optimizer step)")
+      ->capture_default_str();
+  app.add_option("--label-smoothing", c.labelSmoothing,
+                 "Cross-entropy label smoothing, in [0, 1) (PyTorch's label_smoothing)")
+      ->capture_default_str();
+  app.add_option("--augment", c.augment,
+                 "none | crop-flip (4-pixel padded random crop + horizontal flip, CIFAR's) | "
+                 "random-resized-crop (+ flip, ImageNet's)")
+      ->capture_default_str();
+  app.add_option("--normalize", c.normalize,
+                 "Per-channel MEAN,...,STD,... or a preset: cifar10 | cifar100 | imagenet | "
+                 "fashion-mnist (default: the data set's own)");
+  app.add_option("--data-threads", c.dataThreads,
+                 "Threads assembling each batch (0: from the CPUs this rank may use)")
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "Initialisation and shuffling seed")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucketCapMb,
                  "Gradient bucket size (MiB), in (0, 1024]")
@@ -242,6 +339,9 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
       "--metrics", c.metrics,
       "Append metrics as JSON lines to this file (or a FIFO, a character device)");
   app.add_option("--log-interval", c.logInterval, "Steps between progress lines")
+      ->capture_default_str();
+  app.add_option("--log-seconds", c.logSeconds,
+                 "Also a progress line at least every S seconds (0: off)")
       ->capture_default_str();
   app.add_option("--init", c.init, "Initial weights (safetensors, a regular file)");
   app.add_option(
@@ -275,6 +375,7 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
     return r;
   }
   c.dataNamed = app.count("--data") > 0;
+  c.numClassesNamed = app.count("--num-classes") > 0;
   if (const std::string err = validate(c, flags, cpus); !err.empty()) {
     r.exitCode = 2;
     r.output = err;
@@ -282,6 +383,81 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
   }
   r.config = c;
   return r;
+}
+
+LrScheduleSpec lrScheduleSpec(const TrainConfig& c, double baseLr, int64_t stepsPerEpoch) {
+  LrScheduleSpec spec;
+  spec.baseLr = baseLr;
+  const std::optional<LrScheduleKind> kind = parseLrSchedule(c.lrSchedule);
+  if (!kind)
+    DDPRUN_THROW(InvalidArgument, "unknown --lr-schedule '", str::escape(c.lrSchedule),
+                 "': choose constant, step, multistep or cosine");
+  spec.kind = *kind;
+  const std::optional<LrStepUnit> unit = parseLrStepUnit(c.lrStepOn);
+  if (!unit)
+    DDPRUN_THROW(InvalidArgument, "unknown --lr-step-on '", str::escape(c.lrStepOn),
+                 "': choose epoch or step");
+  spec.unit = *unit;
+  const bool usesMilestones = spec.kind == LrScheduleKind::kStep ||
+                              spec.kind == LrScheduleKind::kMultiStep;
+  if (usesMilestones && c.lrMilestones.empty())
+    DDPRUN_THROW(InvalidArgument, "--lr-schedule ", c.lrSchedule,
+                 spec.kind == LrScheduleKind::kStep
+                     ? " needs --lr-milestones N: the period in epochs"
+                     : " needs --lr-milestones, the epochs where the lr decays (e.g. 30,60,80)");
+  if (!usesMilestones && !c.lrMilestones.empty())
+    DDPRUN_THROW(InvalidArgument, "--lr-milestones is for --lr-schedule step or multistep (got ",
+                 c.lrSchedule, ")");
+  if (usesMilestones) {
+    std::vector<int64_t> m;
+    try {
+      m = parseMilestones(c.lrMilestones);
+    } catch (const InvalidArgument& e) {
+      DDPRUN_THROW(InvalidArgument, "--lr-milestones: ", e.message());
+    }
+    if (spec.kind == LrScheduleKind::kStep) {
+      if (m.size() != 1)
+        DDPRUN_THROW(InvalidArgument, "--lr-schedule step takes one --lr-milestones number, "
+                     "the period in epochs (got ", m.size(), ")");
+      spec.stepSize = m[0];
+    } else {
+      spec.milestones = std::move(m);
+    }
+  }
+  spec.gamma = c.lrGamma;
+  spec.warmupEpochs = c.warmupEpochs;
+  spec.epochs = c.epochs;
+  spec.stepsPerEpoch = std::max<int64_t>(stepsPerEpoch, 1);
+  if (const std::string e = checkLrSchedule(spec); !e.empty()) DDPRUN_THROW(InvalidArgument, e);
+  return spec;
+}
+
+int defaultDataThreads(int cpus, int localWorld, int mathThreads) {
+  const int share = std::max(cpus, 1) / std::max(localWorld, 1);
+  return std::clamp(share - mathThreads, 1, 8);
+}
+
+int dataThreads(const TrainConfig& c) {
+  if (c.dataThreads > 0) return c.dataThreads;
+  const int64_t local = env::integer("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
+  return defaultDataThreads(availableCpus(), static_cast<int>(local), c.threads);
+}
+
+std::string modelDataProblem(const TrainConfig& c, const Dataset& train) {
+  const bool resnet = c.model == "resnet18";
+  if (resnet && train.channels != 3)
+    return std::string("--model resnet18 needs 3-channel images, and --data ") + c.data +
+           " holds " + std::to_string(train.channels) + "x" + std::to_string(train.height) +
+           "x" + std::to_string(train.width) + " ones: " + kResnetData;
+  if (!resnet && (train.channels != 1 || train.height != 28 || train.width != 28))
+    return "--model " + c.model + " takes 1x28x28 images, and --data " + c.data + " holds " +
+           std::to_string(train.channels) + "x" + std::to_string(train.height) + "x" +
+           std::to_string(train.width) + " ones: use --model resnet18";
+  if (c.numClassesNamed && c.numClasses != train.numClasses)
+    return "--num-classes " + std::to_string(c.numClasses) + " does not match --data " +
+           c.data + ", which has " + std::to_string(train.numClasses) +
+           " classes (leave --num-classes out: the model takes the data's)";
+  return "";
 }
 
 bool printsParseOutput(const std::optional<std::string>& rank,

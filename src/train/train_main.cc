@@ -6,12 +6,15 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/progress_file.h"
 #include "ddprun/runtime/process_group.h"
 #include "ddprun/store/hash_store.h"
 #include "ddprun/train/backend_choice.h"
+#include "ddprun/train/cifar.h"
 #include "ddprun/train/data_choice.h"
 #include "ddprun/train/files.h"
 #include "ddprun/train/trainer.h"
+#include "ddprun/train/transforms.h"
 
 namespace ddprun::train {
 namespace {
@@ -75,11 +78,27 @@ int trainMain(int argc, const char* const* argv) {
   }
   try {
     decideDevice(cfg.device, cfg.precision, probeDevices(cfg.device));  // before any work
-    const DataSplit data = loadTrainData(cfg);
+    DataSplit data = loadTrainData(cfg, *parseDataFormat(cfg.dataFormat));
+    if (const std::string e = modelDataProblem(cfg, data.train); !e.empty())
+      DDPRUN_THROW(InvalidArgument, e);
+    if (!cfg.normalize.empty()) {
+      NormalizeSpec n;
+      try {
+        n = parseNormalize(cfg.normalize, data.train.channels);
+      } catch (const InvalidArgument& e) {
+        DDPRUN_THROW(InvalidArgument, "--normalize for --data ", cfg.data, " (",
+                     data.train.channels, " channels): ", e.message());
+      }
+      for (Dataset* d : {&data.train, &data.test}) {
+        d->mean = n.mean;
+        d->std = n.std;
+      }
+    }
     auto pg = joinGroup();
     TrainerIo io;
     io.restarted = envRestarted();
     io.runId = env::get("TORCHELASTIC_RUN_ID").value_or("");
+    io.progressFile = env::get(kProgressFileEnv).value_or("");
     const nlohmann::json summary = runTraining(cfg, data, *pg, io);
     if (pg->rank() == 0) {
       std::fprintf(stdout, "%s\n", summary.dump().c_str());

@@ -8,6 +8,7 @@
 
 #include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/common/progress_file.h"
 #include "ddprun/common/strings.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
@@ -19,10 +20,12 @@
 #include "ddprun/train/checkpoint_meta.h"
 #include "ddprun/train/files.h"
 #include "ddprun/train/loss_scaler.h"
+#include "ddprun/train/lr_schedule.h"
 #include "ddprun/train/metrics.h"
 #include "ddprun/train/model_state.h"
 #include "ddprun/train/models.h"
 #include "ddprun/train/optim.h"
+#include "ddprun/train/transforms.h"
 #include "batch_feed.h"
 #include "bench_window.h"
 #include "step_profile.h"
@@ -125,8 +128,15 @@ class Run {
   void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
             int64_t stepsInEpoch);
   void report(int64_t stepsInEpoch, bool force);
+  void timedLine(int64_t stepsInEpoch);
+  void reportProgress(bool force);
+  std::string progressText(int64_t stepsInEpoch, double loss, double rate,
+                           const char* lossNote) const;
   std::pair<int64_t, int64_t> evaluate();
-  void saveCheckpoint();
+  // `epochDone`: at an epoch's end (the position is the next epoch's start).
+  void saveCheckpoint(bool epochDone = false);
+  // Training seconds of the whole run: earlier attempts' and this one's.
+  double runSeconds() const { return resumed_.runSeconds + since(runStart_); }
 
   const TrainConfig& cfg_;
   const DataSplit& data_;
@@ -141,6 +151,7 @@ class Run {
   std::unique_ptr<Model> model_;
   std::unique_ptr<runtime::Reducer> reducer_;
   std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<LrSchedule> schedule_;  // --lr-schedule, --warmup-epochs
   Rng rng_;
   Position pos_;
   Breakdown time_;
@@ -150,8 +161,17 @@ class Run {
   // progress accounting
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
          epochLossCount_ = 0;
-  Clock::time_point intervalStart_, runStart_;
+  Clock::time_point intervalStart_, runStart_, lastLine_;
+  double dataWait_ = 0;  // seconds the training thread spent assembling and taking batches
+  // The progress file's bookkeeping: this rank's samples, and at the last report.
+  Clock::time_point lastProgress_;
+  int64_t samplesTrained_ = 0, progressSamples_ = 0;
   int64_t samplesSeen_ = 0;  // global samples trained in this process
+  // What the checkpoint this process resumed from says earlier attempts did
+  // (zeros on a fresh start); the current epoch's start on this process.
+  RunTotals resumed_{.known = false};
+  Clock::time_point epochStart_;
+  double epochPriorSeconds_ = 0;  // the current epoch's seconds in earlier attempts
   int64_t stepsRun_ = 0;
   int64_t totalSteps_ = 0;
   int64_t runSteps_ = 0;  // steps this process trains (after a resume: the rest)
@@ -186,9 +206,9 @@ void Run::setup() {
   be_ = makeBackend(cfg_, &deviceDecision_);
   if (!deviceDecision_.notice.empty()) notice(deviceDecision_.notice);
   model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr,
-                         {.numClasses = cfg_.numClasses, .stem = cfg_.stem,
+                         {.numClasses = data_.train.numClasses, .stem = cfg_.stem,
                           .imageSize = cfg_.imageSize});
-  feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape());
+  feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape(), dataThreads(cfg_));
   if (cfg_.benchWarmup > 0)
     window_ = std::make_unique<BenchWindow>(*be_, cfg_.benchWarmup,
                                             int64_t{cfg_.batchSize} * pg_.size());
@@ -216,7 +236,10 @@ void Run::setup() {
   oo.lr = cfg_.lr * (cfg_.scaleLr ? static_cast<float>(pg_.size()) : 1.0f);
   oo.momentum = cfg_.momentum;
   oo.weightDecay = cfg_.weightDecay;
+  oo.nesterov = cfg_.nesterov;
   optim_ = Optimizer::create(oo, *be_, model_->params());
+  schedule_ = std::make_unique<LrSchedule>(lrScheduleSpec(cfg_, oo.lr, stepsPerEpoch_));
+  be_->setLabelSmoothing(cfg_.labelSmoothing);
   // Parameters and optimizer state flat in the buckets' order: one optimizer
   // launch per step. Gradients start logically zero: the first writer of each
   // step overwrites them, so no step zeroes its buckets.
@@ -316,6 +339,7 @@ bool Run::applyCheckpoint(const CheckpointFile& file, std::string* why) {
   pos_ = {.epoch = p.epoch, .step = p.step, .globalStep = p.globalStep};
   optim_->setSteps(p.optimizerSteps);
   rng_.restore(p.rng);
+  resumed_ = p.totals;
   if (!p.sameLayout && pos_.step != 0) {
     notice("checkpoint " + file.path + " was taken with another world size, batch size or "
            "seed: resuming at the start of epoch " + std::to_string(pos_.epoch));
@@ -411,8 +435,15 @@ void Run::start() {
                   {"run", runId_}});
 }
 
-void Run::saveCheckpoint() {
+void Run::saveCheckpoint(bool epochDone) {
   if (!rank0_ || cfg_.checkpointDir.empty()) return;
+  RunTotals totals{.runSeconds = runSeconds(),
+                   .runSamples = resumed_.runSamples + samplesSeen_};
+  if (!epochDone) {
+    totals.epochLossSum = epochLossSum_;
+    totals.epochLossCount = epochLossCount_;
+    totals.epochSeconds = epochPriorSeconds_ + since(epochStart_);
+  }
   std::vector<std::vector<int64_t>> counts;
   HostSnapshot snap(*be_);
   const auto tensors = modelTensors(*model_, optim_.get(), snap, counts);
@@ -421,7 +452,8 @@ void Run::saveCheckpoint() {
                        .globalStep = pos_.globalStep,
                        .optimizerSteps = optim_->steps(),
                        .rng = rng_.state(),
-                       .run = runId_};
+                       .run = runId_,
+                       .totals = totals};
   saveSafetensors(cfg_.checkpointDir + "/" + checkpointFileName(tag_, pos_.globalStep),
                   tensors, checkpointMetadata(shape(), p));
   pruneCheckpoints(cfg_.checkpointDir, tag_, cfg_.keepCheckpoints);
@@ -447,6 +479,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   auto t0 = Clock::now();
   profilePoint(StepProfile::Point::kStepStart);
   const BatchFeed::Batch batch = feed_->take(data_.train, idx, n);
+  dataWait_ += since(t0);
   syncBuffers();
   profilePoint(StepProfile::Point::kDataEnd);
   auto t1 = Clock::now();
@@ -464,6 +497,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   const auto p0 = Clock::now();
   feed_->prepareNext(data_.train, next, nextN);
   const double prefetch = since(p0);
+  dataWait_ += prefetch;
   if (device && timed) be_->synchronize();
   auto t2 = Clock::now();
   const uint64_t layout = reducer_->layoutVersion();
@@ -476,6 +510,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   }
   auto t3 = Clock::now();
   profilePoint(StepProfile::Point::kOptimizerStart);
+  optim_->setLr(static_cast<float>(schedule_->lrAt(pos_.epoch, pos_.step)));
   const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
   scaler_.update(finite);
   if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
@@ -503,6 +538,7 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   }
 
   intervalCount_ += static_cast<double>(n);
+  samplesTrained_ += n;
   ++pos_.step;
   ++pos_.globalStep;
   ++stepsRun_;
@@ -512,9 +548,14 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   const bool last = pos_.step == stepsInEpoch;
   // No progress line (a host read of the loss) inside the timed window or
   // the profile; the interval's samples are reported with the next line.
-  if (!windowOpen() && !(profiled && stepsRun_ < runSteps_))
-    report(stepsInEpoch, last || pos_.step % cfg_.logInterval == 0);
-  if (cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0) saveCheckpoint();
+  const bool checkpointDue =
+      cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0;
+  if (!windowOpen() && !(profiled && stepsRun_ < runSteps_)) {
+    // A checkpoint's totals include the interval's loss: reported first.
+    report(stepsInEpoch, last || checkpointDue || pos_.step % cfg_.logInterval == 0);
+    reportProgress(last);
+  }
+  if (checkpointDue) saveCheckpoint();
 }
 
 // The first profiled step sets the profile up; every profiled step records
@@ -561,9 +602,64 @@ void Run::checkBenchFlags() {
     DDPRUN_THROW(InvalidArgument, e);
 }
 
+// The progress line's text.
+std::string Run::progressText(int64_t stepsInEpoch, double loss, double rate,
+                              const char* lossNote) const {
+  const double perStep = stepsRun_ > 0 ? since(runStart_) / static_cast<double>(stepsRun_) : 0;
+  const int64_t left = totalSteps_ - pos_.globalStep;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "epoch %lld of %d  step %lld/%lld  loss %.4f%s  %.0f samples/s  ETA %s",
+                static_cast<long long>(pos_.epoch), cfg_.epochs,
+                static_cast<long long>(pos_.step), static_cast<long long>(stepsInEpoch), loss,
+                lossNote, rate, formatSeconds(perStep * static_cast<double>(left)).c_str());
+  return line;
+}
+
+// Between --log-interval's lines, rank 0 alone prints one every --log-seconds
+// with its own loss of the interval so far: no collective (the other ranks
+// cannot know when rank 0's clock says so), one read of the loss.
+void Run::timedLine(int64_t stepsInEpoch) {
+  if (!rank0_ || cfg_.quiet || cfg_.logSeconds <= 0 ||
+      since(lastLine_) < cfg_.logSeconds)
+    return;
+  intervalLoss_ += be_->takeLossSum();
+  const double secs = since(intervalStart_);
+  const double loss = intervalCount_ > 0 ? intervalLoss_ / intervalCount_ : NAN;
+  const double rate = secs > 0 ? intervalCount_ * pg_.size() / secs : 0;
+  progress_.update(progressText(stepsInEpoch, loss, rate, pg_.size() > 1 ? " (rank 0)" : ""));
+  lastLine_ = Clock::now();
+}
+
+// This rank's progress for its launcher (TrainerIo::progressFile), at most
+// every kProgressWriteInterval unless forced: its own loss of the interval
+// so far (a read of the loss: on a device, a wait for the step's work) and
+// its own samples per second since the last report.
+void Run::reportProgress(bool force) {
+  if (io_.progressFile.empty()) return;
+  const auto now = Clock::now();
+  if (!force && now - lastProgress_ < kProgressWriteInterval) return;
+  intervalLoss_ += be_->takeLossSum();
+  ProgressReport r;
+  r.step = pos_.globalStep;
+  r.epoch = pos_.epoch;
+  if (intervalCount_ > 0) r.loss = intervalLoss_ / intervalCount_;
+  else if (std::isfinite(lastLoss_)) r.loss = lastLoss_;
+  const double secs = std::chrono::duration<double>(now - lastProgress_).count();
+  if (secs > 0 && stepsRun_ > 0)
+    r.samplesPerSecond = static_cast<double>(samplesTrained_ - progressSamples_) / secs;
+  r.totalSteps = totalSteps_;
+  writeProgressFile(io_.progressFile, r, true);  // never fails the run
+  lastProgress_ = now;
+  progressSamples_ = samplesTrained_;
+}
+
 // Every rank joins the all-reduce of the interval's loss; rank 0 prints.
 void Run::report(int64_t stepsInEpoch, bool force) {
-  if (!force) return;
+  if (!force) {
+    timedLine(stepsInEpoch);
+    return;
+  }
   intervalLoss_ += be_->takeLossSum();
   std::vector<double> v = {intervalLoss_, intervalCount_};
   allReduceSum(pg_, v);
@@ -573,18 +669,11 @@ void Run::report(int64_t stepsInEpoch, bool force) {
   epochLossCount_ += v[1];
   samplesSeen_ += static_cast<int64_t>(v[1]);
   const double rate = secs > 0 ? v[1] / secs : 0;
-  const double perStep = stepsRun_ > 0 ? since(runStart_) / static_cast<double>(stepsRun_) : 0;
-  const int64_t left = totalSteps_ - pos_.globalStep;
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "epoch %lld of %d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                static_cast<long long>(pos_.epoch), cfg_.epochs,
-                static_cast<long long>(pos_.step), static_cast<long long>(stepsInEpoch), lastLoss_,
-                rate, formatSeconds(perStep * static_cast<double>(left)).c_str());
-  progress_.update(line);
+  progress_.update(progressText(stepsInEpoch, lastLoss_, rate, ""));
+  lastLine_ = Clock::now();
   metrics_.write({{"type", "step"}, {"epoch", pos_.epoch}, {"step", pos_.step},
                   {"global_step", pos_.globalStep}, {"loss", lastLoss_}, {"lr", optim_->lr()},
-                  {"samples_per_second", rate}, {"elapsed_s", since(runStart_)}});
+                  {"samples_per_second", rate}, {"elapsed_s", runSeconds()}});
   intervalLoss_ = intervalCount_ = 0;
   intervalStart_ = Clock::now();
 }
@@ -604,6 +693,8 @@ void Run::trainEpoch() {
            std::to_string(sampler.totalSize() - so.datasetSize) + " of them are seen twice per "
            "epoch (PyTorch's DistributedSampler padding); evaluation counts every test sample "
            "exactly once");
+  feed_->setTransform({.augment = *parseAugment(cfg_.augment), .seed = cfg_.seed,
+                       .epoch = pos_.epoch});
   const std::vector<int64_t>& idx = sampler.indices();
   const int64_t n = static_cast<int64_t>(idx.size()), b = cfg_.batchSize;
   int64_t steps = (n + b - 1) / b;
@@ -704,22 +795,34 @@ nlohmann::json Run::execute() {
          be_->describe());
   if (scaler_.on())
     notice("fp16: dynamic loss scaling from " + std::to_string(scaler_.scale()));
-  runStart_ = Clock::now();
+  runStart_ = lastLine_ = lastProgress_ = Clock::now();
   nlohmann::json lastEpoch;
   int64_t correct = 0, total = 0;
   double epochSecs = 0;
-  for (; pos_.epoch < cfg_.epochs; ++pos_.epoch, pos_.step = 0) {
-    const auto t0 = Clock::now();
-    epochLossSum_ = epochLossCount_ = 0;
+  // An epoch resumed part way: its record covers the whole epoch (what the
+  // checkpoint says earlier attempts did, and this one), this attempt's share
+  // as attempt_* fields.
+  bool resumedMidEpoch = pos_.step > 0 && resumed_.known;
+  for (; pos_.epoch < cfg_.epochs; ++pos_.epoch, pos_.step = 0, resumedMidEpoch = false) {
+    epochStart_ = Clock::now();
+    epochLossSum_ = resumedMidEpoch ? resumed_.epochLossSum : 0;
+    epochLossCount_ = resumedMidEpoch ? resumed_.epochLossCount : 0;
+    epochPriorSeconds_ = resumedMidEpoch ? resumed_.epochSeconds : 0;
     trainEpoch();
     progress_.finish();
     std::tie(correct, total) = evaluate();
-    epochSecs = since(t0);
+    const double attemptSecs = since(epochStart_);
+    epochSecs = epochPriorSeconds_ + attemptSecs;
     const double acc = total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
     lastEpoch = {{"type", "epoch"}, {"epoch", pos_.epoch},
                  {"train_loss", epochLossCount_ > 0 ? epochLossSum_ / epochLossCount_ : NAN},
                  {"test_accuracy", acc}, {"test_correct", correct}, {"test_total", total},
                  {"epoch_seconds", epochSecs}};
+    if (resumedMidEpoch) {
+      const double n = epochLossCount_ - resumed_.epochLossCount;
+      lastEpoch["attempt_train_loss"] = n > 0 ? (epochLossSum_ - resumed_.epochLossSum) / n : NAN;
+      lastEpoch["attempt_epoch_seconds"] = attemptSecs;
+    }
     metrics_.write(lastEpoch);
     notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) +
            ": test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) + "/" +
@@ -728,11 +831,12 @@ nlohmann::json Run::execute() {
     Position keep = pos_;
     pos_.epoch += 1;
     pos_.step = 0;
-    saveCheckpoint();
+    saveCheckpoint(true);
     pos_ = keep;
   }
   if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
-  const double secs = since(runStart_);
+  const double attemptSecs = since(runStart_), secs = runSeconds();
+  const int64_t runSamples = resumed_.runSamples + samplesSeen_;
   // Rank 0 writes --save; every rank hashes its parameters.
   const std::string paramsSha256 =
       saveAndHashModel(*model_, *be_, rank0_ ? cfg_.save : std::string(),
@@ -743,8 +847,14 @@ nlohmann::json Run::execute() {
       // Whole-run totals: a resumed run counts the steps of its earlier
       // attempts too (attempt_steps: this process's). Epochs count from 0.
       {"steps", pos_.globalStep}, {"attempt_steps", stepsRun_},
-      {"last_epoch", cfg_.epochs - 1}, {"batch_size", cfg_.batchSize}, {"train_seconds", secs},
-      {"samples_per_second", secs > 0 ? static_cast<double>(samplesSeen_) / secs : 0.0},
+      {"last_epoch", cfg_.epochs - 1}, {"batch_size", cfg_.batchSize},
+      // The run's seconds and samples, earlier attempts' included (from the
+      // checkpoint resumed); this process's alone as attempt_*.
+      {"train_seconds", secs},
+      {"samples_per_second", secs > 0 ? static_cast<double>(runSamples) / secs : 0.0},
+      {"attempt_train_seconds", attemptSecs},
+      {"attempt_samples_per_second",
+       attemptSecs > 0 ? static_cast<double>(samplesSeen_) / attemptSecs : 0.0},
       {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
       {"params_sha256", paramsSha256},
@@ -757,6 +867,9 @@ nlohmann::json Run::execute() {
                      {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
                      {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},
                      {"optimizer_s", time_.scaled(time_.optim, stepsRun_)}}},
+      // Every step's time on the training thread spent on its data (taking
+      // the batch, assembling the next), not sampled: what the pipeline costs.
+      {"data_wait_s", dataWait_},
       {"comm_hidden_fraction", commHiddenJson()},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};

@@ -1719,6 +1719,55 @@ TEST_F(CudaBackendTest, CrossEntropy) {
   EXPECT_THROW(gpu_->crossEntropy(zg, labels.data(), nullptr, nullptr), InvalidArgument);
 }
 
+// Label smoothing (setLabelSmoothing) in the CUDA loss kernel: the CPU
+// backend's loss and gradient, the same arg-max count; back at 0 the plain
+// loss again.
+TEST_F(CudaBackendTest, CrossEntropyWithLabelSmoothing) {
+  const int64_t n = 37, k = 10;
+  const Tensor z = hostTensor({n, k}, 6, -5.0f, 5.0f);
+  std::vector<int32_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 3) % k);
+  const Tensor zg = toGpu(z);
+  int64_t c0 = -1;
+  const double plain = cpu_->crossEntropy(z, labels.data(), nullptr, &c0);
+  for (const float eps : {0.1f, 1.0f}) {
+    cpu_->setLabelSmoothing(eps);
+    gpu_->setLabelSmoothing(eps);
+    Tensor dr, dg;
+    int64_t cr = -1, cg = -2;
+    const double lr = cpu_->crossEntropy(z, labels.data(), &dr, &cr, 64.0f);
+    const double lg = gpu_->crossEntropy(zg, labels.data(), &dg, &cg, 64.0f);
+    EXPECT_NEAR(lg, lr, 1e-9 * std::fabs(lr)) << "eps " << eps;
+    EXPECT_NE(lr, plain);
+    EXPECT_EQ(cg, cr);
+    EXPECT_EQ(cr, c0);
+    expectClose(fromGpu(dg), hostValues(dr), 1e-6, "smoothed dlogits");
+    Tensor dd;
+    gpu_->crossEntropyDeferred(zg, labels.data(), &dd, 64.0f);
+    EXPECT_NEAR(gpu_->takeLossSum(), n * lr, 1e-9 * std::fabs(n * lr));
+    expectClose(fromGpu(dd), hostValues(dr), 1e-6, "smoothed dlogits (deferred)");
+  }
+  cpu_->setLabelSmoothing(0.0f);
+  gpu_->setLabelSmoothing(0.0f);
+  EXPECT_NEAR(gpu_->crossEntropy(zg, labels.data(), nullptr, nullptr), plain,
+              1e-9 * std::fabs(plain));
+}
+
+// Nesterov's SGD step: the CUDA kernel against the CPU backend over a few
+// steps (first step included), with weight decay.
+TEST_F(CudaBackendTest, SgdNesterovMatchesCpu) {
+  const size_t n = 1000;
+  const Tensor w0 = hostTensor({1000}, 11), g = hostTensor({1000}, 12), b0 = hostTensor({1000}, 13);
+  Tensor w = copyOf(w0), buf = copyOf(b0);
+  Tensor wg = toGpu(w0), gg = toGpu(g), bg = toGpu(b0);
+  for (int s = 0; s < 3; ++s) {
+    cpu_->sgdUpdate(w.data(), g.data(), buf.data(), n, 0.1f, 0.9f, 1e-4f, s == 0, true);
+    gpu_->sgdUpdate(wg.data(), gg.data(), bg.data(), n, 0.1f, 0.9f, 1e-4f, s == 0, true);
+  }
+  expectClose(fromGpu(wg), hostValues(w), 1e-6, "nesterov w");
+  expectClose(fromGpu(bg), hostValues(buf), 1e-6, "nesterov buf");
+}
+
 TEST_F(CudaBackendTest, SgdAndAdamMatchCpu) {
   const size_t n = 1000;
   const Tensor w0 = hostTensor({1000}, 1), g = hostTensor({1000}, 2), b0 = hostTensor({1000}, 3);

@@ -739,6 +739,19 @@ class TrainE2E(unittest.TestCase):
         logged = {int(e) for e in re.findall(r"\bepoch (\d+) of 2\b", p.stderr)}
         self.assertEqual(logged, {1}, "log lines number epochs otherwise:\n" + p.stderr[-3000:])
         self.assertIn("epoch 1 of 2: test accuracy", p.stderr)
+        # The resumed epoch's record covers the whole epoch: the same loss as
+        # the uninterrupted run's (the checkpoint carried the first 5 steps'),
+        # this attempt's share apart; the summary's time is the run's.
+        whole = [r for r in rows[:rows.index(resume[0])] if r["type"] == "epoch"]
+        resumed = [r for r in after if r["type"] == "epoch"][0]
+        self.assertEqual(resumed["train_loss"], whole[1]["train_loss"])
+        self.assertIn("attempt_train_loss", resumed)
+        self.assertNotEqual(resumed["attempt_train_loss"], resumed["train_loss"])
+        self.assertGreaterEqual(resumed["epoch_seconds"], resumed["attempt_epoch_seconds"])
+        self.assertNotIn("attempt_train_loss", whole[1])
+        self.assertGreaterEqual(again["train_seconds"], again["attempt_train_seconds"])
+        steps = [r for r in after if r["type"] == "step"]
+        self.assertGreaterEqual(steps[0]["elapsed_s"], again["train_seconds"] - again["attempt_train_seconds"])
 
     def test_save_write_failure_exits_1_and_leaves_no_temporary(self):
         out = os.path.join(self.tmp, "model.safetensors")

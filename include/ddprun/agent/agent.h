@@ -10,6 +10,8 @@
 //                                   one re-joining after the job finished)
 //                                 | kDone(1)   (re-joining: the job failed)
 //   kRunning  --a worker failed-->  kStopping  (report failure; stop the rest)
+//   kRunning  --a rank stalled-->   kStopping  (--progress-timeout: a rank that
+//                                   reported progress went silent; as a failure)
 //   kRunning  --all succeeded-->    kSucceeded (report success; wait for peers)
 //   kRunning  --round failed/closed/membership elsewhere--> kStopping
 //   kSucceeded --round finished-->  kDone(0)

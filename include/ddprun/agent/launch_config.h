@@ -140,6 +140,10 @@ struct LaunchConfig {
   // --status-addr, the IP address it listens on (docs/status.md).
   std::optional<uint16_t> statusPort;
   std::string statusAddr = "127.0.0.1";
+  // --progress-timeout (unset: off): a worker that reported progress
+  // (DDPRUN_PROGRESS_FILE) and then reports none for this long fails the
+  // worker group like a worker failure (docs/status.md).
+  std::optional<std::chrono::milliseconds> progressTimeout;
 
   // Torchrun dests (e.g. "master_port", "rdzv_id") given on the command line
   // or through PET_<DEST>, filled by the CLI: finalizeConfig tells an

@@ -33,6 +33,7 @@ struct WorkerRecord {
   std::chrono::system_clock::time_point startedWall;  // for the status endpoint
   double seconds = 0;     // run time, once !running
   std::string errorFile;  // TORCHELASTIC_ERROR_FILE of the worker
+  std::string progressFile;  // DDPRUN_PROGRESS_FILE of the worker
 };
 
 class WorkerGroup {

@@ -90,8 +90,11 @@ struct AttemptInfo {
 // The environment of one worker: the agent's own environment plus torchrun's
 // variables (RANK = round.baseRank + localRank, LOCAL_RANK, WORLD_SIZE,
 // GROUP_RANK, ..., TORCHELASTIC_*, MASTER_ADDR/PORT = the round's worker
-// store, TORCHELASTIC_USE_AGENT_STORE=True).
+// store, TORCHELASTIC_USE_AGENT_STORE=True), and ddprun's own
+// DDPRUN_PROGRESS_FILE = `progressFile` (common/progress_file.h; an inherited
+// one is removed when `progressFile` is empty).
 Env workerEnv(const LaunchConfig& cfg, const AttemptInfo& attempt, int localRank,
-              const std::string& errorFile, const Env& agentEnv);
+              const std::string& errorFile, const Env& agentEnv,
+              const std::string& progressFile = "");
 
 }  // namespace ddprun::agent

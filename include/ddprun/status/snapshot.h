@@ -14,10 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/common/progress_file.h"
+
 namespace ddprun::status {
 
 enum class WorkerState { kStarting, kRunning, kSucceeded, kFailed, kStopped };
 const char* toString(WorkerState state);
+
+// A worker's latest progress report (its DDPRUN_PROGRESS_FILE) as the agent
+// read it.
+struct WorkerProgress {
+  ProgressReport report;
+  double secondsSinceProgress = 0;  // since the agent saw the report change
+};
 
 struct WorkerStatus {
   int localRank = 0;
@@ -27,6 +36,7 @@ struct WorkerStatus {
   std::string started;          // wall clock, ISO-8601 UTC ("2024-05-01T12:00:00.123Z")
   std::optional<int> exitCode;  // once exited: the exit status, or -S after signal S
   std::string signal;           // "SIGTERM" when a signal ended it, else ""
+  std::optional<WorkerProgress> progress;  // none before its first report
 };
 
 // One node of the current round, as the rendezvous reports it.
@@ -68,6 +78,10 @@ struct Snapshot {
   std::string workerStore;  // "host:port" of the round's worker store
   std::vector<RoundMember> members;
   std::vector<WorkerStatus> workers;
+  // Seconds to the job's last step, from the slowest local rank's rate
+  // (ranks that report total_steps); none when unknown.
+  std::optional<double> etaSeconds;
+  std::optional<double> progressTimeout;  // --progress-timeout in seconds; none: off
   std::string updated;      // when this snapshot was taken, ISO-8601 UTC
   // Metrics (counters since the agent started).
   uint64_t restartsTotal = 0;      // worker group restarts, any cause

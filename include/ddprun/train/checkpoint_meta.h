@@ -5,7 +5,8 @@
 // Keys: format ("ddprun-train-1"), run (the run id, checkpoint_dir.h), model,
 // optimizer, epoch (the epoch to continue), step (the next step within it),
 // global_step (steps done in the run), optimizer_steps, world, batch_size,
-// seed, rng (the generator state).
+// seed, rng (the generator state); epoch_loss_sum, epoch_loss_count,
+// epoch_seconds, run_seconds, run_samples (RunTotals; optional).
 //
 // Thread-safety: the functions keep no state.
 #pragma once
@@ -26,12 +27,24 @@ struct RunShape {
   uint64_t seed = 0;
 };
 
+// What the run had done before the checkpoint, so that a resumed run's
+// epoch records and summary cover the whole epoch and run: the epoch's loss
+// (the sum of per-sample losses over `epochLossCount` samples, every rank's)
+// and seconds so far, the run's training seconds and samples so far. Files
+// without them (older ones) read as zeros with `known` false.
+struct RunTotals {
+  double epochLossSum = 0, epochLossCount = 0, epochSeconds = 0, runSeconds = 0;
+  int64_t runSamples = 0;
+  bool known = true;
+};
+
 // Where a checkpoint stands.
 struct CheckpointPosition {
   int64_t epoch = 0, step = 0, globalStep = 0, optimizerSteps = 0;
   std::string rng;         // Rng::state()
   std::string run;         // the run id ("" in files written before run ids)
   bool sameLayout = true;  // taken with this run's world size, batch size and seed
+  RunTotals totals;
 };
 
 std::map<std::string, std::string> checkpointMetadata(const RunShape& shape,
@@ -44,7 +57,8 @@ std::map<std::string, std::string> checkpointMetadata(const RunShape& shape,
 // epoch == epochs; with another world size, batch size or seed the step is
 // set to 0: the epoch restarts); global_step in [step, 10^12];
 // optimizer_steps == global_step (one optimizer step per training step);
-// an rng state the generator accepts; `run`, when `runTagOfFile` is
+// an rng state the generator accepts; the totals, when present, finite and
+// >= 0 (decimal numbers); `run`, when `runTagOfFile` is
 // non-empty, a run id whose tag is that one. Returns "" or the error, which
 // names the file and the field: "<path>: metadata field 'step' is \"-20\",
 // outside [0, 47] (...)".

@@ -23,13 +23,16 @@
 // called from several threads at once; a Dataset is a plain value.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ddprun/common/error.h"
+#include "ddprun/train/transforms.h"
 
 namespace ddprun::train {
 
@@ -53,10 +56,16 @@ inline constexpr int64_t kMaxIdxSamples = int64_t{1} << 22;
 inline constexpr float kFashionMnistMean = 0.2860f;
 inline constexpr float kFashionMnistStd = 0.3530f;
 
-// CIFAR-10's per-channel normalisation constants (torchvision's usual values),
-// used for the generated CIFAR-shaped set.
+// The per-channel normalisation constants of the usual recipes (torchvision's
+// values), the one table of them: CIFAR-10's (also the generated CIFAR-shaped
+// set's), CIFAR-100's and ImageNet's (image folders). --normalize's presets
+// (transforms.h) name these.
 inline constexpr float kCifarMean[3] = {0.4914f, 0.4822f, 0.4465f};
 inline constexpr float kCifarStd[3] = {0.2470f, 0.2435f, 0.2616f};
+inline constexpr float kCifar100Mean[3] = {0.5071f, 0.4865f, 0.4409f};
+inline constexpr float kCifar100Std[3] = {0.2673f, 0.2564f, 0.2762f};
+inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
+inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
 
 // --data synthetic-cifar: its name, and the fixed seed it is generated from
 // (the set is the same in every run, whatever --seed says, like a real data
@@ -91,6 +100,12 @@ struct Dataset {
   // A generated set too large to keep: writes sample i's sampleElems() raw
   // bytes into `out`, the same bytes every time. Thread-safe (a pure function).
   std::function<void(int64_t i, uint8_t* out)> render;
+  // Files decoded on demand (an image folder): sample i's image at its own
+  // size, CHW uint8 with `channels` channels; channels x height x width is
+  // then the size a batch holds (the images are fitted to it, see
+  // gatherBatch). Thread-safe; throws DataError naming the file. When set,
+  // `pixels` is empty and `render` unset.
+  std::function<ImageU8(int64_t i)> load;
 
   // Pixels per sample (and floats per sample in a gathered batch):
   // channels * height * width.
@@ -100,6 +115,10 @@ struct Dataset {
 struct DataSplit {
   Dataset train, test;
   std::string source;  // "Fashion-MNIST (<dir>)", "synthetic" or "synthetic-cifar"
+  // Image files replaced because they did not decode (an image folder read
+  // with skipBad, image_folder.h), counted by both splits' loaders as
+  // batches are gathered; null for every other set.
+  std::shared_ptr<std::atomic<int64_t>> skipped;
 };
 
 // The normalised value of pixel `p`, computed with the float32 operations
@@ -156,5 +175,34 @@ DataSplit makeSyntheticCifar(int64_t trainSize, int64_t testSize, int numClasses
 // x = normalisePixel(p)) and y (n labels). Preconditions: every idx[i] is in [0, d.size)
 // (checked: throws InvalidArgument), x and y hold n entries and do not alias `d`.
 void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y);
+
+class WorkPool;  // src/train/work_pool.h
+// How a training batch's samples are augmented while gathered
+// (transforms.h): sample j of epoch e draws its crop and flip from
+// SampleRng(seed, e, j), so a batch's values never depend on the thread
+// count, the batch size or the order the samples are processed in, and a
+// resumed run draws what the uninterrupted one drew.
+struct SampleTransform {
+  Augment augment = Augment::kNone;
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+};
+// The padding of --augment crop-flip (CIFAR's RandomCrop(32, padding=4)).
+inline constexpr int kCropFlipPad = 4;
+// The centre crop of an image of `h` x `w` with the aspect of outH x outW,
+// `fraction` of the size that aspect allows (0 < fraction <= 1).
+CropBox centreCropBox(int h, int w, int outH, int outW, double fraction = 0.875);
+// gatherBatch with each sample transformed by `t` (crop-flip: padCropFlip;
+// random-resized-crop: randomResizedCropParams, resizedCrop back to the
+// image's own size, then the flip coin; as torchvision's Compose orders them)
+// before it is normalised, the samples split over `pool`'s threads (null:
+// this thread alone). Same preconditions as above.
+// A set of decoded files (Dataset::load) is fitted to height x width first:
+// random-resized-crop crops the decoded image itself (ImageNet's training
+// transform); otherwise its central crop of the batch's aspect, 87.5% of the
+// shorter side (torchvision's Resize(256) + CenterCrop(224) ratio), is
+// resized to it (centreCropBox), and crop-flip then applies to that.
+void gatherBatch(const Dataset& d, const int64_t* idx, size_t n, float* x, int32_t* y,
+                 const SampleTransform& t, WorkPool* pool);
 
 }  // namespace ddprun::train

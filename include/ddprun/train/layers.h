@@ -186,7 +186,9 @@ class Backend {
   // Mean cross-entropy of the batch; writes dL/dlogits (times `gradScale`,
   // the fp16 loss scale) when asked and counts the rows whose arg-max equals
   // the label. `labels` is host memory (the backend uploads what it needs).
-  // Returns once the loss is known on the host.
+  // Returns once the loss is known on the host. With label smoothing set
+  // (setLabelSmoothing) the loss and gradient are the smoothed ones; the
+  // arg-max count is not affected.
   virtual double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                               int64_t* correct, float gradScale = 1.0f) = 0;
 
@@ -199,11 +201,23 @@ class Backend {
   virtual void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                                     float gradScale);
   virtual double takeLossSum();
+  // torch.nn.CrossEntropyLoss(label_smoothing=eps) for every later
+  // crossEntropy and crossEntropyDeferred (training's and evaluation's loss
+  // alike; set 0 around a call that wants the plain loss): the target
+  // distribution is (1 - eps) * onehot(y) + eps/K over K classes
+  // (kmath::crossEntropyLoss/crossEntropyGrad). 0 (the default) is the plain
+  // cross-entropy, bit for bit. Throws InvalidArgument unless 0 <= eps <= 1
+  // (PyTorch's range). A backend that does not implement the loss's
+  // arithmetic itself (a test's fake) may ignore it.
+  void setLabelSmoothing(float eps);
+  float labelSmoothing() const { return labelSmoothing_; }
 
   // Optimizer kernels (torch.optim semantics, see optim.h); pointers are
-  // this backend's memory.
+  // this backend's memory. SGD's `nesterov` (momentum != 0): the update
+  // direction is g' + momentum*buf instead of buf (kmath::sgdStep).
   virtual void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr,
-                         float momentum, float weightDecay, bool firstStep) = 0;
+                         float momentum, float weightDecay, bool firstStep,
+                         bool nesterov = false) = 0;
   virtual void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr,
                           float beta1, float beta2, float eps, float weightDecay,
                           int64_t step) = 0;
@@ -223,7 +237,7 @@ class Backend {
     size_t n = 0;
   };
   virtual void sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum,
-                       float weightDecay, bool firstStep);
+                       float weightDecay, bool firstStep, bool nesterov = false);
   virtual void adamStep(const std::vector<OptimChunk>& chunks, float lr, float beta1,
                         float beta2, float eps, float weightDecay, int64_t step);
 
@@ -312,6 +326,7 @@ class Backend {
 
  private:
   double deferredLoss_ = 0;  // the default crossEntropyDeferred's accumulator
+  float labelSmoothing_ = 0.0f;
   std::vector<double> markTimes_;  // the default mark()'s wall-clock times (seconds)
 };
 

@@ -1,6 +1,7 @@
 // Optimizers with torch.optim's update rules, running on the Backend's
-// kernels: SGD (momentum, dampening 0, weight decay added to the gradient)
-// and Adam (betas 0.9/0.999, eps 1e-8, no amsgrad).
+// kernels: SGD (momentum, dampening 0, weight decay added to the gradient,
+// optionally Nesterov's momentum) and Adam (betas 0.9/0.999, eps 1e-8, no
+// amsgrad).
 //
 // The state (momentum buffers; Adam's moments and step count) is exposed by
 // name for checkpoints: "optim.<param>.momentum_buffer",
@@ -33,13 +34,28 @@ struct OptimizerOptions {
   float lr = 0.05f;
   float momentum = 0.9f;
   float weightDecay = 0.0f;
+  // SGD only: torch.optim.SGD(nesterov=True), the step w -= lr*(g' + momentum*buf)
+  // with the same momentum buffer (kmath::sgdStep). Needs momentum != 0.
+  // Not part of a checkpoint's identity: the buffer means the same with or
+  // without it, so a run may resume with the other setting (as PyTorch's
+  // optimizer state_dict loads into either), the steps after continuing
+  // under the new rule.
+  bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
 };
+
+// What is wrong with `o` as PyTorch would judge it, in one sentence naming
+// the option, or "" when nothing is: an unknown kind; nesterov with momentum
+// 0 (PyTorch: "Nesterov momentum requires a momentum and zero dampening") or
+// with Adam (which has no Nesterov form). For flag parsing; Optimizer::create
+// throws InvalidArgument with the same sentence.
+std::string optimizerOptionsProblem(const OptimizerOptions& o);
 
 class Optimizer {
  public:
   static const std::vector<std::string>& kinds();
-  // Throws InvalidArgument listing the choices for an unknown kind.
+  // Throws InvalidArgument listing the choices for an unknown kind, and for
+  // any other optimizerOptionsProblem.
   static std::unique_ptr<Optimizer> create(const OptimizerOptions& o, Backend& be,
                                            std::vector<Param*> params);
   virtual ~Optimizer();

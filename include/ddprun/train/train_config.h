@@ -21,8 +21,14 @@ struct TrainConfig {
   // --data was given (data_choice.h words a missing directory's error by it:
   // the user's --data, or the default set train looked for).
   bool dataNamed = false;
+  // --data-format: how to read a --data path (auto: recognised from the
+  // files; data_choice.h lists the formats).
+  std::string dataFormat = "auto";
   std::string stem = "imagenet";   // resnet18's stem: imagenet | cifar
-  int64_t numClasses = 10;         // 10 for the 1x28x28 sets; 2..10 for synthetic-cifar
+  // The model's outputs are always the data's classes; this only picks
+  // synthetic-cifar's (2..10) and, when named, must equal a data set's.
+  int64_t numClasses = 10;
+  bool numClassesNamed = false;
   int64_t imageSize = 0;           // resnet18's input side; 0: the data's own (32)
   // Parsed from their spellings here, once (precision.h); the CPU takes fp32
   // only (a refusal of --device cpu with another precision is made here,
@@ -50,6 +56,21 @@ struct TrainConfig {
   double firstBucketMb = 1.0;
   bool scaleLr = false;  // lr * world size (linear scaling rule)
   bool syncBn = false;
+  // The seeds' recipe (docs/train.md): lr schedule (lr_schedule.h), SGD's
+  // Nesterov momentum, label smoothing, augmentation and normalisation
+  // (transforms.h; "" normalises with the data set's own constants).
+  std::string lrSchedule = "constant";
+  std::string lrMilestones;  // epochs, "30,60,80" (multistep; step: the period)
+  float lrGamma = 0.1f;
+  int64_t warmupEpochs = 0;
+  std::string lrStepOn = "epoch";  // epoch | step: when the schedule advances
+  bool nesterov = false;
+  float labelSmoothing = 0.0f;
+  std::string augment = "none";
+  std::string normalize;
+  // Threads that assemble (decode, augment, normalise) each batch; 0: as
+  // many as the CPUs this rank may use beyond --threads, at least 1, at most 8.
+  int dataThreads = 0;
   std::string commHook = "none";
   bool shuffle = true;
   std::string checkpointDir;
@@ -58,6 +79,9 @@ struct TrainConfig {
   bool resume = false;  // also on a first start (a restarted group always resumes)
   std::string metrics;  // JSON lines file
   int64_t logInterval = 50;
+  // A progress line also at least this often (seconds; rank 0's clock, its
+  // own loss): 0 turns it off.
+  double logSeconds = 30.0;
   std::string init;  // safetensors with initial weights
   std::string save;  // safetensors for the final model
   int64_t maxSteps = 0;      // per epoch, 0: all
@@ -82,9 +106,34 @@ inline constexpr FlagRange kLrRange{0.0, 10.0};
 inline constexpr FlagRange kMomentumRange{0.0, 1.0};
 inline constexpr FlagRange kWeightDecayRange{0.0, 1.0};
 inline constexpr FlagRange kBucketMbRange{0.0, 1024.0};
+inline constexpr FlagRange kLabelSmoothingRange{0.0, 1.0};  // high end excluded
+inline constexpr FlagRange kLrGammaRange{0.0, 1.0};         // low end excluded
+inline constexpr FlagRange kLogSecondsRange{0.0, 86400.0};
+inline constexpr int kMaxDataThreads = 64;
 // --image-size's range (besides 0): down to 8 pixels, up to 1024 (memory grows
 // with its square).
 inline constexpr int64_t kMinImageSize = 8, kMaxImageSize = 1024;
+
+struct Dataset;
+struct LrScheduleSpec;
+
+// The schedule --lr-schedule, --lr-milestones, --lr-gamma, --warmup-epochs
+// and --lr-step-on describe, from `baseLr` (--lr after --scale-lr) over
+// `stepsPerEpoch` steps. Throws InvalidArgument naming the flag at fault.
+LrScheduleSpec lrScheduleSpec(const TrainConfig& cfg, double baseLr, int64_t stepsPerEpoch);
+
+// --data-threads 0's choice: the CPUs this process may use shared by the
+// node's ranks (`localWorld`, LOCAL_WORLD_SIZE), less the rank's math
+// threads, at least 1 and at most 8.
+int defaultDataThreads(int cpus, int localWorld, int mathThreads);
+// The threads this rank assembles batches on (--data-threads, else the
+// default above from this process's CPUs and LOCAL_WORLD_SIZE).
+int dataThreads(const TrainConfig& cfg);
+
+// After the data is loaded (a --data path's kind is known only then): "" when
+// the model takes the data's images and --num-classes, where named, equals
+// the data's classes; else the error sentence.
+std::string modelDataProblem(const TrainConfig& cfg, const Dataset& train);
 
 // The CPUs this process may run on (its affinity mask): --threads' limit.
 using ddprun::availableCpus;

@@ -45,6 +45,9 @@ struct TrainerIo {
   // this run's newest valid checkpoint (TrainConfig::resume does so on a
   // first start too, and may continue another run's files).
   bool restarted = false;
+  // Where this rank reports its progress to its launcher (common/
+  // progress_file.h; $DDPRUN_PROGRESS_FILE under ddprun): "" reports nothing.
+  std::string progressFile;
 };
 
 // Runs the whole job on this rank and returns the final summary (the same

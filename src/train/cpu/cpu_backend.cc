@@ -557,11 +557,14 @@ class CpuBackend final : public Backend {
     return std::make_unique<BatchNorm2d>(std::move(n), c, s);
   }
 
-  // loss = mean_i (logsumexp(z_i) - z_i[y_i]); dL/dz = (softmax(z) - onehot(y)) / N
+  // loss = mean_i (logsumexp(z_i) - z_i[y_i]); dL/dz = (softmax(z) - onehot(y)) / N;
+  // with label smoothing eps the target onehot(y) becomes
+  // (1 - eps) onehot(y) + eps/K (kernel_math.h).
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                       int64_t* correct, float gradScale) override {
     const int64_t n = logits.dim(0), k = logits.dim(1);
     if (dlogits) dlogits->ensure(logits.shape());
+    const float eps = labelSmoothing();
     double total = 0.0;
     int64_t hits = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -570,23 +573,26 @@ class CpuBackend final : public Backend {
       DDPRUN_CHECK(y >= 0 && y < k, "label ", y, " outside [0, ", k, ")");
       const CeRow r = crossEntropyRow(z, k);
       hits += r.arg == y;
-      total += crossEntropyLoss(z, r, y);
+      total += crossEntropyLoss(z, r, y, eps, k);
       if (dlogits) {
         float* d = dlogits->data() + i * k;
-        for (int64_t j = 0; j < k; ++j) d[j] = crossEntropyGrad(z[j], r.lse, j == y, n, gradScale);
+        for (int64_t j = 0; j < k; ++j)
+          d[j] = crossEntropyGrad(z[j], r.lse, j == y, n, gradScale, eps, k);
       }
     }
     if (correct) *correct = hits;
     return n ? total / static_cast<double>(n) : 0.0;
   }
 
-  // torch.optim.SGD (dampening 0, no Nesterov): g' = g + wd*w;
-  // buf = g' on the first step, else momentum*buf + g'; w -= lr*buf.
+  // torch.optim.SGD (dampening 0): g' = g + wd*w; buf = g' on the first
+  // step, else momentum*buf + g'; w -= lr*buf, or with Nesterov
+  // w -= lr*(g' + momentum*buf).
   void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
-                 float wd, bool first) override {
+                 float wd, bool first, bool nesterov) override {
     float none = 0.0f;  // momentum 0: no buffer
     for (size_t i = 0; i < n; ++i)
-      kmath::sgdStep(w[i], g[i], momentum != 0.0f ? buf[i] : none, lr, momentum, wd, first);
+      kmath::sgdStep(w[i], g[i], momentum != 0.0f ? buf[i] : none, lr, momentum, wd, first,
+                     nesterov);
   }
   // torch.optim.Adam (no amsgrad): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).

@@ -252,9 +252,9 @@ class CudaBackend final : public Backend {
   }
 
   void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
-                 float wd, bool first) override {
+                 float wd, bool first, bool nesterov) override {
     ctx_->bind();
-    launchSgd(w, g, buf, n, lr, momentum, wd, first, ctx_->stream());
+    launchSgd(w, g, buf, n, lr, momentum, wd, first, nesterov, ctx_->stream());
   }
   void adamUpdate(float* w, const float* g, float* m, float* v, size_t n, float lr, float b1,
                   float b2, float eps, float wd, int64_t step) override {
@@ -265,10 +265,11 @@ class CudaBackend final : public Backend {
   // One multi-tensor launch for all chunks (one per kMaxOptimChunks), the
   // 16-bit weight copies written in the same pass.
   void sgdStep(const std::vector<Backend::OptimChunk>& chunks, float lr, float momentum,
-               float wd, bool first) override {
+               float wd, bool first, bool nesterov) override {
     ctx_->bind();
     const cuda::OptimChunk* table = toKernelChunks(chunks);
-    launchSgdMulti(table, chunks.size(), lr, momentum, wd, first, ctx_->bf16(), ctx_->stream());
+    launchSgdMulti(table, chunks.size(), lr, momentum, wd, first, nesterov, ctx_->bf16(),
+                   ctx_->stream());
   }
   void adamStep(const std::vector<Backend::OptimChunk>& chunks, float lr, float b1, float b2,
                 float eps, float wd, int64_t step) override {
@@ -488,7 +489,7 @@ class CudaBackend final : public Backend {
     labelsCopied_[slot].record(ctx_->stream());
     labelsUsed_[slot] = true;
     launchCrossEntropy(logits.data(), dLabels, n, k, dlogits ? dlogits->data() : nullptr,
-                       gradScale, rowLoss_.ensure(static_cast<size_t>(n)),
+                       gradScale, labelSmoothing(), rowLoss_.ensure(static_cast<size_t>(n)),
                        rowHit_.ensure(static_cast<size_t>(n)), ceResult_.ensure(1),
                        ctx_->stream());
   }

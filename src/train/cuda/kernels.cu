@@ -122,10 +122,10 @@ __device__ int entryOf(const MultiTable& t, size_t block) {
 
 struct SgdOp {
   float lr, momentum, wd;
-  bool first;
+  bool first, nesterov;
   __device__ float operator()(const OptimChunk& c, size_t i) const {
     float w = c.w[i], buf = c.s1 ? c.s1[i] : 0.0f;
-    kmath::sgdStep(w, c.g[i], buf, lr, momentum, wd, first);
+    kmath::sgdStep(w, c.g[i], buf, lr, momentum, wd, first, nesterov);
     c.w[i] = w;
     if (c.s1) c.s1[i] = buf;
     return w;
@@ -161,18 +161,19 @@ __global__ void multiStepKernel(const __grid_constant__ MultiTable t, Op op, boo
 
 // ---------------------------------------------------------- cross-entropy
 __global__ void crossEntropyRowsKernel(const float* logits, const int32_t* labels, int64_t n,
-                                       int64_t k, float* dlogits, float gradScale,
+                                       int64_t k, float* dlogits, float gradScale, float eps,
                                        double* rowLoss, int* rowHit) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const float* z = logits + i * k;
   const int32_t y = labels[i];
   const kmath::CeRow r = kmath::crossEntropyRow(z, k);
-  rowLoss[i] = kmath::crossEntropyLoss(z, r, y);
+  rowLoss[i] = kmath::crossEntropyLoss(z, r, y, eps, k);
   rowHit[i] = r.arg == y;
   if (dlogits) {
     float* d = dlogits + i * k;
-    for (int64_t j = 0; j < k; ++j) d[j] = kmath::crossEntropyGrad(z[j], r.lse, j == y, n, gradScale);
+    for (int64_t j = 0; j < k; ++j)
+      d[j] = kmath::crossEntropyGrad(z[j], r.lse, j == y, n, gradScale, eps, k);
   }
 }
 __global__ void crossEntropyReduceKernel(const double* rowLoss, const int* rowHit, int64_t n,
@@ -409,9 +410,9 @@ void launchMulti(const OptimChunk* chunks, size_t count, const Op& op, bool bf16
 // same element math may still contract a*b+c into FMAs differently: seen on
 // an H100, Adam's exp_avg differed in the last bit).
 void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
-               bool first, cudaStream_t s) {
+               bool first, bool nesterov, cudaStream_t s) {
   const OptimChunk c{w, g, buf, nullptr, nullptr, n};
-  launchMulti(&c, 1, SgdOp{lr, momentum, wd, first}, false, s);
+  launchMulti(&c, 1, SgdOp{lr, momentum, wd, first, nesterov}, false, s);
 }
 void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars sc,
                 float b1, float b2, float eps, float wd, cudaStream_t s) {
@@ -420,8 +421,8 @@ void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::A
 }
 
 void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
-                    bool first, bool bf16, cudaStream_t s) {
-  launchMulti(chunks, count, SgdOp{lr, momentum, wd, first}, bf16, s);
+                    bool first, bool nesterov, bool bf16, cudaStream_t s) {
+  launchMulti(chunks, count, SgdOp{lr, momentum, wd, first, nesterov}, bf16, s);
 }
 void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars sc, float b1,
                      float b2, float eps, float wd, bool bf16, cudaStream_t s) {
@@ -440,11 +441,11 @@ void launchAccumulateLoss(const CeResult* r, double* acc, cudaStream_t s) {
 }
 
 void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                        float* dlogits, float gradScale, double* rowLoss, int* rowHit,
-                        CeResult* out, cudaStream_t s) {
+                        float* dlogits, float gradScale, float labelSmoothing, double* rowLoss,
+                        int* rowHit, CeResult* out, cudaStream_t s) {
   if (n > 0) {
-    crossEntropyRowsKernel<<<rowsBlocks(n), kThreads, 0, s>>>(logits, labels, n, k, dlogits,
-                                                              gradScale, rowLoss, rowHit);
+    crossEntropyRowsKernel<<<rowsBlocks(n), kThreads, 0, s>>>(
+        logits, labels, n, k, dlogits, gradScale, labelSmoothing, rowLoss, rowHit);
     checkLaunch();
   }
   crossEntropyReduceKernel<<<1, kThreads, 0, s>>>(rowLoss, rowHit, n, out);

@@ -46,8 +46,9 @@ void launchScaleCheckFinite(float* data, size_t n, float scale, int* nonFinite,
                             cudaStream_t stream);
 
 // ------------------------------------------------------------- optimizers
+// SGD's `nesterov`: kmath::sgdStep's Nesterov direction (momentum != 0).
 void launchSgd(float* w, const float* g, float* buf, size_t n, float lr, float momentum, float wd,
-               bool first, cudaStream_t stream);
+               bool first, bool nesterov, cudaStream_t stream);
 void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::AdamScalars s,
                 float b1, float b2, float eps, float wd, cudaStream_t stream);
 
@@ -71,7 +72,7 @@ struct OptimChunk {
 };
 constexpr size_t kMaxOptimChunks = 64;
 void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
-                    bool first, bool bf16, cudaStream_t stream);
+                    bool first, bool nesterov, bool bf16, cudaStream_t stream);
 // Precondition: every chunk with n > 0 has s1 and s2.
 void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars s, float b1,
                      float b2, float eps, float wd, bool bf16, cudaStream_t stream);
@@ -84,9 +85,10 @@ struct CeResult {
 // Per row: loss into rowLoss[i], arg-max hit into rowHit[i], and (dlogits
 // non-null) the gradient row. Then one block sums the rows in a fixed order
 // into *out (deterministic). labels are device int32 in [0, k).
+// labelSmoothing: eps of kmath::crossEntropyLoss/crossEntropyGrad (0: none).
 void launchCrossEntropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                        float* dlogits, float gradScale, double* rowLoss, int* rowHit,
-                        CeResult* out, cudaStream_t stream);
+                        float* dlogits, float gradScale, float labelSmoothing, double* rowLoss,
+                        int* rowHit, CeResult* out, cudaStream_t stream);
 
 // *acc += r->lossSum (one thread: the deferred training loss, read back only
 // when the trainer reports it).

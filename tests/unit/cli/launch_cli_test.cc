@@ -616,7 +616,7 @@ TEST(LaunchCli, EveryNumberRefusesNanInfinitiesOverflowAndJunk) {
       "--nnodes",           "--nproc-per-node", "--max-restarts",
       "--monitor-interval", "--node-rank",      "--master-port",
       "--shutdown-timeout", "--status-port",    "--local-ranks-filter",
-      "--redirects"};
+      "--redirects",        "--progress-timeout"};
   for (const auto& flag : flags)
     for (const char* v : bad) {
       const std::string arg = flag + "=" + v;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "ddprun/common/error.h"
 #include "ddprun/status/client.h"
 
@@ -121,6 +123,43 @@ TEST(StatusTable, ExitShowsSignalName) {
   s.workers[1].exitCode = -9;
   s.workers[1].signal = "SIGKILL";
   EXPECT_NE(formatStatusTable(toJson(s)).find("SIGKILL"), std::string::npos);
+}
+
+TEST(StatusTable, ProgressColumnsAndEtaWhenReported) {
+  Snapshot s = sample();
+  EXPECT_EQ(formatStatusTable(toJson(s)).find("STEP"),
+            std::string::npos);  // none reported
+  ProgressReport r;
+  r.step = 41;
+  r.epoch = 2;
+  r.loss = 0.53125;
+  r.samplesPerSecond = 812.5;
+  r.time = 1714564800;
+  s.workers[0].progress = WorkerProgress{r, 2.5};
+  s.etaSeconds = 3725;
+  s.progressTimeout = 30;
+  const auto text = formatStatusTable(toJson(s));
+  for (const char* part :
+       {"STEP", "EPOCH", "LOSS", "SAMPLES/S", "LAST STEP", "41", "0.5312", "812.5",
+        "2.5 s ago", "eta:     1h 02m", "progress timeout: 30 s"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << " in:\n" << text;
+  // The worker without a report: dashes in its progress columns.
+  std::istringstream in(text);
+  std::string line, row1;
+  while (std::getline(in, line))
+    if (line.rfind("1 ", 0) == 0) row1 = line;
+  std::istringstream cells(row1);
+  int dashes = 0;
+  for (std::string cell; cells >> cell;) dashes += cell == "-";
+  EXPECT_EQ(dashes, 6) << text;  // its exit code and the five progress columns
+}
+
+TEST(StatusTable, AnAgentWithoutProgressFieldsStillPrints) {
+  auto j = toJson(sample());
+  j.erase("eta_seconds");
+  j.erase("progress_timeout");
+  for (auto& w : j["workers"]) w.erase("progress");
+  EXPECT_NE(formatStatusTable(j).find("LOCAL_RANK"), std::string::npos);
 }
 
 TEST(StatusTable, MissingFieldIsNamed) {

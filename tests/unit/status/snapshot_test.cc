@@ -118,6 +118,91 @@ TEST(StatusSnapshot, EveryMetricHasHelpAndType) {
   EXPECT_EQ(text.back(), '\n');
 }
 
+// Worker 0 of sample() with a full progress report, worker 1 with only the
+// required fields; an ETA and --progress-timeout.
+Snapshot withProgress() {
+  Snapshot s = sample();
+  ProgressReport r;
+  r.step = 41;
+  r.epoch = 2;
+  r.loss = 0.5;
+  r.samplesPerSecond = 812.5;
+  r.totalSteps = 1000;
+  r.time = 1714564800.25;
+  s.workers[0].progress = WorkerProgress{r, 1.5};
+  ProgressReport bare;
+  bare.step = 7;
+  bare.time = 1714564700;
+  s.workers[1].progress = WorkerProgress{bare, 100};
+  s.etaSeconds = 3600;
+  s.progressTimeout = 30;
+  return s;
+}
+
+TEST(StatusSnapshot, JsonShowsProgressPerWorkerAndTheEta) {
+  const auto plain = toJson(sample());
+  EXPECT_TRUE(plain["workers"][0]["progress"].is_null());
+  EXPECT_TRUE(plain["eta_seconds"].is_null());
+  EXPECT_TRUE(plain["progress_timeout"].is_null());
+  const auto j = toJson(withProgress());
+  const auto& p0 = j["workers"][0]["progress"];
+  EXPECT_EQ(p0["step"], 41);
+  EXPECT_EQ(p0["epoch"], 2);
+  EXPECT_EQ(p0["loss"], 0.5);
+  EXPECT_EQ(p0["samples_per_second"], 812.5);
+  EXPECT_EQ(p0["total_steps"], 1000);
+  EXPECT_EQ(p0["time"], 1714564800.25);
+  EXPECT_EQ(p0["seconds_since_progress"], 1.5);
+  const auto& p1 = j["workers"][1]["progress"];
+  EXPECT_EQ(p1["step"], 7);
+  EXPECT_TRUE(p1["loss"].is_null());
+  EXPECT_TRUE(p1["epoch"].is_null());
+  EXPECT_TRUE(p1["samples_per_second"].is_null());
+  EXPECT_TRUE(p1["total_steps"].is_null());
+  EXPECT_EQ(j["eta_seconds"], 3600);
+  EXPECT_EQ(j["progress_timeout"], 30);
+}
+
+TEST(StatusSnapshot, ProgressGaugesPerRankAndTheJobsEta) {
+  const auto text = toPrometheus(withProgress());
+  for (const char* line :
+       {"ddprun_worker_step{run_id=\"job7\",rank=\"1\",local_rank=\"0\"} 41\n",
+        "ddprun_worker_step{run_id=\"job7\",rank=\"2\",local_rank=\"1\"} 7\n",
+        "ddprun_worker_epoch{run_id=\"job7\",rank=\"1\",local_rank=\"0\"} 2\n",
+        "ddprun_worker_loss{run_id=\"job7\",rank=\"1\",local_rank=\"0\"} 0.5\n",
+        "ddprun_worker_samples_per_second{run_id=\"job7\",rank=\"1\",local_rank=\"0\"} "
+        "812.5\n",
+        "ddprun_worker_total_steps{run_id=\"job7\",rank=\"1\",local_rank=\"0\"} 1000\n",
+        "ddprun_worker_last_progress_timestamp_seconds{run_id=\"job7\",rank=\"1\","
+        "local_rank=\"0\"} 1714564800.25\n",
+        "ddprun_worker_seconds_since_progress{run_id=\"job7\",rank=\"2\",local_rank="
+        "\"1\"} "
+        "100\n",
+        "ddprun_job_eta_seconds{run_id=\"job7\"} 3600\n",
+        "# TYPE ddprun_worker_loss gauge\n", "# TYPE ddprun_job_eta_seconds gauge\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\nin:\n" << text;
+  // Only worker 0 reported a loss: no sample for worker 1.
+  EXPECT_EQ(text.find("ddprun_worker_loss{run_id=\"job7\",rank=\"2\""),
+            std::string::npos);
+  // Nobody reported: no progress family at all (no TYPE without a sample).
+  const auto none = toPrometheus(sample());
+  EXPECT_EQ(none.find("ddprun_worker_step"), std::string::npos);
+  EXPECT_EQ(none.find("ddprun_job_eta_seconds"), std::string::npos);
+}
+
+TEST(StatusSnapshot, EveryProgressMetricHasHelpAndType) {
+  const auto text = toPrometheus(withProgress());
+  const auto types = linesStarting(text, "# TYPE ");
+  EXPECT_EQ(types.size(), linesStarting(text, "# HELP ").size());
+  for (const auto& t : types) {
+    std::istringstream in(t);
+    std::string hash, kw, name;
+    in >> hash >> kw >> name;
+    if (name == "ddprun_worker_exits_total") continue;  // none in sample(): TYPE alone
+    EXPECT_FALSE(linesStarting(text, name).empty()) << t;
+  }
+}
+
 TEST(StatusSnapshot, HistogramBucketsAreCumulative) {
   Snapshot s;
   s.runId = "r";

@@ -63,6 +63,38 @@ TEST(CheckpointMetaTest, AValidFileRoundTrips) {
   EXPECT_EQ(readCheckpointMetadata("f", done, shape(), "job", &out), "");
 }
 
+// What earlier attempts did travels with the checkpoint, exactly (the
+// doubles round-trip), so a resumed run's records cover the whole epoch and
+// run; older files without it read as unknown zeros; damaged values refused.
+TEST(CheckpointMetaTest, RunTotalsRoundTripAndAreChecked) {
+  CheckpointPosition p{.epoch = 1, .step = 5, .globalStep = 52, .optimizerSteps = 52,
+                       .rng = Rng(3).state(), .run = "job",
+                       .totals = {.epochLossSum = 123.456789012345678,
+                                  .epochLossCount = 160,
+                                  .epochSeconds = 0.1 + 0.2,
+                                  .runSeconds = 98.7654321,
+                                  .runSamples = 3328}};
+  CheckpointPosition out;
+  ASSERT_EQ(readCheckpointMetadata("f", checkpointMetadata(shape(), p), shape(), "job", &out),
+            "");
+  EXPECT_TRUE(out.totals.known);
+  EXPECT_EQ(out.totals.epochLossSum, p.totals.epochLossSum);
+  EXPECT_EQ(out.totals.epochLossCount, 160);
+  EXPECT_EQ(out.totals.epochSeconds, 0.1 + 0.2);
+  EXPECT_EQ(out.totals.runSeconds, p.totals.runSeconds);
+  EXPECT_EQ(out.totals.runSamples, 3328);
+  Meta old = good();
+  for (const char* k :
+       {"epoch_loss_sum", "epoch_loss_count", "epoch_seconds", "run_seconds", "run_samples"})
+    old.erase(k);
+  ASSERT_EQ(readCheckpointMetadata("f", old, shape(), "job", &out), "");
+  EXPECT_FALSE(out.totals.known);
+  EXPECT_EQ(out.totals.runSeconds, 0);
+  for (const char* v : {"nan", "-1", "inf", "1e400", "12abc", ""})
+    EXPECT_NE(with("epoch_loss_sum", v).find("'epoch_loss_sum'"), std::string::npos) << v;
+  EXPECT_NE(with("run_samples", "-3").find("'run_samples'"), std::string::npos);
+}
+
 TEST(CheckpointMetaTest, OutOfRangeFieldsAreRefusedNamingFileAndField) {
   const struct {
     std::string key, value, needle;

@@ -1,6 +1,8 @@
 #include "temp_dir.h"
 #include "ddprun/train/data.h"
 #include "ddprun/train/data_choice.h"
+#include "ddprun/train/transforms.h"
+#include "work_pool.h"
 
 #include <gtest/gtest.h>
 #include <stdio.h>
@@ -679,6 +681,53 @@ TEST(DataTest, GatherBatchNormalisesTheNamedSamples) {
   bad = {-1};
   EXPECT_THROW(gatherBatch(d, bad.data(), bad.size(), x.data(), y.data()),
                InvalidArgument);
+}
+
+// Augmented batches: each sample is its own crop and flip of (seed, epoch,
+// index), the same whatever the thread count, batch or position; another
+// epoch draws others; normalised like the plain gather.
+TEST(DataTest, AugmentedGatherDependsOnlyOnSeedEpochAndSample) {
+  DataSplit s = makeSyntheticCifar(40, 0);
+  const Dataset& d = s.train;
+  const int64_t e = d.sampleElems();
+  std::vector<int64_t> idx(32);
+  std::iota(idx.begin(), idx.end(), 3);
+  for (Augment a : {Augment::kCropFlip, Augment::kRandomResizedCrop}) {
+    const SampleTransform t{.augment = a, .seed = 7, .epoch = 2};
+    auto gathered = [&](const std::vector<int64_t>& ids, int threads) {
+      WorkPool pool(threads);
+      std::vector<float> x(ids.size() * e);
+      std::vector<int32_t> y(ids.size());
+      gatherBatch(d, ids.data(), ids.size(), x.data(), y.data(), t, &pool);
+      return x;
+    };
+    const std::vector<float> one = gathered(idx, 1), three = gathered(idx, 3);
+    ASSERT_EQ(one, three) << augmentName(a);
+    // Sample 10 alone, in a batch of its own: the same values.
+    const std::vector<float> alone = gathered({10}, 2);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), one.begin() + 7 * e)) << augmentName(a);
+    // Another epoch draws another crop for at least one sample.
+    const SampleTransform next{.augment = a, .seed = 7, .epoch = 3};
+    std::vector<float> x3(idx.size() * e);
+    std::vector<int32_t> y3(idx.size());
+    gatherBatch(d, idx.data(), idx.size(), x3.data(), y3.data(), next, nullptr);
+    EXPECT_NE(x3, one) << augmentName(a);
+  }
+  // crop-flip of one sample equals padCropFlip with its drawn parameters.
+  std::vector<uint8_t> raw(e);
+  d.render(5, raw.data());
+  SampleRng rng(7, 2, 5);
+  const ImageU8 want =
+      padCropFlip({raw.data(), d.channels, d.height, d.width}, kCropFlipPad,
+                  drawCropFlip(rng, kCropFlipPad));
+  std::vector<float> wantX(e), x(e);
+  normalizeToFloat(want.view(), d.mean, d.std, wantX.data());
+  int32_t y = -1;
+  const int64_t five = 5;
+  gatherBatch(d, &five, 1, x.data(), &y, {.augment = Augment::kCropFlip, .seed = 7, .epoch = 2},
+              nullptr);
+  EXPECT_EQ(x, wantX);
+  EXPECT_EQ(y, d.labels[5]);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -45,6 +46,109 @@ TEST(KernelMath, SgdMatchesCpuBackend) {
       }
 }
 
+// The SGD step as it was before Nesterov (dampening 0), for the bitwise check
+// that nesterov = false kept it.
+void sgdBeforeNesterov(float& w, float g, float& buf, float lr, float momentum, float wd,
+                       bool first) {
+  float d = wd != 0.0f ? g + wd * w : g;
+  if (momentum != 0.0f) {
+    buf = first ? d : momentum * buf + d;
+    d = buf;
+  }
+  w -= lr * d;
+}
+
+bool sameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+TEST(KernelMath, SgdWithoutNesterovIsBitwiseAsBefore) {
+  const size_t n = 1000;
+  const auto w0 = randomVector(n, 21, -3.0f, 3.0f), g = randomVector(n, 22),
+             b0 = randomVector(n, 23);
+  for (const bool first : {true, false})
+    for (const float momentum : {0.0f, 0.9f})
+      for (const float wd : {0.0f, 5e-4f})
+        for (size_t i = 0; i < n; ++i) {
+          float w1 = w0[i], b1 = b0[i], w2 = w0[i], b2 = b0[i], w3 = w0[i], b3 = b0[i];
+          sgdBeforeNesterov(w1, g[i], b1, 0.05f, momentum, wd, first);
+          kmath::sgdStep(w2, g[i], b2, 0.05f, momentum, wd, first);
+          kmath::sgdStep(w3, g[i], b3, 0.05f, momentum, wd, first, false);
+          ASSERT_TRUE(sameBits(w1, w2) && sameBits(b1, b2) && sameBits(w1, w3) &&
+                      sameBits(b1, b3))
+              << "element " << i;
+        }
+}
+
+// Nesterov in PyTorch's op order (torch/optim/sgd.py, _single_tensor_sgd):
+// grad = grad.add(param, alpha=wd); buf.mul_(momentum).add_(grad);
+// grad = grad.add(buf, alpha=momentum); param.add_(grad, alpha=-lr): one
+// float rounding per op, so the result is that sequence bit for bit, and the
+// float64 computation within a few float roundings.
+TEST(KernelMath, SgdNesterovFollowsPyTorchsOpOrder) {
+  const size_t n = 1000;
+  const float lr = 0.05f, m = 0.9f;
+  const auto w0 = randomVector(n, 31, -3.0f, 3.0f), g = randomVector(n, 32),
+             b0 = randomVector(n, 33);
+  for (const bool first : {true, false})
+    for (const float wd : {0.0f, 5e-4f})
+      for (size_t i = 0; i < n; ++i) {
+        float w = w0[i], buf = b0[i];
+        kmath::sgdStep(w, g[i], buf, lr, m, wd, first, true);
+        // The same ops, one at a time (volatile: each result rounded to float).
+        volatile float d = wd != 0.0f ? g[i] + wd * w0[i] : g[i];
+        volatile float mb = m * b0[i];
+        volatile float b = first ? static_cast<float>(d) : mb + d;
+        volatile float mbuf = m * b;
+        volatile float dir = d + mbuf;
+        volatile float step = lr * dir;
+        volatile float wExpect = w0[i] - step;
+        ASSERT_TRUE(sameBits(buf, b)) << "buffer, element " << i;
+        ASSERT_TRUE(sameBits(w, wExpect)) << "weight, element " << i;
+        // float64: d = g + wd w; buf = d or m buf + d; w - lr (d + m buf).
+        const double dd = static_cast<double>(g[i]) + static_cast<double>(wd) * w0[i];
+        const double bd = first ? dd : static_cast<double>(m) * b0[i] + dd;
+        const double wd64 = w0[i] - static_cast<double>(lr) * (dd + static_cast<double>(m) * bd);
+        EXPECT_NEAR(buf, bd, 4e-7 * (std::fabs(bd) + 1.0)) << "element " << i;
+        EXPECT_NEAR(w, wd64, 4e-7 * (std::fabs(wd64) + 1.0)) << "element " << i;
+      }
+}
+
+// A hand-computed Nesterov step: w = 1, g = 0.5, buf = 0.25, lr 0.1,
+// momentum 0.5, wd 0.5 (all exact in binary): g' = 0.5 + 0.5 = 1;
+// buf = 0.5 * 0.25 + 1 = 1.125; d = 1 + 0.5 * 1.125 = 1.5625;
+// w = 1 - 0.1 * 1.5625 = 0.84375 (to float rounding of 0.1). First step:
+// buf = g' = 1, d = 1.5, w = 0.85.
+TEST(KernelMath, SgdNesterovHandComputed) {
+  float w = 1.0f, buf = 0.25f;
+  kmath::sgdStep(w, 0.5f, buf, 0.1f, 0.5f, 0.5f, false, true);
+  EXPECT_EQ(buf, 1.125f);
+  EXPECT_NEAR(w, 0.84375, 1e-7);
+  w = 1.0f, buf = 123.0f;
+  kmath::sgdStep(w, 0.5f, buf, 0.1f, 0.5f, 0.5f, true, true);
+  EXPECT_EQ(buf, 1.0f);
+  EXPECT_NEAR(w, 0.85, 1e-7);
+  // Without Nesterov the same numbers step by buf: 1 - 0.1 * 1.125.
+  w = 1.0f, buf = 0.25f;
+  kmath::sgdStep(w, 0.5f, buf, 0.1f, 0.5f, 0.5f, false, false);
+  EXPECT_NEAR(w, 0.8875, 1e-7);
+}
+
+TEST(KernelMath, SgdNesterovMatchesCpuBackend) {
+  auto be = makeCpuBackend();
+  const size_t n = 257;
+  for (const bool first : {true, false})
+    for (const float wd : {0.0f, 1e-2f}) {
+      auto w = randomVector(n, 1), g = randomVector(n, 2), buf = randomVector(n, 3);
+      auto w2 = w, buf2 = buf;
+      be->sgdUpdate(w.data(), g.data(), buf.data(), n, 0.05f, 0.9f, wd, first, true);
+      for (size_t i = 0; i < n; ++i)
+        kmath::sgdStep(w2[i], g[i], buf2[i], 0.05f, 0.9f, wd, first, true);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(sameBits(w[i], w2[i])) << "w at " << i;
+        ASSERT_TRUE(sameBits(buf[i], buf2[i])) << "buf at " << i;
+      }
+    }
+}
+
 TEST(KernelMath, AdamMatchesCpuBackend) {
   auto be = makeCpuBackend();
   const size_t n = 129;
@@ -70,24 +174,89 @@ TEST(KernelMath, CrossEntropyMatchesCpuBackend) {
   const auto z = randomVector(static_cast<size_t>(n * k), 7, -4.0f, 4.0f);
   std::copy(z.begin(), z.end(), logits.data());
   std::vector<int32_t> labels = {0, 3, 9, 2, 2, 5, 7};
-  Tensor dlogits;
-  int64_t correct = -1;
-  const double loss = be->crossEntropy(logits, labels.data(), &dlogits, &correct, 128.0f);
+  for (const float eps : {0.0f, 0.1f, 1.0f}) {
+    be->setLabelSmoothing(eps);
+    Tensor dlogits;
+    int64_t correct = -1;
+    const double loss = be->crossEntropy(logits, labels.data(), &dlogits, &correct, 128.0f);
 
-  double total = 0.0;
-  int64_t hits = 0;
-  std::vector<float> d(static_cast<size_t>(n * k));
+    double total = 0.0;
+    int64_t hits = 0;
+    std::vector<float> d(static_cast<size_t>(n * k));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = z.data() + i * k;
+      const kmath::CeRow r = kmath::crossEntropyRow(row, k);
+      total += kmath::crossEntropyLoss(row, r, labels[i], eps, k);
+      hits += r.arg == labels[i];
+      for (int64_t j = 0; j < k; ++j)
+        d[i * k + j] =
+            kmath::crossEntropyGrad(row[j], r.lse, j == labels[i], n, 128.0f, eps, k);
+    }
+    EXPECT_NEAR(total / n, loss, 1e-12) << "eps " << eps;
+    EXPECT_EQ(hits, correct) << "eps " << eps;
+    expectNear(d, std::vector<float>(dlogits.data(), dlogits.data() + n * k), 1e-6f, "dlogits");
+  }
+}
+
+// Label smoothing eps over k classes: row loss (1 - eps)(lse - z_y) +
+// eps/k sum_j (lse - z_j), gradient (softmax_j - (1 - eps)[j == y] - eps/k)/n,
+// against a float64 computation from scratch: the loss to double rounding,
+// the gradient to its one float rounding (times the exact power-of-2 scale).
+TEST(KernelMath, LabelSmoothedCrossEntropyAgainstFloat64) {
+  const int64_t n = 5, k = 7;
+  // Multiples of 1/64: every difference z_j - max is exact in float, so the
+  // reference below (in double throughout) computes what the kernel does.
+  auto z = randomVector(static_cast<size_t>(n * k), 17, -6.0f, 6.0f);
+  for (float& v : z) v = std::round(v * 64.0f) / 64.0f;
+  const int32_t labels[n] = {0, 6, 3, 3, 1};
+  for (const float eps : {0.05f, 0.1f, 0.5f, 1.0f})
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = z.data() + i * k;
+      double mx = row[0];
+      for (int64_t j = 1; j < k; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      double se = 0.0;
+      for (int64_t j = 0; j < k; ++j) se += std::exp(row[j] - mx);
+      const double lse = mx + std::log(se);
+      const double e = eps;
+      double smooth = 0.0;
+      for (int64_t j = 0; j < k; ++j) smooth += lse - row[j];
+      const double want = (1.0 - e) * (lse - row[labels[i]]) + e / k * smooth;
+      const kmath::CeRow r = kmath::crossEntropyRow(row, k);
+      EXPECT_NEAR(kmath::crossEntropyLoss(row, r, labels[i], eps, k), want, 1e-13 * want)
+          << "eps " << eps << " row " << i;
+      double gsum = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double target = (j == labels[i] ? 1.0 - e : 0.0) + e / k;
+        const double g = (std::exp(row[j] - lse) - target) / n * 4.0;
+        const float ours = kmath::crossEntropyGrad(row[j], r.lse, j == labels[i], n, 4.0f, eps, k);
+        EXPECT_NEAR(ours, g, 1.2e-7 * std::fabs(g) + 1e-15) << "eps " << eps << " j " << j;
+        gsum += ours;
+      }
+      EXPECT_NEAR(gsum, 0.0, 1e-6) << "a row's gradient sums to 0 (the target sums to 1)";
+    }
+}
+
+// eps = 0 is the plain cross-entropy's arithmetic, bit for bit.
+TEST(KernelMath, CrossEntropyWithoutSmoothingIsBitwiseAsBefore) {
+  const int64_t n = 9, k = 10;
+  const auto z = randomVector(static_cast<size_t>(n * k), 19, -8.0f, 8.0f);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = z.data() + i * k;
+    const int32_t y = static_cast<int32_t>((i * 3) % k);
     const kmath::CeRow r = kmath::crossEntropyRow(row, k);
-    total += kmath::crossEntropyLoss(row, r, labels[i]);
-    hits += r.arg == labels[i];
-    for (int64_t j = 0; j < k; ++j)
-      d[i * k + j] = kmath::crossEntropyGrad(row[j], r.lse, j == labels[i], n, 128.0f);
+    const double plain = r.lse - row[y];
+    const double a = kmath::crossEntropyLoss(row, r, y);
+    const double b = kmath::crossEntropyLoss(row, r, y, 0.0f, k);
+    EXPECT_EQ(std::memcmp(&a, &plain, sizeof a), 0);
+    EXPECT_EQ(std::memcmp(&b, &plain, sizeof b), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      const float before = static_cast<float>(
+          (std::exp(row[j] - r.lse) - (j == y ? 1.0 : 0.0)) / static_cast<double>(n)) * 64.0f;
+      ASSERT_TRUE(sameBits(kmath::crossEntropyGrad(row[j], r.lse, j == y, n, 64.0f), before));
+      ASSERT_TRUE(
+          sameBits(kmath::crossEntropyGrad(row[j], r.lse, j == y, n, 64.0f, 0.0f, k), before));
+    }
   }
-  EXPECT_NEAR(total / n, loss, 1e-12);
-  EXPECT_EQ(hits, correct);
-  expectNear(d, std::vector<float>(dlogits.data(), dlogits.data() + n * k), 1e-6f, "dlogits");
 }
 
 TEST(KernelMath, ReluMatchesCpuBackend) {

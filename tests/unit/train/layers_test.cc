@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 
 #include "ddprun/common/error.h"
 #include "ddprun/train/layers.h"
@@ -422,6 +424,63 @@ TEST_F(LayersTest, CrossEntropyGradientAndAccuracy) {
   EXPECT_NEAR(loss, expectLoss / 4, 1e-6);
   expectGradient("logits", z, dz, [&] { return be->crossEntropy(z, labels, nullptr, nullptr); },
                  1e-2f);
+}
+
+// torch.nn.CrossEntropyLoss(label_smoothing=eps): the loss against a float64
+// computation ((1 - eps) nll + eps/K sum_j -log p_j, mean over rows), the
+// gradient against central differences of that loss, the deferred form
+// alike, the arg-max count unchanged; eps back to 0 gives the plain loss bit
+// for bit; eps outside [0, 1] is refused.
+TEST_F(LayersTest, CrossEntropyWithLabelSmoothing) {
+  Rng rng(13);
+  const int64_t n = 4, k = 6;
+  Tensor z({n, k});
+  fillRandom(z, rng, -3.0f, 3.0f);
+  const int32_t labels[n] = {0, 5, 2, 2};
+  Tensor plainDz;
+  int64_t plainHits = -1;
+  const double plain = be->crossEntropy(z, labels, &plainDz, &plainHits);
+  for (const float eps : {0.1f, 0.3f}) {
+    be->setLabelSmoothing(eps);
+    EXPECT_EQ(be->labelSmoothing(), eps);
+    Tensor dz;
+    int64_t hits = -1;
+    const double loss = be->crossEntropy(z, labels, &dz, &hits);
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = z.data() + i * k;
+      double se = 0;
+      for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(row[j]));
+      const double lse = std::log(se);
+      double smooth = 0;
+      for (int64_t j = 0; j < k; ++j) smooth += lse - row[j];
+      want += (1.0 - eps) * (lse - row[labels[i]]) + static_cast<double>(eps) / k * smooth;
+      for (int64_t j = 0; j < k; ++j) {
+        const double target = (j == labels[i] ? 1.0 - eps : 0.0) + static_cast<double>(eps) / k;
+        EXPECT_NEAR(dz.data()[i * k + j], (std::exp(row[j] - lse) - target) / n, 4e-8)
+            << "eps " << eps << " row " << i << " class " << j;
+      }
+    }
+    // Not to double rounding: the kernel rounds each z_j - max to float.
+    EXPECT_NEAR(loss, want / n, 1e-8 * want);
+    EXPECT_GT(loss, plain) << "smoothing puts weight on the wrong classes";
+    EXPECT_EQ(hits, plainHits);
+    expectGradient("smoothed logits", z, dz,
+                   [&] { return be->crossEntropy(z, labels, nullptr, nullptr); }, 1e-2f);
+    Tensor dzDeferred;
+    be->crossEntropyDeferred(z, labels, &dzDeferred, 1.0f);
+    EXPECT_DOUBLE_EQ(be->takeLossSum(), n * loss);
+    EXPECT_EQ(std::memcmp(dz.data(), dzDeferred.data(), dz.bytes()), 0);
+  }
+  be->setLabelSmoothing(0.0f);
+  Tensor again;
+  const double back = be->crossEntropy(z, labels, &again, nullptr);
+  EXPECT_EQ(std::memcmp(&back, &plain, sizeof back), 0);
+  EXPECT_EQ(std::memcmp(again.data(), plainDz.data(), again.bytes()), 0);
+  EXPECT_THROW(be->setLabelSmoothing(-0.1f), InvalidArgument);
+  EXPECT_THROW(be->setLabelSmoothing(1.5f), InvalidArgument);
+  EXPECT_THROW(be->setLabelSmoothing(std::numeric_limits<float>::quiet_NaN()), InvalidArgument);
+  EXPECT_EQ(be->labelSmoothing(), 0.0f);
 }
 
 TEST_F(LayersTest, BasicBlockGradientsWithAndWithoutDownsample) {

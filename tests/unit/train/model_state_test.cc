@@ -48,7 +48,7 @@ class DownloadCountingBackend final : public Backend {
   double crossEntropy(const Tensor&, const int32_t*, Tensor*, int64_t*, float) override {
     unexpected();
   }
-  void sgdUpdate(float*, const float*, float*, size_t, float, float, float, bool) override {
+  void sgdUpdate(float*, const float*, float*, size_t, float, float, float, bool, bool) override {
     unexpected();
   }
   void adamUpdate(float*, const float*, float*, float*, size_t, float, float, float, float,

@@ -120,7 +120,7 @@ class FakeBackend final : public Backend {
   double crossEntropy(const Tensor&, const int32_t*, Tensor*, int64_t*, float) override {
     return 0;
   }
-  void sgdUpdate(float*, const float*, float*, size_t, float, float, float, bool) override {}
+  void sgdUpdate(float*, const float*, float*, size_t, float, float, float, bool, bool) override {}
   void adamUpdate(float*, const float*, float*, float*, size_t, float, float, float, float, float,
                   int64_t) override {}
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {

@@ -112,6 +112,55 @@ TEST(TrainConfigTest, ClassesMatchTheData) {
   EXPECT_TRUE(parse({"--data", "synthetic", "--num-classes", "10"}).config);
 }
 
+// A --data path's kind is known once read: the model and --num-classes are
+// checked against the loaded set.
+TEST(TrainConfigTest, APathsDataIsCheckedAgainstTheModelOnceLoaded) {
+  const ParseResult r = parse({"--model", "resnet18", "--data", "/some/cifar"});
+  ASSERT_TRUE(r.config) << r.output;
+  Dataset rgb;
+  rgb.channels = 3;
+  rgb.height = rgb.width = 32;
+  rgb.numClasses = 100;
+  EXPECT_EQ(modelDataProblem(*r.config, rgb), "");
+  Dataset gray;  // 1x28x28, 10 classes
+  EXPECT_NE(modelDataProblem(*r.config, gray).find("needs 3-channel images"), std::string::npos);
+  const ParseResult lenet = parse({"--data", "/some/cifar"});
+  ASSERT_TRUE(lenet.config);
+  EXPECT_NE(modelDataProblem(*lenet.config, rgb).find("takes 1x28x28"), std::string::npos);
+  EXPECT_EQ(modelDataProblem(*lenet.config, gray), "");
+  const ParseResult named =
+      parse({"--model", "resnet18", "--data", "/some/cifar", "--num-classes", "10"});
+  ASSERT_TRUE(named.config);
+  EXPECT_NE(modelDataProblem(*named.config, rgb).find("which has 100 classes"),
+            std::string::npos);
+  // Not named: the model takes the data's classes.
+  EXPECT_FALSE(r.config->numClassesNamed);
+}
+
+TEST(TrainConfigTest, RecipeFlagsAreCheckedAndNamed) {
+  const ParseResult ok =
+      parse({"--epochs", "10", "--lr-schedule", "multistep", "--lr-milestones", "3,6",
+             "--lr-gamma", "0.2", "--warmup-epochs", "1", "--nesterov", "--label-smoothing",
+             "0.1", "--augment", "crop-flip", "--normalize", "cifar10", "--lr-step-on", "step",
+             "--log-seconds", "5", "--data-threads", "3"});
+  ASSERT_TRUE(ok.config) << ok.output;
+  EXPECT_TRUE(ok.config->nesterov);
+  EXPECT_FLOAT_EQ(ok.config->labelSmoothing, 0.1f);
+  EXPECT_EQ(ok.config->lrMilestones, "3,6");
+  EXPECT_EQ(ok.config->warmupEpochs, 1);
+  EXPECT_EQ(ok.config->dataThreads, 3);
+  EXPECT_DOUBLE_EQ(ok.config->logSeconds, 5.0);
+  for (const char* v : {"nan", "1", "-0.1", "inf"})
+    expectRefused({"--label-smoothing", v}, "--label-smoothing");
+  for (const char* v : {"0", "nan", "1.5"}) expectRefused({"--lr-gamma", v}, "--lr-gamma");
+  expectRefused({"--nesterov", "--momentum", "0"}, "--nesterov needs");
+  expectRefused({"--nesterov", "--optimizer", "adam"}, "--nesterov needs");
+  expectRefused({"--warmup-epochs", "1"}, "--warmup-epochs");  // 1 epoch in all
+  expectRefused({"--lr-step-on", "batch"}, "--lr-step-on");
+  expectRefused({"--data-threads", "65"}, "--data-threads");
+  expectRefused({"--log-seconds", "-1"}, "--log-seconds");
+}
+
 TEST(TrainConfigTest, StemAndImageSizeAreResNetsOnly) {
   const std::vector<const char*> cifar = {"--model", "resnet18", "--data",
                                           "synthetic-cifar"};
