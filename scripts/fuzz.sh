@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds a libFuzzer target with clang and runs it for a bounded time.
-#   scripts/fuzz.sh [--target store|cifar] [--seconds N] [--jobs J]
+#   scripts/fuzz.sh [--target store|cifar|image] [--seconds N] [--jobs J]
 # store (the default): the store's request parser and server state machine,
 # seeds in tests/fuzz/corpus; cifar: the CIFAR batch readers and the pickle
 # reader (tests/fuzz/cifar_fuzz.cc), seeds in tests/fuzz/cifar_corpus.
+# image: the JPEG and PNG decoders (tests/fuzz/image_fuzz.cc), seeds in
+# tests/fuzz/image_corpus (tests/fuzz/make_image_corpus.py writes them).
 # Runs on a copy of the seeds (the committed ones are never written).
 # Exits non-zero when the fuzzer finds a crash or an invariant violation; the
 # reproducer's path is printed.
@@ -17,7 +19,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
-    *) echo "usage: scripts/fuzz.sh [--target store|cifar] [--seconds N] [--jobs J]" >&2; exit 2 ;;
+    *) echo "usage: scripts/fuzz.sh [--target store|cifar|image] [--seconds N] [--jobs J]" >&2; exit 2 ;;
   esac
 done
 cxx=${CXX:-clang++}
@@ -44,7 +46,16 @@ case $target in
     libs=()
     srcs=("$root"/tests/fuzz/cifar_fuzz.cc "$root"/src/train/cifar.cc
           "$root"/src/train/pickle_reader.cc "$root"/src/common/error.cc) ;;
-  *) echo "fuzz: unknown --target '$target' (store | cifar)" >&2; exit 2 ;;
+  image)
+    bin=$out/image_fuzz
+    corpus=$root/tests/fuzz/image_corpus
+    crashes=$out/crashes-image
+    log=$out/image-fuzz.log
+    maxlen=65536
+    libs=(-ljpeg -lpng)
+    srcs=("$root"/tests/fuzz/image_fuzz.cc "$root"/src/train/image_decode.cc
+          "$root"/src/common/error.cc) ;;
+  *) echo "fuzz: unknown --target '$target' (store | cifar | image)" >&2; exit 2 ;;
 esac
 if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" "$root"/include -newer "$bin" 2>/dev/null | head -1)" ]; then
   echo "fuzz: building $bin with $cxx"

@@ -12,6 +12,7 @@ set -euo pipefail
 
 TORCH2_VERSION=${DDPRUN_TORCH2_VERSION:-2.15.0}
 VENV=${DDPRUN_TORCH2_VENV:-/opt/ddprun-test/venv-torch2}
+TORCHVISION_VERSION=${DDPRUN_TORCHVISION_VERSION:-0.29.2}  # the release for PyTorch 2.15
 pkgs=(python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev iproute2
       stress-ng slurmctld slurmd slurm-client munge)
 
@@ -40,6 +41,16 @@ if [ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]; then
            "the PyTorch 2.x interop tests will report themselves skipped" >&2
       rm -rf "$VENV"
     fi
+  fi
+  # torchvision (with Pillow) for the checks of train's data readers and
+  # transforms against torchvision's; its version goes with PyTorch's.
+  if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c "import torchvision, PIL" 2>/dev/null; then
+    echo "setup-test-deps: installing torchvision $TORCHVISION_VERSION into $VENV (PyPI)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+        "torchvision==$TORCHVISION_VERSION" &&
+      "$VENV/bin/pip" install -q --disable-pip-version-check pillow ||
+      echo "setup-test-deps: WARNING: torchvision could not be installed; the transform," \
+           "CIFAR and image folder checks against it will report themselves skipped" >&2
   fi
   if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
     echo "setup-test-deps: installing matplotlib into $VENV (PyPI)"

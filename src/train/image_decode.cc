@@ -252,7 +252,10 @@ bool setPngTransforms(png_structp png, png_infop info, int* passes) {
   if (colour == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (colour == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (depth == 16 && !gray16) png_set_strip_16(png);  // the high byte, as PIL's ;16B modes
-  if (colour & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  // Alpha (and the alpha channel png_set_palette_to_rgb makes of a palette's
+  // tRNS) is dropped: PIL's convert("RGB") ignores transparency.
+  if ((colour & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS))
+    png_set_strip_alpha(png);
   if ((colour == PNG_COLOR_TYPE_GRAY || colour == PNG_COLOR_TYPE_GRAY_ALPHA) && !gray16)
     png_set_gray_to_rgb(png);
   *passes = png_set_interlace_handling(png);
@@ -310,7 +313,11 @@ bool runPng(PngContext& ctx, DecodeJob& job) {
 
 // PIL's RGB -> L: (19595 R + 38470 G + 7471 B + 0x8000) >> 16.
 ImageU8 toGray(const ImageU8& rgb) {
-  ImageU8 out(1, rgb.h, rgb.w);
+  ImageU8 out;  // (fields set here: the fuzz target links this file alone)
+  out.c = 1;
+  out.h = rgb.h;
+  out.w = rgb.w;
+  out.px.resize(size_t(rgb.h) * rgb.w);
   const size_t plane = size_t(rgb.h) * rgb.w;
   const uint8_t *r = rgb.px.data(), *g = r + plane, *b = g + plane;
   for (size_t i = 0; i < plane; ++i)
