@@ -76,8 +76,11 @@ bool allocate(DecodeJob& job, int h, int w, size_t scratchBytes) noexcept {
 
 // ---- JPEG ---------------------------------------------------------------------
 
+constexpr int kJpegRowsPerRead = 16;
+
 struct JpegContext {
   jpeg_decompress_struct cinfo;
+  JSAMPROW rowPtrs[kJpegRowsPerRead];
   jpeg_error_mgr err;
   jpeg_progress_mgr progress;
   std::jmp_buf jump;
@@ -177,20 +180,25 @@ bool runJpeg(JpegContext& ctx, DecodeJob& job) {
   }
   const int w = static_cast<int>(cinfo->output_width), h = static_cast<int>(cinfo->output_height);
   const int comps = cinfo->output_components;
-  if (!allocate(job, h, w, size_t(w) * comps)) {
+  // Rows are read kJpegRowsPerRead at a time (one at a time makes libjpeg
+  // upsample 2-row groups into a spare buffer and copy them out).
+  if (!allocate(job, h, w, size_t(w) * comps * kJpegRowsPerRead)) {
     jpeg_destroy_decompress(cinfo);
     return false;
   }
+  for (int k = 0; k < kJpegRowsPerRead; ++k)
+    ctx.rowPtrs[k] = job.rows->data() + size_t(k) * w * comps;
   jpeg_start_decompress(cinfo);
   while (cinfo->output_scanline < cinfo->output_height) {
     const int y = static_cast<int>(cinfo->output_scanline);
-    JSAMPROW row = job.rows->data();
-    if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+    const JDIMENSION got = jpeg_read_scanlines(cinfo, ctx.rowPtrs, kJpegRowsPerRead);
+    if (got == 0) {
       setError(job, "truncated JPEG file");
       jpeg_destroy_decompress(cinfo);
       return false;
     }
-    storeJpegRow(job.rows->data(), comps, cmyk, *job.out, y);
+    for (JDIMENSION k = 0; k < got; ++k)
+      storeJpegRow(ctx.rowPtrs[k], comps, cmyk, *job.out, y + static_cast<int>(k));
   }
   jpeg_finish_decompress(cinfo);
   jpeg_destroy_decompress(cinfo);

@@ -205,9 +205,13 @@ class Run {
 void Run::setup() {
   be_ = makeBackend(cfg_, &deviceDecision_);
   if (!deviceDecision_.notice.empty()) notice(deviceDecision_.notice);
+  // resnet18's input: --image-size, else the data's own side (32 for CIFAR,
+  // an image folder's fitted size).
+  const int64_t side =
+      cfg_.imageSize == 0 && cfg_.model == "resnet18" ? data_.train.height : cfg_.imageSize;
   model_ = Model::create(cfg_.model, *be_, cfg_.syncBn ? &pg_ : nullptr,
                          {.numClasses = data_.train.numClasses, .stem = cfg_.stem,
-                          .imageSize = cfg_.imageSize});
+                          .imageSize = side});
   feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape(), dataThreads(cfg_));
   if (cfg_.benchWarmup > 0)
     window_ = std::make_unique<BenchWindow>(*be_, cfg_.benchWarmup,

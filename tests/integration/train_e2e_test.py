@@ -753,6 +753,40 @@ class TrainE2E(unittest.TestCase):
         steps = [r for r in after if r["type"] == "step"]
         self.assertGreaterEqual(steps[0]["elapsed_s"], again["train_seconds"] - again["attempt_train_seconds"])
 
+    def test_progress_lines_come_every_log_seconds_between_log_intervals(self):
+        # --log-seconds far below a step's time: a line after every step, not
+        # only at the interval (1000 steps) and the epoch's end; with two
+        # ranks they carry rank 0's own loss, marked. 0 turns them off.
+        base = SMALL + ["--max-steps", "5", "--log-interval", "1000"]
+        lines = lambda err: re.findall(r"step (\d)/5  loss [0-9.]+( \(rank 0\))?", err)
+        p = self.ddprun(2, *base, "--log-seconds", "1e-9")
+        self.ok(p, "ddprun 2 x train --log-seconds 1e-9")
+        got = lines(p.stderr)
+        self.assertEqual([int(s) for s, _ in got], [1, 2, 3, 4, 5], p.stderr[-3000:])
+        self.assertEqual([m for _, m in got], [" (rank 0)"] * 4 + [""])  # the last is global
+        p = self.ddprun(2, *base, "--log-seconds", "0")
+        self.ok(p, "ddprun 2 x train --log-seconds 0")
+        self.assertEqual([int(s) for s, _ in lines(p.stderr)], [5])
+
+    def test_each_rank_reports_its_progress_to_the_agent(self):
+        # Under ddprun each rank writes $DDPRUN_PROGRESS_FILE (what `ddprun
+        # status`, /metrics and --progress-timeout read): at the end, every
+        # rank's file says the run's last step of its total, its epoch and a
+        # finite loss of its own.
+        logs = os.path.join(self.tmp, "logs")
+        res = self.ok(self.ddprun(2, *SMALL, "--max-steps", "6", "--epochs", "2",
+                                  launcher_flags=("--log-dir", logs)), "ddprun 2 x train")
+        files = sorted(glob.glob(os.path.join(logs, "*", "attempt_0", "*", "progress.json")))
+        self.assertEqual(len(files), 2, files)
+        for f in files:
+            with open(f) as fh:
+                r = json.load(fh)
+            self.assertEqual(r["step"], res["steps"], f)
+            self.assertEqual(r["total_steps"], 12, f)
+            self.assertEqual(r["epoch"], 1, f)
+            self.assertTrue(0 < r["loss"] < 10, f)
+            self.assertGreater(r["time"], 0)
+
     def test_save_write_failure_exits_1_and_leaves_no_temporary(self):
         out = os.path.join(self.tmp, "model.safetensors")
 
