@@ -45,7 +45,8 @@ case $target in
     maxlen=16384  # the seeds hold two 3072-byte images
     libs=()
     srcs=("$root"/tests/fuzz/cifar_fuzz.cc "$root"/src/train/cifar.cc
-          "$root"/src/train/pickle_reader.cc "$root"/src/common/error.cc) ;;
+          "$root"/src/train/pickle_reader.cc "$root"/src/common/error.cc
+          "$root"/src/common/strings.cc "$root"/src/common/user_input.cc) ;;
   image)
     bin=$out/image_fuzz
     corpus=$root/tests/fuzz/image_corpus

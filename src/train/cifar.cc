@@ -10,6 +10,7 @@
 #include <memory>
 #include <new>
 
+#include "ddprun/common/strings.h"
 #include "ddprun/train/pickle_reader.h"
 
 namespace ddprun::train {
@@ -105,22 +106,6 @@ std::string readWhole(const std::string& path, int64_t size) {
   return bytes;
 }
 
-// Makes `s` safe for a one-line message: printable ASCII, at most `max` bytes.
-std::string printable(std::string_view s, size_t max = 40) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < max; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  if (s.size() > max) out += "...";
-  return out;
-}
 
 // The keys of a dict, for a message about the one that is missing.
 std::string keysOf(const PickleDoc& doc, const PickleValue& dict) {
@@ -133,7 +118,7 @@ std::string keysOf(const PickleDoc& doc, const PickleValue& dict) {
       out += ", ...";
       break;
     }
-    out += (shown++ ? ", '" : "'") + printable(k.text) + "'";
+    out += (shown++ ? ", '" : "'") + str::escape(k.text, 40) + "'";
   }
   return out.empty() ? "none" : out;
 }
@@ -152,7 +137,7 @@ void reserveMore(Dataset& out, int64_t n, const std::string& file) {
 int64_t checkPixelArray(const PickleArray& a, const std::string& file) {
   if (!a.built) fail(file, "its 'data' array has no contents (no BUILD state)");
   if (a.dtype != "u1" && a.dtype != "|u1" && a.dtype != "uint8")
-    fail(file, "its 'data' array has dtype '" + printable(a.dtype) + "', expected uint8 ('u1')");
+    fail(file, "its 'data' array has dtype '" + str::escape(a.dtype, 40) + "', expected uint8 ('u1')");
   std::string shape;
   for (int64_t d : a.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
   const bool flat = a.shape.size() == 2 && a.shape[1] == kCifarImageBytes;

@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "ddprun/common/strings.h"
+
 namespace ddprun::train {
 
 namespace {
@@ -94,22 +96,6 @@ std::string opcodeLabel(uint8_t op) {
                          : std::string("unknown opcode ") + hex;
 }
 
-// `s` made safe for a one-line message: printable ASCII, at most 64 bytes.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < 64; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  if (s.size() > 64) out += "...";
-  return out;
-}
 
 // Thrown inside the parser only; parsePickle turns it into a result.
 struct Bad {
@@ -398,7 +384,7 @@ class Parser {
   void global(std::string_view module, std::string_view name) {
     PickleGlobal g;
     if (!resolveGlobal(module, name, &g))
-      bad("refused global " + printable(module) + "." + printable(name) +
+      bad("refused global " + str::escape(module, 64) + "." + str::escape(name, 64) +
           " (only numpy's array and dtype constructors are allowed)");
     pushNew(PickleKind::kGlobal, static_cast<int64_t>(g));
   }
