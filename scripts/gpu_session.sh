@@ -66,7 +66,7 @@ pack="$root/.gpu"
 # CUPTI) come from PyTorch's environment there, not from here.
 programs=(ddprun train allreduce_perf coll_check cuda_smoke_test cuda_train_tests
           cuda_optim_tests bn_kernel_bench)
-bundled='libdnnl|libopenblas|libgfortran|libquadmath|libgomp|libOpenCL|libboost'
+bundled='libdnnl|libopenblas|libgfortran|libquadmath|libgomp|libOpenCL|libboost|libjpeg|libpng'
 
 prepare() {
   command -v patchelf >/dev/null || { echo "gpu_session: installing patchelf"; \

@@ -288,7 +288,8 @@ Dataset readSplit(const CifarLayout& l, const std::string& dir,
 
 std::optional<DataFormat> parseDataFormat(const std::string& name) {
   for (DataFormat f : {DataFormat::kAuto, DataFormat::kFashionMnist, DataFormat::kCifar10Py,
-                       DataFormat::kCifar100Py, DataFormat::kCifar10Bin, DataFormat::kCifar100Bin})
+                       DataFormat::kCifar100Py, DataFormat::kCifar10Bin, DataFormat::kCifar100Bin,
+                       DataFormat::kImageFolder})
     if (name == dataFormatName(f)) return f;
   return std::nullopt;
 }
@@ -301,6 +302,7 @@ const char* dataFormatName(DataFormat format) {
     case DataFormat::kCifar100Py: return "cifar100";
     case DataFormat::kCifar10Bin: return "cifar10-bin";
     case DataFormat::kCifar100Bin: return "cifar100-bin";
+    case DataFormat::kImageFolder: return "image-folder";
   }
   return "?";
 }

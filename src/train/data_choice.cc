@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "ddprun/common/strings.h"
+#include "ddprun/train/image_folder.h"
 
 namespace ddprun::train {
 namespace {
@@ -36,6 +37,19 @@ DataSplit loadFashionMnistOrRefuse(const TrainConfig& cfg, DataFormat format, in
                kDataHint, ", or --data DIR naming a directory with its four IDX .gz files");
 }
 
+// --data as torchvision's ImageFolder (image_folder.h).
+DataSplit loadImageFolderOf(const TrainConfig& cfg, int64_t maxTrain, int64_t maxTest) {
+  ImageFolderOptions o;
+  o.trainRoot = cfg.data;
+  o.valRoot = cfg.valData;
+  o.valFraction = cfg.valFraction;
+  o.imageSize = cfg.imageSize;
+  o.maxTrain = maxTrain;
+  o.maxTest = maxTest;
+  o.skipBad = cfg.skipBadImages;
+  return loadImageFolder(o);
+}
+
 }  // namespace
 
 DataSplit loadTrainData(const TrainConfig& cfg) { return loadTrainData(cfg, DataFormat::kAuto); }
@@ -48,6 +62,22 @@ DataSplit loadTrainData(const TrainConfig& cfg, DataFormat format) {
     DDPRUN_THROW(DataError, "--data-format ", dataFormatName(format), " names files on disk, "
                  "but --data ", cfg.data, " is generated: drop --data-format, or name a "
                  "directory with --data");
+  // An image folder is named (--data-format image-folder) or recognised:
+  // a named directory that holds neither Fashion-MNIST nor CIFAR but class
+  // folders of images.
+  const bool imageFolder =
+      format == DataFormat::kImageFolder ||
+      (format == DataFormat::kAuto && cfg.dataNamed && !generated &&
+       !fashionMnistPresent(cfg.data) && !findCifar(cfg.data, DataFormat::kAuto) &&
+       looksLikeImageFolder(cfg.data));
+  if (imageFolder) return loadImageFolderOf(cfg, maxTrain, maxTest);
+  if (!cfg.valData.empty() || cfg.valFraction > 0)
+    DDPRUN_THROW(DataError, "--val-data and --val-fraction are for an image folder (--data DIR "
+                 "of class folders); --data ", cfg.data, " is not one and has its own test "
+                 "split");
+  if (cfg.skipBadImages)
+    DDPRUN_THROW(DataError, "--skip-bad-images is for an image folder (--data DIR of class "
+                 "folders); --data ", cfg.data, " is not one");
   if (cfg.data == "synthetic")
     return makeSynthetic(maxTrain > 0 ? maxTrain : 60000, maxTest > 0 ? maxTest : 10000,
                          cfg.seed);

@@ -20,15 +20,17 @@
 
 namespace ddprun::train {
 
+// File-local names are spelt to be unique in ddprun_train: its unity build
+// (cmake/build_speed.cmake) compiles all its files as one source.
 namespace {
 
-[[noreturn]] void fail(const std::string& name, const std::string& what) {
+[[noreturn]] void decodeFail(const std::string& name, const std::string& what) {
   DDPRUN_THROW(DataError, name, ": ", what, "; ", kImageHint);
 }
 
 // A decoder's outcome, filled in by the setjmp-guarded C-style functions
 // below (which must not throw): the image, or why there is none.
-struct DecodeJob {
+struct ImageDecodeJob {
   const uint8_t* data = nullptr;
   size_t size = 0;
   DecodeLimits limits;
@@ -37,15 +39,15 @@ struct DecodeJob {
   char error[JMSG_LENGTH_MAX + 128] = {};
 };
 
-void setError(DecodeJob& job, const char* what) {
+void setDecodeError(ImageDecodeJob& job, const char* what) {
   std::snprintf(job.error, sizeof job.error, "%s", what);
 }
 
 // Empty when w x h is within the limits, else the complaint.
-bool sizeAllowed(DecodeJob& job, int64_t w, int64_t h) {
+bool decodeSizeAllowed(ImageDecodeJob& job, int64_t w, int64_t h) {
   const auto& l = job.limits;
   if (w < 1 || h < 1) {
-    setError(job, "the image has no pixels");
+    setDecodeError(job, "the image has no pixels");
     return false;
   }
   if (w > l.maxSide || h > l.maxSide || w * h > l.maxPixels) {
@@ -60,7 +62,7 @@ bool sizeAllowed(DecodeJob& job, int64_t w, int64_t h) {
 
 // Sets aside the output (3 x h x w) and a scratch of `rowBytes` bytes;
 // false (with the reason) when memory runs out. Never throws.
-bool allocate(DecodeJob& job, int h, int w, size_t scratchBytes) noexcept {
+bool allocateDecoded(ImageDecodeJob& job, int h, int w, size_t scratchBytes) noexcept {
   try {
     job.out->c = 3;
     job.out->h = h;
@@ -69,7 +71,7 @@ bool allocate(DecodeJob& job, int h, int w, size_t scratchBytes) noexcept {
     job.rows->resize(scratchBytes);
     return true;
   } catch (const std::bad_alloc&) {
-    setError(job, "out of memory for the decoded image");
+    setDecodeError(job, "out of memory for the decoded image");
     return false;
   }
 }
@@ -84,16 +86,16 @@ struct JpegContext {
   jpeg_error_mgr err;
   jpeg_progress_mgr progress;
   std::jmp_buf jump;
-  DecodeJob* job;
+  ImageDecodeJob* job;
 };
 
-JpegContext* contextOf(j_common_ptr cinfo) {
+JpegContext* jpegContextOf(j_common_ptr cinfo) {
   return reinterpret_cast<JpegContext*>(reinterpret_cast<char*>(cinfo) -
                                         offsetof(JpegContext, cinfo));
 }
 
 void jpegErrorExit(j_common_ptr cinfo) {
-  JpegContext* ctx = contextOf(cinfo);
+  JpegContext* ctx = jpegContextOf(cinfo);
   char msg[JMSG_LENGTH_MAX] = {};
   (*cinfo->err->format_message)(cinfo, msg);
   std::snprintf(ctx->job->error, sizeof ctx->job->error, "corrupt JPEG data (libjpeg: %s)", msg);
@@ -104,8 +106,8 @@ void jpegErrorExit(j_common_ptr cinfo) {
 // refuses it); the others are ignored, as PIL ignores them.
 void jpegEmitMessage(j_common_ptr cinfo, int level) {
   if (level == -1 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
-    JpegContext* ctx = contextOf(cinfo);
-    setError(*ctx->job, "truncated JPEG file (the data ends before the image does)");
+    JpegContext* ctx = jpegContextOf(cinfo);
+    setDecodeError(*ctx->job, "truncated JPEG file (the data ends before the image does)");
     std::longjmp(ctx->jump, 1);
   }
 }
@@ -113,7 +115,7 @@ void jpegEmitMessage(j_common_ptr cinfo, int level) {
 void jpegProgress(j_common_ptr cinfo) {
   if (!cinfo->is_decompressor) return;
   auto* d = reinterpret_cast<j_decompress_ptr>(cinfo);
-  JpegContext* ctx = contextOf(cinfo);
+  JpegContext* ctx = jpegContextOf(cinfo);
   if (d->input_scan_number > ctx->job->limits.maxScans) {
     std::snprintf(ctx->job->error, sizeof ctx->job->error,
                   "progressive JPEG with more than %d scans (refused: a decompression bomb)",
@@ -154,7 +156,7 @@ void storeJpegRow(const uint8_t* row, int comps, bool cmyk, ImageU8& out, int y)
 
 // The setjmp frame: only C-style locals (no destructors), all state in
 // `ctx` and `job`, which live in the caller's frame.
-bool runJpeg(JpegContext& ctx, DecodeJob& job) {
+bool runJpeg(JpegContext& ctx, ImageDecodeJob& job) {
   j_decompress_ptr cinfo = &ctx.cinfo;
   cinfo->err = jpeg_std_error(&ctx.err);
   ctx.err.error_exit = jpegErrorExit;
@@ -174,7 +176,7 @@ bool runJpeg(JpegContext& ctx, DecodeJob& job) {
   cinfo->dct_method = JDCT_ISLOW;
   cinfo->do_fancy_upsampling = TRUE;
   jpeg_calc_output_dimensions(cinfo);
-  if (!sizeAllowed(job, cinfo->output_width, cinfo->output_height)) {
+  if (!decodeSizeAllowed(job, cinfo->output_width, cinfo->output_height)) {
     jpeg_destroy_decompress(cinfo);
     return false;
   }
@@ -182,7 +184,7 @@ bool runJpeg(JpegContext& ctx, DecodeJob& job) {
   const int comps = cinfo->output_components;
   // Rows are read kJpegRowsPerRead at a time (one at a time makes libjpeg
   // upsample 2-row groups into a spare buffer and copy them out).
-  if (!allocate(job, h, w, size_t(w) * comps * kJpegRowsPerRead)) {
+  if (!allocateDecoded(job, h, w, size_t(w) * comps * kJpegRowsPerRead)) {
     jpeg_destroy_decompress(cinfo);
     return false;
   }
@@ -193,7 +195,7 @@ bool runJpeg(JpegContext& ctx, DecodeJob& job) {
     const int y = static_cast<int>(cinfo->output_scanline);
     const JDIMENSION got = jpeg_read_scanlines(cinfo, ctx.rowPtrs, kJpegRowsPerRead);
     if (got == 0) {
-      setError(job, "truncated JPEG file");
+      setDecodeError(job, "truncated JPEG file");
       jpeg_destroy_decompress(cinfo);
       return false;
     }
@@ -210,7 +212,7 @@ bool runJpeg(JpegContext& ctx, DecodeJob& job) {
 struct PngContext {
   png_structp png = nullptr;
   png_infop info = nullptr;
-  DecodeJob* job = nullptr;
+  ImageDecodeJob* job = nullptr;
   size_t at = 0;  // read position in job->data
 };
 
@@ -225,7 +227,7 @@ void pngWarning(png_structp, png_const_charp) {}
 void pngRead(png_structp png, png_bytep out, size_t n) {
   auto* ctx = static_cast<PngContext*>(png_get_io_ptr(png));
   if (n > ctx->job->size - ctx->at) {
-    setError(*ctx->job, "truncated PNG file (the data ends before the image does)");
+    setDecodeError(*ctx->job, "truncated PNG file (the data ends before the image does)");
     png_longjmp(png, 1);
   }
   std::memcpy(out, ctx->job->data + ctx->at, n);
@@ -271,11 +273,11 @@ bool setPngTransforms(png_structp png, png_infop info, int* passes) {
   return gray16;
 }
 
-bool runPng(PngContext& ctx, DecodeJob& job) {
+bool runPng(PngContext& ctx, ImageDecodeJob& job) {
   ctx.job = &job;
   ctx.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &ctx, pngError, pngWarning);
   if (ctx.png == nullptr) {
-    setError(job, "out of memory (libpng)");
+    setDecodeError(job, "out of memory (libpng)");
     return false;
   }
   if (setjmp(png_jmpbuf(ctx.png)) != 0) {
@@ -291,7 +293,7 @@ bool runPng(PngContext& ctx, DecodeJob& job) {
   png_read_info(ctx.png, ctx.info);
   const int64_t w = png_get_image_width(ctx.png, ctx.info);
   const int64_t h = png_get_image_height(ctx.png, ctx.info);
-  if (!sizeAllowed(job, w, h)) {
+  if (!decodeSizeAllowed(job, w, h)) {
     png_destroy_read_struct(&ctx.png, &ctx.info, nullptr);
     return false;
   }
@@ -301,7 +303,7 @@ bool runPng(PngContext& ctx, DecodeJob& job) {
   if (rowBytes != size_t(w) * (gray16 ? 2 : 3)) png_error(ctx.png, "unexpected row size");
   // A plain image is converted row by row; an interlaced one is assembled
   // whole (its passes revisit every row) and converted at the end.
-  if (!allocate(job, static_cast<int>(h), static_cast<int>(w),
+  if (!allocateDecoded(job, static_cast<int>(h), static_cast<int>(w),
                 rowBytes * size_t(passes == 1 ? 1 : h))) {
     png_destroy_read_struct(&ctx.png, &ctx.info, nullptr);
     return false;
@@ -320,7 +322,7 @@ bool runPng(PngContext& ctx, DecodeJob& job) {
 }
 
 // PIL's RGB -> L: (19595 R + 38470 G + 7471 B + 0x8000) >> 16.
-ImageU8 toGray(const ImageU8& rgb) {
+ImageU8 pilRgbToL(const ImageU8& rgb) {
   ImageU8 out;  // (fields set here: the fuzz target links this file alone)
   out.c = 1;
   out.h = rgb.h;
@@ -367,16 +369,16 @@ ImageU8 decodeImageBytes(const uint8_t* data, size_t size, int channels,
                          const std::string& nameForErrors, const DecodeLimits& limits) {
   DDPRUN_CHECK(channels == 1 || channels == 3, "decodeImage: channels must be 1 or 3, not ",
                channels);
-  if (size == 0) fail(nameForErrors, "empty file (not an image)");
+  if (size == 0) decodeFail(nameForErrors, "empty file (not an image)");
   const ImageFormat format = sniffImageFormat(data, size);
   if (format != ImageFormat::kJpeg && format != ImageFormat::kPng)
-    fail(nameForErrors, format == ImageFormat::kUnknown
+    decodeFail(nameForErrors, format == ImageFormat::kUnknown
                             ? std::string("not a JPEG or PNG file (unrecognised first bytes)")
                             : std::string("unsupported image format ") + imageFormatName(format) +
                                   " (only JPEG and PNG are decoded)");
   ImageU8 out;
   std::vector<uint8_t> rows;
-  DecodeJob job;
+  ImageDecodeJob job;
   job.data = data;
   job.size = size;
   job.limits = limits;
@@ -390,8 +392,8 @@ ImageU8 decodeImageBytes(const uint8_t* data, size_t size, int channels,
     auto ctx = std::make_unique<PngContext>();
     ok = runPng(*ctx, job);
   }
-  if (!ok) fail(nameForErrors, job.error);
-  return channels == 3 ? out : toGray(out);
+  if (!ok) decodeFail(nameForErrors, job.error);
+  return channels == 3 ? out : pilRgbToL(out);
 }
 
 ImageU8 decodeImage(const std::string& path, int channels, const DecodeLimits& limits) {
@@ -399,24 +401,24 @@ ImageU8 decodeImage(const std::string& path, int channels, const DecodeLimits& l
                channels);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    fail(path, errno == ENOENT ? std::string("no such file (or a broken link)")
+    decodeFail(path, errno == ENOENT ? std::string("no such file (or a broken link)")
                                : std::string("cannot open: ") + std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  if (::fstat(fd, &st) != 0) decodeFail(path, std::string("cannot stat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) decodeFail(path, "not a regular file");
   if (st.st_size > limits.maxFileBytes)
-    fail(path, "file of " + std::to_string(st.st_size) + " bytes is over the limit of " +
+    decodeFail(path, "file of " + std::to_string(st.st_size) + " bytes is over the limit of " +
                    std::to_string(limits.maxFileBytes) + " bytes for one image");
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
   size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, std::string("read error: ") + std::strerror(errno));
+    if (n < 0) decodeFail(path, std::string("read error: ") + std::strerror(errno));
     if (n == 0) break;  // shrank while read: decode what is there (truncated)
     got += static_cast<size_t>(n);
   }

@@ -12,19 +12,21 @@
 
 namespace ddprun::train {
 
+// File-local names are spelt to be unique in ddprun_train: its unity build
+// (cmake/build_speed.cmake) compiles all its files as one source.
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void folderFail(const std::string& path, const std::string& what) {
   DDPRUN_THROW(DataError, path, ": ", what, "; ", kImageFolderHint);
 }
 
-// os.path.join(a, b).
-std::string join(const std::string& a, const std::string& b) {
+// os.path.osPathJoin(a, b).
+std::string osPathJoin(const std::string& a, const std::string& b) {
   if (a.empty() || a.back() == '/') return a + b;
   return a + "/" + b;
 }
 
-struct Entry {
+struct DirEntry {
   std::string name;
   bool dir = false;
 };
@@ -32,7 +34,7 @@ struct Entry {
 // os.scandir(dir) with entry.is_dir() (following symlinks; false for a broken
 // one). `limit` entries at most (-1: all); nullopt-like `ok` false with errno
 // when the directory cannot be read.
-bool scan(const std::string& dir, std::vector<Entry>& out, int64_t limit, int* err) {
+bool scanDir(const std::string& dir, std::vector<DirEntry>& out, int64_t limit, int* err) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     *err = errno;
@@ -46,10 +48,10 @@ bool scan(const std::string& dir, std::vector<Entry>& out, int64_t limit, int* e
   while (const dirent* e = ::readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     if (limit >= 0 && static_cast<int64_t>(out.size()) >= limit) break;
-    Entry entry{e->d_name, e->d_type == DT_DIR};
+    DirEntry entry{e->d_name, e->d_type == DT_DIR};
     if (e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) {
       struct stat st {};
-      entry.dir = ::stat(join(dir, entry.name).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      entry.dir = ::stat(osPathJoin(dir, entry.name).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     }
     out.push_back(std::move(entry));
   }
@@ -60,18 +62,18 @@ bool scan(const std::string& dir, std::vector<Entry>& out, int64_t limit, int* e
   return true;
 }
 
-std::vector<Entry> scanOrFail(const std::string& dir) {
-  std::vector<Entry> out;
+std::vector<DirEntry> scanDirOrFail(const std::string& dir) {
+  std::vector<DirEntry> out;
   int err = 0;
-  if (!scan(dir, out, -1, &err))
-    fail(dir, std::string("cannot read the directory: ") + std::strerror(err));
+  if (!scanDir(dir, out, -1, &err))
+    folderFail(dir, std::string("cannot read the directory: ") + std::strerror(err));
   return out;
 }
 
 // One class folder's walk: sorted(os.walk(top, followlinks=True)), each
 // directory's image files sorted, appended to `paths`. `ancestors` holds the
 // (device, inode) of the directories being walked (cycle guard).
-struct Walk {
+struct ClassWalk {
   const ImageFolderListing& listing;
   int64_t maxFiles;
   std::vector<std::pair<std::string, std::vector<std::string>>> dirs;  // (path, image files)
@@ -80,46 +82,46 @@ struct Walk {
   void visit(const std::string& dir, std::vector<std::pair<dev_t, ino_t>>& ancestors) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0)
-      fail(dir, std::string("cannot stat the directory: ") + std::strerror(errno));
+      folderFail(dir, std::string("cannot stat the directory: ") + std::strerror(errno));
     const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
     if (std::find(ancestors.begin(), ancestors.end(), id) != ancestors.end()) return;  // a cycle
     ancestors.push_back(id);
     std::vector<std::string> images, subdirs;
-    for (Entry& e : scanOrFail(dir)) {
+    for (DirEntry& e : scanDirOrFail(dir)) {
       if (e.dir) {
         subdirs.push_back(std::move(e.name));
       } else if (hasImageExtension(e.name)) {
         if (++files + static_cast<int64_t>(listing.paths.size()) > maxFiles)
-          fail(listing.root, "more than " + std::to_string(maxFiles) +
+          folderFail(listing.root, "more than " + std::to_string(maxFiles) +
                                  " image files (the cap; raise it or use a smaller folder)");
         images.push_back(std::move(e.name));
       }
     }
     std::sort(images.begin(), images.end());
     dirs.emplace_back(dir, std::move(images));
-    for (const std::string& s : subdirs) visit(join(dir, s), ancestors);
+    for (const std::string& s : subdirs) visit(osPathJoin(dir, s), ancestors);
     ancestors.pop_back();
   }
 };
 
 // Appends class `label`'s samples (folder `top`) to the listing; false when
 // it has none.
-bool listClass(ImageFolderListing& l, const std::string& top, int32_t label, int64_t maxFiles) {
-  Walk w{l, maxFiles, {}, 0};
+bool listFolderClass(ImageFolderListing& l, const std::string& top, int32_t label, int64_t maxFiles) {
+  ClassWalk w{l, maxFiles, {}, 0};
   std::vector<std::pair<dev_t, ino_t>> ancestors;
   w.visit(top, ancestors);
   std::sort(w.dirs.begin(), w.dirs.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [dir, names] : w.dirs)
     for (const std::string& n : names) {
-      l.paths.push_back(join(dir, n));
+      l.paths.push_back(osPathJoin(dir, n));
       l.labels.push_back(label);
     }
   return w.files > 0;
 }
 
 // SplitMix64's finaliser.
-uint64_t mix(uint64_t z) {
+uint64_t splitMix64(uint64_t z) {
   z ^= z >> 30;
   z *= 0xbf58476d1ce4e5b9ull;
   z ^= z >> 27;
@@ -127,7 +129,7 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-uint64_t fnv1a(std::string_view s) {
+uint64_t fnv1a64Path(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) {
     h ^= c;
@@ -137,7 +139,7 @@ uint64_t fnv1a(std::string_view s) {
 }
 
 // [begin, end) of each class's samples in a listing (classes are contiguous).
-std::vector<std::pair<int64_t, int64_t>> classRanges(const std::vector<int32_t>& labels,
+std::vector<std::pair<int64_t, int64_t>> folderClassRanges(const std::vector<int32_t>& labels,
                                                      size_t numClasses) {
   std::vector<std::pair<int64_t, int64_t>> r(numClasses, {0, 0});
   for (int64_t i = 0; i < static_cast<int64_t>(labels.size()); ++i) {
@@ -149,15 +151,15 @@ std::vector<std::pair<int64_t, int64_t>> classRanges(const std::vector<int32_t>&
 }
 
 // The indices (into l) of the --val-fraction split: val when `val`, else train.
-std::vector<int64_t> fractionSplit(const ImageFolderListing& l, double fraction, bool val) {
+std::vector<int64_t> valFractionSplit(const ImageFolderListing& l, double fraction, bool val) {
   std::vector<int64_t> out;
-  const size_t prefix = join(l.root, "").size();
-  for (auto [b, e] : classRanges(l.labels, l.classes.size())) {
+  const size_t prefix = osPathJoin(l.root, "").size();
+  for (auto [b, e] : folderClassRanges(l.labels, l.classes.size())) {
     const int64_t n = e - b;
     const int64_t nVal = std::min<int64_t>(std::llround(n * fraction), std::max<int64_t>(n - 1, 0));
     std::vector<std::pair<uint64_t, int64_t>> keys;
     for (int64_t i = b; i < e; ++i)
-      keys.emplace_back(mix(fnv1a(std::string_view(l.paths[i]).substr(prefix)) ^
+      keys.emplace_back(splitMix64(fnv1a64Path(std::string_view(l.paths[i]).substr(prefix)) ^
                             kImageFolderSplitSeed), i);
     std::sort(keys.begin(), keys.end());
     std::vector<char> isVal(static_cast<size_t>(n), 0);
@@ -169,7 +171,7 @@ std::vector<int64_t> fractionSplit(const ImageFolderListing& l, double fraction,
 }
 
 // The class-balanced cap (see ImageFolderOptions::maxTrain) of `idx`.
-std::vector<int64_t> capBalanced(const ImageFolderListing& l, std::vector<int64_t> idx,
+std::vector<int64_t> capClassBalanced(const ImageFolderListing& l, std::vector<int64_t> idx,
                                  int64_t cap) {
   if (cap <= 0 || cap >= static_cast<int64_t>(idx.size())) return idx;
   std::vector<std::vector<int64_t>> perClass(l.classes.size());
@@ -183,7 +185,7 @@ std::vector<int64_t> capBalanced(const ImageFolderListing& l, std::vector<int64_
 }
 
 // What a Dataset's `load` shares between its copies and threads.
-struct FolderState {
+struct ImageFolderState {
   std::vector<std::string> paths;
   std::vector<int32_t> labels;
   std::vector<std::pair<int64_t, int64_t>> classRange;  // per class, in this split
@@ -214,15 +216,15 @@ struct FolderState {
   }
 };
 
-Dataset makeDataset(const ImageFolderListing& l, const std::vector<int64_t>& idx,
+Dataset makeFolderDataset(const ImageFolderListing& l, const std::vector<int64_t>& idx,
                     const ImageFolderOptions& opt, int side,
                     const std::shared_ptr<std::atomic<int64_t>>& skipped) {
-  auto st = std::make_shared<FolderState>();
+  auto st = std::make_shared<ImageFolderState>();
   for (int64_t i : idx) {
     st->paths.push_back(l.paths[i]);
     st->labels.push_back(l.labels[i]);
   }
-  st->classRange = classRanges(st->labels, l.classes.size());
+  st->classRange = folderClassRanges(st->labels, l.classes.size());
   st->classes = l.classes;
   st->limits = opt.limits;
   st->skipBad = opt.skipBad;
@@ -243,13 +245,13 @@ Dataset makeDataset(const ImageFolderListing& l, const std::vector<int64_t>& idx
   return d;
 }
 
-std::vector<int64_t> all(const ImageFolderListing& l) {
+std::vector<int64_t> allSamples(const ImageFolderListing& l) {
   std::vector<int64_t> idx(l.paths.size());
   std::iota(idx.begin(), idx.end(), int64_t{0});
   return idx;
 }
 
-void checkSameClasses(const ImageFolderListing& train, const ImageFolderListing& val) {
+void checkSameFolderClasses(const ImageFolderListing& train, const ImageFolderListing& val) {
   if (train.classes == val.classes) return;
   size_t k = 0;
   while (k < train.classes.size() && k < val.classes.size() &&
@@ -258,7 +260,7 @@ void checkSameClasses(const ImageFolderListing& train, const ImageFolderListing&
   const auto name = [&](const ImageFolderListing& l) {
     return k < l.classes.size() ? "'" + l.classes[k] + "'" : std::string("none");
   };
-  fail(val.root, "its classes differ from the train folder " + train.root + "'s (" +
+  folderFail(val.root, "its classes differ from the train folder " + train.root + "'s (" +
                      std::to_string(val.classes.size()) + " against " +
                      std::to_string(train.classes.size()) + "; class " + std::to_string(k) +
                      " is " + name(val) + " here and " + name(train) +
@@ -286,46 +288,46 @@ ImageFolderListing listImageFolder(const std::string& root, int64_t maxFiles,
                                    int64_t maxClasses) {
   struct stat st {};
   if (::stat(root.c_str(), &st) != 0)
-    fail(root, errno == ENOENT ? std::string("no such directory")
+    folderFail(root, errno == ENOENT ? std::string("no such directory")
                                : std::string("cannot stat: ") + std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) fail(root, "not a directory");
+  if (!S_ISDIR(st.st_mode)) folderFail(root, "not a directory");
   ImageFolderListing l;
   l.root = root;
-  for (Entry& e : scanOrFail(root))
+  for (DirEntry& e : scanDirOrFail(root))
     if (e.dir) {
       if (static_cast<int64_t>(l.classes.size()) >= maxClasses)
-        fail(root, "more than " + std::to_string(maxClasses) + " class folders (the cap)");
+        folderFail(root, "more than " + std::to_string(maxClasses) + " class folders (the cap)");
       l.classes.push_back(std::move(e.name));
     }
-  if (l.classes.empty()) fail(root, "no class folder in it (expected root/<class>/<images>)");
+  if (l.classes.empty()) folderFail(root, "no class folder in it (expected root/<class>/<images>)");
   std::sort(l.classes.begin(), l.classes.end());
   std::vector<std::string> empty;
   for (size_t c = 0; c < l.classes.size(); ++c)
-    if (!listClass(l, join(root, l.classes[c]), static_cast<int32_t>(c), maxFiles))
+    if (!listFolderClass(l, osPathJoin(root, l.classes[c]), static_cast<int32_t>(c), maxFiles))
       empty.push_back(l.classes[c]);
   if (!empty.empty()) {
     std::string names, exts;
     for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
     for (const char* e : kImageExtensions) exts += (exts.empty() ? "" : ", ") + std::string(e);
-    fail(root, "found no valid file for the classes " + names +
+    folderFail(root, "found no valid file for the classes " + names +
                    " (supported extensions are: " + exts + ")");
   }
   return l;
 }
 
 bool looksLikeImageFolder(const std::string& path) {
-  std::vector<Entry> top;
+  std::vector<DirEntry> top;
   int err = 0;
-  if (!scan(path, top, -1, &err)) return false;
+  if (!scanDir(path, top, -1, &err)) return false;
   std::vector<std::string> dirs;
-  for (const Entry& e : top)
+  for (const DirEntry& e : top)
     if (e.dir) dirs.push_back(e.name);
   std::sort(dirs.begin(), dirs.end());
   if (dirs.size() > 64) dirs.resize(64);
   for (const std::string& d : dirs) {
-    std::vector<Entry> inside;
-    scan(join(path, d), inside, 4096, &err);
-    for (const Entry& e : inside)
+    std::vector<DirEntry> inside;
+    scanDir(osPathJoin(path, d), inside, 4096, &err);
+    for (const DirEntry& e : inside)
       if (!e.dir && hasImageExtension(e.name)) return true;
   }
   return false;
@@ -346,15 +348,15 @@ DataSplit loadImageFolder(const ImageFolderOptions& opt) {
   DataSplit s;
   if (!opt.valRoot.empty()) {
     const ImageFolderListing val = listImageFolder(opt.valRoot, opt.maxFiles, opt.maxClasses);
-    checkSameClasses(train, val);
-    s.train = makeDataset(train, capBalanced(train, all(train), opt.maxTrain), opt, side, skipped);
-    s.test = makeDataset(val, capBalanced(val, all(val), opt.maxTest), opt, side, skipped);
+    checkSameFolderClasses(train, val);
+    s.train = makeFolderDataset(train, capClassBalanced(train, allSamples(train), opt.maxTrain), opt, side, skipped);
+    s.test = makeFolderDataset(val, capClassBalanced(val, allSamples(val), opt.maxTest), opt, side, skipped);
   } else {
     const bool split = opt.valFraction > 0;
-    const auto trainIdx = split ? fractionSplit(train, opt.valFraction, false) : all(train);
-    const auto testIdx = split ? fractionSplit(train, opt.valFraction, true) : std::vector<int64_t>{};
-    s.train = makeDataset(train, capBalanced(train, trainIdx, opt.maxTrain), opt, side, skipped);
-    s.test = makeDataset(train, capBalanced(train, testIdx, opt.maxTest), opt, side, skipped);
+    const auto trainIdx = split ? valFractionSplit(train, opt.valFraction, false) : allSamples(train);
+    const auto testIdx = split ? valFractionSplit(train, opt.valFraction, true) : std::vector<int64_t>{};
+    s.train = makeFolderDataset(train, capClassBalanced(train, trainIdx, opt.maxTrain), opt, side, skipped);
+    s.test = makeFolderDataset(train, capClassBalanced(train, testIdx, opt.maxTest), opt, side, skipped);
   }
   s.source = "ImageFolder (" + opt.trainRoot + ", " + std::to_string(train.classes.size()) +
              " classes)";

@@ -13,7 +13,10 @@ namespace {
 
 std::string milestoneList(const std::vector<int64_t>& m, int64_t mult) {
   std::string s;
-  for (size_t i = 0; i < m.size(); ++i) s += (i ? "," : "") + std::to_string(m[i] * mult);
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(m[i] * mult);
+  }
   return s;
 }
 

@@ -122,6 +122,11 @@ std::string recipeProblem(const TrainConfig& c) {
   } catch (const InvalidArgument& e) {
     return e.message();
   }
+  if (!std::isfinite(c.valFraction) || c.valFraction < 0 || c.valFraction >= 1)
+    return "--val-fraction must be a finite number in [0, 1) (got " +
+           std::to_string(c.valFraction) + ")";
+  if (!c.valData.empty() && c.valFraction > 0)
+    return "--val-data and --val-fraction both name the test split: give one";
   if (!parseDataFormat(c.dataFormat))
     return "unknown --data-format '" + str::escape(c.dataFormat) + "': choose one of " +
            kDataFormatNames;
@@ -255,6 +260,15 @@ ParseResult parseTrainArgs(int argc, const char* const* argv, int cpus) {
                              "cifar10/cifar100: torchvision's python pickles): ") +
                      kDataFormatNames)
       ->capture_default_str();
+  app.add_option("--val-data", c.valData,
+                 "An image folder's test split: another folder of the same classes");
+  app.add_option("--val-fraction", c.valFraction,
+                 "An image folder's test split: this fraction of --data's files per class, "
+                 "in [0, 1) (a fixed split)")
+      ->capture_default_str();
+  app.add_flag("--skip-bad-images", c.skipBadImages,
+               "An image that does not decode is replaced by the next one of its class and "
+               "counted (default: exit 2 naming the file)");
   app.add_option("--stem", c.stem,
                  "resnet18's stem: imagenet (7x7/2 conv, max pool) | cifar (3x3/1 conv)")
       ->capture_default_str();

@@ -41,6 +41,12 @@ using runtime::ProcessGroup;
 // kSampleEvery (the middle one: not the first, which searches algorithms).
 constexpr int64_t kSampleEvery = 10;
 
+// correct / total; null without test samples (nothing was measured).
+nlohmann::json accuracyJson(int64_t correct, int64_t total) {
+  if (total == 0) return nullptr;
+  return static_cast<double>(correct) / static_cast<double>(total);
+}
+
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Position {
@@ -713,6 +719,7 @@ void Run::trainEpoch() {
 
 // Exact split: every test sample is evaluated once across the ranks.
 std::pair<int64_t, int64_t> Run::evaluate() {
+  if (data_.test.size == 0) return {0, 0};  // an image folder without a test split
   runtime::SamplerOptions so;
   so.datasetSize = data_.test.size;
   so.numReplicas = pg_.size();
@@ -820,7 +827,8 @@ nlohmann::json Run::execute() {
     const double acc = total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
     lastEpoch = {{"type", "epoch"}, {"epoch", pos_.epoch},
                  {"train_loss", epochLossCount_ > 0 ? epochLossSum_ / epochLossCount_ : NAN},
-                 {"test_accuracy", acc}, {"test_correct", correct}, {"test_total", total},
+                 {"test_accuracy", accuracyJson(correct, total)}, {"test_correct", correct},
+                 {"test_total", total},
                  {"epoch_seconds", epochSecs}};
     if (resumedMidEpoch) {
       const double n = epochLossCount_ - resumed_.epochLossCount;
@@ -828,9 +836,11 @@ nlohmann::json Run::execute() {
       lastEpoch["attempt_epoch_seconds"] = attemptSecs;
     }
     metrics_.write(lastEpoch);
-    notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) +
-           ": test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) + "/" +
-           std::to_string(total) + "), " + formatSeconds(epochSecs));
+    notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) + ": " +
+           (total ? "test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) +
+                        "/" + std::to_string(total) + ")"
+                  : std::string("no test split")) +
+           ", " + formatSeconds(epochSecs));
     // The epoch-end checkpoint points at the next epoch's first step.
     Position keep = pos_;
     pos_.epoch += 1;
@@ -839,6 +849,9 @@ nlohmann::json Run::execute() {
     pos_ = keep;
   }
   if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
+  if (data_.test.size == 0)
+    notice("no test split: an image folder is evaluated with --val-data DIR or --val-fraction F; "
+           "test_accuracy is null");
   const double attemptSecs = since(runStart_), secs = runSeconds();
   const int64_t runSamples = resumed_.runSamples + samplesSeen_;
   // Rank 0 writes --save; every rank hashes its parameters.
@@ -859,7 +872,7 @@ nlohmann::json Run::execute() {
       {"attempt_train_seconds", attemptSecs},
       {"attempt_samples_per_second",
        attemptSecs > 0 ? static_cast<double>(samplesSeen_) / attemptSecs : 0.0},
-      {"test_accuracy", total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0},
+      {"test_accuracy", accuracyJson(correct, total)},
       {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
       {"params_sha256", paramsSha256},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
@@ -882,6 +895,7 @@ nlohmann::json Run::execute() {
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);
   }
+  if (data_.skipped) j["skipped_images"] = data_.skipped->load();  // --skip-bad-images
   if (window_) j["bench"] = window_->json();
   if (cfg_.profileSteps > 0) j["profile"] = profileResult_;
   if (scaler_.on()) {

@@ -35,15 +35,19 @@
 
 namespace ddprun::train {
 
-// What --data holds: kAuto recognises the layout (Fashion-MNIST, then CIFAR).
-enum class DataFormat { kAuto, kFashionMnist, kCifar10Py, kCifar100Py, kCifar10Bin, kCifar100Bin };
+// What --data holds: kAuto recognises the layout (Fashion-MNIST, then CIFAR,
+// then an image folder: data_choice.h). Declared here, where the CIFAR
+// layouts it names are.
+enum class DataFormat {
+  kAuto, kFashionMnist, kCifar10Py, kCifar100Py, kCifar10Bin, kCifar100Bin, kImageFolder
+};
 
 // The --data-format spellings, for help texts and messages.
 inline constexpr const char* kDataFormatNames =
-    "auto | fashion-mnist | cifar10 | cifar100 | cifar10-bin | cifar100-bin";
+    "auto | fashion-mnist | cifar10 | cifar100 | cifar10-bin | cifar100-bin | image-folder";
 
 // "auto", "fashion-mnist", "cifar10", "cifar100", "cifar10-bin",
-// "cifar100-bin"; nullopt for anything else.
+// "cifar100-bin", "image-folder"; nullopt for anything else.
 std::optional<DataFormat> parseDataFormat(const std::string& name);
 // The spelling parseDataFormat reads.
 const char* dataFormatName(DataFormat format);

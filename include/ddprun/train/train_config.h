@@ -24,6 +24,11 @@ struct TrainConfig {
   // --data-format: how to read a --data path (auto: recognised from the
   // files; data_choice.h lists the formats).
   std::string dataFormat = "auto";
+  // An image folder's test split (image_folder.h): a second folder, or a
+  // fraction of --data held out (not both; neither: no test split).
+  std::string valData;
+  double valFraction = 0;
+  bool skipBadImages = false;  // an undecodable image replaced and counted
   std::string stem = "imagenet";   // resnet18's stem: imagenet | cifar
   // The model's outputs are always the data's classes; this only picks
   // synthetic-cifar's (2..10) and, when named, must equal a data set's.
