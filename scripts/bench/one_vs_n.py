@@ -5,6 +5,7 @@ and in PyTorch DDP?
 
     nice -n 10 python3 scripts/bench/one_vs_n.py --out-dir /tmp/one_vs_n
     python3 scripts/bench/one_vs_n.py --out-dir /tmp/one_vs_n --table-only
+    /usr/bin/python3 scripts/bench/one_vs_n.py --out-dir /tmp/one_vs_n --diagnose 4  # needs torch
 
 For each seed, PyTorch's torch.manual_seed(seed) ResNet-18 (imagenet stem,
 torchvision's init) is saved as safetensors and both sides start from it.
