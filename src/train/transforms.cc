@@ -14,11 +14,19 @@
 #include "ddprun/common/error.h"
 #include "ddprun/train/data.h"
 
-// applyTaps rounds some products and fuses others on purpose: a compiler
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// sumTaps rounds some products and fuses others on purpose: a compiler
 // free to contract a*b+c into an FMA by itself (GCC's default where the
-// target has FMA, e.g. -march=native) would change the sums.
+// target has FMA: -march=native, or the resize's own AVX2 + FMA build below)
+// would change the sums.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
+// 32-byte vectors passed between the (internal, inlined) helpers of the
+// baseline build: GCC notes that their ABI differs without AVX.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
 namespace ddprun::train {
@@ -40,10 +48,14 @@ void checkImage(ImageView img, const char* what) {
 
 // ---- Resize weights (ATen, float32 path) ------------------------------------
 
-// The filter taps of one output index along one dimension.
-struct Taps {
-  int64_t xmin = 0, xsize = 0;
-  std::vector<float> w;  // xsize normalised weights
+// The filter taps of every output index along one dimension, computed once
+// per call and shared by every row, column and channel: output i reads the
+// inputs [start[i], start[i] + size[i]) with the weights
+// w[i*stride .. i*stride + size[i]).
+struct AxisTaps {
+  int64_t stride = 0;  // ATen's max_interp_size: no output has more taps
+  std::vector<int64_t> start, size;
+  std::vector<float> w;
 };
 
 // HelperInterpLinear::aa_filter<float>: the triangle, 1 - |x| inside (-1, 1).
@@ -58,35 +70,43 @@ float triangle(float x) {
 // max(1, scale), for output i the taps [xmin, xmin+xsize) around the centre
 // scale*(i+0.5), weights triangle((j + xmin - centre + 0.5) / max(1, scale))
 // divided by their float sum. The mixed float/double expressions are ATen's.
-std::vector<Taps> aaTaps(int64_t in, int64_t out) {
+void aaTaps(int64_t in, int64_t out, AxisTaps& t) {
   const float scale = static_cast<float>(in) / static_cast<float>(out);
   const float support = (scale >= 1.0) ? static_cast<float>((2 * 0.5) * scale)
                                        : static_cast<float>(2 * 0.5);
   const int64_t maxInterp = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   const float invscale = (scale >= 1.0) ? static_cast<float>(1.0 / scale) : 1.0f;
-  std::vector<Taps> taps(static_cast<size_t>(out));
+  t.stride = maxInterp;
+  t.start.resize(static_cast<size_t>(out));
+  t.size.resize(static_cast<size_t>(out));
+  t.w.assign(static_cast<size_t>(out * maxInterp), 0.0f);
   for (int64_t i = 0; i < out; ++i) {
-    Taps& t = taps[static_cast<size_t>(i)];
     const float center = static_cast<float>(scale * (i + 0.5));
-    t.xmin = std::max(static_cast<int64_t>(center - support + 0.5), int64_t{0});
-    t.xsize = std::min(static_cast<int64_t>(center + support + 0.5), in) - t.xmin;
-    t.xsize = std::clamp(t.xsize, int64_t{0}, maxInterp);
-    t.w.resize(static_cast<size_t>(t.xsize));
+    const int64_t xmin = std::max(static_cast<int64_t>(center - support + 0.5), int64_t{0});
+    int64_t xsize = std::min(static_cast<int64_t>(center + support + 0.5), in) - xmin;
+    xsize = std::clamp(xsize, int64_t{0}, maxInterp);
+    // centre lies in (0, in) and support >= 1, so every output has a tap.
+    DDPRUN_CHECK(xsize >= 1, "resize: no filter tap for output ", i, " of ", in, " -> ", out);
+    float* w = &t.w[static_cast<size_t>(i * maxInterp)];
     float total = 0.0f;
-    for (int64_t j = 0; j < t.xsize; ++j) {
-      const float pos = static_cast<float>(j + t.xmin) - center;  // int64 - float: float
+    for (int64_t j = 0; j < xsize; ++j) {
+      const float pos = static_cast<float>(j + xmin) - center;  // int64 - float: float
       const float wj = triangle(static_cast<float>((pos + 0.5) * invscale));
-      t.w[static_cast<size_t>(j)] = wj;
+      w[j] = wj;
       total += wj;
     }
     if (total != 0.0f)
-      for (float& wj : t.w) wj /= total;
+      for (int64_t j = 0; j < xsize; ++j) w[j] /= total;
+    t.start[static_cast<size_t>(i)] = xmin;
+    t.size[static_cast<size_t>(i)] = xsize;
   }
-  return taps;
 }
 
-// One output sample: the sum of src[k*stride] * w[k] in float32, rounded as
-// PyTorch's x86 builds round it. ATen's loop (interpolate_aa_single_dim) is
+// ---- Resize kernels ----------------------------------------------------------
+//
+// One output sample is the sum of in[k] * w[k] over its taps in float32,
+// rounded as PyTorch's x86 builds round it. ATen's loop
+// (interpolate_aa_single_dim) is
 //   out = t[0]*w[0]; for k in 1..n-1: out += t[k]*w[k]
 // and its AVX2 and AVX-512 kernels, the ones dispatched on any x86-64 CPU
 // with AVX2, are compiled with contraction on: the compiler vectorises the
@@ -96,45 +116,331 @@ std::vector<Taps> aaTaps(int64_t in, int64_t out) {
 // (tests/interop/test_transforms_vs_torchvision.py); ATen's DEFAULT kernel
 // (no AVX2) rounds every product, which changes the float result in the
 // last bit for some pixels and, rarely, a uint8 pixel by 1.
-float applyTaps(const float* src, int64_t stride, const Taps& t) {
-  float acc = src[0] * t.w[0];
-  const int64_t n = t.xsize;
+//
+// sumTaps keeps exactly that order for each output but computes 8 outputs
+// at once, one per vector lane, all with the same taps: the width pass puts
+// 8 image rows in the lanes (the rows transposed into an x-major buffer),
+// the height pass 8 neighbouring columns (plain rows of the intermediate
+// image). Lanes never mix, so each lane's float operations are those of the
+// scalar loop above.
+//
+// The kernels are built twice from the same templates: with AVX2 + FMA
+// (OpsAvx2, picked at run time: the fused tail is one vfmadd per 8 outputs)
+// and for baseline x86-64 (OpsBase: SSE2, the fused tail through std::fma
+// lane by lane). Both give the same bits. The entry points are flattened
+// (every helper inlined), so each build's helpers compile for its target.
+
+using V8 = float __attribute__((vector_size(32)));
+using V8i = int32_t __attribute__((vector_size(32)));
+using V8u8 = uint8_t __attribute__((vector_size(8)));
+
+// A float sum rounded as torchvision's _cast_squeeze_out rounds it:
+// torch.round (half to even), then the cast to uint8. The clamp only guards
+// a float sum a hair above 255.
+inline uint8_t roundToU8(float x) {
+  return static_cast<uint8_t>(std::clamp(std::nearbyint(x), 0.0f, 255.0f));
+}
+
+// Generic vectors: any x86-64 (and any other target GCC supports).
+struct OpsBase {
+  static V8 load(const float* p) {
+    V8 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, const V8& v) { std::memcpy(p, &v, sizeof v); }
+  static V8 splat(const float* p) {
+    const float s = *p;
+    return V8{s, s, s, s, s, s, s, s};
+  }
+  static V8 fromU8(const uint8_t* p) {  // 8 bytes as floats
+    V8u8 b;
+    std::memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, V8i), V8);
+  }
+  // acc = fma(a, b, acc), lane by lane, each rounded once.
+  static void fmaAcc(V8& acc, const V8& a, const V8& b) {
+    for (int i = 0; i < 8; ++i) acc[i] = std::fma(a[i], b[i], acc[i]);
+  }
+  static void storeU8(uint8_t* d, const V8& v) {
+    for (int i = 0; i < 8; ++i) d[i] = roundToU8(v[i]);
+  }
+  // Transposes the 8x8 block r (r[i][j] becomes r[j][i]).
+  static void transpose8(V8* r) {
+    V8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+      t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+      u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int i = 0; i < 4; ++i) {
+      r[i] = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+      r[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+  }
+};
+
+#if defined(__x86_64__)
+#define DDPRUN_AVX2 [[gnu::target("avx2,fma")]]
+// The same operations in AVX2 + FMA intrinsics (GCC's code for the generic
+// vectors above is poor in an AVX2 function: splats and conversions come
+// out element by element).
+struct OpsAvx2 {
+  DDPRUN_AVX2 static V8 load(const float* p) { return _mm256_loadu_ps(p); }
+  DDPRUN_AVX2 static void store(float* p, const V8& v) { _mm256_storeu_ps(p, v); }
+  DDPRUN_AVX2 static V8 splat(const float* p) { return _mm256_broadcast_ss(p); }
+  DDPRUN_AVX2 static V8 fromU8(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  }
+  DDPRUN_AVX2 static void fmaAcc(V8& acc, const V8& a, const V8& b) { acc = _mm256_fmadd_ps(a, b, acc); }
+  // Clamp to [0, 255] (integers: the same as clamping after rounding), then
+  // vcvtps2dq rounds in the current mode, to nearest with ties to even, as
+  // std::nearbyint does; the packs saturate nothing left to saturate.
+  DDPRUN_AVX2 static void storeU8(uint8_t* d, const V8& v) {
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
+    const __m256i i = _mm256_cvtps_epi32(c);
+    const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(d), _mm_packus_epi16(w16, w16));
+  }
+  DDPRUN_AVX2 static void transpose8(V8* r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+      r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+      r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+  }
+};
+#undef DDPRUN_AVX2
+#endif
+
+// 8 outputs (lanes) from the n taps at p, p + step, ...: ATen's order (above).
+template <class Ops>
+V8 sumTaps(const float* p, int64_t step, const float* w, int64_t n) {
+  V8 acc = Ops::load(p) * Ops::splat(w);
   const int64_t vectorEnd = 1 + (n - 1) / 4 * 4;
   int64_t k = 1;
   for (; k < vectorEnd; ++k) {
-    const float product = src[k * stride] * t.w[static_cast<size_t>(k)];
+    const V8 product = Ops::load(p + k * step) * Ops::splat(w + k);
     acc += product;
   }
-  for (; k < n; ++k) acc = std::fma(src[k * stride], t.w[static_cast<size_t>(k)], acc);
+  for (; k < n; ++k) Ops::fmaAcc(acc, Ops::load(p + k * step), Ops::splat(w + k));
   return acc;
 }
 
-// Resamples along the width: in is rows x inW, out rows x outW.
-std::vector<float> resampleRows(const std::vector<float>& in, int64_t rows, int64_t inW,
-                                int64_t outW) {
-  const std::vector<Taps> taps = aaTaps(inW, outW);
-  std::vector<float> out(static_cast<size_t>(rows * outW));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t x = 0; x < outW; ++x) {
-      const Taps& t = taps[static_cast<size_t>(x)];
-      out[static_cast<size_t>(r * outW + x)] = applyTaps(&in[static_cast<size_t>(r * inW + t.xmin)], 1, t);
-    }
-  return out;
+// One output, the same order (rows narrower than a vector).
+inline float sumTaps1(const float* p, int64_t step, const float* w, int64_t n) {
+  float acc = p[0] * w[0];
+  const int64_t vectorEnd = 1 + (n - 1) / 4 * 4;
+  int64_t k = 1;
+  for (; k < vectorEnd; ++k) {
+    const float product = p[k * step] * w[k];
+    acc += product;
+  }
+  for (; k < n; ++k) acc = std::fma(p[k * step], w[k], acc);
+  return acc;
 }
 
-// Resamples along the height: in is planes x inH x w, out planes x outH x w.
-std::vector<float> resampleColumns(const std::vector<float>& in, int64_t planes, int64_t inH,
-                                   int64_t outH, int64_t w) {
-  const std::vector<Taps> taps = aaTaps(inH, outH);
-  std::vector<float> out(static_cast<size_t>(planes * outH * w));
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t y = 0; y < outH; ++y) {
-      const Taps& t = taps[static_cast<size_t>(y)];
-      const float* base = &in[static_cast<size_t>((p * inH + t.xmin) * w)];
-      float* dst = &out[static_cast<size_t>((p * outH + y) * w)];
-      for (int64_t x = 0; x < w; ++x) dst[x] = applyTaps(base + x, w, t);
+template <class Ops>
+void store8(float* d, const V8& v) {
+  Ops::store(d, v);
+}
+template <class Ops>
+void store8(uint8_t* d, const V8& v) {
+  Ops::storeU8(d, v);
+}
+inline void put1(float* d, float x) { *d = x; }
+inline void put1(uint8_t* d, float x) { *d = roundToU8(x); }
+
+// One call's work: the crop of src, sized outH x outW, and where it goes.
+template <typename Out>
+struct ResizeJob {
+  ImageView src;
+  CropBox box;
+  int64_t outH = 0, outW = 0;
+  const AxisTaps* tw = nullptr;  // null: the width does not change
+  const AxisTaps* th = nullptr;  // null: the height does not change
+  float* mid = nullptr;          // c*h rows of outW: after the width pass
+  float* rowsT = nullptr;        // box.width * 8: 8 input rows, x-major
+  float* outT = nullptr;         // outW * 8: their 8 output rows, x-major
+  Out* dst = nullptr;            // c x outH x outW
+};
+
+// Row r of the crop, counting the rows of every channel in turn (c*h).
+inline const uint8_t* cropRow(ImageView src, const CropBox& box, int64_t r) {
+  const int64_t ch = r / box.height, y = r % box.height;
+  return src.px + (ch * src.h + box.top + y) * src.w + box.left;
+}
+
+// The width pass: the c*h crop rows, 8 at a time, into job.mid. All rows
+// share the taps, so 8 rows of any channels go through together.
+template <class Ops, typename Out>
+void resampleWidth(const ResizeJob<Out>& job) {
+  const AxisTaps& t = *job.tw;
+  const int64_t rows = int64_t{job.src.c} * job.box.height, w = job.box.width;
+  const int64_t outW = job.outW;
+  float* rowsT = job.rowsT;
+  float* outT = job.outT;
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t nr = std::min<int64_t>(8, rows - r0);
+    const uint8_t* row[8];
+    for (int64_t r = 0; r < 8; ++r)  // past the last row: repeat it (lanes unused)
+      row[r] = cropRow(job.src, job.box, r0 + std::min(r, nr - 1));
+    // rowsT[x*8 + r] = row r's pixel x, in float.
+    int64_t x = 0;
+    for (; x + 8 <= w; x += 8) {
+      V8 v[8];
+      for (int r = 0; r < 8; ++r) v[r] = Ops::fromU8(row[r] + x);
+      Ops::transpose8(v);
+      for (int j = 0; j < 8; ++j) Ops::store(rowsT + (x + j) * 8, v[j]);
     }
-  return out;
+    for (; x < w; ++x)
+      for (int r = 0; r < 8; ++r) rowsT[x * 8 + r] = static_cast<float>(row[r][x]);
+    for (int64_t o = 0; o < outW; ++o)
+      Ops::store(outT + o * 8, sumTaps<Ops>(rowsT + t.start[static_cast<size_t>(o)] * 8, 8,
+                                            &t.w[static_cast<size_t>(o * t.stride)],
+                                            t.size[static_cast<size_t>(o)]));
+    // Back to rows: mid[(r0 + r)*outW + o] = outT[o*8 + r].
+    float* mid = job.mid + r0 * outW;
+    int64_t o = 0;
+    for (; o + 8 <= outW; o += 8) {
+      V8 v[8];
+      for (int j = 0; j < 8; ++j) v[j] = Ops::load(outT + (o + j) * 8);
+      Ops::transpose8(v);
+      for (int64_t r = 0; r < nr; ++r) Ops::store(mid + r * outW + o, v[r]);
+    }
+    for (; o < outW; ++o)
+      for (int64_t r = 0; r < nr; ++r) mid[r * outW + o] = outT[o * 8 + r];
+  }
+}
+
+// The height pass: job.mid (c planes of h x outW) into job.dst.
+template <class Ops, typename Out>
+void resampleHeight(const ResizeJob<Out>& job) {
+  const AxisTaps& t = *job.th;
+  const int64_t c = job.src.c, h = job.box.height, w = job.outW, outH = job.outH;
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t y = 0; y < outH; ++y) {
+      const float* in = job.mid + (ch * h + t.start[static_cast<size_t>(y)]) * w;
+      const float* wy = &t.w[static_cast<size_t>(y * t.stride)];
+      const int64_t n = t.size[static_cast<size_t>(y)];
+      Out* d = job.dst + (ch * outH + y) * w;
+      if (w < 8) {
+        for (int64_t x = 0; x < w; ++x) put1(d + x, sumTaps1(in + x, w, wy, n));
+        continue;
+      }
+      // The last vector may overlap the one before: it writes the same values.
+      for (int64_t x = 0;; x += 8) {
+        if (x + 8 > w) x = w - 8;
+        store8<Ops>(d + x, sumTaps<Ops>(in + x, w, wy, n));
+        if (x + 8 >= w) break;
+      }
+    }
+}
+
+// ATen: the width pass first, then the height pass, each only when that
+// size changes (an unchanged size is a copy, not a filter at scale 1).
+template <class Ops, typename Out>
+void resampleBoth(const ResizeJob<Out>& job) {
+  const int64_t rows = int64_t{job.src.c} * job.box.height, outW = job.outW;
+  if (job.tw != nullptr) {
+    resampleWidth<Ops>(job);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* in = cropRow(job.src, job.box, r);
+      for (int64_t x = 0; x < outW; ++x) job.mid[r * outW + x] = static_cast<float>(in[x]);
+    }
+  }
+  if (job.th != nullptr) {
+    resampleHeight<Ops>(job);
+  } else {
+    const int64_t n = rows * outW;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) store8<Ops>(job.dst + i, Ops::load(job.mid + i));
+    for (; i < n; ++i) put1(job.dst + i, job.mid[i]);
+  }
+}
+
+// -DDDPRUN_RESIZE_BASELINE_ONLY builds without the AVX2 kernels (to test the
+// baseline ones on an AVX2 machine).
+#if defined(__x86_64__) && !defined(DDPRUN_RESIZE_BASELINE_ONLY)
+template <typename Out>
+[[gnu::target("avx2,fma"), gnu::flatten]] void resampleAvx2(const ResizeJob<Out>& job) {
+  resampleBoth<OpsAvx2>(job);
+}
+bool haveAvx2Fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+template <typename Out>
+[[gnu::flatten]] void resampleBaseline(const ResizeJob<Out>& job) {
+  resampleBoth<OpsBase>(job);
+}
+
+// Per-thread scratch, reused from call to call (grown, never shrunk).
+struct ResizeScratch {
+  AxisTaps tw, th;
+  std::vector<float> mid, rowsT, outT;
+};
+
+template <typename Out>
+void resizeInto(ImageView src, const CropBox& box, int outH, int outW, Out* dst) {
+  const int64_t c = src.c, h = box.height, w = box.width;
+  if (outW == w && outH == h) {  // neither pass: the crop itself
+    for (int64_t r = 0; r < c * h; ++r) {
+      const uint8_t* in = cropRow(src, box, r);
+      for (int64_t x = 0; x < w; ++x) dst[r * w + x] = static_cast<Out>(in[x]);
+    }
+    return;
+  }
+  thread_local ResizeScratch s;
+  const auto grow = [](std::vector<float>& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  };
+  ResizeJob<Out> job;
+  job.src = src;
+  job.box = box;
+  job.outH = outH;
+  job.outW = outW;
+  if (outW != w) {
+    aaTaps(w, outW, s.tw);
+    job.tw = &s.tw;
+    grow(s.rowsT, w * 8);
+    grow(s.outT, int64_t{outW} * 8);
+  }
+  if (outH != h) {
+    aaTaps(h, outH, s.th);
+    job.th = &s.th;
+  }
+  grow(s.mid, c * h * outW);
+  job.mid = s.mid.data();
+  job.rowsT = s.rowsT.data();
+  job.outT = s.outT.data();
+  job.dst = dst;
+#if defined(__x86_64__) && !defined(DDPRUN_RESIZE_BASELINE_ONLY)
+  if (haveAvx2Fma()) {
+    resampleAvx2(job);
+    return;
+  }
+#endif
+  resampleBaseline(job);
 }
 
 void checkBox(ImageView src, const CropBox& box, int outH, int outW) {
@@ -298,27 +604,14 @@ CropBox randomResizedCropParams(int height, int width, SampleRng& rng,
 
 std::vector<float> resizedCropFloat(ImageView src, const CropBox& box, int outH, int outW) {
   checkBox(src, box, outH, outW);
-  const int64_t c = src.c, h = box.height, w = box.width;
-  std::vector<float> cur(static_cast<size_t>(c * h * w));
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t y = 0; y < h; ++y) {
-      const uint8_t* row = src.px + (ch * src.h + box.top + y) * src.w + box.left;
-      float* dst = &cur[static_cast<size_t>((ch * h + y) * w)];
-      for (int64_t x = 0; x < w; ++x) dst[x] = static_cast<float>(row[x]);
-    }
-  // ATen: the width pass first, then the height pass, each only when that
-  // size changes (an unchanged size is a copy, not a filter at scale 1).
-  if (outW != w) cur = resampleRows(cur, c * h, w, outW);
-  if (outH != h) cur = resampleColumns(cur, c, h, outH, outW);
-  return cur;
+  std::vector<float> out(static_cast<size_t>(int64_t{src.c} * outH * outW));
+  resizeInto(src, box, outH, outW, out.data());
+  return out;
 }
 
 void resizedCrop(ImageView src, const CropBox& box, int outH, int outW, uint8_t* dst) {
-  const std::vector<float> f = resizedCropFloat(src, box, outH, outW);
-  // torchvision's _cast_squeeze_out: torch.round (half to even), then the
-  // cast to uint8. The clamp only guards a float sum a hair above 255.
-  for (size_t i = 0; i < f.size(); ++i)
-    dst[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(f[i]), 0.0f, 255.0f));
+  checkBox(src, box, outH, outW);
+  resizeInto(src, box, outH, outW, dst);
 }
 
 ImageU8 resizedCrop(ImageView src, int top, int left, int h, int w, int outH, int outW) {

@@ -10,6 +10,7 @@ without it they are skipped, saying why.
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -92,8 +93,12 @@ class Package(unittest.TestCase):
     def test_checkpoint_lists_metadata_and_tensors_without_torch(self):
         p = self.module("ddprun.checkpoint", self.ckpt, hide=True)
         self.assertEqual(p.returncode, 0, p.stderr)
-        for line in ("format           ddprun-train-1", "global_step      8", "model            lenet",
-                     "conv1.weight  F32  [6, 1, 5, 5]", "fc3.bias      F32  [10]",
+        # Metadata as aligned "key  value" rows (the column's width follows
+        # the longest key), then the tensors.
+        for key, value in (("format", "ddprun-train-1"), ("global_step", "8"), ("model", "lenet"),
+                           ("run_samples", "512")):
+            self.assertRegex(p.stdout, r"(?m)^  %s +%s$" % (key, re.escape(value)))
+        for line in ("conv1.weight  F32  [6, 1, 5, 5]", "fc3.bias      F32  [10]",
                      "optim.fc1.weight.momentum_buffer    F32  [120, 400]", "20 tensors"):
             self.assertIn(line, p.stdout)
         p = self.module("ddprun.checkpoint", self.saved, hide=True)
