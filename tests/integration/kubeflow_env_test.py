@@ -315,6 +315,11 @@ class Pods(DdprunCase):
             pod = names.index(rec["host"])
             env = launcher_set(rec["env"], envs[pod])
             path = env.get("TORCHELASTIC_ERROR_FILE") or ""
+            # ddprun's one addition (docs/status.md): where the worker may
+            # report its progress, beside its error file. Torchrun sets none.
+            progress = env.pop("DDPRUN_PROGRESS_FILE", None)
+            self.assertEqual(progress, None if launcher == "torchrun" else
+                             os.path.join(os.path.dirname(path), "progress.json"), launcher)
             self.assertRegex(path, r"^%s/torchelastic_[^/]+/[^/]+/attempt_0/%d/error\.json$"
                              % (re.escape(self.tmp), key[1]), launcher)
             env["TORCHELASTIC_ERROR_FILE"] = "<log dir>/attempt_0/%d/error.json" % key[1]

@@ -183,6 +183,12 @@ class TwoHosts(DdprunCase):
             with open(os.path.join(records, name)) as f:
                 rec = json.load(f)
             set_by_launcher = {k: v for k, v in rec["env"].items() if env.get(k) != v}
+            # ddprun's one addition (docs/status.md): where the worker may
+            # report its progress, beside its error file. Torchrun sets none.
+            progress = set_by_launcher.pop("DDPRUN_PROGRESS_FILE", None)
+            error_file = set_by_launcher.get("TORCHELASTIC_ERROR_FILE", "")
+            self.assertEqual(progress, None if launcher == "torchrun" else
+                             os.path.join(os.path.dirname(error_file), "progress.json"), launcher)
             found[tuple(int(x) for x in name[:-len(".json")].split("_"))] = (
                 set_by_launcher, rec["store"])
         self.assertEqual(sorted(found), [(g, l) for g in range(nnodes) for l in range(2)],
