@@ -44,7 +44,7 @@ struct CheckpointPosition {
   std::string rng;         // Rng::state()
   std::string run;         // the run id ("" in files written before run ids)
   bool sameLayout = true;  // taken with this run's world size, batch size and seed
-  RunTotals totals;
+  RunTotals totals{};
 };
 
 std::map<std::string, std::string> checkpointMetadata(const RunShape& shape,

@@ -47,7 +47,7 @@ struct TrainerIo {
   bool restarted = false;
   // Where this rank reports its progress to its launcher (common/
   // progress_file.h; $DDPRUN_PROGRESS_FILE under ddprun): "" reports nothing.
-  std::string progressFile;
+  std::string progressFile{};
 };
 
 // Runs the whole job on this rank and returns the final summary (the same
