@@ -130,8 +130,21 @@ void aaTaps(int64_t in, int64_t out, AxisTaps& t) {
 // lane by lane). Both give the same bits. The entry points are flattened
 // (every helper inlined), so each build's helpers compile for its target.
 
-using V8 = float __attribute__((vector_size(32)));
-using V8i = int32_t __attribute__((vector_size(32)));
+// The AVX2 kernels rely on every helper being inlined into their entry
+// point (gnu::flatten). Without optimisation GCC inlines nothing, and 32-byte
+// vectors then cross calls between functions of different targets, whose
+// ABIs differ (wrong pixels). An unoptimised build (Debug: the sanitizer
+// pass) keeps to the baseline kernels, which give the same bits.
+#if !defined(__OPTIMIZE__) && !defined(DDPRUN_RESIZE_BASELINE_ONLY)
+#define DDPRUN_RESIZE_BASELINE_ONLY
+#endif
+
+// Aligned as their elements: a V8 may sit anywhere a float may (a stack
+// frame that is not realigned to 32 bytes, as under the sanitizers' Debug
+// build); every access is an unaligned load or store, as fast as an aligned
+// one on the CPUs that run this.
+typedef float V8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t V8i __attribute__((vector_size(32), aligned(4)));
 using V8u8 = uint8_t __attribute__((vector_size(8)));
 
 // A float sum rounded as torchvision's _cast_squeeze_out rounds it:

@@ -59,8 +59,6 @@ def png(path, w, h, rgb, seed):
 
 class TrainImageFolder(unittest.TestCase):
     def setUp(self):
-        if not os.access(TRAIN, os.X_OK):
-            self.fail("no train binary in " + BIN)
         self.tmp = tempfile.mkdtemp(prefix="train_imgf_")
         self.root = os.path.join(self.tmp, "images")
         for k, (name, rgb) in enumerate(sorted(COLOURS.items())):
@@ -131,5 +129,9 @@ class TrainImageFolder(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    if not os.access(TRAIN, os.X_OK):
+        # The sanitizer pass builds no train (scripts/test.sh): skipped, saying why.
+        print("SKIPPED: no train binary in %s" % BIN)
+        sys.exit(77)
     from testmain import main  # noqa: E402
     main()
