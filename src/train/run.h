@@ -1,0 +1,222 @@
+// The trainer's run (internal to ddprun_train): one rank's whole job, the
+// `Run` behind runTraining (trainer.h), and the few helpers its files share.
+// Its member functions live by concern:
+//   trainer.cc         setup, one step, epochs, evaluation, the summary
+//   trainer_resume.cc  where a run starts (fresh or a checkpoint), saving
+//                      checkpoints, clearing dead writers' temporaries
+//   trainer_report.cc  progress lines, metrics step records, the progress file
+//
+// Thread-safety: a Run runs on one thread; several (one per rank) may run in
+// one process over distinct ProcessGroups (tests).
+#pragma once
+
+#include "ddprun/train/trainer.h"
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include "ddprun/common/env.h"
+#include "ddprun/common/error.h"
+#include "ddprun/common/progress_file.h"
+#include "ddprun/common/strings.h"
+#include "ddprun/runtime/collectives.h"
+#include "ddprun/runtime/cuda.h"
+#include "ddprun/runtime/reducer.h"
+#include "ddprun/runtime/sampler.h"
+#include "ddprun/train/backend_choice.h"
+#include "ddprun/train/checkpoint.h"
+#include "ddprun/train/checkpoint_dir.h"
+#include "ddprun/train/checkpoint_meta.h"
+#include "ddprun/train/files.h"
+#include "ddprun/train/loss_scaler.h"
+#include "ddprun/train/lr_schedule.h"
+#include "ddprun/train/metrics.h"
+#include "ddprun/train/model_state.h"
+#include "ddprun/train/models.h"
+#include "ddprun/train/optim.h"
+#include "ddprun/train/transforms.h"
+#include "batch_feed.h"
+#include "bench_window.h"
+#include "step_profile.h"
+
+namespace ddprun::train::run_detail {
+
+using Clock = std::chrono::steady_clock;
+using runtime::DType;
+using runtime::ProcessGroup;
+
+// A device backend is synchronised for the step-time breakdown on one step in
+// kSampleEvery (the middle one: not the first, which searches algorithms).
+inline constexpr int64_t kSampleEvery = 10;
+
+// correct / total; null without test samples (nothing was measured).
+inline nlohmann::json accuracyJson(int64_t correct, int64_t total) {
+  if (total == 0) return nullptr;
+  return static_cast<double>(correct) / static_cast<double>(total);
+}
+
+inline double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Position {
+  int64_t epoch = 0;       // current epoch
+  int64_t step = 0;        // next step within it
+  int64_t globalStep = 0;  // steps done in the whole run
+};
+
+struct Breakdown {
+  double data = 0, fwdBwd = 0, comm = 0, optim = 0;
+  double commTotal = 0, commExposed = 0;  // for the hidden fraction
+  int64_t timedSteps = 0;                  // steps the four times above cover
+  // The sums scaled from the timed steps to `steps`.
+  double scaled(double v, int64_t steps) const {
+    return timedSteps ? v * static_cast<double>(steps) / static_cast<double>(timedSteps) : 0.0;
+  }
+};
+
+// Sums a few doubles over the group (losses, counts); exact for counts.
+inline void allReduceSum(ProcessGroup& pg, std::vector<double>& v) {
+  if (pg.size() > 1)
+    runtime::allReduce(pg, {.output = v.data(), .count = v.size(), .dtype = DType::kFloat64});
+}
+
+// Gives every rank rank 0's string.
+inline void broadcastString(ProcessGroup& pg, std::string& s) {
+  if (pg.size() == 1) return;
+  auto n = static_cast<int64_t>(s.size());
+  runtime::broadcast(pg, {.buffer = &n, .count = 1, .dtype = DType::kInt64});
+  s.resize(static_cast<size_t>(n));
+  if (n > 0)
+    runtime::broadcast(pg,
+                       {.buffer = s.data(), .count = s.size(), .dtype = DType::kUInt8});
+}
+
+// fp16's loss scaler; DDPRUN_LOSS_SCALE (an integer) sets its start (tests
+// force an overflow with it).
+inline LossScaler makeLossScaler(const TrainConfig& cfg) {
+  if (cfg.precision != Precision::kFp16) return LossScaler();
+  return LossScaler({.initScale = static_cast<float>(
+                         env::integer("DDPRUN_LOSS_SCALE", 65536, 1, int64_t{1} << 62))});
+}
+
+class Run {
+ public:
+  Run(const TrainConfig& cfg, const DataSplit& data, ProcessGroup& pg,
+      const TrainerIo& io)
+      : cfg_(cfg),
+        data_(data),
+        pg_(pg),
+        io_(io),
+        rank0_(pg.rank() == 0),
+        metrics_(rank0_ ? cfg.metrics : std::string(), io.restarted || cfg.resume),
+        progress_(io.progress, rank0_ && !cfg.quiet) {}
+
+  nlohmann::json execute();
+
+ private:
+  void notice(const std::string& s) {
+    if (rank0_) {
+      progress_.finish();
+      std::fprintf(io_.progress, "train: %s\n", s.c_str());
+      std::fflush(io_.progress);
+    }
+  }
+  void setup();
+  void syncBuffers();
+  bool unscaleGrads(float invScale);
+  void bindGrads();
+  std::vector<std::vector<size_t>> bucketLayout() const;
+  void markGradsZero();
+  std::vector<std::pair<float*, size_t>> bufferArrays() const;
+  void loadInit();
+  struct StartPlan;
+  void clearStaleTemporaries();
+  int64_t computeStepsPerEpoch() const;
+  RunShape shape() const;
+  std::vector<CheckpointFile> resumeCandidates();
+  StartPlan planStart();
+  void start();
+  bool applyCheckpoint(const CheckpointFile& file, std::string* why);
+  void trainEpoch();
+  // One step on samples idx[0..n); next/nextN: the following step's samples
+  // (nullptr at the epoch's end), assembled while this step's backward runs.
+  void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
+            int64_t stepsInEpoch);
+  void report(int64_t stepsInEpoch, bool force);
+  void timedLine(int64_t stepsInEpoch);
+  void reportProgress(bool force);
+  std::string progressText(int64_t stepsInEpoch, double loss, double rate,
+                           const char* lossNote) const;
+  std::pair<int64_t, int64_t> evaluate();
+  // `epochDone`: at an epoch's end (the position is the next epoch's start).
+  void saveCheckpoint(bool epochDone = false);
+  // Training seconds of the whole run: earlier attempts' and this one's.
+  double runSeconds() const { return resumed_.runSeconds + since(runStart_); }
+
+  const TrainConfig& cfg_;
+  const DataSplit& data_;
+  ProcessGroup& pg_;
+  TrainerIo io_;
+  bool rank0_;
+  std::string runId_, tag_;  // this run's identity (checkpoint_dir.h)
+  int64_t stepsPerEpoch_ = 0;
+  MetricsWriter metrics_;
+  Progress progress_;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<runtime::Reducer> reducer_;
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<LrSchedule> schedule_;  // --lr-schedule, --warmup-epochs
+  Rng rng_;
+  Position pos_;
+  Breakdown time_;
+  std::unique_ptr<BatchFeed> feed_;  // the input pipeline
+  Tensor dlogits_;
+  LossScaler scaler_ = makeLossScaler(cfg_);
+  // progress accounting
+  double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
+         epochLossCount_ = 0;
+  Clock::time_point intervalStart_, runStart_, lastLine_;
+  double dataWait_ = 0;  // seconds the training thread spent assembling and taking batches
+  // The progress file's bookkeeping: this rank's samples, and at the last report.
+  Clock::time_point lastProgress_;
+  int64_t samplesTrained_ = 0, progressSamples_ = 0;
+  int64_t samplesSeen_ = 0;  // global samples trained in this process
+  // What the checkpoint this process resumed from says earlier attempts did
+  // (zeros on a fresh start); the current epoch's start on this process.
+  RunTotals resumed_{.known = false};
+  Clock::time_point epochStart_;
+  double epochPriorSeconds_ = 0;  // the current epoch's seconds in earlier attempts
+  int64_t stepsRun_ = 0;
+  int64_t totalSteps_ = 0;
+  int64_t runSteps_ = 0;  // steps this process trains (after a resume: the rest)
+
+  // --bench-warmup: the timed window (made in setup(), once the backend exists).
+  std::unique_ptr<BenchWindow> window_;
+  bool windowOpen() const { return window_ && window_->open(); }
+  // --profile-steps: the last steps' device profile.
+  std::unique_ptr<StepProfile> profile_;
+  nlohmann::json profileResult_;
+  DeviceDecision deviceDecision_;  // --device: the choice and why
+  std::optional<double> deviceHidden_;  // the profile's comm-hidden fraction (GPU clock)
+  void checkBenchFlags();
+  bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
+  void profileStepStart();
+  void profileStepEnd();
+  void profilePoint(StepProfile::Point p) {
+    if (profile_) profile_->point(p);
+  }
+  // The all-reduce's share hidden behind backward: from the profile's GPU
+  // timestamps when the reducer is ordered on streams, else from the host
+  // clock of the sampled steps; null when nothing was measured.
+  nlohmann::json commHiddenJson() const {
+    if (reducer_->streamOrdered())
+      return deviceHidden_ ? nlohmann::json(*deviceHidden_) : nlohmann::json(nullptr);
+    return time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed / time_.commTotal)
+                               : nlohmann::json(nullptr);
+  }
+};
+
+}  // namespace ddprun::train::run_detail
