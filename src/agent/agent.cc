@@ -98,6 +98,11 @@ class Agent::Impl {
       return exitCode_;
     }
     rdzv_->setEventHandler([this](RoundEvent ev) { onRoundEvent(ev); });
+    rdzv_->setJoinProgressHandler([this](const rendezvous::JoinProgress& p) {
+      if (state_ != State::kJoining) return;  // a late word of a join that ended
+      joinProgress_ = p;
+      publishStatus();
+    });
     join();
     io_.run();
     return exitCode_;
@@ -177,6 +182,7 @@ class Agent::Impl {
                           group_ ? &group_->workers() : nullptr,
                           rdzv_ && rdzv_->spansNodes() ? rdzv_->describe() : "",
                           rdzv_ ? rdzv_->heartbeatsMissed() : 0};
+    if (state_ == State::kJoining && joinProgress_) view.join = &*joinProgress_;
     view.progress = &progress_;
     view.now = ProgressWatch::Clock::now();
     status_->publish(view);
@@ -208,6 +214,7 @@ class Agent::Impl {
   // ------------------------------------------------------------ joining
   void join() {
     state_ = State::kJoining;
+    joinProgress_.reset();
     joinStarted_ = std::chrono::steady_clock::now();
     publishStatus();
     rdzv_->join(nproc_, [this](std::exception_ptr err, RoundInfo info) {
@@ -776,6 +783,7 @@ class Agent::Impl {
   State state_ = State::kIdle;
   StopCause stopCause_ = StopCause::kNone;
   RoundInfo round_;
+  std::optional<rendezvous::JoinProgress> joinProgress_;  // the pending join's latest word
   std::optional<RoundEvent> peer_;  // how the round ended elsewhere
   bool roundFinished_ = false;      // the round's end said finished while ours ran
   bool roundEndSeen_ = false;       // an event of the running round arrived

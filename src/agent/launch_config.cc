@@ -196,7 +196,8 @@ bool parseC10dKey(const std::string& key, const std::string& value, C10dSettings
       {"last_call_timeout", &out.lastCallTimeout},
       {"close_timeout", &out.closeTimeout},
       {"read_timeout", &out.readTimeout},
-      {"heartbeat_timeout", &out.heartbeatTimeout}};
+      {"heartbeat_timeout", &out.heartbeatTimeout},
+      {"join_progress_interval", &out.joinProgressInterval}};
   for (const auto& [name, field] : timeouts)
     if (key == name) {
       *field = confSeconds(key, value);
@@ -259,7 +260,8 @@ void parseRdzvSettings(LaunchConfig& c) {
          "--rdzv-conf: unknown key(s) " + str::join(unknown, ", ") +
              " ignored (known: timeout, join_timeout, last_call_timeout, close_timeout, "
              "read_timeout, heartbeat_timeout, keep_alive_interval, "
-             "keep_alive_max_attempt, is_host, store_type, use_libuv, token_file)");
+             "keep_alive_max_attempt, join_progress_interval, is_host, store_type, use_libuv, "
+             "token_file)");
   // The rendezvous store's secret: the file wins over the environment.
   if (!c.c10d.tokenFile.empty())
     c.rdzvSecret = store::auth::loadSecret(c.c10d.tokenFile);
@@ -474,6 +476,7 @@ rendezvous::CommonOptions commonOptions(const LaunchConfig& cfg) {
   o.runId = cfg.rdzvId;
   o.keepAliveInterval = cfg.c10d.keepAliveInterval;
   o.keepAliveMaxAttempt = cfg.c10d.keepAliveMaxAttempt;
+  o.joinProgressInterval = cfg.c10d.joinProgressInterval;
   o.authSecret = cfg.rdzvSecret;
   return o;
 }

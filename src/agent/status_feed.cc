@@ -89,6 +89,21 @@ void StatusFeed::publish(const View& v) {
     for (size_t i = 0; i < r.localWorldSizes.size(); ++i)
       s.members.push_back({static_cast<int>(i), r.localWorldSizes[i], layout.baseRanks[i]});
   }
+  if (v.join) {
+    const auto& j = *v.join;
+    status::JoinWait jw;
+    jw.round = j.round;
+    jw.joined = j.joined;
+    jw.minNodes = j.minNodes;
+    jw.maxNodes = j.maxNodes;
+    jw.missingCount = j.missingCount;
+    jw.missing = j.missing;
+    jw.lastCallSeconds = j.lastCallSeconds;
+    jw.waitingSeconds = j.waitingSeconds;
+    jw.waitingFor = j.waitingFor;
+    jw.text = rendezvous::describe(j);
+    s.join = std::move(jw);
+  }
   if (v.workers)
     for (const auto& w : *v.workers) {
       s.workers.push_back(workerStatus(w));

@@ -47,6 +47,8 @@ class StatusFeed {
     // The workers' progress reports (null: none), read at `now`.
     const ProgressWatch* progress = nullptr;
     ProgressWatch::Clock::time_point now{};
+    // Where a pending join stands (null: not joining, or nothing said yet).
+    const rendezvous::JoinProgress* join = nullptr;
   };
   void publish(const View& view);
 

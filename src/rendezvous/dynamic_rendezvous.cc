@@ -66,6 +66,9 @@ class DynamicRendezvous final : public Rendezvous {
   ~DynamicRendezvous() override { shutdown(); }
 
   void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
+  void setJoinProgressHandler(JoinProgressHandler handler) override {
+    progressHandler_ = std::move(handler);
+  }
 
   void join(int localWorldSize, JoinHandler done) override {
     if (stopping_ || cancel_->cancelled()) {
@@ -260,7 +263,9 @@ class DynamicRendezvous final : public Rendezvous {
                  "a node of an elastic job runs 1 to ", detail::kMaxNproc,
                  " workers, got ", localWorldSize);
     ensureConnected();
-    const int64_t deadline = now() + opts_.joinTimeout.count();
+    const int64_t started = now();
+    const int64_t deadline = started + opts_.joinTimeout.count();
+    int64_t nextSay = started + sayEvery();
     me_.nproc = localWorldSize;
     for (bool first = true;; first = false) {
       detail::Turn turn = first ? takeTurn() : detail::Turn{};
@@ -295,9 +300,10 @@ class DynamicRendezvous final : public Rendezvous {
         if (auto info = roundInfo(s)) return *info;
         continue;  // the round ended before it started: join the next
       }
+      tellProgress(s, outcome, started, nextSay);
       // Redundant, or waiting for a finishing round: no deadline, as torchrun.
       if (outcome == JoinOutcome::kWaitEnd) {
-        waitUntil({key(s.round, "end")}, INT64_MAX);
+        waitUntil({key(s.round, "end")}, nextSay);
         continue;
       }
       if (late) giveUp(s);
@@ -306,8 +312,24 @@ class DynamicRendezvous final : public Rendezvous {
       // longer than that) finds itself out and joins again.
       int64_t until = std::min(deadline, now() + heartbeatTimeout().count());
       if (s.lastCallMs) until = std::min(until, s.lastCallMs);
-      waitUntil({key(s.round, "complete")}, until);
+      waitUntil({key(s.round, "complete")}, std::min(until, nextSay));
     }
+  }
+
+  int64_t sayEvery() const { return std::max<int64_t>(1, opts_.joinProgressInterval.count()); }
+
+  // A join that waits says where it stands: to the agent at every look,
+  // and in the log once per joinProgressInterval (nextSay: when next).
+  void tellProgress(const State& s, JoinOutcome outcome, int64_t started, int64_t& nextSay) {
+    const int64_t t = now();
+    JoinProgress p = detail::joinProgress(s, me_.id, outcome, lim_, t);
+    p.waitingSeconds = static_cast<double>(t - started) / 1000.0;
+    if (t >= nextSay) {
+      DDPRUN_NOTICE("rendezvous: job ", opts_.runId, " waiting ",
+                  formatDuration(Millis(t - started)), " to join ", rendezvous::describe(p));
+      nextSay = t + sayEvery();
+    }
+    if (progressHandler_) post_([h = progressHandler_, p] { h(p); });
   }
 
   // The state as a join reads it. A node that has seen this job's state and
@@ -731,6 +753,7 @@ class DynamicRendezvous final : public Rendezvous {
   const detail::Limits lim_;
   const JobKeys keys_;
   EventHandler handler_;  // set before the first join, read by watchers
+  JoinProgressHandler progressHandler_;  // set before the first join
   const std::shared_ptr<store::CancelToken> cancel_ =
       std::make_shared<store::CancelToken>();
   const std::shared_ptr<store::CancelToken> leaveCancel_ =

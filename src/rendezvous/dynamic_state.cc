@@ -460,18 +460,62 @@ State tombstone(int round, const std::string& end, const std::string& why,
   return s;
 }
 
+namespace {
+// The first JoinProgress::kListed of `items`, then "and N more".
+std::string listCut(const std::vector<std::string>& items) {
+  const size_t shown = std::min(items.size(), JoinProgress::kListed);
+  std::string out =
+      str::join(std::vector<std::string>(items.begin(), items.begin() + shown), ", ");
+  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
+  return out;
+}
+
+std::vector<std::string> missingIds(const State& s) {
+  std::vector<std::string> missing;
+  for (const auto& id : s.expected)
+    if (!hasId(s.participants, id)) missing.push_back(id);
+  return missing;
+}
+}  // namespace
+
 std::string describeShortfall(const State& s, const Limits& lim) {
   std::vector<std::string> joined, missing;
   for (const auto& d : s.participants) joined.push_back(describeNode(d.id));
-  for (const auto& id : s.expected)
-    if (!hasId(s.participants, id)) missing.push_back(describeNode(id));
+  for (const auto& id : missingIds(s)) missing.push_back(describeNode(id));
   std::string out = std::to_string(joined.size()) + " of at least " +
                     std::to_string(lim.minNodes) + " nodes joined";
-  if (!joined.empty()) out += " (" + str::join(joined, ", ") + ")";
+  if (!joined.empty()) out += " (" + listCut(joined) + ")";
   const int more = lim.minNodes - count(s);
   if (more > 0) out += "; " + std::to_string(more) + " more needed";
-  if (!missing.empty()) out += "; expected but missing: " + str::join(missing, ", ");
+  if (!missing.empty()) out += "; expected but missing: " + listCut(missing);
   return out;
+}
+
+JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome outcome,
+                          const Limits& lim, int64_t nowMs) {
+  JoinProgress p;
+  p.round = s.round;
+  p.joined = count(s);
+  p.minNodes = lim.minNodes;
+  p.maxNodes = lim.maxNodes;
+  p.expected = static_cast<int>(s.expected.size());
+  const auto missing = missingIds(s);
+  p.missingCount = static_cast<int>(missing.size());
+  for (size_t i = 0; i < missing.size() && i < JoinProgress::kListed; ++i)
+    p.missing.push_back(describeNode(missing[i]));
+  if (s.lastCallMs != 0 && !s.complete)
+    p.lastCallSeconds = static_cast<double>(std::max<int64_t>(0, s.lastCallMs - nowMs)) / 1000.0;
+  if (outcome == JoinOutcome::kWaitEnd) {
+    if (hasId(s.redundancy, me))
+      p.waitingFor = "a place: the running round has --nnodes' maximum of " +
+                     std::to_string(lim.maxNodes) + " nodes (this node is a spare)";
+    else
+      p.waitingFor = "the running round to end (its nodes are finishing)";
+  } else if (p.joined < lim.minNodes) {
+    p.waitingFor = std::to_string(lim.minNodes - p.joined) + " more node" +
+                   (lim.minNodes - p.joined == 1 ? "" : "s");
+  }
+  return p;
 }
 
 }  // namespace ddprun::rendezvous::detail

@@ -221,7 +221,13 @@ State tombstone(int round, const std::string& end, const std::string& why,
                 const Limits& lim, const std::string& me);
 
 // For a join that timed out: who joined, how many more are needed, who was
-// expected but is missing.
+// expected but is missing (each list cut to its first
+// JoinProgress::kListed nodes and a count of the rest).
 std::string describeShortfall(const State& s, const Limits& lim);
+
+// Where `me`'s join stands in `s` after a step that returned `outcome`
+// (kWaitComplete or kWaitEnd), at `nowMs`; waitingSeconds is the caller's.
+JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome outcome,
+                          const Limits& lim, int64_t nowMs);
 
 }  // namespace ddprun::rendezvous::detail

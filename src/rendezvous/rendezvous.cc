@@ -1,7 +1,11 @@
 #include "ddprun/rendezvous/rendezvous.h"
 
+#include <cmath>
+
+#include "ddprun/common/clock.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
+#include "ddprun/common/strings.h"
 #include "hosting.h"
 
 namespace ddprun::rendezvous {
@@ -15,6 +19,24 @@ const char* toString(RoundEnd kind) {
     case RoundEnd::kStoreLost: return "store lost";
   }
   return "unknown";
+}
+
+std::string describe(const JoinProgress& p) {
+  auto secs = [](double s) {
+    return formatDuration(std::chrono::milliseconds(std::llround(std::max(0.0, s) * 1000)));
+  };
+  std::string out = "round " + std::to_string(p.round) + ": " + std::to_string(p.joined) +
+                    " of " + std::to_string(p.maxNodes) + " nodes joined";
+  if (p.minNodes != p.maxNodes)
+    out += " (at least " + std::to_string(p.minNodes) + " needed)";
+  if (!p.waitingFor.empty()) out += "; waiting for " + p.waitingFor;
+  if (p.lastCallSeconds >= 0) out += "; the last call completes it in " + secs(p.lastCallSeconds);
+  if (p.missingCount > 0) {
+    out += "; expected but missing: " + str::join(p.missing, ", ");
+    const int unlisted = p.missingCount - static_cast<int>(p.missing.size());
+    if (unlisted > 0) out += " and " + std::to_string(unlisted) + " more";
+  }
+  return out;
 }
 
 RankLayout assignRanks(const std::vector<int>& localWorldSizes) {

@@ -60,6 +60,9 @@ class StaticRendezvous final : public Rendezvous {
   ~StaticRendezvous() override { shutdown(); }
 
   void setEventHandler(EventHandler handler) override { handler_ = std::move(handler); }
+  void setJoinProgressHandler(JoinProgressHandler handler) override {
+    progressHandler_ = std::move(handler);
+  }
 
   void join(int localWorldSize, JoinHandler done) override {
     const int round = nextRound_++;
@@ -323,29 +326,60 @@ class StaticRendezvous final : public Rendezvous {
         std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
   }
 
-  // The barrier: every node's key. On timeout, names the nodes still absent.
+  // The barrier: every node's key. While it waits, says every
+  // joinProgressInterval which nodes are absent; on timeout, names them.
   void waitForPeers(int round, const std::vector<std::string>& keys,
                     const Deadline& deadline) {
-    try {
-      client_->wait(keys, deadline.remaining());
-      return;
-    } catch (const TimeoutError&) {
-    }
-    std::vector<std::string> nodes, absent;
-    for (int i = 0; i < opts_.nnodes; ++i)
-      if (!client_->check({keys[i]})) {
-        nodes.push_back(std::to_string(i));
-        absent.push_back(keys[i]);
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<int> absent;
+    for (;;) {
+      const auto slice = std::min<Millis>(deadline.remaining(),
+                                          std::max(Millis(1), opts_.joinProgressInterval));
+      if (slice.count() > 0) {
+        try {
+          client_->wait(keys, slice);
+          return;
+        } catch (const TimeoutError&) {
+        }
       }
-    if (absent.empty()) return;  // the last one arrived just now
+      absent.clear();
+      for (int i = 0; i < opts_.nnodes; ++i)
+        if (!client_->check({keys[i]})) absent.push_back(i);
+      if (absent.empty()) return;  // the last one arrived just now
+      if (deadline.expired()) break;
+      tellProgress(round, absent, started);
+    }
+    std::vector<std::string> nodes, absentKeys;
+    for (int i : absent) {
+      nodes.push_back(std::to_string(i));
+      absentKeys.push_back(keys[i]);
+    }
     const bool one = absent.size() == 1;
     DDPRUN_THROW(
         TimeoutError, "rendezvous round ", round, ": node", one ? " " : "s ",
         str::join(nodes, ", "), " of ", opts_.nnodes, " did not join within ",
         formatDuration(opts_.timeout), " (", one ? "key " : "keys ",
-        str::join(absent, ", "), one ? " is" : " are", " absent from the agent store at ",
+        str::join(absentKeys, ", "), one ? " is" : " are", " absent from the agent store at ",
         backend_.storeAddress, "); start every node with --nnodes ", opts_.nnodes,
         ", its own --node-rank and the same --master-addr, --master-port and --rdzv-id");
+  }
+
+  // A barrier still waiting: the log line and the agent's status.
+  void tellProgress(int round, const std::vector<int>& absent,
+                    std::chrono::steady_clock::time_point started) {
+    JoinProgress p;
+    p.round = round;
+    p.minNodes = p.maxNodes = p.expected = opts_.nnodes;
+    p.joined = opts_.nnodes - static_cast<int>(absent.size());
+    p.missingCount = static_cast<int>(absent.size());
+    for (size_t i = 0; i < absent.size() && i < JoinProgress::kListed; ++i)
+      p.missing.push_back("node rank " + std::to_string(absent[i]));
+    const auto waited =
+        std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - started);
+    p.waitingSeconds = static_cast<double>(waited.count()) / 1000.0;
+    DDPRUN_NOTICE("rendezvous: job ", opts_.runId, " waiting ", formatDuration(waited),
+                " to join ", rendezvous::describe(p));
+    if (progressHandler_) post_([h = progressHandler_, p] { h(p); });
   }
 
   std::vector<int> parseSizes(const std::vector<std::string>& keys,
@@ -486,6 +520,7 @@ class StaticRendezvous final : public Rendezvous {
   const Post post_;
   detail::StaticBackend backend_;
   EventHandler handler_;  // set before the first join, read by watchers
+  JoinProgressHandler progressHandler_;  // set before the first join
   const std::shared_ptr<store::CancelToken> cancel_ =
       std::make_shared<store::CancelToken>();
   int nextRound_ = 0;                     // agent's thread

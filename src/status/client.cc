@@ -183,6 +183,16 @@ std::string formatStatusTable(const nlohmann::json& s) {
       {"round:", text(round, "round"), "world size:", text(round, "world_size")},
   });
   o << "members: " << members(round) << "\n";
+  // An agent waiting in its join says where the round stands (newer agents).
+  if (round.is_object() && round.contains("join") && round.at("join").is_object()) {
+    const auto& j = round.at("join");
+    if (j.contains("text") && j.at("text").is_string()) {
+      o << "joining: " << j.at("text").get<std::string>();
+      if (j.contains("waiting_seconds") && j.at("waiting_seconds").is_number())
+        o << " (waiting " << humanSeconds(j.at("waiting_seconds").get<double>()) << ")";
+      o << "\n";
+    }
+  }
   // Fields of newer agents: optional, so that an older agent's status prints.
   if (s.contains("eta_seconds") && s.at("eta_seconds").is_number())
     o << "eta:     " << humanSeconds(s.at("eta_seconds").get<double>())

@@ -84,6 +84,20 @@ nlohmann::json toJson(const Snapshot& s) {
     j["progress"] = progressJson(w.progress);
     workers.push_back(std::move(j));
   }
+  nlohmann::json join = nullptr;
+  if (s.join)
+    join = {{"round", s.join->round},
+            {"joined", s.join->joined},
+            {"min_nodes", s.join->minNodes},
+            {"max_nodes", s.join->maxNodes},
+            {"missing_count", s.join->missingCount},
+            {"missing", s.join->missing},
+            {"last_call_seconds", s.join->lastCallSeconds >= 0
+                                       ? nlohmann::json(s.join->lastCallSeconds)
+                                       : nlohmann::json(nullptr)},
+            {"waiting_seconds", s.join->waitingSeconds},
+            {"waiting_for", s.join->waitingFor},
+            {"text", s.join->text}};
   return {{"run_id", s.runId},
           {"node", s.node},
           {"state", s.agentState},
@@ -97,7 +111,8 @@ nlohmann::json toJson(const Snapshot& s) {
             {"world_size", s.worldSize},
             {"backend", s.backend},
             {"worker_store", s.workerStore},
-            {"members", std::move(members)}}},
+            {"members", std::move(members)},
+            {"join", std::move(join)}}},
           {"workers", std::move(workers)},
           {"eta_seconds", orNull(s.etaSeconds)},
           {"progress_timeout", orNull(s.progressTimeout)},

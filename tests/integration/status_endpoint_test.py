@@ -654,6 +654,53 @@ class StatusEndpoint(DdprunCase):
         self.assertNotIn("file descriptors", read(err0))
         self.assert_agent_messages_clean(read(err0))
 
+    def test_a_waiting_join_says_how_many_joined_and_who_is_missing(self):
+        # Issue 43: an agent waiting in its join is never silent: its status
+        # says which round it waits for and how many nodes joined, `ddprun
+        # status` prints it, and the log repeats it every
+        # join_progress_interval. Alone in a 2:3 job, it waits for one more.
+        port = reserve_port(self)
+        self.start_job("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:%d" % port,
+                       "--nnodes=2:3", "--rdzv-id=joinwait",
+                       "--rdzv-conf=join_progress_interval=0.2,join_timeout=%d" % int(PATIENCE),
+                       "true")
+        s = self.wait_status(lambda s: s["state"] == "joining" and
+                             s["rendezvous"].get("join") is not None,
+                             "the join's progress never shown")
+        j = s["rendezvous"]["join"]
+        self.assertEqual((j["round"], j["joined"], j["min_nodes"], j["max_nodes"]), (0, 1, 2, 3))
+        self.assertEqual(j["waiting_for"], "1 more node")
+        self.assertIsNone(j["last_call_seconds"])
+        self.assertEqual(j["text"], "round 0: 1 of 3 nodes joined (at least 2 needed); "
+                                    "waiting for 1 more node")
+        t = subprocess.run([DDPRUN, "status", "127.0.0.1:%d" % self.port], capture_output=True,
+                           text=True, timeout=PATIENCE)
+        self.assertEqual(t.returncode, 0, t.stderr)
+        self.assertIn("joining: round 0: 1 of 3 nodes joined (at least 2 needed); waiting "
+                      "for 1 more node (waiting ", t.stdout)
+        line = re.compile(r"rendezvous: job joinwait waiting \d+ (ms|s) to join round 0: "
+                          r"1 of 3 nodes joined \(at least 2 needed\); waiting for 1 more node")
+        self.assertTrue(wait_for(lambda: line.search(read(self.err_path)), PATIENCE),
+                        read(self.err_path))
+        self.job.terminate()
+        self.wait_exit(self.job)
+
+    def test_a_static_node_waiting_names_the_absent_node_ranks(self):
+        port = reserve_port(self)
+        self.start_job("--nnodes=3", "--node-rank=0", "--master-addr=127.0.0.1",
+                       "--master-port=%d" % port, "--rdzv-id=staticwait",
+                       "--rdzv-conf=join_progress_interval=0.2,timeout=%d" % int(PATIENCE),
+                       "true")
+        s = self.wait_status(lambda s: s["state"] == "joining" and
+                             s["rendezvous"].get("join") is not None,
+                             "the join's progress never shown")
+        j = s["rendezvous"]["join"]
+        self.assertEqual((j["joined"], j["min_nodes"], j["missing_count"]), (1, 3, 2))
+        self.assertEqual(j["missing"], ["node rank 1", "node rank 2"])
+        self.assertIn("expected but missing: node rank 1, node rank 2", j["text"])
+        self.job.terminate()
+        self.wait_exit(self.job)
+
     def test_bad_flags_and_a_taken_port(self):
         with socket.socket() as holder:
             holder.bind(("127.0.0.1", 0))

@@ -66,6 +66,8 @@ struct C10dSettings {
   std::chrono::milliseconds heartbeatTimeout{5'000};
   std::chrono::milliseconds keepAliveInterval{5'000};
   int keepAliveMaxAttempt = 3;
+  // ddprun's own: how often a waiting join says where it stands (log, status).
+  std::chrono::milliseconds joinProgressInterval{5'000};
   std::optional<bool> isHost;     // unset: inferred from the endpoint
   std::string storeType = "tcp";  // tcp | file
   bool useLibuv = true;

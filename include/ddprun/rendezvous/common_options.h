@@ -19,6 +19,9 @@ struct CommonOptions {
   // header).
   std::chrono::milliseconds keepAliveInterval{5'000};
   int keepAliveMaxAttempt = 3;
+  // A node waiting in join says where the round stands this often (a log
+  // line and its status endpoint: Rendezvous::setJoinProgressHandler).
+  std::chrono::milliseconds joinProgressInterval{5'000};
   // The rendezvous store's shared secret (--rdzv-conf token_file, else
   // $DDPRUN_RDZV_TOKEN): the store admits only clients that know it, and
   // every connection of this agent proves it (docs/rendezvous.md,

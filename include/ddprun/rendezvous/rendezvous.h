@@ -78,6 +78,34 @@ struct RoundEvent {
 
 const char* toString(RoundEnd kind);
 
+// Where a pending join stands: what the agent's log says every few seconds
+// while it waits, and what its status endpoint shows (docs/status.md). A
+// plain value, published by the backend at each look at the round it waits
+// for (through the Post function: on the agent's thread).
+struct JoinProgress {
+  int round = -1;       // the round this node waits for
+  int joined = 0;       // nodes in it so far
+  int minNodes = 0;     // the job's --nnodes
+  int maxNodes = 0;
+  // Nodes the round waits for by name (the last round's survivors, or the
+  // static job's nodes): how many, and the first few that have not joined.
+  int expected = 0;
+  int missingCount = 0;
+  std::vector<std::string> missing;  // "node <addr> (pid P)", at most kListed
+  // Seconds until the last call completes the round with whoever joined
+  // (elastic, MIN reached); negative: no last call is running.
+  double lastCallSeconds = -1;
+  double waitingSeconds = 0;  // since this join began
+  // What the node waits for, when not simply for nodes: "the running round
+  // to end (the job has --nnodes' maximum of nodes)" and the like.
+  std::string waitingFor;
+  static constexpr size_t kListed = 8;
+};
+
+// One line for the log and the status table: "round 2: 3 of 4 nodes joined
+// (min 2, max 4); last call in 12 s; expected but missing: node a (pid 1)".
+std::string describe(const JoinProgress& p);
+
 class Rendezvous {
  public:
   using Post = std::function<void(std::function<void()>)>;
@@ -91,6 +119,11 @@ class Rendezvous {
   // agent's thread), at most one per round; events a node caused itself are
   // passed too (the agent ignores what it already knows). Call once, first.
   virtual void setEventHandler(EventHandler handler) = 0;
+  // While a join waits, `handler` hears where it stands (on the agent's
+  // thread) at least every CommonOptions::joinProgressInterval; backends
+  // that never wait (one node) never call it. Call before join().
+  using JoinProgressHandler = std::function<void(const JoinProgress&)>;
+  virtual void setJoinProgressHandler(JoinProgressHandler handler) { (void)handler; }
 
   // Joins the next round with this node's number of workers. `done` runs on
   // the agent's thread with the round's info, or with an error: TimeoutError

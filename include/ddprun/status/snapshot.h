@@ -46,6 +46,22 @@ struct RoundMember {
   int baseRank = 0;  // global rank of its local rank 0
 };
 
+// Where the agent's pending join stands (rendezvous::JoinProgress as the
+// status shows it); present only while the agent is joining and its
+// rendezvous has said so.
+struct JoinWait {
+  int round = -1;
+  int joined = 0;
+  int minNodes = 0;
+  int maxNodes = 0;
+  int missingCount = 0;
+  std::vector<std::string> missing;       // the first few, "node <addr> (pid P)"
+  double lastCallSeconds = -1;            // until the last call completes it; < 0: none
+  double waitingSeconds = 0;
+  std::string waitingFor;                 // "" or what else it waits for
+  std::string text;                       // the log's one line
+};
+
 // A Prometheus histogram with fixed upper bounds (le), counts per bucket
 // (not cumulative: toPrometheus accumulates them) plus the +Inf one.
 struct Histogram {
@@ -77,6 +93,7 @@ struct Snapshot {
   std::string backend;      // the rendezvous in one line ("" on one node)
   std::string workerStore;  // "host:port" of the round's worker store
   std::vector<RoundMember> members;
+  std::optional<JoinWait> join;  // while joining
   std::vector<WorkerStatus> workers;
   // Seconds to the job's last step, from the slowest local rank's rate
   // (ranks that report total_steps); none when unknown.

@@ -312,6 +312,73 @@ TEST(DynamicStateTest, ShortfallNamesWhoJoinedAndWhoIsMissing) {
       "missing: node b (pid 100), node c (pid 100)");
 }
 
+TEST(DynamicStateTest, ShortfallListsAtMostEightNodesOfEachKind) {
+  Limits lim{20, 24, 30'000};
+  State s;
+  std::vector<NodeDesc> ns;
+  for (int i = 0; i < 12; ++i) ns.push_back(node("n" + std::to_string(i)));
+  joinAll(s, ns, lim);
+  const std::string text = describeShortfall(s, lim);
+  EXPECT_NE(text.find("12 of at least 20 nodes joined"), std::string::npos) << text;
+  EXPECT_NE(text.find("node n7 (pid 100) and 4 more); 8 more needed"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("node n8 "), std::string::npos) << "the ninth is counted, not named";
+}
+
+TEST(DynamicStateTest, JoinProgressOfAFormingRound) {
+  Limits lim{2, 4, 30'000};
+  State s;
+  auto a = node("a");
+  ASSERT_EQ(joinStep(s, a, lim, kT0), JoinOutcome::kWaitComplete);
+  JoinProgress p = joinProgress(s, a.id, JoinOutcome::kWaitComplete, lim, kT0 + 5);
+  EXPECT_EQ(p.round, 0);
+  EXPECT_EQ(p.joined, 1);
+  EXPECT_EQ(p.minNodes, 2);
+  EXPECT_EQ(p.maxNodes, 4);
+  EXPECT_LT(p.lastCallSeconds, 0) << "no last call below MIN";
+  EXPECT_EQ(p.waitingFor, "1 more node");
+  EXPECT_EQ(describe(p), "round 0: 1 of 4 nodes joined (at least 2 needed); waiting for 1 more node");
+  auto b = node("b");
+  joinStep(s, b, lim, kT0 + 1000);
+  p = joinProgress(s, a.id, JoinOutcome::kWaitComplete, lim, kT0 + 11'000);
+  EXPECT_EQ(p.joined, 2);
+  EXPECT_DOUBLE_EQ(p.lastCallSeconds, 20.0) << "started at the MIN-th join, 30 s";
+  EXPECT_EQ(p.waitingFor, "");
+  EXPECT_EQ(describe(p), "round 0: 2 of 4 nodes joined (at least 2 needed); the last call "
+                         "completes it in 20 s");
+}
+
+TEST(DynamicStateTest, JoinProgressNamesTheExpectedNodesMissing) {
+  Limits lim{3, 3, 30'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b"), node("c")};
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(s.complete);
+  endRound(s, 0, RoundEnd::kFailed, 0, "x");
+  joinStep(s, ns[1], lim, kT0);
+  JoinProgress p = joinProgress(s, ns[1].id, JoinOutcome::kWaitComplete, lim, kT0);
+  EXPECT_EQ(p.round, 1);
+  EXPECT_EQ(p.expected, 3);
+  EXPECT_EQ(p.missingCount, 2);
+  EXPECT_EQ(p.missing, (std::vector<std::string>{"node a (pid 100)", "node c (pid 100)"}));
+  EXPECT_EQ(describe(p), "round 1: 1 of 3 nodes joined; waiting for 2 more nodes; expected "
+                         "but missing: node a (pid 100), node c (pid 100)");
+}
+
+TEST(DynamicStateTest, JoinProgressOfASpareSaysSo) {
+  Limits lim{1, 1, 30'000};
+  State s;
+  auto a = node("a");
+  auto b = node("b");
+  ASSERT_EQ(joinStep(s, a, lim, kT0), JoinOutcome::kComplete);
+  ASSERT_EQ(joinStep(s, b, lim, kT0), JoinOutcome::kWaitEnd);
+  JoinProgress p = joinProgress(s, b.id, JoinOutcome::kWaitEnd, lim, kT0);
+  EXPECT_NE(p.waitingFor.find("this node is a spare"), std::string::npos) << p.waitingFor;
+  EXPECT_NE(describe(p).find("round 0: 1 of 1 nodes joined; waiting for a place"),
+            std::string::npos)
+      << describe(p);
+}
+
 TEST(DynamicStateTest, JsonRoundTripsEveryField) {
   Limits lim{1, 2, 30'000};
   State s;

@@ -117,6 +117,23 @@ TEST(StatusTable, ShowsHeaderAndOneLinePerWorker) {
   EXPECT_NE(text.find("LOCAL_RANK"), std::string::npos);
 }
 
+TEST(StatusTable, AJoiningAgentSaysWhereItsRoundStands) {
+  Snapshot s = sample();
+  EXPECT_EQ(formatStatusTable(toJson(s)).find("joining:"), std::string::npos);
+  JoinWait w;
+  w.text = "round 2: 3 of 4 nodes joined; expected but missing: node b (pid 7)";
+  w.waitingSeconds = 75;
+  s.join = w;
+  const auto text = formatStatusTable(toJson(s));
+  EXPECT_NE(text.find("joining: round 2: 3 of 4 nodes joined; expected but missing: node b "
+                      "(pid 7) (waiting "),
+            std::string::npos)
+      << text;
+  auto j = toJson(s);
+  j["rendezvous"]["join"]["waiting_seconds"] = "junk";  // an odd agent: still prints
+  EXPECT_NE(formatStatusTable(j).find("joining: round 2"), std::string::npos);
+}
+
 TEST(StatusTable, ExitShowsSignalName) {
   Snapshot s = sample();
   s.workers[1].state = WorkerState::kStopped;

@@ -79,6 +79,33 @@ TEST(StatusSnapshot, JsonHasEveryField) {
   EXPECT_EQ(w1["signal"], "SIGTERM");
 }
 
+TEST(StatusSnapshot, JoinIsNullUnlessJoiningAndSaysWhereTheRoundStands) {
+  Snapshot s = sample();
+  EXPECT_TRUE(toJson(s)["rendezvous"]["join"].is_null());
+  JoinWait w;
+  w.round = 2;
+  w.joined = 3;
+  w.minNodes = 2;
+  w.maxNodes = 4;
+  w.missingCount = 1;
+  w.missing = {"node b (pid 7)"};
+  w.waitingSeconds = 12.5;
+  w.text = "round 2: 3 of 4 nodes joined";
+  s.join = w;
+  auto j = toJson(s)["rendezvous"]["join"];
+  EXPECT_EQ(j["round"], 2);
+  EXPECT_EQ(j["joined"], 3);
+  EXPECT_EQ(j["min_nodes"], 2);
+  EXPECT_EQ(j["max_nodes"], 4);
+  EXPECT_EQ(j["missing_count"], 1);
+  EXPECT_EQ(j["missing"][0], "node b (pid 7)");
+  EXPECT_TRUE(j["last_call_seconds"].is_null());
+  EXPECT_EQ(j["waiting_seconds"], 12.5);
+  EXPECT_EQ(j["text"], "round 2: 3 of 4 nodes joined");
+  s.join->lastCallSeconds = 4.0;
+  EXPECT_EQ(toJson(s)["rendezvous"]["join"]["last_call_seconds"], 4.0);
+}
+
 TEST(StatusSnapshot, IsoUtcHasMilliseconds) {
   const auto t = std::chrono::system_clock::time_point(std::chrono::milliseconds(1714564800123));
   EXPECT_EQ(isoUtc(t), "2024-05-01T12:00:00.123Z");
