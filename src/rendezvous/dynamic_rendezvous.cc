@@ -394,12 +394,7 @@ class DynamicRendezvous final : public Rendezvous {
   // and the nodes to watch.
   void afterRead(store::Store& store, const State& s) {
     ensureMarkers(store, s);
-    std::vector<std::string> peers;
-    for (const auto& d : s.participants)
-      if (d.id != me_.id) peers.push_back(d.id);
-    for (const auto& id : s.expected)
-      if (id != me_.id && std::find(peers.begin(), peers.end(), id) == peers.end())
-        peers.push_back(id);
+    std::vector<std::string> peers = detail::watchSet(s, me_.id);
     if (peers == peers_) return;
     peers_ = peers;
     liveness_->setPeers(

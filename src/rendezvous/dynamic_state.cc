@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ddprun/common/error.h"
+#include "ddprun/common/hash.h"
 #include "ddprun/common/strings.h"
 #include "round_end.h"
 
@@ -488,6 +489,27 @@ std::string describeShortfall(const State& s, const Limits& lim) {
   const int more = lim.minNodes - count(s);
   if (more > 0) out += "; " + std::to_string(more) + " more needed";
   if (!missing.empty()) out += "; expected but missing: " + listCut(missing);
+  return out;
+}
+
+std::vector<std::string> watchSet(const State& s, const std::string& me) {
+  std::vector<std::string> all;
+  for (const auto& d : s.participants)
+    if (d.id != me) all.push_back(d.id);
+  for (const auto& id : s.expected)
+    if (id != me && std::find(all.begin(), all.end(), id) == all.end()) all.push_back(id);
+  if (all.size() <= kWatchers) return all;
+  // The ring: every id (and me) by hash, ties by id; the kWatchers after me.
+  using Entry = std::pair<uint64_t, std::string_view>;
+  std::vector<Entry> ring;
+  ring.reserve(all.size() + 1);
+  for (const auto& id : all) ring.emplace_back(fnv1a(id), id);
+  const Entry self{fnv1a(me), me};
+  std::sort(ring.begin(), ring.end());
+  auto at = std::upper_bound(ring.begin(), ring.end(), self) - ring.begin();
+  std::vector<std::string> out;
+  for (size_t i = 0; i < kWatchers; ++i)
+    out.emplace_back(ring[(static_cast<size_t>(at) + i) % ring.size()].second);
   return out;
 }
 

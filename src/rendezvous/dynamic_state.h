@@ -225,6 +225,20 @@ State tombstone(int round, const std::string& end, const std::string& why,
 // JoinProgress::kListed nodes and a count of the rest).
 std::string describeShortfall(const State& s, const Limits& lim);
 
+// The nodes `me` watches for liveness in `s`: of the round's participants
+// and expected nodes (and `me`), the kWatchers that follow `me` in the order
+// of a hash of their ids, wrapping around; every other node when there are
+// at most kWatchers + 1 in all. So each node is watched by kWatchers others
+// (its predecessors in that order) and each watcher reads kWatchers beats
+// per interval, whatever the job's size (watching everyone was N^2 reads a
+// heartbeat interval across the job). The hash order spreads a node's
+// watchers over machines, so that one rack's loss leaves few of its nodes
+// without a live watcher; a node whose watchers all died too is noticed
+// by the re-formed round's watchers. In `s`'s order of participants then
+// expected when everyone is watched.
+constexpr size_t kWatchers = 3;
+std::vector<std::string> watchSet(const State& s, const std::string& me);
+
 // Where `me`'s join stands in `s` after a step that returned `outcome`
 // (kWaitComplete or kWaitEnd), at `nowMs`; waitingSeconds is the caller's.
 JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome outcome,

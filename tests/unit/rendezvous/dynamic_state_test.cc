@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "ddprun/common/error.h"
@@ -377,6 +380,53 @@ TEST(DynamicStateTest, JoinProgressOfASpareSaysSo) {
   EXPECT_NE(describe(p).find("round 0: 1 of 1 nodes joined; waiting for a place"),
             std::string::npos)
       << describe(p);
+}
+
+TEST(DynamicStateTest, SmallRoundsWatchEveryone) {
+  Limits lim{4, 4, 30'000};
+  State s;
+  std::vector<NodeDesc> ns = {node("a"), node("b"), node("c"), node("d")};
+  joinAll(s, ns, lim);
+  EXPECT_EQ(watchSet(s, ns[1].id), (std::vector<std::string>{ns[0].id, ns[2].id, ns[3].id}));
+}
+
+TEST(DynamicStateTest, LargeRoundsWatchAFixedNumberEachWatchedAsOften) {
+  Limits lim{1000, 1000, 30'000};
+  State s;
+  std::vector<NodeDesc> ns;
+  for (int i = 0; i < 1000; ++i) ns.push_back(node("10.0." + std::to_string(i / 256) + "." +
+                                                  std::to_string(i % 256)));
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(s.complete);
+  std::map<std::string, int> watchers;
+  for (const auto& n : ns) {
+    auto set = watchSet(s, n.id);
+    ASSERT_EQ(set.size(), kWatchers);
+    EXPECT_EQ(std::set<std::string>(set.begin(), set.end()).size(), kWatchers) << n.id;
+    EXPECT_EQ(std::count(set.begin(), set.end(), n.id), 0) << "never itself";
+    EXPECT_EQ(set, watchSet(s, n.id)) << "the same on every look";
+    for (const auto& w : set) ++watchers[w];
+  }
+  ASSERT_EQ(watchers.size(), ns.size()) << "every node is watched";
+  for (const auto& [id, count] : watchers) EXPECT_EQ(count, int(kWatchers)) << id;
+  // Neighbours by address (one rack) are not each other's only watchers.
+  auto set = watchSet(s, ns[0].id);
+  EXPECT_FALSE(set == (std::vector<std::string>{ns[1].id, ns[2].id, ns[3].id}));
+}
+
+TEST(DynamicStateTest, AFormingRoundWatchesTheExpectedNodesToo) {
+  Limits lim{2, 8, 30'000};
+  State s;
+  std::vector<NodeDesc> ns;
+  for (int i = 0; i < 8; ++i) ns.push_back(node("n" + std::to_string(i)));
+  joinAll(s, ns, lim);
+  ASSERT_TRUE(s.complete);
+  endRound(s, 0, RoundEnd::kFailed, 0, "x");
+  joinStep(s, ns[0], lim, kT0);  // 1 participant, 8 expected
+  std::map<std::string, int> watchers;
+  for (const auto& n : ns)
+    for (const auto& w : watchSet(s, n.id)) ++watchers[w];
+  ASSERT_EQ(watchers.size(), 8u) << "the expected nodes that have not joined yet too";
 }
 
 TEST(DynamicStateTest, JsonRoundTripsEveryField) {
