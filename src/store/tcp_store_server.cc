@@ -3,11 +3,18 @@
 
 #include "ddprun/store/tcp_store_server.h"
 
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -30,6 +37,14 @@ namespace {
 // most this, and each chunk costs O(chunk) (the parser resumes), so other
 // clients get a turn between chunks of a 32 MiB upload.
 constexpr size_t kReadChunk = 64 * 1024;
+
+// Connections accepted per readiness of the listening socket before the io
+// thread serves others (then it comes back at once if more are queued). At
+// least the usual somaxconn, so one turn empties a full accept queue.
+constexpr int kAcceptBatch = 4096;
+// Accepted connections made sessions (epoll registration, first read) per
+// turn of the io thread.
+constexpr size_t kSetupBatch = 256;
 
 std::string endpointText(const tcp::endpoint& ep) {
   return net::formatHostPort(ep.address().to_string(), ep.port());
@@ -82,7 +97,16 @@ class TcpStoreServer::Impl : public Outbox {
   }
 
   void run() {
-    accept();
+    if (opts_.acceptThread) {
+      stopAccepting_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (stopAccepting_ < 0)
+        DDPRUN_THROW(IoError, "eventfd for the accept thread: ", std::strerror(errno));
+      acceptThread_ = std::thread([this, fd = acceptor_.native_handle()] { acceptLoop(fd); });
+      // The io thread has no operation of its own pending until then.
+      work_.emplace(asio::make_work_guard(io_));
+    } else {
+      accept();
+    }
     if (opts_.idleTimeout.count() > 0 || !opts_.authToken.empty()) armIdleTimer();
     thread_ = std::thread([this] { loop(); });
   }
@@ -109,11 +133,21 @@ class TcpStoreServer::Impl : public Outbox {
     std::lock_guard<std::mutex> lock(stopMu_);
     if (stopped_) return;
     stopped_ = true;
+    if (acceptThread_.joinable()) {
+      uint64_t one = 1;
+      (void)!::write(stopAccepting_, &one, sizeof one);
+      acceptThread_.join();
+      ::close(stopAccepting_);
+    }
     asio::post(io_, [this] {
       error_code ec;
       acceptor_.close(ec);
       idleTimer_.cancel();
       for (auto& [id, s] : sessions_) s->socket.close(ec);
+      for (auto& f : fresh_) ::close(f.fd);
+      fresh_.clear();
+      for (auto& f : incoming_) ::close(f.fd);
+      incoming_.clear();
       io_.stop();
     });
     if (thread_.joinable()) thread_.join();
@@ -192,9 +226,10 @@ class TcpStoreServer::Impl : public Outbox {
     explicit Session(tcp::socket sock) : socket(std::move(sock)) {}
     tcp::socket socket;
     ConnId id = 0;
-    std::string peer;
+    tcp::endpoint peer;  // formatted only when logged
     std::string out;      // replies not yet handed to the socket
     std::string writing;  // replies being written
+    size_t writingCharge = 0;  // what `writing` is charged (the replies' full size)
     size_t chargedInFlight = 0;  // bytes of `writing` still charged after close
     bool dirty = false;
     bool readPaused = false;
@@ -216,15 +251,33 @@ class TcpStoreServer::Impl : public Outbox {
     if (ep.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
     acceptor_.bind(ep, ec);
     if (ec) return false;
-    acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    acceptor_.listen(opts_.listenBacklog, ec);
     if (ec) return false;
+    acceptor_.non_blocking(true, ec);  // accept4 below must never block
+    if (ec) return false;
+    acceptor_.set_option(tcp::no_delay(true), ec);  // inherited by accepted sockets
     bound_ = acceptor_.local_endpoint(ec);
     return !ec;
   }
 
+  // One accept loop that never waits on a client. Each readiness of the
+  // listening socket takes every queued connection off the kernel's accept
+  // queue with accept4() (up to kAcceptBatch; the wait is re-armed at once
+  // for more), doing nothing else per connection, so the queue (at most
+  // net.core.somaxconn long) is emptied as fast as a burst of connects fills
+  // it: a connect that finds it full has its SYN dropped and waits for a
+  // retransmission (1 s, then 3 s). The accepted descriptors are set up as
+  // sessions afterwards, kSetupBatch per turn, between the io thread's other
+  // work; a connection waiting for that costs a descriptor and an entry in
+  // fresh_, its bytes waiting in the kernel.
   void accept() {
-    acceptor_.async_accept([this](error_code ec, tcp::socket sock) {
+    acceptor_.async_wait(tcp::acceptor::wait_read, [this](error_code ec) {
       if (ec == asio::error::operation_aborted) return;
+      if (!ec) ec = acceptPending();
+      if (!fresh_.empty() && !setupPosted_) {
+        setupPosted_ = true;
+        asio::post(io_, [this] { setUpFresh(); });
+      }
       if (ec) {
         // Out of descriptors and the like: log, back off, keep serving.
         DDPRUN_WARN("accept failed: ", ec.message());
@@ -232,35 +285,161 @@ class TcpStoreServer::Impl : public Outbox {
         timer->async_wait([this, timer](error_code) { accept(); });
         return;
       }
-      onAccept(std::move(sock));
       accept();
     });
   }
 
-  void onAccept(tcp::socket sock) {
+  // A descriptor accepted, not yet a session.
+  struct Fresh {
+    int fd = -1;
+    tcp::endpoint peer;
+  };
+
+  // The accept thread (TcpStoreServerOptions::acceptThread): sleeps in
+  // poll() on the listening socket, takes every queued connection with
+  // accept4() when woken, hands the descriptors to the io thread and sleeps
+  // again. It touches no state but incoming_ (under incomingMu_). Mostly
+  // asleep, it is scheduled at once when connects arrive, even while the
+  // io thread is busy or waiting for a CPU, so the kernel's queue stays short.
+  void acceptLoop(int listenFd) {
+    for (;;) {
+      pollfd p[2] = {{listenFd, POLLIN, 0}, {stopAccepting_, POLLIN, 0}};
+      if (::poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        DDPRUN_WARN("accept thread: poll failed: ", std::strerror(errno), "; accepting stops");
+        return;
+      }
+      if (p[1].revents != 0) return;
+      std::vector<Fresh> got;
+      int err = takeQueued(listenFd, got);
+      if (!got.empty()) handOver(std::move(got));
+      if (err != 0) {
+        // Out of descriptors and the like: log, back off, keep serving.
+        DDPRUN_WARN("accept failed: ", std::strerror(err));
+        pollfd stop{stopAccepting_, POLLIN, 0};
+        if (::poll(&stop, 1, 50) > 0) return;
+      }
+    }
+  }
+
+  // accept4() until the queue is empty; returns the errno that stopped it
+  // early (0: none).
+  static int takeQueued(int listenFd, std::vector<Fresh>& got) {
+    while (got.size() < static_cast<size_t>(kAcceptBatch)) {
+      Fresh f;
+      socklen_t len = static_cast<socklen_t>(f.peer.capacity());
+      f.fd = ::accept4(listenFd, f.peer.data(), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (f.fd >= 0) {
+        f.peer.resize(std::min<size_t>(len, f.peer.capacity()));
+        got.push_back(f);
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      return errno;
+    }
+    return 0;
+  }
+
+  void handOver(std::vector<Fresh> got) {
+    bool post = false;
+    {
+      std::lock_guard<std::mutex> lock(incomingMu_);
+      incoming_.insert(incoming_.end(), got.begin(), got.end());
+      post = !incomingPosted_;
+      incomingPosted_ = true;
+    }
+    if (post) asio::post(io_, [this] { takeIncoming(); });
+  }
+
+  // On the io thread: the accept thread's descriptors join fresh_ (or are
+  // refused over the connection limit).
+  void takeIncoming() {
+    std::vector<Fresh> got;
+    {
+      std::lock_guard<std::mutex> lock(incomingMu_);
+      got.swap(incoming_);
+      incomingPosted_ = false;
+    }
+    for (auto& f : got) {
+      if (sessions_.size() + fresh_.size() >= opts_.limits.maxConnections)
+        refuse(f);
+      else
+        fresh_.push_back(f);
+    }
+    if (!fresh_.empty() && !setupPosted_) {
+      setupPosted_ = true;
+      asio::post(io_, [this] { setUpFresh(); });
+    }
+  }
+
+  error_code acceptPending() {
+    for (int i = 0; i < kAcceptBatch && acceptor_.is_open(); ++i) {
+      Fresh f;
+      socklen_t len = static_cast<socklen_t>(f.peer.capacity());
+      f.fd = ::accept4(acceptor_.native_handle(), f.peer.data(), &len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (f.fd >= 0) {
+        f.peer.resize(std::min<size_t>(len, f.peer.capacity()));
+        if (sessions_.size() + fresh_.size() >= opts_.limits.maxConnections)
+          refuse(f);
+        else
+          fresh_.push_back(f);
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // That one client reset or gave up while queued: go on with the next.
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      return error_code(errno, asio::error::get_system_category());
+    }
+    return {};
+  }
+
+  void refuse(const Fresh& f) {
+    std::string note;
+    if (refuseLog_.admit(std::chrono::steady_clock::now(), note))
+      DDPRUN_WARN("refusing connection from ", endpointText(f.peer), ": ",
+                  opts_.limits.maxConnections,
+                  " connections are open (raise --max-connections)", note);
+    bumpRejected();
+    ::close(f.fd);
+  }
+
+  // Sets up to kSetupBatch accepted descriptors as sessions, then yields to
+  // whatever else is ready (a new readiness of the listener included).
+  void setUpFresh() {
+    setupPosted_ = false;
+    for (size_t i = 0; i < kSetupBatch && !fresh_.empty(); ++i) {
+      Fresh f = fresh_.front();
+      fresh_.pop_front();
+      open(f);
+    }
+    if (!fresh_.empty()) {
+      setupPosted_ = true;
+      asio::post(io_, [this] { setUpFresh(); });
+    }
+  }
+
+  void open(const Fresh& f) {
     error_code ec;
-    auto peer = sock.remote_endpoint(ec);
-    std::string peerText = ec ? "unknown peer" : endpointText(peer);
-    if (sessions_.size() >= opts_.limits.maxConnections) {
-      std::string note;
-      if (refuseLog_.admit(std::chrono::steady_clock::now(), note))
-        DDPRUN_WARN("refusing connection from ", peerText, ": ",
-                    opts_.limits.maxConnections,
-                    " connections are open (raise --max-connections)", note);
-      bumpRejected();
-      sock.close(ec);
+    tcp::socket sock(io_);
+    sock.assign(f.peer.protocol(), f.fd, ec);
+    if (ec) {  // epoll registration failed (out of memory)
+      DDPRUN_WARN("cannot serve the connection from ", endpointText(f.peer), ": ",
+                  ec.message());
+      ::close(f.fd);
       return;
     }
-    sock.set_option(tcp::no_delay(true), ec);
-    sock.non_blocking(true, ec);
+    // TCP_NODELAY comes from the listening socket (Linux copies it).
+    sock.non_blocking(true, ec);  // already (accept4); tells Asio so
     auto s = std::make_shared<Session>(std::move(sock));
     s->id = nextId_++;
-    s->peer = std::move(peerText);
+    s->peer = f.peer;
     sessions_[s->id] = s;
     liveConnections_ = sessions_.size();
     state_.open(s->id);
-    DDPRUN_DEBUG("connection ", s->id, " from ", s->peer);
-    read(s);
+    DDPRUN_DEBUG("connection ", s->id, " from ", endpointText(s->peer));
+    onReadable(s, {});  // its first request (the handshake) is usually here already
   }
 
   // Reactor style: wait until the socket is readable, then read into the one
@@ -283,7 +462,7 @@ class TcpStoreServer::Impl : public Outbox {
       if (ec == asio::error::eof) s->end = ConnEnd::kClosed;
       if (ec != asio::error::eof && ec != asio::error::connection_reset &&
           ec != asio::error::operation_aborted)
-        DDPRUN_DEBUG("read from ", s->peer, " failed: ", ec.message());
+        DDPRUN_DEBUG("read from ", endpointText(s->peer), " failed: ", ec.message());
       close(s);
       return;
     }
@@ -361,9 +540,9 @@ class TcpStoreServer::Impl : public Outbox {
     auto now = std::chrono::steady_clock::now();
     if (!state_.authenticated(s->id)) {
       if (authLog_.admit(now, note))
-        DDPRUN_WARN("unauthenticated client ", s->peer, " closed: ", why, note);
+        DDPRUN_WARN("unauthenticated client ", endpointText(s->peer), " closed: ", why, note);
     } else if (closeLog_.admit(now, note)) {
-      DDPRUN_WARN("closing connection from ", s->peer, ": ", why, note);
+      DDPRUN_WARN("closing connection from ", endpointText(s->peer), ": ", why, note);
     }
     close(s);
   }
@@ -422,12 +601,30 @@ class TcpStoreServer::Impl : public Outbox {
     stats_.connectionsRejected += extraRejected_;
   }
 
+  // Most replies fit in the socket's send buffer: they are sent here, with
+  // no handler to run later. What does not fit (or an error) goes the
+  // asynchronous way, whose handler reports errors. Never closes or resumes
+  // a session itself: it runs inside flushDirty's loop.
   void write(const SessionPtr& s) {
     if (s->closed || !s->writing.empty() || s->out.empty()) return;
+    error_code ec;
+    size_t n = s->socket.send(asio::buffer(s->out), 0, ec);  // non-blocking
+    if (ec) n = 0;
+    if (n == s->out.size()) {
+      state_.sent(s->id, n);
+      std::string().swap(s->out);  // free it, not only clear
+      if (s->readPaused && !state_.paused(s->id))
+        asio::post(io_, [this, s] { resumeReads(s); });
+      return;
+    }
+    // The whole reply stays charged (and held: erase keeps the allocation)
+    // until the rest is written, as if none of it had gone.
+    s->writingCharge = s->out.size();
+    s->out.erase(0, n);
     s->writing.swap(s->out);
     asio::async_write(s->socket, asio::buffer(s->writing),
                       [this, s](error_code ec, size_t) {
-                        size_t done = s->writing.size();
+                        size_t done = std::exchange(s->writingCharge, 0);
                         std::string().swap(s->writing);  // free it, not only clear
                         if (s->closed) {
                           state_.releaseInFlight(s->chargedInFlight);
@@ -440,12 +637,16 @@ class TcpStoreServer::Impl : public Outbox {
                         }
                         state_.sent(s->id, done);
                         write(s);
-                        if (s->readPaused && !state_.paused(s->id)) {
-                          s->readPaused = false;
-                          std::string err = guarded([&] { return state_.resume(s->id); });
-                          afterServing(s, err);
-                        }
+                        resumeReads(s);
                       });
+  }
+
+  // A session paused for backpressure reads on once its output drained.
+  void resumeReads(const SessionPtr& s) {
+    if (s->closed || !s->readPaused || state_.paused(s->id)) return;
+    s->readPaused = false;
+    std::string err = guarded([&] { return state_.resume(s->id); });
+    afterServing(s, err);
   }
 
   void close(const SessionPtr& s) {
@@ -455,7 +656,7 @@ class TcpStoreServer::Impl : public Outbox {
     s->socket.shutdown(tcp::socket::shutdown_both, ec);
     s->socket.close(ec);
     // What an in-flight write holds stays charged until its handler frees it.
-    s->chargedInFlight = s->writing.size();
+    s->chargedInFlight = s->writingCharge;
     std::string().swap(s->out);
     state_.closed(s->id, s->chargedInFlight, s->end);
     sessions_.erase(s->id);
@@ -469,13 +670,21 @@ class TcpStoreServer::Impl : public Outbox {
   }
 
   TcpStoreServerOptions opts_;
-  asio::io_context io_;
+  asio::io_context io_{1};  // one thread runs it (others only post to it)
   ServerState state_;
   tcp::acceptor acceptor_;
   tcp::endpoint bound_;
   std::thread thread_;
   std::unordered_map<ConnId, SessionPtr> sessions_;
   std::vector<ConnId> dirty_;
+  std::deque<Fresh> fresh_;  // accepted, not yet sessions (setUpFresh)
+  bool setupPosted_ = false;
+  std::thread acceptThread_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  int stopAccepting_ = -1;  // eventfd: the accept thread ends when it is written
+  std::mutex incomingMu_;
+  std::vector<Fresh> incoming_;  // accepted by the accept thread, for the io thread
+  bool incomingPosted_ = false;
   std::vector<std::pair<ConnId, std::string>> toClose_;
   asio::steady_timer idleTimer_{io_};
   LogLimiter refuseLog_;

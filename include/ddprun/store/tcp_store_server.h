@@ -45,6 +45,17 @@ struct TcpStoreServerOptions {
   // an agent's death the moment the kernel closes its connection. A peer's
   // closed end is read from its socket (POLLRDHUP) when a tombstone is read.
   std::vector<LeaseRule> leases{};
+  // Length of the kernel's queue of connections not yet accepted (the
+  // server empties it at every readiness; see docs/store.md). Linux caps it
+  // at net.core.somaxconn (4096 by default since 5.4; raise that sysctl for
+  // bigger bursts): a connect that finds the queue full has its SYN dropped
+  // and retried by the client 1 s, then 3 s, later. Last, so that positional
+  // initialisers of the fields above keep their meaning.
+  int listenBacklog{65535};
+  // Accept on a thread of its own (it only accepts and hands descriptors to
+  // the io thread, which alone touches the store's state). Off: the io
+  // thread accepts, emptying the queue at every readiness.
+  bool acceptThread{true};
 };
 
 class TcpStoreServer {
