@@ -38,11 +38,13 @@ struct ClientKind {
   std::string ownedPrefix;
 };
 
-// `timeout` bounds connecting, `requestTimeout` each request.
+// `timeout` bounds connecting, `requestTimeout` each request; `via` opens
+// the client (TcpStore::connect when empty).
 std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
                                               std::shared_ptr<store::CancelToken> cancel,
                                               Millis timeout, Millis requestTimeout,
-                                              const ClientKind& kind) {
+                                              const ClientKind& kind,
+                                              const EndpointConnect& via) {
   store::TcpStoreOptions o;
   o.host = opts.endpointHost;
   o.port = opts.endpointPort;
@@ -54,6 +56,7 @@ std::unique_ptr<store::Store> connectEndpoint(const DynamicOptions& opts,
   o.name = kind.name;
   o.reconnect.budget = kind.reconnectBudget;
   o.ownedPrefix = kind.ownedPrefix;
+  if (via) return via(o);
   return store::TcpStore::connect(o);
 }
 
@@ -81,7 +84,7 @@ void hostEndpoint(DynamicOptions& opts, const std::shared_ptr<HostedStores>& hos
 
 }  // namespace
 
-DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
+DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts, EndpointConnect via) {
   // The host serves the endpoint for the rendezvous's whole life, and group
   // rank 0 each round's worker store; both stop at shutdown.
   auto hosted = std::make_shared<HostedStores>();
@@ -89,9 +92,9 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
   DynamicBackend b;
   b.hosting = hosted->hosting();
   b.storeAddress = net::formatHostPort(opts.endpointHost, opts.endpointPort);
-  b.connect = [opts](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
+  b.connect = [opts, via](std::shared_ptr<store::CancelToken> cancel, Millis timeout) {
     return connectEndpoint(opts, std::move(cancel), timeout, opts.readTimeout,
-                           {"rendezvous", heartbeatTimeout(opts), ""});
+                           {"rendezvous", heartbeatTimeout(opts), ""}, via);
   };
   b.localAddress = [](store::Store& s) {
     auto* tcp = dynamic_cast<store::TcpStore*>(&s);
@@ -99,7 +102,7 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
   };
   b.startWorkerStore = [hosted] { return hosted->startWorkerStore(); };
   b.missedBeats = std::make_shared<std::atomic<uint64_t>>(0);
-  b.startLiveness = [opts, missed = b.missedBeats](
+  b.startLiveness = [opts, via, missed = b.missedBeats](
                         const std::string& self) -> std::unique_ptr<Liveness> {
     HeartbeatOptions h;
     h.interval = opts.keepAliveInterval;
@@ -111,11 +114,14 @@ DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts) {
     // loaded machine is no reason to give up.
     // A broken connection is replaced within one interval (the beats' own
     // retry is the next interval), and the new one owns this node's key.
-    Heartbeat::Connect connect = [opts](std::shared_ptr<store::CancelToken> cancel) {
-      return connectEndpoint(opts, std::move(cancel), opts.keepAliveInterval,
-                             heartbeatTimeout(opts),
-                             {"heartbeat", opts.keepAliveInterval,
-                              "ddprun/" + opts.runId + "/hb/"});
+    // A new connection gets the whole heartbeat timeout to connect and
+    // handshake: one the store's kernel accepted is waited on, not dropped
+    // after an interval and opened again (under a connection storm that
+    // only adds to the storm); stop() cancels the wait.
+    Heartbeat::Connect connect = [opts, via](std::shared_ptr<store::CancelToken> cancel) {
+      return connectEndpoint(
+          opts, std::move(cancel), heartbeatTimeout(opts), heartbeatTimeout(opts),
+          {"heartbeat", opts.keepAliveInterval, "ddprun/" + opts.runId + "/hb/"}, via);
     };
     return std::make_unique<HeartbeatLiveness>(h, std::move(connect),
                                                "ddprun/" + opts.runId + "/hb/", self);

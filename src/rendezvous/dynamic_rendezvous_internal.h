@@ -81,10 +81,21 @@ std::unique_ptr<Rendezvous> makeDynamicRendezvous(const DynamicOptions& opts,
                                                   Rendezvous::Post post,
                                                   DynamicBackend backend);
 
+// Opens one client of the endpoint's store from the options the backend
+// made for it (name "rendezvous" or "heartbeat", its cancel token, timeouts,
+// owned keys): TcpStore::connect, or a wrapper of it (src/bench/rdzv_sim.cc
+// adds latency, counts requests and bytes, and cuts a node off). The same
+// contract as DynamicBackend::connect.
+using EndpointConnect =
+    std::function<std::unique_ptr<store::Store>(const store::TcpStoreOptions& opts)>;
+
 // The real backend. A host binds the endpoint's port here (explicit: IoError
 // naming the holder; inferred: a port in use makes it a client) and, for
 // port 0, writes the port it got into opts; opts.isHost says whether it hosts.
-DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts);
+// Every client of the endpoint (the rendezvous's and the heartbeat's) is
+// opened through `via` when set. A wrapped client is no TcpStore: give such
+// a node opts.localAddr.
+DynamicBackend makeDynamicTcpBackend(DynamicOptions& opts, EndpointConnect via = {});
 
 // InvalidArgument for options that can never work.
 void validate(const DynamicOptions& opts);
