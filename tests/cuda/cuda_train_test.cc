@@ -1888,8 +1888,20 @@ TEST_F(CudaBackendTest, CachingAllocatorReusesBlocks) {
 TEST_F(CudaBackendTest, TensorsMayOutliveTheBackend) {
   Tensor t(Shape{100}, gpu_->allocator());
   gpu_.reset();  // the allocator stays until t goes
-  t = Tensor();
+  // The memory is still the tensor's device memory: written and read back
+  // through the runtime, with no backend left.
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, t.raw()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaMemset(t.raw(), 0x3f, t.bytes()), cudaSuccess);
+  std::vector<unsigned char> host(t.bytes());
+  ASSERT_EQ(cudaMemcpy(host.data(), t.raw(), host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host, std::vector<unsigned char>(host.size(), 0x3f));
+  t = Tensor();  // freed through the allocator the backend left behind
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   gpu_ = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+  Tensor u(Shape{100}, gpu_->allocator());
+  EXPECT_NE(u.raw(), nullptr);
 }
 
 TEST_F(CudaBackendTest, GradientMemory) {

@@ -111,11 +111,14 @@ class CudaMatrix(LaunchTest):
         p = subprocess.run(self.ddprun("--nproc-per-node=2", "--standalone",
                                        "--no-python", CHECK, "--device", "cuda"),
                            capture_output=True, text=True, timeout=600, env=env_with(**(env or {})))
-        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         skipped = [l for l in p.stdout.splitlines() if "SKIPPED" in l]
         if skipped:  # coll_check found no GPU; it says why (and whether CUDA was built)
             self.assertEqual(len(skipped), 2, p.stdout)
+            # A skipped check exits 77, never 0: ddprun reports its workers' failure.
+            self.assertRegex(p.stderr + p.stdout, r"exitcode\s*:\s*77\b")
+            self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
             self.skipTest(skipped[0].split("SKIPPED", 1)[1].lstrip(": "))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(p.stdout.count("checks passed"), 2, p.stdout)
         return p.stdout
 
