@@ -148,8 +148,24 @@ DeviceInventory probeDevices(DeviceChoice device) {
   return inv;
 }
 
-bool deterministicFromEnv() {
-  return env::integer("DDPRUN_CUDNN_DETERMINISTIC", 0, 0, 1) == 1;
+CudaBackendOptions withEnvSwitches(CudaBackendOptions o) {
+  if (env::integer("DDPRUN_CUDNN_DETERMINISTIC", 0, 0, 1) == 1) o.deterministic = true;
+  o.activations16 = env::integer("DDPRUN_CUDA_ACT16", o.activations16 ? 1 : 0, 0, 1) == 1;
+  o.ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", o.ourBatchNorm ? 1 : 0, 0, 1) == 1;
+  o.graphConv = static_cast<CudaBackendOptions::GraphConv>(
+      env::integer("DDPRUN_CUDNN_GRAPH", static_cast<int64_t>(o.graphConv), 0, 2));
+  o.ownPool = env::integer("DDPRUN_CUDA_OWN_POOL", o.ownPool ? 1 : 0, 0, 1) == 1;
+  o.cudnnBnFusion = env::integer("DDPRUN_CUDNN_BN_FUSION", o.cudnnBnFusion ? 1 : 0, 0, 1) == 1;
+  if (const auto v = env::get("DDPRUN_CUDA_ALLOCATOR"); v && !v->empty()) {
+    if (*v == "caching")
+      o.memory = CudaBackendOptions::Memory::kCaching;
+    else if (*v == "async")
+      o.memory = CudaBackendOptions::Memory::kAsync;
+    else
+      DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_ALLOCATOR='", str::escape(*v),
+                   "': expected caching (the default) or async (CUDA's cudaMallocAsync pool)");
+  }
+  return o;
 }
 
 DeviceDecision decideDevice(DeviceChoice device, Precision precision,
@@ -191,20 +207,18 @@ std::unique_ptr<Backend> makeBackend(const TrainConfig& cfg, DeviceDecision* dec
       decideDevice(cfg.device, cfg.precision, probeDevices(cfg.device));
   if (decision) *decision = d;
   if (d.cuda)
-    return loadCudaBackend(
+    return loadCudaBackend(withEnvSwitches(
         {.device = runtime::cudaSelectedDevice(),
          .precision = cfg.precision,
-         .deterministic = cfg.deterministic || deterministicFromEnv(),
+         .deterministic = cfg.deterministic,
          .nhwc = nhwcLayout(cfg.layout, cfg.precision),
          // The trainer's defaults, from the H200 run of 2026-11-27
          // (docs/benchmarks.md): 16-bit activations (+28 % in bf16, half
          // the memory) and our batch norm (+3 % in tf32); =0 is the A/B.
          // The graph-API search stays opt-in (+2 % in bf16 for +27 % of
          // reserved memory).
-         .activations16 = env::integer("DDPRUN_CUDA_ACT16", 1, 0, 1) == 1,
-         .ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", 1, 0, 1) == 1,
-         .graphConv = static_cast<CudaBackendOptions::GraphConv>(
-             env::integer("DDPRUN_CUDNN_GRAPH", 0, 0, 2))});
+         .activations16 = true,
+         .ourBatchNorm = true}));
   return makeCpuBackend(cfg.threads);
 }
 

@@ -338,6 +338,8 @@ class CudaBackendTest : public ::testing::Test {
   void withBackend(const CudaBackendOptions& o, const std::function<void()>& f) {
     auto other = makeCudaBackend(o);
     std::swap(gpu_, other);
+    const CudaBackendOptions before = opts_;
+    opts_ = o;
     const bool p16 = o.precision == Precision::kBf16 || o.precision == Precision::kFp16;
     nhwc_ = o.nhwc;
     if (o.activations16 && o.nhwc && p16)
@@ -348,6 +350,7 @@ class CudaBackendTest : public ::testing::Test {
     gPrintWorst = false;
     act_ = DType::kFloat32;
     nhwc_ = false;
+    opts_ = before;
     std::swap(gpu_, other);
   }
 
@@ -509,6 +512,7 @@ class CudaBackendTest : public ::testing::Test {
   }
 
   std::unique_ptr<Backend> cpu_, gpu_;
+  CudaBackendOptions opts_;  // gpu_'s, inside withBackend
   bool nhwc_ = false;  // gpu_'s activations are NHWC (withNhwc)
   DType act_ = DType::kFloat32;  // and their element type (withAct16)
 };
@@ -1150,19 +1154,19 @@ TEST_F(CudaBackendTest, NhwcFlattenGivesPyTorchOrder) {
 }
 
 // Batch norm + ReLU (+ the residual add) as one layer, on NHWC with cuDNN's
-// fused kernels (DDPRUN_CUDNN_BN_FUSION=1; where cuDNN refuses them the layer
+// fused kernels (CudaBackendOptions::cudnnBnFusion; where cuDNN refuses them the layer
 // says so on stderr and runs the layers apart): against the CPU's
 // composition, inputs around 0 and around 100 (the variance must not
 // cancel), two steps (running statistics, accumulated gradients).
 TEST_F(CudaBackendTest, NhwcBatchNormActMatchesCpu) {
-  setenv("DDPRUN_CUDNN_BN_FUSION", "1", 1);
-  withNhwc(Precision::kFp32, [&] {
-    checkBatchNormAct([](float centre) {
-      const double r = centre != 0.0f ? 1e-3 : 1e-4;
-      return BnTol{r, r, r};
-    });
-  });
-  unsetenv("DDPRUN_CUDNN_BN_FUSION");
+  withBackend({.device = 0, .precision = Precision::kFp32, .deterministic = true, .nhwc = true,
+               .cudnnBnFusion = true},
+              [&] {
+                checkBatchNormAct([](float centre) {
+                  const double r = centre != 0.0f ? 1e-3 : 1e-4;
+                  return BnTol{r, r, r};
+                });
+              });
 }
 
 // Our NHWC batch norm kernels on float activations (CudaBackendOptions::
@@ -1455,7 +1459,7 @@ TEST_F(CudaBackendTest, Act16LayersMatchCpu) {
 // maxima and where dy goes are those of the CPU's; dy is k/16 with |k| <= 64,
 // so the up to four windows' gradients that meet at one input sum exactly in
 // any order and in 16 bits (|sum| <= 16, a multiple of 1/16). Through cuDNN (where it takes the 16-bit
-// configuration) and through our NHWC kernels (DDPRUN_CUDA_OWN_POOL=1, which
+// configuration) and through our NHWC kernels (CudaBackendOptions::ownPool, which
 // run where cuDNN refuses), also on float activations.
 TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
   const Pool2dSpec spec{3, 2, 1};
@@ -1471,11 +1475,9 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
     auto ref = reference([&] { return cpu_->maxPool2d("pool", spec); },
                          [&] { return std::make_unique<RefMaxPool>(spec); });
     const Tensor xg = toGpuAct(x);
-    for (const char* own : {"0", "1"}) {
-      setenv("DDPRUN_CUDA_OWN_POOL", own, 1);
+    {
       auto pool = gpu_->maxPool2d("pool", spec);
-      unsetenv("DDPRUN_CUDA_OWN_POOL");
-      const std::string label = what + (own[0] == '1' ? " (our kernels)" : " (cuDNN)");
+      const std::string label = what + (opts_.ownPool ? " (our kernels)" : " (cuDNN)");
       for (uint64_t step = 0; step < 2; ++step) {
         Tensor yr, yg, dxr, dxg;
         ref->forward(x, yr, true);
@@ -1496,9 +1498,15 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
       EXPECT_EQ(fromGpuAct(ye), hostValues(yr)) << label << " eval";
     }
   };
-  withNhwc(Precision::kFp32, [&] { check("fp32 nhwc"); });
-  for (const Precision p : k16Bit)
-    withAct16(p, [&] { check(std::string(precisionName(p)) + " 16-bit"); });
+  for (const bool own : {false, true}) {
+    withBackend({.device = 0, .precision = Precision::kFp32, .deterministic = true,
+                 .nhwc = true, .ownPool = own},
+                [&] { check("fp32 nhwc"); });
+    for (const Precision p : k16Bit)
+      withBackend({.device = 0, .precision = p, .deterministic = true, .nhwc = true,
+                   .activations16 = true, .ownPool = own},
+                  [&] { check(std::string(precisionName(p)) + " 16-bit"); });
+  }
 }
 
 // Batch norm + ReLU (+ the residual add) as one layer on 16-bit activations

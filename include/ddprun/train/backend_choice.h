@@ -77,9 +77,15 @@ DeviceInventory probeDevices(DeviceChoice device);
 // The checks on this machine (cuda_backend_loader.cc).
 CudaProbes systemCudaProbes();
 
-// DDPRUN_CUDNN_DETERMINISTIC=1: --deterministic without the flag (0 or unset:
-// the flag decides). Other values are an error naming the variable.
-bool deterministicFromEnv();
+// train's CUDA switches, read here once and nowhere else in the trainer:
+// `o` with each one that is set applied. DDPRUN_CUDNN_DETERMINISTIC=1
+// (--deterministic without the flag), DDPRUN_CUDA_ACT16 and
+// DDPRUN_CUDA_OUR_BN (0: the A/B against the defaults), DDPRUN_CUDNN_GRAPH
+// (0-2, CudaBackendOptions::GraphConv), DDPRUN_CUDA_OWN_POOL,
+// DDPRUN_CUDNN_BN_FUSION (0/1) and DDPRUN_CUDA_ALLOCATOR (caching|async).
+// Unset or empty: `o`'s value stays. Throws InvalidArgument naming a
+// malformed one.
+CudaBackendOptions withEnvSwitches(CudaBackendOptions o);
 
 // Where to compute, and why, for the start line and the final JSON.
 struct DeviceDecision {

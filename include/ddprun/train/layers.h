@@ -381,7 +381,19 @@ struct CudaBackendOptions {
   // the legacy heuristics); where no engine may run, the legacy search runs.
   enum class GraphConv { kOff, kPrecompiled, kAll };
   GraphConv graphConv = GraphConv::kOff;
+  // Max pooling through our NHWC kernels (kernel <= 16) from the start,
+  // not only where cuDNN refuses the configuration (DDPRUN_CUDA_OWN_POOL=1).
+  bool ownPool = false;
+  // NHWC, float activations, cuDNN's batch norm: cuDNN's fused batch norm +
+  // ReLU (+ add) kernels instead of the layers apart (DDPRUN_CUDNN_BN_FUSION=1;
+  // opt-in until a GPU run has measured it).
+  bool cudnnBnFusion = false;
+  // Device memory: our caching allocator (free lists per size class), or
+  // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
+  enum class Memory { kCaching, kAsync };
+  Memory memory = Memory::kCaching;
 };
+
 std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o);
 
 }  // namespace ddprun::train

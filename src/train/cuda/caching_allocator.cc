@@ -32,18 +32,8 @@ size_t CachingAllocator::roundedRequest(size_t bytes) {
   return std::max<size_t>((bytes + 511) / 512 * 512, 512);
 }
 
-namespace {
-bool asyncRequested() {
-  const char* v = std::getenv("DDPRUN_CUDA_ALLOCATOR");
-  if (!v || !*v || std::string_view(v) == "caching") return false;
-  if (std::string_view(v) == "async") return true;
-  DDPRUN_THROW(InvalidArgument, "DDPRUN_CUDA_ALLOCATOR='", v,
-               "': expected caching (the default) or async (CUDA's cudaMallocAsync pool)");
-}
-}  // namespace
-
-CachingAllocator::CachingAllocator(int device, cudaStream_t stream)
-    : device_(device), stream_(stream), async_(asyncRequested()) {
+CachingAllocator::CachingAllocator(int device, cudaStream_t stream, bool async)
+    : device_(device), stream_(stream), async_(async) {
   if (!async_) return;
   DeviceScope scope(device_);
   DDPRUN_CUDA_OK(cudaDeviceGetDefaultMemPool(&pool_, device_));

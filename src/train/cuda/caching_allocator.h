@@ -11,8 +11,8 @@
 // that will use it next. Memory touched by other streams (the gradient
 // buckets the collectives read) does not come from here.
 //
-// DDPRUN_CUDA_ALLOCATOR=async swaps the free lists for CUDA's own
-// stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the same stream,
+// CudaBackendOptions::memory = kAsync (DDPRUN_CUDA_ALLOCATOR=async) swaps the
+// free lists for CUDA's own stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the same stream,
 // the device's default pool with its release threshold raised so that memory
 // stays reserved between steps, as the free lists keep it). Same contract;
 // the benchmark weighs the two.
@@ -54,7 +54,9 @@ struct AllocatorStats {
 
 class CachingAllocator final : public Allocator {
  public:
-  CachingAllocator(int device, cudaStream_t stream);
+  // async: CUDA's cudaMallocAsync pool instead of the free lists
+  // (CudaBackendOptions::memory).
+  CachingAllocator(int device, cudaStream_t stream, bool async = false);
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 

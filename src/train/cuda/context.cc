@@ -17,7 +17,9 @@ Context::Context(const CudaBackendOptions& o)
       act16_(o.activations16 && o.nhwc &&
              (o.precision == Precision::kBf16 || o.precision == Precision::kFp16)),
       ourBn_(act16_ || (o.ourBatchNorm && o.nhwc)),
-      graphConv_(o.nhwc && !o.deterministic ? o.graphConv : CudaBackendOptions::GraphConv::kOff) {
+      graphConv_(o.nhwc && !o.deterministic ? o.graphConv : CudaBackendOptions::GraphConv::kOff),
+      ownPool_(o.ownPool),
+      cudnnBnFusion_(o.cudnnBnFusion) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};
@@ -27,7 +29,7 @@ Context::Context(const CudaBackendOptions& o)
   cudnn_ = CudnnHandle::create();
   DDPRUN_CUDNN_OK(cudnnSetStream(cudnn_, stream_));
   lt_ = LtHandle::create();
-  alloc_ = new CachingAllocator(device, stream_);
+  alloc_ = new CachingAllocator(device, stream_, o.memory == CudaBackendOptions::Memory::kAsync);
 }
 
 Context::~Context() {

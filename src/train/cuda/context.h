@@ -58,6 +58,10 @@ class Context {
   // Convolution search through cuDNN's graph API (CudaBackendOptions::
   // graphConv; kOff in NCHW and in deterministic mode).
   CudaBackendOptions::GraphConv graphConv() const { return graphConv_; }
+  // Max pooling through our NHWC kernels from the start (CudaBackendOptions::ownPool).
+  bool ownPool() const { return ownPool_; }
+  // cuDNN's fused batch norm + activation (CudaBackendOptions::cudnnBnFusion).
+  bool cudnnBnFusion() const { return cudnnBnFusion_; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -103,6 +107,8 @@ class Context {
   bool act16_;
   bool ourBn_;
   CudaBackendOptions::GraphConv graphConv_;
+  bool ownPool_;
+  bool cudnnBnFusion_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

@@ -16,8 +16,8 @@
 
 #include "../cuda_plugin.h"
 #include "cuda_layers.h"
-#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
+#include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
 #include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
 #include "kernels.h"
@@ -217,7 +217,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
                                              bool residual) override {
     if (ctx_->ourBatchNorm() ||
-        (ctx_->nhwc() && !s && env::integer("DDPRUN_CUDNN_BN_FUSION", 0, 0, 1) == 1))
+        (ctx_->nhwc() && !s && ctx_->cudnnBnFusion()))
       return makeBatchNormAct(ctx_, std::move(n), c, s, residual);
     return Backend::batchNormAct(std::move(n), c, s, residual);
   }
@@ -513,13 +513,13 @@ std::unique_ptr<Backend> makeCudaBackend(const CudaBackendOptions& o) {
 }  // namespace ddprun::train
 
 // Read from the file before it is loaded (common/plugin.h): a train of
-// another ABI refuses this plugin without running any of its code.
-DDPRUN_PLUGIN_ABI(ddprun_train_cuda_plugin, ddprun::train::internal::kCudaBackendPluginAbi);
+// another build refuses this plugin without running any of its code.
+DDPRUN_PLUGIN_BUILD_ID(ddprun_train_cuda_plugin, DDPRUN_BUILD_ID);
 
 extern "C" __attribute__((visibility("default"))) const ddprun::train::internal::CudaBackendPlugin*
 ddprun_train_cuda_plugin() {
   static const ddprun::train::internal::CudaBackendPlugin table{
-      .abi = ddprun::train::internal::kCudaBackendPluginAbi,
+      .buildId = DDPRUN_BUILD_ID,
       .make = ddprun::train::makeCudaBackend,
   };
   return &table;

@@ -10,7 +10,6 @@
 #include "bn_nhwc.h"
 #include "conv_check.h"  // ScopedDeviceBytes
 #include "cuda_layers.h"
-#include "ddprun/common/env.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
@@ -37,7 +36,7 @@ class MaxPool2d final : public Layer {
                                                 stride_, stride_));
     xDesc_ = TensorDesc::create();
     yDesc_ = TensorDesc::create();
-    own_ = ctx_->nhwc() && k_ <= 16 && env::integer("DDPRUN_CUDA_OWN_POOL", 0, 0, 1) == 1;
+    own_ = ctx_->nhwc() && k_ <= 16 && ctx_->ownPool();
   }
   Shape outputShape(const Shape& x) const override {
     DDPRUN_CHECK(x.size() == 4 && x[2] + 2 * pad_ >= k_ && x[3] + 2 * pad_ >= k_, name(),

@@ -115,6 +115,70 @@ TEST(BackendChoice, SixteenBitOrTf32OnTheCpuIsRefused) {
   EXPECT_EQ(refusal(kCpu, Precision::kFp32, kNoCuda), "");
 }
 
+// The CUDA switches, read in one place (withEnvSwitches): unset keeps what
+// the caller chose; each set one applies; a malformed one names itself.
+class EnvSwitches : public ::testing::Test {
+ protected:
+  static constexpr const char* kNames[] = {
+      "DDPRUN_CUDNN_DETERMINISTIC", "DDPRUN_CUDA_ACT16",      "DDPRUN_CUDA_OUR_BN",
+      "DDPRUN_CUDNN_GRAPH",         "DDPRUN_CUDA_OWN_POOL",   "DDPRUN_CUDNN_BN_FUSION",
+      "DDPRUN_CUDA_ALLOCATOR"};
+  void SetUp() override {
+    for (const char* n : kNames) unsetenv(n);
+  }
+  void TearDown() override { SetUp(); }
+};
+
+TEST_F(EnvSwitches, UnsetKeepsTheCallersChoice) {
+  CudaBackendOptions o{.device = 1, .activations16 = true, .ourBatchNorm = true};
+  const CudaBackendOptions got = withEnvSwitches(o);
+  EXPECT_EQ(got.device, 1);
+  EXPECT_FALSE(got.deterministic);
+  EXPECT_TRUE(got.activations16);
+  EXPECT_TRUE(got.ourBatchNorm);
+  EXPECT_EQ(got.graphConv, CudaBackendOptions::GraphConv::kOff);
+  EXPECT_FALSE(got.ownPool);
+  EXPECT_FALSE(got.cudnnBnFusion);
+  EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kCaching);
+}
+
+TEST_F(EnvSwitches, EachSetOneApplies) {
+  setenv("DDPRUN_CUDNN_DETERMINISTIC", "1", 1);
+  setenv("DDPRUN_CUDA_ACT16", "0", 1);
+  setenv("DDPRUN_CUDA_OUR_BN", "0", 1);
+  setenv("DDPRUN_CUDNN_GRAPH", "2", 1);
+  setenv("DDPRUN_CUDA_OWN_POOL", "1", 1);
+  setenv("DDPRUN_CUDNN_BN_FUSION", "1", 1);
+  setenv("DDPRUN_CUDA_ALLOCATOR", "async", 1);
+  const CudaBackendOptions got =
+      withEnvSwitches({.activations16 = true, .ourBatchNorm = true});
+  EXPECT_TRUE(got.deterministic);
+  EXPECT_FALSE(got.activations16);
+  EXPECT_FALSE(got.ourBatchNorm);
+  EXPECT_EQ(got.graphConv, CudaBackendOptions::GraphConv::kAll);
+  EXPECT_TRUE(got.ownPool);
+  EXPECT_TRUE(got.cudnnBnFusion);
+  EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kAsync);
+  setenv("DDPRUN_CUDA_ALLOCATOR", "caching", 1);
+  EXPECT_EQ(withEnvSwitches({.memory = CudaBackendOptions::Memory::kAsync}).memory,
+            CudaBackendOptions::Memory::kCaching);
+}
+
+TEST_F(EnvSwitches, AMalformedOneNamesItself) {
+  setenv("DDPRUN_CUDA_ALLOCATOR", "pooled", 1);
+  try {
+    withEnvSwitches({});
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("DDPRUN_CUDA_ALLOCATOR='pooled'"), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("caching (the default) or async"), std::string::npos);
+  }
+  unsetenv("DDPRUN_CUDA_ALLOCATOR");
+  setenv("DDPRUN_CUDNN_GRAPH", "3", 1);
+  EXPECT_THROW(withEnvSwitches({}), InvalidArgument);
+}
+
 TEST(LossScaler, OffIsScaleOneAndNeverChanges) {
   LossScaler off;
   EXPECT_FALSE(off.on());
