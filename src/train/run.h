@@ -2,9 +2,12 @@
 // `Run` behind runTraining (trainer.h), and the few helpers its files share.
 // Its member functions live by concern:
 //   trainer.cc         setup, one step, epochs, evaluation, the summary
+//                      (execute: prepare, trainEpochs, summary, writeFinal)
 //   trainer_resume.cc  where a run starts (fresh or a checkpoint), saving
 //                      checkpoints, clearing dead writers' temporaries
 //   trainer_report.cc  progress lines, metrics step records, the progress file
+// What a step measures (breakdown, bench window, profile) is its
+// StepObserver's (step_observer.h).
 //
 // Thread-safety: a Run runs on one thread; several (one per rank) may run in
 // one process over distinct ProcessGroups (tests).
@@ -37,18 +40,13 @@
 #include "ddprun/train/optim.h"
 #include "ddprun/train/transforms.h"
 #include "batch_feed.h"
-#include "bench_window.h"
-#include "step_profile.h"
+#include "step_observer.h"
 
 namespace ddprun::train::run_detail {
 
 using Clock = std::chrono::steady_clock;
 using runtime::DType;
 using runtime::ProcessGroup;
-
-// A device backend is synchronised for the step-time breakdown on one step in
-// kSampleEvery (the middle one: not the first, which searches algorithms).
-inline constexpr int64_t kSampleEvery = 10;
 
 // correct / total; null without test samples (nothing was measured).
 inline nlohmann::json accuracyJson(int64_t correct, int64_t total) {
@@ -66,14 +64,9 @@ struct Position {
   int64_t globalStep = 0;  // steps done in the whole run
 };
 
-struct Breakdown {
-  double data = 0, fwdBwd = 0, comm = 0, optim = 0;
-  double commTotal = 0, commExposed = 0;  // for the hidden fraction
-  int64_t timedSteps = 0;                  // steps the four times above cover
-  // The sums scaled from the timed steps to `steps`.
-  double scaled(double v, int64_t steps) const {
-    return timedSteps ? v * static_cast<double>(steps) / static_cast<double>(timedSteps) : 0.0;
-  }
+// Test samples evaluated over the group, and of them those classified right.
+struct TestCount {
+  int64_t correct = 0, total = 0;
 };
 
 // Sums a few doubles over the group (losses, counts); exact for counts.
@@ -139,17 +132,27 @@ class Run {
   StartPlan planStart();
   void start();
   bool applyCheckpoint(const CheckpointFile& file, std::string* why);
+  // execute()'s steps: the run's identity, shape, model and start; the
+  // epochs (the last evaluation's count); the final summary, then its record.
+  void prepare();
+  void announce();
+  TestCount trainEpochs();
+  void beginEpoch(bool resumedMidEpoch);
+  void endEpoch(const TestCount& test, bool resumedMidEpoch);
+  nlohmann::json summary(const TestCount& test);
+  void writeFinal(const nlohmann::json& j);
   void trainEpoch();
   // One step on samples idx[0..n); next/nextN: the following step's samples
   // (nullptr at the epoch's end), assembled while this step's backward runs.
   void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
             int64_t stepsInEpoch);
+  void finishStep(int64_t n, int64_t stepsInEpoch);
   void report(int64_t stepsInEpoch, bool force);
   void timedLine(int64_t stepsInEpoch);
   void reportProgress(bool force);
   std::string progressText(int64_t stepsInEpoch, double loss, double rate,
                            const char* lossNote) const;
-  std::pair<int64_t, int64_t> evaluate();
+  TestCount evaluate();
   // `epochDone`: at an epoch's end (the position is the next epoch's start).
   void saveCheckpoint(bool epochDone = false);
   // Training seconds of the whole run: earlier attempts' and this one's.
@@ -171,7 +174,6 @@ class Run {
   std::unique_ptr<LrSchedule> schedule_;  // --lr-schedule, --warmup-epochs
   Rng rng_;
   Position pos_;
-  Breakdown time_;
   std::unique_ptr<BatchFeed> feed_;  // the input pipeline
   Tensor dlogits_;
   LossScaler scaler_ = makeLossScaler(cfg_);
@@ -179,7 +181,6 @@ class Run {
   double intervalLoss_ = 0, intervalCount_ = 0, lastLoss_ = NAN, epochLossSum_ = 0,
          epochLossCount_ = 0;
   Clock::time_point intervalStart_, runStart_, lastLine_;
-  double dataWait_ = 0;  // seconds the training thread spent assembling and taking batches
   // The progress file's bookkeeping: this rank's samples, and at the last report.
   Clock::time_point lastProgress_;
   int64_t samplesTrained_ = 0, progressSamples_ = 0;
@@ -193,30 +194,10 @@ class Run {
   int64_t totalSteps_ = 0;
   int64_t runSteps_ = 0;  // steps this process trains (after a resume: the rest)
 
-  // --bench-warmup: the timed window (made in setup(), once the backend exists).
-  std::unique_ptr<BenchWindow> window_;
-  bool windowOpen() const { return window_ && window_->open(); }
-  // --profile-steps: the last steps' device profile.
-  std::unique_ptr<StepProfile> profile_;
-  nlohmann::json profileResult_;
+  // The breakdown, --bench-warmup's window, --profile-steps' profile (made
+  // in setup(), once the reducer exists).
+  std::unique_ptr<StepObserver> observe_;
   DeviceDecision deviceDecision_;  // --device: the choice and why
-  std::optional<double> deviceHidden_;  // the profile's comm-hidden fraction (GPU clock)
-  void checkBenchFlags();
-  bool inProfile() const { return cfg_.profileSteps > 0 && stepsRun_ >= runSteps_ - cfg_.profileSteps; }
-  void profileStepStart();
-  void profileStepEnd();
-  void profilePoint(StepProfile::Point p) {
-    if (profile_) profile_->point(p);
-  }
-  // The all-reduce's share hidden behind backward: from the profile's GPU
-  // timestamps when the reducer is ordered on streams, else from the host
-  // clock of the sampled steps; null when nothing was measured.
-  nlohmann::json commHiddenJson() const {
-    if (reducer_->streamOrdered())
-      return deviceHidden_ ? nlohmann::json(*deviceHidden_) : nlohmann::json(nullptr);
-    return time_.commTotal > 0 ? nlohmann::json(1.0 - time_.commExposed / time_.commTotal)
-                               : nlohmann::json(nullptr);
-  }
 };
 
 }  // namespace ddprun::train::run_detail

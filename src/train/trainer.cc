@@ -16,9 +16,6 @@ void Run::setup() {
                          {.numClasses = data_.train.numClasses, .stem = cfg_.stem,
                           .imageSize = side});
   feed_ = std::make_unique<BatchFeed>(*be_, model_->inputShape(), dataThreads(cfg_));
-  if (cfg_.benchWarmup > 0)
-    window_ = std::make_unique<BenchWindow>(*be_, cfg_.benchWarmup,
-                                            int64_t{cfg_.batchSize} * pg_.size());
   rng_ = Rng(cfg_.seed);
   model_->initialize(rng_);
   if (!cfg_.init.empty()) loadInit();
@@ -52,6 +49,12 @@ void Run::setup() {
   // step overwrites them, so no step zeroes its buckets.
   optim_->adoptLayout(bucketLayout());
   markGradsZero();
+  observe_ = std::make_unique<StepObserver>(
+      *be_, *model_, *reducer_,
+      StepObserver::Options{.benchWarmup = cfg_.benchWarmup,
+                            .profileSteps = cfg_.profileSteps,
+                            .samplesPerStep = int64_t{cfg_.batchSize} * pg_.size(),
+                            .worldSize = pg_.size()});
 }
 
 std::vector<std::vector<size_t>> Run::bucketLayout() const {
@@ -130,147 +133,65 @@ RunShape Run::shape() const {
           .seed = cfg_.seed};
 }
 
+// What the step measures is observe_'s (step_observer.h), at named points.
 void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
                int64_t stepsInEpoch) {
-  // On a device the clock reads must bracket finished work: every
-  // kSampleEvery-th step synchronises the backend after backward (the bucket
-  // all-reduces already run behind it) and after the optimizer, and the
-  // breakdown is those steps' times scaled to all steps; the other steps run
-  // without waiting.
-  // --bench-warmup's window and --profile-steps' steps never synchronise
-  // inside a step: the breakdown samples only the steps outside them.
-  if (window_ && stepsRun_ == cfg_.benchWarmup) window_->start();
-  const bool profiled = inProfile();
-  if (profiled) profileStepStart();
-  const bool device = be_->device() != Device::kCpu;
-  const bool quiet = windowOpen() || profiled;
-  const bool timed =
-      !quiet && (!device || pos_.globalStep % kSampleEvery == kSampleEvery / 2);
-  if (device && timed) be_->synchronize();  // the previous step's work is not this one's
-  auto t0 = Clock::now();
-  profilePoint(StepProfile::Point::kStepStart);
+  using Point = StepProfile::Point;
+  observe_->begin(stepsRun_, pos_.globalStep);
   const BatchFeed::Batch batch = feed_->take(data_.train, idx, n);
-  dataWait_ += since(t0);
+  observe_->dataTaken();
   syncBuffers();
-  profilePoint(StepProfile::Point::kDataEnd);
-  auto t1 = Clock::now();
+  observe_->forwardStart();
   const Tensor& logits = model_->forward(batch.x, true);
   // The loss is summed where it is computed and read when reported: no
   // device synchronisation per step.
-  profilePoint(StepProfile::Point::kLossStart);
+  observe_->point(Point::kLossStart);
   be_->crossEntropyDeferred(logits, batch.labels, &dlogits_, scaler_.scale());
-  profilePoint(StepProfile::Point::kLossEnd);
+  observe_->point(Point::kLossEnd);
   model_->backward(dlogits_, [&](size_t i) {
     reducer_->markReady(i);
-    if (profile_) profile_->paramReady(i);
+    observe_->paramReady(i);
   });
   // The next batch is assembled while the device still runs backward.
-  const auto p0 = Clock::now();
+  observe_->prefetchStart();
   feed_->prepareNext(data_.train, next, nextN);
-  const double prefetch = since(p0);
-  dataWait_ += prefetch;
-  if (device && timed) be_->synchronize();
-  auto t2 = Clock::now();
+  observe_->prefetchEnd();
+  observe_->backwardEnd();
   const uint64_t layout = reducer_->layoutVersion();
-  profilePoint(StepProfile::Point::kReducerStart);
+  observe_->point(Point::kReducerStart);
   reducer_->finalize();
-  profilePoint(StepProfile::Point::kReducerEnd);
+  observe_->point(Point::kReducerEnd);
   if (reducer_->layoutVersion() != layout) {  // the buckets were rebuilt (once)
     bindGrads();
     optim_->adoptLayout(bucketLayout());
   }
-  auto t3 = Clock::now();
-  profilePoint(StepProfile::Point::kOptimizerStart);
+  observe_->optimizerStart();
   optim_->setLr(static_cast<float>(schedule_->lrAt(pos_.epoch, pos_.step)));
   const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
   scaler_.update(finite);
   if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
   markGradsZero();  // instead of zeroing: the next backward overwrites
-  profilePoint(StepProfile::Point::kOptimizerEnd);
-  profilePoint(StepProfile::Point::kStepEnd);
-  if (device && timed) be_->synchronize();
-  auto t4 = Clock::now();
-  if (timed) {
-    ++time_.timedSteps;
-    time_.data += std::chrono::duration<double>(t1 - t0).count() + prefetch;
-    time_.fwdBwd += std::chrono::duration<double>(t2 - t1).count() - prefetch;
-    time_.comm += std::chrono::duration<double>(t3 - t2).count();
-    time_.optim += std::chrono::duration<double>(t4 - t3).count();
-  }
-  // The hidden fraction too comes from the timed steps: on the others
-  // finalize() also waits for backward's own kernels. Ordered on streams (a
-  // device), finalize waits for nothing and the host clock says nothing: the
-  // profile's GPU timestamps give the fraction instead.
-  if (timed && !reducer_->streamOrdered()) {
-    const auto& st = reducer_->lastStats();
-    const double ct = st.commTime.count();
-    time_.commTotal += ct;
-    time_.commExposed += ct * (1.0 - st.hiddenFraction());
-  }
+  observe_->stepEnd();
+  finishStep(n, stepsInEpoch);
+}
 
+// The step is counted and reported; a checkpoint when due.
+void Run::finishStep(int64_t n, int64_t stepsInEpoch) {
   intervalCount_ += static_cast<double>(n);
   samplesTrained_ += n;
   ++pos_.step;
   ++pos_.globalStep;
   ++stepsRun_;
-  if (window_) window_->countStep();
-  if (windowOpen() && stepsRun_ == runSteps_ - cfg_.profileSteps) window_->end();
-  if (profiled) profileStepEnd();
+  observe_->finish(stepsRun_);
   const bool last = pos_.step == stepsInEpoch;
-  // No progress line (a host read of the loss) inside the timed window or
-  // the profile; the interval's samples are reported with the next line.
   const bool checkpointDue =
       cfg_.checkpointEvery > 0 && pos_.globalStep % cfg_.checkpointEvery == 0;
-  if (!windowOpen() && !(profiled && stepsRun_ < runSteps_)) {
+  if (observe_->mayReport(stepsRun_)) {
     // A checkpoint's totals include the interval's loss: reported first.
     report(stepsInEpoch, last || checkpointDue || pos_.step % cfg_.logInterval == 0);
     reportProgress(last);
   }
   if (checkpointDue) saveCheckpoint();
-}
-
-// The first profiled step sets the profile up; every profiled step records
-// its bucket layout (the reducer rebuilds it once, after its first
-// iteration).
-void Run::profileStepStart() {
-  if (!profile_) {
-    std::vector<std::string> names;
-    for (size_t i = 0; i < model_->numLayers(); ++i) names.push_back(model_->layerName(i));
-    profile_ = std::make_unique<StepProfile>(*be_, std::move(names));
-    model_->setObserver([this](size_t layer, bool backward, bool end) {
-      profile_->layer(layer, backward, end);
-    });
-    if (reducer_->streamOrdered() && pg_.size() > 1) reducer_->setDeviceTiming(true);
-    be_->profilerRange(true);
-  }
-  profile_->setBuckets(*reducer_);
-}
-
-// After the last profiled step: the tracer's window closes, the marks are
-// read (one wait, outside every timed step) and averaged.
-void Run::profileStepEnd() {
-  if (stepsRun_ < runSteps_) return;
-  be_->synchronize();
-  be_->profilerRange(false);
-  model_->setObserver(nullptr);
-  profileResult_ = profile_->finish();
-  profile_.reset();
-  // The communication of the last profiled step, from GPU timestamps (ms
-  // from its first bucket's readiness).
-  if (const auto t = reducer_->deviceTimings()) {
-    profileResult_["comm"] = commProfile(*t);
-    deviceHidden_ = t->hiddenFraction;
-  }
-  reducer_->setDeviceTiming(false);
-}
-
-// The window and the profile must fit the steps this process trains (known
-// after a resume).
-void Run::checkBenchFlags() {
-  if (const std::string e = benchFlagsProblem(cfg_.benchWarmup, cfg_.profileSteps, runSteps_,
-                                              stepsPerEpoch_ - pos_.step);
-      !e.empty())
-    DDPRUN_THROW(InvalidArgument, e);
 }
 
 void Run::trainEpoch() {
@@ -303,8 +224,8 @@ void Run::trainEpoch() {
 }
 
 // Exact split: every test sample is evaluated once across the ranks.
-std::pair<int64_t, int64_t> Run::evaluate() {
-  if (data_.test.size == 0) return {0, 0};  // an image folder without a test split
+TestCount Run::evaluate() {
+  if (data_.test.size == 0) return {};  // an image folder without a test split
   runtime::SamplerOptions so;
   so.datasetSize = data_.test.size;
   so.numReplicas = pg_.size();
@@ -327,7 +248,7 @@ std::pair<int64_t, int64_t> Run::evaluate() {
   }
   std::vector<double> v = {static_cast<double>(correct), static_cast<double>(idx.size())};
   allReduceSum(pg_, v);
-  return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1])};
+  return {.correct = static_cast<int64_t>(v[0]), .total = static_cast<int64_t>(v[1])};
 }
 
 int64_t Run::computeStepsPerEpoch() const {
@@ -338,6 +259,20 @@ int64_t Run::computeStepsPerEpoch() const {
 }
 
 nlohmann::json Run::execute() {
+  prepare();
+  TestCount test = trainEpochs();
+  if (test.total == 0) test = evaluate();  // resumed after the last epoch
+  if (data_.test.size == 0)
+    notice("no test split: an image folder is evaluated with --val-data DIR or --val-fraction F; "
+           "test_accuracy is null");
+  const nlohmann::json j = summary(test);
+  writeFinal(j);
+  return j;
+}
+
+// The run's identity and shape (every rank agrees on them), the model and
+// its reducer, and where this process starts.
+void Run::prepare() {
   if (data_.train.size < pg_.size())
     DDPRUN_THROW(InvalidArgument, "the training set has ", data_.train.size,
                  " samples but there are ", pg_.size(),
@@ -353,7 +288,12 @@ nlohmann::json Run::execute() {
   setup();
   if (!cfg_.checkpointDir.empty()) start();
   runSteps_ = totalSteps_ - pos_.globalStep;
-  checkBenchFlags();
+  // The window and the profile must fit the steps this process trains.
+  observe_->setRunSteps(runSteps_, stepsPerEpoch_ - pos_.step);
+  announce();
+}
+
+void Run::announce() {
   notice(std::string("model ") + cfg_.model + " (" +
          std::to_string(model_->numParameters()) + " parameters, " +
          std::to_string(reducer_->numBuckets()) + " gradient bucket" +
@@ -363,52 +303,67 @@ nlohmann::json Run::execute() {
          be_->describe());
   if (scaler_.on())
     notice("fp16: dynamic loss scaling from " + std::to_string(scaler_.scale()));
+}
+
+// Each epoch: train, evaluate, its record and checkpoint. The last
+// evaluation's count (none when no epoch was left to train).
+TestCount Run::trainEpochs() {
   runStart_ = lastLine_ = lastProgress_ = Clock::now();
-  nlohmann::json lastEpoch;
-  int64_t correct = 0, total = 0;
-  double epochSecs = 0;
+  TestCount test;
   // An epoch resumed part way: its record covers the whole epoch (what the
   // checkpoint says earlier attempts did, and this one), this attempt's share
   // as attempt_* fields.
   bool resumedMidEpoch = pos_.step > 0 && resumed_.known;
   for (; pos_.epoch < cfg_.epochs; ++pos_.epoch, pos_.step = 0, resumedMidEpoch = false) {
-    epochStart_ = Clock::now();
-    epochLossSum_ = resumedMidEpoch ? resumed_.epochLossSum : 0;
-    epochLossCount_ = resumedMidEpoch ? resumed_.epochLossCount : 0;
-    epochPriorSeconds_ = resumedMidEpoch ? resumed_.epochSeconds : 0;
+    beginEpoch(resumedMidEpoch);
     trainEpoch();
     progress_.finish();
-    std::tie(correct, total) = evaluate();
-    const double attemptSecs = since(epochStart_);
-    epochSecs = epochPriorSeconds_ + attemptSecs;
-    const double acc = total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
-    lastEpoch = {{"type", "epoch"}, {"epoch", pos_.epoch},
-                 {"train_loss", epochLossCount_ > 0 ? epochLossSum_ / epochLossCount_ : NAN},
-                 {"test_accuracy", accuracyJson(correct, total)}, {"test_correct", correct},
-                 {"test_total", total},
-                 {"epoch_seconds", epochSecs}};
-    if (resumedMidEpoch) {
-      const double n = epochLossCount_ - resumed_.epochLossCount;
-      lastEpoch["attempt_train_loss"] = n > 0 ? (epochLossSum_ - resumed_.epochLossSum) / n : NAN;
-      lastEpoch["attempt_epoch_seconds"] = attemptSecs;
-    }
-    metrics_.write(lastEpoch);
-    notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) + ": " +
-           (total ? "test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) +
-                        "/" + std::to_string(total) + ")"
-                  : std::string("no test split")) +
-           ", " + formatSeconds(epochSecs));
-    // The epoch-end checkpoint points at the next epoch's first step.
-    Position keep = pos_;
-    pos_.epoch += 1;
-    pos_.step = 0;
-    saveCheckpoint(true);
-    pos_ = keep;
+    test = evaluate();
+    endEpoch(test, resumedMidEpoch);
   }
-  if (total == 0) std::tie(correct, total) = evaluate();  // resumed after the last epoch
-  if (data_.test.size == 0)
-    notice("no test split: an image folder is evaluated with --val-data DIR or --val-fraction F; "
-           "test_accuracy is null");
+  return test;
+}
+
+void Run::beginEpoch(bool resumedMidEpoch) {
+  epochStart_ = Clock::now();
+  epochLossSum_ = resumedMidEpoch ? resumed_.epochLossSum : 0;
+  epochLossCount_ = resumedMidEpoch ? resumed_.epochLossCount : 0;
+  epochPriorSeconds_ = resumedMidEpoch ? resumed_.epochSeconds : 0;
+}
+
+// The epoch's record and line, then its checkpoint.
+void Run::endEpoch(const TestCount& test, bool resumedMidEpoch) {
+  const auto [correct, total] = test;
+  const double attemptSecs = since(epochStart_);
+  const double epochSecs = epochPriorSeconds_ + attemptSecs;
+  const double acc = total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+  nlohmann::json record = {
+      {"type", "epoch"}, {"epoch", pos_.epoch},
+      {"train_loss", epochLossCount_ > 0 ? epochLossSum_ / epochLossCount_ : NAN},
+      {"test_accuracy", accuracyJson(correct, total)}, {"test_correct", correct},
+      {"test_total", total},
+      {"epoch_seconds", epochSecs}};
+  if (resumedMidEpoch) {
+    const double n = epochLossCount_ - resumed_.epochLossCount;
+    record["attempt_train_loss"] = n > 0 ? (epochLossSum_ - resumed_.epochLossSum) / n : NAN;
+    record["attempt_epoch_seconds"] = attemptSecs;
+  }
+  metrics_.write(record);
+  notice("epoch " + std::to_string(pos_.epoch) + " of " + std::to_string(cfg_.epochs) + ": " +
+         (total ? "test accuracy " + std::to_string(acc) + " (" + std::to_string(correct) +
+                      "/" + std::to_string(total) + ")"
+                : std::string("no test split")) +
+         ", " + formatSeconds(epochSecs));
+  // The epoch-end checkpoint points at the next epoch's first step.
+  Position keep = pos_;
+  pos_.epoch += 1;
+  pos_.step = 0;
+  saveCheckpoint(true);
+  pos_ = keep;
+}
+
+// The final summary (every rank's; rank 0 also writes --save).
+nlohmann::json Run::summary(const TestCount& test) {
   const double attemptSecs = since(runStart_), secs = runSeconds();
   const int64_t runSamples = resumed_.runSamples + samplesSeen_;
   // Rank 0 writes --save; every rank hashes its parameters.
@@ -429,36 +384,33 @@ nlohmann::json Run::execute() {
       {"attempt_train_seconds", attemptSecs},
       {"attempt_samples_per_second",
        attemptSecs > 0 ? static_cast<double>(samplesSeen_) / attemptSecs : 0.0},
-      {"test_accuracy", accuracyJson(correct, total)},
-      {"test_correct", correct}, {"test_total", total}, {"final_loss", lastLoss_},
+      {"test_accuracy", accuracyJson(test.correct, test.total)},
+      {"test_correct", test.correct}, {"test_total", test.total}, {"final_loss", lastLoss_},
       {"params_sha256", paramsSha256},
       {"device", be_->device() == Device::kCpu ? "cpu" : "cuda"},
       {"device_choice", deviceDecision_.summary},
       {"backend", be_->describe()}, {"precision", precisionName(cfg_.precision)},
       {"layout", be_->device() == Device::kCuda && nhwcLayout(cfg_.layout, cfg_.precision)
                      ? "nhwc" : "nchw"},
-      {"breakdown", {{"data_s", time_.scaled(time_.data, stepsRun_)},
-                     {"forward_backward_s", time_.scaled(time_.fwdBwd, stepsRun_)},
-                     {"comm_wait_s", time_.scaled(time_.comm, stepsRun_)},
-                     {"optimizer_s", time_.scaled(time_.optim, stepsRun_)}}},
-      // Every step's time on the training thread spent on its data (taking
-      // the batch, assembling the next), not sampled: what the pipeline costs.
-      {"data_wait_s", dataWait_},
-      {"comm_hidden_fraction", commHiddenJson()},
       {"gradient_buckets", reducer_->numBuckets()},
       {"peak_rss_mb", peakRssMb()}};
+  // breakdown, data_wait_s, comm_hidden_fraction; bench, profile when on.
+  observe_->addSummary(j, stepsRun_);
   if (be_->device() != Device::kCpu) {
     j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);
   }
   if (data_.skipped) j["skipped_images"] = data_.skipped->load();  // --skip-bad-images
-  if (window_) j["bench"] = window_->json();
-  if (cfg_.profileSteps > 0) j["profile"] = profileResult_;
   if (scaler_.on()) {
     j["skipped_steps"] = scaler_.skipped();
     j["loss_scale"] = scaler_.scale();
   }
+  return j;
+}
+
+// The summary as the metrics' last record.
+void Run::writeFinal(const nlohmann::json& j) {
   nlohmann::json fin = j;
   fin["type"] = "final";
   metrics_.write(fin);
@@ -467,7 +419,6 @@ nlohmann::json Run::execute() {
     notice("--metrics " + cfg_.metrics + ": " + std::to_string(m.dropped) + " of " +
            std::to_string(m.records) + " records dropped: its reader did not keep up (training "
            "never waits for it)");
-  return j;
 }
 
 }  // namespace run_detail

@@ -6,6 +6,7 @@
 //   - several buckets: the first all-reduce starts before backward ends, and
 //     the result is bitwise the one of a single bucket
 //   - the same seed, world and flags give bitwise-identical runs
+//   - the step observer: which steps the window and the profile keep quiet
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "ddprun/train/models.h"
 #include "ddprun/train/trainer.h"
 #include "rank_threads.h"
+#include "step_observer.h"
 #include "temp_dir.h"
 
 namespace ddprun::train {
@@ -375,6 +377,80 @@ TEST_F(TrainerTest, BenchFlagsThatDoNotFitTheRunAreRefused) {
     EXPECT_NE(std::string(e.what()).find("--profile-steps 11 is more than"), std::string::npos)
         << e.what();
   }
+}
+
+// The step observer alone, on the CPU, over 8 real steps of one rank:
+// --bench-warmup 2 and --profile-steps 2. Progress lines may read the loss
+// outside the window and the profile, and at each one's last step (the
+// window's end is the profile's start); the breakdown samples only the two
+// warm-up steps (scaled to all 8); the window counts its 4 steps and the
+// profile its 2. A window that does not fit is refused.
+TEST(StepObserverTest, WindowAndProfileKeepTheirStepsQuiet) {
+  using Point = StepProfile::Point;
+  auto be = makeCpuBackend(1);
+  testing::runRanks(1, [&](ProcessGroup& pg) {
+    auto m = Model::create("mlp", *be);
+    Rng rng(5);
+    m->initialize(rng);
+    std::vector<runtime::ParamInfo> infos;
+    for (Param* p : m->params())
+      infos.push_back({p->name, static_cast<size_t>(p->value.numel())});
+    runtime::Reducer reducer(pg, infos, {}, be->gradientMemory(pg));
+    auto bindGrads = [&] {  // gradients in the buckets, as the trainer's
+      for (size_t i = 0; i < m->params().size(); ++i)
+        m->params()[i]->grad =
+            Tensor::view(reducer.grad(i), m->params()[i]->value.shape(), be->device());
+    };
+    bindGrads();
+    StepObserver tooLong(*be, *m, reducer, {.benchWarmup = 7, .profileSteps = 1});
+    EXPECT_THROW(tooLong.setRunSteps(8, 8), InvalidArgument);  // no timed step left
+
+    StepObserver obs(*be, *m, reducer,
+                     {.benchWarmup = 2, .profileSteps = 2, .samplesPerStep = 8});
+    obs.setRunSteps(8, 8);
+    Tensor x({8, 1, 28, 28});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = rng.uniform(0, 1);
+    const std::vector<int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<bool> reports;
+    for (int64_t s = 0; s < 8; ++s) {
+      obs.begin(s, s);
+      obs.dataTaken();
+      obs.forwardStart();
+      const Tensor& logits = m->forward(x, true);
+      obs.point(Point::kLossStart);
+      Tensor dl;
+      be->crossEntropy(logits, labels.data(), &dl, nullptr);
+      obs.point(Point::kLossEnd);
+      m->backward(dl, [&](size_t i) {
+        reducer.markReady(i);
+        obs.paramReady(i);
+      });
+      obs.prefetchStart();
+      obs.prefetchEnd();
+      obs.backwardEnd();
+      obs.point(Point::kReducerStart);
+      const uint64_t layout = reducer.layoutVersion();
+      reducer.finalize();
+      obs.point(Point::kReducerEnd);
+      if (reducer.layoutVersion() != layout) bindGrads();  // rebuilt after the first step
+      obs.optimizerStart();
+      obs.stepEnd();
+      obs.finish(s + 1);
+      reports.push_back(obs.mayReport(s + 1));
+    }
+    EXPECT_EQ(reports, (std::vector<bool>{true, true, false, false, false, true, false, true}));
+    nlohmann::json j;
+    obs.addSummary(j, 8);
+    EXPECT_EQ(j["bench"]["warmup_steps"], 2);
+    EXPECT_EQ(j["bench"]["steps"], 4);
+    EXPECT_EQ(j["profile"]["steps"], 2);
+    ASSERT_EQ(j["profile"]["layers"].size(), 6u);
+    for (const char* k : {"data_s", "forward_backward_s", "comm_wait_s", "optimizer_s"})
+      EXPECT_GE(j["breakdown"][k].get<double>(), 0.0) << k;
+    EXPECT_GT(j["breakdown"]["forward_backward_s"].get<double>(), 0.0);
+    EXPECT_GE(j["data_wait_s"].get<double>(), 0.0);
+    EXPECT_TRUE(j.contains("comm_hidden_fraction"));
+  });
 }
 
 }  // namespace
