@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 
+#include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
 #include "ddprun/common/fd.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/strings.h"
@@ -32,12 +33,23 @@ bool notInstalled(const std::string& error) {
   return error.find(kNotInstalled) != std::string::npos;
 }
 
-std::string abiMismatch(const std::string& path, uint32_t found, uint32_t wanted) {
-  return path + " is from another ddprun build (plugin ABI " + std::to_string(found) +
-         ", this program needs " + std::to_string(wanted) + ")";
+static_assert(sizeof(DDPRUN_BUILD_ID) == kBuildIdSize, "cmake/build_id.cmake: 32 hex digits");
+
+const char* buildId() { return DDPRUN_BUILD_ID; }
+
+std::string buildIdMismatch(const std::string& path, const std::string& found,
+                            const std::string& wanted) {
+  return path + " is from another ddprun build (plugin build id " +
+         (found.empty() ? std::string("none") : found) + ", this program's is " + wanted +
+         "): install the program and its plugins from the same build (reinstall "
+         "ddprun)";
 }
 
-std::string abiSymbol(const std::string& entry) { return entry + "_abi"; }
+std::string tableBuildId(const char* id) {
+  return id ? std::string(id, strnlen(id, kBuildIdSize - 1)) : std::string();
+}
+
+std::string buildIdSymbol(const std::string& entry) { return entry + "_build_id"; }
 
 std::vector<std::string> searchDirs(const std::string& binDir, const std::string& envPath,
                                     const std::vector<std::string>& pythonDirs) {
@@ -287,23 +299,24 @@ class ElfFile {
     return nullptr;
   }
 
-  // Reads the 4-byte initialised data object `s`; "" when done.
-  std::string readU32(const Sym& s, const std::string& name, uint32_t& value) const {
-    if (ELF64_ST_TYPE(s.st_info) != STT_OBJECT || s.st_size != sizeof(uint32_t) ||
+  // Reads the initialised data object `s` of exactly `len` bytes; "" when done.
+  std::string readObject(const Sym& s, const std::string& name, size_t len,
+                         void* out) const {
+    if (ELF64_ST_TYPE(s.st_info) != STT_OBJECT || s.st_size != len ||
         s.st_shndx >= sections_.size())
-      return path_ + ": " + name + " is not a 4-byte data object";
+      return path_ + ": " + name + " is not a " + std::to_string(len) +
+             "-byte data object";
     const Shdr& sec = sections_[s.st_shndx];
-    if (s.st_value < sec.sh_addr ||
-        s.st_value - sec.sh_addr > sec.sh_size - sizeof(uint32_t) ||
-        sec.sh_size < sizeof(uint32_t))
+    if (sec.sh_size < len || s.st_value < sec.sh_addr ||
+        s.st_value - sec.sh_addr > sec.sh_size - len)
       return path_ + ": " + name + " lies outside its section";
     if (sec.sh_type == SHT_NOBITS) {  // zero-initialised
-      value = 0;
+      std::memset(out, 0, len);
       return "";
     }
     const uint64_t at = sec.sh_offset + (s.st_value - sec.sh_addr);
-    if (sec.sh_type != SHT_PROGBITS || !inFile(at, sizeof value) ||
-        !readAt(fd_, at, sizeof value, &value))
+    if (sec.sh_type != SHT_PROGBITS || at < sec.sh_offset || !inFile(at, len) ||
+        !readAt(fd_, at, len, out))
       return path_ + ": " + name + " could not be read";
     return "";
   }
@@ -357,14 +370,22 @@ Inspection inspectFd(int fd, uint64_t size, const std::string& path,
               ", not as a function: not a ddprun plugin; reinstall ddprun";
     return r;
   }
-  const std::string marker = abiSymbol(entry);
+  const std::string marker = buildIdSymbol(entry);
   const Sym* a = elf.exported(marker);
   if (!a) {
-    r.error = path + " has no ABI marker " + marker +
+    r.error = path + " has no build id marker " + marker +
               " (a plugin of an older ddprun build?); reinstall ddprun";
     return r;
   }
-  if (r.error = elf.readU32(*a, marker, r.abi); !r.error.empty()) return r;
+  char id[kBuildIdSize];
+  if (r.error = elf.readObject(*a, marker, sizeof id, id); !r.error.empty()) return r;
+  if (id[kBuildIdSize - 1] != '\0' ||
+      !std::all_of(id, id + kBuildIdSize - 1,
+                   [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
+    r.error = path + ": " + marker + " is not a build id (32 hex digits); reinstall ddprun";
+    return r;
+  }
+  r.buildId.assign(id, kBuildIdSize - 1);
   r.ok = true;
   return r;
 }
@@ -422,7 +443,7 @@ std::string checkSameFile(void* h, const struct stat& st, const std::string& pat
 }  // namespace
 
 Opened openFrom(const std::vector<std::string>& dirs, const std::string& file,
-                const std::string& entry, uint32_t abi) {
+                const std::string& entry, const std::string& wantedId) {
   Opened r;
   Found f = find(dirs, file);
   r.warnings = std::move(f.warnings);
@@ -440,8 +461,8 @@ Opened openFrom(const std::vector<std::string>& dirs, const std::string& file,
   }
   const Inspection ins =
       inspectFd(fd.get(), static_cast<uint64_t>(st.st_size), r.path, entry);
-  if (!ins.ok || ins.abi != abi) {
-    r.error = ins.ok ? abiMismatch(r.path, ins.abi, abi) : ins.error;
+  if (!ins.ok || ins.buildId != wantedId) {
+    r.error = ins.ok ? buildIdMismatch(r.path, ins.buildId, wantedId) : ins.error;
     return r;
   }
   void* h = ::dlopen(r.path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -461,8 +482,8 @@ Opened openFrom(const std::vector<std::string>& dirs, const std::string& file,
   return r;
 }
 
-Opened open(const std::string& file, const std::string& entry, uint32_t abi) {
-  Opened r = openFrom(defaultSearchDirs(), file, entry, abi);
+Opened open(const std::string& file, const std::string& entry) {
+  Opened r = openFrom(defaultSearchDirs(), file, entry, buildId());
   // Both CUDA plugins are looked for in the same directories: say each once.
   static std::mutex m;
   static std::set<std::string> said;

@@ -33,8 +33,7 @@ const Loaded& loaded() {
       r.table = ddprun_train_cuda_plugin();
     } else {
       r = plugin::openTable<internal::CudaBackendPlugin>(
-          internal::kCudaBackendPluginFile, internal::kCudaBackendPluginEntry,
-          internal::kCudaBackendPluginAbi);
+          internal::kCudaBackendPluginFile, internal::kCudaBackendPluginEntry);
     }
     return r;
   }();

@@ -14,14 +14,12 @@
 
 namespace ddprun::train::internal {
 
-// Bumped whenever the table changes: a plugin of another build is refused,
-// before it is loaded (the plugin exports it as the data symbol
-// ddprun_train_cuda_plugin_abi, DDPRUN_PLUGIN_ABI, which common/plugin.h
-// reads from the file) and again from the table.
-inline constexpr uint32_t kCudaBackendPluginAbi = 1;
-
+// A plugin of another build is refused, before it is loaded (the plugin
+// exports its build id, cmake/build_id.cmake, as the data symbol
+// ddprun_train_cuda_plugin_build_id, DDPRUN_PLUGIN_BUILD_ID, which
+// common/plugin.h reads from the file) and again from the table.
 struct CudaBackendPlugin {
-  uint32_t abi = kCudaBackendPluginAbi;
+  const char* buildId;  // the plugin's DDPRUN_BUILD_ID
   std::unique_ptr<Backend> (*make)(const CudaBackendOptions&);
 };
 

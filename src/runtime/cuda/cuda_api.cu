@@ -11,6 +11,7 @@
 #include "cuda_comm.h"
 #include "cuda_plugin.h"
 #include "cuda_support.h"
+#include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
 #include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/process_group.h"
@@ -80,14 +81,14 @@ double nowSeconds() {
 }  // namespace ddprun::runtime
 
 // Read from the file before it is loaded (common/plugin.h): a program of
-// another ABI refuses this plugin without running any of its code.
-DDPRUN_PLUGIN_ABI(ddprun_runtime_cuda_plugin, ddprun::runtime::internal::kCudaPluginAbi);
+// another build refuses this plugin without running any of its code.
+DDPRUN_PLUGIN_BUILD_ID(ddprun_runtime_cuda_plugin, DDPRUN_BUILD_ID);
 
 extern "C" __attribute__((visibility("default"))) const ddprun::runtime::internal::CudaPlugin*
 ddprun_runtime_cuda_plugin() {
   using namespace ddprun::runtime;
   static const internal::CudaPlugin table{
-      .abi = internal::kCudaPluginAbi,
+      .buildId = DDPRUN_BUILD_ID,
       .deviceCount = gpu::deviceCount,
       .selectedDevice = gpu::selectedDevice,
       .bindThread = gpu::bindThread,

@@ -22,8 +22,8 @@ std::atomic<const internal::CudaPlugin*> gLoaded{nullptr};
 
 const Loaded& loaded() {
   static const Loaded l = [] {
-    Loaded r = plugin::openTable<internal::CudaPlugin>(
-        internal::kCudaPluginFile, internal::kCudaPluginEntry, internal::kCudaPluginAbi);
+    Loaded r = plugin::openTable<internal::CudaPlugin>(internal::kCudaPluginFile,
+                                                       internal::kCudaPluginEntry);
     if (r.table) gLoaded.store(r.table, std::memory_order_release);
     return r;
   }();

@@ -20,11 +20,11 @@
 
 namespace ddprun::runtime::internal {
 
-// Bumped whenever the table changes: a plugin of another build is refused.
-inline constexpr uint32_t kCudaPluginAbi = 1;
-
+// A plugin of another build is refused: its build id (common/plugin.h,
+// cmake/build_id.cmake, generated per build directory and changed with this
+// header) is checked from the file before it is loaded, and again here.
 struct CudaPlugin {
-  uint32_t abi = kCudaPluginAbi;
+  const char* buildId;  // the plugin's DDPRUN_BUILD_ID
   int (*deviceCount)();
   int (*selectedDevice)();
   void (*bindThread)();

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "../../runtime/cuda/cuda_handles.h"
+#include "runtime/cuda/cuda_handles.h"  // src/ on the include path (src/CMakeLists.txt)
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"
 

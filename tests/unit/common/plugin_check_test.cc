@@ -1,6 +1,7 @@
 // Plugins are checked before any of their code is called (common/plugin.h):
 // tiny plugins built for the test (plugins/test_plugin.cc) with a data symbol
-// as entry point, a wrong ABI, no ABI marker, a table of another ABI; and the
+// as entry point, another build's id, no build id marker, a marker that is not
+// a build id, a table of another build; and the
 // search skipping directories with the plugin's name, world-writable or
 // relative directories, world-writable files.
 #include <sys/stat.h>
@@ -23,10 +24,11 @@ namespace fs = std::filesystem;
 
 constexpr const char* kFile = "libddprun_test_plugin.so";
 constexpr const char* kEntry = "ddprun_test_plugin";
-constexpr uint32_t kAbi = 7;
+// Another build's id (plugins/test_plugin.cc has the same).
+constexpr const char* kOtherBuild = "0123456789abcdef0123456789abcdef";
 
 struct Table {
-  uint32_t abi;
+  const char* buildId;
   int (*answer)();
 };
 
@@ -47,7 +49,8 @@ bool anyContains(const std::vector<std::string>& v, const std::string& part) {
 class PluginCheck : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"good", "data_entry", "wrong_abi", "no_marker", "table_abi"})
+    for (const char* v :
+         {"good", "data_entry", "wrong_id", "no_marker", "table_id", "bad_marker"})
       ASSERT_TRUE(fs::is_regular_file(built(v))) << built(v) << " was not built";
     marker_ = tmp_.file("constructor-ran");
     ::setenv("DDPRUN_TEST_PLUGIN_MARKER", marker_.c_str(), 1);
@@ -77,23 +80,30 @@ TEST_F(PluginCheck, AGoodPluginLoadsAndItsConstructorRuns) {
   // The control for the refusals below: this marker is what they must not leave.
   const std::string d = dir("good");
   const std::string path = install("good", d);
-  const Opened o = openFrom({d}, kFile, kEntry, kAbi);
+  const Opened o = openFrom({d}, kFile, kEntry);
   ASSERT_NE(o.symbol, nullptr) << o.error;
   EXPECT_EQ(o.path, fs::canonical(path).string());
   EXPECT_TRUE(o.warnings.empty());
   const Table* t = reinterpret_cast<const Table* (*)()>(o.symbol)();
-  EXPECT_EQ(t->abi, kAbi);
+  EXPECT_STREQ(t->buildId, buildId());
   EXPECT_EQ(t->answer(), 42);
   EXPECT_TRUE(constructorRan());
   const Inspection i = inspect(path, kEntry);
   EXPECT_TRUE(i.ok) << i.error;
-  EXPECT_EQ(i.abi, kAbi);
+  EXPECT_EQ(i.buildId, buildId());
+}
+
+TEST_F(PluginCheck, TheBuildIdIsThirtyTwoHexDigitsFromTheBuild) {
+  const std::string id = buildId();
+  ASSERT_EQ(id.size(), kBuildIdSize - 1) << id;
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  EXPECT_NE(id, kOtherBuild);
 }
 
 TEST_F(PluginCheck, ADataSymbolAsEntryPointIsRefusedNotCalled) {
   const std::string d = dir("data");
   install("data_entry", d);
-  const Opened o = openFrom({d}, kFile, kEntry, kAbi);  // calling it would be SIGSEGV
+  const Opened o = openFrom({d}, kFile, kEntry);  // calling it would be SIGSEGV
   EXPECT_EQ(o.symbol, nullptr);
   EXPECT_TRUE(
       contains(o.error, "exports ddprun_test_plugin as a data object, not as a function"))
@@ -101,40 +111,62 @@ TEST_F(PluginCheck, ADataSymbolAsEntryPointIsRefusedNotCalled) {
   EXPECT_FALSE(constructorRan()) << "refused only after dlopen ran its constructor";
 }
 
-TEST_F(PluginCheck, AWrongAbiIsRefusedBeforeAnyOfItsCodeRuns) {
+TEST_F(PluginCheck, APluginOfAnotherBuildIsRefusedBeforeAnyOfItsCodeRuns) {
   const std::string d = dir("wrong");
-  const std::string path = fs::canonical(install("wrong_abi", d)).string();
-  const Opened o = openFrom({d}, kFile, kEntry, kAbi);
+  const std::string path = fs::canonical(install("wrong_id", d)).string();
+  const Opened o = openFrom({d}, kFile, kEntry);
   EXPECT_EQ(o.symbol, nullptr);
-  EXPECT_EQ(o.error, abiMismatch(path, 8, kAbi));
+  // Both ids named, and what to do.
+  EXPECT_EQ(o.error, path + " is from another ddprun build (plugin build id " +
+                         kOtherBuild + ", this program's is " + buildId() +
+                         "): install the program and its plugins from the same build "
+                         "(reinstall ddprun)");
+  EXPECT_EQ(o.error, buildIdMismatch(path, kOtherBuild, buildId()));
   EXPECT_FALSE(constructorRan())
-      << "the plugin's constructor ran before its ABI was refused";
-}
-
-TEST_F(PluginCheck, APluginWithoutAbiMarkerIsRefusedBeforeItRuns) {
-  const std::string d = dir("nomarker");
-  install("no_marker", d);
-  const Opened o = openFrom({d}, kFile, kEntry, kAbi);
-  EXPECT_EQ(o.symbol, nullptr);
-  EXPECT_TRUE(contains(o.error, "has no ABI marker ddprun_test_plugin_abi")) << o.error;
+      << "the plugin's constructor ran before its build id was refused";
+  // And the other way round: a program of that other build refuses this build's plugin.
+  const std::string g = dir("good");
+  const std::string good = fs::canonical(install("good", g)).string();
+  const Opened other = openFrom({g}, kFile, kEntry, kOtherBuild);
+  EXPECT_EQ(other.symbol, nullptr);
+  EXPECT_EQ(other.error, buildIdMismatch(good, buildId(), kOtherBuild));
   EXPECT_FALSE(constructorRan());
 }
 
-TEST_F(PluginCheck, TheTablesOwnAbiIsCheckedTooThroughThePluginPath) {
+TEST_F(PluginCheck, APluginWithoutBuildIdMarkerIsRefusedBeforeItRuns) {
+  const std::string d = dir("nomarker");
+  install("no_marker", d);
+  const Opened o = openFrom({d}, kFile, kEntry);
+  EXPECT_EQ(o.symbol, nullptr);
+  EXPECT_TRUE(contains(o.error, "has no build id marker ddprun_test_plugin_build_id"))
+      << o.error;
+  EXPECT_FALSE(constructorRan());
+}
+
+TEST_F(PluginCheck, AMarkerThatIsNotABuildIdIsRefusedBeforeItRuns) {
+  const std::string d = dir("badmarker");
+  install("bad_marker", d);
+  const Opened o = openFrom({d}, kFile, kEntry);
+  EXPECT_EQ(o.symbol, nullptr);
+  EXPECT_TRUE(contains(o.error, "ddprun_test_plugin_build_id is not a build id")) << o.error;
+  EXPECT_FALSE(constructorRan());
+}
+
+TEST_F(PluginCheck, TheTablesOwnBuildIdIsCheckedTooThroughThePluginPath) {
   const std::string d = dir("table");
-  const std::string path = fs::canonical(install("table_abi", d)).string();
+  const std::string path = fs::canonical(install("table_id", d)).string();
   ::setenv("DDPRUN_PLUGIN_PATH", d.c_str(), 1);
-  const Loaded<Table> l = openTable<Table>(kFile, kEntry, kAbi);
+  const Loaded<Table> l = openTable<Table>(kFile, kEntry);
   ::unsetenv("DDPRUN_PLUGIN_PATH");
   EXPECT_EQ(l.table, nullptr);
   EXPECT_EQ(l.path, path);
-  EXPECT_EQ(l.error, abiMismatch(path, 9, kAbi));
+  EXPECT_EQ(l.error, buildIdMismatch(path, kOtherBuild, buildId()));
 }
 
 TEST_F(PluginCheck, AFileThatIsNotElfIsRefusedWithItsName) {
   const std::string d = dir("text");
   std::ofstream(d + "/" + kFile) << "#!/bin/sh\necho not a plugin\n";
-  const Opened o = openFrom({d}, kFile, kEntry, kAbi);
+  const Opened o = openFrom({d}, kFile, kEntry);
   EXPECT_EQ(o.symbol, nullptr);
   EXPECT_TRUE(contains(o.error, d + "/" + std::string(kFile) + " is not an ELF file"))
       << o.error;
@@ -145,7 +177,7 @@ TEST_F(PluginCheck, ADirectoryWithThePluginsNameIsSkippedAndTheSearchGoesOn) {
   fs::create_directory(first + "/" + kFile);
   const std::string second = dir("second");
   const std::string path = install("good", second);
-  const Opened o = openFrom({first, second}, kFile, kEntry, kAbi);
+  const Opened o = openFrom({first, second}, kFile, kEntry);
   ASSERT_NE(o.symbol, nullptr) << o.error;
   EXPECT_EQ(o.path, fs::canonical(path).string());
   ASSERT_EQ(o.warnings.size(), 1u);
@@ -215,7 +247,7 @@ TEST_F(PluginCheck, ARelativeDirectoryIsSkippedEvenWhereItHasThePlugin) {
   dir("rel");
   install("good", tmp_.file("rel"));
   ::setenv("DDPRUN_PLUGIN_PATH", "rel", 1);
-  const Opened o = open(kFile, kEntry, kAbi);
+  const Opened o = open(kFile, kEntry);
   ::unsetenv("DDPRUN_PLUGIN_PATH");
   fs::current_path(cwd);
   EXPECT_EQ(o.symbol, nullptr);
@@ -238,7 +270,7 @@ TEST_F(PluginCheck, InspectNamesWhatIsMissing) {
   const Inspection dirIns = inspect(d, kEntry);
   EXPECT_FALSE(dirIns.ok);
   EXPECT_TRUE(contains(dirIns.error, "is a directory")) << dirIns.error;
-  EXPECT_EQ(abiSymbol("x"), "x_abi");
+  EXPECT_EQ(buildIdSymbol("x"), "x_build_id");
 }
 
 }  // namespace

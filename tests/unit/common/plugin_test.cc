@@ -27,7 +27,7 @@ TEST(PluginSearch, NoProgramDirectoryLeavesTheEnvironmentOnly) {
 }
 
 TEST(PluginOpen, AMissingPluginSaysWhereItWasLookedFor) {
-  const Opened o = open("libddprun_no_such_plugin.so", "entry", 1);
+  const Opened o = open("libddprun_no_such_plugin.so", "entry");
   EXPECT_EQ(o.symbol, nullptr);
   EXPECT_EQ(o.path, "");
   EXPECT_NE(o.error.find("libddprun_no_such_plugin.so is not installed"), std::string::npos)
@@ -39,13 +39,19 @@ TEST(PluginOpen, AMissingPluginSaysWhereItWasLookedFor) {
 
 TEST(PluginOpen, AMissingPluginTableIsNullWithTheSameReason) {
   struct Table {
-    uint32_t abi;
+    const char* buildId;
   };
-  const Loaded<Table> l = openTable<Table>("libddprun_no_such_plugin.so", "entry", 1);
+  const Loaded<Table> l = openTable<Table>("libddprun_no_such_plugin.so", "entry");
   EXPECT_EQ(l.table, nullptr);
   EXPECT_TRUE(notInstalled(l.error)) << l.error;
-  EXPECT_EQ(abiMismatch("/x.so", 2, 1),
-            "/x.so is from another ddprun build (plugin ABI 2, this program needs 1)");
+  EXPECT_EQ(buildIdMismatch("/x.so", "aa", "bb"),
+            "/x.so is from another ddprun build (plugin build id aa, this program's is bb): "
+            "install the program and its plugins from the same build (reinstall ddprun)");
+  EXPECT_NE(buildIdMismatch("/x.so", "", "bb").find("(plugin build id none,"),
+            std::string::npos);
+  EXPECT_EQ(tableBuildId(nullptr), "");
+  EXPECT_EQ(tableBuildId("0123456789abcdef0123456789abcdef and more"),
+            "0123456789abcdef0123456789abcdef");
 }
 
 }  // namespace

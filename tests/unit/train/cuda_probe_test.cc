@@ -241,7 +241,7 @@ TEST(CudaProbe, WithoutADriverOrGpuNoCudaLibraryIsLoaded) {
   EXPECT_EQ(d.notice.find("backend"), std::string::npos) << d.notice;
 }
 
-TEST(CudaProbe, TheBuiltPluginsCarryTheirAbiMarker) {
+TEST(CudaProbe, TheBuiltPluginsCarryThisBuildsId) {
   const plugin::Found f =
       plugin::find(plugin::defaultSearchDirs(), internal::kCudaBackendPluginFile);
   if (f.path.empty())
@@ -249,14 +249,14 @@ TEST(CudaProbe, TheBuiltPluginsCarryTheirAbiMarker) {
   const plugin::Inspection train =
       plugin::inspect(f.path, internal::kCudaBackendPluginEntry);
   EXPECT_TRUE(train.ok) << train.error;
-  EXPECT_EQ(train.abi, internal::kCudaBackendPluginAbi);
+  EXPECT_EQ(train.buildId, plugin::buildId());
   const plugin::Found rt =
       plugin::find(plugin::defaultSearchDirs(), "libddprun_runtime_cuda.so");
   ASSERT_NE(rt.path, "") << rt.error;
   const plugin::Inspection runtime =
       plugin::inspect(rt.path, "ddprun_runtime_cuda_plugin");
   EXPECT_TRUE(runtime.ok) << runtime.error;
-  EXPECT_GE(runtime.abi, 1u);
+  EXPECT_EQ(runtime.buildId, plugin::buildId());
 }
 
 }  // namespace

@@ -161,22 +161,23 @@ class WithAStandInDriver(ProbeCase):
         self.assertIn("train: error: --device cuda: " + cause + "; see what nvidia-smi says", messages)
 
     def test_a_plugin_of_another_build_is_refused_before_it_is_mapped(self):
-        marker = symbol_offset(TRAIN_PLUGIN, "ddprun_train_cuda_plugin_abi")
-        self.assertIsNotNone(marker, TRAIN_PLUGIN + " has no ABI marker")
+        marker = symbol_offset(TRAIN_PLUGIN, "ddprun_train_cuda_plugin_build_id")
+        self.assertIsNotNone(marker, TRAIN_PLUGIN + " has no build id marker")
         tmp = tempfile.mkdtemp(prefix="device_probe_")
         self.addCleanup(shutil.rmtree, tmp, True)
         other = os.path.join(tmp, "libddprun_train_cuda.so")
         shutil.copyfile(TRAIN_PLUGIN, other)
         with open(other, "r+b") as f:
             f.seek(marker)
-            f.write(struct.pack("<I", 999))
+            f.write(b"f" * 32)  # another build's id (32 hex digits)
         p, mapped, messages = self.run_with_driver("auto", FAKE_CUDA_COUNT="1",
                                                    DDPRUN_PLUGIN_PATH=tmp)
         self.assertEqual(p.returncode, 0, messages)
         cause = NOTICE.search(messages).group(1)
         self.assertRegex(cause, r"^1 NVIDIA GPU is present but the CUDA backend does not load: " +
                          re.escape(os.path.realpath(other)) +
-                         r" is from another ddprun build \(plugin ABI 999, this program needs \d+\)")
+                         r" is from another ddprun build \(plugin build id f{32}, "
+                         r"this program's is [0-9a-f]{32}\): ")
         # Refused from the file: neither it nor what it links was mapped.
         self.assertEqual([m for m in mapped if m.startswith(("libddprun_train_cuda", "libcudnn",
                                                              "libcublas"))], [], messages)

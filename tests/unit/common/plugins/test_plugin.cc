@@ -6,18 +6,23 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
 #include "ddprun/common/plugin.h"
 
 #define VARIANT_GOOD 1
 #define VARIANT_DATA_ENTRY 2  // the entry point is a data object
-#define VARIANT_WRONG_ABI 3   // the ABI marker says 8 (the tests want 7)
-#define VARIANT_NO_MARKER 4   // no ABI marker at all
-#define VARIANT_TABLE_ABI 5   // the marker says 7, the table 9
+#define VARIANT_WRONG_ID 3    // the marker has another build's id (kOtherBuild)
+#define VARIANT_NO_MARKER 4   // no build id marker at all
+#define VARIANT_TABLE_ID 5    // the marker has this build's id, the table another's
+#define VARIANT_BAD_MARKER 6  // the marker is the right size but not 32 hex digits
+
+// Another build's id (plugin_check_test.cc has the same).
+#define OTHER_BUILD_ID "0123456789abcdef0123456789abcdef"
 
 namespace {
 
 struct Table {
-  uint32_t abi;
+  const char* buildId;
   int (*answer)();
 };
 
@@ -30,19 +35,22 @@ __attribute__((constructor)) void markLoaded() {
 
 }  // namespace
 
-#if TEST_PLUGIN_VARIANT == VARIANT_WRONG_ABI
-DDPRUN_PLUGIN_ABI(ddprun_test_plugin, 8);
+#if TEST_PLUGIN_VARIANT == VARIANT_WRONG_ID
+DDPRUN_PLUGIN_BUILD_ID(ddprun_test_plugin, OTHER_BUILD_ID);
+#elif TEST_PLUGIN_VARIANT == VARIANT_BAD_MARKER
+DDPRUN_PLUGIN_BUILD_ID(ddprun_test_plugin, "not a build id: 32 characters...");
 #elif TEST_PLUGIN_VARIANT != VARIANT_NO_MARKER
-DDPRUN_PLUGIN_ABI(ddprun_test_plugin, 7);
+DDPRUN_PLUGIN_BUILD_ID(ddprun_test_plugin, DDPRUN_BUILD_ID);
 #endif
 
 #if TEST_PLUGIN_VARIANT == VARIANT_DATA_ENTRY
 // Called as a function this would jump into data: SIGSEGV.
 extern "C" __attribute__((visibility("default")))
-const Table ddprun_test_plugin = {7, answer};
+const Table ddprun_test_plugin = {DDPRUN_BUILD_ID, answer};
 #else
 extern "C" __attribute__((visibility("default"))) const Table* ddprun_test_plugin() {
-  static const Table t{TEST_PLUGIN_VARIANT == VARIANT_TABLE_ABI ? 9u : 7u, answer};
+  static const Table t{TEST_PLUGIN_VARIANT == VARIANT_TABLE_ID ? OTHER_BUILD_ID : DDPRUN_BUILD_ID,
+                       answer};
   return &t;
 }
 #endif
