@@ -189,26 +189,12 @@ class Agent::Impl {
   }
 
   bool resolveNproc() {
-    const int cpus = availableCpus();  // the affinity mask, as torchrun 2.x counts
-    switch (cfg_.nprocKind) {
-      case NprocKind::kCount: nproc_ = cfg_.nprocPerNode; break;
-      case NprocKind::kCpu: nproc_ = cpus; break;
-      case NprocKind::kGpu:
-        nproc_ = countCudaDevices();
-        if (nproc_ == 0) {
-          DDPRUN_ERROR("--nproc-per-node=gpu but no CUDA device was found (no driver or no "
-                       "GPU); give a number or 'cpu'");
-          exitCode_ = kExitUsage;
-          return false;
-        }
-        break;
-      case NprocKind::kAuto: {
-        const int gpus = countCudaDevices();
-        nproc_ = gpus > 0 ? gpus : cpus;
-        break;
-      }
-    }
-    return true;
+    nproc_ = agent::resolveNproc(cfg_.nprocKind, cfg_.nprocPerNode);
+    if (nproc_ > 0 || cfg_.nprocKind != NprocKind::kGpu) return true;
+    DDPRUN_ERROR("--nproc-per-node=gpu but no CUDA device was found (no driver or no "
+                 "GPU); give a number or 'cpu'");
+    exitCode_ = kExitUsage;
+    return false;
   }
 
   // ------------------------------------------------------------ joining

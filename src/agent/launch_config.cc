@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "ddprun/agent/launcher.h"
+#include "ddprun/common/cpus.h"
 #include "ddprun/common/error.h"
 #include "ddprun/common/net.h"
 #include "ddprun/common/strings.h"
@@ -14,6 +16,19 @@
 #include "ddprun/store/auth.h"
 
 namespace ddprun::agent {
+
+int resolveNproc(NprocKind kind, int count) {
+  switch (kind) {
+    case NprocKind::kCount: return count;
+    case NprocKind::kCpu: return availableCpus();
+    case NprocKind::kGpu: return countCudaDevices();
+    case NprocKind::kAuto: {
+      const int gpus = countCudaDevices();
+      return gpus > 0 ? gpus : availableCpus();
+    }
+  }
+  return count;
+}
 
 namespace {
 using str::trim;

@@ -50,6 +50,10 @@ struct StdSpec {
 };
 
 enum class NprocKind { kCount, kCpu, kGpu, kAuto };
+// --nproc-per-node on this machine: `count`, the CPUs of the affinity mask
+// (as torchrun 2.x counts), the CUDA devices (0 when `gpu` finds none: the
+// caller's error), or auto (the GPUs, else the CPUs).
+int resolveNproc(NprocKind kind, int count);
 
 // The c10d rendezvous settings of --rdzv-conf (torchrun's names and
 // defaults), validated by finalizeConfig. The dynamic rendezvous uses
