@@ -17,7 +17,8 @@
 #include "ddprun/common/strings.h"
 #include "dynamic_rendezvous_internal.h"
 #include "job_keys.h"
-#include "join_turn.h"
+#include "arrivals.h"
+#include "dynamic_join.h"
 #include "dynamic_state.h"
 #include "node_lease.h"
 #include "round_end.h"
@@ -39,9 +40,6 @@ using Millis = std::chrono::milliseconds;
 // A watcher waits this long per request for the round's end, then asks again:
 // rounds last as long as training does.
 constexpr Millis kWatchSlice{3'600'000};
-
-// How long a join waits for the join before it in line (join_turn.h).
-constexpr Millis kTurnPatience{2'000};
 
 // Keys: job_keys.h.
 //
@@ -86,13 +84,19 @@ class DynamicRendezvous final : public Rendezvous {
     tasks_.push([this, round] {
       report(round, "its workers succeeded", [&] {
         // First in the state (a newcomer must not end a round that is
-        // finishing), then the count; only the first node's update writes.
-        // A state tampered with: an invalid one ends the round at once, a
-        // deleted or changed one lets the workers' outcome decide.
-        auto tampered = checkRound(round);
+        // finishing), by the first node to succeed only (the finishing
+        // key), then the count. A state tampered with: an invalid one ends
+        // the round at once, a deleted or changed one lets the workers'
+        // outcome decide. Only the first nodes of the round read the state
+        // here (O(nodes) bytes each); endRound() reads it in any case.
+        const bool first =
+            client_->compareSet(key(round, "finishing"), "", nodeId_) == nodeId_;
+        auto tampered = first || groupRank_ < static_cast<int>(detail::kWatchers)
+                            ? checkRound(round)
+                            : std::nullopt;
         if (tampered && tampered->invalid)
           return bury(round, RoundEnd::kFinished, "", *tampered);
-        if (!tampered) {
+        if (!tampered && first) {
           try {
             cell_->update([&](State& st) { detail::markFinishing(st, round); });
           } catch (const ProtocolError&) {  // endRound() looks again
@@ -234,6 +238,7 @@ class DynamicRendezvous final : public Rendezvous {
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
+    joiner_.emplace(*client_, *cell_, keys_, lim_, opts_, me_.id, joinHooks());
     liveness_->setOnLost([this](int64_t silentMs) { onLost(silentMs); });
   }
 
@@ -253,8 +258,7 @@ class DynamicRendezvous final : public Rendezvous {
     post_([handler = handler_, event] { handler(event); });
   }
 
-  // The join loop (see dynamic_state.h): one step on the latest state, then
-  // wait for what the step says, until this node takes part in a complete
+  // The join (dynamic_join.h): until this node takes part in a complete
   // round, the job is closed, or the join deadline passes.
   RoundInfo joinRound(int localWorldSize) {
     ownTimeout_ = false;
@@ -263,71 +267,52 @@ class DynamicRendezvous final : public Rendezvous {
                  "a node of an elastic job runs 1 to ", detail::kMaxNproc,
                  " workers, got ", localWorldSize);
     ensureConnected();
-    const int64_t started = now();
-    const int64_t deadline = started + opts_.joinTimeout.count();
-    int64_t nextSay = started + sayEvery();
+    joinStarted_ = now();
+    nextSay_ = joinStarted_ + sayEvery();
+    const int64_t deadline = joinStarted_ + opts_.joinTimeout.count();
     me_.nproc = localWorldSize;
-    for (bool first = true;; first = false) {
-      detail::Turn turn = first ? takeTurn() : detail::Turn{};
-      // Read before the state, so that a node giving up names what it saw
-      // after its deadline, not before.
-      const bool late = now() >= deadline;
-      readForJoin();
-      JoinOutcome outcome{};
-      NodeDesc trial;
-      State s = cell_->update(
-          [&](State& st) {
-            trial = me_;
-            outcome = detail::joinStep(st, trial, lim_, now());
-          },
-          /*mayCreate=*/!seenState_);
-      seenState_ = true;
-      lastRoundSeen_ = s.round;
-      me_ = trial;
-      turn.release();
-      afterRead(*client_, s);
-      if (outcome == JoinOutcome::kClosed)
-        throw ClosedError(::ddprun::detail::concat("the job ", opts_.runId, " is already over: ",
-                                   s.closedReason),
-                          __FILE__, __LINE__,
-                          /*finished=*/s.lastEnd == detail::encodeEnd(RoundEnd::kFinished, -1, ""));
-      if (outcome == JoinOutcome::kFull)
-        DDPRUN_THROW(InvalidArgument, "job ", opts_.runId, " already has ",
-                     detail::waitingCap(opts_.maxNodes),
-                     " nodes waiting for a place beyond --nnodes' maximum ",
-                     opts_.maxNodes, "; start fewer nodes or raise the maximum");
-      if (outcome == JoinOutcome::kComplete) {
-        if (auto info = roundInfo(s)) return *info;
-        continue;  // the round ended before it started: join the next
+    try {
+      for (;;) {
+        const detail::Placement p = joiner_->join(me_, deadline);
+        lastRoundSeen_ = p.round;
+        if (auto info = roundInfo(p)) return *info;
+        // The round ended before it started: join the next.
       }
-      tellProgress(s, outcome, started, nextSay);
-      // Redundant, or waiting for a finishing round: no deadline, as torchrun.
-      if (outcome == JoinOutcome::kWaitEnd) {
-        waitUntil({key(s.round, "end")}, nextSay);
-        continue;
-      }
-      if (late) giveUp(s);
-      // The step runs again at least once per heartbeat timeout: a node
-      // dropped from the forming round for a silence (a machine stalled
-      // longer than that) finds itself out and joins again.
-      int64_t until = std::min(deadline, now() + heartbeatTimeout().count());
-      if (s.lastCallMs) until = std::min(until, s.lastCallMs);
-      waitUntil({key(s.round, "complete")}, std::min(until, nextSay));
+    } catch (...) {
+      joiner_->releaseLease();  // best effort: it expires anyway
+      throw;
     }
+  }
+
+  detail::JoinHooks joinHooks() {
+    detail::JoinHooks h;
+    h.now = [this] { return now(); };
+    h.waitUntil = [this](const std::vector<std::string>& keys, int64_t untilMs) {
+      return waitUntil(keys, untilMs);
+    };
+    h.readState = [this] { return readForJoin(); };
+    h.afterState = [this](store::Store& store, const State& s) {
+      if (cell_->known()) lastRoundSeen_ = s.round;
+      ensureMarkers(store, s);
+    };
+    h.watch = [this](std::vector<std::string> peers) { setWatch(std::move(peers)); };
+    h.progress = [this](const JoinProgress& p) { tellProgress(p); };
+    h.giveUp = [this] { giveUp(); };
+    return h;
   }
 
   int64_t sayEvery() const { return std::max<int64_t>(1, opts_.joinProgressInterval.count()); }
 
   // A join that waits says where it stands: to the agent at every look,
-  // and in the log once per joinProgressInterval (nextSay: when next).
-  void tellProgress(const State& s, JoinOutcome outcome, int64_t started, int64_t& nextSay) {
+  // and in the log once per joinProgressInterval.
+  void tellProgress(JoinProgress p) {
     const int64_t t = now();
-    JoinProgress p = detail::joinProgress(s, me_.id, outcome, lim_, t);
-    p.waitingSeconds = static_cast<double>(t - started) / 1000.0;
-    if (t >= nextSay) {
+    p.waitingSeconds = static_cast<double>(t - joinStarted_) / 1000.0;
+    if (t >= nextSay_) {
       DDPRUN_NOTICE("rendezvous: job ", opts_.runId, " waiting ",
-                  formatDuration(Millis(t - started)), " to join ", rendezvous::describe(p));
-      nextSay = t + sayEvery();
+                    formatDuration(Millis(t - joinStarted_)), " to join ",
+                    rendezvous::describe(p));
+      nextSay_ = t + sayEvery();
     }
     if (progressHandler_) post_([h = progressHandler_, p] { h(p); });
   }
@@ -339,15 +324,15 @@ class DynamicRendezvous final : public Rendezvous {
   // settings in the state are tampering then). A node new to the job only
   // reports what it found (JobMismatchError or ProtocolError), touching
   // nothing.
-  void readForJoin() {
+  State readForJoin() {
     std::string why;
     try {
-      cell_->refresh();
-      if (cell_->known() || !seenState_) return;
+      State s = cell_->refresh();
+      if (cell_->known() || !joiner_->seenJob()) return s;
       why = "the rendezvous state under " + stateKey() +
             " was deleted while this node was in the job";
     } catch (const ProtocolError& e) {  // JobMismatchError too
-      if (!seenState_) throw;           // as it is: nothing of ours to protect
+      if (!joiner_->seenJob()) throw;   // as it is: nothing of ours to protect
       why = e.message();
     }
     Tamper t{why, true};
@@ -356,20 +341,16 @@ class DynamicRendezvous final : public Rendezvous {
                  " is closed: start it again with another --rdzv-id");
   }
 
-  // Join tickets: join_turn.h.
-  detail::Turn takeTurn() {
-    return detail::takeTurn(*client_, keys_.jobKey("turn"), keys_.jobKey("turn/"),
-                            kTurnPatience);
-  }
-
   // The join deadline passed in a forming round: this node leaves it, then
   // says who came and who did not.
-  [[noreturn]] void giveUp(const State& seen) {
+  [[noreturn]] void giveUp() {
     ownTimeout_ = true;
-    cell_->update([&](State& st) {
-      detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_,
-                         now());
-    });
+    const State seen = cell_->refresh();
+    if (cell_->known())
+      cell_->update([&](State& st) {
+        detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_,
+                           now());
+      });
     DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
                  " did not complete within ", formatDuration(opts_.joinTimeout),
                  ": ", detail::describeShortfall(seen, lim_),
@@ -390,11 +371,9 @@ class DynamicRendezvous final : public Rendezvous {
     }
   }
 
-  // After every state read: the markers a dead writer may have left unwritten,
-  // and the nodes to watch.
-  void afterRead(store::Store& store, const State& s) {
-    ensureMarkers(store, s);
-    std::vector<std::string> peers = detail::watchSet(s, me_.id);
+  // The nodes this node watches: its verdict's while the round forms, its
+  // placement's once it is complete.
+  void setWatch(std::vector<std::string> peers) {
     if (peers == peers_) return;
     peers_ = peers;
     liveness_->setPeers(
@@ -408,6 +387,9 @@ class DynamicRendezvous final : public Rendezvous {
     std::lock_guard lock(markMu_);
     const int done = s.complete ? s.round : s.lastEndedRound;
     if (done > completeMarked_) {
+      // A complete round's placements first: a node seeing the marker
+      // without its own placement knows it is not in the round.
+      if (s.complete && !store.check({key(done, "complete")})) publishRound(store, s);
       store.set(key(done, "complete"), "");
       completeMarked_ = done;
     }
@@ -417,25 +399,73 @@ class DynamicRendezvous final : public Rendezvous {
     }
   }
 
-  // The complete round's info, or nullopt if it ended before group rank 0
-  // published its worker store.
-  std::optional<RoundInfo> roundInfo(const State& s) {
+  // What each participant of the complete round `s` reads (arrivals.h):
+  // its placement, the round's sizes and roster. Idempotent.
+  void publishRound(store::Store& store, const State& s) {
+    std::vector<int> sizes;
+    for (const auto& d : s.participants) sizes.push_back(d.nproc);
+    store.set(key(s.round, "sizes"), detail::encodeSizes(sizes));
+    store.set(key(s.round, "roster"), detail::encodeRoster(s));
+    const auto placed = detail::placements(s);
+    constexpr size_t kChunk = 4'096;
+    for (size_t at = 0; at < placed.size(); at += kChunk) {
+      std::vector<std::string> keys, values;
+      for (size_t i = at; i < std::min(placed.size(), at + kChunk); ++i) {
+        keys.push_back(key(s.round, "rank/" + s.participants[i].id));
+        values.push_back(detail::encodePlacement(placed[i]));
+      }
+      store.multiSet(keys, values);
+    }
+  }
+
+  // The complete round's info from this node's placement, or nullopt if
+  // the round ended before group rank 0 published its worker store.
+  std::optional<RoundInfo> roundInfo(const detail::Placement& p) {
     RoundInfo info;
-    info.round = s.round;
-    info.groupRank = detail::rankOf(s, me_.id);
-    info.groupWorldSize = static_cast<int>(s.participants.size());
-    for (const auto& d : s.participants) info.localWorldSizes.push_back(d.nproc);
-    RankLayout layout = assignRanks(info.localWorldSizes);
-    info.baseRank = layout.baseRanks[info.groupRank];
+    info.round = p.round;
+    info.groupRank = p.groupRank;
+    info.groupWorldSize = p.groupWorldSize;
+    info.restartCount = p.restartCount;
+    const std::string sizesKey = key(p.round, "sizes");
+    info.localWorldSizes =
+        detail::decodeSizes(client_->get(sizesKey), sizesKey, p.groupWorldSize);
+    const RankLayout layout = assignRanks(info.localWorldSizes);
+    info.baseRank = layout.baseRanks[static_cast<size_t>(p.groupRank)];
     info.worldSize = layout.worldSize;
-    info.restartCount = s.restartCount;
+    if (info.baseRank != p.baseRank || info.worldSize != p.worldSize)
+      DDPRUN_THROW(ProtocolError, "round ", p.round, "'s sizes under ", sizesKey,
+                   " do not add up to this node's place (base rank ", p.baseRank,
+                   " of ", p.worldSize, "); is another job using --rdzv-id ", opts_.runId,
+                   " on this store?");
     groupRank_ = info.groupRank;
     roundSize_ = info.groupWorldSize;
-    roundPeers_.clear();
-    for (const auto& d : s.participants)
-      if (d.id != me_.id) roundPeers_.push_back(d.id);
+    rosterRound_ = -1;
+    setWatch(p.watch);
     if (!workerStore(info)) return std::nullopt;
     return info;
+  }
+
+  // The other participants of the round this node last joined, read once
+  // per round from its roster (only the paths that need every peer do), or
+  // from the state while it still describes the round; nullopt if neither
+  // can tell (another program deleted them).
+  std::optional<std::vector<std::string>> roundPeers(store::Store& store) {
+    const int round = lastJoined_;
+    if (rosterRound_ == round) return roundPeers_;
+    const std::string k = key(round, "roster");
+    std::vector<std::string> ids;
+    if (store.check({k})) {
+      ids = detail::decodeRoster(store.get(k), k, lim_);
+    } else {
+      const auto s = keys_.readState(store, cancel_);
+      if (!s || s->round != round || !s->complete) return std::nullopt;
+      for (const auto& d : s->participants) ids.push_back(d.id);
+    }
+    roundPeers_.clear();
+    for (auto& id : ids)
+      if (id != nodeId_) roundPeers_.push_back(std::move(id));
+    rosterRound_ = round;
+    return roundPeers_;
   }
 
   // Group rank 0 starts the round's fresh worker store and publishes it; the
@@ -477,19 +507,35 @@ class DynamicRendezvous final : public Rendezvous {
 
   // On the task thread: this node's "done" for `round`, a key of its own
   // written by a compare_set (answered, unlike a SET, and sent again after
-  // a lost reply, unlike a counter's ADD: store::replayOf), then whether
-  // every participant's is there. Every node checks after its own write, so
-  // the last one to write sees them all (more than one may: the first end
-  // wins). True: every participant's workers succeeded.
+  // a lost reply, unlike a counter's ADD: store::replayOf), then one ADD to
+  // the round's count of successes, once per node and round: the node
+  // that brings it to the round's size knows every participant's workers
+  // succeeded (O(1) requests, whatever the round's size). An ADD whose
+  // reply was lost (it may or may not count) makes this node read every
+  // participant's key instead, now and at every later look; a report sent
+  // again does too. True: every participant's workers succeeded.
   bool reportDone(int round) {
     client_->compareSet(key(round, "done/" + nodeId_), "", "1");
-    return client_->check(doneKeys(round));
+    if (countedRound_ == round) return everyoneDone(round);
+    countedRound_ = round;
+    try {
+      return client_->add(key(round, "succeeded"), 1) >= roundSize_;
+    } catch (const store::UnconfirmedError&) {
+      uncountedRound_ = round;
+      return everyoneDone(round);
+    } catch (...) {  // not sent: the report is sent again
+      countedRound_ = -1;
+      throw;
+    }
   }
-  // Every participant's done/<id> of `round`, this node's first.
-  std::vector<std::string> doneKeys(int round) const {
+  // Every participant's done/<id> of `round` is there (false when the
+  // round's roster cannot be read).
+  bool everyoneDone(int round) {
+    const auto peers = roundPeers(*client_);
+    if (!peers) return false;
     std::vector<std::string> keys{key(round, "done/" + nodeId_)};
-    for (const auto& id : roundPeers_) keys.push_back(key(round, "done/" + id));
-    return keys;
+    for (const auto& id : *peers) keys.push_back(key(round, "done/" + id));
+    return client_->check(keys);
   }
 
   // On a watcher thread, every slice of its wait: once this node's workers
@@ -502,7 +548,10 @@ class DynamicRendezvous final : public Rendezvous {
     if (succeededRound_ != round || stopping_) return;
     tasks_.push([this, round] {
       report(round, "every node's workers succeeded", [&] {
-        if (client_->check(doneKeys(round)) && !checkRound(round))
+        const bool done = uncountedRound_ == round
+                              ? everyoneDone(round)
+                              : client_->add(key(round, "succeeded"), 0) >= roundSize_;
+        if (done && !checkRound(round))
           endRound(round, RoundEnd::kFinished, "");
       });
     });
@@ -591,7 +640,8 @@ class DynamicRendezvous final : public Rendezvous {
   // connection closed. True if one was, which ended the round.
   bool dropLostPeers(int round, const std::string& why) {
     std::vector<std::string> lost;
-    for (const auto& id : roundPeers_)
+    const auto peers = roundPeers(*client_);  // none: nobody known to be lost
+    for (const auto& id : peers ? *peers : std::vector<std::string>{})
       if (detail::lostForGood(*client_, keys_.leaseKeys(id))) lost.push_back(id);
     if (lost.empty()) return false;
     State s = cell_->update([&](State& st) {
@@ -700,7 +750,9 @@ class DynamicRendezvous final : public Rendezvous {
     const int round = lastJoined_;
     if (round < 0 || !store.check({key(round, "end")})) return;
     std::vector<std::string> keys;
-    for (const auto& id : roundPeers_) keys.push_back(key(round, "left/" + id));
+    const auto peers = roundPeers(store);
+    if (!peers) return;
+    for (const auto& id : *peers) keys.push_back(key(round, "left/" + id));
     if (!keys.empty()) store.wait(keys, opts_.closeTimeout);
   }
 
@@ -719,6 +771,7 @@ class DynamicRendezvous final : public Rendezvous {
     h.awaitEnd = [this](store::Store& store, int round,
                         const std::shared_ptr<store::CancelToken>& token) {
       return keys_.awaitTrustedEnd(store, round, token, heartbeatTimeout(), nodeId_,
+                                   groupRank_ < static_cast<int>(detail::kWatchers),
                                    [this, round] { finishIfEveryoneIsDone(round); });
     };
     h.onEnded = [this](store::Store& store, int round, const RoundEvent& event) {
@@ -764,13 +817,20 @@ class DynamicRendezvous final : public Rendezvous {
   std::string claimKey_;  // id/<me_.id>, once claimed
   std::unique_ptr<detail::Liveness> liveness_;
   std::vector<std::string> peers_;       // watched by liveness_
-  std::vector<std::string> roundPeers_;  // the other participants of the last round
-  int groupRank_ = -1;
+  std::vector<std::string> roundPeers_;  // roundPeers(): of round rosterRound_
+  int rosterRound_ = -1;
+  // reportDone()'s: the round this node added its success to, and the
+  // round whose ADD's reply was lost.
+  int countedRound_ = -1;
+  int uncountedRound_ = -1;
+  std::atomic<int> groupRank_{-1};  // set by the task thread, read by watchers
   int roundSize_ = 0;
-  // The task thread's: a valid state of this job was read (a missing one is
-  // then tampering, never "no job yet"), and its latest round.
-  bool seenState_ = false;
+  // The task thread's: the join (set by the first join), the latest round
+  // of the state it read, the join's start and next progress line.
+  std::optional<detail::Joiner> joiner_;
   int lastRoundSeen_ = 0;
+  int64_t joinStarted_ = 0;
+  int64_t nextSay_ = 0;
   // The markers this node made sure of (any thread).
   std::mutex markMu_;
   int completeMarked_ = -1;

@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string_view>
+#include <unordered_set>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/hash.h"
@@ -131,6 +132,7 @@ State parseState(const json& j) {
   s.lastEndedRound = static_cast<int>(intIn(j, "er", -1, int64_t{s.round} - 1));
   if (s.lastEndedRound >= 0) s.lastEnd = textIn(j, "end", kMaxTextBytes);
   s.nextSeq = intIn(j, "ns", 0, kMaxSeq);
+  if (j.contains("af")) s.folded = intIn(j, "af", 0, kMaxSeq);
   s.finishing = j.value("f", false);
   return s;
 }
@@ -234,6 +236,7 @@ std::string toJson(const State& s) {
   if (s.closed) j["why"] = s.closedReason;
   if (s.lastEndedRound >= 0) j["end"] = s.lastEnd;
   if (s.finishing) j["f"] = true;
+  if (s.folded) j["af"] = s.folded;
   return j.dump();
 }
 
@@ -259,6 +262,17 @@ State fromJson(const std::string& text, const std::string& key, const Limits& li
 
 State fromJson(const std::string& text, const std::string& key) {
   return fromJson(text, key, Limits{1, kMaxNodesEver, 1, 1});
+}
+
+std::string jobToText(const JobSettings& job) { return jobToJson(job).dump(); }
+
+std::optional<JobSettings> jobFromText(const std::string& text) {
+  if (text.size() > 1024) return std::nullopt;
+  try {
+    return jobFromJson(json::parse(text));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 std::string jobMismatch(const State& s, const Limits& lim) {
@@ -492,25 +506,41 @@ std::string describeShortfall(const State& s, const Limits& lim) {
   return out;
 }
 
-std::vector<std::string> watchSet(const State& s, const std::string& me) {
-  std::vector<std::string> all;
-  for (const auto& d : s.participants)
-    if (d.id != me) all.push_back(d.id);
-  for (const auto& id : s.expected)
-    if (id != me && std::find(all.begin(), all.end(), id) == all.end()) all.push_back(id);
-  if (all.size() <= kWatchers) return all;
-  // The ring: every id (and me) by hash, ties by id; the kWatchers after me.
-  using Entry = std::pair<uint64_t, std::string_view>;
-  std::vector<Entry> ring;
-  ring.reserve(all.size() + 1);
-  for (const auto& id : all) ring.emplace_back(fnv1a(id), id);
-  const Entry self{fnv1a(me), me};
-  std::sort(ring.begin(), ring.end());
-  auto at = std::upper_bound(ring.begin(), ring.end(), self) - ring.begin();
+WatchRing::WatchRing(const State& s) {
+  std::unordered_set<std::string_view> seen;
+  const auto add = [&](const std::string& id) {
+    if (seen.insert(id).second) ids_.push_back(id);
+  };
+  ids_.reserve(s.participants.size() + s.expected.size());
+  for (const auto& d : s.participants) add(d.id);
+  for (const auto& id : s.expected) add(id);
+  ring_.reserve(ids_.size());
+  for (const auto& id : ids_) ring_.emplace_back(fnv1a(id), id);
+  std::sort(ring_.begin(), ring_.end());
+}
+
+std::vector<std::string> WatchRing::targets(const std::string& me) const {
+  const bool listed = std::find(ids_.begin(), ids_.end(), me) != ids_.end();
+  const size_t others = ids_.size() - (listed ? 1 : 0);
   std::vector<std::string> out;
-  for (size_t i = 0; i < kWatchers; ++i)
-    out.emplace_back(ring[(static_cast<size_t>(at) + i) % ring.size()].second);
+  if (others <= kWatchers) {
+    for (const auto& id : ids_)
+      if (id != me) out.push_back(id);
+    return out;
+  }
+  // The kWatchers after me in the ring (me by hash, ties by id), wrapping.
+  const std::pair<uint64_t, std::string_view> self{fnv1a(me), me};
+  size_t at = static_cast<size_t>(std::upper_bound(ring_.begin(), ring_.end(), self) -
+                                  ring_.begin());
+  for (size_t i = 0; out.size() < kWatchers; ++i) {
+    const auto& id = ring_[(at + i) % ring_.size()].second;
+    if (id != me) out.emplace_back(id);
+  }
   return out;
+}
+
+std::vector<std::string> watchSet(const State& s, const std::string& me) {
+  return WatchRing(s).targets(me);
 }
 
 JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome outcome,
@@ -527,17 +557,23 @@ JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome out
     p.missing.push_back(describeNode(missing[i]));
   if (s.lastCallMs != 0 && !s.complete)
     p.lastCallSeconds = static_cast<double>(std::max<int64_t>(0, s.lastCallMs - nowMs)) / 1000.0;
-  if (outcome == JoinOutcome::kWaitEnd) {
-    if (hasId(s.redundancy, me))
-      p.waitingFor = "a place: the running round has --nnodes' maximum of " +
-                     std::to_string(lim.maxNodes) + " nodes (this node is a spare)";
-    else
-      p.waitingFor = "the running round to end (its nodes are finishing)";
-  } else if (p.joined < lim.minNodes) {
-    p.waitingFor = std::to_string(lim.minNodes - p.joined) + " more node" +
-                   (lim.minNodes - p.joined == 1 ? "" : "s");
-  }
+  if (outcome == JoinOutcome::kWaitEnd)
+    p.waitingFor = waitEndText(hasId(s.redundancy, me), lim.maxNodes);
+  else
+    p.waitingFor = moreNodesText(lim.minNodes - p.joined);
   return p;
+}
+
+std::string waitEndText(bool spare, int maxNodes) {
+  if (spare)
+    return "a place: the running round has --nnodes' maximum of " + std::to_string(maxNodes) +
+           " nodes (this node is a spare)";
+  return "the running round to end (its nodes are finishing)";
+}
+
+std::string moreNodesText(int more) {
+  if (more <= 0) return "";
+  return std::to_string(more) + " more node" + (more == 1 ? "" : "s");
 }
 
 }  // namespace ddprun::rendezvous::detail

@@ -27,6 +27,8 @@
 //   lastEndedRound [er] and lastEnd [end]: the latest ended round and its
 //       round/<r>/end value (so any node can write a key whose writer died)
 //   nextSeq [ns]: the next arrival number
+//   folded [af]: the job's arrivals (arrivals.h) folded into the state so
+//       far: arrival numbers 1..af are decided (0 when absent)
 //   finishing [f]: a node of the running round succeeded (only when true)
 //   job [j]: the job-wide settings, recorded by the node that created the
 //       state: {n: "MIN:MAX", lc: last_call_timeout ms, hb: heartbeat
@@ -43,6 +45,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ddprun/rendezvous/rendezvous.h"
@@ -81,6 +85,7 @@ struct State {
   int lastEndedRound = -1;
   std::string lastEnd;
   int64_t nextSeq = 0;
+  int64_t folded = 0;
   // A node of the running round reported that its workers succeeded: the
   // round is ending (finished, or failed), so a newcomer waits for that end
   // instead of ending the round (that would re-run finished workers).
@@ -133,6 +138,12 @@ State fromJson(const std::string& text, const std::string& key, const Limits& li
 // For tests and tools: with a bound of kMaxNodesEver nodes.
 State fromJson(const std::string& text, const std::string& key);
 constexpr int kMaxNodesEver = 65'536;
+
+// The job's settings alone (the job key, job_keys.h: a joining node checks
+// its own against them without reading the state). jobFromText: nullopt
+// for anything that is not such a value (the state then decides).
+std::string jobToText(const JobSettings& job);
+std::optional<JobSettings> jobFromText(const std::string& text);
 
 // How this node's settings differ from the job's recorded in `s` ("" if they
 // do not, or none are recorded): "--nnodes 1:2 differs from the job's 3:4
@@ -239,9 +250,30 @@ std::string describeShortfall(const State& s, const Limits& lim);
 constexpr size_t kWatchers = 3;
 std::vector<std::string> watchSet(const State& s, const std::string& me);
 
+// watchSet's order built once for many nodes (a fold, a round's placement):
+// O(N log N) to build, O(log N) per node.
+class WatchRing {
+ public:
+  // The state's participants, then its expected nodes, each once.
+  explicit WatchRing(const State& s);
+  WatchRing(const WatchRing&) = delete;  // ring_ points into ids_
+  WatchRing& operator=(const WatchRing&) = delete;
+  // watchSet(s, me) for the state it was built from.
+  std::vector<std::string> targets(const std::string& me) const;
+
+ private:
+  std::vector<std::string> ids_;  // in the state's order
+  std::vector<std::pair<uint64_t, std::string_view>> ring_;  // by hash, then id
+};
+
 // Where `me`'s join stands in `s` after a step that returned `outcome`
 // (kWaitComplete or kWaitEnd), at `nowMs`; waitingSeconds is the caller's.
 JoinProgress joinProgress(const State& s, const std::string& me, JoinOutcome outcome,
                           const Limits& lim, int64_t nowMs);
+// JoinProgress::waitingFor of a node waiting for a running round's end (a
+// spare, or the round is finishing), and of one waiting for `more` nodes
+// ("" when none are needed).
+std::string waitEndText(bool spare, int maxNodes);
+std::string moreNodesText(int more);
 
 }  // namespace ddprun::rendezvous::detail

@@ -105,7 +105,9 @@ class JobKeys {
             const std::string& why, const Tamper& t, const std::string& nodeId) const;
 
   // Round `round`'s end as the state backs it (detail::trustedEnd), on a
-  // watcher's connection. A key the state does not back (it says the round
+  // watcher's connection; unless `verify` is false, then as its key says
+  // (the state is O(nodes) bytes: at scale only a round's first kWatchers
+  // group ranks verify, and the state's tampering is theirs to find). A key the state does not back (it says the round
   // still runs) was written by another program: deleted, then the genuine
   // end is awaited (whoever ends the round writes it again). Once per
   // `slice` while waiting, the state is read: an invalid one buries the
@@ -115,7 +117,7 @@ class JobKeys {
   RoundEvent awaitTrustedEnd(store::Store& store, int round,
                              const std::shared_ptr<store::CancelToken>& token,
                              std::chrono::milliseconds slice, const std::string& nodeId,
-                             const std::function<void()>& onSlice = nullptr) const;
+                             bool verify, const std::function<void()>& onSlice = nullptr) const;
 
   // Deletes the keys of a round that ended two rounds ago (their readers
   // are gone); best effort.

@@ -52,6 +52,7 @@ class StateCell {
   // serves a few attempts at a time rather than every node's (O(nodes^2)
   // states of O(nodes) bytes).
   State update(const std::function<void(State&)>& change, bool mayCreate = false) {
+    if (!read_) refresh();  // a cell that never read starts from the store's
     Backoff backoff(kContention);
     for (;;) {
       if (!known() && !mayCreate)
@@ -80,6 +81,7 @@ class StateCell {
 
  private:
   void adopt(std::string text) {
+    read_ = true;
     text_ = std::move(text);
     state_ = State{};
     if (text_.empty()) return;
@@ -105,6 +107,7 @@ class StateCell {
   const std::string key_;
   const Limits lim_;
   const std::shared_ptr<store::CancelToken> cancel_;
+  bool read_ = false;  // adopt() ran at least once
   std::string text_;  // "" = no state in the store
   State state_;       // text_ parsed (empty when it could not be)
 };

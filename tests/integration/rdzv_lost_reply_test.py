@@ -8,8 +8,9 @@ reproducers of three ways a job was lost, as tests with real agents.
    round's end and every node exits 0: static and c10d. Before the fix the
    report was an ADD, which a client must not send again, and every node
    waited forever.
-2. The same lost reply on the join ticket (c10d): the node joins without its
-   turn instead of exiting 3 ("store gone") while the store is fine. And a
+2. The same lost reply on the arrival number (c10d, an ADD): the node takes
+   another number instead of exiting 3 ("store gone") while the store is
+   fine, and the folder skips the number it lost. And a
    request lost with its connection where the client expected no reply (a
    SET): the barrier key of a static node, the worker store's address of
    c10d's group rank 0; both are now compare_sets, answered and sent again.
@@ -147,7 +148,7 @@ class C10dLostReply(LostReplyCase):
         self.assert_exits([a, b], 0)
         self.assert_dropped(proxy, "node b's success report")
 
-    def test_a_lost_ticket_reply_joins_without_the_turn(self):
+    def test_a_lost_arrival_reply_arrives_again(self):
         store = self.store()
         worker = self.worker()
         proxy = self.proxy(store.port)
@@ -155,14 +156,14 @@ class C10dLostReply(LostReplyCase):
         client = self.client(store.port)
         self.assertTrue(wait_for(lambda: client.check(["/ddprun/%s/state" % self.run_id]),
                                  PATIENCE), "node a never wrote the state\n" + self.agents_said())
-        proxy.drop_reply_once(b"/%s/turn" % self.run_id.encode())
+        proxy.drop_reply_once(b"/%s/arrivals" % self.run_id.encode())
         b = self.agent("b", "127.0.0.1:%d" % proxy.port, "2:2", worker)
         starts = self.wait_starts(lambda s: len(of_round(s, world_size=2)) == 2,
                                   "a round of both nodes")
         self.assertEqual(sorted(s["NODE"] for s in starts), ["a", "b"])
         self.go()
         self.assert_exits([a, b], 0)
-        self.assert_dropped(proxy, "node b's join ticket")
+        self.assert_dropped(proxy, "node b's arrival number")
 
     def test_no_node_of_a_job_failed_after_a_store_restart_exits_0(self):
         old = self.store()

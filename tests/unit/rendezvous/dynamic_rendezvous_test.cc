@@ -1,5 +1,6 @@
 // The dynamic rendezvous's protocol on an in-memory store with a fake wall
 // clock (the fixture: dynamic_fixture.h). No sockets, no sleeps.
+#include "dynamic_join.h"
 #include "rendezvous/dynamic_fixture.h"
 
 namespace ddprun::rendezvous {
@@ -497,6 +498,12 @@ TEST_F(DynamicRendezvousTest, GroupRankZeroDroppedBeforePublishingReformsTheRoun
   a->rdzv().cancel();  // stalls: it will never look at the round again
   a->node->awaitJoin();
   b->node->join(1);  // MAX: completes round 0 with a as group rank 0
+  // a held the folder's lease (fold_lease.h) when it stalled: b takes it
+  // over once it expires, and folds its own arrival.
+  ASSERT_TRUE(hub_.awaitUntil([&] { return hub_.has("ddprun/job/arrival/2"); }))
+      << "b arrived";
+  advance(detail::Joiner::leaseMs(
+      {1, 2, 30'000, opts_.keepAliveInterval.count() * opts_.keepAliveMaxAttempt}));
   ASSERT_TRUE(hub_.awaitUntil([&] { return state().complete; }));
   ASSERT_TRUE(hub_.awaitWaiters(1)) << "b waits for the worker store";
   const std::string aId = state().participants.at(0).id;
