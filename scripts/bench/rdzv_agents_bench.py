@@ -4,7 +4,9 @@
 to the other, all started at once (--rdzv-backend=c10d --nnodes=N:N
 --nproc-per-node=1 --no-python true). Reports the time from the last agent's
 start to the last agent's exit, every agent's exit code, and how many joined
-(from their logs) when some did not finish within --bound.
+(from their logs) when some did not finish within --bound; and, read from
+the store every 50 ms, when every agent had arrived, when round 0 completed
+and when it ended (seconds after the last start).
 
     python3 scripts/bench/rdzv_agents_bench.py --nodes 1024 [--bound 120] [--json F]
 """
@@ -22,6 +24,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BIN = os.environ.get("DDPRUN_BIN_DIR", os.path.join(ROOT, "build/bin"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "pyutil"))
 from procs import kill_all  # noqa: E402
+from storewire import RawClient  # noqa: E402
 
 
 def start_store(tmp, core):
@@ -72,11 +75,23 @@ def main():
             err.close()
         last_start = time.monotonic()
         codes = {}
+        watch = RawClient(port)
+        marks = {}
         while len(codes) < len(agents) and time.monotonic() - last_start < a.bound:
             for i, p in enumerate(agents):
                 if i not in codes and p.poll() is not None:
                     codes[i] = p.returncode
+            now = round(time.monotonic() - last_start, 3)
+            if "all_arrived_s" not in marks and \
+                    watch.check(["/ddprun/bench/arrivals"]) and \
+                    watch.add("/ddprun/bench/arrivals", 0) >= a.nodes:
+                marks["all_arrived_s"] = now
+            for name in ("complete", "end"):
+                if "round0_%s_s" % name not in marks and \
+                        watch.check(["/ddprun/bench/round/0/%s" % name]):
+                    marks["round0_%s_s" % name] = now
             time.sleep(0.05)
+        watch.close()
         done = time.monotonic()
         result = {"nodes": a.nodes, "start_span_s": round(last_start - t0, 3),
                   "finished": len(codes), "exit_0": sum(1 for c in codes.values() if c == 0),
@@ -84,6 +99,7 @@ def main():
                   "last_start_to_last_exit_s": round(done - last_start, 3)
                   if len(codes) == len(agents) else None,
                   "bound_s": a.bound}
+        result.update(marks)
         if len(codes) < len(agents):
             waiting = [open(os.path.join(tmp, "agent_%d.err" % i)).read().strip().splitlines()
                        for i in range(len(agents)) if i not in codes]
@@ -99,6 +115,12 @@ def main():
             p.wait()
         store.kill()
         store.wait()
+        # CPU of every agent and of the store (children reaped above): what
+        # one core gave the agents' own work.
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(json.dumps({"children_cpu_s": round(r.ru_utime + r.ru_stime, 2),
+                          "per_agent_ms": round(1000 * (r.ru_utime + r.ru_stime) /
+                                                max(1, len(agents)), 1)}))
 
 
 if __name__ == "__main__":

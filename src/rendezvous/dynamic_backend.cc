@@ -67,14 +67,16 @@ Millis heartbeatTimeout(const DynamicOptions& opts) {
 }
 
 // Binds the endpoint's port. An inferred host whose port is taken joins
-// whoever listens there instead, as torchrun does; an explicit one fails.
+// whoever listens there instead, as torchrun does (without looking for the
+// holder: at a thousand agents on one host that scan of /proc was most of
+// each agent's start-up); an explicit one fails naming the holder.
 void hostEndpoint(DynamicOptions& opts, const std::shared_ptr<HostedStores>& hosted) {
   try {
     opts.endpointPort = hosted->hostRendezvousStore(
         "", opts.endpointPort, "the rendezvous store at the endpoint",
         "pass another port in --rdzv-endpoint (the same to every node), or stop that "
         "process",
-        opts.authSecret, opts.runId);
+        opts.authSecret, opts.runId, /*nameHolder=*/opts.isHostExplicit);
   } catch (const IoError& e) {
     if (opts.isHostExplicit) throw;
     DDPRUN_INFO("rendezvous: ", e.message(), "; joining it as a client");

@@ -5,7 +5,8 @@ namespace ddprun::rendezvous::detail {
 uint16_t HostedStores::hostRendezvousStore(const std::string& bindHost, uint16_t port,
                                            const std::string& role, const std::string& fix,
                                            const std::string& secret,
-                                           const std::string& runId) {
+                                           const std::string& runId,
+                                           bool nameHolder) {
   // Keys on the wire carry a leading "/": TcpStore sends them as PyTorch's
   // client does.
   const std::string job = "/ddprun/" + runId + "/";
@@ -14,7 +15,8 @@ uint16_t HostedStores::hostRendezvousStore(const std::string& bindHost, uint16_t
                                 std::lock_guard lock(relay->mu);
                                 if (relay->onGone) relay->onGone(name, how);
                               }};
-  rendezvous_ = hostStore(bindHost, port, role, fix, secret, {std::move(departures)});
+  rendezvous_ =
+      hostStore(bindHost, port, role, fix, secret, {std::move(departures)}, nameHolder);
   return rendezvous_->port();
 }
 

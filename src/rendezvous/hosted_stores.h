@@ -50,9 +50,11 @@ class HostedStores {
   // naming `role`, the port's holder and `fix`), with the heartbeat leases of
   // job `runId`; a non-empty `secret` admits only clients that know it.
   // Returns the port it got (port 0: a free one). On error nothing is hosted.
+  // `nameHolder`: see hostStore().
   uint16_t hostRendezvousStore(const std::string& bindHost, uint16_t port,
                                const std::string& role, const std::string& fix,
-                               const std::string& secret, const std::string& runId);
+                               const std::string& secret, const std::string& runId,
+                               bool nameHolder = true);
   bool hosting() const { return rendezvous_ != nullptr; }
   store::TcpStoreServer& rendezvousStore() { return *rendezvous_; }
 

@@ -17,11 +17,14 @@ namespace ddprun::rendezvous::detail {
 // the fix. A non-empty `secret` makes the store admit only clients that
 // prove they know it (store/auth.h): the rendezvous store of a job given
 // --rdzv-conf token_file; a round's worker store stays open to PyTorch.
-// `leases`: keys bound to their connection (store::LeaseRule).
+// `leases`: keys bound to their connection (store::LeaseRule). Without
+// `nameHolder` a port in use names no holder (the scan of /proc is for an
+// error someone reads: an agent that only tries the port skips it).
 std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost,
                                                  uint16_t port, const std::string& role,
                                                  const std::string& fix,
                                                  const std::string& secret = "",
-                                                 std::vector<store::LeaseRule> leases = {});
+                                                 std::vector<store::LeaseRule> leases = {},
+                                                 bool nameHolder = true);
 
 }  // namespace ddprun::rendezvous::detail

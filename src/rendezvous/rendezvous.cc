@@ -57,8 +57,10 @@ std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, ui
                                                  const std::string& role,
                                                  const std::string& fix,
                                                  const std::string& secret,
-                                                 std::vector<store::LeaseRule> leases) {
+                                                 std::vector<store::LeaseRule> leases,
+                                                 bool nameHolder) {
   store::TcpStoreServerOptions opts;
+  opts.nameHolder = nameHolder;
   opts.host = bindHost;
   opts.port = port;
   opts.authToken = secret;
@@ -68,10 +70,12 @@ std::unique_ptr<store::TcpStoreServer> hostStore(const std::string& bindHost, ui
   } catch (const IoError& e) {
     bool inUse = port != 0 && e.message().find("in use") != std::string::npos;
     if (!inUse) DDPRUN_THROW(IoError, role, " cannot start: ", e.message());
-    auto holder = net::findListeningProcess(port);
+    auto holder = nameHolder ? net::findListeningProcess(port) : std::nullopt;
     DDPRUN_THROW(IoError, role, " cannot listen on port ", port, ": it is in use",
-                 holder ? " by " + *holder : " (by a process this user cannot see)", "; ",
-                 fix);
+                 holder         ? " by " + *holder
+                 : nameHolder   ? " (by a process this user cannot see)"
+                                : "",
+                 "; ", fix);
   }
 }
 

@@ -89,7 +89,7 @@ class TcpStoreServer::Impl : public Outbox {
     }
     std::string msg = "cannot listen on " + tried + ": " + ec.message();
     if (ec == asio::error::address_in_use) {
-      auto holder = net::findListeningProcess(opts_.port);
+      auto holder = opts_.nameHolder ? net::findListeningProcess(opts_.port) : std::nullopt;
       msg += holder ? " (held by " + *holder + ")" : "";
       msg += "; choose another port (or 0 for a free one) or stop that process";
     }

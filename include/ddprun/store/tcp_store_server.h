@@ -56,6 +56,10 @@ struct TcpStoreServerOptions {
   // the io thread, which alone touches the store's state). Off: the io
   // thread accepts, emptying the queue at every readiness.
   bool acceptThread{true};
+  // A port in use names the process that holds it (a scan of /proc: tens
+  // of milliseconds on a host with thousands of sockets). Off for a caller
+  // that only tries the port and never shows the error.
+  bool nameHolder{true};
 };
 
 class TcpStoreServer {
