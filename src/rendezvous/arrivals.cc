@@ -77,6 +77,14 @@ std::string cut(const std::string& text) {
   return text.size() <= kMaxTextBytes ? text : text.substr(0, kMaxTextBytes);
 }
 
+// The arrival number the state gives node `id` (-1: none).
+int64_t seqOf(const State& s, const std::string& id) {
+  for (const auto* list : {&s.participants, &s.waitList, &s.redundancy})
+    for (const auto& d : *list)
+      if (d.id == id) return d.seq;
+  return -1;
+}
+
 Verdict verdictOf(const State& s, JoinOutcome outcome, const NodeDesc& me,
                   const WatchRing* ring) {
   Verdict v;
@@ -209,6 +217,24 @@ std::vector<Placement> placements(const State& s) {
   return out;
 }
 
+RoundInfo roundInfoOf(const Placement& p, const std::string& sizes, const std::string& key) {
+  RoundInfo info;
+  info.round = p.round;
+  info.groupRank = p.groupRank;
+  info.groupWorldSize = p.groupWorldSize;
+  info.restartCount = p.restartCount;
+  info.localWorldSizes = decodeSizes(sizes, key, p.groupWorldSize);
+  const RankLayout layout = assignRanks(info.localWorldSizes);
+  info.baseRank = layout.baseRanks[static_cast<size_t>(p.groupRank)];
+  info.worldSize = layout.worldSize;
+  if (info.baseRank != p.baseRank || info.worldSize != p.worldSize)
+    DDPRUN_THROW(ProtocolError, "round ", p.round, "'s sizes under ", key,
+                 " do not add up to this node's place (base rank ", p.baseRank, " of ",
+                 p.worldSize, "); is another job or program using this --rdzv-id on this "
+                 "store?");
+  return info;
+}
+
 std::string encodeSizes(const std::vector<int>& sizes) {
   std::string out;
   for (size_t i = 0; i < sizes.size();) {
@@ -302,6 +328,7 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
       } else {
         NodeDesc me = a->node;
         const JoinOutcome outcome = joinStep(s, me, lim, nowMs);
+        if (me.seq < 0) me.seq = seqOf(s, me.id);  // listed already: its number
         const WatchRing* r = nullptr;
         if (outcome == JoinOutcome::kWaitComplete) {
           // The ring at this arrival; rebuilt when the round grew by a

@@ -88,6 +88,11 @@ Placement decodePlacement(const std::string& text, const std::string& key, const
 // set. O(N log N) for the round. Precondition: s.complete.
 std::vector<Placement> placements(const State& s);
 
+// The RoundInfo of a node placed at `p` in a round whose sizes `sizes`
+// were read under `key` (worker store left empty); ProtocolError if they
+// are not sizes, or do not add up to the placement.
+RoundInfo roundInfoOf(const Placement& p, const std::string& sizes, const std::string& key);
+
 // The round's local world sizes by group rank as runs ("4x1023,2"): a few
 // bytes for a uniform job. decodeSizes checks `count` entries, each in
 // 1..kMaxNproc, before it allocates.

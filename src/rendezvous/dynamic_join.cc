@@ -5,7 +5,9 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
+#include "ddprun/common/clock.h"
 #include "ddprun/common/strings.h"
+#include "round_end.h"
 
 namespace ddprun::rendezvous::detail {
 namespace {
@@ -44,6 +46,46 @@ bool Joiner::due(int64_t& at, int64_t every) {
   return true;
 }
 
+// The state as a join reads it. A node that has seen this job's state and
+// finds it gone or invalid (another program deleted or overwrote it) leaves
+// a closed state in its place, so that no node starts the job again over
+// the old rounds' keys, and fails with the reason (other job settings in
+// the state are tampering then). A node new to the job only reports what it
+// found (JobMismatchError or ProtocolError), touching nothing.
+State Joiner::readState() {
+  std::string why;
+  try {
+    State s = cell_.refresh();
+    if (cell_.known()) lastRound_ = s.round;
+    if (cell_.known() || !seenJob_) return s;
+    why = "the rendezvous state under " + keys_.stateKey() +
+          " was deleted while this node was in the job";
+  } catch (const ProtocolError& e) {  // JobMismatchError too
+    if (!seenJob_) throw;             // as it is: nothing of ours to protect
+    why = e.message();
+  }
+  keys_.bury(store_, cell_.raw(), lastRound_, RoundEnd::kClosed, -1, "", Tamper{why, true},
+             id_);
+  DDPRUN_THROW(ProtocolError, why, "; the job ", opts_.runId,
+               " is closed: start it again with another --rdzv-id");
+}
+
+// The join deadline passed in a forming round: this node leaves it, then
+// says who came and who did not.
+void Joiner::giveUp(const NodeDesc& me) {
+  hooks_.timingOut();
+  const State seen = cell_.refresh();
+  if (cell_.known())
+    cell_.update([&](State& st) {
+      removeNode(st, me.id, describeNode(me.id) + " gave up", lim_, hooks_.now());
+    });
+  DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
+               " did not complete within ", formatDuration(opts_.joinTimeout), ": ",
+               describeShortfall(seen, lim_),
+               ". Start the missing nodes with the same --rdzv-endpoint (", storeAddress_,
+               ") and --rdzv-id, or lower --nnodes' minimum");
+}
+
 Placement Joiner::join(NodeDesc& me, int64_t deadlineMs) {
   checkSettings();
   const int64_t every = std::max<int64_t>(1, opts_.joinProgressInterval.count());
@@ -79,7 +121,10 @@ Placement Joiner::join(NodeDesc& me, int64_t deadlineMs) {
       case Verdict::kForming:
       case Verdict::kComplete:
         if (!v.watch.empty()) hooks_.watch(v.watch);
-        if (auto p = awaitPlacement(v.round, me, deadlineMs)) return *p;
+        if (auto p = awaitPlacement(v.round, me, deadlineMs)) {
+          lastRound_ = std::max(lastRound_, p->round);
+          return *p;
+        }
         continue;  // dropped, or the round ended before it started: arrive again
     }
   }
@@ -130,12 +175,12 @@ Verdict Joiner::awaitVerdict(int64_t k, const std::string& text, const NodeDesc&
       // Withdrawn: a fold from now on skips it. One that came first stands.
       store_.compareSet(keys_.jobKey("arrival/" + std::to_string(k)), text, "");
       if (store_.check({key})) return decodeVerdict(store_.get(key), key);
-      hooks_.giveUp();
+      giveUp(me);
     }
     if (t >= nextLook_) {
       // A folder that died after its fold, before the verdicts: arrive again.
       nextLook_ = t + lim_.heartbeatMs;
-      const State s = hooks_.readState();
+      const State s = readState();
       hooks_.afterState(store_, s);
       if (cell_.known() && s.folded >= k && !store_.check({key})) return Verdict{};
     }
@@ -167,7 +212,7 @@ std::optional<Placement> Joiner::awaitPlacement(int round, const NodeDesc& me,
     }
     if (completed) return std::nullopt;
     const int64_t t = hooks_.now();
-    if (t >= deadlineMs) hooks_.giveUp();
+    if (t >= deadlineMs) giveUp(me);
     if (lease_.acquire(t)) {
       fold(me, deadlineMs);
       continue;
@@ -176,7 +221,7 @@ std::optional<Placement> Joiner::awaitPlacement(int round, const NodeDesc& me,
       // Once per heartbeat timeout, as before: a node dropped from the
       // forming round for a silence finds itself out and arrives again.
       nextLook_ = t + lim_.heartbeatMs;
-      const State s = hooks_.readState();
+      const State s = readState();
       hooks_.afterState(store_, s);
       if (!cell_.known() || s.closed || s.round != round) return std::nullopt;
       if (!s.complete && !isListed(s, me.id)) return std::nullopt;
@@ -200,7 +245,7 @@ void Joiner::awaitEnd(int round, const Verdict& v) {
 }
 
 void Joiner::fold(const NodeDesc& me, int64_t untilMs) {
-  State s = hooks_.readState();
+  State s = readState();
   hooks_.afterState(store_, s);
   const std::string counter = keys_.jobKey("arrivals");
   const int64_t every = std::max<int64_t>(1, opts_.joinProgressInterval.count());

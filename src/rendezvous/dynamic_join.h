@@ -31,9 +31,6 @@ struct JoinHooks {
   std::function<int64_t()> now;  // wall ms
   // Waits until every key exists (true) or wall ms `untilMs` (false).
   std::function<bool(const std::vector<std::string>& keys, int64_t untilMs)> waitUntil;
-  // The state as a join reads it (refresh, and tampering handled: it
-  // throws once this node has seen the job's state and finds it gone).
-  std::function<State()> readState;
   // After every state read or write: the markers and the placements of a
   // complete round that nobody published (its folder died).
   std::function<void(store::Store& store, const State& s)> afterState;
@@ -41,25 +38,29 @@ struct JoinHooks {
   std::function<void(std::vector<std::string> peers)> watch;
   // Where the join stands (the rendezvous logs it and tells the agent).
   std::function<void(const JoinProgress& p)> progress;
-  // The join deadline passed: leave the forming round and throw the
-  // TimeoutError that names who came and who did not.
-  std::function<void()> giveUp;
+  // The join deadline passed: the TimeoutError that follows is the join's
+  // own (nodes are missing), not a store request's.
+  std::function<void()> timingOut;
 };
 
 class Joiner {
  public:
-  // For node `id` on the task thread's `store` and `cell`.
+  // For node `id` on the task thread's `store` and `cell`; `storeAddress`
+  // for messages.
   Joiner(store::Store& store, StateCell& cell, const JobKeys& keys, const Limits& lim,
-         const DynamicOptions& opts, const std::string& id, JoinHooks hooks)
-      : store_(store), cell_(cell), keys_(keys), lim_(lim), opts_(opts),
-        hooks_(std::move(hooks)),
+         const DynamicOptions& opts, const std::string& id, std::string storeAddress,
+         JoinHooks hooks)
+      : store_(store), cell_(cell), keys_(keys), lim_(lim), opts_(opts), id_(id),
+        storeAddress_(std::move(storeAddress)), hooks_(std::move(hooks)),
         lease_(store, keys.jobKey("folder"), id, leaseMs(lim)) {}
 
   // Joins as `me` (id, nproc, host; seq is updated) until it takes part in
   // a complete round: its Placement. Throws ClosedError (the job is over),
   // InvalidArgument (too many nodes wait), JobMismatchError (other
-  // settings), whatever hooks.giveUp throws at `deadlineMs`, CancelledError
-  // and store errors.
+  // settings), TimeoutError at `deadlineMs` (having left the forming round:
+  // who came and who did not), ProtocolError (the state deleted or made
+  // invalid under this node: the job is closed), CancelledError and store
+  // errors.
   Placement join(NodeDesc& me, int64_t deadlineMs);
 
   // Whether this node has read anything of the job (then a missing state
@@ -75,6 +76,8 @@ class Joiner {
   static int64_t leaseMs(const Limits& lim);
 
  private:
+  State readState();
+  [[noreturn]] void giveUp(const NodeDesc& me);
   void checkSettings();
   int64_t arrive(const NodeDesc& me, std::string& text);
   Verdict awaitVerdict(int64_t k, const std::string& text, const NodeDesc& me,
@@ -96,12 +99,15 @@ class Joiner {
   const JobKeys& keys_;
   const Limits lim_;
   const DynamicOptions& opts_;
+  const std::string id_;
+  const std::string storeAddress_;
   const JoinHooks hooks_;
   FoldLease lease_;
   bool seenJob_ = false;
   bool jobKeyWritten_ = false;
   int64_t nextLook_ = 0;  // the next state read of a waiting node
   int64_t nextSay_ = 0;   // the next progress told
+  int lastRound_ = 0;     // the latest round of a state read
 };
 
 }  // namespace ddprun::rendezvous::detail

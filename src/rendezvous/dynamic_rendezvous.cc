@@ -238,7 +238,8 @@ class DynamicRendezvous final : public Rendezvous {
     me_.host = backend_.hosting;
     nodeId_ = me_.id;
     liveness_ = backend_.startLiveness(me_.id);
-    joiner_.emplace(*client_, *cell_, keys_, lim_, opts_, me_.id, joinHooks());
+    joiner_.emplace(*client_, *cell_, keys_, lim_, opts_, me_.id, backend_.storeAddress,
+                    joinHooks());
     liveness_->setOnLost([this](int64_t silentMs) { onLost(silentMs); });
   }
 
@@ -274,7 +275,6 @@ class DynamicRendezvous final : public Rendezvous {
     try {
       for (;;) {
         const detail::Placement p = joiner_->join(me_, deadline);
-        lastRoundSeen_ = p.round;
         if (auto info = roundInfo(p)) return *info;
         // The round ended before it started: join the next.
       }
@@ -290,14 +290,10 @@ class DynamicRendezvous final : public Rendezvous {
     h.waitUntil = [this](const std::vector<std::string>& keys, int64_t untilMs) {
       return waitUntil(keys, untilMs);
     };
-    h.readState = [this] { return readForJoin(); };
-    h.afterState = [this](store::Store& store, const State& s) {
-      if (cell_->known()) lastRoundSeen_ = s.round;
-      ensureMarkers(store, s);
-    };
+    h.afterState = [this](store::Store& store, const State& s) { ensureMarkers(store, s); };
     h.watch = [this](std::vector<std::string> peers) { setWatch(std::move(peers)); };
     h.progress = [this](const JoinProgress& p) { tellProgress(p); };
-    h.giveUp = [this] { giveUp(); };
+    h.timingOut = [this] { ownTimeout_ = true; };
     return h;
   }
 
@@ -315,47 +311,6 @@ class DynamicRendezvous final : public Rendezvous {
       nextSay_ = t + sayEvery();
     }
     if (progressHandler_) post_([h = progressHandler_, p] { h(p); });
-  }
-
-  // The state as a join reads it. A node that has seen this job's state and
-  // finds it gone or invalid (another program deleted or overwrote it)
-  // leaves a closed state in its place, so that no node starts the job
-  // again over the old rounds' keys, and fails with the reason (other job
-  // settings in the state are tampering then). A node new to the job only
-  // reports what it found (JobMismatchError or ProtocolError), touching
-  // nothing.
-  State readForJoin() {
-    std::string why;
-    try {
-      State s = cell_->refresh();
-      if (cell_->known() || !joiner_->seenJob()) return s;
-      why = "the rendezvous state under " + stateKey() +
-            " was deleted while this node was in the job";
-    } catch (const ProtocolError& e) {  // JobMismatchError too
-      if (!joiner_->seenJob()) throw;   // as it is: nothing of ours to protect
-      why = e.message();
-    }
-    Tamper t{why, true};
-    bury(lastRoundSeen_, RoundEnd::kClosed, "", t);
-    DDPRUN_THROW(ProtocolError, why, "; the job ", opts_.runId,
-                 " is closed: start it again with another --rdzv-id");
-  }
-
-  // The join deadline passed in a forming round: this node leaves it, then
-  // says who came and who did not.
-  [[noreturn]] void giveUp() {
-    ownTimeout_ = true;
-    const State seen = cell_->refresh();
-    if (cell_->known())
-      cell_->update([&](State& st) {
-        detail::removeNode(st, me_.id, detail::describeNode(me_.id) + " gave up", lim_,
-                           now());
-      });
-    DDPRUN_THROW(TimeoutError, "rendezvous round ", seen.round, " of job ", opts_.runId,
-                 " did not complete within ", formatDuration(opts_.joinTimeout),
-                 ": ", detail::describeShortfall(seen, lim_),
-                 ". Start the missing nodes with the same --rdzv-endpoint (",
-                 backend_.storeAddress, ") and --rdzv-id, or lower --nnodes' minimum");
   }
 
   bool waitUntil(const std::vector<std::string>& keys, int64_t untilMs) {
@@ -389,7 +344,7 @@ class DynamicRendezvous final : public Rendezvous {
     if (done > completeMarked_) {
       // A complete round's placements first: a node seeing the marker
       // without its own placement knows it is not in the round.
-      if (s.complete && !store.check({key(done, "complete")})) publishRound(store, s);
+      if (s.complete && !store.check({key(done, "complete")})) keys_.publishRound(store, s);
       store.set(key(done, "complete"), "");
       completeMarked_ = done;
     }
@@ -399,44 +354,11 @@ class DynamicRendezvous final : public Rendezvous {
     }
   }
 
-  // What each participant of the complete round `s` reads (arrivals.h):
-  // its placement, the round's sizes and roster. Idempotent.
-  void publishRound(store::Store& store, const State& s) {
-    std::vector<int> sizes;
-    for (const auto& d : s.participants) sizes.push_back(d.nproc);
-    store.set(key(s.round, "sizes"), detail::encodeSizes(sizes));
-    store.set(key(s.round, "roster"), detail::encodeRoster(s));
-    const auto placed = detail::placements(s);
-    constexpr size_t kChunk = 4'096;
-    for (size_t at = 0; at < placed.size(); at += kChunk) {
-      std::vector<std::string> keys, values;
-      for (size_t i = at; i < std::min(placed.size(), at + kChunk); ++i) {
-        keys.push_back(key(s.round, "rank/" + s.participants[i].id));
-        values.push_back(detail::encodePlacement(placed[i]));
-      }
-      store.multiSet(keys, values);
-    }
-  }
-
   // The complete round's info from this node's placement, or nullopt if
   // the round ended before group rank 0 published its worker store.
   std::optional<RoundInfo> roundInfo(const detail::Placement& p) {
-    RoundInfo info;
-    info.round = p.round;
-    info.groupRank = p.groupRank;
-    info.groupWorldSize = p.groupWorldSize;
-    info.restartCount = p.restartCount;
     const std::string sizesKey = key(p.round, "sizes");
-    info.localWorldSizes =
-        detail::decodeSizes(client_->get(sizesKey), sizesKey, p.groupWorldSize);
-    const RankLayout layout = assignRanks(info.localWorldSizes);
-    info.baseRank = layout.baseRanks[static_cast<size_t>(p.groupRank)];
-    info.worldSize = layout.worldSize;
-    if (info.baseRank != p.baseRank || info.worldSize != p.worldSize)
-      DDPRUN_THROW(ProtocolError, "round ", p.round, "'s sizes under ", sizesKey,
-                   " do not add up to this node's place (base rank ", p.baseRank,
-                   " of ", p.worldSize, "); is another job using --rdzv-id ", opts_.runId,
-                   " on this store?");
+    RoundInfo info = detail::roundInfoOf(p, client_->get(sizesKey), sizesKey);
     groupRank_ = info.groupRank;
     roundSize_ = info.groupWorldSize;
     rosterRound_ = -1;
@@ -446,23 +368,15 @@ class DynamicRendezvous final : public Rendezvous {
   }
 
   // The other participants of the round this node last joined, read once
-  // per round from its roster (only the paths that need every peer do), or
-  // from the state while it still describes the round; nullopt if neither
-  // can tell (another program deleted them).
+  // per round (only the paths that need every peer do: JobKeys::roster);
+  // nullopt if nothing tells them any more.
   std::optional<std::vector<std::string>> roundPeers(store::Store& store) {
     const int round = lastJoined_;
     if (rosterRound_ == round) return roundPeers_;
-    const std::string k = key(round, "roster");
-    std::vector<std::string> ids;
-    if (store.check({k})) {
-      ids = detail::decodeRoster(store.get(k), k, lim_);
-    } else {
-      const auto s = keys_.readState(store, cancel_);
-      if (!s || s->round != round || !s->complete) return std::nullopt;
-      for (const auto& d : s->participants) ids.push_back(d.id);
-    }
+    auto ids = keys_.roster(store, round, cancel_);
+    if (!ids) return std::nullopt;
     roundPeers_.clear();
-    for (auto& id : ids)
+    for (auto& id : *ids)
       if (id != nodeId_) roundPeers_.push_back(std::move(id));
     rosterRound_ = round;
     return roundPeers_;
@@ -825,10 +739,9 @@ class DynamicRendezvous final : public Rendezvous {
   int uncountedRound_ = -1;
   std::atomic<int> groupRank_{-1};  // set by the task thread, read by watchers
   int roundSize_ = 0;
-  // The task thread's: the join (set by the first join), the latest round
-  // of the state it read, the join's start and next progress line.
+  // The task thread's: the join (set by the first join), the join's start
+  // and next progress line.
   std::optional<detail::Joiner> joiner_;
-  int lastRoundSeen_ = 0;
   int64_t joinStarted_ = 0;
   int64_t nextSay_ = 0;
   // The markers this node made sure of (any thread).

@@ -3,6 +3,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/log.h"
 #include "ddprun/common/strings.h"
+#include "arrivals.h"
 #include "round_end.h"
 #include "state_cell.h"
 
@@ -96,6 +97,34 @@ RoundEvent JobKeys::awaitTrustedEnd(store::Store& store, int round,
     if (auto again = readState(store, token); again && again->lastEndedRound == round)
       store.compareSet(endKey, "", again->lastEnd);
   }
+}
+
+void JobKeys::publishRound(store::Store& store, const State& s) const {
+  std::vector<int> sizes;
+  for (const auto& d : s.participants) sizes.push_back(d.nproc);
+  store.set(key(s.round, "sizes"), encodeSizes(sizes));
+  store.set(key(s.round, "roster"), encodeRoster(s));
+  const auto placed = placements(s);
+  constexpr size_t kChunk = 4'096;  // keys per MULTI_SET
+  for (size_t at = 0; at < placed.size(); at += kChunk) {
+    std::vector<std::string> keys, values;
+    for (size_t i = at; i < std::min(placed.size(), at + kChunk); ++i) {
+      keys.push_back(key(s.round, "rank/" + s.participants[i].id));
+      values.push_back(encodePlacement(placed[i]));
+    }
+    store.multiSet(keys, values);
+  }
+}
+
+std::optional<std::vector<std::string>> JobKeys::roster(
+    store::Store& store, int round, const std::shared_ptr<store::CancelToken>& token) const {
+  const std::string k = key(round, "roster");
+  if (store.check({k})) return decodeRoster(store.get(k), k, lim_);
+  const auto s = readState(store, token);
+  if (!s || s->round != round || !s->complete) return std::nullopt;
+  std::vector<std::string> ids;
+  for (const auto& d : s->participants) ids.push_back(d.id);
+  return ids;
 }
 
 void JobKeys::forgetRound(store::Store& store, int round) const {

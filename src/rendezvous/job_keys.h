@@ -17,12 +17,23 @@
 //   round/<r>/end           how round r ended (round_end.h), copied from the
 //                           state by whoever wrote the end, or anyone who
 //                           finds it missing; the watchers WAIT on it
+//   round/<r>/sizes, roster the round's local world sizes (RLE) and node
+//                           ids in group-rank order (arrivals.h)
+//   round/<r>/rank/<id>     node <id>'s placement in the complete round r
+//                           (its reader deletes it)
+//   round/<r>/finishing     the first node whose workers succeeded
+//   round/<r>/succeeded     how many nodes' workers succeeded (an ADD each)
 //   round/<r>/left/<id>     the node read round r's end (the host waits for
 //                           these, bounded, before its store goes)
 //   Round r-2's keys go when round r completes (group rank 0 deletes them;
 //   each node its own left/<id> and done/<id>): a node still in round r-2 was dropped
 //   two rounds ago.
-//   turn, turn/<t>          join tickets and the end of ticket t's turn
+//   arrivals                the job's arrival counter (dynamic_join.h)
+//   arrival/<k>, verdict/<k> arrival k's node and what the folder decided
+//                           (deleted by that node once read)
+//   folder                  the folder's lease (fold_lease.h)
+//   job, progress           the job's settings, and the forming round's
+//                           progress as its folder last published it
 //   id/<node id>            the node's claim on its id: a token only that
 //                           instance knows (dynamic_rendezvous.cc claimId)
 //
@@ -118,6 +129,16 @@ class JobKeys {
                              const std::shared_ptr<store::CancelToken>& token,
                              std::chrono::milliseconds slice, const std::string& nodeId,
                              bool verify, const std::function<void()>& onSlice = nullptr) const;
+
+  // What each participant of the complete round `s` reads (arrivals.h):
+  // round/<r>/sizes and roster, then every participant's rank/<id>.
+  // Idempotent; the caller writes round/<r>/complete after it.
+  void publishRound(store::Store& store, const State& s) const;
+  // Round `round`'s participants in group-rank order: its roster, or the
+  // state while it still describes that round complete; nullopt if
+  // neither does (another program deleted them).
+  std::optional<std::vector<std::string>> roster(
+      store::Store& store, int round, const std::shared_ptr<store::CancelToken>& token) const;
 
   // Deletes the keys of a round that ended two rounds ago (their readers
   // are gone); best effort.
