@@ -354,7 +354,7 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
 int64_t foldTarget(const State& s, const Limits& lim) {
   if (s.job.maxNodes == 0 || s.closed || s.complete) return 1;
   const int64_t joined = static_cast<int64_t>(s.participants.size());
-  int64_t target = std::max<int64_t>(1, joined / 4);
+  int64_t target = std::max<int64_t>(1, joined / 2);
   target = std::min<int64_t>(target, std::max<int64_t>(1, lim.maxNodes - joined));
   if (joined < lim.minNodes) target = std::min<int64_t>(target, lim.minNodes - joined);
   if (!s.expected.empty()) {

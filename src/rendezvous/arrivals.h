@@ -10,7 +10,8 @@
 //      arrival into the state with one compare_set (foldArrivals: the same
 //      joinStep as before, in arrival order) and writes each arrival's
 //      Verdict under verdict/<k>; it folds in batches that grow with the
-//      round (foldTarget), so a round of N nodes costs O(N) bytes in all;
+//      round (foldTarget), so a round of N nodes costs O(N) bytes and
+//      O(log N) folds in all;
 //   3. the node that completes a round publishes each participant's
 //      Placement under round/<r>/rank/<id>, the nodes' sizes (RLE) and the
 //      roster once; each node reads only its own.
@@ -116,9 +117,9 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
                                   const Limits& lim, int64_t nowMs);
 
 // How many pending arrivals the folder waits for before it folds: one while
-// the round is small, then a quarter of the round's participants (each fold
-// writes the whole state: growing batches keep a round's folds to O(log N)
-// and its bytes to a few times the final state), but never more than what
+// the round is small, then half the round's participants (each fold writes
+// the whole state: growing batches keep a round's folds to O(log N) and its
+// bytes to a few times the final state), but never more than what
 // can complete the round, start its last call, or admit the expected nodes.
 // A running or closed round, or no state yet: 1 (fold at once).
 int64_t foldTarget(const State& s, const Limits& lim);

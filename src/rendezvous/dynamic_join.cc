@@ -262,9 +262,12 @@ void Joiner::fold(const NodeDesc& me, int64_t untilMs) {
     if ((pending > 0 && (pending >= foldTarget(s, lim_) || !forming || t >= nextFlush)) ||
         lastCall) {
       if (lastCall) lastCallTried = s.lastCallMs;
+      const bool flush = t >= nextFlush;
       s = foldBatch(s, arrived, me);
-      nextFlush = hooks_.now() + every;
-      publishProgress(s, me);
+      if (flush) {
+        publishProgress(s, me);
+        nextFlush = hooks_.now() + every;
+      }
       continue;
     }
     if (t >= nextFlush) {
