@@ -7,6 +7,7 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
+#include "json_fields.h"
 #include "round_end.h"
 
 namespace ddprun::rendezvous::detail {
@@ -14,29 +15,11 @@ namespace {
 
 using nlohmann::json;
 
-// What a value is wrong with; the decoders turn it into a ProtocolError.
-struct Bad : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using Bad = BadField;  // json_fields.h: the decoders turn it into a ProtocolError
 
 // Values a node reads are small: a verdict or a placement holds a few ids.
 constexpr size_t kMaxSmallValue = 4 * kMaxIdBytes + 2 * 6 * kMaxTextBytes + 512;
 
-int64_t intIn(const json& j, const char* name, int64_t lo, int64_t hi) {
-  const json& v = j.at(name);
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
-    throw Bad(std::string("\"") + name + "\" is not an integer");
-  const int64_t n = v.get<int64_t>();
-  if (n < lo || n > hi)
-    throw Bad(std::string("\"") + name + "\" = " + std::to_string(n) + " is outside [" +
-              std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return n;
-}
-std::string textIn(const json& j, const char* name, size_t maxBytes) {
-  std::string t = j.at(name).get<std::string>();
-  if (t.size() > maxBytes) throw Bad(std::string("\"") + name + "\" is too long");
-  return t;
-}
 std::string idOf(const json& j) {
   std::string id = j.get<std::string>();
   if (!isValidNodeId(id)) throw Bad("\"" + str::escape(id, 40) + "\" is not a node id");

@@ -12,6 +12,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/common/hash.h"
 #include "ddprun/common/strings.h"
+#include "json_fields.h"
 #include "round_end.h"
 
 namespace ddprun::rendezvous::detail {
@@ -42,30 +43,10 @@ json listToJson(const std::vector<NodeDesc>& v, bool withNproc) {
   return a;
 }
 
-// What a state field is wrong with; fromJson turns it into a ProtocolError.
-struct Bad : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// What a state field is wrong with (json_fields.h); fromJson turns it into a
+// ProtocolError.
+using Bad = BadField;
 
-// An integer in [lo, hi], read as int64 (a number beyond int64 or not an
-// integer at all is refused, never converted).
-int64_t intIn(const json& j, const char* name, int64_t lo, int64_t hi) {
-  const json& v = j.at(name);
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
-    throw Bad(std::string("\"") + name + "\" is not an integer");
-  const int64_t n = v.get<int64_t>();
-  if (n < lo || n > hi)
-    throw Bad(std::string("\"") + name + "\" = " + std::to_string(n) + " is outside [" +
-              std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return n;
-}
-std::string textIn(const json& j, const char* name, size_t maxBytes) {
-  std::string t = j.at(name).get<std::string>();
-  if (t.size() > maxBytes)
-    throw Bad(std::string("\"") + name + "\" is longer than " + std::to_string(maxBytes) +
-              " bytes");
-  return t;
-}
 // Node ids are "<addr>_<pid>_<nonce>": printable, no quotes or controls.
 std::string idIn(const json& j) {
   std::string id = j.is_string() ? j.get<std::string>() : textIn(j, "id", kMaxIdBytes);
