@@ -56,9 +56,6 @@ auto decode(const std::string& text, const std::string& key, size_t most, const 
   }
 }
 
-std::string cut(const std::string& text) {
-  return text.size() <= kMaxTextBytes ? text : text.substr(0, kMaxTextBytes);
-}
 
 // The arrival number the state gives node `id` (-1: none).
 int64_t seqOf(const State& s, const std::string& id) {

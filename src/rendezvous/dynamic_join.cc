@@ -95,6 +95,7 @@ Placement Joiner::join(NodeDesc& me, int64_t deadlineMs) {
     std::string text;
     const int64_t k = arrive(me, text);
     const Verdict v = awaitVerdict(k, text, me, deadlineMs);
+    pending_ = 0;
     for (const auto& key : {keys_.jobKey("arrival/" + std::to_string(k)),
                             keys_.jobKey("verdict/" + std::to_string(k))})
       store_.deleteKey(key);
@@ -159,7 +160,19 @@ int64_t Joiner::arrive(const NodeDesc& me, std::string& text) {
     }
   }
   store_.compareSet(keys_.jobKey("arrival/" + std::to_string(k)), "", text);
+  pending_ = k;
+  pendingText_ = text;
   return k;
+}
+
+void Joiner::withdraw(store::Store& via) {
+  try {
+    if (pending_ > 0)
+      via.compareSet(keys_.jobKey("arrival/" + std::to_string(pending_)), pendingText_, "");
+  } catch (const Error&) {  // a node that leaves says what it can
+  }
+  pending_ = 0;
+  lease_.release(&via);
 }
 
 Verdict Joiner::awaitVerdict(int64_t k, const std::string& text, const NodeDesc& me,

@@ -68,8 +68,12 @@ class Joiner {
   bool seenJob() const { return seenJob_; }
   void setSeenJob() { seenJob_ = true; }
 
-  // The folder's lease, given back at once (shutdown, a join that failed).
+  // The folder's lease, given back at once (a join that failed).
   void releaseLease() { lease_.release(); }
+  // At shutdown, on a connection of the leave's own: the arrival still
+  // waiting for its verdict is withdrawn (a later fold skips it) and the
+  // lease given back. Best effort.
+  void withdraw(store::Store& via);
 
   // How long a folder's lease lasts: a stalled or dead folder is replaced
   // after it.
@@ -108,6 +112,8 @@ class Joiner {
   int64_t nextLook_ = 0;  // the next state read of a waiting node
   int64_t nextSay_ = 0;   // the next progress told
   int lastRound_ = 0;     // the latest round of a state read
+  int64_t pending_ = 0;   // the arrival waiting for its verdict (0: none), and its value
+  std::string pendingText_;
 };
 
 }  // namespace ddprun::rendezvous::detail

@@ -641,6 +641,7 @@ class DynamicRendezvous final : public Rendezvous {
     if (jobEndSeen_ && !backend_.hosting) return;
     try {
       auto store = backend_.connect(leaveCancel_, opts_.closeTimeout);
+      if (joiner_) joiner_->withdraw(*store);
       StateCell cell(*store, stateKey(), lim_, leaveCancel_);
       cell.refresh();
       State s = cell.update([&](State& st) {

@@ -51,13 +51,13 @@ bool FoldLease::renew(int64_t nowMs) {
   return true;
 }
 
-void FoldLease::release() {
+void FoldLease::release(store::Store* via) {
   if (!held()) return;
   const std::string mine = std::move(mine_);
   mine_.clear();
   expires_ = 0;
   try {
-    store_.compareSet(key_, mine, "");
+    (via ? *via : store_).compareSet(key_, mine, "");
   } catch (const Error&) {  // it expires anyway
   }
 }

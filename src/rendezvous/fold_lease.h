@@ -26,8 +26,9 @@ class FoldLease {
   // Extends a held lease from `nowMs`; false (and not held) if another node
   // took it meanwhile.
   bool renew(int64_t nowMs);
-  // Gives a held lease back (best effort: it expires anyway).
-  void release();
+  // Gives a held lease back (best effort: it expires anyway), on `via`
+  // when given (the lease's own connection may be cancelled).
+  void release(store::Store* via = nullptr);
 
   bool held() const { return !mine_.empty(); }
   // When the lease last seen (ours or another's) expires: when a waiting
