@@ -4,6 +4,8 @@
 #include <climits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_set>
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
@@ -284,6 +286,13 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
   std::optional<WatchRing> ring;  // rebuilt only when a forming verdict needs it
   int ringRound = -1;
   size_t ringCount = 0;
+  // The participants' ids, kept beside the state: a step's one O(N) part.
+  std::unordered_set<std::string> present;
+  const auto index = [&] {
+    present.clear();
+    for (const auto& d : s.participants) present.insert(d.id);
+  };
+  index();
   for (size_t i = 0; i < arrivals.size(); ++i) {
     const auto& a = arrivals[i];
     Verdict v;
@@ -307,7 +316,13 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
         v.text = mismatch;
       } else {
         NodeDesc me = a->node;
-        const JoinOutcome outcome = joinStep(s, me, lim, nowMs);
+        const int round = s.round;
+        const size_t before = s.participants.size();
+        const JoinOutcome outcome = joinStep(s, me, lim, nowMs, present.count(me.id) > 0);
+        if (s.round != round || s.participants.size() < before)
+          index();  // the round ended: its participants moved on
+        else if (s.participants.size() > before)
+          present.insert(me.id);
         if (me.seq < 0) me.seq = seqOf(s, me.id);  // listed already: its number
         const WatchRing* r = nullptr;
         if (outcome == JoinOutcome::kWaitComplete) {
@@ -337,12 +352,12 @@ int64_t foldTarget(const State& s, const Limits& lim) {
   int64_t target = std::max<int64_t>(1, joined / 2);
   target = std::min<int64_t>(target, std::max<int64_t>(1, lim.maxNodes - joined));
   if (joined < lim.minNodes) target = std::min<int64_t>(target, lim.minNodes - joined);
-  if (!s.expected.empty()) {
+  if (!s.expected.empty()) {  // O(N): a set, not a scan per expected node
+    std::unordered_set<std::string_view> in;
+    in.reserve(s.participants.size());
+    for (const auto& d : s.participants) in.insert(d.id);
     int64_t missing = 0;
-    for (const auto& id : s.expected)
-      if (std::none_of(s.participants.begin(), s.participants.end(),
-                       [&](const NodeDesc& d) { return d.id == id; }))
-        ++missing;
+    for (const auto& id : s.expected) missing += in.count(id) ? 0 : 1;
     target = std::min<int64_t>(target, std::max<int64_t>(1, missing));
   }
   return target;

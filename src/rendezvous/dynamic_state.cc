@@ -130,11 +130,19 @@ std::string cut(const std::string& text) {
 }
 
 // Whether every expected node has joined (false when none is expected:
-// round 0, or all expected ones died, waits for the last call).
+// round 0, or all expected ones died, waits for the last call). Called at
+// every arrival a fold applies (arrivals.h), so never O(N^2): fewer
+// participants than expected nodes answers at once (a round re-forming
+// after a loss, until its last arrivals; expected ids are distinct by
+// construction, and a state where they were not would only wait for its
+// last call), else one pass with a set.
 bool expectedAllIn(const State& s) {
-  if (s.expected.empty()) return false;
+  if (s.expected.empty() || s.participants.size() < s.expected.size()) return false;
+  std::unordered_set<std::string_view> in;
+  in.reserve(s.participants.size());
+  for (const auto& d : s.participants) in.insert(d.id);
   return std::all_of(s.expected.begin(), s.expected.end(),
-                     [&](const std::string& id) { return hasId(s.participants, id); });
+                     [&](const std::string& id) { return in.count(id) > 0; });
 }
 
 // A forming round below MIN has no last call; reaching MIN starts it.
@@ -328,10 +336,15 @@ int rankOf(const State& s, const std::string& id) {
 }
 
 JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs) {
+  return joinStep(s, me, lim, nowMs, hasId(s.participants, me.id));
+}
+
+JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs,
+                     bool participant) {
   if (s.closed) return JoinOutcome::kClosed;
   if (s.job.maxNodes == 0)
     s.job = {lim.minNodes, lim.maxNodes, lim.lastCallMs, lim.heartbeatMs, me.id};
-  if (hasId(s.participants, me.id)) {
+  if (participant) {
     if (!s.complete) completeIfDue(s, lim, nowMs);
     return s.complete ? JoinOutcome::kComplete : JoinOutcome::kWaitComplete;
   }

@@ -180,6 +180,11 @@ enum class JoinOutcome {
 // first join of a job records the job's settings (`lim`, by `me`).
 // Precondition: jobMismatch(s, lim) is "".
 JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs);
+// The same, for a caller that knows whether `me` is among s.participants
+// (a fold of thousands of arrivals keeps a set: the lookup is the only
+// O(N) part of a step).
+JoinOutcome joinStep(State& s, NodeDesc& me, const Limits& lim, int64_t nowMs,
+                     bool participant);
 
 // Completes the forming round if it is due at `nowMs` (see above): orders the
 // participants (host first, then arrival) and clears the last call. True if

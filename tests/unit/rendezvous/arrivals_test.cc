@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <map>
 #include <set>
@@ -12,6 +14,7 @@
 #include "ddprun/common/error.h"
 #include "ddprun/store/hash_store.h"
 #include "fold_lease.h"
+#include "round_end.h"
 
 namespace ddprun::rendezvous::detail {
 namespace {
@@ -221,6 +224,49 @@ TEST(Arrivals, GrowingBatchesKeepAFormingRoundsFoldsFewAndTheirBytesLinear) {
     std::cout << "[ figure ] " << n << " nodes: " << folds << " folds writing "
               << written / final << "x the final state (" << final << " bytes)\n";
   }
+}
+
+// A round of 10,000 re-forming after a loss: the survivors arrive in an
+// order of their own and are folded in growing batches; the round completes
+// at the last expected arrival, at once (no last call). A figure for the
+// folder's CPU at that size (no time asserted): a step used to scan the
+// participants and, near the end, every expected node against them.
+TEST(Arrivals, TenThousandSurvivorsReformInGrowingBatches) {
+  constexpr int n = 10'000;
+  const Limits lim{1, n, 30'000, 15'000};
+  State s;
+  foldNodes(s, 0, n, lim);
+  ASSERT_TRUE(s.complete);
+  ASSERT_TRUE(endRound(s, 0, RoundEnd::kMembershipChanged, 3, "gone",
+                       s.participants[3].id));
+  ASSERT_EQ(s.expected.size(), size_t{n - 1});
+  std::vector<int> survivors;
+  for (int i = 0; i < n; ++i)
+    if (std::find(s.expected.begin(), s.expected.end(), arrival(i).node.id) != s.expected.end())
+      survivors.push_back(i);
+  std::reverse(survivors.begin(), survivors.end());  // not the old rank order
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t next = 0;
+  int folds = 0;
+  while (!s.complete) {
+    ASSERT_LT(next, survivors.size());
+    const auto take = std::min<size_t>(static_cast<size_t>(foldTarget(s, lim)),
+                                       survivors.size() - next);
+    std::vector<std::optional<Arrival>> batch;
+    for (size_t i = next; i < next + take; ++i) batch.push_back(arrival(survivors[i], 1, lim));
+    foldArrivals(s, s.folded + 1, batch, lim, kT0 + 1);
+    next += take;
+    ++folds;
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0)
+                      .count();
+  EXPECT_EQ(next, survivors.size()) << "complete at the last expected arrival";
+  EXPECT_EQ(s.participants.size(), size_t{n - 1});
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(s.lastCallMs, 0) << "no last call waited for";
+  std::cout << "[ figure ] " << n - 1 << " survivors folded in " << folds << " folds, "
+            << ms << " ms of this thread's time\n";
 }
 
 TEST(Arrivals, TheFoldTargetStopsAtWhatChangesTheRound) {
