@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string_view>
@@ -224,7 +225,10 @@ std::string encodeSizes(const std::vector<int>& sizes) {
     while (j < sizes.size() && sizes[j] == sizes[i]) ++j;
     if (!out.empty()) out += ',';
     out += std::to_string(sizes[i]);
-    if (j - i > 1) out += "x" + std::to_string(j - i);
+    if (j - i > 1) {
+      out += 'x';
+      out += std::to_string(j - i);
+    }
     i = j;
   }
   return out;
@@ -283,7 +287,7 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
                                   const Limits& lim, int64_t nowMs) {
   std::vector<Verdict> out;
   out.reserve(arrivals.size());
-  std::optional<WatchRing> ring;  // rebuilt only when a forming verdict needs it
+  std::unique_ptr<WatchRing> ring;  // rebuilt only when a forming verdict needs it
   int ringRound = -1;
   size_t ringCount = 0;
   // The participants' ids, kept beside the state: a step's one O(N) part.
@@ -330,12 +334,11 @@ std::vector<Verdict> foldArrivals(State& s, int64_t first,
           // quarter (a node's watch set while forming is a hint, and the
           // complete round's placement sets it again).
           if (!ring || ringRound != s.round || s.participants.size() > ringCount + ringCount / 4 + 4) {
-            ring.reset();
-            ring.emplace(s);
+            ring = std::make_unique<WatchRing>(s);
             ringRound = s.round;
             ringCount = s.participants.size();
           }
-          r = &*ring;
+          r = ring.get();
         }
         v = verdictOf(s, outcome, me, r);
       }

@@ -23,6 +23,14 @@ constexpr size_t kKeysPerRequest = 4'096;
 // are nodes long gone; a live one reads the closed state itself).
 constexpr int64_t kClosedAnswers = 1'024;
 
+// A verdict "forming round `round`" (-1: any), for progress while waiting.
+Verdict formingIn(int round) {
+  Verdict v;
+  v.kind = Verdict::kForming;
+  v.round = round;
+  return v;
+}
+
 const char* const kSettingsHint =
     "; every node of a job needs the same --nnodes and --rdzv-conf last_call_timeout, "
     "keep_alive_interval and keep_alive_max_attempt (or another --rdzv-id for another job)";
@@ -178,7 +186,7 @@ void Joiner::withdraw(store::Store& via) {
 Verdict Joiner::awaitVerdict(int64_t k, const std::string& text, const NodeDesc& me,
                              int64_t deadlineMs) {
   const std::string key = keys_.jobKey("verdict/" + std::to_string(k));
-  const Verdict forming{Verdict::kForming, -1};  // any round
+  const Verdict forming = formingIn(-1);  // any round
   const int64_t every = std::max<int64_t>(1, opts_.joinProgressInterval.count());
   for (;;) {
     if (lease_.acquire(hooks_.now())) fold(me, deadlineMs);
@@ -208,7 +216,7 @@ std::optional<Placement> Joiner::awaitPlacement(int round, const NodeDesc& me,
                                                 int64_t deadlineMs) {
   const std::string rank = keys_.key(round, "rank/" + me.id);
   const std::string complete = keys_.key(round, "complete");
-  const Verdict forming{Verdict::kForming, round};
+  const Verdict forming = formingIn(round);
   const int64_t every = std::max<int64_t>(1, opts_.joinProgressInterval.count());
   for (;;) {
     // Placements are published before the marker: with the marker there,
