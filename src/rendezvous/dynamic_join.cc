@@ -189,9 +189,14 @@ Verdict Joiner::awaitVerdict(int64_t k, const std::string& text, const NodeDesc&
   const Verdict forming = formingIn(-1);  // any round
   const int64_t every = std::max<int64_t>(1, opts_.joinProgressInterval.count());
   for (;;) {
-    if (lease_.acquire(hooks_.now())) fold(me, deadlineMs);
+    // One reading of the clock for the lease and the wait: a lease seen
+    // held at t expires after t, so the wait below ends when it does.
+    int64_t t = hooks_.now();
+    if (lease_.acquire(t)) {
+      fold(me, deadlineMs);
+      t = hooks_.now();
+    }
     if (store_.check({key})) return decodeVerdict(store_.get(key), key);
-    const int64_t t = hooks_.now();
     if (t >= deadlineMs) {
       // Withdrawn: a fold from now on skips it. One that came first stands.
       store_.compareSet(keys_.jobKey("arrival/" + std::to_string(k)), text, "");
