@@ -7,6 +7,7 @@
 #include "ddprun/common/log.h"
 #include "ddprun/common/clock.h"
 #include "ddprun/common/strings.h"
+#include "node_lease.h"
 #include "round_end.h"
 
 namespace ddprun::rendezvous::detail {
@@ -41,11 +42,7 @@ int64_t Joiner::leaseMs(const Limits& lim) {
   return std::clamp<int64_t>(lim.heartbeatMs / 3, 1'000, 5'000);
 }
 
-std::string Joiner::peek(const std::string& key) {
-  static const std::string kProbe = "\x01";  // a compare_set that never matches reads
-  std::string got = store_.compareSet(key, kProbe, kProbe);
-  return got == kProbe ? std::string() : got;
-}
+std::string Joiner::peek(const std::string& key) { return peekValue(store_, key); }
 
 bool Joiner::due(int64_t& at, int64_t every) {
   const int64_t t = hooks_.now();

@@ -2,6 +2,7 @@
 
 #include "ddprun/common/error.h"
 #include "ddprun/common/strings.h"
+#include "node_lease.h"
 
 namespace ddprun::rendezvous::detail {
 namespace {
@@ -21,9 +22,7 @@ int64_t expiryOf(const std::string& value) {
 
 bool FoldLease::acquire(int64_t nowMs) {
   if (held()) return renew(nowMs);
-  static const std::string kProbe = "\x01";  // never a lease: reads the value
-  std::string seen = store_.compareSet(key_, kProbe, kProbe);
-  if (seen == kProbe) seen.clear();  // missing
+  const std::string seen = peekValue(store_, key_);  // "" when missing
   expires_ = expiryOf(seen);
   if (expires_ > nowMs) return false;
   const std::string next = me_ + " " + std::to_string(nowMs + leaseMs_);

@@ -30,4 +30,10 @@ bool beatsWithin(store::Store& store, const std::string& beatKey,
   return true;
 }
 
+std::string peekValue(store::Store& store, const std::string& key) {
+  static const std::string kSentinel = "\x01";  // never a value of ours
+  std::string got = store.compareSet(key, kSentinel, kSentinel);
+  return got == kSentinel ? std::string() : got;
+}
+
 }  // namespace ddprun::rendezvous::detail

@@ -32,6 +32,11 @@ bool lostForGood(store::Store& store, const NodeLeaseKeys& k);
 
 // Whether a connection beats for the node (its beat key exists) now or
 // within `left` (<= 0: now only).
+// The value under `key` in one request that never blocks ("" when it is
+// missing): a compare_set that can never match returns the value, or (the
+// store's answer for a missing key) the expected sentinel itself.
+std::string peekValue(store::Store& store, const std::string& key);
+
 bool beatsWithin(store::Store& store, const std::string& beatKey, std::chrono::milliseconds left);
 
 }  // namespace ddprun::rendezvous::detail
