@@ -17,6 +17,7 @@
 #include "ddprun/store/store.h"
 #include "ddprun/store/tcp_store.h"
 #include "dynamic_state.h"
+#include "node_lease.h"
 
 namespace ddprun::rendezvous::detail {
 
@@ -30,9 +31,7 @@ class StateCell {
   // match returns the value, or (the server's "lie" for a missing key) the
   // expected sentinel itself. Throws as adopt().
   State refresh() {
-    static const std::string kSentinel = "\x01";
-    std::string got = store_.compareSet(key_, kSentinel, kSentinel);
-    adopt(got == kSentinel ? "" : std::move(got));
+    adopt(peekValue(store_, key_));
     return state_;
   }
   // Whether the store held a state at the last read.
