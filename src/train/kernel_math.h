@@ -1,7 +1,7 @@
 // The element-wise mathematics of the trainer's own kernels, written once for
 // the CPU and the GPU: every function is `__host__ __device__` under nvcc
 // (DDPRUN_HD is empty for the host compiler), so the CUDA kernels in
-// src/train/cuda/kernels.cu call exactly what tests/unit/train/kernel_math_test.cc
+// src/train/cuda/*.cu call exactly what tests/unit/train/kernel_math_test.cc
 // checks on the CPU against the CPU backend.
 //
 // The formulas follow the CPU backend (cpu/cpu_backend.cc) operation for

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cuda/bn_nhwc.h"
-#include "cuda/kernels.h"
+#include "cuda/bn_nchw.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"

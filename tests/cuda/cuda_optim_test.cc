@@ -19,7 +19,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/kernels.h"
+#include "cuda/elementwise.h"
+#include "cuda/optim_kernels.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
 #include "ddprun/runtime/cuda_check.h"

@@ -5,8 +5,8 @@
 
 #include "conv_reference.h"
 #include "ddprun/runtime/cuda_check.h"
-#include "kernels.h"
-#include "nhwc_kernels.h"
+#include "elementwise.h"
+#include "transpose.h"
 
 namespace ddprun::train::cuda {
 

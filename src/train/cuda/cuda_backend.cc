@@ -20,8 +20,11 @@
 #include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
 #include "ddprun/common/plugin.h"
 #include "ddprun/runtime/cuda.h"
-#include "kernels.h"
-#include "nhwc_kernels.h"
+#include "elementwise.h"
+#include "loss_kernels.h"
+#include "optim_kernels.h"
+#include "pool_kernels.h"
+#include "transpose.h"
 
 namespace ddprun::train {
 

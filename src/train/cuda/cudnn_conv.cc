@@ -98,8 +98,8 @@
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda.h"
-#include "kernels.h"
-#include "nhwc_kernels.h"
+#include "elementwise.h"
+#include "transpose.h"
 
 namespace ddprun::train::cuda {
 

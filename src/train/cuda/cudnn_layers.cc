@@ -13,8 +13,9 @@
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/collectives.h"
 #include "ddprun/runtime/cuda.h"
-#include "kernels.h"
-#include "nhwc_kernels.h"
+#include "bn_nchw.h"
+#include "elementwise.h"
+#include "pool_kernels.h"
 
 namespace ddprun::train::cuda {
 
@@ -469,7 +470,7 @@ class BatchNorm2d final : public Layer {
       DDPRUN_CUDNN_OK(cudnnDeriveBNTensorDescriptor(bnDesc_, xDesc_, CUDNN_BATCHNORM_SPATIAL));
   }
   // The per-channel kernels' view of x: NCHW as [N, C, H*W], NHWC as
-  // [N*H*W, C, 1] (kernels.h).
+  // [N*H*W, C, 1] (bn_nchw.h).
   int64_t rowsOf(const Tensor& x) const {
     return ctx_->nhwc() ? x.dim(0) * x.dim(2) * x.dim(3) : x.dim(0);
   }

@@ -18,7 +18,7 @@
 
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
-#include "kernels.h"
+#include "elementwise.h"
 
 namespace ddprun::train::cuda {
 

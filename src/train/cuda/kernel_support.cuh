@@ -1,5 +1,5 @@
-// What the CUDA backend's kernel files (kernels.cu, nhwc_kernels.cu,
-// bn_nhwc.cu) share: the launch shape of grid-stride loops, the launch check,
+// What the CUDA backend's kernel files (*.cu) share: the launch shape of
+// grid-stride loops, a fixed-order block sum, the launch check,
 // and element access over the activations' storage types (float, bf16,
 // fp16: loaded exactly into float, stored rounded to nearest even) with the
 // host-side dispatch from a runtime::DType to a kernel's template argument.
@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "ddprun/common/error.h"
@@ -27,12 +28,29 @@ inline int blocksFor(size_t n) {
   return static_cast<int>(std::min<size_t>((n + kThreads - 1) / kThreads, 8192));
 }
 
+// Blocks of kThreads for one thread per row (no cap).
+inline int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
 // Throws CudaError for the last launch's error.
 inline void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
 
 #define DDPRUN_GRID_LOOP(i, n)                                                    \
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// Sum of `v` over the block (kThreads threads), valid in thread 0. Fixed tree.
+__device__ inline double blockSum(double v) {
+  __shared__ double s[kThreads];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double r = s[0];
+  __syncthreads();  // s may be reused by a second call
+  return r;
+}
 
 // One stored element to float (exact) and a float to storage (round to
 // nearest even; fp16 overflows to inf, never clamped).

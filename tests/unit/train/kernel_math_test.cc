@@ -551,7 +551,7 @@ TEST(KernelMath, HashUniformIsReproducibleAndUniform) {
 
 // ------------------------------------------ fused NHWC batch norm (bn_nhwc.cu)
 // The narrow transpose's index math, played block by block on the host as
-// the kernel runs it (nhwc_kernels.cu: one chunk per block, the load pass
+// the kernel runs it (transpose.cu: one chunk per block, the load pass
 // into a tile of pitch n + 1, then the store pass): every output written
 // once with its transposed input, the tile within its bounds, and on each
 // side the accesses that must be one run for coalescing are one run.

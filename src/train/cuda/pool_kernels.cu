@@ -1,0 +1,200 @@
+// The CUDA backend's pooling and resizing kernels (pool_kernels.h): global
+// average pooling (NCHW and NHWC), our NHWC max pooling with its one-byte
+// argmax, and bilinear resizing. Element math from kernel_math.h; element
+// access and the storage-type dispatch from kernel_support.cuh.
+#include "pool_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../kernel_math.h"
+#include "kernel_support.cuh"
+
+namespace ddprun::train::cuda {
+
+namespace {
+// One warp per plane.
+__global__ void globalAvgPoolKernel(const float* x, float* y, int64_t planes, int64_t hw) {
+  const int64_t p = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (p >= planes) return;  // whole warps leave together
+  const float* in = x + p * hw;
+  float s = 0.0f;
+  for (int64_t q = lane; q < hw; q += 32) s += in[q];
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+  if (lane == 0) y[p] = s / static_cast<float>(hw);
+}
+__global__ void globalAvgPoolBackwardKernel(const float* dy, float* dx, int64_t planes,
+                                            int64_t hw) {
+  const size_t n = static_cast<size_t>(planes * hw);
+  DDPRUN_GRID_LOOP(i, n) dx[i] = dy[i / hw] / static_cast<float>(hw);
+}
+__global__ void resizeKernel(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                             int64_t oh, int64_t ow) {
+  const size_t n = static_cast<size_t>(planes * oh * ow);
+  DDPRUN_GRID_LOOP(i, n) {
+    const int64_t ox = static_cast<int64_t>(i % ow);
+    const int64_t oy = static_cast<int64_t>((i / ow) % oh);
+    const int64_t p = static_cast<int64_t>(i / (ow * oh));
+    const kmath::Lerp r = kmath::bilinearIndex(oy, h, oh);
+    const kmath::Lerp c = kmath::bilinearIndex(ox, w, ow);
+    y[i] = kmath::bilinearAt(x + p * h * w, w, r, c);
+  }
+}
+
+// One thread per (image, channel): consecutive threads read consecutive
+// channels (coalesced); the sum runs over the positions in order, in float.
+template <typename T>
+__global__ void globalAvgPoolNhwcKernel(const T* x, T* y, int64_t n, int64_t c, int64_t hw) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * c)) {
+    const int64_t img = static_cast<int64_t>(i) / c, ch = static_cast<int64_t>(i) % c;
+    const T* in = x + img * hw * c + ch;
+    float s = 0.0f;
+    for (int64_t q = 0; q < hw; ++q) s += ldf(in, static_cast<size_t>(q * c));
+    stf(y, i, s / static_cast<float>(hw));
+  }
+}
+template <typename T>
+__global__ void globalAvgPoolNhwcBackwardKernel(const T* dy, T* dx, int64_t n, int64_t c,
+                                                int64_t hw) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * hw * c)) {
+    const int64_t img = static_cast<int64_t>(i) / (hw * c), ch = static_cast<int64_t>(i) % c;
+    stf(dx, i, ldf(dy, static_cast<size_t>(img * c + ch)) / static_cast<float>(hw));
+  }
+}
+// One thread per output element (NHWC: consecutive threads on consecutive
+// channels, coalesced); the window scanned row by row, the first maximum kept.
+template <typename T>
+__global__ void maxPoolNhwcKernel(const T* x, T* y, uint8_t* arg, int64_t n, int64_t c, int64_t h,
+                                  int64_t w, int64_t oh, int64_t ow, int k, int s, int p) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * oh * ow * c)) {
+    const int64_t ch = static_cast<int64_t>(i) % c;
+    int64_t rest = static_cast<int64_t>(i) / c;
+    const int64_t oj = rest % ow;
+    rest /= ow;
+    const int64_t oi = rest % oh, img = rest / oh;
+    float best = 0.0f;
+    int tap = -1;
+    for (int a = 0; a < k; ++a) {
+      const int64_t ii = oi * s - p + a;
+      if (ii < 0 || ii >= h) continue;
+      for (int b = 0; b < k; ++b) {
+        const int64_t jj = oj * s - p + b;
+        if (jj < 0 || jj >= w) continue;
+        const float v = ldf(x, static_cast<size_t>(((img * h + ii) * w + jj) * c + ch));
+        if (tap < 0 || v > best) {
+          best = v;
+          tap = a * k + b;
+        }
+      }
+    }
+    stf(y, i, best);
+    if (arg) arg[i] = static_cast<uint8_t>(tap);
+  }
+}
+// One thread per input element: the outputs whose window covers it
+// (kmath::poolCoverRange), in order, those whose winner it is.
+template <typename T>
+__global__ void maxPoolNhwcBackwardKernel(const T* dy, const uint8_t* arg, T* dx, int64_t n,
+                                          int64_t c, int64_t h, int64_t w, int64_t oh,
+                                          int64_t ow, int k, int s, int p) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * h * w * c)) {
+    const int64_t ch = static_cast<int64_t>(i) % c;
+    int64_t rest = static_cast<int64_t>(i) / c;
+    const int64_t jj = rest % w;
+    rest /= w;
+    const int64_t ii = rest % h, img = rest / h;
+    const kmath::TapRange ri = kmath::poolCoverRange(ii, oh, k, s, p);
+    const kmath::TapRange rj = kmath::poolCoverRange(jj, ow, k, s, p);
+    float g = 0.0f;
+    for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
+      for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
+        const size_t o = static_cast<size_t>(((img * oh + oi) * ow + oj) * c + ch);
+        const int64_t tap = (ii - (oi * s - p)) * k + (jj - (oj * s - p));
+        if (arg[o] == tap) g += ldf(dy, o);
+      }
+    stf(dx, i, g);
+  }
+}
+}  // namespace
+
+void launchGlobalAvgPool(const float* x, float* y, int64_t planes, int64_t hw, cudaStream_t s) {
+  if (planes <= 0) return;
+  const int warpsPerBlock = kThreads / 32;
+  globalAvgPoolKernel<<<static_cast<int>((planes + warpsPerBlock - 1) / warpsPerBlock), kThreads,
+                        0, s>>>(x, y, planes, hw);
+  checkLaunch();
+}
+void launchGlobalAvgPoolBackward(const float* dy, float* dx, int64_t planes, int64_t hw,
+                                 cudaStream_t s) {
+  if (planes * hw <= 0) return;
+  globalAvgPoolBackwardKernel<<<blocksFor(static_cast<size_t>(planes * hw)), kThreads, 0, s>>>(
+      dy, dx, planes, hw);
+  checkLaunch();
+}
+void launchGlobalAvgPoolNhwc(const void* x, void* y, runtime::DType t, int64_t n, int64_t c,
+                             int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    globalAvgPoolNhwcKernel<T><<<blocksFor(total), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, c, hw);
+  });
+  checkLaunch();
+}
+void launchGlobalAvgPoolNhwc(const float* x, float* y, int64_t n, int64_t c, int64_t hw,
+                             cudaStream_t s) {
+  launchGlobalAvgPoolNhwc(x, y, runtime::DType::kFloat32, n, c, hw, s);
+}
+void launchGlobalAvgPoolNhwcBackward(const void* dy, void* dx, runtime::DType t, int64_t n,
+                                     int64_t c, int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(n * hw * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    globalAvgPoolNhwcBackwardKernel<T><<<blocksFor(total), kThreads, 0, s>>>(
+        static_cast<const T*>(dy), static_cast<T*>(dx), n, c, hw);
+  });
+  checkLaunch();
+}
+void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int64_t c,
+                                     int64_t hw, cudaStream_t s) {
+  launchGlobalAvgPoolNhwcBackward(dy, dx, runtime::DType::kFloat32, n, c, hw, s);
+}
+void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, int64_t n,
+                       int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s,
+                       int p, cudaStream_t stream) {
+  DDPRUN_CHECK(k > 0 && k <= 16 && s > 0 && p >= 0 && p <= k / 2, "max pooling kernel ", k,
+               ", stride ", s, ", pad ", p, ": our NHWC kernels take windows up to 16 with "
+               "pad <= kernel / 2");
+  const size_t total = static_cast<size_t>(n * oh * ow * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    maxPoolNhwcKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), arg, n, c, h, w, oh, ow, k, s, p);
+  });
+  checkLaunch();
+}
+void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
+                               int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
+                               int64_t ow, int k, int s, int p, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n * h * w * c);
+  if (!total) return;
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    maxPoolNhwcBackwardKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), arg, static_cast<T*>(dx), n, c, h, w, oh, ow, k, s, p);
+  });
+  checkLaunch();
+}
+void launchResizeBilinear(const float* x, float* y, int64_t planes, int64_t h, int64_t w,
+                          int64_t oh, int64_t ow, cudaStream_t s) {
+  const size_t n = static_cast<size_t>(planes * oh * ow);
+  if (!n) return;
+  resizeKernel<<<blocksFor(n), kThreads, 0, s>>>(x, y, planes, h, w, oh, ow);
+  checkLaunch();
+}
+
+}  // namespace ddprun::train::cuda
