@@ -52,101 +52,6 @@ void checkType(const Tensor& a, const Tensor& b, const char* what) {
 
 namespace {
 
-class Relu final : public Layer {
- public:
-  Relu(std::shared_ptr<Context> ctx, std::string name)
-      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
-  Shape outputShape(const Shape& s) const override { return s; }
-  // Float or 16-bit elements alike (the output and dx of x's type).
-  void forward(const Tensor& x, Tensor& y, bool) override {
-    ctx_->bind();
-    y.ensureLike(x, ctx_->allocator());
-    launchRelu(x.raw(), y.raw(), static_cast<size_t>(x.numel()), x.dtype(), ctx_->stream());
-  }
-  bool worksInPlace() const override { return true; }
-  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
-    if (!dx) return;
-    ctx_->bind();
-    checkType(dy, y, name().c_str());
-    dx->ensureLike(x, ctx_->allocator());
-    launchReluBackward(y.raw(), dy.raw(), dx->raw(), static_cast<size_t>(x.numel()), x.dtype(),
-                       ctx_->stream());
-  }
-
- private:
-  std::shared_ptr<Context> ctx_;
-};
-
-// AdaptiveAvgPool2d(1) + flatten: [N, C, H, W] -> [N, C].
-class GlobalAvgPool final : public Layer {
- public:
-  GlobalAvgPool(std::shared_ptr<Context> ctx, std::string name)
-      : Layer(std::move(name)), ctx_(std::move(ctx)) {}
-  Shape outputShape(const Shape& s) const override {
-    DDPRUN_CHECK(s.size() == 4 && s[2] > 0 && s[3] > 0, name(),
-                 " expects [N, C, H, W] with H, W > 0, got ", shapeString(s));
-    return {s[0], s[1]};
-  }
-  // NHWC: float or 16-bit (the output and dx of x's type); NCHW: float.
-  void forward(const Tensor& x, Tensor& y, bool) override {
-    ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
-    const int64_t hw = x.dim(2) * x.dim(3);
-    if (ctx_->nhwc())
-      launchGlobalAvgPoolNhwc(x.raw(), y.raw(), x.dtype(), x.dim(0), x.dim(1), hw,
-                              ctx_->stream());
-    else
-      launchGlobalAvgPool(x.data(), y.data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
-  }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (!dx) return;
-    ctx_->bind();
-    dx->ensureLike(x, ctx_->allocator());
-    const int64_t hw = x.dim(2) * x.dim(3);
-    if (ctx_->nhwc())
-      launchGlobalAvgPoolNhwcBackward(dy.raw(), dx->raw(), x.dtype(), x.dim(0), x.dim(1), hw,
-                                      ctx_->stream());
-    else
-      launchGlobalAvgPoolBackward(dy.data(), dx->data(), x.dim(0) * x.dim(1), hw, ctx_->stream());
-  }
-
- private:
-  std::shared_ptr<Context> ctx_;
-};
-
-// Flatten of NHWC activations: [N, C, H, W] to [N, C*H*W] in PyTorch's
-// order (c, h, w), which the next linear layer's weights are in: a transpose
-// forward and back; the shared view (Backend::flatten) where the orders
-// agree (H*W == 1 or C == 1, or a tensor that is not 4-d).
-class FlattenNhwc final : public Layer {
- public:
-  FlattenNhwc(std::shared_ptr<Context> ctx, std::unique_ptr<Layer> view)
-      : Layer(view->name()), ctx_(std::move(ctx)), view_(std::move(view)) {}
-  Shape outputShape(const Shape& s) const override { return view_->outputShape(s); }
-  void forward(const Tensor& x, Tensor& y, bool training) override {
-    if (!transposes(x)) return view_->forward(x, y, training);
-    ctx_->bind();
-    y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
-    launchTranspose(x.raw(), y.raw(), x.dtype(), x.dim(0), x.dim(2) * x.dim(3), x.dim(1),
-                    ctx_->stream());
-  }
-  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
-    if (!transposes(x)) return view_->backward(x, y, dy, dx);
-    if (!dx) return;
-    ctx_->bind();
-    dx->ensureLike(x, ctx_->allocator());
-    launchTranspose(dy.raw(), dx->raw(), x.dtype(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
-                    ctx_->stream());
-  }
-
- private:
-  static bool transposes(const Tensor& x) {
-    return x.rank() == 4 && x.dim(2) * x.dim(3) > 1 && x.dim(1) > 1;
-  }
-  std::shared_ptr<Context> ctx_;
-  std::unique_ptr<Layer> view_;
-};
-
 void checkSame(const Tensor& a, const Tensor& b, const char* what) {
   DDPRUN_CHECK(a.numel() == b.numel(), what, " of ", shapeString(a.shape()), " and ",
                shapeString(b.shape()), ": element counts differ");
@@ -176,7 +81,7 @@ class CudaBackend final : public Backend {
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
            precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
            (ctx_->activations16() ? ", 16-bit activations" : "") +
-           (ctx_->ourBatchNorm() ? ", our batch norm" : "") +
+           bnPathsNote() +
            graphConvNote(ctx_->graphConv()) + ")";
   }
 
@@ -200,29 +105,39 @@ class CudaBackend final : public Backend {
     return makeMaxPool2d(ctx_, std::move(n), s);
   }
   std::unique_ptr<Layer> globalAvgPool(std::string n) override {
-    return std::make_unique<GlobalAvgPool>(ctx_, std::move(n));
+    return makeGlobalAvgPool(ctx_, std::move(n));
   }
   std::unique_ptr<Layer> flatten(std::string n) override {
     if (!ctx_->nhwc()) return Backend::flatten(std::move(n));
-    return std::make_unique<FlattenNhwc>(ctx_, Backend::flatten(std::move(n)));
+    return makeFlattenNhwc(ctx_, Backend::flatten(std::move(n)));
   }
   std::unique_ptr<Layer> relu(std::string n) override {
-    return std::make_unique<Relu>(ctx_, std::move(n));
+    return makeRelu(ctx_, std::move(n));
   }
+  // Batch norm: the path from bn_path.h's table, decided here once per
+  // layer and named in describe().
   std::unique_ptr<Layer> batchNorm2d(std::string n, int64_t c, runtime::ProcessGroup* s) override {
-    return makeBatchNorm2d(ctx_, std::move(n), c, s);
+    const BnPath p = chooseBnPath(*ctx_, s != nullptr, BnFusedWith::kNone);
+    if (!composing_) notePath(bnPathName(p, BnFusedWith::kNone));
+    return makeBatchNorm2d(ctx_, std::move(n), c, s, p);
   }
-  // Our NHWC kernels (16-bit activations, or CudaBackendOptions::
-  // ourBatchNorm): fused, SyncBatchNorm included. Otherwise on NHWC: cuDNN's
-  // fused batch norm + ReLU (+ add), opt-in until a GPU run has measured it
-  // (DDPRUN_CUDNN_BN_FUSION=1; docs/train.md); otherwise, and with
-  // SyncBatchNorm, the layers apart (Backend's composition).
+  // A fused path runs BatchNormAct as one layer; the others compose the
+  // batch norm, the add and the ReLU (Backend's composition).
   std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
                                              bool residual) override {
-    if (ctx_->ourBatchNorm() ||
-        (ctx_->nhwc() && !s && ctx_->cudnnBnFusion()))
-      return makeBatchNormAct(ctx_, std::move(n), c, s, residual);
-    return Backend::batchNormAct(std::move(n), c, s, residual);
+    const BnFusedWith w = residual ? BnFusedWith::kReluAdd : BnFusedWith::kRelu;
+    const BnPath p = chooseBnPath(*ctx_, s != nullptr, w);
+    notePath(bnPathName(p, w));
+    if (p.fused) return makeBatchNormAct(ctx_, std::move(n), c, s, residual, p);
+    composing_ = true;
+    try {
+      auto layer = Backend::batchNormAct(std::move(n), c, s, residual);
+      composing_ = false;
+      return layer;
+    } catch (...) {
+      composing_ = false;
+      throw;
+    }
   }
 
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
@@ -424,6 +339,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The batch norm paths of the layers built so far, in first-use order,
+  // with their counts: ", batch norm ours-nhwc+relu x9, ours-nhwc x3".
+  void notePath(const std::string& path) {
+    for (auto& [name, count] : bnPaths_)
+      if (name == path) return void(++count);
+    bnPaths_.emplace_back(path, 1);
+  }
+  std::string bnPathsNote() const {
+    std::string s;
+    for (const auto& [name, count] : bnPaths_)
+      s += (s.empty() ? ", batch norm " : ", ") + name + " x" + std::to_string(count);
+    return s;
+  }
+
   struct InputSlot {
     PinnedBuffer pinned;
     Tensor dev;
@@ -433,6 +362,8 @@ class CudaBackend final : public Backend {
   };
 
   std::shared_ptr<Context> ctx_;
+  std::vector<std::pair<std::string, int>> bnPaths_;  // notePath's
+  bool composing_ = false;  // batchNormAct composes: its batch norm is noted already
   static constexpr int kInputSlots = 4;  // input batches and labels in flight
   std::vector<Event> markEvents_;  // the profile's timeline (mark())
   size_t marks_ = 0;               // marks recorded since clearMarks()

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "bn_path.h"
 #include "context.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
@@ -25,33 +26,36 @@
 namespace ddprun::train::cuda {
 
 // cuDNN convolution (weights OIHW, optional bias), algorithms found once per
-// input shape (cudnnFind*) and cached: with Context::deterministic() the
-// deterministic direct-sum choice, else the fastest that passes an accuracy
-// check against a float64 reference (cudnn_conv.cc, conv_check.h).
+// input shape and cached (conv.cc; the search: conv_search.h).
 std::unique_ptr<Layer> makeConv2d(std::shared_ptr<Context> ctx, std::string name,
                                   const Conv2dSpec& spec);
-// cuDNN max pooling (CUDNN_POOLING_MAX_DETERMINISTIC, padding never wins).
+// Max pooling: cuDNN's (CUDNN_POOLING_MAX_DETERMINISTIC, padding never
+// wins), or on NHWC our kernels (Context::ownPool, or where cuDNN refuses the
+// configuration); global average pooling + flatten: our kernels (pooling.cc).
 std::unique_ptr<Layer> makeMaxPool2d(std::shared_ptr<Context> ctx, std::string name,
                                      const Pool2dSpec& spec);
-// Batch norm: cuDNN (spatial) without `sync`; with `sync`, SyncBatchNorm from
-// our own kernels plus all-reduces of the sums over `sync` on device buffers.
+std::unique_ptr<Layer> makeGlobalAvgPool(std::shared_ptr<Context> ctx, std::string name);
+// Batch norm on the path `path` (bn_path.h: chooseBnPath below), with `sync`
+// SyncBatchNorm over that group (batch_norm.h).
 std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string name,
-                                       int64_t channels, runtime::ProcessGroup* sync);
+                                       int64_t channels, runtime::ProcessGroup* sync,
+                                       BnPath path);
 // Batch norm with the ReLU after it and, with `residual`, the residual add
-// before that (BatchNormAct), for NHWC contexts: on 16-bit activations our
-// fused NHWC kernels (bn_nhwc.h; `sync` non-null: SyncBatchNorm over it);
-// on float ones cuDNN's fused Ex kernels where cuDNN accepts the
-// configuration (not with `sync`), else the layers apart (our add and ReLU).
+// before that (BatchNormAct), for a fused path (path.fused: kOursNhwc or
+// kCudnnNhwcFused); other paths compose the layers (Backend::batchNormAct).
 std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
                                                int64_t channels, runtime::ProcessGroup* sync,
-                                               bool residual);
+                                               bool residual, BnPath path);
+// The path of a batch norm on this context (bn_path.h's table).
+BnPath chooseBnPath(const Context& ctx, bool sync, BnFusedWith fusedWith);
 // cuBLASLt linear layer: y = x W^T + b.
 std::unique_ptr<Layer> makeLinear(std::shared_ptr<Context> ctx, std::string name, int64_t in,
                                   int64_t out);
-// ReLU, flatten (a view) and global average pooling: our kernels.
+// ReLU (our kernels), and the flatten of NHWC activations into PyTorch's
+// (c, h, w) order around `view` (Backend::flatten), which it runs where the
+// orders agree (elementwise_layers.cc).
 std::unique_ptr<Layer> makeRelu(std::shared_ptr<Context> ctx, std::string name);
-std::unique_ptr<Layer> makeFlatten(std::string name);
-std::unique_ptr<Layer> makeGlobalAvgPool(std::shared_ptr<Context> ctx, std::string name);
+std::unique_ptr<Layer> makeFlattenNhwc(std::shared_ptr<Context> ctx, std::unique_ptr<Layer> view);
 
 // Gradient buckets in device memory, ordered after the context's stream.
 std::unique_ptr<runtime::GradientMemory> makeGradientMemory(std::shared_ptr<Context> ctx);
