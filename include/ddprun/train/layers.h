@@ -344,7 +344,7 @@ struct CudaBackendOptions {
   // only those that sum products directly (no Winograd or FFT). Off: any
   // algorithm that passes an accuracy check against a float64 reference, the
   // one with the smallest workspace within 3 % of the fastest
-  // (cudnn_conv.cc).
+  // (src/train/cuda/conv_search.h).
   bool deterministic = false;
   // Activations NHWC in memory (PyTorch's channels_last; shapes stay
   // [N, C, H, W]): cuDNN's tensor-core convolutions and batch norm run

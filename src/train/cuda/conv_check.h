@@ -1,5 +1,5 @@
 // The accuracy check behind the CUDA backend's fast convolution mode
-// (cudnn_conv.cc): a cuDNN algorithm is run on a reduced problem of a
+// (conv_search.h): a cuDNN algorithm is run on a reduced problem of a
 // layer's geometry and compared with the float64 reference of
 // conv_reference.h, and a per-call workspace owner shared by the layer and
 // the check.
@@ -23,7 +23,7 @@ namespace ddprun::train::cuda {
 
 // The workspace a convolution algorithm may always need (cuDNN's candidates
 // above it are skipped, except in fast mode where the run's peak memory
-// leaves room: cudnn_conv.cc; PyTorch lets cuDNN take what is free, but a
+// leaves room: conv_search.h; PyTorch lets cuDNN take what is free, but a
 // capped, per-call workspace keeps the peak predictable). The accuracy
 // check's reduced problems are held to it.
 constexpr size_t kConvWorkspaceCap = size_t{256} << 20;

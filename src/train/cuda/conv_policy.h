@@ -1,8 +1,8 @@
 // The convolution search's policy, shared by the legacy algorithms and the
-// graph-API engines (cudnn_conv.cc runs the searches): which of cuDNN's
+// graph-API engines (conv_search.cc runs the searches): which of cuDNN's
 // results may run in a precision and mode, the workspace cap, the accuracy
 // check's verdicts (conv_check.h), and the choice among what passes. The
-// rules themselves are described at the top of cudnn_conv.cc.
+// rules themselves are described at the top of conv_search.h.
 //
 // A search result ("Perf") is cuDNN's cudnnConvolution*AlgoPerf_t, or a
 // GraphPerf in the same shape: algo, status, time (ms), memory (bytes),

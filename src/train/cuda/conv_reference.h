@@ -1,5 +1,5 @@
 // The float64 reference of a convolution on the GPU, for the accuracy check
-// of cuDNN's algorithms (cudnn_conv.cc): one thread per output element, each
+// of cuDNN's algorithms (conv_search.h): one thread per output element, each
 // summing its products in double with kernel_math.h's convForwardAt,
 // convBackwardDataAt and convBackwardFilterAt (which the CPU unit tests check
 // against the CPU backend). Slow by design (no tiling, no shared memory):

@@ -8,7 +8,7 @@
 // (heuristics mode A, then the fallback list), which is the set PyTorch's
 // cudnn.benchmark times. On an H200 the legacy search's best for ResNet-18's
 // stem backward-filter (3 input channels, NHWC) took 1.70 ms against
-// PyTorch's 0.90. cudnn_conv.cc times these plans and applies the same
+// PyTorch's 0.90. conv_search.cc times these plans and applies the same
 // accuracy policy as to the legacy algorithms (CudaBackendOptions::graphConv).
 //
 // The pure parts (strides of a layout, what an engine's numerical notes mean
