@@ -224,7 +224,7 @@ DDPRUN_HD inline float bnActGrad(float y, float dy, bool relu) {
   return relu ? reluBackward(y, dy) : dy;
 }
 // The backward sums S1 = sum g, S2 = sum g*xhat of one thread: a group of
-// terms (at most kBnGradGroup, the rows one loop step of bn_nhwc.cu's sums
+// terms (at most kBnGradGroup, the rows one loop step of bn_nhwc_sums.cu's
 // kernel loads) is summed in float, g added and g*xhat fused-multiply-added
 // in term order, and each group's two float sums are then added to the
 // thread's double sums (flush). Per term that is two float operations instead

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The memory accesses of the NHWC batch norm kernels (src/train/cuda/bn_nhwc.cu)
+"""The memory accesses of the NHWC batch norm kernels (src/train/cuda/bn_nhwc.cu,
+bn_nhwc_sums.cu)
 have the width they were written for, checked in the PTX nvcc makes of them
 (no GPU needed).
 
@@ -20,7 +21,7 @@ Checked per kernel (3 kernels x float/bf16/fp16 x V = 2, 4: 18 entries):
     16-bit loads.
 
 Usage: ptx_vector_width_test.py FILE.ptx [FILE.ptx ...] (CMake passes the PTX
-of bn_nhwc.cu; any non-.ptx argument is ignored).
+of bn_nhwc.cu and bn_nhwc_sums.cu; any non-.ptx argument is ignored).
 """
 import re
 import sys
@@ -72,7 +73,7 @@ def target(name):
 class BnNhwcVectorWidth(unittest.TestCase):
     def test_ptx_given(self):
         self.assertTrue(PTX_FILES,
-                        "give the PTX of bn_nhwc.cu (CMake's ptx_vector_width test does)")
+                        "give the PTX of bn_nhwc.cu and bn_nhwc_sums.cu (CMake's ptx_vector_width test does)")
 
     def test_stores_and_loads_are_one_access_per_thread_and_row(self):
         checked = set()

@@ -4,7 +4,7 @@
 // allocator. See cuda_layers.h for the layers, context.h for what they share.
 // Precisions: fp32, tf32, and bf16/fp16 as torch.autocast (convolutions and
 // linear layers compute on 16-bit casts of their inputs and weights with
-// float accumulation; see cudnn_conv.cc and linear.cc; the master weights
+// float accumulation; see conv.cc and linear.cc; the master weights
 // and the gradients stay float). The activations between layers are float,
 // or 16-bit with CudaBackendOptions::activations16 (cuda_layers.h says how
 // the layers treat either).
