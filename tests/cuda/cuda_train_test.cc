@@ -41,6 +41,7 @@
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/reducer.h"
 #include "ddprun/train/layers.h"
+#include "ddprun/train/models.h"
 #include "train/random_vector.h"
 #include "require_gpu.h"
 #include "kernel_math.h"
@@ -2140,4 +2141,29 @@ TEST_F(CudaBackendTest, CudaErrorsNameTheCallAndDevice) {
 }
 
 }  // namespace
+
+// Batch norm paths are chosen once per layer at model build (bn_path.h) and
+// named in describe(): ResNet-18 on the trainer's defaults (bf16, NHWC,
+// 16-bit activations) runs every batch norm on our fused NHWC kernels; the
+// stem's and each block's bn1 with the ReLU, each bn2 with the add and the
+// ReLU, the downsample ones alone. fp32 NCHW composes cuDNN's with the ReLU.
+TEST(CudaBnPaths, ChosenAtBuildAndNamedInDescribe) {
+  DDPRUN_REQUIRE_GPU("batch norm path");
+  auto bf16 = makeCudaBackend({.device = 0, .precision = Precision::kBf16, .nhwc = true,
+                               .activations16 = true});
+  auto m = Model::create("resnet18", *bf16);
+  const std::string d = bf16->describe();
+  EXPECT_NE(d.find(", batch norm ours-nhwc+relu x9, ours-nhwc+add+relu x8, ours-nhwc x3"),
+            std::string::npos)
+      << d;
+  auto fp32 = makeCudaBackend({.device = 0, .precision = Precision::kFp32});
+  auto r32 = Model::create("resnet18", *fp32);
+  const std::string d32 = fp32->describe();
+  EXPECT_NE(d32.find(", batch norm cudnn-nchw then relu x9, cudnn-nchw then add+relu x8, "
+                     "cudnn-nchw x3"),
+            std::string::npos)
+      << d32;
+}
+
 }  // namespace ddprun::train
+
