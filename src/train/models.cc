@@ -1,6 +1,7 @@
 #include "ddprun/train/models.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "ddprun/common/error.h"
@@ -45,29 +46,34 @@ std::unique_ptr<Model> Model::create(const std::string& name, Backend& be,
     DDPRUN_THROW(InvalidArgument, "model ", name, " takes 28x28 images (got image size ",
                  o.imageSize, ")");
   std::unique_ptr<Model> m(new Model(name, {1, 28, 28}, be));
-  if (name == "mlp") {
+  // flatten, then fc1 .. fc3 over widths[0] -> widths[1] -> widths[2] -> k,
+  // the first two followed by relu<firstRelu>, relu<firstRelu + 1>.
+  const auto addHead = [&](const std::array<int64_t, 3>& widths, int firstRelu) {
     m->add(be.flatten("flatten"));
-    m->add(be.linear("fc1", 784, 256));
-    m->add(be.relu("relu1"));
-    m->add(be.linear("fc2", 256, 256));
-    m->add(be.relu("relu2"));
-    m->add(be.linear("fc3", 256, k));
+    for (int j = 0; j < 3; ++j) {
+      const std::string n = std::to_string(j + 1);
+      m->add(be.linear("fc" + n, widths[j], j < 2 ? widths[j + 1] : k));
+      if (j < 2) m->add(be.relu("relu" + std::to_string(firstRelu + j)));
+    }
+  };
+  if (name == "mlp") {
+    addHead({784, 256, 256}, 1);
   } else {  // lenet, lenet-bn
     const bool bn = name == "lenet-bn";
-    m->add(be.conv2d("conv1", 1, 6, 5, 2));
-    if (bn) m->add(be.batchNorm2d("bn1", 6, syncBn));
-    m->add(be.relu("relu1"));
-    m->add(be.maxPool2d("pool1", 2));
-    m->add(be.conv2d("conv2", 6, 16, 5, 0));
-    if (bn) m->add(be.batchNorm2d("bn2", 16, syncBn));
-    m->add(be.relu("relu2"));
-    m->add(be.maxPool2d("pool2", 2));
-    m->add(be.flatten("flatten"));
-    m->add(be.linear("fc1", 400, 120));
-    m->add(be.relu("relu3"));
-    m->add(be.linear("fc2", 120, 84));
-    m->add(be.relu("relu4"));
-    m->add(be.linear("fc3", 84, k));
+    // Two blocks of conv (5x5; the first padded 2) [+ bn] + relu + 2x2 max pool.
+    struct Block {
+      int64_t in, out;
+      int pad;
+    };
+    int i = 0;
+    for (const Block b : {Block{1, 6, 2}, Block{6, 16, 0}}) {
+      const std::string n = std::to_string(++i);
+      m->add(be.conv2d("conv" + n, b.in, b.out, 5, b.pad));
+      if (bn) m->add(be.batchNorm2d("bn" + n, b.out, syncBn));
+      m->add(be.relu("relu" + n));
+      m->add(be.maxPool2d("pool" + n, 2));
+    }
+    addHead({400, 120, 84}, 3);
   }
   return m;
 }

@@ -98,49 +98,38 @@ class NcclComm : public CudaComm {
   // element of an out-of-place 4097-float all-reduce unwritten on one rank
   // (seen on an H100), and integer avg must truncate like the other paths.
   void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    {
-      std::lock_guard lock(mu_);
-      checkLocked("allReduce");
+    collective("allReduce", [&] {
       DDPRUN_NCCL_OK(ncclAllReduce(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
       divide(op, out, count, t);
-    }
-    finish("allReduce");
+    });
   }
   void broadcast(void* buf, size_t bytes, int root) override {
-    {
-      std::lock_guard lock(mu_);
-      checkLocked("broadcast");
+    collective("broadcast", [&] {
       DDPRUN_NCCL_OK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_));
-    }
-    finish("broadcast");
+    });
   }
   void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override {
     const bool equal = std::all_of(bytes.begin(), bytes.end(), [&](size_t b) { return b == bytes[0]; });
-    {
-      std::lock_guard lock(mu_);
-      checkLocked("allGather");
+    collective("allGather", [&] {
       if (equal) {
         DDPRUN_NCCL_OK(ncclAllGather(in, out, bytes[0], ncclUint8, comm_, stream_));
-      } else {  // unequal pieces: one broadcast per rank, fused in a group
-        std::vector<std::pair<void*, size_t>> pieces;
-        size_t off = 0;
-        for (int r = 0; r < size(); ++r) {
-          pieces.emplace_back(static_cast<char*>(out) + off, bytes[r]);
-          off += bytes[r];
-        }
-        groupedBroadcasts(pieces, -1, in);
+        return;
       }
-    }
-    finish("allGather");
+      // Unequal pieces: one broadcast per rank, fused in a group.
+      std::vector<std::pair<void*, size_t>> pieces;
+      size_t off = 0;
+      for (int r = 0; r < size(); ++r) {
+        pieces.emplace_back(static_cast<char*>(out) + off, bytes[r]);
+        off += bytes[r];
+      }
+      groupedBroadcasts(pieces, -1, in);
+    });
   }
   void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override {
-    {
-      std::lock_guard lock(mu_);
-      checkLocked("reduceScatter");
+    collective("reduceScatter", [&] {
       DDPRUN_NCCL_OK(ncclReduceScatter(in, out, count, ncclType(t), ncclOp(sumForAvg(op)), comm_, stream_));
       divide(op, out, count, t);
-    }
-    finish("reduceScatter");
+    });
   }
   void barrier() override { host_.barrier(); }
   void abort(int by) noexcept override {
@@ -268,6 +257,17 @@ class NcclComm : public CudaComm {
   }
   // Every operation starts here: the failures of earlier ordered operations
   // are this operation's.
+  // One collective: `enqueue` runs under mu_ after the in-flight check
+  // (checkLocked), then finish() records its completion.
+  template <class Enqueue>
+  void collective(const char* what, Enqueue&& enqueue) {
+    {
+      std::lock_guard lock(mu_);
+      checkLocked(what);
+      enqueue();
+    }
+    finish(what);
+  }
   void checkLocked(const char* what) {
     pollLocked();
     if (!failure_.empty())

@@ -14,16 +14,13 @@
 
 namespace ddprun::train::cuda {
 
-namespace {
-const float kBnOne = 1.0f, kBnZero = 0.0f;
-}  // namespace
 
 // Training or evaluation forward on float x (y sized by the caller).
 void BatchNorm2d::cudnnForward(const Tensor& x, Tensor& y, bool training) {
   setInput(x);
   if (!training) {
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardInference(
-        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kBnOne, &kBnZero, xDesc_, x.data(), xDesc_,
+        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kCudnnOne, &kCudnnZero, xDesc_, x.data(), xDesc_,
         y.data(), bnDesc_, w_.value.data(), b_.value.data(), rm_.value.data(),
         rv_.value.data(), kEps));
     return;
@@ -32,7 +29,7 @@ void BatchNorm2d::cudnnForward(const Tensor& x, Tensor& y, bool training) {
                "more than one value per channel, got input ", shapeString(x.shape()));
   if (ex_ && forwardEx(x, y)) return;
   DDPRUN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
-      ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kBnOne, &kBnZero, xDesc_, x.data(), xDesc_,
+      ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kCudnnOne, &kCudnnZero, xDesc_, x.data(), xDesc_,
       y.data(), bnDesc_, w_.value.data(), b_.value.data(), kMomentum, rm_.value.data(),
       rv_.value.data(), kEps, saveMean_.data(), saveInvStd_.data()));
 }
@@ -48,8 +45,8 @@ void BatchNorm2d::cudnnBackward(const Tensor& x, const Tensor& dy, Tensor& out) 
     exBackward(x, nullptr, dy, out, nullptr, CUDNN_BATCHNORM_OPS_BN, overwrite);
   } else {
     DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackward(
-        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kBnOne, &kBnZero, &kBnOne,
-        overwrite ? &kBnZero : &kBnOne, xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out.data(),
+        ctx_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kCudnnOne, &kCudnnZero, &kCudnnOne,
+        overwrite ? &kCudnnZero : &kCudnnOne, xDesc_, x.data(), xDesc_, dy.data(), xDesc_, out.data(),
         bnDesc_, w_.value.data(), w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(),
         saveInvStd_.data()));
   }
@@ -128,7 +125,7 @@ cudnnStatus_t BatchNorm2d::exForward(const Tensor& x, const Tensor* z, Tensor& y
     reserve_.reset();
     reserveBytes_ = rsBytes;
     st = cudnnBatchNormalizationForwardTrainingEx(
-        ctx_->cudnn(), kExMode, ops, &kBnOne, &kBnZero, xDesc_, x.data(), zDesc,
+        ctx_->cudnn(), kExMode, ops, &kCudnnOne, &kCudnnZero, xDesc_, x.data(), zDesc,
         z ? z->data() : nullptr, xDesc_, y.data(), bnDesc_, w_.value.data(), b_.value.data(),
         kMomentum, rm_.value.data(), rv_.value.data(), kEps, saveMean_.data(),
         saveInvStd_.data(), act, ws.get(), wsBytes,
@@ -155,7 +152,7 @@ void BatchNorm2d::exBackward(const Tensor& x, const Tensor* y, const Tensor& dy,
       &wsBytes));
   ScopedDeviceBytes ws(*ctx_, wsBytes);
   DDPRUN_CUDNN_OK(cudnnBatchNormalizationBackwardEx(
-      ctx_->cudnn(), kExMode, ops, &kBnOne, &kBnZero, &kBnOne, overwrite ? &kBnZero : &kBnOne,
+      ctx_->cudnn(), kExMode, ops, &kCudnnOne, &kCudnnZero, &kCudnnOne, overwrite ? &kCudnnZero : &kCudnnOne,
       xDesc_, x.data(), yDesc, y ? y->data() : nullptr, xDesc_, dy.data(), dzDesc,
       dz ? dz->data() : nullptr, xDesc_, dx.data(), bnDesc_, w_.value.data(),
       act ? b_.value.data() : nullptr, w_.grad.data(), b_.grad.data(), kEps, saveMean_.data(),

@@ -55,7 +55,6 @@
 namespace ddprun::train::cuda {
 
 namespace {
-const float kOne = 1.0f, kZero = 0.0f;
 
 // ------------------------------------------------------------ convolution
 class Conv2d final : public Layer {
@@ -104,7 +103,7 @@ class Conv2d final : public Layer {
     if (ctx_->autocast()) return forward16(x, y, training, a);
     runForward(x.data(), filterForCudnn(), y.data(), a);
     if (s_.bias)
-      DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kOne, biasDesc_, b_.value.data(), &kOne,
+      DDPRUN_CUDNN_OK(cudnnAddTensor(ctx_->cudnn(), &kCudnnOne, biasDesc_, b_.value.data(), &kCudnnOne,
                                      yDesc_, y.data()));
   }
   bool backwardReadsOutput() const override { return false; }
@@ -121,14 +120,14 @@ class Conv2d final : public Layer {
                       !b_.overwriteGrad, ctx_->stream());
       b_.overwriteGrad = false;
     } else if (s_.bias) {  // from the float dy in every precision
-      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kOne, dyDesc_, dy.data(),
+      DDPRUN_CUDNN_OK(cudnnConvolutionBackwardBias(ctx_->cudnn(), &kCudnnOne, dyDesc_, dy.data(),
                                                    beta(b_), biasDesc_, b_.grad.data()));
       b_.overwriteGrad = false;
     }
     if (ctx_->autocast()) return backward16(x, dy, dx, a);
     if (ctx_->nhwc()) {  // KRSC from cuDNN, transposed into (or added to) the OIHW gradient
       DeviceArray<float> dwK(ctx_);
-      runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kZero, a);
+      runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kCudnnZero, a);
       launchTranspose(dwK.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, !w_.overwriteGrad,
                       ctx_->stream());
     } else {
@@ -174,7 +173,7 @@ class Conv2d final : public Layer {
   }
   // The blending factor of a gradient's output: 0 writes it (overwriteGrad),
   // 1 adds to it.
-  static const float* beta(const Param& p) { return p.overwriteGrad ? &kZero : &kOne; }
+  static const float* beta(const Param& p) { return p.overwriteGrad ? &kCudnnZero : &kCudnnOne; }
   // An empty batch produces no gradient: a gradient due to be overwritten
   // becomes zero (the contract of Param::overwriteGrad), others stay.
   void zeroFlaggedGrads() {
@@ -202,8 +201,8 @@ class Conv2d final : public Layer {
     const cudnnConvolutionFwdAlgoPerf_t& f = *a.fwd;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
-    DDPRUN_CUDNN_OK(cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x, wDesc_, w, conv_,
-                                            f.algo, ws.get(), f.memory, &kZero, yDesc_, y));
+    DDPRUN_CUDNN_OK(cudnnConvolutionForward(ctx_->cudnn(), &kCudnnOne, xDesc_, x, wDesc_, w, conv_,
+                                            f.algo, ws.get(), f.memory, &kCudnnZero, yDesc_, y));
   }
   void runBackwardFilter(const void* x, const void* dy, void* dw, const float* beta,
                          const ConvAlgos& a) {
@@ -216,7 +215,7 @@ class Conv2d final : public Layer {
     const cudnnConvolutionBwdFilterAlgoPerf_t& f = *a.filter;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
-    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x, yDesc_, dy,
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kCudnnOne, xDesc_, x, yDesc_, dy,
                                                    conv_, f.algo, ws.get(), f.memory, beta,
                                                    wDesc_, dw));
   }
@@ -225,8 +224,8 @@ class Conv2d final : public Layer {
     const cudnnConvolutionBwdDataAlgoPerf_t& f = *a.data;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
-    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w, yDesc_, dy,
-                                                 conv_, f.algo, ws.get(), f.memory, &kZero,
+    DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, w, yDesc_, dy,
+                                                 conv_, f.algo, ws.get(), f.memory, &kCudnnZero,
                                                  xDesc_, dx));
   }
   void runPlan(const GraphPlan& plan, const void* in1, const void* in2, void* out) {
@@ -281,7 +280,7 @@ class Conv2d final : public Layer {
     DeviceArray<uint16_t> dy16(ctx_), dw16(ctx_);
     const void* g16 = dy.is16() ? dy.raw()
                                 : castTo16(*ctx_, dy.data(), static_cast<size_t>(dy.numel()), dy16);
-    runBackwardFilter(x16, g16, dw16.ensure(weightCount()), &kZero, a);
+    runBackwardFilter(x16, g16, dw16.ensure(weightCount()), &kCudnnZero, a);
     if (ctx_->nhwc())
       launchTransposeFrom16(dw16.get(), w_.grad.data(), s_.outC, kernelArea(), s_.inC, bf16,
                             !w_.overwriteGrad, ctx_->stream());

@@ -11,7 +11,6 @@
 namespace ddprun::train::cuda {
 
 namespace {
-const float kOne = 1.0f, kZero = 0.0f;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // The reduced problem's inputs: fixed streams, so a search repeats exactly.
 constexpr uint64_t kSeedX = 0x5eed0001, kSeedW = 0x5eed0002, kSeedDy = 0x5eed0003;
@@ -143,8 +142,8 @@ double ConvAccuracyCheck::error(cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t 
         bytes > kConvWorkspaceCap)
       return false;
     ScopedDeviceBytes ws(*ctx_, bytes);
-    return cudnnConvolutionForward(ctx_->cudnn(), &kOne, xDesc_, x, wDesc_, w, conv_, algo,
-                                   ws.get(), bytes, &kZero, yDesc_, y) == CUDNN_STATUS_SUCCESS;
+    return cudnnConvolutionForward(ctx_->cudnn(), &kCudnnOne, xDesc_, x, wDesc_, w, conv_, algo,
+                                   ws.get(), bytes, &kCudnnZero, yDesc_, y) == CUDNN_STATUS_SUCCESS;
   });
 }
 
@@ -158,8 +157,8 @@ double ConvAccuracyCheck::error(cudnnConvolutionBwdDataAlgo_t algo, cudnnMathTyp
         bytes > kConvWorkspaceCap)
       return false;
     ScopedDeviceBytes ws(*ctx_, bytes);
-    return cudnnConvolutionBackwardData(ctx_->cudnn(), &kOne, wDesc_, w, yDesc_, dy, conv_, algo,
-                                        ws.get(), bytes, &kZero, xDesc_,
+    return cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, w, yDesc_, dy, conv_, algo,
+                                        ws.get(), bytes, &kCudnnZero, xDesc_,
                                         dx) == CUDNN_STATUS_SUCCESS;
   });
 }
@@ -174,8 +173,8 @@ double ConvAccuracyCheck::error(cudnnConvolutionBwdFilterAlgo_t algo, cudnnMathT
         bytes > kConvWorkspaceCap)
       return false;
     ScopedDeviceBytes ws(*ctx_, bytes);
-    return cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kOne, xDesc_, x, yDesc_, dy, conv_,
-                                          algo, ws.get(), bytes, &kZero, wDesc_,
+    return cudnnConvolutionBackwardFilter(ctx_->cudnn(), &kCudnnOne, xDesc_, x, yDesc_, dy, conv_,
+                                          algo, ws.get(), bytes, &kCudnnZero, wDesc_,
                                           dw) == CUDNN_STATUS_SUCCESS;
   });
 }

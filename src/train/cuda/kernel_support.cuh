@@ -54,24 +54,17 @@ __device__ inline double blockSum(double v) {
 
 // One stored element to float (exact) and a float to storage (round to
 // nearest even; fp16 overflows to inf, never clamped).
+__device__ inline float toFloat(float v) { return v; }
+__device__ inline float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float toFloat(__half v) { return __half2float(v); }
 template <typename T>
-__device__ inline float toFloat(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-template <typename T>
-__device__ inline T fromFloat(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
+__device__ inline T fromFloat(float v);
+template <>
+__device__ inline float fromFloat<float>(float v) { return v; }
+template <>
+__device__ inline __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ inline __half fromFloat<__half>(float v) { return __float2half_rn(v); }
 template <typename T>
 __device__ inline float ldf(const T* p, size_t i) {
   return toFloat(p[i]);

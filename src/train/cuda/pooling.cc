@@ -9,7 +9,6 @@
 namespace ddprun::train::cuda {
 
 namespace {
-const float kPoolOne = 1.0f, kPoolZero = 0.0f;
 
 class MaxPool2d final : public Layer {
  public:
@@ -44,8 +43,8 @@ class MaxPool2d final : public Layer {
     if (y.numel() == 0) return;
     if (!own_) {
       setShapes(x, y.shape());
-      const cudnnStatus_t st = cudnnPoolingForward(ctx_->cudnn(), desc_, &kPoolOne, xDesc_, x.raw(),
-                                                   &kPoolZero, yDesc_, y.raw());
+      const cudnnStatus_t st = cudnnPoolingForward(ctx_->cudnn(), desc_, &kCudnnOne, xDesc_, x.raw(),
+                                                   &kCudnnZero, yDesc_, y.raw());
       if (st == CUDNN_STATUS_SUCCESS) return;
       if (!ctx_->nhwc() || (st != CUDNN_STATUS_NOT_SUPPORTED && st != CUDNN_STATUS_BAD_PARAM))
         DDPRUN_CUDNN_OK(st);
@@ -76,8 +75,8 @@ class MaxPool2d final : public Layer {
     DDPRUN_CHECK(!own_, name(), ": backward after an evaluation forward of our pooling kernels "
                  "(they keep the winners only in training)");
     setShapes(x, y.shape());
-    DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kPoolOne, yDesc_, y.raw(), yDesc_,
-                                         dy.raw(), xDesc_, x.raw(), &kPoolZero, xDesc_, dx->raw()));
+    DDPRUN_CUDNN_OK(cudnnPoolingBackward(ctx_->cudnn(), desc_, &kCudnnOne, yDesc_, y.raw(), yDesc_,
+                                         dy.raw(), xDesc_, x.raw(), &kCudnnZero, xDesc_, dx->raw()));
   }
 
  private:

@@ -88,6 +88,10 @@ using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using LtPreference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
+// The blending factors cuDNN reads through pointers (alpha, beta: y = alpha *
+// result + beta * y), float for every data type these layers use.
+inline constexpr float kCudnnOne = 1.0f, kCudnnZero = 0.0f;
+
 // cuDNN's data type of a tensor's element type (float32, bfloat16, float16).
 inline cudnnDataType_t cudnnType(runtime::DType t) {
   switch (t) {
