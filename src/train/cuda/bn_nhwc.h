@@ -12,7 +12,7 @@
 // fastest). Training, per layer:
 //   forward:  launchBnNhwcStats -> [all-reduce the 2c+1 sums: SyncBatchNorm]
 //             -> launchBnNhwcFinish -> launchBnNhwcForward
-//   backward: launchBnNhwcBackwardSums -> launchBnParamGrads (kernels.h, from
+//   backward: launchBnNhwcBackwardSums -> launchBnParamGrads (bn_nchw.h, from
 //             the local sums) -> [all-reduce the sums] -> launchBnNhwcBackwardData
 // Evaluation: launchBnNhwcInvStd (running variance) -> launchBnNhwcForward
 // with the running mean.

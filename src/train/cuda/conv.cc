@@ -1,5 +1,5 @@
-// The CUDA backend's convolution (cuDNN); pooling and batch norm are in
-// cudnn_layers.cc.
+// The CUDA backend's convolution layer (cuDNN); its algorithm search is in
+// conv_search.h, pooling in pooling.cc, batch norm in batch_norm.h.
 //
 // The algorithm search (API choice, deterministic and fast modes, the
 // workspace cap, DDPRUN_CONV_LOG) is in conv_search.h; this file is the layer.
