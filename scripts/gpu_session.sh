@@ -25,10 +25,12 @@
 #         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32,
 #                    tf32 through cuDNN's graph-API engines)
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
-#         bench      scripts/bench/resnet_bench.py --device cuda (both sides,
+#         bench      scripts/bench/resnet_bench.py --device cuda, the goal cases
+#                    (both sides alternating, 3 rounds, the loss-parity check,
 #                    profiles, kernel traces, the comm model; torch.compile's
 #                    cold compile of ResNet-18 in tf32 and bf16 makes it the
 #                    longest stage: give it a call of its own when time is short)
+#         benchextras the A/B extra cases, one round each, merged into its JSON
 #         wheel      the CUDA wheel (pip install --no-deps), train --device cuda
 #                    on 1 and 2 ranks with no LD_LIBRARY_PATH, every CUDA
 #                    library loaded from site-packages/nvidia (LD_DEBUG=libs)
@@ -120,7 +122,11 @@ prepare() {
   done
   rm -rf "$pack" && mkdir -p "$pack"
   tar -C "$stage" -cf - lib bin wheel | xz -T1 --lzma2=preset=9e,dict=256MiB > "$pack/carry.tar.xz" || exit 3
-  git -C "$root" rev-parse HEAD > "$pack/commit" 2>/dev/null || true
+  # The commit, "-dirty" when tracked files differ from it (the figures'
+  # JSON records both: bench_harness.tree_state).
+  { git -C "$root" rev-parse HEAD | tr -d '\n'
+    [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ] && printf -- -dirty
+    echo; } > "$pack/commit" 2>/dev/null || true
   rm -rf "$stage"
   grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$root/.git/info/exclude"
   echo "gpu_session: packed $(du -h "$pack/carry.tar.xz" | cut -f1) into .gpu/ (commit $(cat "$pack/commit" 2>/dev/null))"
@@ -262,7 +268,9 @@ run() {
   # then the long correctness tests: an interrupted session keeps the most.
   stage quicktests 60 bash -c "gtest_prog cuda_smoke_test && gtest_prog cuda_optim_tests"
   # The batch norm kernels alone against the copy rate (seconds).
-  stage kernels 60 "$bin/bn_kernel_bench" --out "$out/bn_kernel_bench.json"
+  stage kernels 60 bash -c "'$bin/bn_kernel_bench' --out '$out/bn_kernel_bench.json' && \
+    python3 '$root/scripts/bench/bench_harness.py' '$out/bn_kernel_bench.json' \
+      --commit '$DDPRUN_BENCH_COMMIT'"
   # tf32-graph: the same through cuDNN's graph-API engines (DDPRUN_CUDNN_GRAPH=1),
   # to set the stem's backward-filter choice beside the legacy search's.
   stage convlog 90 bash -c "for v in tf32 fp32 tf32-graph; do p=\${v%-graph}; \
@@ -274,10 +282,18 @@ run() {
   stage allreduce 90 bash -c "rc=0; for t in nccl ipc; do DDPRUN_CUDA_TRANSPORT=\$t '$bin/ddprun' \
     --standalone --nproc_per_node=2 --no_python '$bin/allreduce_perf' -d cuda -b 1M -e 64M -f 2 \
     --json > '$logs/allreduce_'\$t.jsonl || rc=1; tail -n 3 '$logs/allreduce_'\$t.jsonl; done; exit \$rc"
+  # The goal cases, 3 alternating rounds each (median and spread); PyTorch's two
+  # ranks on the NCCL ours runs (LD_PRELOAD) when we carry one, gloo beside it.
+  local preload=()
+  [ -f /tmp/gpu_session/lib/libnccl.so.2 ] && preload=(--torch-nccl-preload /tmp/gpu_session/lib/libnccl.so.2)
   stage bench 420 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
-    --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" \
+    --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" --no-extras \
     --allreduce-jsonl "nccl=$logs/allreduce_nccl.jsonl" --allreduce-jsonl "ipc=$logs/allreduce_ipc.jsonl" \
-    $benchArgs
+    "${preload[@]}" $benchArgs
+  # The A/B extras, one round each, merged into the same JSON.
+  stage benchextras 240 python3 "$root/scripts/bench/resnet_bench.py" --device cuda --out "$out" \
+    --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" --extras-only --merge \
+    --kernel-trace off $benchArgs
   stage wheel 90 wheel_check
   stage tests 120 bash -c "gtest_prog cuda_train_tests"
   stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"

@@ -15,7 +15,8 @@ order:
   rank once, as resnet_bench.py gives train), visited in train's
   DistributedSampler order (shuffled with --seed, epoch 0). Batches sit in
   pinned host memory, go up with non_blocking=True and are upsampled on the
-  device (F.interpolate, bilinear) to --image-size, as train does;
+  device (F.interpolate, bilinear, in the setting's memory format: a
+  channels_last setting resizes channels_last) to --image-size, as train does;
 - model: torchvision's resnet18 (this file's copy of its layout without
   torchvision) or LeNet with train's layer names; SGD lr 0.05 momentum 0.9;
 - precision: fp32 (TF32 off), tf32 (cuDNN and matmul TF32 on), bf16/fp16
@@ -25,7 +26,8 @@ order:
 
 Each --setting KEY=FORMAT (nchw or channels_last, either with +compile:
 torch.compile of the (DDP) model, default mode, --compile-backend inductor
-unless told otherwise; its compile time is the first warm-up step's, reported
+unless told otherwise; or +graph: the same in mode "reduce-overhead", whose
+steps replay CUDA graphs; its compile time is the first warm-up step's, reported
 as compile_s, and a compiled setting has no profile: module hooks would break
 its graphs) runs in turn in this process
 (a fresh model from the same seed each time; memory freed and the peak reset
@@ -41,6 +43,12 @@ its input when it ends; the first layer's end is its weight's gradient), the
 data upload, the loss, backward's tail and the optimizer; read after the P
 steps. The final loss: the mean over every step of the run and every rank,
 what train reports when it reports once, at the end.
+
+Loss parity (resnet_bench.py): --save-init FILE writes the model's initial
+weights and exits; --init FILE starts every setting from them (train --init
+reads the same file), and each setting records its first --record-losses
+steps' losses (mean over ranks, read back during the warm-up) as
+first_losses.
 
 Ranks sharing a GPU: NCCL when torch's NCCL is 2.30 or newer (with
 NCCL_MULTI_RANK_GPU_ENABLE=1), else gloo (--comm-backend forces one).
@@ -69,6 +77,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "../.."))
 for p in (HERE, os.path.join(ROOT, "scripts/bench"), os.path.join(ROOT, "tests/interop")):
     sys.path.insert(0, p)
 import benchutil  # noqa: E402
+import lenet as lenet_ref  # noqa: E402  (examples/pytorch/lenet.py: safetensors I/O)
 
 FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
 
@@ -371,13 +380,18 @@ def run_setting(args, key, fmt, compiled, batches, env):
     mf = FORMATS[fmt]
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     torch.manual_seed(args.seed)
-    model = build(args).to(dev, memory_format=mf)
+    model = build(args)
+    if args.init:
+        lenet_ref.load_state_dict(args.init, model, strict=True)
+    model = model.to(dev, memory_format=mf)
     ddp = model
     if world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     if compiled:  # after DDP, as PyTorch's DDP + compile recipe does
-        ddp = torch.compile(ddp, backend=args.compile_backend)
+        # "graph": mode reduce-overhead, the step's kernels replayed from CUDA graphs.
+        ddp = torch.compile(ddp, backend=args.compile_backend,
+                            **({"mode": "reduce-overhead"} if compiled == "graph" else {}))
     scaler = None
     if args.precision == "fp16":
         scaler = torch.amp.GradScaler("cuda") if hasattr(torch, "amp") and hasattr(
@@ -397,9 +411,12 @@ def run_setting(args, key, fmt, compiled, batches, env):
         mark("step_start")
         x = xs[i].to(dev, non_blocking=True)
         y = ys[i].to(dev, non_blocking=True)
+        # In the setting's memory format before the resize, so a channels_last
+        # setting interpolates channels_last (as its model then reads it).
+        x = x.contiguous(memory_format=mf)
         if size != native:
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-        x = x.contiguous(memory_format=mf)
+            x = x.contiguous(memory_format=mf)
         mark("data_end")
         with torch.autocast(args.device, dtype=half or torch.bfloat16, enabled=half is not None):
             out = ddp(x)
@@ -419,12 +436,25 @@ def run_setting(args, key, fmt, compiled, batches, env):
         return loss
 
     w, s, p = args.warmup, args.steps, args.profile_steps
+    first_losses = []
+
+    def record(loss):
+        """The step's loss over every rank (read back: warm-up steps only)."""
+        v = loss.detach().float().clone()
+        if world > 1:
+            dist.all_reduce(v)
+        first_losses.append(v.item() / world)
+
     t0 = time.perf_counter()
-    step(0)
+    loss = step(0)
     sync()
     first_step_s = time.perf_counter() - t0  # compiled: the compile time, in the main
+    if args.record_losses > 0:
+        record(loss)
     for i in range(1, w):
-        step(i)
+        loss = step(i)
+        if i < args.record_losses:
+            record(loss)
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
@@ -433,7 +463,9 @@ def run_setting(args, key, fmt, compiled, batches, env):
         loss = step(i)
     sync()
     secs = time.perf_counter() - t0
-    res = {"setting": key, "memory_format": fmt, "compiled": compiled,
+    res = {"setting": key, "memory_format": fmt, "compiled": bool(compiled),
+           "compile_mode": "reduce-overhead" if compiled == "graph" else (
+               "default" if compiled else None),
            "compile_backend": args.compile_backend if compiled else None,
            "compile_s": first_step_s if compiled else None, "first_step_s": first_step_s,
            "autocast": str(half).replace("torch.", "") if half else None,
@@ -466,6 +498,7 @@ def run_setting(args, key, fmt, compiled, batches, env):
     if world > 1:
         dist.all_reduce(loss_sum)
     res["final_loss"] = loss_sum.item() / ((w + s + p) * world)
+    res["first_losses"] = first_losses
     res["last_step_loss"] = loss.item()
     res["errors"] = errors
     res["setting_seconds"] = time.perf_counter() - t_setting
@@ -505,6 +538,15 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--comm-backend", default="auto", choices=("auto", "nccl", "gloo"))
     ap.add_argument("--threads", type=int, default=1, help="CPU: intra-op threads per rank")
+    ap.add_argument("--init", default=None, metavar="FILE",
+                    help="initial weights (safetensors, PyTorch's state_dict names: what "
+                         "--save-init writes and train --init reads)")
+    ap.add_argument("--save-init", default=None, metavar="FILE",
+                    help="write the model's initial weights (torch.manual_seed(--seed)) here "
+                         "and exit")
+    ap.add_argument("--record-losses", type=int, default=None, metavar="N",
+                    help="record the first N steps' losses (mean over ranks; read back in the "
+                         "warm-up, so N <= --warmup; default min(5, --warmup)) as first_losses")
     args = ap.parse_args(argv)
     if args.data is None:
         args.data = "synthetic" if args.model == "lenet" else "synthetic-cifar"
@@ -515,23 +557,40 @@ def parse_args(argv=None):
     for s in args.setting:
         key, _, value = s.partition("=")
         fmt, plus, mode = value.partition("+")
-        if not key.startswith("pytorch") or fmt not in FORMATS or (plus and mode != "compile"):
+        if not key.startswith("pytorch") or fmt not in FORMATS or (
+                plus and mode not in ("compile", "graph")):
             ap.error("--setting %s: KEY must start with 'pytorch', FORMAT be nchw or "
-                     "channels_last, optionally followed by +compile" % s)
+                     "channels_last, optionally followed by +compile or +graph" % s)
         if plus and not hasattr(torch, "compile"):
             ap.error("--setting %s: torch.compile needs PyTorch 2 (this is %s)"
                      % (s, torch.__version__))
-        settings.append((key, fmt, bool(plus)))
+        settings.append((key, fmt, mode if plus else False))
     args.settings = settings
     if args.warmup < 1 or args.steps < 1 or args.profile_steps < 0:
         ap.error("--warmup and --steps must be at least 1, --profile-steps at least 0")
     if args.device == "cpu" and args.precision != "fp32":
         ap.error("--device cpu: fp32 only")
+    if args.record_losses is None:
+        args.record_losses = min(5, args.warmup)
+    if not 0 <= args.record_losses <= args.warmup:
+        ap.error("--record-losses %d: between 0 and --warmup (%d): losses are read back in the "
+                 "warm-up only" % (args.record_losses, args.warmup))
     return args
+
+
+def save_init(args):
+    """--save-init: the initial weights every side then loads (--init)."""
+    torch.manual_seed(args.seed)
+    model = build(args)
+    lenet_ref.save_state_dict(args.save_init, model, {"model": args.model, "seed": args.seed})
+    print(json.dumps({"saved_init": args.save_init, "model": args.model,
+                      "tensors": len(model.state_dict())}), flush=True)
 
 
 def main():
     args = parse_args()
+    if args.save_init:
+        return save_init(args)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

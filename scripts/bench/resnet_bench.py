@@ -71,6 +71,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_harness as bh  # noqa: E402
 import benchutil  # noqa: E402
 from benchutil import cpu_model, last_json_line, write_json_atomic  # noqa: E402
 
@@ -86,6 +87,13 @@ BOTH = ["pytorch=nchw", "pytorch_channels_last=channels_last"]
 # ratio's base (the ratio stays against the faster eager setting).
 COMPILE_KEY = "pytorch_compile"
 COMPILE = COMPILE_KEY + "=channels_last+compile"
+# PyTorch's CUDA-graph column for LeNet (torch.compile mode="reduce-overhead":
+# the step's kernels replayed from a CUDA graph); reported, not the ratio's
+# base, like the compile column.
+GRAPH_KEY = "pytorch_graph"
+GRAPH = GRAPH_KEY + "=nchw+graph"
+# The two-rank case's PyTorch through gloo: a second column beside NCCL's.
+GLOO_SUFFIX = "_gloo"
 COMPILE_TIMEOUT = 300  # seconds for a PyTorch process that also compiles (inductor, cold cache)
 NCCL_TIMEOUT = 150  # seconds for a run through NCCL with two ranks on one GPU (~15 s when it works)
 
@@ -117,7 +125,8 @@ def cuda_cases(quick, compile=True):
     return [
         resnet("tf32"), resnet("fp32"),
         dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
-             warmup=lw, steps=ls, profile_steps=lp, settings=BOTH),
+             warmup=lw, steps=ls, profile_steps=lp,
+             settings=BOTH + ([GRAPH] if compile and not quick else [])),
         dict(base, name="resnet18-224-tf32-2ranks", precision="tf32", world=2, settings=BOTH,
              ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"},
                     "timeout": NCCL_TIMEOUT},
@@ -218,17 +227,31 @@ def train_args(c):
     return args
 
 
-def ours_cuda(c, variant, o, extra_env=None):
-    """One `train` run with the bench/profile flags; its figures."""
+def ours_cuda(c, variant, o, extra_env=None, init=None):
+    """One `train` run with the bench/profile flags; its figures. With
+    `init` (the case's initial weights): train --init, and the losses of the
+    warm-up's steps read from its --metrics (--log-interval 1: each a host
+    read, in the warm-up only; the timed window and the profile report
+    nothing) for the parity check."""
     total = c["warmup"] + c["steps"] + c["profile_steps"]
-    args = train_args(c) + ["--log-interval", str(total + 1), "--bench-warmup", str(c["warmup"]),
-                            "--profile-steps", str(c["profile_steps"])]
-    args += list(variant.get("args", [])) + list(o.ours_args)
-    env = dict({"OMP_NUM_THREADS": "1"}, **o.ours_env)
-    env.update(variant.get("env", {}))
-    env.update(extra_env or {})
-    cmd = launcher(c["world"]) + args
-    p, wall = run(cmd, min(o.timeout, variant.get("timeout", o.timeout)), env)
+    tmp = tempfile.mkdtemp(prefix="ours_bench_")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    try:
+        if init:
+            args = train_args(c) + ["--init", init, "--metrics", metrics, "--log-interval", "1"]
+        else:
+            args = train_args(c) + ["--log-interval", str(total + 1)]
+        args += ["--bench-warmup", str(c["warmup"]), "--profile-steps", str(c["profile_steps"])]
+        args += list(variant.get("args", [])) + list(o.ours_args)
+        env = dict({"OMP_NUM_THREADS": "1"}, **o.ours_env)
+        env.update(variant.get("env", {}))
+        env.update(extra_env or {})
+        cmd = launcher(c["world"]) + args
+        p, wall = run(cmd, min(o.timeout, variant.get("timeout", o.timeout)), env)
+        first, mean = (bh.losses_from_metrics(metrics, o.parity_steps)
+                       if init and os.path.exists(metrics) else ([], None))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     fin = last_json_line(p.stdout)
     if not fin or "bench" not in fin:
         raise RunError("train printed no final JSON with \"bench\" (a train without "
@@ -242,7 +265,10 @@ def ours_cuda(c, variant, o, extra_env=None):
             "peak_device_mb_whole_run": fin.get("peak_device_mb"),
             "host_sync_calls_per_step": b.get("host_sync_calls_per_step"),
             "host_sync_waits_per_step": b.get("host_sync_waits_per_step"),
-            "final_loss": fin.get("final_loss"), "profile": fin.get("profile"),
+            # The mean over every step (with --init: from the step records,
+            # as PyTorch's final_loss; else train's one report at the end).
+            "final_loss": mean if bh.finite(mean) else fin.get("final_loss"),
+            "first_losses": first, "init": init, "profile": fin.get("profile"),
             "comm_transport": fin.get("comm_transport"),
             # The profile's (device timestamps) where there is one, else the host breakdown's.
             "comm_hidden_fraction": comm.get("hidden_fraction", fin.get("comm_hidden_fraction")),
@@ -252,7 +278,7 @@ def ours_cuda(c, variant, o, extra_env=None):
             "process_seconds": wall, "command": " ".join(cmd)}
 
 
-def pytorch_cmd(c, settings, o, comm_backend):
+def pytorch_cmd(c, settings, o, comm_backend, init=None):
     args = [o.python, "-u", REF, "--model", c["model"], "--stem", c["stem"],
             "--batch-size", str(c["batch"]), "--precision", c["precision"],
             "--warmup", str(c["warmup"]), "--steps", str(c["steps"]),
@@ -262,6 +288,8 @@ def pytorch_cmd(c, settings, o, comm_backend):
         args += ["--image-size", str(c["image"])]
     for s in settings:
         args += ["--setting", s]
+    if init:
+        args += ["--init", init, "--record-losses", str(min(o.parity_steps, c["warmup"]))]
     return launcher(c["world"]) + args + list(c.get("pytorch_args", []))
 
 
@@ -285,19 +313,25 @@ def parse_pytorch(stdout):
     return head, settings
 
 
-def pytorch_cuda(c, settings, o, extra_env=None):
+def pytorch_cuda(c, settings, o, extra_env=None, init=None, comm=None):
     """PyTorch's settings for case c in one process (two ranks: one process
     each); returns (meta, {key: result}). Ranks sharing the GPU try NCCL
-    (auto) and fall back to gloo, recording why."""
+    (auto; with --torch-nccl-preload, PyTorch runs on that libnccl.so.2, the
+    one ours uses, LD_PRELOADed ahead of its own) and fall back to gloo,
+    recording why; `comm` forces one."""
     env = dict({"OMP_NUM_THREADS": "1"}, **(extra_env or {}))
     notes = {}
-    backends = ["auto", "gloo"] if c["world"] > 1 else ["auto"]
+    if c["world"] > 1 and o.torch_nccl_preload and comm != "gloo":
+        env["LD_PRELOAD"] = o.torch_nccl_preload
+        notes["nccl_preload"] = o.torch_nccl_preload
+    backends = [comm] if comm else (["auto", "gloo"] if c["world"] > 1 else ["auto"])
     for i, backend in enumerate(backends):
-        cmd = pytorch_cmd(c, settings, o, backend)
+        cmd = pytorch_cmd(c, settings, o, backend, init)
         try:
             # A first try through NCCL with ranks sharing the GPU gets less time: a hang there
             # must not eat the session.
-            timeout = max(o.timeout, COMPILE_TIMEOUT) if COMPILE in settings else o.timeout
+            timeout = (max(o.timeout, COMPILE_TIMEOUT) if COMPILE in settings or GRAPH in settings
+                       else o.timeout)
             p, wall = run(cmd, min(timeout, NCCL_TIMEOUT) if len(backends) > 1 and i == 0
                           else timeout, env)
             head, res = parse_pytorch(p.stdout)
@@ -347,11 +381,13 @@ def ours_cpu(c, o):
 
 # ----------------------------------------------------------------------------- results
 
-def pytorch_keys(entry, compiled=False):
-    """The PyTorch results of an entry: eager ones, and torch.compile's too
-    with `compiled`."""
-    return [k for k in entry if k.startswith("pytorch") and k != "pytorch_meta"
-            and isinstance(entry[k], dict) and (compiled or k != COMPILE_KEY)]
+def pytorch_keys(entry, compiled=False, gloo=False):
+    """The PyTorch results of an entry: eager ones, and torch.compile's and
+    the CUDA-graph one too with `compiled`, the gloo column's with `gloo`."""
+    return [k for k in entry if k.startswith("pytorch") and k not in ("pytorch_meta",
+                                                                      "pytorch_gloo_meta")
+            and isinstance(entry[k], dict) and (compiled or k not in (COMPILE_KEY, GRAPH_KEY))
+            and (gloo or not k.endswith(GLOO_SUFFIX))]
 
 
 def ours_keys(entry):
@@ -363,9 +399,13 @@ def ok(x):
 
 
 def faster_pytorch(entry):
-    """The key of the faster PyTorch setting of an entry, or None."""
+    """The key of the faster PyTorch setting of an entry (gloo's only when
+    no other ran), or None."""
     best = None
-    for k in pytorch_keys(entry):
+    keys = pytorch_keys(entry)
+    if not any(ok(entry[k].get("samples_per_second")) for k in keys):
+        keys = pytorch_keys(entry, gloo=True)
+    for k in keys:
         v = entry[k].get("samples_per_second")
         if ok(v) and (best is None or v > entry[best]["samples_per_second"]):
             best = k
@@ -386,7 +426,30 @@ def summarize(entry):
             entry["ratio"][k] = o / entry[best]["samples_per_second"]
         if ok(comp) and ok(o):
             entry["compile_ratio"][k] = o / comp
+    parity(entry)
     return entry
+
+
+def parity(entry):
+    """The loss-parity check of each ours variant against each PyTorch
+    setting that recorded its first losses (the same initial weights and
+    batches: bench_harness.PARITY_BOUNDS); a case beyond its bound is
+    marked failed ("failed": the reasons)."""
+    prec = entry["case"].get("precision", "fp32")
+    checks = {}
+    for k in ours_keys(entry):
+        for t in pytorch_keys(entry, compiled=True, gloo=True):
+            if entry[k].get("first_losses") is None and entry[t].get("first_losses") is None:
+                continue
+            checks["%s~%s" % (k, t)] = bh.loss_parity(entry[k].get("first_losses"),
+                                                      entry[t].get("first_losses"), prec)
+    if not checks:
+        return
+    entry["loss_parity"] = checks
+    bad = ["%s: |loss difference| %.2e over the first %d steps > %.0e" % (
+        n, v["max_abs_diff"], v["steps"], v["bound"]) for n, v in checks.items() if v["ok"] is False]
+    if bad:
+        entry["failed"] = bad
 
 
 def error_result(side, e):
@@ -406,35 +469,93 @@ def resolve_settings(c, results):
     return list(s)
 
 
-def run_cuda_case(c, o, res):
-    entry = {"case": {k: v for k, v in c.items() if k not in ("ours",)}}
-    for variant in c["ours"]:
+def init_file(c, o, tmp, cache):
+    """The case's initial weights, one safetensors file per (model, stem)
+    that both sides load (train --init, ddp_bench.py --init): PyTorch's
+    initialisation from --seed 0, written by ddp_bench.py --save-init."""
+    key = (c["model"], c["stem"])
+    if key not in cache:
+        path = os.path.join(tmp, "init_%s_%s.safetensors" % key)
+        cmd = launcher(1) + [o.python, "-u", REF, "--model", c["model"], "--stem", c["stem"],
+                             "--device", c["device"], "--save-init", path]
         try:
-            entry[variant["key"]] = ours_cuda(c, variant, o)
-        except Exception as e:  # a failing side is recorded, the others still run
-            entry[variant["key"]] = error_result("ours", e)
-            print("%s %s failed: %s" % (c["name"], variant["key"], str(e)[-1500:]), file=sys.stderr)
+            run(cmd, o.timeout, {"OMP_NUM_THREADS": "1"})
+            cache[key] = path if os.path.exists(path) else None
+        except RunError as e:
+            print("%s: no initial weights file (%s); no loss-parity check" % (
+                c["name"], str(e)[-500:]), file=sys.stderr)
+            cache[key] = None
+    return cache[key]
+
+
+def repeats_of(c, o):
+    return o.repeats_extras if c.get("extra") else o.repeats
+
+
+def run_cuda_case(c, o, earlier, init=None):
+    """A case's sides, alternating (ours, PyTorch, ours, PyTorch, ...) for
+    repeats_of(c) rounds; each side's figures the median run's, with the
+    runs and their spread (bench_harness.combine_runs). torch.compile's and
+    the CUDA-graph settings run in the first round only (a compile each)."""
+    entry = {"case": {k: v for k, v in c.items() if k not in ("ours",)}}
+    entry["case"]["repeats"] = n = repeats_of(c, o)
+    runs = {}
     same = c.get("pytorch_same_as")
+    settings = None if same else resolve_settings(c, earlier)
+    for r in range(n):
+        for variant in c["ours"]:
+            try:
+                got = ours_cuda(c, variant, o, init=init)
+            except Exception as e:  # a failing side is recorded, the others still run
+                got = error_result("ours", e)
+                print("%s %s failed: %s" % (c["name"], variant["key"], str(e)[-1500:]),
+                      file=sys.stderr)
+            runs.setdefault(variant["key"], []).append(got)
+        if settings:
+            eager = [x for x in settings if x not in (COMPILE, GRAPH)]
+            pytorch_round(c, settings if r == 0 else eager, o, init, entry, runs)
+    for k, v in runs.items():
+        entry[k] = bh.combine_runs(v)
     if same:
-        ref = next((r for r in res["results"] if r["case"]["name"] == same), None)
-        for k in pytorch_keys(ref or {}, compiled=True):
+        ref = next((x for x in earlier if x["case"]["name"] == same), None)
+        for k in pytorch_keys(ref or {}, compiled=True, gloo=True):
             entry[k] = dict(ref[k], same_as=same)
         if ref is None:
             entry["pytorch"] = error_result("pytorch", "case %s was not run" % same)
     else:
-        settings = resolve_settings(c, res["results"])
         entry["case"]["settings"] = settings
-        try:
-            meta, got = pytorch_cuda(c, settings, o)
-            entry["pytorch_meta"] = meta
-            for s in settings:
-                key = s.split("=")[0]
-                entry[key] = got.get(key) or error_result("pytorch", "no result for " + key)
-        except Exception as e:
-            for s in settings:
-                entry[s.split("=")[0]] = error_result("pytorch", e)
-            print("%s PyTorch failed: %s" % (c["name"], str(e)[-1500:]), file=sys.stderr)
     return summarize(entry)
+
+
+def pytorch_round(c, settings, o, init, entry, runs):
+    """One round of PyTorch's settings into runs; two ranks: NCCL (or what
+    it fell back to), then gloo as a column of its own (keys + GLOO_SUFFIX)
+    unless the first already ran on gloo."""
+    try:
+        meta, got = pytorch_cuda(c, settings, o, init=init)
+        entry.setdefault("pytorch_meta", meta)
+        for x in settings:
+            key = x.split("=")[0]
+            runs.setdefault(key, []).append(got.get(key) or error_result("pytorch",
+                                                                          "no result for " + key))
+    except Exception as e:
+        meta = {}
+        for x in settings:
+            runs.setdefault(x.split("=")[0], []).append(error_result("pytorch", e))
+        print("%s PyTorch failed: %s" % (c["name"], str(e)[-1500:]), file=sys.stderr)
+    if c["world"] < 2 or meta.get("comm_backend") == "gloo":
+        return
+    eager = [x for x in settings if x not in (COMPILE, GRAPH)]
+    try:
+        gmeta, got = pytorch_cuda(c, eager, o, init=init, comm="gloo")
+        entry.setdefault("pytorch_gloo_meta", gmeta)
+        for x in eager:
+            key = x.split("=")[0]
+            runs.setdefault(key + GLOO_SUFFIX, []).append(
+                got.get(key) or error_result("pytorch", "no result for " + key))
+    except Exception as e:
+        for x in eager:
+            runs.setdefault(x.split("=")[0] + GLOO_SUFFIX, []).append(error_result("pytorch", e))
 
 
 def run_cpu_case(c, o):
@@ -653,6 +774,13 @@ def fmt_num(x, spec="%.0f"):
     return spec % x if ok(x) else "-"
 
 
+def spread_note(result):
+    """" (3 runs, spread 1.2%)" for a repeated result, else ""."""
+    if (result.get("repeats") or 1) < 2 or not ok(result.get("spread")):
+        return ""
+    return " (%d runs, spread %.1f%%)" % (result["repeats"], 100 * result["spread"])
+
+
 def table(res):
     """The markdown table of every case and ours variant."""
     cpu = res["device"] == "cpu"
@@ -674,9 +802,10 @@ def table(res):
                 name += " [%s]" % o["comm_transport"]
             hid = o.get("comm_hidden_fraction")
             lines.append("| %s | %s | %s | %s | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s |" % (
-                name, fmt_num(o.get("samples_per_second")),
-                "%s (%s%s)" % (fmt_num(t.get("samples_per_second")), best or "-",
-                               ", same as " + t["same_as"] if t.get("same_as") else ""),
+                name, fmt_num(o.get("samples_per_second")) + spread_note(o),
+                "%s (%s%s%s)" % (fmt_num(t.get("samples_per_second")), best or "-",
+                                 ", same as " + t["same_as"] if t.get("same_as") else "",
+                                 spread_note(t).replace(" (", ", ").rstrip(")")),
                 fmt_num(r["ratio"].get(k), "%.2fx"), settings or "-",
                 fmt_num(o.get("peak_device_mb")), fmt_num(t.get("peak_device_mb")),
                 fmt_num(o.get("peak_reserved_mb")), fmt_num(t.get("peak_reserved_mb")),
@@ -691,8 +820,31 @@ def table(res):
     ct = compile_table(res)
     if ct:
         out += "\n\n" + ct
+    pt = parity_table(res)
+    if pt:
+        out += "\n\n" + pt
     kt = kernel_table(res)
     return out + ("\n\n" + kt if kt else "")
+
+
+def parity_table(res):
+    """The loss-parity checks: each ours variant against each PyTorch
+    setting, from the same initial weights on the same batches."""
+    lines = []
+    for r in res["results"]:
+        for pair, v in sorted((r.get("loss_parity") or {}).items()):
+            verdict = "ok" if v["ok"] else ("FAILED" if v["ok"] is False else
+                                            "not checked: " + v.get("why", ""))
+            lines.append("| %s | %s | %s | %.0e | %s |" % (
+                r["case"]["name"], pair.replace("~", " vs "), fmt_num(v["max_abs_diff"], "%.1e"),
+                v["bound"], verdict))
+    if not lines:
+        return ""
+    steps = (res.get("parity") or {}).get("steps", bh.PARITY_STEPS)
+    return "\n".join(["Loss parity: the first %d step losses from the same initial weights on "
+                      "the same batches, max |ours - PyTorch| against the precision's bound." % steps,
+                      "", "| case | sides | max abs diff | bound | verdict |",
+                      "|---|---|---:|---:|---|"] + lines)
 
 
 def compile_table(res):
@@ -822,6 +974,9 @@ def parse_args(argv=None):
     ap.add_argument("--python", default=sys.executable, help="Python with PyTorch (CUDA)")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--no-extras", action="store_true", help="skip the extra cases")
+    ap.add_argument("--extras-only", action="store_true",
+                    help="only the extra cases (with --merge: their base cases' PyTorch "
+                         "figures from the JSON in --out)")
     ap.add_argument("--no-compile", action="store_true",
                     help="leave out torch.compile's column (its cold compile takes minutes)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per process")
@@ -847,12 +1002,25 @@ def parse_args(argv=None):
                          "already in --out (e.g. made on a machine without matplotlib)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases of an existing JSON (replace only those run)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds per goal case, the sides alternating; the median and the "
+                         "spread are reported")
+    ap.add_argument("--repeats-extras", type=int, default=1, help="rounds per extra case")
+    ap.add_argument("--parity-steps", type=int, default=bh.PARITY_STEPS,
+                    help="the loss-parity check over the first N steps, both sides from the "
+                         "same initial weights (0: off)")
+    ap.add_argument("--torch-nccl-preload", default=os.environ.get("DDPRUN_TORCH_NCCL_PRELOAD"),
+                    metavar="LIBNCCL",
+                    help="two ranks: PyTorch on this libnccl.so.2 (LD_PRELOAD), the one ours "
+                         "uses (default $DDPRUN_TORCH_NCCL_PRELOAD)")
     o = ap.parse_args(argv)
     try:
         o.ours_env = dict(kv.split("=", 1) for kv in o.ours_env)
     except ValueError:
         ap.error("--ours-env takes KEY=VALUE")
     o.ours_args = o.ours_args.split()
+    if o.repeats < 1 or o.repeats_extras < 1 or o.parity_steps < 0:
+        ap.error("--repeats and --repeats-extras must be at least 1, --parity-steps at least 0")
     return o
 
 
@@ -869,6 +1037,8 @@ def select_cases(o):
         cases = [c for c in cases if c["name"] in want]
     elif o.no_extras:
         cases = [c for c in cases if not c.get("extra")]
+    elif o.extras_only:
+        cases = [c for c in cases if c.get("extra")]
     return cases
 
 
@@ -916,6 +1086,10 @@ def main(argv=None):
     res = {"device": o.device, "gpu": gpu, "driver": driver, "cpu": cpu_model(),
            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
            "commit": benchutil.git_commit(ROOT, o.commit), "versions": {},
+           "machine": {"tree": bh.tree_state(ROOT, o.commit),
+                       "gpu_start": bh.gpu_state() if o.device == "cuda" else None},
+           "repeats": o.repeats, "repeats_extras": o.repeats_extras,
+           "parity": {"steps": o.parity_steps, "bounds": bh.PARITY_BOUNDS},
            "ours_env": o.ours_env, "ours_args": o.ours_args, "results": []}
     os.makedirs(o.out, exist_ok=True)
     kept = []
@@ -929,9 +1103,14 @@ def main(argv=None):
         write_json_atomic(path, dict(res, results=kept + res["results"]))
 
     t_all = time.perf_counter()
+    inits, init_dir = {}, tempfile.mkdtemp(prefix="bench_init_")
     for c in cases:
         t0 = time.perf_counter()
-        entry = run_cuda_case(c, o, res) if o.device == "cuda" else run_cpu_case(c, o)
+        if o.device == "cuda":
+            init = init_file(c, o, init_dir, inits) if o.parity_steps > 0 else None
+            entry = run_cuda_case(c, o, kept + res["results"], init)
+        else:
+            entry = run_cpu_case(c, o)
         entry["case_seconds"] = time.perf_counter() - t0
         res["results"].append(entry)
         update_versions(res, entry)
@@ -945,7 +1124,10 @@ def main(argv=None):
         else:
             res["kernel_trace"] = {"skipped": "no %s" % o.kernel_trace_lib}
         res["kernel_trace_seconds"] = time.perf_counter() - t0
+    shutil.rmtree(init_dir, ignore_errors=True)
     res["total_seconds"] = time.perf_counter() - t_all
+    if o.device == "cuda":
+        res["machine"]["gpu_end"] = bh.gpu_state()
     save()
     report(dict(res, results=kept + res["results"]), o, path)
 

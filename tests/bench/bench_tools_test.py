@@ -133,6 +133,12 @@ def value(flag, default=None):
     return args[args.index(flag) + 1] if flag in args else default
 model = value("--model")
 layers = t.LENET_LAYERS if model == "lenet" else t.RESNET_LAYERS
+if value("--save-init"):  # ddp_bench.py --save-init: the initial weights
+    open(value("--save-init"), "w").close()
+    print(json.dumps({"saved_init": value("--save-init")}))
+    sys.exit(0)
+def losses(n, shift=0.0):  # the fake's first step losses
+    return [2.3 - 0.01 * i + shift for i in range(n)]
 trace_out = os.environ.get("DDPRUN_KERNEL_TRACE_OUT")
 if trace_out:
     with open(trace_out.replace("%p", str(os.getpid())), "w") as f:
@@ -146,6 +152,13 @@ if any(a.endswith("train") for a in args):
     sps = 4000.0 if value("--precision") == "tf32" else 2000.0
     if model == "lenet":
         sps = 60000.0
+    if value("--metrics"):  # --log-interval 1 through the warm-up, then one record at the end
+        warm = int(value("--bench-warmup"))
+        with open(value("--metrics"), "w") as f:
+            for i, loss in enumerate(losses(warm)):
+                f.write(json.dumps({"type": "step", "global_step": i + 1, "loss": loss}) + "\n")
+            f.write(json.dumps({"type": "step", "global_step": int(value("--max-steps")),
+                                "loss": 1.0}) + "\n")
     print(json.dumps(t.fake_train_json(sps, world, layers, os.environ.get("DDPRUN_CUDA_TRANSPORT"))))
     sys.exit(0)
 settings = [args[i + 1] for i, a in enumerate(args) if a == "--setting"]
@@ -159,7 +172,11 @@ for s in settings:
     sps = (4500.0 if fmt == "channels_last" else 4200.0) * (15 if model == "lenet" else 1)
     if plus:
         sps = 6000.0
+    # fp16's PyTorch drifts beyond the parity bound: a case marked failed.
+    shift = 0.2 if value("--precision") == "fp16" else 0.0
+    first = losses(int(value("--record-losses", "0")), shift)
     r = dict(head, setting=key, memory_format=fmt, samples_per_second=sps, peak_device_mb=2900.0,
+             first_losses=first,
              peak_reserved_mb=3100.0, final_loss=1.3, last_step_loss=1.1, compiled=bool(plus),
              compile_s=42.0 if plus else None,
              profile=None if plus else t.fake_profile(layers, 1.1, buckets=[]))
@@ -475,8 +492,68 @@ class ResnetBenchFake(unittest.TestCase):
         total = int(v("--bench-warmup")) + 30 + int(v("--profile-steps"))
         self.assertEqual(int(v("--max-steps")), total)
         self.assertEqual(int(v("--train-samples")), total * 128)
-        self.assertGreater(int(v("--log-interval")), total)
+        # The parity check's losses: every warm-up step reported, from the shared weights.
+        self.assertEqual(v("--log-interval"), "1")
+        self.assertTrue(v("--init").endswith("init_resnet18_imagenet.safetensors"))
         self.assertEqual(v("--data"), "synthetic-cifar")
+        # The kernel phase's traced run is the timed configuration, without the parity reads.
+        traced = [c for c in self.calls if c["injection"] and
+                  any(a.endswith("train") for a in c["argv"])][0]["argv"]
+        self.assertGreater(int(traced[traced.index("--log-interval") + 1]), total)
+
+    def test_loss_parity(self):
+        tf32 = self.by["resnet18-224-tf32"]
+        p = tf32["loss_parity"]["ours~pytorch_channels_last"]
+        self.assertTrue(p["ok"])
+        self.assertEqual(p["ours"], [2.3 - 0.01 * i for i in range(5)])
+        self.assertEqual(p["bound"], 1e-2)
+        self.assertNotIn("failed", tf32)
+        self.assertAlmostEqual(tf32["ours"]["final_loss"],  # the mean over all steps' records
+                               (sum(2.3 - 0.01 * i for i in range(8)) + 1.0 * (43 - 8)) / 43)
+        fp16 = self.by["resnet18-224-fp16"]
+        self.assertFalse(fp16["loss_parity"]["ours~pytorch"]["ok"])
+        self.assertTrue(any("ours~pytorch" in f for f in fp16["failed"]))
+        # One initial weights file per model and stem, both sides given it.
+        inits = [c for c in self.calls if "--save-init" in c["argv"]]
+        self.assertEqual(sorted(c["argv"][c["argv"].index("--model") + 1] for c in inits),
+                         ["lenet", "resnet18"])
+        torch_tf32 = [c["argv"] for c in self.calls if "--setting" in c["argv"]
+                      and "tf32" in c["argv"]][0]
+        self.assertIn("--init", torch_tf32)
+        self.assertEqual(torch_tf32[torch_tf32.index("--record-losses") + 1], "5")
+        self.assertIn("Loss parity: the first 5 step losses", self.proc.stdout)
+
+    def test_repeats_alternate_and_give_median_and_spread(self):
+        tf32 = self.by["resnet18-224-tf32"]
+        self.assertEqual(tf32["case"]["repeats"], 3)
+        self.assertEqual(tf32["ours"]["runs"], [4000.0] * 3)
+        self.assertEqual(tf32["ours"]["spread"], 0.0)
+        self.assertEqual(len(tf32["pytorch_channels_last"]["runs"]), 3)
+        self.assertEqual(len(tf32["pytorch_compile"]["runs"]), 1)  # one compile
+        self.assertEqual(self.by["resnet18-224-tf32-asyncalloc"]["ours"]["repeats"], 1)
+        # ours, PyTorch, ours, PyTorch, ...: the case's processes alternate.
+        sides = ["train" if any(a.endswith("train") for a in c["argv"]) else "torch"
+                 for c in self.calls if not c["injection"] and "--save-init" not in c["argv"]
+                 and "--precision" in c["argv"] and c["argv"][c["argv"].index("--precision") + 1]
+                 == "fp32" and "--model" in c["argv"] and
+                 c["argv"][c["argv"].index("--model") + 1] == "resnet18" and
+                 "--deterministic" not in c["argv"] and "--layout" not in c["argv"]]
+        self.assertEqual(sides, ["train", "torch"] * 3)
+
+    def test_two_ranks_gloo_is_a_second_column(self):
+        two = self.by["resnet18-224-tf32-2ranks"]
+        self.assertIn("pytorch_gloo", two)
+        self.assertEqual(two["pytorch_gloo"]["comm_backend"], "gloo")
+        self.assertFalse(two["faster_pytorch"].endswith("_gloo"))
+
+    def test_lenet_graph_column_and_machine_state(self):
+        lenet = self.by["lenet-fp32"]
+        self.assertIn("pytorch_graph=nchw+graph", lenet["case"]["settings"])
+        self.assertIn("pytorch_graph", lenet)
+        self.assertNotEqual(lenet["faster_pytorch"], "pytorch_graph")
+        self.assertIn("commit", self.res["machine"]["tree"])
+        self.assertIn("dirty", self.res["machine"]["tree"])
+        self.assertIn("gpu_start", self.res["machine"])
 
     def test_kernel_phase(self):
         for name in ("resnet18-224-tf32", "lenet-fp32"):
@@ -496,7 +573,8 @@ class ResnetBenchFake(unittest.TestCase):
 
     def test_table_and_plot(self):
         out = self.proc.stdout
-        self.assertIn("| resnet18-224-tf32 | 4000 | 4500 (pytorch_channels_last) | 0.89x |", out)
+        self.assertIn("| resnet18-224-tf32 | 4000 (3 runs, spread 0.0%) | 4500 "
+                      "(pytorch_channels_last, 3 runs, spread 0.0%) | 0.89x |", out)
         self.assertIn("kernels/step", out)
         self.assertIn("faster PyTorch setting", out)
         if HAVE_MPL:
@@ -520,7 +598,7 @@ class ResnetBenchFake(unittest.TestCase):
                             "--replot"], capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, DDPRUN_BIN_DIR=self.bin))
         self.assertEqual(p.returncode, 0, p.stderr[-2000:])
-        self.assertIn("| resnet18-224-tf32 | 4000 |", p.stdout)
+        self.assertIn("| resnet18-224-tf32 | 4000 (3 runs", p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "comm_model.json")))
 
     def test_only_and_merge(self):
@@ -535,6 +613,20 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr[-2000:])
         res = json.load(open(os.path.join(out, "resnet_bench_cuda.json")))
         self.assertEqual(len(res["results"]), len(self.by))
+        # The extras alone, merged: their base cases' PyTorch figures come from the JSON.
+        p = subprocess.run([sys.executable, os.path.join(BENCH, "resnet_bench.py"), "--out", out,
+                            "--python", sys.executable, "--extras-only", "--merge",
+                            "--kernel-trace", "off"], capture_output=True, text=True, env=env,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        res = {r["case"]["name"]: r for r in
+               json.load(open(os.path.join(out, "resnet_bench_cuda.json")))["results"]}
+        self.assertEqual(len(res), len(self.by))
+        a = res["resnet18-224-tf32-asyncalloc"]
+        self.assertEqual(a["pytorch_channels_last"]["same_as"], "resnet18-224-tf32")
+        self.assertNotIn("error", a["pytorch_channels_last"])
+        self.assertEqual(res["resnet18-224-fp32-deterministic"]["case"]["settings"],
+                         ["pytorch_channels_last=channels_last"])
         p = subprocess.run([sys.executable, os.path.join(BENCH, "resnet_bench.py"), "--only", "nope"],
                            capture_output=True, text=True, env=env, timeout=60)
         self.assertNotEqual(p.returncode, 0)
@@ -677,6 +769,40 @@ class DdpBenchCpu(unittest.TestCase):
         a, b = (last["settings"][k]["final_loss"] for k in ("pytorch", "pytorch_channels_last"))
         self.assertAlmostEqual(a, b, delta=1e-3)
 
+    def test_loss_parity_with_train_from_the_same_weights(self):
+        # The harness's parity path end to end on the CPU: ddp_bench.py
+        # --save-init, then train --init (losses from its --metrics at
+        # --log-interval 1, a bench window after them) and ddp_bench.py --init
+        # on the same batches: LeNet's first 5 losses agree to float rounding.
+        import bench_harness
+        tmp = tempfile.mkdtemp(prefix="parity_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        init = os.path.join(tmp, "init.safetensors")
+        self.bench("--model", "lenet", "--save-init", init)
+        metrics = os.path.join(tmp, "m.jsonl")
+        warm, steps, batch = 6, 4, 16
+        total = warm + steps
+        p = subprocess.run([os.path.join(BIN, "train"), "--device", "cpu", "--model", "lenet",
+                            "--data", "synthetic", "--batch-size", str(batch), "--lr", "0.05",
+                            "--momentum", "0.9", "--max-steps", str(total), "--train-samples",
+                            str(total * batch), "--test-samples", "64", "--quiet", "--init", init,
+                            "--metrics", metrics, "--log-interval", "1", "--bench-warmup",
+                            str(warm)], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        ours, mean = bench_harness.losses_from_metrics(metrics, 5)
+        last, _ = self.bench("--model", "lenet", "--batch-size", str(batch), "--warmup", str(warm),
+                             "--steps", str(steps), "--init", init)
+        torch_losses = last["settings"]["pytorch"]["first_losses"]
+        check = bench_harness.loss_parity(ours, torch_losses, "fp32")
+        self.assertTrue(check["ok"], check)
+        self.assertLess(check["max_abs_diff"], 1e-4)
+        self.assertTrue(math.isfinite(mean))
+        # Without --init the sides start apart: LeNet's final-loss gap of earlier runs.
+        last, _ = self.bench("--model", "lenet", "--batch-size", str(batch), "--warmup", str(warm),
+                             "--steps", str(steps))
+        self.assertEqual(len(last["settings"]["pytorch"]["first_losses"]), 5)
+
     def test_resnet_layers_are_trains_blocks(self):
         last, _ = self.bench("--model", "resnet18", "--stem", "cifar", "--own-resnet",
                              "--batch-size", "2", "--warmup", "1", "--steps", "1",
@@ -696,7 +822,10 @@ class DdpBenchCpu(unittest.TestCase):
             self.skipTest("no PyTorch 2 (torch.compile) here: scripts/setup-test-deps.sh")
         last, _ = self.bench("--model", "lenet", "--batch-size", "8", "--warmup", "2", "--steps",
                              "2", "--profile-steps", "1", "--compile-backend", "eager",
-                             "--setting", "pytorch_compile=nchw+compile", py=py)
+                             "--setting", "pytorch_compile=nchw+compile",
+                             "--setting", "pytorch_graph=nchw+graph", py=py)
+        self.assertEqual(last["settings"]["pytorch_graph"]["compile_mode"], "reduce-overhead")
+        self.assertEqual(last["settings"]["pytorch_compile"]["compile_mode"], "default")
         r = last["settings"]["pytorch_compile"]
         self.assertTrue(r["compiled"])
         self.assertEqual(r["compile_backend"], "eager")
