@@ -37,9 +37,11 @@ process under `ddprun --standalone`):
     engines), resnet18-224-{tf32,bf16}-bnfusion (ours with cuDNN's fused batch
     norm + ReLU (+ add): DDPRUN_CUDNN_BN_FUSION=1 with our batch norm and, in
     bf16, 16-bit activations off), resnet18-224-tf32-asyncalloc (ours with
-    DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's) and
-    resnet18-224-fp32-deterministic (train --deterministic against PyTorch's
-    cudnn.deterministic in its faster fp32 setting). --extra-case adds more.
+    DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's),
+    resnet18-224-{tf32,bf16}-fusedstem (ours with DDPRUN_CUDA_FUSED_STEM=1:
+    bn1 + ReLU + max pool as one layer) and resnet18-224-fp32-deterministic
+    (train --deterministic against PyTorch's cudnn.deterministic in its faster
+    fp32 setting). --extra-case adds more.
   - then scripts/bench/comm_model.py on the results (a MODEL of 8 GPUs and
     of nodes on 400 Gb/s links, from ResNet-18 tf32's bucket ready times;
     its two-rank check takes --allreduce-jsonl): comm_model.json and .md.
@@ -152,6 +154,10 @@ def cuda_cases(quick, compile=True):
         variant("bf16", "bnfusion", env={"DDPRUN_CUDNN_BN_FUSION": "1", "DDPRUN_CUDA_OUR_BN": "0",
                                          "DDPRUN_CUDA_ACT16": "0"}),
         variant("tf32", "asyncalloc", env={"DDPRUN_CUDA_ALLOCATOR": "async"}),
+        # The fused stem (bn1 + ReLU + max pool as one layer, the activation
+        # recomputed under each window): opt-in until measured.
+        variant("tf32", "fusedstem", env={"DDPRUN_CUDA_FUSED_STEM": "1"}),
+        variant("bf16", "fusedstem", env={"DDPRUN_CUDA_FUSED_STEM": "1"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

@@ -268,6 +268,24 @@ DDPRUN_HD inline float bnActBackwardData(float x, float g, float mean, float inv
   return bnBackward(g, bnXhat(x, mean, invstd), k.scale, k.k1, k.k2);
 }
 
+// ------------------------- fused stem: batch norm + ReLU + max pool (NHWC)
+// ResNet's stem (bn1, its ReLU and the 3x3/2 max pool) as one layer
+// (bn_nhwc.cu's launchBnActPoolForward, bn_nhwc_sums.cu's
+// launchBnActPoolBackwardSums): each window's activations are recomputed from
+// the input and the statistics, bnActForward then rounded to the storage
+// exactly as the unfused batch norm stores them, and pooled by the rule
+// below; backward gathers each input's pooled gradient (poolCoverRange, the
+// outputs in order, summed in float and rounded to the storage, as the
+// unfused pooling's backward stores it) and masks it with the recomputed
+// activation (bnActGrad), so the fused layer computes what the three layers
+// do, bit for bit.
+//
+// Max pooling's choice, as PyTorch's kernels and the CPU backend: a value
+// replaces the window's maximum when it is greater, or NaN; so the first
+// maximum in scan order (row, then column) wins, and a NaN propagates (the
+// last one in scan order). The window's first tap starts the maximum.
+DDPRUN_HD inline bool poolReplaces(float v, float best) { return v > best || v != v; }
+
 // ------------------------------------------------------------ convolution
 // The float64 reference of a convolution, one output element per call (the
 // CUDA backend's accuracy check of cuDNN's algorithms runs these, one GPU

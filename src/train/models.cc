@@ -100,8 +100,17 @@ void Model::addResNet18(runtime::ProcessGroup* syncBn, const ModelOptions& o) {
   // torchvision's bn1 and relu as one BatchNormAct (no parameters in the
   // ReLU: the state_dict's names do not change), which a device fuses: on
   // the H200 the separate 16-bit ReLU cost 0.5 ms of an 11 ms step.
-  add(be.batchNormAct("bn1", 64, syncBn, false));
-  if (o.stem == "imagenet") add(be.maxPool2d("maxpool", Pool2dSpec{3, 2, 1}));
+  // With the ImageNet stem's max pool, a device may fuse all three
+  // (batchNormActPool: the same names and arithmetic).
+  std::unique_ptr<Layer> fused;
+  if (o.stem == "imagenet")
+    fused = be.batchNormActPool("bn1", "maxpool", 64, syncBn, Pool2dSpec{3, 2, 1});
+  if (fused) {
+    add(std::move(fused));
+  } else {
+    add(be.batchNormAct("bn1", 64, syncBn, false));
+    if (o.stem == "imagenet") add(be.maxPool2d("maxpool", Pool2dSpec{3, 2, 1}));
+  }
   int64_t in = 64;
   const int64_t widths[4] = {64, 128, 256, 512};
   for (int l = 0; l < 4; ++l) {

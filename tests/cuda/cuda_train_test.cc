@@ -1510,6 +1510,70 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
   }
 }
 
+// The fused stem (CudaBackendOptions::fusedStem: bn1 + ReLU + the 3x3/2 max
+// pool as one layer) against the same layers apart on our kernels (our
+// batch norm, our NHWC pooling): the pooled output, dx and the parameter
+// gradients bit for bit over two training steps, then an evaluation forward
+// (kernel_math_test's FusedStem test is the same claim on the host).
+TEST_F(CudaBackendTest, FusedStemMatchesTheLayersApartBitForBit) {
+  for (const Precision p : {Precision::kTf32, Precision::kBf16}) {
+    CudaBackendOptions o{.device = 0, .precision = p, .deterministic = true, .nhwc = true,
+                         .activations16 = p == Precision::kBf16, .ourBatchNorm = true,
+                         .ownPool = true};
+    withBackend(o, [&] {
+      SCOPED_TRACE(precisionName(p));
+      o.fusedStem = true;
+      auto fusedBe = makeCudaBackend(o);
+      const Pool2dSpec pool{3, 2, 1};
+      EXPECT_EQ(gpu_->batchNormActPool("bn1", "maxpool", 8, nullptr, pool), nullptr);  // opt-in
+      auto stem = fusedBe->batchNormActPool("bn1", "maxpool", 8, nullptr, pool);
+      ASSERT_NE(stem, nullptr);
+      EXPECT_NE(fusedBe->describe().find("ours-nhwc+relu+maxpool x1"), std::string::npos)
+          << fusedBe->describe();
+      auto bn = gpu_->batchNormAct("bn1", 8, nullptr, false);
+      auto mp = gpu_->maxPool2d("maxpool", pool);
+      for (size_t i = 0; i < 2; ++i) {  // the same random gamma and beta on both
+        const Tensor v = hostTensor({8}, 70 + i, i == 0 ? -1.0f : -0.5f, i == 0 ? 1.5f : 0.5f);
+        gpu_->upload(v.data(), bn->params()[i]->value.data(), 8);
+        fusedBe->upload(v.data(), stem->params()[i]->value.data(), 8);
+      }
+      auto bits = [](const std::vector<float>& v) {
+        std::vector<uint32_t> b(v.size());
+        std::memcpy(b.data(), v.data(), v.size() * 4);
+        return b;
+      };
+      for (int step = 0; step < 3; ++step) {
+        const bool training = step < 2;
+        const Tensor hx = hostTensor({2, 8, 9, 11}, 80 + step, -2.0f, 2.0f);
+        Tensor xa = toGpuAct(hx), xb = toGpuAct(hx, fusedBe.get());
+        Tensor act, ya, yb;
+        bn->forward(xa, act, training);
+        mp->forward(act, ya, training);
+        stem->forward(xb, yb, training);
+        ASSERT_EQ(ya.shape(), yb.shape());
+        EXPECT_EQ(bits(fromGpuAct(ya)), bits(fromGpuAct(yb, fusedBe.get()))) << "y, step " << step;
+        if (!training) break;
+        const Tensor hdy = hostTensor(ya.shape(), 90 + step);
+        Tensor dya = toGpuAct(hdy), dyb = toGpuAct(hdy, fusedBe.get()), dpool, dxa, dxb;
+        for (Param* q : bn->params()) q->overwriteGrad = true;
+        for (Param* q : stem->params()) q->overwriteGrad = true;
+        mp->backward(act, ya, dya, &dpool);
+        bn->backward(xa, act, dpool, &dxa);
+        stem->backward(xb, yb, dyb, &dxb);
+        EXPECT_EQ(bits(fromGpuAct(dxa)), bits(fromGpuAct(dxb, fusedBe.get()))) << "dx " << step;
+        for (size_t i = 0; i < 2; ++i)
+          EXPECT_EQ(bits(fromGpu(bn->params()[i]->grad)),
+                    bits(fromGpu(stem->params()[i]->grad, fusedBe.get())))
+              << bn->params()[i]->name << " step " << step;
+      }
+      for (size_t i = 0; i < 3; ++i)  // running mean, var, num_batches_tracked
+        EXPECT_EQ(bits(fromGpu(bn->buffers()[i]->value)),
+                  bits(fromGpu(stem->buffers()[i]->value, fusedBe.get())))
+            << bn->buffers()[i]->name;
+    });
+  }
+}
+
 // Batch norm + ReLU (+ the residual add) as one layer on 16-bit activations
 // (our fused NHWC kernels) against the CPU's composition on the same rounded
 // inputs: around 0 and around 100, two steps, then evaluation.

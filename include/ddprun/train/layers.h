@@ -182,6 +182,17 @@ class Backend {
   // three layers run apart); a device may fuse them.
   virtual std::unique_ptr<BatchNormAct> batchNormAct(std::string name, int64_t channels,
                                                      runtime::ProcessGroup* sync, bool residual);
+  // Batch norm `bnName` with the ReLU after it and then max pooling
+  // `poolName` (ResNet's stem) as one layer, where this backend fuses them
+  // (it computes exactly what batchNormAct and maxPool2d compute apart, and
+  // keeps their parameter and buffer names); nullptr where it does not: the
+  // caller composes the two layers. The default: nullptr.
+  virtual std::unique_ptr<Layer> batchNormActPool(std::string bnName, std::string poolName,
+                                                  int64_t channels, runtime::ProcessGroup* sync,
+                                                  const Pool2dSpec& pool) {
+    (void)bnName, (void)poolName, (void)channels, (void)sync, (void)pool;
+    return nullptr;
+  }
 
   // Mean cross-entropy of the batch; writes dL/dlogits (times `gradScale`,
   // the fp16 loss scale) when asked and counts the rows whose arg-max equals
@@ -388,6 +399,11 @@ struct CudaBackendOptions {
   // ReLU (+ add) kernels instead of the layers apart (DDPRUN_CUDNN_BN_FUSION=1;
   // opt-in until a GPU run has measured it).
   bool cudnnBnFusion = false;
+  // Our batch norm (16-bit activations or ourBatchNorm, NHWC): ResNet's stem,
+  // bn1 + ReLU + the 3x3/2 max pool, as one layer (batchNormActPool), the
+  // activation recomputed under each window instead of stored
+  // (DDPRUN_CUDA_FUSED_STEM=1; opt-in until a GPU run has measured it).
+  bool fusedStem = false;
   // Device memory: our caching allocator (free lists per size class), or
   // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
   enum class Memory { kCaching, kAsync };

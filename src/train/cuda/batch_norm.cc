@@ -214,6 +214,59 @@ class FusedBatchNormAct final : public BatchNormAct {
   bool own_ = false;    // the last forward ran ours
   Tensor g_, scratch_;  // apart: dL/d(bn's output) without a residual; dx nobody wants
 };
+// ------------------------------------------ batch norm + ReLU + max pool
+// ResNet's stem as one layer on our kernels (Backend::batchNormActPool): the
+// batch norm's statistics, then one pass that pools the recomputed
+// activations; backward gathers the pooled gradient through the kept taps
+// and the recomputed ReLU mask (bn_nhwc.h's fused stem). The same arithmetic
+// as BatchNormAct then max pooling, without the unpooled activation.
+class FusedBnActPool final : public Layer {
+ public:
+  FusedBnActPool(std::shared_ptr<Context> ctx, const std::string& bnName,
+                 const std::string& poolName, int64_t c, runtime::ProcessGroup* sync,
+                 const Pool2dSpec& pool, BnPath path)
+      : Layer(bnName + "+" + poolName), bn_(ctx, bnName, c, sync, path), pool_(pool),
+        arg_(std::move(ctx)) {
+    if (pool_.stride == 0) pool_.stride = pool_.kernel;
+    DDPRUN_CHECK(pool_.kernel > 0 && pool_.kernel <= 16 && pool_.stride > 0 && pool_.pad >= 0 &&
+                     pool_.pad <= pool_.kernel / 2,
+                 name(), ": max pooling window ", pool_.kernel, ", stride ", pool_.stride,
+                 ", pad ", pool_.pad, ": the fused stem takes windows up to 16 with pad <= "
+                 "kernel / 2");
+  }
+  Shape outputShape(const Shape& x) const override {
+    const Shape s = bn_.outputShape(x);
+    DDPRUN_CHECK(s[2] + 2 * pool_.pad >= pool_.kernel && s[3] + 2 * pool_.pad >= pool_.kernel,
+                 name(), " expects H, W + 2*", pool_.pad, " >= ", pool_.kernel, ", got ",
+                 shapeString(x));
+    return {s[0], s[1], (s[2] + 2 * pool_.pad - pool_.kernel) / pool_.stride + 1,
+            (s[3] + 2 * pool_.pad - pool_.kernel) / pool_.stride + 1};
+  }
+  void forward(const Tensor& x, Tensor& y, bool training) override {
+    const BnPoolShape g = geometry(x);
+    uint8_t* arg = training ? arg_.ensure(static_cast<size_t>(g.n * g.oh * g.ow * g.c)) : nullptr;
+    bn_.ownPoolForward(x, y, g, arg, training);
+    trained_ = training;
+  }
+  bool backwardReadsOutput() const override { return false; }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward");
+    bn_.ownPoolBackward(x, dy, arg_.get(), geometry(x), dx);
+  }
+  std::vector<Param*> params() override { return bn_.params(); }
+  std::vector<Buffer*> buffers() override { return bn_.buffers(); }
+
+ private:
+  BnPoolShape geometry(const Tensor& x) const {
+    const Shape y = outputShape(x.shape());
+    return {.n = x.dim(0), .h = x.dim(2), .w = x.dim(3), .c = x.dim(1), .oh = y[2], .ow = y[3],
+            .k = pool_.kernel, .s = pool_.stride, .p = pool_.pad};
+  }
+  BatchNorm2d bn_;
+  Pool2dSpec pool_;
+  DeviceArray<uint8_t> arg_;  // the last training forward's winning taps
+  bool trained_ = false;
+};
 }  // namespace
 
 BnPath chooseBnPath(const Context& ctx, bool sync, BnFusedWith fusedWith) {
@@ -228,6 +281,18 @@ std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string
                                        int64_t channels, runtime::ProcessGroup* sync,
                                        BnPath path) {
   return std::make_unique<BatchNorm2d>(std::move(ctx), std::move(name), channels, sync, path);
+}
+
+std::unique_ptr<Layer> makeBatchNormActPool(std::shared_ptr<Context> ctx,
+                                            const std::string& bnName,
+                                            const std::string& poolName, int64_t channels,
+                                            runtime::ProcessGroup* sync, const Pool2dSpec& pool,
+                                            BnPath path) {
+  DDPRUN_CHECK(path.kernels == BnKernels::kOursNhwc && path.fused, bnName,
+               ": the fused stem runs on our NHWC kernels with the ReLU fused, not ",
+               bnPathName(path, BnFusedWith::kRelu));
+  return std::make_unique<FusedBnActPool>(std::move(ctx), bnName, poolName, channels, sync, pool,
+                                          path);
 }
 
 std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,

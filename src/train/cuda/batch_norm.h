@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bn_nhwc.h"  // BnPoolShape
 #include "bn_path.h"
 #include "context.h"
 #include "ddprun/runtime/process_group.h"
@@ -65,6 +66,17 @@ class BatchNorm2d final : public Layer {
   void ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy, Tensor* dx, Tensor* dz,
                    bool relu);
 
+  // kOursNhwc with the ReLU and then max pooling `g` (the fused stem,
+  // bn_ours.cc): y = the pooled activations; `arg` (training: sized to y's
+  // elements) receives the winning taps for ownPoolBackward.
+  void ownPoolForward(const Tensor& x, Tensor& y, const BnPoolShape& g, uint8_t* arg,
+                      bool training);
+  // Its backward from dL/dy (the pooled gradient) and forward's taps: dx (not
+  // null) and the parameter gradients; dx's buffer holds the masked gradient
+  // in between.
+  void ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8_t* arg,
+                       const BnPoolShape& g, Tensor* dx);
+
   // kCudnnNhwcFused (bn_cudnn.cc): the training forward y = relu(bn(x) + z)
   // (z null: relu(bn(x))) in one cuDNN call; false where cuDNN refuses the
   // fused configuration (nothing done; the caller runs the layers apart, and
@@ -95,6 +107,10 @@ class BatchNorm2d final : public Layer {
   void syncForward(const Tensor& x, Tensor& y);
   void syncBackward(const Tensor& x, const Tensor& dy, Tensor* dx);
   void allReduce(double* buf, size_t count);
+  // Training: the batch's statistics into saveMean_/saveInvStd_ (and the
+  // running ones); evaluation: evalInvStd_ from the running variance. The
+  // (mean, invstd) pair forward then normalises with.
+  std::pair<const float*, const float*> ownStatistics(const Tensor& x, bool training);
   void checkSame16(const Tensor& t, const Tensor& x, const char* what) const;
   // The per-channel kernels' view of x: NCHW as [N, C, H*W], NHWC as
   // [N*H*W, C, 1] (bn_nchw.h).

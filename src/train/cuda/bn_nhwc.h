@@ -102,4 +102,41 @@ void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, cons
                               const double* sums, const float* gamma, const float* mean,
                               const float* invstd, bool relu, cudaStream_t stream);
 
+// ------------------------- fused stem: batch norm + ReLU + max pool
+// ResNet's stem as one layer (kernel_math.h's "fused stem"): the same
+// statistics (launchBnNhwcStats, launchBnNhwcFinish; evaluation:
+// launchBnNhwcInvStd), then
+//   forward:  launchBnActPoolForward (the pooled output and the winning taps)
+//   backward: launchBnActPoolBackwardSums -> launchBnParamGrads -> [all-reduce]
+//             -> launchBnNhwcBackwardData with g = the gradient it wrote
+// The pooling: NHWC [n, h, w, c] into [n, oh, ow, c] through a square window
+// k (<= 16), stride s, padding p (<= k / 2; padded positions never win).
+struct BnPoolShape {
+  int64_t n = 0, h = 0, w = 0, c = 0, oh = 0, ow = 0;
+  int k = 3, s = 2, p = 1;
+};
+
+// y[o] = the maximum over o's window of relu(bn(x)) as the unfused batch norm
+// stores it (kmath::bnActForward rounded to t; kmath::poolReplaces: the first
+// maximum, NaN propagating); arg (not null: training) each output's winning
+// tap a * k + b. Reads each x element once per window covering it (mostly
+// from cache), writes y and arg.
+void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType t,
+                            const BnPoolShape& g, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, cudaStream_t stream);
+
+// Its backward sums: for each input element i, the pooled gradient routed to
+// it (dy of the outputs whose winning tap i is, in output order, summed in
+// float and rounded to t, as the unfused pooling's backward stores it),
+// masked by the recomputed activation (kmath::bnActGrad), written to gOut
+// (storage t; the dx buffer launchBnNhwcBackwardData then reads as g and may
+// overwrite), and summed as launchBnNhwcBackwardSums sums (same partition,
+// same order: the unfused sums, bit for bit) into out (2c + 1 doubles,
+// workspace bnNhwcWorkspaceBytes(n * h * w, c)). Traffic: reads x, dy and
+// arg (a quarter of x's elements each at 3x3/2), writes gOut.
+void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
+                                 runtime::DType t, const BnPoolShape& g, const float* mean,
+                                 const float* invstd, const float* gamma, const float* beta,
+                                 void* workspace, double* out, cudaStream_t stream);
+
 }  // namespace ddprun::train::cuda

@@ -79,6 +79,63 @@ struct BackwardSumsOp {
   }
 };
 
+// The fused stem's backward sums (launchBnActPoolBackwardSums): row i of x
+// is input pixel (img, ii, jj); its pooled gradient is gathered from the
+// outputs whose window covers it and whose winning tap it is (in output
+// order, in float, rounded to T as the unfused pooling's backward stores it),
+// then masked by the activation recomputed as the unfused forward stored it.
+template <class T, int V>
+struct PoolGradSumsOp {
+  static constexpr bool kFloatGroups = true;
+  const void *x, *dy;
+  const uint8_t* arg;
+  void* gOut;
+  BnPoolShape g;
+  const float *meanP, *invstdP, *gammaP, *betaP;
+  float mean[V], invstd[V], gamma[V], beta[V];
+  struct Raw {
+    Vec<T, V> x;
+  };
+  __device__ void init(int64_t ch0) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      mean[k] = meanP[ch0 + k], invstd[k] = invstdP[ch0 + k];
+      gamma[k] = gammaP[ch0 + k], beta[k] = betaP[ch0 + k];
+    }
+  }
+  __device__ void load(size_t i, Raw& r) const { r.x = ldv<T, V>(x, i); }
+  __device__ void eval(const Raw& r, size_t i, float (&pa)[V], float (&pb)[V]) const {
+    const int64_t row = static_cast<int64_t>(i) / g.c, ch0 = static_cast<int64_t>(i) % g.c;
+    const int64_t jj = row % g.w, ii = (row / g.w) % g.h, img = row / (g.w * g.h);
+    const kmath::TapRange ri = kmath::poolCoverRange(ii, g.oh, g.k, g.s, g.p);
+    const kmath::TapRange rj = kmath::poolCoverRange(jj, g.ow, g.k, g.s, g.p);
+    float sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0.0f;
+    for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
+      for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
+        const size_t o = static_cast<size_t>(((img * g.oh + oi) * g.ow + oj) * g.c + ch0);
+        const int64_t tap = (ii - (oi * g.s - g.p)) * g.k + (jj - (oj * g.s - g.p));
+        float d[V];
+        toFloats(ldv<T, V>(dy, o), d);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (arg[o + k] == tap) sum[k] += d[k];
+      }
+    float xv[V];
+    toFloats(r.x, xv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float pooled = toFloat(fromFloat<T>(sum[k]));
+      const float act = toFloat(fromFloat<T>(
+          kmath::bnActForward(xv[k], mean[k], invstd[k], gamma[k], beta[k], 0.0f, true)));
+      pa[k] = kmath::bnActGrad(act, pooled, true);
+      pb[k] = kmath::bnXhat(xv[k], mean[k], invstd[k]);
+    }
+    stv<T, V>(gOut, i, pa);  // exact: g is a stored value or 0
+  }
+};
+
 // Partials of one (channel tile, row chunk) block into ws[chunk][2c].
 // At least two blocks per multiprocessor: the backward sums' unrolled loads
 // and double partials took 141 registers a thread at V = 4 (bf16, sm_90),
@@ -234,6 +291,24 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
       constexpr int V = decltype(vw)::value;
       BackwardSumsOp<T, V> op{x, y, dy, gOut, mean, invstd, relu, {}, {}};
       launchSums<T, V>(op, rows, c, workspace, out, s);
+    });
+  });
+}
+
+void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
+                                 runtime::DType t, const BnPoolShape& g, const float* mean,
+                                 const float* invstd, const float* gamma, const float* beta,
+                                 void* workspace, double* out, cudaStream_t s) {
+  const int64_t rows = g.n * g.h * g.w;
+  checkShape("launchBnActPoolBackwardSums", rows, g.c);
+  DDPRUN_CHECK(gOut || rows == 0 || g.c == 0,
+               "launchBnActPoolBackwardSums: give gOut (the gradient the backward data reads)");
+  byType(t, [&](auto tag) {
+    using T = DDPRUN_T(tag);
+    withWidth(vectorWidth(g.c, sizeof(T), {x, dy, gOut}), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      PoolGradSumsOp<T, V> op{x, dy, arg, gOut, g, mean, invstd, gamma, beta, {}, {}, {}, {}};
+      launchSums<T, V>(op, rows, g.c, workspace, out, s);
     });
   });
 }

@@ -25,16 +25,20 @@ void BatchNorm2d::ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool r
   if (z) checkSame16(*z, x, "the residual");
   y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
   trained_ = training;
-  const int64_t rows = rowsOf(x);
-  const void* zp = z ? z->raw() : nullptr;
+  if (!training && x.numel() == 0) return;
+  const auto [mean, invstd] = ownStatistics(x, training);
+  launchBnNhwcForward(x.raw(), z ? z->raw() : nullptr, y.raw(), x.dtype(), rowsOf(x), c_, mean,
+                      invstd, w_.value.data(), b_.value.data(), relu, ctx_->stream());
+  if (training) countStep();
+}
+
+std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x,
+                                                                 bool training) {
   if (!training) {
-    if (x.numel() == 0) return;
     launchBnNhwcInvStd(rv_.value.data(), c_, kEps, evalInvStd_.data(), ctx_->stream());
-    launchBnNhwcForward(x.raw(), zp, y.raw(), x.dtype(), rows, c_, rm_.value.data(),
-                        evalInvStd_.data(), w_.value.data(), b_.value.data(), relu,
-                        ctx_->stream());
-    return;
+    return {rm_.value.data(), evalInvStd_.data()};
   }
+  const int64_t rows = rowsOf(x);
   if (!sync_)
     DDPRUN_CHECK(rows > 1, name(), ": batch norm in training needs more than one value per "
                  "channel, got input ", shapeString(x.shape()));
@@ -51,10 +55,49 @@ void BatchNorm2d::ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool r
   }
   launchBnNhwcFinish(s, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
                      rm_.value.data(), rv_.value.data(), ctx_->stream());
-  launchBnNhwcForward(x.raw(), zp, y.raw(), x.dtype(), rows, c_, saveMean_.data(),
-                      saveInvStd_.data(), w_.value.data(), b_.value.data(), relu,
-                      ctx_->stream());
-  countStep();
+  return {saveMean_.data(), saveInvStd_.data()};
+}
+
+void BatchNorm2d::ownPoolForward(const Tensor& x, Tensor& y, const BnPoolShape& g,
+                                 uint8_t* arg, bool training) {
+  ctx_->bind();
+  DDPRUN_CHECK(ctx_->nhwc() && path_.kernels == BnKernels::kOursNhwc, name(),
+               ": the fused stem runs our NHWC batch norm kernels only");
+  outputShape(x.shape());
+  y.ensure({g.n, g.c, g.oh, g.ow}, ctx_->allocator(), x.dtype());
+  trained_ = training;
+  if (!training && x.numel() == 0) return;
+  const auto [mean, invstd] = ownStatistics(x, training);
+  launchBnActPoolForward(x.raw(), y.raw(), training ? arg : nullptr, x.dtype(), g, mean, invstd,
+                         w_.value.data(), b_.value.data(), ctx_->stream());
+  if (training) countStep();
+}
+
+void BatchNorm2d::ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8_t* arg,
+                                  const BnPoolShape& g, Tensor* dx) {
+  DDPRUN_CHECK(trained_ && arg, name(), ": backward after an eval-mode forward (batch norm "
+               "keeps batch statistics only in training)");
+  ctx_->bind();
+  checkType(dy, x, name().c_str());
+  Tensor& out = dx ? *dx : scratch_;
+  out.ensureLike(x, ctx_->allocator());
+  const int64_t rows = rowsOf(x);
+  double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+  {
+    ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
+    launchBnActPoolBackwardSums(x.raw(), dy.raw(), arg, out.raw(), x.dtype(), g,
+                                saveMean_.data(), saveInvStd_.data(), w_.value.data(),
+                                b_.value.data(), ws.get(), s, ctx_->stream());
+  }
+  launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
+                     b_.overwriteGrad, ctx_->stream());
+  w_.overwriteGrad = b_.overwriteGrad = false;
+  if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
+  if (!dx || rows == 0) return;
+  // g (written into dx's buffer) to dx, in place.
+  launchBnNhwcBackwardData(x.raw(), nullptr, nullptr, dx->raw(), dx->raw(), x.dtype(), rows, c_,
+                           s, w_.value.data(), saveMean_.data(), saveInvStd_.data(), false,
+                           ctx_->stream());
 }
 
 void BatchNorm2d::ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy, Tensor* dx,

@@ -19,7 +19,8 @@ Context::Context(const CudaBackendOptions& o)
       ourBn_(act16_ || (o.ourBatchNorm && o.nhwc)),
       graphConv_(o.nhwc && !o.deterministic ? o.graphConv : CudaBackendOptions::GraphConv::kOff),
       ownPool_(o.ownPool),
-      cudnnBnFusion_(o.cudnnBnFusion) {
+      cudnnBnFusion_(o.cudnnBnFusion),
+      fusedStem_(ourBn_ && o.fusedStem) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};

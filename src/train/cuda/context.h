@@ -62,6 +62,8 @@ class Context {
   bool ownPool() const { return ownPool_; }
   // cuDNN's fused batch norm + activation (CudaBackendOptions::cudnnBnFusion).
   bool cudnnBnFusion() const { return cudnnBnFusion_; }
+  // ResNet's stem as one layer, on our batch norm (CudaBackendOptions::fusedStem).
+  bool fusedStem() const { return fusedStem_; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -109,6 +111,7 @@ class Context {
   CudaBackendOptions::GraphConv graphConv_;
   bool ownPool_;
   bool cudnnBnFusion_;
+  bool fusedStem_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

@@ -140,6 +140,19 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // ResNet's stem as one layer where our fused kernels run its batch norm
+  // (CudaBackendOptions::fusedStem); else nullptr: the model composes.
+  std::unique_ptr<Layer> batchNormActPool(std::string bnName, std::string poolName, int64_t c,
+                                          runtime::ProcessGroup* s,
+                                          const Pool2dSpec& pool) override {
+    const BnPath p = chooseBnPath(*ctx_, s != nullptr, BnFusedWith::kRelu);
+    if (!ctx_->fusedStem() || p.kernels != BnKernels::kOursNhwc || pool.kernel > 16 ||
+        pool.pad > pool.kernel / 2)
+      return nullptr;
+    notePath(bnPathName(p, BnFusedWith::kRelu) + "+maxpool");
+    return makeBatchNormActPool(ctx_, bnName, poolName, c, s, pool, p);
+  }
+
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                       int64_t* correct, float gradScale) override {
     ctx_->bind();

@@ -46,6 +46,14 @@ std::unique_ptr<Layer> makeBatchNorm2d(std::shared_ptr<Context> ctx, std::string
 std::unique_ptr<BatchNormAct> makeBatchNormAct(std::shared_ptr<Context> ctx, std::string name,
                                                int64_t channels, runtime::ProcessGroup* sync,
                                                bool residual, BnPath path);
+// Batch norm + ReLU + max pooling as one layer (ResNet's stem,
+// Backend::batchNormActPool) on path `path` (kOursNhwc, fused), the pooling
+// a window up to 16 with pad <= kernel / 2 (batch_norm.cc).
+std::unique_ptr<Layer> makeBatchNormActPool(std::shared_ptr<Context> ctx,
+                                            const std::string& bnName,
+                                            const std::string& poolName, int64_t channels,
+                                            runtime::ProcessGroup* sync, const Pool2dSpec& pool,
+                                            BnPath path);
 // The path of a batch norm on this context (bn_path.h's table).
 BnPath chooseBnPath(const Context& ctx, bool sync, BnFusedWith fusedWith);
 // cuBLASLt linear layer: y = x W^T + b.

@@ -82,7 +82,7 @@ __global__ void maxPoolNhwcKernel(const T* x, T* y, uint8_t* arg, int64_t n, int
         const int64_t jj = oj * s - p + b;
         if (jj < 0 || jj >= w) continue;
         const float v = ldf(x, static_cast<size_t>(((img * h + ii) * w + jj) * c + ch));
-        if (tap < 0 || v > best) {
+        if (tap < 0 || kmath::poolReplaces(v, best)) {
           best = v;
           tap = a * k + b;
         }

@@ -47,7 +47,7 @@ void launchGlobalAvgPoolNhwcBackward(const void* dy, void* dx, runtime::DType t,
 // Max pooling of NHWC x ([n, h, w, c] in memory, elements of t) into y
 // ([n, oh, ow, c]): square window k (<= 16), stride s, padding p (padded
 // positions never win), the first maximum in scan order (row, then column)
-// winning, as the CPU backend; `arg` (not null: training) receives each
+// winning and NaN propagating (kmath::poolReplaces), as the CPU backend; `arg` (not null: training) receives each
 // output's winning tap a * k + b. The backward gathers, for each input
 // element, dy of the outputs whose winning tap it is (in output order, in
 // float; deterministic, no atomics) into dx. PyTorch's channels_last pooling

@@ -784,6 +784,150 @@ TEST(KernelMath, BnNhwcHostAlgorithmMatchesFloat64) {
   checkBnNhwcOnHost({3 * 4 * 4, 3, BnStore::kBf16, true, true, 0.0f});
 }
 
+// The fused stem (batch norm + ReLU + 3x3/2 max pool, bn_nhwc.h) on the host,
+// each pass emulated from its kernel: the unfused kernels (forwardKernel's
+// stored activation, maxPoolNhwcKernel over it, maxPoolNhwcBackwardKernel's
+// stored gradient, BackwardSumsOp with the ReLU's mask from the stored
+// activation, backwardDataKernel recomputing g) against the fused ones
+// (bnActPoolForwardKernel, PoolGradSumsOp, backwardDataKernel reading g).
+// They must agree bit for bit: pooled output, taps, the masked gradient, the
+// sums and dx. A channel with a negative gamma clips most activations to 0
+// (ties: the first tap wins).
+struct StemOut {
+  std::vector<float> y, g, dx;
+  std::vector<int> arg;
+  std::vector<double> s1, s2;
+};
+StemOut stemOnHost(bool fused, BnStore st, const std::vector<float>& x,
+                   const std::vector<float>& dy, int64_t n, int64_t h, int64_t w, int64_t c,
+                   const std::vector<float>& mean, const std::vector<float>& invstd,
+                   const std::vector<float>& gamma, const std::vector<float>& beta) {
+  const int k = 3, s = 2, p = 1;
+  const int64_t oh = (h + 2 * p - k) / s + 1, ow = (w + 2 * p - k) / s + 1;
+  auto xi = [&](int64_t img, int64_t ii, int64_t jj, int64_t ch) {
+    return static_cast<size_t>(((img * h + ii) * w + jj) * c + ch);
+  };
+  auto oi_ = [&](int64_t img, int64_t oi, int64_t oj, int64_t ch) {
+    return static_cast<size_t>(((img * oh + oi) * ow + oj) * c + ch);
+  };
+  auto act = [&](size_t i, int64_t ch) {
+    return bnStored(st, kmath::bnActForward(x[i], mean[ch], invstd[ch], gamma[ch], beta[ch],
+                                            0.0f, true));
+  };
+  StemOut o;
+  o.y.resize(static_cast<size_t>(n * oh * ow * c));
+  o.arg.resize(o.y.size());
+  std::vector<float> stored(x.size());  // the unfused batch norm's output
+  for (size_t i = 0; i < x.size(); ++i) stored[i] = act(i, static_cast<int64_t>(i % c));
+  for (int64_t img = 0; img < n; ++img)
+    for (int64_t oi = 0; oi < oh; ++oi)
+      for (int64_t oj = 0; oj < ow; ++oj)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float best = 0.0f;
+          int tap = -1;
+          for (int a = 0; a < k; ++a)
+            for (int b = 0; b < k; ++b) {
+              const int64_t ii = oi * s - p + a, jj = oj * s - p + b;
+              if (ii < 0 || ii >= h || jj < 0 || jj >= w) continue;
+              const size_t i = xi(img, ii, jj, ch);
+              const float v = fused ? act(i, ch) : stored[i];
+              if (tap < 0 || kmath::poolReplaces(v, best)) best = v, tap = a * k + b;
+            }
+          o.y[oi_(img, oi, oj, ch)] = bnStored(st, best);
+          o.arg[oi_(img, oi, oj, ch)] = tap;
+        }
+  o.g.resize(x.size());
+  o.dx.resize(x.size());
+  o.s1.assign(static_cast<size_t>(c), 0.0);
+  o.s2.assign(static_cast<size_t>(c), 0.0);
+  const int64_t rows = n * h * w;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    kmath::BnGradGroup group;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t img = r / (h * w), ii = (r / w) % h, jj = r % w;
+      const size_t i = xi(img, ii, jj, ch);
+      const kmath::TapRange ri = kmath::poolCoverRange(ii, oh, k, s, p);
+      const kmath::TapRange rj = kmath::poolCoverRange(jj, ow, k, s, p);
+      float sum = 0.0f;
+      for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
+        for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
+          const size_t q = oi_(img, oi, oj, ch);
+          if (o.arg[q] == (ii - (oi * s - p)) * k + (jj - (oj * s - p))) sum += dy[q];
+        }
+      const float pooled = bnStored(st, sum);
+      o.g[i] = kmath::bnActGrad(fused ? act(i, ch) : stored[i], pooled, true);
+      group.add(o.g[i], kmath::bnXhat(x[i], mean[ch], invstd[ch]));
+      if ((r + 1) % kmath::kBnGradGroup == 0 || r + 1 == rows) group.flush(o.s1[ch], o.s2[ch]);
+    }
+    const kmath::BnBackwardCoefs co = kmath::bnBackwardCoefs(
+        o.s1[ch], o.s2[ch], static_cast<double>(rows), gamma[ch], invstd[ch]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = static_cast<size_t>(r * c + ch);
+      // Unfused: g recomputed from the stored activation and pooled gradient;
+      // fused: g read back from the buffer it was stored in (exactly).
+      const float gk = fused ? bnStored(st, o.g[i]) : o.g[i];
+      o.dx[i] = bnStored(st, kmath::bnActBackwardData(x[i], gk, mean[ch], invstd[ch], co));
+    }
+  }
+  return o;
+}
+
+TEST(KernelMath, FusedStemComputesWhatTheUnfusedLayersDoBitForBit) {
+  const int64_t n = 2, h = 9, w = 8, c = 4;  // odd side: the last window is clipped
+  const int64_t oh = 5, ow = 4;
+  for (const BnStore st : {BnStore::kF32, BnStore::kBf16, BnStore::kF16}) {
+    SCOPED_TRACE(bnStoreName(st));
+    auto x = randomVector(static_cast<size_t>(n * h * w * c), 51, -2.0f, 2.0f);
+    auto dy = randomVector(static_cast<size_t>(n * oh * ow * c), 52, -1.0f, 1.0f);
+    for (auto* v : {&x, &dy})
+      for (float& e : *v) e = bnStored(st, e);
+    const std::vector<float> mean = {0.1f, -0.2f, 0.0f, 0.05f}, invstd = {1.1f, 0.9f, 1.0f, 1.2f};
+    const std::vector<float> gamma = {1.0f, -0.7f, 0.8f, 1.3f}, beta = {0.2f, -0.4f, 0.0f, 0.1f};
+    const StemOut a = stemOnHost(false, st, x, dy, n, h, w, c, mean, invstd, gamma, beta);
+    const StemOut b = stemOnHost(true, st, x, dy, n, h, w, c, mean, invstd, gamma, beta);
+    EXPECT_EQ(a.arg, b.arg);
+    auto same = [](const std::vector<float>& u, const std::vector<float>& v) {
+      return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
+    };
+    EXPECT_TRUE(same(a.y, b.y));
+    EXPECT_TRUE(same(a.g, b.g));
+    EXPECT_TRUE(same(a.dx, b.dx));
+    EXPECT_EQ(a.s1, b.s1);
+    EXPECT_EQ(a.s2, b.s2);
+    // Channel 1 (gamma < 0) clips most activations: a window of zeros picks
+    // its first valid tap.
+    int zeros = 0;
+    for (size_t q = 0; q < b.y.size(); ++q) {
+      if (q % c == 1 && b.y[q] == 0.0f) {
+        ++zeros;
+        const int64_t oj = static_cast<int64_t>(q / c) % ow, oi = static_cast<int64_t>(q / c / ow) % oh;
+        EXPECT_EQ(b.arg[q], (oi == 0 ? 3 : 0) + (oj == 0 ? 1 : 0)) << q;
+      }
+    }
+    EXPECT_GT(zeros, 0);
+  }
+}
+
+// Max pooling's rule (kmath::poolReplaces, scanned as the kernels and the CPU
+// backend scan a window): the first maximum wins ties, a NaN replaces
+// anything and is replaced only by a later NaN.
+TEST(KernelMath, PoolReplacesKeepsTheFirstMaximumAndPropagatesNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto pick = [](std::vector<float> v) {
+    float best = 0.0f;
+    int tap = -1;
+    for (int i = 0; i < static_cast<int>(v.size()); ++i)
+      if (tap < 0 || kmath::poolReplaces(v[static_cast<size_t>(i)], best))
+        best = v[static_cast<size_t>(i)], tap = i;
+    return tap;
+  };
+  EXPECT_EQ(pick({0.0f, 0.0f, 0.0f}), 0);
+  EXPECT_EQ(pick({1.0f, 3.0f, 3.0f, 2.0f}), 1);
+  EXPECT_EQ(pick({1.0f, nan, 5.0f}), 1);
+  EXPECT_EQ(pick({nan, 2.0f, nan, 7.0f}), 2);
+  EXPECT_EQ(pick({-std::numeric_limits<float>::infinity(), -1.0f}), 1);
+}
+
 // The backward sums' float groups (kmath::BnGradGroup) against float64 on
 // sequences built to round: g spread over 2^-12 .. 2^12 (bf16 and float
 // values, signs mixed), xhat over +-6, groups flushed every kBnGradGroup terms
