@@ -39,7 +39,9 @@ process under `ddprun --standalone`):
     bf16, 16-bit activations off), resnet18-224-tf32-asyncalloc (ours with
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's),
     resnet18-224-{tf32,bf16}-fusedstem (ours with DDPRUN_CUDA_FUSED_STEM=1:
-    bn1 + ReLU + max pool as one layer) and resnet18-224-fp32-deterministic
+    bn1 + ReLU + max pool as one layer), resnet18-224-{tf32,bf16}-ownpool (our
+    vectorised NHWC max pool: DDPRUN_CUDA_OWN_POOL=1) and
+    resnet18-224-fp32-deterministic
     (train --deterministic against PyTorch's cudnn.deterministic in its faster
     fp32 setting). --extra-case adds more.
   - then scripts/bench/comm_model.py on the results (a MODEL of 8 GPUs and
@@ -158,6 +160,9 @@ def cuda_cases(quick, compile=True):
         # recomputed under each window): opt-in until measured.
         variant("tf32", "fusedstem", env={"DDPRUN_CUDA_FUSED_STEM": "1"}),
         variant("bf16", "fusedstem", env={"DDPRUN_CUDA_FUSED_STEM": "1"}),
+        # Our vectorised NHWC max pool instead of cuDNN's (the default where faster).
+        variant("tf32", "ownpool", env={"DDPRUN_CUDA_OWN_POOL": "1"}),
+        variant("bf16", "ownpool", env={"DDPRUN_CUDA_OWN_POOL": "1"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

@@ -417,6 +417,7 @@ class ResnetBenchFake(unittest.TestCase):
             "resnet18-224-tf32-nchw", "resnet18-224-bf16-nchw", "resnet18-224-tf32-bnfusion",
             "resnet18-224-bf16-bnfusion", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-tf32-fusedstem", "resnet18-224-bf16-fusedstem",
+            "resnet18-224-tf32-ownpool", "resnet18-224-bf16-ownpool",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):

@@ -111,6 +111,41 @@ class BnNhwcVectorWidth(unittest.TestCase):
         self.assertEqual(len(checked), 3 * 3 * 2, "expected 18 kernels (float, bf16, fp16)")
 
 
+    def test_max_pool_moves_v_channels_per_access(self):
+        # maxPoolVecKernel (max_pool.cuh), our max pool (PoolStored, pool_kernels.cu) and the
+        # fused stem (PoolBnAct, bn_nhwc.cu): each tap one vector load of V elements, the
+        # pooled output one vector store; the winning taps are bytes.
+        pat = re.compile(r"maxPoolVecKernelI(f|13__nv_bfloat16|6__half)Li(\d)E.*?"
+                         r"(PoolStored|PoolBnAct)")
+        checked = set()
+        for path in PTX_FILES:
+            with open(path) as f:
+                text = f.read()
+            for name, body in entries(text):
+                m = pat.search(name)
+                if not m or int(m.group(2)) < 2:
+                    continue
+                tbytes, v = TYPE_BYTES[m.group(1)], int(m.group(2))
+                checked.add((m.group(3), tbytes, v))
+                with self.subTest(kernel=name):
+                    stores = [a for a in accesses(body) if a[0] == "st" and a[4] > 1]
+                    self.assertTrue(stores, "no pooled output store found")
+                    for _, quals, _, _, nbytes in stores:
+                        self.assertEqual(nbytes, tbytes * v, "store of %d bytes (%s)" % (
+                            nbytes, ".".join(quals)))
+                    vloads = [a for a in accesses(body) if a[0] == "ld" and a[2] > 1]
+                    self.assertTrue(vloads, "no vector load of a tap")
+                    for _, quals, _, _, nbytes in vloads:
+                        self.assertEqual(nbytes, tbytes * v, "load of %d bytes (%s)" % (
+                            nbytes, ".".join(quals)))
+                    if tbytes == 2:
+                        self.assertFalse([a for a in accesses(body) if a[0] == "ld" and
+                                          a[2] == 1 and TYPE_WIDTH[a[3]] == 2],
+                                         "16-bit activations loaded one at a time")
+        self.assertEqual({k for k, _, _ in checked}, {"PoolStored", "PoolBnAct"},
+                         "give the PTX of pool_kernels.cu and bn_nhwc.cu")
+
+
 class Parsing(unittest.TestCase):
     """The PTX reading itself, on text written here."""
 

@@ -243,7 +243,7 @@ class FusedBnActPool final : public Layer {
             (s[3] + 2 * pool_.pad - pool_.kernel) / pool_.stride + 1};
   }
   void forward(const Tensor& x, Tensor& y, bool training) override {
-    const BnPoolShape g = geometry(x);
+    const PoolShape g = geometry(x);
     uint8_t* arg = training ? arg_.ensure(static_cast<size_t>(g.n * g.oh * g.ow * g.c)) : nullptr;
     bn_.ownPoolForward(x, y, g, arg, training);
     trained_ = training;
@@ -257,7 +257,7 @@ class FusedBnActPool final : public Layer {
   std::vector<Buffer*> buffers() override { return bn_.buffers(); }
 
  private:
-  BnPoolShape geometry(const Tensor& x) const {
+  PoolShape geometry(const Tensor& x) const {
     const Shape y = outputShape(x.shape());
     return {.n = x.dim(0), .h = x.dim(2), .w = x.dim(3), .c = x.dim(1), .oh = y[2], .ow = y[3],
             .k = pool_.kernel, .s = pool_.stride, .p = pool_.pad};

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "bn_nhwc.h"  // BnPoolShape
+#include "bn_nhwc.h"  // PoolShape
 #include "bn_path.h"
 #include "context.h"
 #include "ddprun/runtime/process_group.h"
@@ -69,13 +69,13 @@ class BatchNorm2d final : public Layer {
   // kOursNhwc with the ReLU and then max pooling `g` (the fused stem,
   // bn_ours.cc): y = the pooled activations; `arg` (training: sized to y's
   // elements) receives the winning taps for ownPoolBackward.
-  void ownPoolForward(const Tensor& x, Tensor& y, const BnPoolShape& g, uint8_t* arg,
+  void ownPoolForward(const Tensor& x, Tensor& y, const PoolShape& g, uint8_t* arg,
                       bool training);
   // Its backward from dL/dy (the pooled gradient) and forward's taps: dx (not
   // null) and the parameter gradients; dx's buffer holds the masked gradient
   // in between.
   void ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8_t* arg,
-                       const BnPoolShape& g, Tensor* dx);
+                       const PoolShape& g, Tensor* dx);
 
   // kCudnnNhwcFused (bn_cudnn.cc): the training forward y = relu(bn(x) + z)
   // (z null: relu(bn(x))) in one cuDNN call; false where cuDNN refuses the

@@ -36,6 +36,7 @@
 // vector store a thread and row (storeWords).
 #include "bn_nhwc.h"
 #include "bn_nhwc_support.cuh"
+#include "max_pool.cuh"
 
 namespace ddprun::train::cuda {
 
@@ -139,41 +140,31 @@ __global__ void __launch_bounds__(kBx* kBy)
 }
 
 // ------------------------------------------------------- fused stem
-// One thread per pooled output element, channel fastest (coalesced): the
-// window's activations recomputed and rounded to storage as forwardKernel
-// stores them, then max-pooled (kmath::poolReplaces).
+// The value the fused stem pools (max_pool.cuh): the batch norm's activation
+// with the ReLU, rounded to T as forwardKernel stores it.
 template <class T>
-__global__ void bnActPoolForwardKernel(const T* x, T* y, uint8_t* arg, BnPoolShape g,
-                                       const float* meanP, const float* invstdP,
-                                       const float* gammaP, const float* betaP) {
-  DDPRUN_GRID_LOOP(i, static_cast<size_t>(g.n * g.oh * g.ow * g.c)) {
-    const int64_t ch = static_cast<int64_t>(i) % g.c;
-    int64_t rest = static_cast<int64_t>(i) / g.c;
-    const int64_t oj = rest % g.ow;
-    rest /= g.ow;
-    const int64_t oi = rest % g.oh, img = rest / g.oh;
-    const float mean = meanP[ch], invstd = invstdP[ch], gamma = gammaP[ch], beta = betaP[ch];
-    float best = 0.0f;
-    int tap = -1;
-    for (int a = 0; a < g.k; ++a) {
-      const int64_t ii = oi * g.s - g.p + a;
-      if (ii < 0 || ii >= g.h) continue;
-      for (int b = 0; b < g.k; ++b) {
-        const int64_t jj = oj * g.s - g.p + b;
-        if (jj < 0 || jj >= g.w) continue;
-        const float xv = ldf(x, static_cast<size_t>(((img * g.h + ii) * g.w + jj) * g.c + ch));
-        const float v =
-            toFloat(fromFloat<T>(kmath::bnActForward(xv, mean, invstd, gamma, beta, 0.0f, true)));
-        if (tap < 0 || kmath::poolReplaces(v, best)) {
-          best = v;
-          tap = a * g.k + b;
-        }
-      }
+struct PoolBnAct {
+  const float *meanP, *invstdP, *gammaP, *betaP;
+  template <int V>
+  struct Channels {
+    float mean[V], invstd[V], gamma[V], beta[V];
+  };
+  template <int V>
+  __device__ Channels<V> channels(int64_t ch0) const {
+    Channels<V> c;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      c.mean[k] = meanP[ch0 + k], c.invstd[k] = invstdP[ch0 + k];
+      c.gamma[k] = gammaP[ch0 + k], c.beta[k] = betaP[ch0 + k];
     }
-    stf(y, i, best);
-    if (arg) arg[i] = static_cast<uint8_t>(tap);
+    return c;
   }
-}
+  template <int V>
+  __device__ float operator()(const Channels<V>& c, int k, float x) const {
+    return toFloat(fromFloat<T>(
+        kmath::bnActForward(x, c.mean[k], c.invstd[k], c.gamma[k], c.beta[k], 0.0f, true)));
+  }
+};
 
 __global__ void invStdKernel(const float* var, int64_t c, double eps, float* invstd) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -187,7 +178,7 @@ void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd, 
   checkLaunch();
 }
 
-void checkPoolShape(const char* what, const BnPoolShape& g) {
+void checkPoolShape(const char* what, const PoolShape& g) {
   DDPRUN_CHECK(g.n >= 0 && g.h > 0 && g.w > 0 && g.c >= 0 && g.k > 0 && g.k <= 16 && g.s > 0 &&
                    g.p >= 0 && g.p <= g.k / 2 && g.oh == (g.h + 2 * g.p - g.k) / g.s + 1 &&
                    g.ow == (g.w + 2 * g.p - g.k) / g.s + 1,
@@ -197,17 +188,12 @@ void checkPoolShape(const char* what, const BnPoolShape& g) {
 }
 
 void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType t,
-                            const BnPoolShape& g, const float* mean, const float* invstd,
+                            const PoolShape& g, const float* mean, const float* invstd,
                             const float* gamma, const float* beta, cudaStream_t s) {
   checkPoolShape("launchBnActPoolForward", g);
-  const size_t total = static_cast<size_t>(g.n * g.oh * g.ow * g.c);
-  if (!total) return;
-  byType(t, [&](auto tag) {
-    using T = DDPRUN_T(tag);
-    bnActPoolForwardKernel<T><<<blocksFor(total), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), arg, g, mean, invstd, gamma, beta);
-  });
-  checkLaunch();
+  launchMaxPoolVec(x, y, arg, t, g, [&](auto tag) {
+    return PoolBnAct<DDPRUN_T(tag)>{mean, invstd, gamma, beta};
+  }, s);
 }
 
 void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t, int64_t rows,

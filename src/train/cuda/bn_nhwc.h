@@ -43,6 +43,7 @@
 #include <cstdint>
 
 #include "ddprun/runtime/types.h"
+#include "pool_kernels.h"  // PoolShape
 
 namespace ddprun::train::cuda {
 
@@ -109,12 +110,7 @@ void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, cons
 //   forward:  launchBnActPoolForward (the pooled output and the winning taps)
 //   backward: launchBnActPoolBackwardSums -> launchBnParamGrads -> [all-reduce]
 //             -> launchBnNhwcBackwardData with g = the gradient it wrote
-// The pooling: NHWC [n, h, w, c] into [n, oh, ow, c] through a square window
-// k (<= 16), stride s, padding p (<= k / 2; padded positions never win).
-struct BnPoolShape {
-  int64_t n = 0, h = 0, w = 0, c = 0, oh = 0, ow = 0;
-  int k = 3, s = 2, p = 1;
-};
+// The pooling: PoolShape (pool_kernels.h).
 
 // y[o] = the maximum over o's window of relu(bn(x)) as the unfused batch norm
 // stores it (kmath::bnActForward rounded to t; kmath::poolReplaces: the first
@@ -122,7 +118,7 @@ struct BnPoolShape {
 // tap a * k + b. Reads each x element once per window covering it (mostly
 // from cache), writes y and arg.
 void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType t,
-                            const BnPoolShape& g, const float* mean, const float* invstd,
+                            const PoolShape& g, const float* mean, const float* invstd,
                             const float* gamma, const float* beta, cudaStream_t stream);
 
 // Its backward sums: for each input element i, the pooled gradient routed to
@@ -135,7 +131,7 @@ void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType
 // workspace bnNhwcWorkspaceBytes(n * h * w, c)). Traffic: reads x, dy and
 // arg (a quarter of x's elements each at 3x3/2), writes gOut.
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
-                                 runtime::DType t, const BnPoolShape& g, const float* mean,
+                                 runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
                                  void* workspace, double* out, cudaStream_t stream);
 

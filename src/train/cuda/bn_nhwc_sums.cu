@@ -90,7 +90,7 @@ struct PoolGradSumsOp {
   const void *x, *dy;
   const uint8_t* arg;
   void* gOut;
-  BnPoolShape g;
+  PoolShape g;
   const float *meanP, *invstdP, *gammaP, *betaP;
   float mean[V], invstd[V], gamma[V], beta[V];
   struct Raw {
@@ -296,7 +296,7 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
 }
 
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
-                                 runtime::DType t, const BnPoolShape& g, const float* mean,
+                                 runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
                                  void* workspace, double* out, cudaStream_t s) {
   const int64_t rows = g.n * g.h * g.w;

@@ -58,7 +58,7 @@ std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x
   return {saveMean_.data(), saveInvStd_.data()};
 }
 
-void BatchNorm2d::ownPoolForward(const Tensor& x, Tensor& y, const BnPoolShape& g,
+void BatchNorm2d::ownPoolForward(const Tensor& x, Tensor& y, const PoolShape& g,
                                  uint8_t* arg, bool training) {
   ctx_->bind();
   DDPRUN_CHECK(ctx_->nhwc() && path_.kernels == BnKernels::kOursNhwc, name(),
@@ -74,7 +74,7 @@ void BatchNorm2d::ownPoolForward(const Tensor& x, Tensor& y, const BnPoolShape& 
 }
 
 void BatchNorm2d::ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8_t* arg,
-                                  const BnPoolShape& g, Tensor* dx) {
+                                  const PoolShape& g, Tensor* dx) {
   DDPRUN_CHECK(trained_ && arg, name(), ": backward after an eval-mode forward (batch norm "
                "keeps batch statistics only in training)");
   ctx_->bind();

@@ -9,6 +9,7 @@
 
 #include "../kernel_math.h"
 #include "kernel_support.cuh"
+#include "max_pool.cuh"
 
 namespace ddprun::train::cuda {
 
@@ -60,36 +61,6 @@ __global__ void globalAvgPoolNhwcBackwardKernel(const T* dy, T* dx, int64_t n, i
   DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * hw * c)) {
     const int64_t img = static_cast<int64_t>(i) / (hw * c), ch = static_cast<int64_t>(i) % c;
     stf(dx, i, ldf(dy, static_cast<size_t>(img * c + ch)) / static_cast<float>(hw));
-  }
-}
-// One thread per output element (NHWC: consecutive threads on consecutive
-// channels, coalesced); the window scanned row by row, the first maximum kept.
-template <typename T>
-__global__ void maxPoolNhwcKernel(const T* x, T* y, uint8_t* arg, int64_t n, int64_t c, int64_t h,
-                                  int64_t w, int64_t oh, int64_t ow, int k, int s, int p) {
-  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * oh * ow * c)) {
-    const int64_t ch = static_cast<int64_t>(i) % c;
-    int64_t rest = static_cast<int64_t>(i) / c;
-    const int64_t oj = rest % ow;
-    rest /= ow;
-    const int64_t oi = rest % oh, img = rest / oh;
-    float best = 0.0f;
-    int tap = -1;
-    for (int a = 0; a < k; ++a) {
-      const int64_t ii = oi * s - p + a;
-      if (ii < 0 || ii >= h) continue;
-      for (int b = 0; b < k; ++b) {
-        const int64_t jj = oj * s - p + b;
-        if (jj < 0 || jj >= w) continue;
-        const float v = ldf(x, static_cast<size_t>(((img * h + ii) * w + jj) * c + ch));
-        if (tap < 0 || kmath::poolReplaces(v, best)) {
-          best = v;
-          tap = a * k + b;
-        }
-      }
-    }
-    stf(y, i, best);
-    if (arg) arg[i] = static_cast<uint8_t>(tap);
   }
 }
 // One thread per input element: the outputs whose window covers it
@@ -168,14 +139,8 @@ void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, i
   DDPRUN_CHECK(k > 0 && k <= 16 && s > 0 && p >= 0 && p <= k / 2, "max pooling kernel ", k,
                ", stride ", s, ", pad ", p, ": our NHWC kernels take windows up to 16 with "
                "pad <= kernel / 2");
-  const size_t total = static_cast<size_t>(n * oh * ow * c);
-  if (!total) return;
-  byType(t, [&](auto tag) {
-    using T = DDPRUN_T(tag);
-    maxPoolNhwcKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), arg, n, c, h, w, oh, ow, k, s, p);
-  });
-  checkLaunch();
+  const PoolShape g{.n = n, .h = h, .w = w, .c = c, .oh = oh, .ow = ow, .k = k, .s = s, .p = p};
+  launchMaxPoolVec(x, y, arg, t, g, [](auto) { return PoolStored{}; }, stream);
 }
 void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
                                int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,

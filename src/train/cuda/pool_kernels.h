@@ -16,6 +16,14 @@
 
 namespace ddprun::train::cuda {
 
+// Max pooling's geometry: NHWC [n, h, w, c] into [n, oh, ow, c] through a
+// square window k (<= 16), stride s, padding p (<= k / 2; padded positions
+// never win), floor mode.
+struct PoolShape {
+  int64_t n = 0, h = 0, w = 0, c = 0, oh = 0, ow = 0;
+  int k = 3, s = 2, p = 1;
+};
+
 // Activation storage: the launchers taking a runtime::DType `t` read and
 // write their tensors' elements as t (float32, bfloat16, float16: the
 // activations of CudaBackendOptions::activations16), computing in float and
