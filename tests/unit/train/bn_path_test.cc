@@ -13,14 +13,29 @@ namespace {
 constexpr BnFusedWith kAllFused[] = {BnFusedWith::kNone, BnFusedWith::kRelu,
                                      BnFusedWith::kReluAdd};
 
-// The header's table, row by row, written out independently of chooseBnPath.
+// The header's table as data, the first matching row winning (-1: any;
+// fused -1: whenever something follows the batch norm).
+struct Row {
+  int ours, sync, nhwc, fusion, fusable;
+  BnKernels kernels;
+  int fused;
+};
+constexpr Row kTable[] = {
+    {1, -1, 1, -1, -1, BnKernels::kOursNhwc, -1},
+    {0, 1, -1, -1, -1, BnKernels::kOursSync, 0},
+    {0, 0, 1, 1, 1, BnKernels::kCudnnNhwcFused, 1},
+    {0, 0, 1, -1, -1, BnKernels::kCudnnNhwc, 0},
+    {0, 0, 0, -1, -1, BnKernels::kCudnnNchw, 0},
+};
 BnPath expected(const BnChoice& c) {
   const bool fusable = c.fusedWith != BnFusedWith::kNone;
-  if (c.ours) return {BnKernels::kOursNhwc, fusable};
-  if (c.sync) return {BnKernels::kOursSync, false};
-  if (!c.nhwc) return {BnKernels::kCudnnNchw, false};
-  if (c.cudnnFusion && fusable) return {BnKernels::kCudnnNhwcFused, true};
-  return {BnKernels::kCudnnNhwc, false};
+  auto fits = [](int want, bool have) { return want < 0 || (want == 1) == have; };
+  for (const Row& r : kTable)
+    if (fits(r.ours, c.ours) && fits(r.sync, c.sync) && fits(r.nhwc, c.nhwc) &&
+        fits(r.fusion, c.cudnnFusion) && fits(r.fusable, fusable))
+      return {r.kernels, r.fused < 0 ? fusable : r.fused == 1};
+  ADD_FAILURE() << "no row of the table fits";
+  return {};
 }
 
 TEST(BnPath, EveryCombinationFollowsTheTable) {
