@@ -64,6 +64,17 @@ class Comm {
   virtual int me() const = 0;
 };
 
+// The collectives and abort() of Comm, declared as overrides in one line by a
+// host transport's class (ShmComm, TcpRing, HierComm): adding a collective to
+// Comm then adds it to each of them, and the compiler names those lacking it.
+#define DDPRUN_COMM_COLLECTIVE_OVERRIDES                                                    \
+  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override;   \
+  void broadcast(void* buf, size_t bytes, int root) override;                               \
+  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override;     \
+  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override; \
+  void barrier() override;                                                                  \
+  void abort(int by) noexcept override
+
 // Splits `count` elements into `parts` contiguous blocks as evenly as possible.
 struct Partition {
   Partition(size_t count, int parts);

@@ -13,12 +13,7 @@ class HierComm : public Comm {
   // leaders (non-null on leaders only).
   HierComm(const Topology& topo, Comm* local, Comm* ring) : topo_(topo), local_(local), ring_(ring) {}
 
-  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override;
-  void broadcast(void* buf, size_t bytes, int root) override;
-  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override;
-  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override;
-  void barrier() override;
-  void abort(int by) noexcept override;
+  DDPRUN_COMM_COLLECTIVE_OVERRIDES;
   int size() const override { return topo_.size; }
   int me() const override { return topo_.rank; }
 

@@ -40,12 +40,7 @@ class ShmComm : public Comm {
   static size_t freeShmBytes();
   ~ShmComm() override;
 
-  void allReduce(const void* in, void* out, size_t count, DType t, ReduceOp op) override;
-  void broadcast(void* buf, size_t bytes, int root) override;
-  void allGather(const void* in, void* out, const std::vector<size_t>& bytes) override;
-  void reduceScatter(const void* in, void* out, size_t count, DType t, ReduceOp op) override;
-  void barrier() override;
-  void abort(int by) noexcept override;
+  DDPRUN_COMM_COLLECTIVE_OVERRIDES;
   int size() const override { return ctx_.size(); }
   int me() const override { return ctx_.me; }
 
