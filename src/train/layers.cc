@@ -34,6 +34,11 @@ void Rng::restore(const std::string& s) {
   gen_ = g;
 }
 
+void Layer::backwardAccumulate(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  DDPRUN_THROW(InvalidArgument, name(), ": this layer does not add into a gradient "
+               "(accumulatesDx() is false); run backward() and add");
+}
+
 void Backend::crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                                    float gradScale) {
   const double mean = crossEntropy(logits, labels, dlogits, nullptr, gradScale);

@@ -62,6 +62,7 @@ class BasicBlock final : public Layer {
   // last reader ran (done(); kept on the CPU): backward holds the block's
   // input and a few gradients at a time, not the whole forward.
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    if (dx && conv1_->accumulatesDx()) return backwardAdding(x, y, dy, *dx);
     // dL/dc2 and dL/dsum (the ReLU's masked dy: the shortcut's gradient).
     gC2_.ensureLike(c2_, be_.allocator());
     gSum_.ensureLike(y, be_.allocator());
@@ -89,6 +90,36 @@ class BasicBlock final : public Layer {
       be_.add(*dx, gSum_, *dx);
     }
     done(gSum_);
+  }
+
+  // The same where conv1 adds into a gradient (Layer::accumulatesDx): the
+  // shortcut's gradient is written into dx first (bn2's dz itself, or the
+  // downsample's dx), then conv1's backward adds the main branch's to it in
+  // its own pass: no separate add (dx = shortcut + main, the sum the other
+  // order gives).
+  void backwardAdding(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+    gC2_.ensureLike(c2_, be_.allocator());
+    Tensor& shortcut = dsConv_ ? gSum_ : dx;
+    shortcut.ensureLike(y, be_.allocator());
+    bn2_->backward(c2_, y, dy, &gC2_, &shortcut);
+    done(b2_);
+    if (dsConv_) {
+      back(*dsBn_, dc_, dc_, gSum_, &gDc_);
+      done(gSum_);
+      back(*dsConv_, x, dc_, gDc_, &dx);
+      done(gDc_);
+      done(dc_);
+    }
+    back(*conv2_, b1_, c2_, gC2_, &gR1_);
+    done(gC2_);
+    done(c2_);
+    gC1_.ensureLike(c1_, be_.allocator());
+    bn1_->backward(c1_, b1_, gR1_, &gC1_, nullptr);
+    done(gR1_);
+    done(b1_);
+    conv1_->backwardAccumulate(x, c1_, gC1_, dx);
+    done(gC1_);
+    done(c1_);
   }
 
   std::vector<Param*> params() override {

@@ -1510,6 +1510,44 @@ TEST_F(CudaBackendTest, NhwcMaxPoolIsExactThroughCudnnAndOurs) {
   }
 }
 
+// Residual gradients added by the convolution itself (backwardAccumulate:
+// cuDNN's backward-data with beta = 1) against backward() then our add: fp32
+// bit for bit (the blend adds once, as the add kernel does), 16-bit
+// activations within one rounding of the sum (one rounding instead of two);
+// also through the graph API's plans (which overwrite: a temporary and an add).
+TEST_F(CudaBackendTest, ConvolutionAddsIntoTheResidualGradient) {
+  struct Case {
+    CudaBackendOptions o;
+    double tol;
+  };
+  const Case cases[] = {
+      {{.device = 0, .precision = Precision::kFp32, .deterministic = true, .nhwc = true}, 0.0},
+      {{.device = 0, .precision = Precision::kFp32, .deterministic = true}, 0.0},
+      {{.device = 0, .precision = Precision::kBf16, .deterministic = true, .nhwc = true,
+        .activations16 = true}, 1.0 / 128},
+      {{.device = 0, .precision = Precision::kTf32, .nhwc = true,
+        .graphConv = CudaBackendOptions::GraphConv::kPrecompiled}, 0.0},
+  };
+  for (const Case& k : cases)
+    withBackend(k.o, [&] {
+      auto conv = gpu_->conv2d("conv", Conv2dSpec{8, 16, 3, 2, 1, false});
+      ASSERT_TRUE(conv->accumulatesDx());
+      const Tensor hx = hostTensor({2, 8, 9, 10}, 61), hp = hostTensor({2, 8, 9, 10}, 62);
+      Tensor x = toGpuAct(hx), prior = toGpuAct(hp), y, dx;
+      conv->forward(x, y, true);
+      const Tensor dy = toGpuAct(hostTensor(y.shape(), 63));
+      conv->backward(x, y, dy, &dx);
+      Tensor sum = toGpuAct(hp);
+      gpu_->add(prior, dx, sum);
+      conv->backwardAccumulate(x, y, dy, prior);
+      const std::vector<float> a = fromGpuAct(prior), b = fromGpuAct(sum);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(a[i], b[i], k.tol * (std::fabs(b[i]) + 1e-3) + (k.tol > 0 ? 1e-3 : 0.0))
+            << gpu_->describe() << " element " << i;
+    });
+}
+
 // The fused stem (CudaBackendOptions::fusedStem: bn1 + ReLU + the 3x3/2 max
 // pool as one layer) against the same layers apart on our kernels (our
 // batch norm, our NHWC pooling): the pooled output, dx and the parameter

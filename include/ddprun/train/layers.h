@@ -88,6 +88,14 @@ class Layer {
   // element-wise layer whose backward reads only y (ReLU). The Model then
   // runs it in place when the layer before does not read its own output.
   virtual bool worksInPlace() const { return false; }
+  // Whether backwardAccumulate() is supported: backward with dL/dx added to
+  // a gradient dx already holds (a residual block's two branches), in the
+  // layer's own pass where the device allows (a GPU convolution: beta = 1).
+  virtual bool accumulatesDx() const { return false; }
+  // As backward(x, y, dy, &dx), but dx += dL/dx. Precondition:
+  // accumulatesDx(); dx has x's shape and element type (InvalidArgument
+  // otherwise). The default throws InvalidArgument.
+  virtual void backwardAccumulate(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx);
 
  protected:
   explicit Layer(std::string name) : name_(std::move(name)) {}

@@ -94,6 +94,19 @@ class DnnlConv2d final : public Layer {
     putGrad(w_, wTmp_.data());
     if (s_.bias) putGrad(b_, static_cast<const float*>(p.diffB.get_data_handle()));
   }
+  // dx += dL/dx: backward into a temporary, then added element by element
+  // (dx + v: the sum a separate add of the two gradients gives, in either order).
+  bool accumulatesDx() const override { return true; }
+  void backwardAccumulate(const Tensor& x, const Tensor& y, const Tensor& dy,
+                          Tensor& dx) override {
+    DDPRUN_CHECK(dx.shape() == x.shape(), name(), ": backwardAccumulate adds into a gradient of ",
+                 shapeString(x.shape()), ", got ", shapeString(dx.shape()));
+    Tensor v;
+    backward(x, y, dy, &v);
+    float* d = dx.data();
+    const float* s = v.data();
+    for (int64_t i = 0, n = dx.numel(); i < n; ++i) d[i] = d[i] + s[i];
+  }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
     return {&w_};

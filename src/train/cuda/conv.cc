@@ -107,10 +107,29 @@ class Conv2d final : public Layer {
                                      yDesc_, y.data()));
   }
   bool backwardReadsOutput() const override { return false; }
+  // dx += dL/dx in cuDNN's backward-data call itself (beta = 1; its blend in
+  // float, one rounding into a 16-bit dx); a graph-API plan, which only
+  // overwrites, goes through a temporary and our add kernel.
+  bool accumulatesDx() const override { return true; }
+  void backwardAccumulate(const Tensor& x, const Tensor& y, const Tensor& dy,
+                          Tensor& dx) override {
+    DDPRUN_CHECK(dx.shape() == x.shape() && dx.dtype() == x.dtype(), name(),
+                 ": backwardAccumulate adds into a gradient of x's shape and type (",
+                 shapeString(x.shape()), " ", runtime::dtypeName(x.dtype()), "), got ",
+                 shapeString(dx.shape()), " ", runtime::dtypeName(dx.dtype()));
+    accumulate_ = true;
+    try {
+      backward(x, y, dy, &dx);
+    } catch (...) {
+      accumulate_ = false;
+      throw;
+    }
+    accumulate_ = false;
+  }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
     ctx_->bind();
     checkType(dy, y, name().c_str());
-    if (dx) dx->ensureLike(x, ctx_->allocator());
+    if (dx && !accumulate_) dx->ensureLike(x, ctx_->allocator());
     if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     ConvAlgos& a = algos(x.shape());
@@ -134,8 +153,9 @@ class Conv2d final : public Layer {
       runBackwardFilter(x.data(), dy.data(), w_.grad.data(), beta(w_), a);
     }
     w_.overwriteGrad = false;
-    if (dx) runBackwardData(ctx_->nhwc() ? wK_.get() : w_.value.data(), dy.data(), dx->data(),
-                            a);
+    if (dx)
+      runBackwardData(ctx_->nhwc() ? wK_.get() : w_.value.data(), dy.data(), dx->data(), a,
+                      {accumulate_, dx->dtype(), static_cast<size_t>(dx->numel())});
   }
   std::vector<Param*> params() override {
     if (s_.bias) return {&w_, &b_};
@@ -219,14 +239,27 @@ class Conv2d final : public Layer {
                                                    conv_, f.algo, ws.get(), f.memory, beta,
                                                    wDesc_, dw));
   }
-  void runBackwardData(const void* w, const void* dy, void* dx, const ConvAlgos& a) {
-    if (a.graphData) return runPlan(*a.graphData, w, dy, dx);
+  // How backward-data writes dx: overwritten, or (add) added to, dx being
+  // `count` elements of `type`.
+  struct DxWrite {
+    bool add = false;
+    runtime::DType type = runtime::DType::kFloat32;
+    size_t count = 0;
+  };
+  void runBackwardData(const void* w, const void* dy, void* dx, const ConvAlgos& a,
+                       const DxWrite& to) {
+    if (a.graphData) {
+      if (!to.add) return runPlan(*a.graphData, w, dy, dx);
+      ScopedDeviceBytes tmp(*ctx_, to.count * runtime::dtypeSize(to.type));
+      runPlan(*a.graphData, w, dy, tmp.get());
+      return launchAdd(dx, tmp.get(), dx, to.count, to.type, ctx_->stream());
+    }
     const cudnnConvolutionBwdDataAlgoPerf_t& f = *a.data;
     DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, f.mathType));
     ScopedDeviceBytes ws(*ctx_, f.memory);
     DDPRUN_CUDNN_OK(cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, w, yDesc_, dy,
-                                                 conv_, f.algo, ws.get(), f.memory, &kCudnnZero,
-                                                 xDesc_, dx));
+                                                 conv_, f.algo, ws.get(), f.memory,
+                                                 to.add ? &kCudnnOne : &kCudnnZero, xDesc_, dx));
   }
   void runPlan(const GraphPlan& plan, const void* in1, const void* in2, void* out) {
     ScopedDeviceBytes ws(*ctx_, plan.workspace());
@@ -290,12 +323,16 @@ class Conv2d final : public Layer {
     else
       launchAccumulate16(dw16.get(), w_.grad.data(), weightCount(), bf16, ctx_->stream());
     w_.overwriteGrad = false;
+    const size_t n = static_cast<size_t>(x.numel());
     if (dx && dx->is16()) {
-      runBackwardData(w16, g16, dx->raw(), a);
-    } else if (dx) {
+      runBackwardData(w16, g16, dx->raw(), a, {accumulate_, dx->dtype(), n});
+    } else if (dx) {  // into 16 bits, then cast into (or added to) the float dx
       DeviceArray<uint16_t> dx16(ctx_);
-      runBackwardData(w16, g16, dx16.ensure(static_cast<size_t>(x.numel())), a);
-      launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
+      runBackwardData(w16, g16, dx16.ensure(n), a, {false, ctx_->actType(), n});
+      if (accumulate_)
+        launchAccumulate16(dx16.get(), dx->data(), n, bf16, ctx_->stream());
+      else
+        launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
     }
     releaseInput16();  // one backward per forward
   }
@@ -319,6 +356,7 @@ class Conv2d final : public Layer {
   DeviceArray<uint16_t> x16_, w16_;
   const float* x16Of_ = nullptr;
   DeviceArray<float> wK_;  // NHWC: the float filter in KRSC (filterForCudnn)
+  bool accumulate_ = false;  // within backwardAccumulate: dx += instead of =
 };
 }  // namespace
 

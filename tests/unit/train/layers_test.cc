@@ -140,6 +140,42 @@ TEST_F(LayersTest, Conv2dGradientsWithAndWithoutPadding) {
   checkLayer(*c2, {2, 3, 7, 7}, true);
 }
 
+// Layer::backwardAccumulate: a convolution adds dL/dx into the gradient dx
+// holds (a residual block's other branch), bitwise what backward() then a
+// separate add give, and the same parameter gradients; a layer that does not
+// accumulate says so.
+TEST_F(LayersTest, ConvolutionAddsIntoAGradientAsASeparateAddWould) {
+  auto conv = be->conv2d("conv", Conv2dSpec{3, 4, 3, 2, 1, false});
+  ASSERT_TRUE(conv->accumulatesDx());
+  Rng rng(5);
+  Tensor x({2, 3, 7, 6}), prior({2, 3, 7, 6});
+  for (Tensor* t : {&x, &prior})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = rng.uniform(-1.0f, 1.0f);
+  for (Param* p : conv->params())
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data()[i] = rng.uniform(-0.5f, 0.5f);
+  Tensor y, dx;
+  conv->forward(x, y, true);
+  Tensor dy(y.shape());
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = rng.uniform(-1.0f, 1.0f);
+  conv->params()[0]->overwriteGrad = true;
+  conv->backward(x, y, dy, &dx);
+  const std::vector<float> grad = values(conv->params()[0]->grad);
+  Tensor sum(x.shape());
+  be->add(prior, dx, sum);
+  Tensor acc(x.shape());
+  std::copy(prior.data(), prior.data() + prior.numel(), acc.data());
+  conv->params()[0]->overwriteGrad = true;
+  conv->backwardAccumulate(x, y, dy, acc);
+  const std::vector<float> a = values(acc), b = values(sum);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(values(conv->params()[0]->grad), grad);
+  Tensor wrong({2, 3, 7, 5});
+  EXPECT_THROW(conv->backwardAccumulate(x, y, dy, wrong), InvalidArgument);
+  auto relu = be->relu("relu");
+  EXPECT_FALSE(relu->accumulatesDx());
+  EXPECT_THROW(relu->backwardAccumulate(x, x, x, acc), InvalidArgument);
+}
+
 TEST_F(LayersTest, StridedConvolutionsWithoutBiasMatchTheDefinition) {
   Rng rng(5);
   // ResNet's shapes in small: 7x7/2 pad 3 (imagenet stem), 3x3/2 pad 1, 1x1/2
