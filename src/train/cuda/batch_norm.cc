@@ -252,6 +252,8 @@ class FusedBnActPool final : public Layer {
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) override {
     DDPRUN_CHECK(trained_, name(), ": backward after an eval-mode forward");
     bn_.ownPoolBackward(x, dy, arg_.get(), geometry(x), dx);
+    arg_.reset();  // one backward per training forward
+    trained_ = false;
   }
   std::vector<Param*> params() override { return bn_.params(); }
   std::vector<Buffer*> buffers() override { return bn_.buffers(); }

@@ -125,8 +125,8 @@ void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType
 // it (dy of the outputs whose winning tap i is, in output order, summed in
 // float and rounded to t, as the unfused pooling's backward stores it),
 // masked by the recomputed activation (kmath::bnActGrad), written to gOut
-// (storage t; the dx buffer launchBnNhwcBackwardData then reads as g and may
-// overwrite), and summed as launchBnNhwcBackwardSums sums (same partition,
+// when not null (storage t; the dx buffer launchBnNhwcBackwardData then reads
+// as g and may overwrite), and summed as launchBnNhwcBackwardSums sums (same partition,
 // same order: the unfused sums, bit for bit) into out (2c + 1 doubles,
 // workspace bnNhwcWorkspaceBytes(n * h * w, c)). Traffic: reads x, dy and
 // arg (a quarter of x's elements each at 3x3/2), writes gOut.

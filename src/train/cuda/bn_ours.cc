@@ -79,13 +79,15 @@ void BatchNorm2d::ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8
                "keeps batch statistics only in training)");
   ctx_->bind();
   checkType(dy, x, name().c_str());
-  Tensor& out = dx ? *dx : scratch_;
-  out.ensureLike(x, ctx_->allocator());
+  DDPRUN_CHECK(dy.shape() == Shape({g.n, g.c, g.oh, g.ow}), name(), ": dL/dy is ",
+               shapeString(dy.shape()), ", the pooled output [", g.n, ", ", g.c, ", ", g.oh,
+               ", ", g.ow, "]");
+  if (dx) dx->ensureLike(x, ctx_->allocator());
   const int64_t rows = rowsOf(x);
   double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
-  {
+  {  // the masked gradient into dx's buffer (none without dx: the sums alone)
     ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
-    launchBnActPoolBackwardSums(x.raw(), dy.raw(), arg, out.raw(), x.dtype(), g,
+    launchBnActPoolBackwardSums(x.raw(), dy.raw(), arg, dx ? dx->raw() : nullptr, x.dtype(), g,
                                 saveMean_.data(), saveInvStd_.data(), w_.value.data(),
                                 b_.value.data(), ws.get(), s, ctx_->stream());
   }
