@@ -11,6 +11,8 @@ import os
 import statistics
 import subprocess
 
+import benchutil
+
 # The loss-parity bound: the largest |ours - PyTorch| allowed over the first
 # PARITY_STEPS step losses (cross-entropy of 10 classes: about 2.3 at the
 # start), per precision. Both sides start from the same weights (one
@@ -122,22 +124,14 @@ def gpu_state():
 
 
 def tree_state(root, override=None):
-    """{"commit", "dirty"}: `override` ("<sha>" or "<sha>-dirty", e.g. what
-    gpu_session.sh --prepare recorded) when given, else git's view of root
-    (dirty: tracked files differ from HEAD); None for what is unknown."""
-    if override:
-        return {"commit": override[:-len("-dirty")] if override.endswith("-dirty") else override,
-                "dirty": override.endswith("-dirty")}
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=30)
-        if head.returncode != 0:
-            return {"commit": None, "dirty": None}
-        st = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True, timeout=30)
-        return {"commit": head.stdout.strip(), "dirty": bool(st.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
+    """{"commit", "dirty"} from benchutil.git_commit (`override`, e.g. what
+    gpu_session.sh --prepare recorded, else $DDPRUN_COMMIT, else git's view of
+    root; "<sha>-dirty" when tracked files differ); None for what is unknown."""
+    c = benchutil.git_commit(root, override)
+    if not c:
         return {"commit": None, "dirty": None}
+    dirty = c.endswith("-dirty")
+    return {"commit": c[:-len("-dirty")] if dirty else c, "dirty": dirty}
 
 
 def stamp(path, root, commit=None):
@@ -146,10 +140,7 @@ def stamp(path, root, commit=None):
     with open(path) as f:
         d = json.load(f)
     d["machine"] = {"gpu": gpu_state(), "tree": tree_state(root, commit)}
-    with open(path + ".tmp", "w") as f:
-        json.dump(d, f, indent=1)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    benchutil.write_json_atomic(path, d)
 
 
 if __name__ == "__main__":

@@ -1054,15 +1054,9 @@ def select_cases(o):
 
 
 def gpu_info():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    if not out:
-        return None, None
-    name, _, driver = out[0].partition(",")
-    return name.strip(), driver.strip() or None
+    """(GPU name, driver) from nvidia-smi (bench_harness.gpu_state), or Nones."""
+    st = bh.gpu_state()
+    return st.get("name"), st.get("driver_version")
 
 
 def report(full, o, path):

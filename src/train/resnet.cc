@@ -68,22 +68,12 @@ class BasicBlock final : public Layer {
     gSum_.ensureLike(y, be_.allocator());
     bn2_->backward(c2_, y, dy, &gC2_, &gSum_);
     done(b2_);  // the output (y) is read by nothing below
-    back(*conv2_, b1_, c2_, gC2_, &gR1_);
-    done(gC2_);
-    done(c2_);
-    gC1_.ensureLike(c1_, be_.allocator());
-    bn1_->backward(c1_, b1_, gR1_, &gC1_, nullptr);
-    done(gR1_);
-    done(b1_);
+    backToC1();
     back(*conv1_, x, c1_, gC1_, dx);
     done(gC1_);
     done(c1_);
     if (dsConv_) {
-      // The batch norm's backward reads its input (dc_) and the shapes only.
-      back(*dsBn_, dc_, dc_, gSum_, &gDc_);
-      back(*dsConv_, x, dc_, gDc_, dx ? &gX_ : nullptr);
-      done(gDc_);
-      done(dc_);
+      downsampleBack(x, dx ? &gX_ : nullptr);
       if (dx) be_.add(*dx, gX_, *dx);
       done(gX_);
     } else if (dx) {
@@ -104,12 +94,18 @@ class BasicBlock final : public Layer {
     bn2_->backward(c2_, y, dy, &gC2_, &shortcut);
     done(b2_);
     if (dsConv_) {
-      back(*dsBn_, dc_, dc_, gSum_, &gDc_);
+      downsampleBack(x, &dx);
       done(gSum_);
-      back(*dsConv_, x, dc_, gDc_, &dx);
-      done(gDc_);
-      done(dc_);
     }
+    backToC1();
+    conv1_->backwardAccumulate(x, c1_, gC1_, dx);
+    done(gC1_);
+    done(c1_);
+  }
+
+  // The main branch from dL/dc2 (gC2_) down to dL/dc1 (gC1_): conv2's
+  // backward, then bn1's (with its ReLU).
+  void backToC1() {
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
     done(c2_);
@@ -117,9 +113,15 @@ class BasicBlock final : public Layer {
     bn1_->backward(c1_, b1_, gR1_, &gC1_, nullptr);
     done(gR1_);
     done(b1_);
-    conv1_->backwardAccumulate(x, c1_, gC1_, dx);
-    done(gC1_);
-    done(c1_);
+  }
+  // The downsample's backward from dL/dsum (gSum_): its parameters'
+  // gradients, and the shortcut's dL/dx into `into` (null: none wanted). The
+  // batch norm's backward reads its input (dc_) and the shapes only.
+  void downsampleBack(const Tensor& x, Tensor* into) {
+    back(*dsBn_, dc_, dc_, gSum_, &gDc_);
+    back(*dsConv_, x, dc_, gDc_, into);
+    done(gDc_);
+    done(dc_);
   }
 
   std::vector<Param*> params() override {

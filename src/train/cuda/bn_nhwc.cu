@@ -178,20 +178,10 @@ void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd, 
   checkLaunch();
 }
 
-void checkPoolShape(const char* what, const PoolShape& g) {
-  DDPRUN_CHECK(g.n >= 0 && g.h > 0 && g.w > 0 && g.c >= 0 && g.k > 0 && g.k <= 16 && g.s > 0 &&
-                   g.p >= 0 && g.p <= g.k / 2 && g.oh == (g.h + 2 * g.p - g.k) / g.s + 1 &&
-                   g.ow == (g.w + 2 * g.p - g.k) / g.s + 1,
-               what, ": max pooling window ", g.k, ", stride ", g.s, ", pad ", g.p, " over ", g.h,
-               "x", g.w, " into ", g.oh, "x", g.ow, ": windows up to 16 with pad <= kernel / 2, "
-               "floor mode");
-}
-
 void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType t,
                             const PoolShape& g, const float* mean, const float* invstd,
                             const float* gamma, const float* beta, cudaStream_t s) {
-  checkPoolShape("launchBnActPoolForward", g);
-  launchMaxPoolVec(x, y, arg, t, g, [&](auto tag) {
+  launchMaxPoolVec("launchBnActPoolForward", x, y, arg, t, g, [&](auto tag) {
     return PoolBnAct<DDPRUN_T(tag)>{mean, invstd, gamma, beta};
   }, s);
 }

@@ -3,6 +3,7 @@
 // Thread mapping and reduction order: bn_nhwc.cu's comment.
 #include "bn_nhwc.h"
 #include "bn_nhwc_support.cuh"
+#include "max_pool.cuh"  // gatherPooledGrad
 
 namespace ddprun::train::cuda {
 
@@ -107,21 +108,8 @@ struct PoolGradSumsOp {
   __device__ void eval(const Raw& r, size_t i, float (&pa)[V], float (&pb)[V]) const {
     const int64_t row = static_cast<int64_t>(i) / g.c, ch0 = static_cast<int64_t>(i) % g.c;
     const int64_t jj = row % g.w, ii = (row / g.w) % g.h, img = row / (g.w * g.h);
-    const kmath::TapRange ri = kmath::poolCoverRange(ii, g.oh, g.k, g.s, g.p);
-    const kmath::TapRange rj = kmath::poolCoverRange(jj, g.ow, g.k, g.s, g.p);
     float sum[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) sum[k] = 0.0f;
-    for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
-      for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
-        const size_t o = static_cast<size_t>(((img * g.oh + oi) * g.ow + oj) * g.c + ch0);
-        const int64_t tap = (ii - (oi * g.s - g.p)) * g.k + (jj - (oj * g.s - g.p));
-        float d[V];
-        toFloats(ldv<T, V>(dy, o), d);
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-          if (arg[o + k] == tap) sum[k] += d[k];
-      }
+    gatherPooledGrad<T, V>(dy, arg, g, img, ii, jj, ch0, sum);
     float xv[V];
     toFloats(r.x, xv);
 #pragma unroll

@@ -117,19 +117,22 @@ class Conv2d final : public Layer {
                  ": backwardAccumulate adds into a gradient of x's shape and type (",
                  shapeString(x.shape()), " ", runtime::dtypeName(x.dtype()), "), got ",
                  shapeString(dx.shape()), " ", runtime::dtypeName(dx.dtype()));
-    accumulate_ = true;
-    try {
-      backward(x, y, dy, &dx);
-    } catch (...) {
-      accumulate_ = false;
-      throw;
-    }
-    accumulate_ = false;
+    backwardInto(x, y, dy, &dx, true);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    backwardInto(x, y, dy, dx, false);
+  }
+  std::vector<Param*> params() override {
+    if (s_.bias) return {&w_, &b_};
+    return {&w_};
+  }
+
+ private:
+  // backward, dL/dx written into *dx or (add) added to it.
+  void backwardInto(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx, bool add) {
     ctx_->bind();
     checkType(dy, y, name().c_str());
-    if (dx && !accumulate_) dx->ensureLike(x, ctx_->allocator());
+    if (dx && !add) dx->ensureLike(x, ctx_->allocator());
     if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     ConvAlgos& a = algos(x.shape());
@@ -143,7 +146,7 @@ class Conv2d final : public Layer {
                                                    beta(b_), biasDesc_, b_.grad.data()));
       b_.overwriteGrad = false;
     }
-    if (ctx_->autocast()) return backward16(x, dy, dx, a);
+    if (ctx_->autocast()) return backward16(x, dy, dx, add, a);
     if (ctx_->nhwc()) {  // KRSC from cuDNN, transposed into (or added to) the OIHW gradient
       DeviceArray<float> dwK(ctx_);
       runBackwardFilter(x.data(), dy.data(), dwK.ensure(weightCount()), &kCudnnZero, a);
@@ -155,14 +158,8 @@ class Conv2d final : public Layer {
     w_.overwriteGrad = false;
     if (dx)
       runBackwardData(ctx_->nhwc() ? wK_.get() : w_.value.data(), dy.data(), dx->data(), a,
-                      {accumulate_, dx->dtype(), static_cast<size_t>(dx->numel())});
+                      {add, dx->dtype(), static_cast<size_t>(dx->numel())});
   }
-  std::vector<Param*> params() override {
-    if (s_.bias) return {&w_, &b_};
-    return {&w_};
-  }
-
- private:
   size_t weightCount() const { return static_cast<size_t>(w_.value.numel()); }
   // x is float, or of the context's 16-bit activation type.
   void checkInput(const Tensor& x) const {
@@ -301,9 +298,9 @@ class Conv2d final : public Layer {
   }
   // dy to 16 bits; dW in 16 bits (cuDNN's legacy API wants dw in x's type)
   // added into, or written over, the float gradient; dx in 16 bits cast
-  // into *dx.
+  // into (add: added to) *dx.
   // 16-bit x, dy and dx (16-bit activations) are used as they are.
-  void backward16(const Tensor& x, const Tensor& dy, Tensor* dx, const ConvAlgos& a) {
+  void backward16(const Tensor& x, const Tensor& dy, Tensor* dx, bool add, const ConvAlgos& a) {
     const bool bf16 = ctx_->bf16();
     const void* x16 = x.is16() ? x.raw()
                       : x16Of_ == x.data() && x16_.get()
@@ -325,11 +322,11 @@ class Conv2d final : public Layer {
     w_.overwriteGrad = false;
     const size_t n = static_cast<size_t>(x.numel());
     if (dx && dx->is16()) {
-      runBackwardData(w16, g16, dx->raw(), a, {accumulate_, dx->dtype(), n});
+      runBackwardData(w16, g16, dx->raw(), a, {add, dx->dtype(), n});
     } else if (dx) {  // into 16 bits, then cast into (or added to) the float dx
       DeviceArray<uint16_t> dx16(ctx_);
       runBackwardData(w16, g16, dx16.ensure(n), a, {false, ctx_->actType(), n});
-      if (accumulate_)
+      if (add)
         launchAccumulate16(dx16.get(), dx->data(), n, bf16, ctx_->stream());
       else
         launchFrom16(dx16.get(), nullptr, dx->data(), x.numel(), 1, 1, bf16, ctx_->stream());
@@ -356,7 +353,6 @@ class Conv2d final : public Layer {
   DeviceArray<uint16_t> x16_, w16_;
   const float* x16Of_ = nullptr;
   DeviceArray<float> wK_;  // NHWC: the float filter in KRSC (filterForCudnn)
-  bool accumulate_ = false;  // within backwardAccumulate: dx += instead of =
 };
 }  // namespace
 

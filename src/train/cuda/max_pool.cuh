@@ -1,6 +1,7 @@
 // The NHWC max pooling kernel, V channels a thread, shared by our max pool
 // (pool_kernels.cu: the stored values) and the fused stem (bn_nhwc.cu: the
-// batch norm's activation recomputed under each window). Internal to
+// batch norm's activation recomputed under each window), and the backward's
+// gather of the pooled gradient, shared by both backwards. Internal to
 // src/train/cuda/; include from .cu files only.
 //
 // One thread per (pooled pixel, group of V channels), channel groups fastest:
@@ -77,11 +78,48 @@ __global__ void maxPoolVecKernel(const T* x, T* y, uint8_t* arg, PoolShape g, Ac
   }
 }
 
+// The backward's gather for input pixel (img, ii, jj), channels ch0 ..
+// ch0 + V - 1: sum[k] = dy of the outputs whose window covers the pixel
+// (kmath::poolCoverRange) and whose winning tap (maxPoolVecKernel's a * k +
+// b) it is, in output order, in float.
+template <class T, int V>
+__device__ void gatherPooledGrad(const void* dy, const uint8_t* arg, const PoolShape& g,
+                                 int64_t img, int64_t ii, int64_t jj, int64_t ch0,
+                                 float (&sum)[V]) {
+  const kmath::TapRange ri = kmath::poolCoverRange(ii, g.oh, g.k, g.s, g.p);
+  const kmath::TapRange rj = kmath::poolCoverRange(jj, g.ow, g.k, g.s, g.p);
+#pragma unroll
+  for (int k = 0; k < V; ++k) sum[k] = 0.0f;
+  for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
+    for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
+      const size_t o = static_cast<size_t>(((img * g.oh + oi) * g.ow + oj) * g.c + ch0);
+      const int64_t tap = (ii - (oi * g.s - g.p)) * g.k + (jj - (oj * g.s - g.p));
+      float d[V];
+      toFloats(ldv<T, V>(dy, o), d);
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (arg[o + k] == tap) sum[k] += d[k];
+    }
+}
+
+// InvalidArgument naming `what` unless g is a pooling these kernels take:
+// windows up to 16 (a tap fits a byte), pad <= kernel / 2, floor mode.
+inline void checkPoolShape(const char* what, const PoolShape& g) {
+  DDPRUN_CHECK(g.n >= 0 && g.h > 0 && g.w > 0 && g.c >= 0 && g.k > 0 && g.k <= 16 && g.s > 0 &&
+                   g.p >= 0 && g.p <= g.k / 2 && g.oh == (g.h + 2 * g.p - g.k) / g.s + 1 &&
+                   g.ow == (g.w + 2 * g.p - g.k) / g.s + 1,
+               what, ": max pooling window ", g.k, ", stride ", g.s, ", pad ", g.p, " over ", g.h,
+               "x", g.w, " into ", g.oh, "x", g.ow, ": our NHWC kernels take windows up to 16 "
+               "with pad <= kernel / 2, floor mode");
+}
+
 // Launches maxPoolVecKernel<T, V, Act> for storage type `t`, V the widest
-// that c and the pointers allow; act(tag) makes the functor for T.
+// that c and the pointers allow; act(tag) makes the functor for T. `what`
+// names the caller in a bad shape's message (checkPoolShape).
 template <class MakeAct>
-void launchMaxPoolVec(const void* x, void* y, uint8_t* arg, runtime::DType t, const PoolShape& g,
-                      MakeAct makeAct, cudaStream_t s) {
+void launchMaxPoolVec(const char* what, const void* x, void* y, uint8_t* arg, runtime::DType t,
+                      const PoolShape& g, MakeAct makeAct, cudaStream_t s) {
+  checkPoolShape(what, g);
   byType(t, [&](auto tag) {
     using T = DDPRUN_T(tag);
     withWidth(vectorWidth(g.c, sizeof(T), {x, y}), [&](auto vw) {

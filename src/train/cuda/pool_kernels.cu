@@ -63,28 +63,19 @@ __global__ void globalAvgPoolNhwcBackwardKernel(const T* dy, T* dx, int64_t n, i
     stf(dx, i, ldf(dy, static_cast<size_t>(img * c + ch)) / static_cast<float>(hw));
   }
 }
-// One thread per input element: the outputs whose window covers it
-// (kmath::poolCoverRange), in order, those whose winner it is.
+// One thread per input element: the pooled gradient gathered from the
+// outputs whose winning tap it is (gatherPooledGrad).
 template <typename T>
-__global__ void maxPoolNhwcBackwardKernel(const T* dy, const uint8_t* arg, T* dx, int64_t n,
-                                          int64_t c, int64_t h, int64_t w, int64_t oh,
-                                          int64_t ow, int k, int s, int p) {
-  DDPRUN_GRID_LOOP(i, static_cast<size_t>(n * h * w * c)) {
-    const int64_t ch = static_cast<int64_t>(i) % c;
-    int64_t rest = static_cast<int64_t>(i) / c;
-    const int64_t jj = rest % w;
-    rest /= w;
-    const int64_t ii = rest % h, img = rest / h;
-    const kmath::TapRange ri = kmath::poolCoverRange(ii, oh, k, s, p);
-    const kmath::TapRange rj = kmath::poolCoverRange(jj, ow, k, s, p);
-    float g = 0.0f;
-    for (int64_t oi = ri.lo; oi < ri.hi; ++oi)
-      for (int64_t oj = rj.lo; oj < rj.hi; ++oj) {
-        const size_t o = static_cast<size_t>(((img * oh + oi) * ow + oj) * c + ch);
-        const int64_t tap = (ii - (oi * s - p)) * k + (jj - (oj * s - p));
-        if (arg[o] == tap) g += ldf(dy, o);
-      }
-    stf(dx, i, g);
+__global__ void maxPoolNhwcBackwardKernel(const T* dy, const uint8_t* arg, T* dx, PoolShape g) {
+  DDPRUN_GRID_LOOP(i, static_cast<size_t>(g.n * g.h * g.w * g.c)) {
+    const int64_t ch = static_cast<int64_t>(i) % g.c;
+    int64_t rest = static_cast<int64_t>(i) / g.c;
+    const int64_t jj = rest % g.w;
+    rest /= g.w;
+    const int64_t ii = rest % g.h, img = rest / g.h;
+    float sum[1];
+    gatherPooledGrad<T, 1>(dy, arg, g, img, ii, jj, ch, sum);
+    stf(dx, i, sum[0]);
   }
 }
 }  // namespace
@@ -136,21 +127,20 @@ void launchGlobalAvgPoolNhwcBackward(const float* dy, float* dx, int64_t n, int6
 void launchMaxPoolNhwc(const void* x, void* y, uint8_t* arg, runtime::DType t, int64_t n,
                        int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s,
                        int p, cudaStream_t stream) {
-  DDPRUN_CHECK(k > 0 && k <= 16 && s > 0 && p >= 0 && p <= k / 2, "max pooling kernel ", k,
-               ", stride ", s, ", pad ", p, ": our NHWC kernels take windows up to 16 with "
-               "pad <= kernel / 2");
   const PoolShape g{.n = n, .h = h, .w = w, .c = c, .oh = oh, .ow = ow, .k = k, .s = s, .p = p};
-  launchMaxPoolVec(x, y, arg, t, g, [](auto) { return PoolStored{}; }, stream);
+  launchMaxPoolVec("launchMaxPoolNhwc", x, y, arg, t, g, [](auto) { return PoolStored{}; },
+                   stream);
 }
 void launchMaxPoolNhwcBackward(const void* dy, const uint8_t* arg, void* dx, runtime::DType t,
                                int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
                                int64_t ow, int k, int s, int p, cudaStream_t stream) {
   const size_t total = static_cast<size_t>(n * h * w * c);
   if (!total) return;
+  const PoolShape g{.n = n, .h = h, .w = w, .c = c, .oh = oh, .ow = ow, .k = k, .s = s, .p = p};
   byType(t, [&](auto tag) {
     using T = DDPRUN_T(tag);
     maxPoolNhwcBackwardKernel<T><<<blocksFor(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), arg, static_cast<T*>(dx), n, c, h, w, oh, ow, k, s, p);
+        static_cast<const T*>(dy), arg, static_cast<T*>(dx), g);
   });
   checkLaunch();
 }
