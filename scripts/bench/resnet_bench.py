@@ -40,7 +40,10 @@ process under `ddprun --standalone`):
     DDPRUN_CUDA_ALLOCATOR=async; PyTorch's figures are the tf32 case's),
     resnet18-224-{tf32,bf16}-fusedstem (ours with DDPRUN_CUDA_FUSED_STEM=1:
     bn1 + ReLU + max pool as one layer), resnet18-224-{tf32,bf16}-ownpool (our
-    vectorised NHWC max pool: DDPRUN_CUDA_OWN_POOL=1) and
+    vectorised NHWC max pool: DDPRUN_CUDA_OWN_POOL=1),
+    resnet18-224-{tf32,bf16}-bnfold (DDPRUN_CUDA_BN_FOLD=1: our batch norm's
+    sums with the chunk reduction and the finish or the parameter gradients
+    in one launch) and
     resnet18-224-fp32-deterministic
     (train --deterministic against PyTorch's cudnn.deterministic in its faster
     fp32 setting). --extra-case adds more.
@@ -163,6 +166,10 @@ def cuda_cases(quick, compile=True):
         # Our vectorised NHWC max pool instead of cuDNN's (the default where faster).
         variant("tf32", "ownpool", env={"DDPRUN_CUDA_OWN_POOL": "1"}),
         variant("bf16", "ownpool", env={"DDPRUN_CUDA_OWN_POOL": "1"}),
+        # Our batch norm's sums with their epilogue in one launch (2 launches
+        # a direction instead of 4; bitwise the same): opt-in until measured.
+        variant("tf32", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
+        variant("bf16", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

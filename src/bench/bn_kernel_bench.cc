@@ -19,6 +19,14 @@
 // rotate over copies of the tensors that together exceed twice the L2 cache,
 // so that no launch reads what the one before left in L2.
 //
+// Then each direction as a training step runs it, unfolded and folded
+// (bn_nhwc.h's BnFold: issue 44 item 3), back to back like the layers of a
+// step: forward = the statistics (partials, chunk reduction, finish) and the
+// element-wise pass, 4 launches unfolded and 2 folded; backward = the sums,
+// the parameter gradients and the backward data, 4 and 2. Each against the
+// copy's time for the same bytes ("directions" in the JSON, and the step's
+// forward/backward totals per launch shape).
+//
 // Prints a table; --out also writes the results as JSON (rewritten after each
 // dtype). Exit status: 0 measured, 2 bad flags (CLI11's message), 3 a CUDA
 // error, 77 no CUDA device (nothing measured: the skip code of our tests).
@@ -59,7 +67,7 @@ struct LayerBuffers {
   size_t bytes;  // one activation tensor
   int sets;
   DeviceMemory x, z, y, dy, g, dx, ws;
-  DeviceMemory mean, invstd, gamma, beta, sums;
+  DeviceMemory mean, invstd, gamma, beta, sums, dgamma, dbeta, counters;
   LayerBuffers(const BnLayerGroup& l, size_t elementBytes, int sets_)
       : bytes(static_cast<size_t>(l.elements()) * elementBytes),
         sets(sets_),
@@ -74,7 +82,10 @@ struct LayerBuffers {
         invstd(DeviceMemory::alloc(l.c * 4)),
         gamma(DeviceMemory::alloc(l.c * 4)),
         beta(DeviceMemory::alloc(l.c * 4)),
-        sums(DeviceMemory::alloc((2 * l.c + 1) * 8)) {}
+        sums(DeviceMemory::alloc((2 * l.c + 1) * 8)),
+        dgamma(DeviceMemory::alloc(l.c * 4)),
+        dbeta(DeviceMemory::alloc(l.c * 4)),
+        counters(DeviceMemory::alloc(tc::bnNhwcFoldCounters(l.c) * sizeof(unsigned))) {}
   void* at(const DeviceMemory& b, int set) const { return as<char>(b) + bytes * set; }
 };
 
@@ -122,6 +133,31 @@ void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, i
   }
 }
 
+// One direction of layer l as a step runs it, on tensor set `set`: forward
+// (statistics with their finish, then the element-wise pass) or backward
+// (sums with the parameter gradients, then the data), folded into the sums'
+// launch or not.
+void runDirection(bool forward, bool folded, const BnLayerGroup& l, const LayerBuffers& b,
+                  DType t, int set, cudaStream_t s) {
+  tc::BnFold f;
+  if (folded) f.counters = as<unsigned>(b.counters);
+  if (forward) {
+    f.finish = {1e-5, 0.1, as<float>(b.mean), as<float>(b.invstd), nullptr, nullptr};
+    tc::launchBnNhwcStats(b.at(b.x, set), t, l.rows(), l.c, b.ws.get(), as<double>(b.sums), s,
+                          &f);
+    launch(BnKernel::kForward, l, b, t, set, s);
+    return;
+  }
+  const bool relu = ddprun::bench::bnKindRelu(l.kind);
+  const bool residual = ddprun::bench::bnKindResidual(l.kind);
+  f.grads = {as<float>(b.dgamma), as<float>(b.dbeta), true, true};
+  tc::launchBnNhwcBackwardSums(b.at(b.x, set), relu ? b.at(b.y, set) : nullptr, b.at(b.dy, set),
+                               residual ? b.at(b.g, set) : nullptr, t, l.rows(), l.c,
+                               as<float>(b.mean), as<float>(b.invstd), relu, b.ws.get(),
+                               as<double>(b.sums), s, &f);
+  launch(BnKernel::kBackwardData, l, b, t, set, s);
+}
+
 // Mean milliseconds of `reps` launches of f(set) rotating over the sets,
 // after two untimed rounds.
 template <class F>
@@ -135,6 +171,45 @@ double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
   float ms = 0;
   DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, a, b));
   return static_cast<double>(ms) / reps;
+}
+
+// Both directions of layer l, unfolded and folded: a "directions" row each
+// and the step's totals (forward_unfolded_ms, ..., weighted by the layers).
+void timeDirections(const BnLayerGroup& l, const LayerBuffers& b, DType t,
+                    const std::string& dtype, int sets, int reps, int eb, double copyGbps,
+                    cudaStream_t s, nlohmann::json& doc, nlohmann::json& step) {
+  using ddprun::bench::bnKernelBytes;
+  for (const bool forward : {true, false}) {
+    const double moved =
+        forward ? bnKernelBytes(BnKernel::kStats, l, eb) + bnKernelBytes(BnKernel::kForward, l, eb)
+                : bnKernelBytes(BnKernel::kBackwardSums, l, eb) +
+                      bnKernelBytes(BnKernel::kBackwardData, l, eb);
+    const double copyMs = moved / (copyGbps * 1e6);
+    nlohmann::json row = {{"dtype", dtype},
+                          {"where", l.where},
+                          {"kind", ddprun::bench::bnKindName(l.kind)},
+                          {"c", l.c},
+                          {"layers", l.count},
+                          {"direction", forward ? "forward" : "backward"},
+                          {"bytes", moved},
+                          {"at_copy_rate_ms", copyMs}};
+    for (const bool folded : {false, true}) {
+      const double ms = timeMs(reps, sets, s, [&](int set) {
+        runDirection(forward, folded, l, b, t, set, s);
+      });
+      const std::string key = std::string(forward ? "forward" : "backward") +
+                              (folded ? "_folded" : "_unfolded") + "_ms";
+      row[folded ? "folded_ms" : "unfolded_ms"] = ms;
+      step[key] = step.value(key, 0.0) + ms * l.count;
+    }
+    const double un = row["unfolded_ms"], fo = row["folded_ms"];
+    std::printf("%-9s %-7s %-11s c=%-4lld x%d %-8s unfolded %8.4f ms folded %8.4f ms (%.2fx) "
+                "copy-rate %8.4f ms\n",
+                dtype.c_str(), l.where.c_str(), ddprun::bench::bnKindName(l.kind),
+                static_cast<long long>(l.c), l.count, forward ? "forward" : "backward", un, fo,
+                un / fo, copyMs);
+    doc["directions"].push_back(row);
+  }
 }
 
 }  // namespace
@@ -179,6 +254,7 @@ int main(int argc, char** argv) {
                           {"image", image},
                           {"reps", reps},
                           {"rows", nlohmann::json::array()},
+                          {"directions", nlohmann::json::array()},
                           {"step", nlohmann::json::object()}};
     const auto layers = ddprun::bench::resnet18BnLayers(batch, image);
     const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
@@ -204,6 +280,8 @@ int main(int argc, char** argv) {
         }
         tc::launchFillUniform(as<float>(b.gamma), l.c, 5, s);
         tc::launchFillUniform(as<float>(b.beta), l.c, 6, s);
+        DDPRUN_CUDA_OK(cudaMemsetAsync(b.counters.get(), 0,
+                                       tc::bnNhwcFoldCounters(l.c) * sizeof(unsigned), s));
         // Real statistics and outputs (the ReLU's mask) before timing.
         launch(BnKernel::kStats, l, b, t, 0, s);
         tc::launchBnNhwcFinish(as<double>(b.sums), l.c, 1e-5, 0.1, as<float>(b.mean),
@@ -249,6 +327,7 @@ int main(int argc, char** argv) {
           // The copy's time for the same bytes: the kernel at the copy's rate.
           stepCopyMs += moved / (copyGbps * 1e6) * l.count;
         }
+        timeDirections(l, b, t, name, sets, reps, static_cast<int>(eb), copyGbps, s, doc, step);
       }
       step["total_ms"] = stepMs;
       step["at_copy_rate_ms"] = stepCopyMs;
@@ -257,6 +336,12 @@ int main(int argc, char** argv) {
           "%s step (ResNet-18's 20 batch norms): %.3f ms of batch norm kernels; %.3f ms "
           "at the copy's rate\n",
           name.c_str(), stepMs, stepCopyMs);
+      std::printf(
+          "%s step by direction: forward %.3f ms unfolded, %.3f ms folded; backward %.3f ms "
+          "unfolded, %.3f ms folded\n",
+          name.c_str(), step.value("forward_unfolded_ms", 0.0),
+          step.value("forward_folded_ms", 0.0), step.value("backward_unfolded_ms", 0.0),
+          step.value("backward_folded_ms", 0.0));
       if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
     }
   } catch (const std::exception& e) {  // CudaError and the launchers' InvalidArgument

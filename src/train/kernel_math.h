@@ -248,6 +248,41 @@ struct BnGradGroup {
     s1 = 0.0f, s2 = 0.0f;
   }
 };
+// The chunk reduction of the NHWC sums (bn_nhwc_sums.cu), folded or not:
+// column j of the chunks' partials is summed by kBnChunkLanes lanes, lane l
+// adding chunks l, l + 32, l + 64, ... in turn from 0.0 (bnChunkLaneSum;
+// load(k) is chunk k's partial of the column), then the lanes pairwise as a
+// tree (lane l += lane l + w for w = 16, 8, 4, 2, 1). The order is a function
+// of the chunk count only: the folded launch reproduces it bit for bit.
+constexpr int kBnChunkLanes = 32;
+template <class Load>
+DDPRUN_HD inline double bnChunkLaneSum(Load load, int64_t chunks, int lane) {
+  double v = 0.0;
+  for (int64_t k = lane; k < chunks; k += kBnChunkLanes) v += load(k);
+  return v;
+}
+// The folded launch (bn_nhwc.h's BnFold): a counter per channel tile counts
+// the tile's finished blocks; the block that saw `before` on its increment is
+// the tile's last of `blocks` when before + 1 == blocks (it then resets the
+// counter to 0 for the next launch and reduces the tile).
+DDPRUN_HD inline bool bnIsLastArrival(unsigned before, unsigned blocks) {
+  return before + 1u == blocks;
+}
+// Column q (0 <= q < 2 * tileCh) of the channel tile [tileStart, tileStart +
+// tileCh) among the 2c sums (S1 of channel ch at ch, S2 at c + ch): the sum's
+// index j, or -1 where the tile runs past channel c - 1.
+DDPRUN_HD inline int64_t bnFoldColumn(int64_t tileStart, int64_t tileCh, int64_t q, int64_t c) {
+  const bool second = q >= tileCh;
+  const int64_t ch = tileStart + (second ? q - tileCh : q);
+  if (ch >= c) return -1;
+  return second ? c + ch : ch;
+}
+// A parameter's gradient from its double sum, rounded to float: written
+// (overwrite: the first contribution of a step) or added to what is there.
+DDPRUN_HD inline float bnGradAccumulate(float old, double sum, bool overwrite) {
+  const float g = static_cast<float>(sum);
+  return overwrite ? g : old + g;
+}
 // bnBackward's per-channel factors from the sums S1 = sum g, S2 = sum g*xhat
 // over M elements (the global batch): scale = gamma*invstd, k1 = S1/M,
 // k2 = S2/M, each rounded to float. M > 0.

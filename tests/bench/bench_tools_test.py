@@ -418,6 +418,7 @@ class ResnetBenchFake(unittest.TestCase):
             "resnet18-224-bf16-bnfusion", "resnet18-224-tf32-asyncalloc",
             "resnet18-224-tf32-fusedstem", "resnet18-224-bf16-fusedstem",
             "resnet18-224-tf32-ownpool", "resnet18-224-bf16-ownpool",
+            "resnet18-224-tf32-bnfold", "resnet18-224-bf16-bnfold",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):
@@ -893,6 +894,14 @@ class BnKernelBench(unittest.TestCase):
                 self.assertGreater(r["copy_gbps"], 0)
             for name in ("bfloat16", "float32"):
                 self.assertGreater(doc["step"][name]["total_ms"], 0)
+                for key in ("forward_unfolded_ms", "forward_folded_ms", "backward_unfolded_ms",
+                            "backward_folded_ms"):
+                    self.assertGreater(doc["step"][name][key], 0, key)
+            # Each configuration's two directions, unfolded and folded.
+            self.assertEqual(len(doc["directions"]), 2 * 12 * 2)
+            for r in doc["directions"]:
+                self.assertGreater(r["unfolded_ms"], 0)
+                self.assertGreater(r["folded_ms"], 0)
 
 
 if __name__ == "__main__":

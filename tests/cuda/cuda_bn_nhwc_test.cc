@@ -143,7 +143,9 @@ struct Outputs {
 };
 constexpr double kEps = 1e-5, kMomentum = 0.1;
 
-Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st) {
+// counters: the statistics' finish and the parameter gradients folded into
+// the sums' launches (BnFold), else the unfolded launches.
+Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st, unsigned* counters = nullptr) {
   const size_t n = static_cast<size_t>(k.rows * k.c), c = static_cast<size_t>(k.c);
   const size_t bytes = n * elemBytes(k.t);
   DevBuf x(bytes), z(bytes), y(bytes), dy(bytes), dz(bytes), dx(bytes), dx2(bytes);
@@ -158,16 +160,18 @@ Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st) {
   upload(beta, in.beta);
   upload(rm, in.rm0);
   upload(rv, in.rv0);
-  tc::launchBnNhwcStats(x.p, k.t, k.rows, k.c, ws.p, fwd.as<double>(), st.s);
-  tc::launchBnNhwcFinish(fwd.as<double>(), k.c, kEps, kMomentum, mean.as<float>(),
-                         invstd.as<float>(), rm.as<float>(), rv.as<float>(), st.s);
+  tc::BnFold fold;
+  fold.counters = counters;
+  fold.finish = {kEps, kMomentum, mean.as<float>(), invstd.as<float>(), rm.as<float>(),
+                 rv.as<float>()};
+  tc::launchBnNhwcStats(x.p, k.t, k.rows, k.c, ws.p, fwd.as<double>(), st.s, &fold);
   tc::launchBnNhwcForward(x.p, k.residual ? z.p : nullptr, y.p, k.t, k.rows, k.c,
                           mean.as<float>(), invstd.as<float>(), gamma.as<float>(),
                           beta.as<float>(), k.relu, st.s);
+  fold.finish = {};
+  fold.grads = {dgamma.as<float>(), dbeta.as<float>(), true, true};
   tc::launchBnNhwcBackwardSums(x.p, y.p, dy.p, dz.p, k.t, k.rows, k.c, mean.as<float>(),
-                               invstd.as<float>(), k.relu, ws.p, bwd.as<double>(), st.s);
-  tc::launchBnParamGrads(bwd.as<double>(), k.c, dgamma.as<float>(), dbeta.as<float>(), true,
-                         true, st.s);
+                               invstd.as<float>(), k.relu, ws.p, bwd.as<double>(), st.s, &fold);
   tc::launchBnNhwcBackwardData(x.p, nullptr, nullptr, dz.p, dx.p, k.t, k.rows, k.c,
                                bwd.as<double>(), gamma.as<float>(), mean.as<float>(),
                                invstd.as<float>(), k.relu, st.s);
@@ -291,6 +295,45 @@ TEST(CudaBnNhwc, RepeatsBitwise) {
     EXPECT_EQ(a.dz, b.dz);
     EXPECT_EQ(a.dx, b.dx);
   }
+}
+
+// The folded launches (BnFold: the chunk reduction, the finish and the
+// parameter gradients done by each channel tile's last block) give the
+// unfolded launches' results bit for bit, against float64 too; the counters
+// are left zero, so a second run on the same counters folds again. Shapes:
+// one chunk, many chunks and tiles, channels not a multiple of a tile, V = 1.
+TEST(CudaBnNhwc, FoldedLaunchesEqualUnfolded) {
+  DDPRUN_REQUIRE_GPU("NHWC batch norm");
+  Stream st;
+  for (const DType t : kStorages)
+    for (const Case& k : {Case{5, 64, t, false, true, 0.0f},
+                          Case{2 * 5 * 7, 40, t, true, true, 0.0f},
+                          Case{3 * 4 * 4, 3, t, false, false, 0.0f},
+                          Case{16 * 40 * 40, 64, t, true, true, 0.0f},
+                          Case{4 * 7 * 7, 520, t, false, true, 100.0f},
+                          Case{32 * 28 * 28, 128, t, true, false, 0.0f}}) {
+      SCOPED_TRACE(describe(k));
+      const Inputs in = makeInputs(k);
+      const size_t nc = tc::bnNhwcFoldCounters(k.c);
+      DevBuf counters(nc * sizeof(unsigned));
+      DDPRUN_CUDA_OK(cudaMemsetAsync(counters.p, 0, nc * sizeof(unsigned), st.s));
+      const Outputs want = runOnGpu(k, in, st);
+      for (int run = 0; run < 2; ++run) {
+        const Outputs got = runOnGpu(k, in, st, counters.as<unsigned>());
+        EXPECT_EQ(got.fwdSums, want.fwdSums);
+        EXPECT_EQ(got.bwdSums, want.bwdSums);
+        EXPECT_EQ(got.mean, want.mean);
+        EXPECT_EQ(got.invstd, want.invstd);
+        EXPECT_EQ(got.rm, want.rm);
+        EXPECT_EQ(got.rv, want.rv);
+        EXPECT_EQ(got.dgamma, want.dgamma);
+        EXPECT_EQ(got.dbeta, want.dbeta);
+        EXPECT_EQ(got.y, want.y);
+        EXPECT_EQ(got.dx, want.dx);
+        EXPECT_EQ(download<unsigned>(counters.p, nc), std::vector<unsigned>(nc, 0u));
+        if (run == 0) checkAgainstFloat64(k, in, got);
+      }
+    }
 }
 
 // An x one element off its allocation's alignment forces scalar loads (V = 1);

@@ -8,6 +8,8 @@
 - bf16 and fp16 with 16-bit activations (the default; DDPRUN_CUDA_ACT16=0 is
   float activations) train within a band of the same precision with float
   activations (LeNet-BN, ResNet-18).
+- Our batch norm with its sums' epilogue folded into one launch
+  (DDPRUN_CUDA_BN_FOLD=1) trains bitwise as the unfolded launches.
 - Convolutions through cuDNN's graph API (DDPRUN_CUDNN_GRAPH=1) train within
   a band of the legacy search's in tf32 and bf16 (ResNet-18, 7x7 stem).
 - 2 ranks sharing one GPU equal 1 rank at twice the batch (losses within 1e-4),
@@ -174,6 +176,30 @@ class TrainGpu(unittest.TestCase):
                       file=sys.stderr)
                 self.assertLessEqual(worst, band, "%s\n%s\n%s" % (what, lg, lr))
                 self.assertLess(sum(lg[-5:]), sum(lg[:5]), "%s: no learning: %s" % (what, lg))
+
+    def test_folded_batch_norm_launches_train_bitwise_as_unfolded(self):
+        # DDPRUN_CUDA_BN_FOLD=1 folds our batch norm's chunk reduction, its
+        # finish and its parameter gradients into the sums' launch: the same
+        # arithmetic in the same order, so with the convolutions deterministic
+        # the weights after 10 steps are bitwise those of the unfolded launches
+        # (ResNet-18 with the ImageNet stem, bf16 and tf32; the fused stem too).
+        data = ["--data", "synthetic-cifar", "--stem", "imagenet", "--image-size", "64",
+                "--train-samples", "640", "--test-samples", "64"]
+        for prec, stem in (("bf16", "0"), ("tf32", "0"), ("bf16", "1")):
+            flags = ["--device", "cuda", "--model", "resnet18", *data, "--batch-size", "32",
+                     "--max-steps", "10", "--no-shuffle", "--lr", "0.01", "--precision", prec,
+                     "--layout", "nhwc", "--deterministic"]
+            runs = {}
+            for fold in ("0", "1"):
+                runs[fold] = self.train("resnet18_%s_stem%s_fold%s" % (prec, stem, fold), *flags,
+                                        env=dict(clean_env(), DDPRUN_CUDA_BN_FOLD=fold,
+                                                 DDPRUN_CUDA_FUSED_STEM=stem))
+            (ref, lr), (got, lg) = runs["0"], runs["1"]
+            self.assertIn("(sums folded)", got["backend"])
+            self.assertNotIn("(sums folded)", ref["backend"])
+            self.assertEqual(lg, lr, "%s stem %s: losses" % (prec, stem))
+            self.assertEqual(got["params_sha256"], ref["params_sha256"],
+                             "%s stem %s: folded and unfolded weights differ" % (prec, stem))
 
     def test_graph_api_convolutions_train_as_the_legacy_search(self):
         # DDPRUN_CUDNN_GRAPH=1 runs every convolution through a cuDNN graph-API

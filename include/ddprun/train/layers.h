@@ -412,6 +412,12 @@ struct CudaBackendOptions {
   // activation recomputed under each window instead of stored
   // (DDPRUN_CUDA_FUSED_STEM=1; opt-in until a GPU run has measured it).
   bool fusedStem = false;
+  // Our batch norm: each sums launch folds in the chunk reduction and what
+  // follows it (the statistics' finish forward, the parameter gradients
+  // backward) through its last block per channel tile: 2 launches a
+  // direction instead of 4 (DDPRUN_CUDA_BN_FOLD=1; the same sums bit for bit;
+  // opt-in until a GPU run has measured it).
+  bool bnFold = false;
   // Device memory: our caching allocator (free lists per size class), or
   // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
   enum class Memory { kCaching, kAsync };

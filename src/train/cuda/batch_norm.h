@@ -133,6 +133,11 @@ class BatchNorm2d final : public Layer {
   Tensor saveMean_, saveInvStd_, scratch_, xhat_;
   Tensor evalInvStd_;  // ownForward's in evaluation, from the running variance
   DeviceArray<double> sums_, sqdev_;
+  // Our NHWC kernels' launch shape (Context::bnFold): the fold's tile
+  // counters (zeroed once; each launch leaves them zero) or none.
+  BnFold fold();
+  BnFold gradsFold();  // fold() with the parameter gradients, their overwrite flags consumed
+  DeviceArray<unsigned> foldCounters_;
   bool trained_ = false;
   // kCudnnNhwc(Fused): training through forwardEx/exBackward (cuDNN's
   // persistent NHWC kernels; deterministic, cuDNN's documentation says,

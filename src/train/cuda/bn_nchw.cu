@@ -82,9 +82,8 @@ __global__ void bnParamGradsKernel(const double* sums, int64_t c, float* dgamma,
                                    bool overwriteGamma, bool overwriteBeta) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
-  const float g = static_cast<float>(sums[c + ch]), b = static_cast<float>(sums[ch]);
-  dgamma[ch] = overwriteGamma ? g : dgamma[ch] + g;
-  dbeta[ch] = overwriteBeta ? b : dbeta[ch] + b;
+  dgamma[ch] = kmath::bnGradAccumulate(dgamma[ch], sums[c + ch], overwriteGamma);
+  dbeta[ch] = kmath::bnGradAccumulate(dbeta[ch], sums[ch], overwriteBeta);
 }
 __global__ void bnBackwardDataKernel(const float* dy, const float* xhat, const double* sums,
                                      const float* gamma, const float* invstd, float* dx, int64_t n,

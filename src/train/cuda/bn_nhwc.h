@@ -15,7 +15,8 @@
 //   backward: launchBnNhwcBackwardSums -> launchBnParamGrads (bn_nchw.h, from
 //             the local sums) -> [all-reduce the sums] -> launchBnNhwcBackwardData
 // Evaluation: launchBnNhwcInvStd (running variance) -> launchBnNhwcForward
-// with the running mean.
+// with the running mean. With a BnFold (below), the finish (without
+// SyncBatchNorm) and the parameter gradients are done by the sums' launch.
 //
 // The sums layout (2c + 1 doubles): out[ch], out[c + ch] the two per-channel
 // sums, out[2c] the count (rows, as double). The sums are reproducible
@@ -52,10 +53,46 @@ namespace ddprun::train::cuda {
 // at most 8 MiB at c = 1024). 0 when rows or c is 0 (workspace may then be null).
 size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c);
 
+// ------------------------------------------- folded launches (BnFold)
+// The sums' launchers (launchBnNhwcStats, launchBnNhwcBackwardSums,
+// launchBnActPoolBackwardSums) take an optional BnFold: what follows the
+// sums, done by the same launch. With `counters`, each channel tile's last
+// block to finish (a counter per tile, kmath::bnIsLastArrival) does the
+// chunk reduction for the tile's channels in the unfolded reduction's order
+// (kmath::bnChunkLaneSum and its tree: the same sums, bit for bit) and then
+// the tile's epilogue: one launch where the unfolded path makes two to four
+// (issue 44 item 3: in ResNet-18's small layers the kernels are bound by
+// launch latency, not bytes). Without counters the launcher makes the
+// unfolded launches, the epilogue included, so a caller's code is the same
+// either way (CudaBackendOptions::bnFold decides).
+//   finish (forward; mean not null): launchBnNhwcFinish's results from the
+//     local sums with count = rows (not for SyncBatchNorm, whose finish
+//     follows the all-reduce).
+//   grads (backward; dgamma not null): launchBnParamGrads's (bn_nchw.h), the
+//     flags saying overwrite (=) or add (+=).
+// counters: bnNhwcFoldCounters(c) zeros on the device, ordered with the
+// launch (the same stream); every launch leaves them zero again. Two
+// launches that share counters must be ordered, as with the workspace.
+struct BnFold {
+  unsigned* counters = nullptr;
+  struct Finish {
+    double eps = 0.0, momentum = 0.0;
+    float *mean = nullptr, *invstd = nullptr, *runningMean = nullptr, *runningVar = nullptr;
+  } finish;
+  struct Grads {
+    float *dgamma = nullptr, *dbeta = nullptr;
+    bool overwriteGamma = false, overwriteBeta = false;
+  } grads;
+};
+// Counters a BnFold over c channels needs (one per channel tile at the
+// narrowest vector width; at least 1).
+size_t bnNhwcFoldCounters(int64_t c);
+
 // out[ch] = sum over rows of x, out[c + ch] = sum of x^2 (double), out[2c] =
 // rows. rows == 0: zeros and count 0. c == 0: only out[0] = rows. Reads x once.
 void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
-                       void* workspace, double* out, cudaStream_t stream);
+                       void* workspace, double* out, cudaStream_t stream,
+                       const BnFold* fold = nullptr);
 
 // From sums laid out as above (possibly all-reduced over ranks; count at
 // sums[2c]): mean and invstd = 1/sqrt(biased var + eps) (float), and, when
@@ -90,7 +127,7 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
 void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
                               runtime::DType t, int64_t rows, int64_t c, const float* mean,
                               const float* invstd, bool relu, void* workspace, double* out,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const BnFold* fold = nullptr);
 
 // dx = gamma*invstd * (g - S1/M - xhat * S2/M) (kmath::bnActBackwardData)
 // with S1, S2, M from sums (all-reduced for SyncBatchNorm; M = sums[2c] > 0);
@@ -133,6 +170,7 @@ void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
                                  runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
-                                 void* workspace, double* out, cudaStream_t stream);
+                                 void* workspace, double* out, cudaStream_t stream,
+                                 const BnFold* fold = nullptr);
 
 }  // namespace ddprun::train::cuda

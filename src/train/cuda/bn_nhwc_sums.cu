@@ -1,6 +1,9 @@
 // The NHWC batch norm's sums (bn_nhwc.h): the batch statistics, the
-// backward sums with the residual's gradient, and the statistics' finish.
-// Thread mapping and reduction order: bn_nhwc.cu's comment.
+// backward sums with the residual's gradient, and the statistics' finish;
+// unfolded (partials, chunk reduction, epilogue: a launch each) or folded
+// into one launch (BnFold). Thread mapping and reduction order: bn_nhwc.cu's
+// comment.
+#include "bn_nchw.h"  // launchBnParamGrads
 #include "bn_nhwc.h"
 #include "bn_nhwc_support.cuh"
 #include "max_pool.cuh"  // gatherPooledGrad
@@ -16,6 +19,7 @@ constexpr int64_t kMinChunkRows = 64;
 // chunks (with 8 lanes, 64: the 40 reductions of a ResNet-18 step took
 // 0.21 ms, 5 us each, on an H200).
 constexpr int kRx = 32, kRy = 32;
+static_assert(kRy == kmath::kBnChunkLanes, "a lane of the chunk reduction is a row of threads");
 
 int64_t chunkRows(int64_t rows) {
   return std::max(kMinChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
@@ -131,10 +135,10 @@ struct PoolGradSumsOp {
 // about 1 TB/s (1.83 ms a ResNet-18 step against PyTorch's 0.69). Capped at
 // 128 it needs 116, without spills (ptxas -v; also with the float groups).
 constexpr int kSumsMinBlocks = 2;
+using SumsTile = double[kBy][kBx * kMaxV];
 template <class T, int V, class Op>
-__global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
-    partialSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws) {
-  __shared__ double sa[kBy][kBx * kMaxV], sb[kBy][kBx * kMaxV];
+__device__ __forceinline__ void blockPartials(Op& op, int64_t rows, int64_t c, int64_t chunkRows,
+                                              double* ws, SumsTile& sa, SumsTile& sb) {
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + tx) * V;
   const bool active = ch0 < c;
@@ -197,6 +201,12 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
     }
   }
 }
+template <class T, int V, class Op>
+__global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
+    partialSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws) {
+  __shared__ SumsTile sa, sb;
+  blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);
+}
 
 // out[j] = sum over chunks of ws[chunk][j] for j < 2c (fixed order); out[2c] = rows.
 __global__ void __launch_bounds__(kRx* kRy)
@@ -205,10 +215,8 @@ __global__ void __launch_bounds__(kRx* kRy)
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t n2 = 2 * c;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kRx) + tx;
-  double v = 0.0;
-  if (j < n2)
-    for (int64_t k = ty; k < chunks; k += kRy) v += ws[k * n2 + j];
-  s[ty][tx] = v;
+  s[ty][tx] = j < n2 ? kmath::bnChunkLaneSum([&](int64_t k) { return ws[k * n2 + j]; }, chunks, ty)
+                     : 0.0;
   __syncthreads();
   for (int w = kRy / 2; w > 0; w >>= 1) {
     if (ty < w) s[ty][tx] += s[ty + w][tx];
@@ -219,23 +227,128 @@ __global__ void __launch_bounds__(kRx* kRy)
 }
 
 // ------------------------------------------------------- per channel
-__global__ void finishKernel(const double* sums, int64_t c, double eps, double momentum,
-                             float* mean, float* invstd, float* runningMean, float* runningVar) {
-  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (ch >= c) return;
-  const double count = sums[2 * c];
-  const kmath::BnMoments mo = kmath::bnMomentsFromSums(sums[ch], sums[c + ch], count);
+__device__ __forceinline__ void finishChannel(double sum, double sumSq, double count, int64_t ch,
+                                              double eps, double momentum, float* mean,
+                                              float* invstd, float* runningMean,
+                                              float* runningVar) {
+  const kmath::BnMoments mo = kmath::bnMomentsFromSums(sum, sumSq, count);
   mean[ch] = static_cast<float>(mo.mean);
   invstd[ch] = kmath::bnInvStd(mo.var, eps);
   if (runningMean && count > 0)
     kmath::bnRunningUpdate(runningMean[ch], runningVar[ch], mo.mean, mo.var, count, momentum);
 }
+__global__ void finishKernel(const double* sums, int64_t c, double eps, double momentum,
+                             float* mean, float* invstd, float* runningMean, float* runningVar) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= c) return;
+  finishChannel(sums[ch], sums[c + ch], sums[2 * c], ch, eps, momentum, mean, invstd,
+                runningMean, runningVar);
+}
+
+// ------------------------------------------------------------ folded
+// The tile's last block: its 2 * kBx * V columns of the chunks' partials
+// reduced kFoldCols at a time, kmath::kBnChunkLanes lanes a column (each
+// thread kBnChunkLanes / kFoldGroups of them) and the lanes' tree in shared
+// memory: chunkSumsKernel's order. Partials written by other blocks are read
+// through L2 (__ldcg: this multiprocessor's L1 may hold lines of them read
+// by another tile's last block). Then the epilogue, a thread a channel.
+constexpr int kFoldCols = 32, kFoldGroups = kBx * kBy / kFoldCols;
+static_assert(kFoldCols * kmath::kBnChunkLanes <= kBy * kBx * kMaxV,
+              "the fold's lanes fit in one sums tile");
+template <int V>
+__device__ void foldTile(const BnFold& f, const double* ws, int64_t chunks, int64_t c,
+                         int64_t rows, double* out, double* s) {
+  const int tid = threadIdx.y * kBx + threadIdx.x;
+  const int col = tid % kFoldCols, group = tid / kFoldCols;
+  const int64_t n2 = 2 * c, tileCh = int64_t{kBx} * V, tileStart = blockIdx.x * tileCh;
+  for (int64_t q0 = 0; q0 < 2 * tileCh; q0 += kFoldCols) {
+    const int64_t j = kmath::bnFoldColumn(tileStart, tileCh, q0 + col, c);
+    for (int l = group; l < kmath::kBnChunkLanes; l += kFoldGroups)
+      s[l * kFoldCols + col] =
+          j < 0 ? 0.0
+                : kmath::bnChunkLaneSum([&](int64_t k) { return __ldcg(ws + k * n2 + j); },
+                                        chunks, l);
+    __syncthreads();
+    for (int w = kmath::kBnChunkLanes / 2; w > 0; w >>= 1) {
+      for (int l = group; l < w; l += kFoldGroups)
+        s[l * kFoldCols + col] += s[(l + w) * kFoldCols + col];
+      __syncthreads();
+    }
+    if (group == 0 && j >= 0) out[j] = s[col];
+    __syncthreads();  // out visible to the epilogue; s free for the next columns
+  }
+  if (blockIdx.x == 0 && tid == 0) out[n2] = static_cast<double>(rows);
+  const double count = static_cast<double>(rows);
+  for (int64_t q = tid; q < tileCh && tileStart + q < c; q += kBx * kBy) {
+    const int64_t ch = tileStart + q;
+    const double a = __ldcg(out + ch), b = __ldcg(out + c + ch);
+    const BnFold::Finish& fi = f.finish;
+    if (fi.mean)
+      finishChannel(a, b, count, ch, fi.eps, fi.momentum, fi.mean, fi.invstd, fi.runningMean,
+                    fi.runningVar);
+    const BnFold::Grads& gr = f.grads;
+    if (gr.dgamma) {
+      gr.dgamma[ch] = kmath::bnGradAccumulate(gr.dgamma[ch], b, gr.overwriteGamma);
+      gr.dbeta[ch] = kmath::bnGradAccumulate(gr.dbeta[ch], a, gr.overwriteBeta);
+    }
+  }
+}
+
+// partialSumsKernel, then (in the tile's last block) the chunk reduction and
+// the epilogue: grid (channel tiles, chunks) as partialSumsKernel's.
+template <class T, int V, class Op>
+__global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
+    foldedSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws, BnFold f,
+                     double* out) {
+  __shared__ SumsTile sa, sb;
+  __shared__ bool last;
+  blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);
+  __threadfence();  // this block's partials before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned before = atomicAdd(f.counters + blockIdx.x, 1u);
+    last = kmath::bnIsLastArrival(before, gridDim.y);
+    if (last) f.counters[blockIdx.x] = 0;  // every block of the tile has arrived
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  foldTile<V>(f, ws, gridDim.y, c, rows, out, &sa[0][0]);
+}
 
 // The partial sums of `op` (V wide) then the chunk reduction into out.
+// The unfolded epilogue (BnFold without counters).
+void launchEpilogue(const BnFold& f, const double* sums, int64_t c, cudaStream_t s) {
+  const BnFold::Finish& fi = f.finish;
+  if (fi.mean)
+    launchBnNhwcFinish(sums, c, fi.eps, fi.momentum, fi.mean, fi.invstd, fi.runningMean,
+                       fi.runningVar, s);
+  const BnFold::Grads& gr = f.grads;
+  if (gr.dgamma)
+    launchBnParamGrads(sums, c, gr.dgamma, gr.dbeta, gr.overwriteGamma, gr.overwriteBeta, s);
+}
+
+// The partial sums of `op` (V wide) then the chunk reduction into out, and
+// fold's epilogue: one launch with fold's counters (rows and c > 0), else
+// a launch each.
 template <class T, int V, class Op>
 void launchSums(const Op& op, int64_t rows, int64_t c, void* workspace, double* out,
-                cudaStream_t s) {
+                cudaStream_t s, const BnFold* fold) {
   const int64_t chunks = (rows > 0 && c > 0) ? chunksFor(rows) : 0;
+  if (fold) {
+    DDPRUN_CHECK(!fold->finish.runningMean == !fold->finish.runningVar,
+                 "BnFold: give both running statistics or neither");
+    DDPRUN_CHECK(!fold->finish.mean == !fold->finish.invstd &&
+                     !fold->grads.dgamma == !fold->grads.dbeta,
+                 "BnFold: give mean with invstd and dgamma with dbeta");
+  }
+  if (fold && fold->counters && chunks > 0) {
+    const dim3 grid(channelTiles(c, V), static_cast<unsigned>(chunks));
+    foldedSumsKernel<T, V, Op><<<grid, dim3(kBx, kBy), 0, s>>>(
+        op, rows, c, chunkRows(rows), static_cast<double*>(workspace), *fold, out);
+    checkLaunch();
+    return;
+  }
   if (chunks > 0) {
     const dim3 grid(channelTiles(c, V), static_cast<unsigned>(chunks));
     partialSumsKernel<T, V, Op><<<grid, dim3(kBx, kBy), 0, s>>>(
@@ -246,8 +359,11 @@ void launchSums(const Op& op, int64_t rows, int64_t c, void* workspace, double* 
   chunkSumsKernel<<<blocks, dim3(kRx, kRy), 0, s>>>(static_cast<const double*>(workspace),
                                                      chunks, c, rows, out);
   checkLaunch();
+  if (fold) launchEpilogue(*fold, out, c, s);
 }
 }  // namespace
+
+size_t bnNhwcFoldCounters(int64_t c) { return std::max<size_t>(1, channelTiles(c, 1)); }
 
 size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c) {
   if (rows <= 0 || c <= 0) return 0;
@@ -255,13 +371,13 @@ size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c) {
 }
 
 void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
-                       void* workspace, double* out, cudaStream_t s) {
+                       void* workspace, double* out, cudaStream_t s, const BnFold* fold) {
   checkShape("launchBnNhwcStats", rows, c);
   byType(t, [&](auto tag) {
     using T = DDPRUN_T(tag);
     withWidth(vectorWidth(c, sizeof(T), {x}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
-      launchSums<T, V>(StatsOp<T, V>{x}, rows, c, workspace, out, s);
+      launchSums<T, V>(StatsOp<T, V>{x}, rows, c, workspace, out, s, fold);
     });
   });
 }
@@ -269,7 +385,7 @@ void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
 void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
                               runtime::DType t, int64_t rows, int64_t c, const float* mean,
                               const float* invstd, bool relu, void* workspace, double* out,
-                              cudaStream_t s) {
+                              cudaStream_t s, const BnFold* fold) {
   checkShape("launchBnNhwcBackwardSums", rows, c);
   DDPRUN_CHECK(!relu || y || rows == 0 || c == 0,
                "launchBnNhwcBackwardSums: the ReLU's backward needs its output y");
@@ -278,7 +394,7 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
     withWidth(vectorWidth(c, sizeof(T), {x, relu ? y : nullptr, dy, gOut}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       BackwardSumsOp<T, V> op{x, y, dy, gOut, mean, invstd, relu, {}, {}};
-      launchSums<T, V>(op, rows, c, workspace, out, s);
+      launchSums<T, V>(op, rows, c, workspace, out, s, fold);
     });
   });
 }
@@ -286,7 +402,8 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
                                  runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
-                                 void* workspace, double* out, cudaStream_t s) {
+                                 void* workspace, double* out, cudaStream_t s,
+                                 const BnFold* fold) {
   const int64_t rows = g.n * g.h * g.w;
   checkShape("launchBnActPoolBackwardSums", rows, g.c);
   byType(t, [&](auto tag) {
@@ -294,7 +411,7 @@ void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* a
     withWidth(vectorWidth(g.c, sizeof(T), {x, dy, gOut}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       PoolGradSumsOp<T, V> op{x, dy, arg, gOut, g, mean, invstd, gamma, beta, {}, {}, {}, {}};
-      launchSums<T, V>(op, rows, g.c, workspace, out, s);
+      launchSums<T, V>(op, rows, g.c, workspace, out, s, fold);
     });
   });
 }

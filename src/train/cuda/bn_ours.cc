@@ -43,18 +43,23 @@ std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x
     DDPRUN_CHECK(rows > 1, name(), ": batch norm in training needs more than one value per "
                  "channel, got input ", shapeString(x.shape()));
   double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
+  // The finish from the local sums with them (SyncBatchNorm: after the all-reduce).
+  BnFold f = fold();
+  const BnFold::Finish finish{kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
+                              rm_.value.data(), rv_.value.data()};
+  if (!sync_) f.finish = finish;
   {
     ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
-    launchBnNhwcStats(x.raw(), x.dtype(), rows, c_, ws.get(), s, ctx_->stream());
+    launchBnNhwcStats(x.raw(), x.dtype(), rows, c_, ws.get(), s, ctx_->stream(), &f);
   }
   if (sync_) {
     allReduce(s, static_cast<size_t>(2 * c_ + 1));
     double count = 0;
     ctx_->readBack(s + 2 * c_, &count, sizeof(count));
     DDPRUN_CHECK(count > 0, name(), ": empty batch");
+    launchBnNhwcFinish(s, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
+                       rm_.value.data(), rv_.value.data(), ctx_->stream());
   }
-  launchBnNhwcFinish(s, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
-                     rm_.value.data(), rv_.value.data(), ctx_->stream());
   return {saveMean_.data(), saveInvStd_.data()};
 }
 
@@ -87,13 +92,11 @@ void BatchNorm2d::ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8
   double* s = sums_.ensure(static_cast<size_t>(2 * c_ + 1));
   {  // the masked gradient into dx's buffer (none without dx: the sums alone)
     ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
+    const BnFold f = gradsFold();
     launchBnActPoolBackwardSums(x.raw(), dy.raw(), arg, dx ? dx->raw() : nullptr, x.dtype(), g,
                                 saveMean_.data(), saveInvStd_.data(), w_.value.data(),
-                                b_.value.data(), ws.get(), s, ctx_->stream());
+                                b_.value.data(), ws.get(), s, ctx_->stream(), &f);
   }
-  launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
-                     b_.overwriteGrad, ctx_->stream());
-  w_.overwriteGrad = b_.overwriteGrad = false;
   if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
   if (!dx || rows == 0) return;
   // g (written into dx's buffer) to dx, in place.
@@ -116,18 +119,38 @@ void BatchNorm2d::ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy
   const void* yp = y ? y->raw() : nullptr;
   {
     ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
+    const BnFold f = gradsFold();
     launchBnNhwcBackwardSums(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, x.dtype(), rows,
                              c_, saveMean_.data(), saveInvStd_.data(), relu, ws.get(), s,
-                             ctx_->stream());
+                             ctx_->stream(), &f);
   }
-  launchBnParamGrads(s, c_, w_.grad.data(), b_.grad.data(), w_.overwriteGrad,
-                     b_.overwriteGrad, ctx_->stream());
-  w_.overwriteGrad = b_.overwriteGrad = false;
   if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
   if (!dx || rows == 0) return;
   launchBnNhwcBackwardData(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, dx->raw(),
                            x.dtype(), rows, c_, s, w_.value.data(), saveMean_.data(),
                            saveInvStd_.data(), relu, ctx_->stream());
+}
+
+BnFold BatchNorm2d::fold() {
+  BnFold f;
+  if (!ctx_->bnFold()) return f;
+  if (!foldCounters_.get()) {
+    const size_t n = bnNhwcFoldCounters(c_);
+    foldCounters_.ensure(n);
+    DDPRUN_CUDA_OK(cudaMemsetAsync(foldCounters_.get(), 0, n * sizeof(unsigned), ctx_->stream()));
+  }
+  f.counters = foldCounters_.get();
+  return f;
+}
+
+// The backward sums' fold: the parameter gradients from the local sums (as
+// PyTorch's SyncBatchNorm, before any all-reduce), this step's first
+// contribution overwriting (Param::overwriteGrad).
+BnFold BatchNorm2d::gradsFold() {
+  BnFold f = fold();
+  f.grads = {w_.grad.data(), b_.grad.data(), w_.overwriteGrad, b_.overwriteGrad};
+  w_.overwriteGrad = b_.overwriteGrad = false;
+  return f;
 }
 
 // InvalidArgument unless t has x's shape and element type.

@@ -20,7 +20,8 @@ Context::Context(const CudaBackendOptions& o)
       graphConv_(o.nhwc && !o.deterministic ? o.graphConv : CudaBackendOptions::GraphConv::kOff),
       ownPool_(o.ownPool),
       cudnnBnFusion_(o.cudnnBnFusion),
-      fusedStem_(ourBn_ && o.fusedStem) {
+      fusedStem_(ourBn_ && o.fusedStem),
+      bnFold_(ourBn_ && o.bnFold) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};

@@ -64,6 +64,8 @@ class Context {
   bool cudnnBnFusion() const { return cudnnBnFusion_; }
   // ResNet's stem as one layer, on our batch norm (CudaBackendOptions::fusedStem).
   bool fusedStem() const { return fusedStem_; }
+  // Our batch norm's sums with their epilogue in one launch (CudaBackendOptions::bnFold).
+  bool bnFold() const { return bnFold_; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -112,6 +114,7 @@ class Context {
   bool ownPool_;
   bool cudnnBnFusion_;
   bool fusedStem_;
+  bool bnFold_;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

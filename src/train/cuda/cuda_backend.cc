@@ -81,7 +81,8 @@ class CudaBackend final : public Backend {
            std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + ", " +
            precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
            (ctx_->activations16() ? ", 16-bit activations" : "") +
-           (ctx_->ourBatchNorm() ? ", our batch norm" : "") + bnPathsNote() +
+           (ctx_->ourBatchNorm() ? ", our batch norm" : "") +
+           (ctx_->bnFold() ? " (sums folded)" : "") + bnPathsNote() +
            graphConvNote(ctx_->graphConv()) + ")";
   }
 

@@ -122,7 +122,7 @@ class EnvSwitches : public ::testing::Test {
   static constexpr const char* kNames[] = {
       "DDPRUN_CUDNN_DETERMINISTIC", "DDPRUN_CUDA_ACT16",      "DDPRUN_CUDA_OUR_BN",
       "DDPRUN_CUDNN_GRAPH",         "DDPRUN_CUDA_OWN_POOL",   "DDPRUN_CUDNN_BN_FUSION",
-      "DDPRUN_CUDA_ALLOCATOR"};
+      "DDPRUN_CUDA_ALLOCATOR",      "DDPRUN_CUDA_FUSED_STEM", "DDPRUN_CUDA_BN_FOLD"};
   void SetUp() override {
     for (const char* n : kNames) unsetenv(n);
   }
@@ -139,7 +139,10 @@ TEST_F(EnvSwitches, UnsetKeepsTheCallersChoice) {
   EXPECT_EQ(got.graphConv, CudaBackendOptions::GraphConv::kOff);
   EXPECT_FALSE(got.ownPool);
   EXPECT_FALSE(got.cudnnBnFusion);
+  EXPECT_FALSE(got.fusedStem);
+  EXPECT_FALSE(got.bnFold);
   EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kCaching);
+  EXPECT_TRUE(withEnvSwitches({.bnFold = true}).bnFold);
 }
 
 TEST_F(EnvSwitches, EachSetOneApplies) {
@@ -150,6 +153,8 @@ TEST_F(EnvSwitches, EachSetOneApplies) {
   setenv("DDPRUN_CUDA_OWN_POOL", "1", 1);
   setenv("DDPRUN_CUDNN_BN_FUSION", "1", 1);
   setenv("DDPRUN_CUDA_ALLOCATOR", "async", 1);
+  setenv("DDPRUN_CUDA_FUSED_STEM", "1", 1);
+  setenv("DDPRUN_CUDA_BN_FOLD", "1", 1);
   const CudaBackendOptions got =
       withEnvSwitches({.activations16 = true, .ourBatchNorm = true});
   EXPECT_TRUE(got.deterministic);
@@ -158,6 +163,8 @@ TEST_F(EnvSwitches, EachSetOneApplies) {
   EXPECT_EQ(got.graphConv, CudaBackendOptions::GraphConv::kAll);
   EXPECT_TRUE(got.ownPool);
   EXPECT_TRUE(got.cudnnBnFusion);
+  EXPECT_TRUE(got.fusedStem);
+  EXPECT_TRUE(got.bnFold);
   EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kAsync);
   setenv("DDPRUN_CUDA_ALLOCATOR", "caching", 1);
   EXPECT_EQ(withEnvSwitches({.memory = CudaBackendOptions::Memory::kAsync}).memory,
@@ -176,6 +183,9 @@ TEST_F(EnvSwitches, AMalformedOneNamesItself) {
   }
   unsetenv("DDPRUN_CUDA_ALLOCATOR");
   setenv("DDPRUN_CUDNN_GRAPH", "3", 1);
+  EXPECT_THROW(withEnvSwitches({}), InvalidArgument);
+  unsetenv("DDPRUN_CUDNN_GRAPH");
+  setenv("DDPRUN_CUDA_BN_FOLD", "2", 1);
   EXPECT_THROW(withEnvSwitches({}), InvalidArgument);
 }
 
