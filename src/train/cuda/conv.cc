@@ -136,7 +136,7 @@ class Conv2d final : public Layer {
     if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     ConvAlgos& a = algos(x.shape());
-    search_.findBackward(a, x.shape(), dx != nullptr);
+    search_.findBackward(a, x.shape(), dx != nullptr, add);
     if (s_.bias && dy.is16()) {  // 16-bit activations (NHWC): dy's column sums in double
       launchColumnSum(dy.raw(), dy.dtype(), b_.grad.data(), dy.numel() / s_.outC, s_.outC,
                       !b_.overwriteGrad, ctx_->stream());

@@ -85,7 +85,7 @@ void ConvSearch::findForward(ConvAlgos& a, const Shape& x) {
                                                          perfs.data()));
   a.fwd = decide(perfs.data(), n, ConvDirection::kForward, x, check);
 }
-void ConvSearch::findBackward(ConvAlgos& a, const Shape& x, bool needData) {
+void ConvSearch::findBackward(ConvAlgos& a, const Shape& x, bool needData, bool accumulate) {
   const cudnnMathType_t m = searchMathType(ctx_->precision());
   std::optional<ConvAccuracyCheck> check;  // shared by both directions
   const bool graph = ctx_->graphConv() != CudaBackendOptions::GraphConv::kOff;
@@ -115,6 +115,7 @@ void ConvSearch::findBackward(ConvAlgos& a, const Shape& x, bool needData) {
     else
       DDPRUN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithm(
           ctx_->cudnn(), wDesc_, yDesc_, conv_, xDesc_, p.size(), &n, p.data()));
+    if (accumulate && !ctx_->deterministic()) retimeAccumulating(p.data(), n, x);
     a.data = decide(p.data(), n, ConvDirection::kBackwardData, x, check);
   }
 }
@@ -197,6 +198,37 @@ std::optional<float> ConvSearch::timePlan(const GraphPlan& plan, const GraphScra
   float ms = 0.0f;
   DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
   return ms / kGraphTimedRuns;
+}
+
+void ConvSearch::retimeAccumulating(cudnnConvolutionBwdDataAlgoPerf_t* perfs, int n,
+                                    const Shape& x) {
+  const Policy pol = policy();
+  GraphScratch s(*ctx_, geometry(x), type_, ConvDirection::kBackwardData);
+  const cudaStream_t st = ctx_->stream();
+  for (int i = 0; i < n; ++i) {
+    cudnnConvolutionBwdDataAlgoPerf_t& p = perfs[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > pol.workspaceCap) continue;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, p.mathType));
+    ScopedDeviceBytes ws(*ctx_, p.memory);
+    auto run = [&] {
+      return cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, s.in1, yDesc_,
+                                          s.in2, conv_, p.algo, ws.get(), p.memory, &kCudnnOne,
+                                          xDesc_, s.out);
+    };
+    cudnnStatus_t status = run();  // warm-up; a refusal of beta = 1 shows here
+    const Event start = Event::createTiming(), stop = Event::createTiming();
+    start.record(st);
+    for (int r = 0; r < kGraphTimedRuns && status == CUDNN_STATUS_SUCCESS; ++r) status = run();
+    stop.record(st);
+    stop.synchronize();
+    if (status != CUDNN_STATUS_SUCCESS) {
+      p.status = status;
+      continue;
+    }
+    float ms = 0.0f;
+    DDPRUN_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    p.time = ms / kGraphTimedRuns;
+  }
 }
 
 // The policy applied to cudnnFind's results (see the header's comment); the

@@ -97,8 +97,15 @@ class ConvSearch {
   // Searches what `a` lacks for input shape x: the forward; the
   // backward-filter and, with needData, the backward-data. Throws
   // runtime::CudaError when no legacy algorithm may run.
+  // accumulate: the layer adds its backward-data into dx (beta = 1,
+  // Layer::backwardAccumulate). cudnnFind times with beta = 0; in fast mode
+  // each legacy candidate is then timed again with beta = 1 on operands of
+  // the problem's size, and one that refuses beta = 1 or fails is not
+  // chosen (issue 44 item 4). The choice is cached per shape: the first
+  // backward of a shape decides. Graph-API plans only overwrite (the layer
+  // adds through a temporary), so their ranking does not change.
   void findForward(ConvAlgos& a, const Shape& x);
-  void findBackward(ConvAlgos& a, const Shape& x, bool needData);
+  void findBackward(ConvAlgos& a, const Shape& x, bool needData, bool accumulate = false);
 
  private:
   // The graph-API search times at most this many engines per problem (the
@@ -115,6 +122,10 @@ class ConvSearch {
   std::shared_ptr<const GraphPlan> findGraph(ConvDirection dir, const Shape& x,
                                              std::optional<ConvAccuracyCheck>& check);
   std::optional<float> timePlan(const GraphPlan& plan, const GraphScratch& s);
+  // Each successful candidate of cudnnFindConvolutionBackwardData timed
+  // again with beta = 1 (its time replaced; a refusal or failure marks it
+  // failed), as timePlan times graph plans.
+  void retimeAccumulating(cudnnConvolutionBwdDataAlgoPerf_t* perfs, int n, const Shape& x);
   template <typename Perf>
   Perf decide(const Perf* perfs, int n, ConvDirection dir, const Shape& x,
               std::optional<ConvAccuracyCheck>& check);
