@@ -79,10 +79,17 @@ void* CachingAllocator::take(size_t bytes) {
     it->second.pop_back();
     stats_.cached -= b.cls;
   } else {
+    if (ledger_.capturing()) {
+      ++stats_.captureMisses;
+      DDPRUN_THROW(runtime::CudaError, "a CUDA graph capture on cuda:", device_, " asked for ",
+                   mib(b.cls), " MiB that the caching allocator has not cached: a capture "
+                   "may not call cudaMalloc (the step runs eagerly instead)");
+    }
     p = mallocLocked(b.cls);
     if (!async_) stats_.reserved += b.cls;
   }
   live_.emplace(p, b);
+  ledger_.touched(p);
   stats_.inUse += b.cls;
   stats_.peak = std::max(stats_.peak, stats_.inUse);
   stats_.allocated += b.counted;
@@ -138,7 +145,13 @@ void CachingAllocator::freeBytes(void* p) {
       DeviceScope scope(device_);
       (void)cudaFreeAsync(p, stream_);
     } else {
-      free_[b.cls].push_back(p);
+      ledger_.touched(p);
+      if (ledger_.heldByGraph(p)) {  // a live graph may still use it
+        held_.emplace(p, b.cls);
+        stats_.graphHeld += b.cls;
+      } else {
+        free_[b.cls].push_back(p);
+      }
       stats_.cached += b.cls;
     }
   }
@@ -187,13 +200,57 @@ void CachingAllocator::releaseCachedLocked() {
       stats_.reserved -= cls;
     }
   free_.clear();
-  stats_.cached = 0;
+  stats_.cached = stats_.graphHeld;  // a live graph's blocks stay
+}
+
+void CachingAllocator::beginCapture() {
+  std::lock_guard lock(mu_);
+  DDPRUN_CHECK(!async_, "CUDA graphs run on the caching allocator, not on "
+               "DDPRUN_CUDA_ALLOCATOR=async (its allocations would become graph memory nodes)");
+  DDPRUN_CHECK(!ledger_.capturing(), "a CUDA graph capture is already in progress");
+  DDPRUN_CHECK(ledger_.liveGraphs() == 0, "one CUDA graph at a time: release the previous "
+               "one (releaseGraph) before capturing another");
+  ledger_.begin();
+}
+
+uint64_t CachingAllocator::endCapture(bool keep) {
+  std::lock_guard lock(mu_);
+  std::vector<void*> live;
+  live.reserve(live_.size());
+  for (const auto& [p, b] : live_) live.push_back(p);
+  const uint64_t id = ledger_.end(keep, live);
+  if (!id) return 0;
+  // The graph's blocks that are free now leave the free lists.
+  for (auto& [cls, blocks] : free_) {
+    auto keepFree = std::stable_partition(blocks.begin(), blocks.end(),
+                                          [&](void* p) { return !ledger_.heldByGraph(p); });
+    for (auto it = keepFree; it != blocks.end(); ++it) {
+      held_.emplace(*it, cls);
+      stats_.graphHeld += cls;
+    }
+    blocks.erase(keepFree, blocks.end());
+  }
+  return id;
+}
+
+void CachingAllocator::releaseGraph(uint64_t id) {
+  std::lock_guard lock(mu_);
+  for (void* p : ledger_.release(id)) {
+    auto it = held_.find(p);
+    if (it == held_.end()) continue;  // in use: its free goes to the free lists
+    free_[it->second].push_back(p);
+    stats_.graphHeld -= it->second;
+    held_.erase(it);
+  }
 }
 
 void CachingAllocator::detach() {
   bool empty;
   {
     std::lock_guard lock(mu_);
+    for (const auto& [p, cls] : held_) free_[cls].push_back(p);  // no graph replays now
+    held_.clear();
+    stats_.graphHeld = 0;
     releaseCachedLocked();
     stream_ = nullptr;
     orphan_ = true;

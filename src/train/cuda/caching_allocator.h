@@ -23,6 +23,14 @@
 // in "orphan" mode, where free() calls cudaFree directly and the allocator
 // deletes itself with its last block.
 //
+// CUDA graphs (Backend::capture): between beginCapture() and endCapture()
+// a request the free lists cannot serve throws CudaError instead of calling
+// cudaMalloc (which a capture forbids; stats().captureMisses counts them, and
+// the capture then fails and the step runs eagerly); a graph kept alive by
+// endCapture(true) has its blocks held out of the free lists as
+// capture_ledger.h says, until releaseGraph(). The async pool takes no part
+// (its cudaMallocAsync would become graph memory nodes): beginCapture refuses.
+//
 // Thread-safety: all members are safe to call from any thread (one mutex).
 #pragma once
 
@@ -34,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "capture_ledger.h"
 #include "ddprun/train/tensor.h"
 
 namespace ddprun::train::cuda {
@@ -50,6 +59,11 @@ struct AllocatorStats {
   // memory). Peaks restart from the current values at resetPeaks().
   size_t allocated = 0, peakAllocated = 0;
   size_t reserved = 0, peakReserved = 0;
+  // CUDA graphs: requests during a capture that would have needed cudaMalloc
+  // (each failed its capture), and the bytes held for live graphs (counted
+  // in cached too).
+  size_t captureMisses = 0;
+  size_t graphHeld = 0;
 };
 
 class CachingAllocator final : public Allocator {
@@ -78,6 +92,15 @@ class CachingAllocator final : public Allocator {
   bool usesAsyncPool() const { return async_; }
   // Returns every cached block to CUDA (waits for the stream first).
   void releaseCached();
+  // A capture on the backend's stream starts (see the note above). Throws
+  // InvalidArgument with the async pool, while another capture runs, or
+  // while a graph lives (one at a time: release it first).
+  void beginCapture();
+  // It ended: keep (the graph was instantiated and will replay) holds its
+  // blocks and returns the graph's id for releaseGraph; !keep forgets it (0).
+  uint64_t endCapture(bool keep);
+  // The graph will not replay again: its held blocks return to the free lists.
+  void releaseGraph(uint64_t id);
   // The backend is going away: see the lifetime note above. `this` must not
   // be used by the caller afterwards.
   void detach();
@@ -107,6 +130,8 @@ class CachingAllocator final : public Allocator {
   bool orphan_ = false;
   bool async_ = false;           // DDPRUN_CUDA_ALLOCATOR=async
   cudaMemPool_t pool_ = nullptr; // async: the device's default pool
+  CaptureLedger ledger_;
+  std::unordered_map<void*, size_t> held_;  // block -> size class, for live graphs
 };
 
 }  // namespace ddprun::train::cuda
