@@ -1,0 +1,90 @@
+// When a training step runs as a CUDA graph replay (issue 44 item 6): the
+// trainer's decision, step by step, as pure state transitions (no CUDA):
+// tested on the CPU (tests/unit/train/step_graph_plan_test.cc).
+//
+// What a graph holds: the step's forward, its loss (on the labels staged in
+// the backend's fixed slot) and its backward, on the input copied into a
+// fixed slot; everything after backward stays eager: the reducer (its
+// buckets are marked ready after the replay, in the captured order), the
+// loss scaler's check and the optimizer (whose learning rate and step count
+// change every step). So the graph ends before the reducer, and with several
+// ranks the run stays eager: a graph of the whole backward would hold every
+// bucket's all-reduce until backward ends, losing the overlap that hides it.
+//
+// The rules, per step (next()):
+//  - off for the whole run (off() says why, once): the switch is off
+//    (--cuda-graph / DDPRUN_CUDA_GRAPH), the backend cannot capture (the CPU),
+//    several ranks, the async allocator, a capture failed, or too many
+//    captures (the step's shape keeps changing);
+//  - eager: the first step of a shape (it searches the convolution
+//    algorithms and allocates; a capture may not), a profiled step (its
+//    points record inside the step), or a step whose shape differs from the
+//    graph's (batch size, loss scale, bucket layout): the graph is released;
+//  - capture: a step with the shape of the eager step just before it and no
+//    graph (the capture does not run the work: the trainer replays it at once);
+//  - replay: a step with the graph's shape.
+// invalidate() releases the graph when anything else ran on the model
+// (evaluation, a checkpoint load): its buffers may have moved.
+//
+// Thread-safety: none (the trainer's thread).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddprun::train {
+
+// What a step's graph depends on.
+struct StepShape {
+  int64_t batch = 0;           // this rank's samples in the step
+  float lossScale = 1.0f;      // baked into the loss gradient (fp16's scaler)
+  uint64_t layoutVersion = 0;  // the reducer's buckets (the gradients' addresses)
+  bool operator==(const StepShape&) const = default;
+};
+
+class StepGraphPlan {
+ public:
+  struct Options {
+    bool enabled = false;         // the switch
+    std::string backendRefusal = {};  // "" when the backend can capture, else why not
+    int worldSize = 1;
+    bool asyncAllocator = false;  // DDPRUN_CUDA_ALLOCATOR=async
+    int maxCaptures = 8;
+  };
+  enum class Action { kEager, kCapture, kReplay };
+  struct Counts {
+    int64_t eager = 0, captures = 0, replays = 0, releases = 0;
+  };
+
+  explicit StepGraphPlan(Options o);
+  // The next step's action. A kEager step may first release the graph
+  // (releaseNow()).
+  Action next(const StepShape& s, bool profiled);
+  // After a kCapture: whether a graph came of it (false: why; graphs are
+  // off for the rest of the run, and the step runs eagerly).
+  void captured(bool ok, const std::string& why);
+  // Something else ran on the model: the graph (if any) is released.
+  void invalidate();
+  // Whether the trainer must release its graph now (set by next() and
+  // invalidate(); cleared by the call).
+  bool releaseNow();
+  bool holdsGraph() const { return graph_; }
+  // Why graphs are off for this run ("" while they may run).
+  const std::string& off() const { return off_; }
+  const Counts& counts() const { return counts_; }
+
+ private:
+  void release();
+  Options o_;
+  std::string off_;
+  bool graph_ = false;
+  bool release_ = false;
+  StepShape graphShape_;
+  bool haveEager_ = false;  // the step before ran eagerly with lastEager_
+  StepShape lastEager_;
+  Counts counts_;
+};
+
+const char* stepGraphActionName(StepGraphPlan::Action a);
+
+}  // namespace ddprun::train

@@ -1,0 +1,114 @@
+// The step graph plan (src/train/step_graph_plan.h): when a training step is
+// captured, replayed or run eagerly, as pure state transitions.
+#include "step_graph_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace ddprun::train {
+namespace {
+
+using Action = StepGraphPlan::Action;
+constexpr Action E = Action::kEager, C = Action::kCapture, R = Action::kReplay;
+
+StepGraphPlan::Options on() { return {.enabled = true}; }
+
+std::vector<Action> run(StepGraphPlan& p, const std::vector<StepShape>& steps) {
+  std::vector<Action> out;
+  for (const StepShape& s : steps) {
+    const Action a = p.next(s, false);
+    if (a == C) p.captured(true, "");
+    out.push_back(a);
+  }
+  return out;
+}
+
+TEST(StepGraphPlan, OffSaysWhyOnce) {
+  struct Case {
+    StepGraphPlan::Options o;
+    std::string says;
+  };
+  for (const Case& k : {Case{{.enabled = false}, "--cuda-graph"},
+                        Case{{.enabled = true, .backendRefusal = "the CPU backend runs eagerly"},
+                             "the CPU backend"},
+                        Case{{.enabled = true, .worldSize = 2}, "2 ranks"},
+                        Case{{.enabled = true, .asyncAllocator = true}, "async"}}) {
+    StepGraphPlan p(k.o);
+    EXPECT_NE(p.off().find(k.says), std::string::npos) << p.off();
+    EXPECT_EQ(run(p, {{32}, {32}, {32}, {32}}), std::vector<Action>({E, E, E, E}));
+    EXPECT_EQ(p.counts().captures, 0);
+  }
+}
+
+TEST(StepGraphPlan, FirstStepEagerThenCaptureThenReplays) {
+  StepGraphPlan p(on());
+  EXPECT_TRUE(p.off().empty());
+  EXPECT_EQ(run(p, {{32}, {32}, {32}, {32}, {32}}), std::vector<Action>({E, C, R, R, R}));
+  EXPECT_TRUE(p.holdsGraph());
+  EXPECT_EQ(p.counts().eager, 1);
+  EXPECT_EQ(p.counts().captures, 1);
+  EXPECT_EQ(p.counts().replays, 3);
+  EXPECT_FALSE(p.releaseNow());
+}
+
+TEST(StepGraphPlan, AnotherShapeReleasesTheGraphAndRunsEagerly) {
+  StepGraphPlan p(on());
+  // The epoch's short last batch, then the next epoch's full ones.
+  EXPECT_EQ(run(p, {{32}, {32}, {32}, {8}}), std::vector<Action>({E, C, R, E}));
+  EXPECT_TRUE(p.releaseNow());
+  EXPECT_FALSE(p.releaseNow()) << "said once";
+  EXPECT_FALSE(p.holdsGraph());
+  EXPECT_EQ(run(p, {{32}, {32}, {32}}), std::vector<Action>({E, C, R}));
+  // A new loss scale (fp16's scaler) or bucket layout is another shape too.
+  EXPECT_EQ(p.next({32, 2.0f, 0}, false), E);
+  EXPECT_TRUE(p.releaseNow());
+  EXPECT_EQ(run(p, {{32, 2.0f, 0}, {32, 2.0f, 1}, {32, 2.0f, 1}}),
+            std::vector<Action>({C, E, C}));
+  EXPECT_EQ(p.counts().releases, 3);
+}
+
+TEST(StepGraphPlan, ProfiledStepsRunEagerly) {
+  StepGraphPlan p(on());
+  run(p, {{32}, {32}, {32}});
+  EXPECT_EQ(p.next({32}, true), E);
+  EXPECT_TRUE(p.releaseNow());
+  // A profiled step is not the warm-up of a capture: the next one is eager.
+  EXPECT_EQ(p.next({32}, true), E);
+  EXPECT_EQ(run(p, {{32}, {32}, {32}}), std::vector<Action>({E, C, R}));
+}
+
+TEST(StepGraphPlan, AFailedCaptureTurnsGraphsOffWithTheReason) {
+  StepGraphPlan p(on());
+  EXPECT_EQ(p.next({32}, false), E);
+  EXPECT_EQ(p.next({32}, false), C);
+  p.captured(false, "cudaStreamEndCapture: operation not permitted when stream is capturing");
+  EXPECT_NE(p.off().find("a capture failed (cudaStreamEndCapture"), std::string::npos)
+      << p.off();
+  EXPECT_FALSE(p.holdsGraph());
+  EXPECT_EQ(run(p, {{32}, {32}}), std::vector<Action>({E, E}));
+  EXPECT_EQ(p.counts().eager, 4);
+}
+
+TEST(StepGraphPlan, InvalidateReleasesAndWarmsUpAgain) {
+  StepGraphPlan p(on());
+  run(p, {{32}, {32}, {32}});
+  p.invalidate();  // evaluation ran on the model
+  EXPECT_TRUE(p.releaseNow());
+  EXPECT_EQ(run(p, {{32}, {32}, {32}}), std::vector<Action>({E, C, R}));
+  p.invalidate();
+  p.invalidate();
+  EXPECT_TRUE(p.releaseNow());
+  EXPECT_EQ(p.counts().releases, 2);
+}
+
+TEST(StepGraphPlan, AShapeThatKeepsChangingStopsCapturing) {
+  StepGraphPlan p({.enabled = true, .maxCaptures = 2});
+  EXPECT_EQ(run(p, {{32}, {32}, {16}, {16}, {32}, {32}}), std::vector<Action>({E, C, E, C, E, E}));
+  EXPECT_NE(p.off().find("captured 2 times"), std::string::npos) << p.off();
+  EXPECT_EQ(run(p, {{32}, {32}}), std::vector<Action>({E, E}));
+}
+
+}  // namespace
+}  // namespace ddprun::train
