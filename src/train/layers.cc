@@ -45,6 +45,31 @@ void Backend::crossEntropyDeferred(const Tensor& logits, const int32_t* labels, 
   deferredLoss_ += mean * static_cast<double>(logits.dim(0));
 }
 
+void Backend::stageLabels(const int32_t* labels, int64_t n, int64_t classes) {
+  DDPRUN_CHECK(n >= 0, "stageLabels: ", n, " labels");
+  for (int64_t i = 0; i < n; ++i)
+    DDPRUN_CHECK(labels[i] >= 0 && labels[i] < classes, "label ", labels[i], " outside [0, ",
+                 classes, ")");
+  stagedLabels_.assign(labels, labels + n);
+}
+
+void Backend::crossEntropyStaged(const Tensor& logits, Tensor* dlogits, float gradScale) {
+  DDPRUN_CHECK(logits.rank() == 2 && logits.dim(0) == static_cast<int64_t>(stagedLabels_.size()),
+               "crossEntropyStaged: logits ", shapeString(logits.shape()), " for ",
+               stagedLabels_.size(), " staged labels");
+  crossEntropyDeferred(logits, stagedLabels_.data(), dlogits, gradScale);
+}
+
+std::string Backend::captureRefusal() const {
+  return "the " + std::string(runtime::deviceName(device())) + " backend runs its steps eagerly";
+}
+
+std::unique_ptr<Backend::StepGraph> Backend::capture(const std::function<void()>&,
+                                                     std::string* why) {
+  if (why) *why = captureRefusal();
+  return nullptr;
+}
+
 void Backend::setLabelSmoothing(float eps) {
   if (!(eps >= 0.0f && eps <= 1.0f))
     DDPRUN_THROW(InvalidArgument, "label smoothing ", eps, " outside [0, 1]");

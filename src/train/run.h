@@ -40,6 +40,7 @@
 #include "ddprun/train/optim.h"
 #include "ddprun/train/transforms.h"
 #include "batch_feed.h"
+#include "step_graph_plan.h"
 #include "step_observer.h"
 
 namespace ddprun::train::run_detail {
@@ -147,6 +148,15 @@ class Run {
   void step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN,
             int64_t stepsInEpoch);
   void finishStep(int64_t n, int64_t stepsInEpoch);
+  // The step's forward, loss and backward on the staged labels, each
+  // parameter's readiness to `ready`: what a graph records.
+  void forwardBackward(const Tensor& x, const std::function<void(size_t)>& ready);
+  // A graphed step (StepGraphPlan's capture or replay) on batch's input and
+  // labels, copied into the graph's slots; false when the capture failed
+  // (graphs are then off, and the step runs eagerly).
+  bool graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a);
+  // Evaluation and the like ran on the model: the graph goes.
+  void dropGraph();
   void report(int64_t stepsInEpoch, bool force);
   void timedLine(int64_t stepsInEpoch);
   void reportProgress(bool force);
@@ -197,6 +207,14 @@ class Run {
   // The breakdown, --bench-warmup's window, --profile-steps' profile (made
   // in setup(), once the reducer exists).
   std::unique_ptr<StepObserver> observe_;
+  // CUDA graphs of the step (step_graph_plan.h): the plan, the live graph
+  // (destroyed before the backend: declared after it), its input slot and
+  // the parameters' ready order its capture recorded.
+  std::unique_ptr<StepGraphPlan> graphPlan_;
+  std::unique_ptr<Backend::StepGraph> graph_;
+  Tensor graphInput_;
+  std::vector<size_t> graphReady_;
+  bool graphOffSaid_ = false;
   DeviceDecision deviceDecision_;  // --device: the choice and why
 };
 

@@ -4,16 +4,12 @@
 namespace ddprun::train {
 
 StepGraphPlan::StepGraphPlan(Options o) : o_(std::move(o)) {
-  if (!o_.enabled)
-    off_ = "off (--cuda-graph or DDPRUN_CUDA_GRAPH=1 turns it on)";
-  else if (!o_.backendRefusal.empty())
+  if (!o_.backendRefusal.empty())
     off_ = o_.backendRefusal;
   else if (o_.worldSize > 1)
     off_ = std::to_string(o_.worldSize) + " ranks: a graph ends before the reducer, and one "
            "of the whole backward would hold its buckets' all-reduces until backward ends; "
            "steps run eagerly";
-  else if (o_.asyncAllocator)
-    off_ = "DDPRUN_CUDA_ALLOCATOR=async: graphs run on the caching allocator";
 }
 
 StepGraphPlan::Action StepGraphPlan::next(const StepShape& s, bool profiled) {

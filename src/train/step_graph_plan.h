@@ -12,10 +12,10 @@
 // bucket's all-reduce until backward ends, losing the overlap that hides it.
 //
 // The rules, per step (next()):
-//  - off for the whole run (off() says why, once): the switch is off
-//    (--cuda-graph / DDPRUN_CUDA_GRAPH), the backend cannot capture (the CPU),
-//    several ranks, the async allocator, a capture failed, or too many
-//    captures (the step's shape keeps changing);
+//  - off for the whole run (off() says why): the backend cannot capture
+//    (the CPU; on CUDA the switch, DDPRUN_CUDA_GRAPH, is off, or the async
+//    allocator runs), several ranks, a capture failed, or too many captures
+//    (the step's shape keeps changing);
 //  - eager: the first step of a shape (it searches the convolution
 //    algorithms and allocates; a capture may not), a profiled step (its
 //    points record inside the step), or a step whose shape differs from the
@@ -45,10 +45,10 @@ struct StepShape {
 class StepGraphPlan {
  public:
   struct Options {
-    bool enabled = false;         // the switch
-    std::string backendRefusal = {};  // "" when the backend can capture, else why not
+    // Backend::captureRefusal(): "" when the backend can capture, else why
+    // not (the CPU; CUDA: the switch, the async allocator).
+    std::string backendRefusal = {};
     int worldSize = 1;
-    bool asyncAllocator = false;  // DDPRUN_CUDA_ALLOCATOR=async
     int maxCaptures = 8;
   };
   enum class Action { kEager, kCapture, kReplay };

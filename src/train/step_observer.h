@@ -98,6 +98,8 @@ class StepObserver {
   void point(Point p) {
     if (profile_) profile_->point(p);
   }
+  // Whether this step is profiled (its points record inside the step).
+  bool profiled() const { return profiled_; }
   void paramReady(size_t i) {
     if (profile_) profile_->paramReady(i);
   }

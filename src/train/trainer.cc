@@ -55,6 +55,8 @@ void Run::setup() {
                             .profileSteps = cfg_.profileSteps,
                             .samplesPerStep = int64_t{cfg_.batchSize} * pg_.size(),
                             .worldSize = pg_.size()});
+  graphPlan_ = std::make_unique<StepGraphPlan>(StepGraphPlan::Options{
+      .backendRefusal = be_->captureRefusal(), .worldSize = pg_.size()});
 }
 
 std::vector<std::vector<size_t>> Run::bucketLayout() const {
@@ -141,17 +143,20 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   const BatchFeed::Batch batch = feed_->take(data_.train, idx, n);
   observe_->dataTaken();
   syncBuffers();
+  const StepGraphPlan::Action graphed = graphPlan_->next(
+      {.batch = n, .lossScale = scaler_.scale(), .layoutVersion = reducer_->layoutVersion()},
+      observe_->profiled());
+  if (graphPlan_->releaseNow()) graph_.reset();
   observe_->forwardStart();
-  const Tensor& logits = model_->forward(batch.x, true);
-  // The loss is summed where it is computed and read when reported: no
-  // device synchronisation per step.
-  observe_->point(Point::kLossStart);
-  be_->crossEntropyDeferred(logits, batch.labels, &dlogits_, scaler_.scale());
-  observe_->point(Point::kLossEnd);
-  model_->backward(dlogits_, [&](size_t i) {
-    reducer_->markReady(i);
-    observe_->paramReady(i);
-  });
+  if (graphed == StepGraphPlan::Action::kEager || !graphedStep(batch, n, graphed)) {
+    // The loss is summed where it is computed and read when reported: no
+    // device synchronisation per step.
+    be_->stageLabels(batch.labels, n, data_.train.numClasses);
+    forwardBackward(batch.x, [&](size_t i) {
+      reducer_->markReady(i);
+      observe_->paramReady(i);
+    });
+  }
   // The next batch is assembled while the device still runs backward.
   observe_->prefetchStart();
   feed_->prepareNext(data_.train, next, nextN);
@@ -173,6 +178,46 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
   markGradsZero();  // instead of zeroing: the next backward overwrites
   observe_->stepEnd();
   finishStep(n, stepsInEpoch);
+}
+
+void Run::forwardBackward(const Tensor& x, const std::function<void(size_t)>& ready) {
+  using Point = StepProfile::Point;
+  const Tensor& logits = model_->forward(x, true);
+  observe_->point(Point::kLossStart);
+  be_->crossEntropyStaged(logits, &dlogits_, scaler_.scale());
+  observe_->point(Point::kLossEnd);
+  model_->backward(dlogits_, ready);
+}
+
+bool Run::graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a) {
+  graphInput_.ensure(batch.x.shape(), be_->allocator(), batch.x.dtype());
+  be_->copy(batch.x, graphInput_);
+  be_->stageLabels(batch.labels, n, data_.train.numClasses);
+  if (a == StepGraphPlan::Action::kCapture) {
+    graphReady_.clear();
+    std::string why;
+    graph_ = be_->capture(
+        [&] { forwardBackward(graphInput_, [&](size_t i) { graphReady_.push_back(i); }); },
+        &why);
+    graphPlan_->captured(graph_ != nullptr, why);
+    if (!graph_) {
+      if (!graphOffSaid_) notice("CUDA graphs of the step: " + graphPlan_->off());
+      graphOffSaid_ = true;
+      markGradsZero();  // the capture consumed the layers' overwrite flags
+      return false;
+    }
+  }
+  graph_->replay();
+  for (const size_t i : graphReady_) {
+    reducer_->markReady(i);
+    observe_->paramReady(i);
+  }
+  return true;
+}
+
+void Run::dropGraph() {
+  graphPlan_->invalidate();
+  if (graphPlan_->releaseNow()) graph_.reset();
 }
 
 // The step is counted and reported; a checkpoint when due.
@@ -226,6 +271,7 @@ void Run::trainEpoch() {
 // Exact split: every test sample is evaluated once across the ranks.
 TestCount Run::evaluate() {
   if (data_.test.size == 0) return {};  // an image folder without a test split
+  dropGraph();  // evaluation's batches may move the layers' buffers
   runtime::SamplerOptions so;
   so.datasetSize = data_.test.size;
   so.numReplicas = pg_.size();
@@ -397,6 +443,10 @@ nlohmann::json Run::summary(const TestCount& test) {
   // breakdown, data_wait_s, comm_hidden_fraction; bench, profile when on.
   observe_->addSummary(j, stepsRun_);
   if (be_->device() != Device::kCpu) {
+    const StepGraphPlan::Counts& gc = graphPlan_->counts();
+    j["cuda_graph"] = {{"state", graphPlan_->off().empty() ? "on" : graphPlan_->off()},
+                       {"captures", gc.captures}, {"replays", gc.replays},
+                       {"eager_steps", gc.eager}, {"releases", gc.releases}};
     j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);

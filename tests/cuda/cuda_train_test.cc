@@ -1830,6 +1830,54 @@ TEST_F(CudaBackendTest, CrossEntropy) {
   EXPECT_THROW(gpu_->crossEntropy(zg, labels.data(), nullptr, nullptr), InvalidArgument);
 }
 
+// CUDA graphs of the step (Backend::capture, src/train/cuda/step_graph.h):
+// off without the switch (saying so); a captured body runs only on replay,
+// and each replay runs it again (the deferred loss summed twice); a body
+// that needs memory the caching allocator has not cached fails its capture
+// with the allocator's message, no cudaMalloc inside it, and the backend
+// works on; the staged-labels loss equals crossEntropyDeferred's.
+TEST_F(CudaBackendTest, StepGraphCapturesReplaysAndRefusesAllocation) {
+  std::string why;
+  EXPECT_EQ(gpu_->capture([] {}, &why), nullptr);
+  EXPECT_NE(why.find("DDPRUN_CUDA_GRAPH=1"), std::string::npos) << why;
+  auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32, .deterministic = true,
+                             .cudaGraph = true});
+  EXPECT_EQ(be->captureRefusal(), "");
+  const int64_t n = 16, k = 10;
+  const Tensor z = hostTensor({n, k}, 7, -3.0f, 3.0f);
+  std::vector<int32_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 3) % k);
+  const Tensor zg = toGpu(z, be.get());
+  Tensor dz;
+  // The eager step first: the loss's buffers exist before any capture.
+  be->stageLabels(labels.data(), n, k);
+  be->crossEntropyStaged(zg, &dz, 1.0f);
+  const double once = be->takeLossSum();
+  be->crossEntropyDeferred(zg, labels.data(), &dz, 1.0f);
+  EXPECT_EQ(be->takeLossSum(), once);
+  be->stageLabels(labels.data(), n, k);
+  std::unique_ptr<Backend::StepGraph> g =
+      be->capture([&] { be->crossEntropyStaged(zg, &dz, 1.0f); }, &why);
+  ASSERT_NE(g, nullptr) << why;
+  EXPECT_EQ(be->takeLossSum(), 0.0) << "a capture runs nothing";
+  g->replay();
+  g->replay();
+  EXPECT_EQ(be->takeLossSum(), 2 * once);
+  g.reset();
+  // A fresh size inside a capture: refused, nothing ran, the backend goes on.
+  const auto mallocs = [&] {
+    return dynamic_cast<cuda::CachingAllocator&>(be->allocator()).stats();
+  };
+  const cuda::AllocatorStats before = mallocs();
+  g = be->capture([&] { Tensor big({123457}, be->allocator()); }, &why);
+  EXPECT_EQ(g, nullptr);
+  EXPECT_NE(why.find("may not call cudaMalloc"), std::string::npos) << why;
+  EXPECT_EQ(mallocs().mallocs, before.mallocs);
+  EXPECT_EQ(mallocs().captureMisses, before.captureMisses + 1);
+  be->crossEntropyDeferred(zg, labels.data(), &dz, 1.0f);
+  EXPECT_EQ(be->takeLossSum(), once);
+}
+
 // Label smoothing (setLabelSmoothing) in the CUDA loss kernel: the CPU
 // backend's loss and gradient, the same arg-max count; back at 0 the plain
 // loss again.

@@ -8,6 +8,8 @@
 - bf16 and fp16 with 16-bit activations (the default; DDPRUN_CUDA_ACT16=0 is
   float activations) train within a band of the same precision with float
   activations (LeNet-BN, ResNet-18).
+- CUDA graphs of the step (DDPRUN_CUDA_GRAPH=1) train bitwise as eager
+  steps, with one capture; two ranks stay eager.
 - Our batch norm with its sums' epilogue folded into one launch
   (DDPRUN_CUDA_BN_FOLD=1) trains bitwise as the unfolded launches.
 - Convolutions through cuDNN's graph API (DDPRUN_CUDNN_GRAPH=1) train within
@@ -200,6 +202,41 @@ class TrainGpu(unittest.TestCase):
             self.assertEqual(lg, lr, "%s stem %s: losses" % (prec, stem))
             self.assertEqual(got["params_sha256"], ref["params_sha256"],
                              "%s stem %s: folded and unfolded weights differ" % (prec, stem))
+
+    def test_cuda_graph_steps_train_bitwise_as_eager_steps(self):
+        # DDPRUN_CUDA_GRAPH=1: from the third step (the first two search the
+        # convolutions and rebuild the buckets) forward, loss and backward
+        # are one captured graph, replayed with the input and labels copied
+        # into its slots; the optimizer stays eager. With the convolutions
+        # deterministic the run is bitwise the eager one. One capture and no
+        # failure also says no allocation happened inside it (the allocator
+        # refuses one, which fails the capture and turns graphs off).
+        cases = [("lenet", SMALL, "fp32"),
+                 ("resnet18", ["--data", "synthetic-cifar", "--stem", "cifar",
+                               "--train-samples", "640", "--test-samples", "64"], "bf16")]
+        for model, data, prec in cases:
+            flags = ["--device", "cuda", "--model", model, *data, "--batch-size", "32",
+                     "--max-steps", "12", "--no-shuffle", "--lr", "0.01", "--precision", prec,
+                     "--deterministic"]
+            runs = {}
+            for graph in ("0", "1"):
+                runs[graph] = self.train("%s_%s_graph%s" % (model, prec, graph), *flags,
+                                         env=dict(clean_env(), DDPRUN_CUDA_GRAPH=graph))
+            (ref, lr), (got, lg) = runs["0"], runs["1"]
+            self.assertIn("DDPRUN_CUDA_GRAPH=1", ref["cuda_graph"]["state"])
+            self.assertEqual(got["cuda_graph"]["state"], "on", got["cuda_graph"])
+            self.assertEqual(got["cuda_graph"]["captures"], 1, got["cuda_graph"])
+            c = got["cuda_graph"]
+            self.assertEqual(c["eager_steps"] + c["captures"] + c["replays"], 12, c)
+            self.assertGreaterEqual(c["replays"], 12 - 3, c)
+            self.assertEqual(lg, lr, "%s %s: graphed and eager losses" % (model, prec))
+            self.assertEqual(got["params_sha256"], ref["params_sha256"],
+                             "%s %s: graphed and eager weights differ" % (model, prec))
+        # Two ranks stay eager, saying why.
+        res, _ = self.train("lenet_graph_2ranks", "--device", "cuda", "--model", "lenet", *SMALL,
+                            "--max-steps", "4", nproc=2,
+                            env=dict(clean_env(), DDPRUN_CUDA_GRAPH="1"))
+        self.assertIn("2 ranks", res["cuda_graph"]["state"])
 
     def test_graph_api_convolutions_train_as_the_legacy_search(self):
         # DDPRUN_CUDNN_GRAPH=1 runs every convolution through a cuDNN graph-API

@@ -82,7 +82,8 @@ CudaProbes systemCudaProbes();
 // (--deterministic without the flag), DDPRUN_CUDA_ACT16 and
 // DDPRUN_CUDA_OUR_BN (0: the A/B against the defaults), DDPRUN_CUDNN_GRAPH
 // (0-2, CudaBackendOptions::GraphConv), DDPRUN_CUDA_OWN_POOL,
-// DDPRUN_CUDNN_BN_FUSION, DDPRUN_CUDA_FUSED_STEM, DDPRUN_CUDA_BN_FOLD (0/1)
+// DDPRUN_CUDNN_BN_FUSION, DDPRUN_CUDA_FUSED_STEM, DDPRUN_CUDA_BN_FOLD,
+// DDPRUN_CUDA_GRAPH (0/1)
 // and DDPRUN_CUDA_ALLOCATOR (caching|async).
 // Unset or empty: `o`'s value stays. Throws InvalidArgument naming a
 // malformed one.

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -220,6 +221,37 @@ class Backend {
   virtual void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                                     float gradScale);
   virtual double takeLossSum();
+  // crossEntropyDeferred in two halves, so that the second can be recorded
+  // in a CUDA graph (capture()): stageLabels checks n labels against
+  // `classes` (InvalidArgument naming a bad one) and copies them where the
+  // backend keeps the step's labels (a device: its fixed device slot, from
+  // pinned staging); crossEntropyStaged is crossEntropyDeferred on the
+  // staged labels (logits with n rows). The defaults keep a host copy.
+  virtual void stageLabels(const int32_t* labels, int64_t n, int64_t classes);
+  virtual void crossEntropyStaged(const Tensor& logits, Tensor* dlogits, float gradScale);
+
+  // CUDA graphs (the trainer's StepGraphPlan, step_graph_plan.h). A step's
+  // device work recorded once and replayed as one launch.
+  class StepGraph {
+   public:
+    virtual ~StepGraph() = default;
+    // Issues the recorded work again on the backend's stream (no wait).
+    virtual void replay() = 0;
+  };
+  // "" when capture() may work on this backend, else why not (the default:
+  // this backend runs its steps eagerly).
+  virtual std::string captureRefusal() const;
+  // Records the device work `body` issues through this backend into a
+  // graph, without running it (replay() runs it). nullptr, with *why set,
+  // when it cannot (captureRefusal()) or the capture failed: body threw, or
+  // CUDA refused what it issued (a cudaMalloc the caching allocator could
+  // not avoid, a host synchronisation, a call that cannot be captured). Then
+  // none of body's device work ran and the backend works as before; host
+  // state body changed stays changed (the caller redoes the step eagerly).
+  // While body runs, the backend's layers skip host-side bookkeeping that a
+  // replay would not repeat (batch norm's step counter check).
+  virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body,
+                                             std::string* why);
   // torch.nn.CrossEntropyLoss(label_smoothing=eps) for every later
   // crossEntropy and crossEntropyDeferred (training's and evaluation's loss
   // alike; set 0 around a call that wants the plain loss): the target
@@ -345,6 +377,7 @@ class Backend {
 
  private:
   double deferredLoss_ = 0;  // the default crossEntropyDeferred's accumulator
+  std::vector<int32_t> stagedLabels_;  // the default stageLabels' copy
   float labelSmoothing_ = 0.0f;
   std::vector<double> markTimes_;  // the default mark()'s wall-clock times (seconds)
 };
@@ -418,6 +451,10 @@ struct CudaBackendOptions {
   // direction instead of 4 (DDPRUN_CUDA_BN_FOLD=1; the same sums bit for bit;
   // opt-in until a GPU run has measured it).
   bool bnFold = false;
+  // Training steps recorded once as a CUDA graph and replayed (one rank:
+  // forward, loss and backward; the trainer's StepGraphPlan says when;
+  // DDPRUN_CUDA_GRAPH=1; opt-in until a GPU run has measured it).
+  bool cudaGraph = false;
   // Device memory: our caching allocator (free lists per size class), or
   // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
   enum class Memory { kCaching, kAsync };

@@ -139,9 +139,13 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor&, const Tensor& dy, Ten
 void BatchNorm2d::countStep() {
   if (leader_) {
     launchAddScalar(nbt_.value.data(), 1.0f, ctx_->stream());
-    ++counter_->leaderForwards;
+    if (!ctx_->capturing()) ++counter_->leaderForwards;
     return;
   }
+  // A capture records the leader's device count; its replays run no host
+  // code, so neither side counts it (and a failed capture leaves both as
+  // they were).
+  if (ctx_->capturing()) return;
   ++forwards_;
   const int64_t lead = counter_->leaderForwards;
   if (forwards_ < lead || forwards_ > lead + 1)

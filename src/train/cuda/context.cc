@@ -21,7 +21,8 @@ Context::Context(const CudaBackendOptions& o)
       ownPool_(o.ownPool),
       cudnnBnFusion_(o.cudnnBnFusion),
       fusedStem_(ourBn_ && o.fusedStem),
-      bnFold_(ourBn_ && o.bnFold) {
+      bnFold_(ourBn_ && o.bnFold),
+      cudaGraph_(o.cudaGraph) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};

@@ -66,6 +66,12 @@ class Context {
   bool fusedStem() const { return fusedStem_; }
   // Our batch norm's sums with their epilogue in one launch (CudaBackendOptions::bnFold).
   bool bnFold() const { return bnFold_; }
+  // Steps may be captured as CUDA graphs (CudaBackendOptions::cudaGraph;
+  // step_graph.h), and whether a capture is recording now (the layers skip
+  // host bookkeeping a replay would not repeat).
+  bool cudaGraph() const { return cudaGraph_; }
+  bool capturing() const { return capturing_; }
+  void setCapturing(bool on) { capturing_ = on; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -115,6 +121,8 @@ class Context {
   bool cudnnBnFusion_;
   bool fusedStem_;
   bool bnFold_;
+  bool cudaGraph_;
+  bool capturing_ = false;
   std::string deviceName_;
   Stream stream_;
   CudnnHandle cudnn_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../cuda_plugin.h"
+#include "cross_entropy.h"
 #include "cuda_layers.h"
 #include "ddprun/common/error.h"
 #include "ddprun/build_id.h"  // generated: cmake/build_id.cmake
@@ -24,6 +25,7 @@
 #include "loss_kernels.h"
 #include "optim_kernels.h"
 #include "pool_kernels.h"
+#include "step_graph.h"
 #include "transpose.h"
 
 namespace ddprun::train {
@@ -62,8 +64,7 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
       : ctx_(std::make_shared<Context>(o)),
-        labels_(ctx_), rowLoss_(ctx_), rowHit_(ctx_), ceResult_(ctx_), flag_(ctx_),
-        lossAcc_(ctx_) {}
+        ce_(ctx_), flag_(ctx_) {}
   ~CudaBackend() override {
     try {
       ctx_->bind();
@@ -84,6 +85,12 @@ class CudaBackend final : public Backend {
            (ctx_->ourBatchNorm() ? ", our batch norm" : "") +
            (ctx_->bnFold() ? " (sums folded)" : "") + bnPathsNote() +
            graphConvNote(ctx_->graphConv()) + ")";
+  }
+
+  std::string captureRefusal() const override { return stepGraphRefusal(*ctx_); }
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& body,
+                                     std::string* why) override {
+    return captureStepGraph(ctx_, body, why);
   }
 
   static std::string graphConvNote(CudaBackendOptions::GraphConv g) {
@@ -156,31 +163,29 @@ class CudaBackend final : public Backend {
 
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                       int64_t* correct, float gradScale) override {
-    ctx_->bind();
-    launchLoss(logits, labels, dlogits, gradScale);
-    CeResult r;
-    ctx_->readBack(ceResult_.get(), &r, sizeof(r));
+    crossEntropyDeferredLaunch(logits, labels, dlogits, gradScale);
+    const CeResult r = ce_.result();
     if (correct) *correct = r.correct;
     const int64_t n = logits.dim(0);
     return n ? r.lossSum / static_cast<double>(n) : 0.0;
   }
   void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                             float gradScale) override {
+    crossEntropyDeferredLaunch(logits, labels, dlogits, gradScale);
+    ce_.accumulate();
+  }
+  void stageLabels(const int32_t* labels, int64_t n, int64_t classes) override {
     ctx_->bind();
-    launchLoss(logits, labels, dlogits, gradScale);
-    if (!lossAcc_.get()) {
-      lossAcc_.ensure(1);
-      DDPRUN_CUDA_OK(cudaMemsetAsync(lossAcc_.get(), 0, sizeof(double), ctx_->stream()));
-    }
-    launchAccumulateLoss(ceResult_.get(), lossAcc_.get(), ctx_->stream());
+    ce_.stage(labels, n, classes);
+  }
+  void crossEntropyStaged(const Tensor& logits, Tensor* dlogits, float gradScale) override {
+    ctx_->bind();
+    ce_.launch(logits, dlogits, gradScale, labelSmoothing());
+    ce_.accumulate();
   }
   double takeLossSum() override {
-    if (!lossAcc_.get()) return 0.0;
     ctx_->bind();
-    double s = 0;
-    ctx_->readBack(lossAcc_.get(), &s, sizeof(s));
-    DDPRUN_CUDA_OK(cudaMemsetAsync(lossAcc_.get(), 0, sizeof(double), ctx_->stream()));
-    return s;
+    return ce_.takeSum();
   }
 
   void sgdUpdate(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
@@ -385,12 +390,8 @@ class CudaBackend final : public Backend {
   InputSlot slots_[kInputSlots];
   int nextSlot_ = 0;
   Tensor nhwcInput_;  // modelInput's
-  DeviceArray<int32_t> labels_;
-  DeviceArray<double> rowLoss_;
-  DeviceArray<int> rowHit_;
-  DeviceArray<CeResult> ceResult_;
+  CrossEntropy ce_;
   DeviceArray<int> flag_;
-  DeviceArray<double> lossAcc_;  // crossEntropyDeferred's sum
   std::vector<cuda::OptimChunk> optimChunks_;  // the optimizer steps' chunk table, reused
 
   // The kernels' form of the chunks (into optimChunks_). A 16-bit copy is
@@ -405,41 +406,14 @@ class CudaBackend final : public Backend {
     }
     return optimChunks_.data();
   }
-  // Labels go up through kInputSlots pinned buffers in turn: a buffer is
-  // refilled once the copy that last read it has run (its event), never
-  // waiting for the rest of the stream (the device copy is stream ordered).
-  PinnedBuffer labelsPinned_[kInputSlots];
-  Event labelsCopied_[kInputSlots] = {Event::create(), Event::create(), Event::create(),
-                                      Event::create()};
-  bool labelsUsed_[kInputSlots] = {};
-  int labelsNext_ = 0;
-
-  // Checks the labels, then queues their upload and the loss kernel (rows,
-  // hits, ceResult_; dL/dlogits when asked).
-  void launchLoss(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
-                  float gradScale) {
+  // The loss on these labels (uploaded: staged), not yet waited for.
+  void crossEntropyDeferredLaunch(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                                  float gradScale) {
     DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
                  shapeString(logits.shape()));
-    const int64_t n = logits.dim(0), k = logits.dim(1);
-    for (int64_t i = 0; i < n; ++i)
-      DDPRUN_CHECK(labels[i] >= 0 && labels[i] < k, "label ", labels[i], " outside [0, ", k, ")");
-    if (dlogits) dlogits->ensure(logits.shape(), ctx_->allocator());
-    int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
-    const int slot = labelsNext_;
-    labelsNext_ = (labelsNext_ + 1) % kInputSlots;
-    if (labelsUsed_[slot] && !labelsCopied_[slot].done()) labelsCopied_[slot].synchronize();
-    int32_t* pin =
-        static_cast<int32_t*>(labelsPinned_[slot].ensure(std::max<int64_t>(n, 1) * 4));
-    std::copy(labels, labels + n, pin);
-    if (n)
-      DDPRUN_CUDA_OK(cudaMemcpyAsync(dLabels, pin, static_cast<size_t>(n) * 4,
-                                     cudaMemcpyHostToDevice, ctx_->stream()));
-    labelsCopied_[slot].record(ctx_->stream());
-    labelsUsed_[slot] = true;
-    launchCrossEntropy(logits.data(), dLabels, n, k, dlogits ? dlogits->data() : nullptr,
-                       gradScale, labelSmoothing(), rowLoss_.ensure(static_cast<size_t>(n)),
-                       rowHit_.ensure(static_cast<size_t>(n)), ceResult_.ensure(1),
-                       ctx_->stream());
+    ctx_->bind();
+    ce_.stage(labels, logits.dim(0), logits.dim(1));
+    ce_.launch(logits, dlogits, gradScale, labelSmoothing());
   }
 };
 

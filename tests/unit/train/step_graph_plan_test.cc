@@ -13,7 +13,7 @@ namespace {
 using Action = StepGraphPlan::Action;
 constexpr Action E = Action::kEager, C = Action::kCapture, R = Action::kReplay;
 
-StepGraphPlan::Options on() { return {.enabled = true}; }
+StepGraphPlan::Options on() { return {}; }
 
 std::vector<Action> run(StepGraphPlan& p, const std::vector<StepShape>& steps) {
   std::vector<Action> out;
@@ -30,11 +30,11 @@ TEST(StepGraphPlan, OffSaysWhyOnce) {
     StepGraphPlan::Options o;
     std::string says;
   };
-  for (const Case& k : {Case{{.enabled = false}, "--cuda-graph"},
-                        Case{{.enabled = true, .backendRefusal = "the CPU backend runs eagerly"},
-                             "the CPU backend"},
-                        Case{{.enabled = true, .worldSize = 2}, "2 ranks"},
-                        Case{{.enabled = true, .asyncAllocator = true}, "async"}}) {
+  for (const Case& k :
+       {Case{{.backendRefusal = "off (DDPRUN_CUDA_GRAPH=1 turns CUDA graphs of the step on)"},
+             "DDPRUN_CUDA_GRAPH=1"},
+        Case{{.backendRefusal = "the cpu backend runs its steps eagerly"}, "the cpu backend"},
+        Case{{.worldSize = 2}, "2 ranks"}}) {
     StepGraphPlan p(k.o);
     EXPECT_NE(p.off().find(k.says), std::string::npos) << p.off();
     EXPECT_EQ(run(p, {{32}, {32}, {32}, {32}}), std::vector<Action>({E, E, E, E}));
@@ -104,7 +104,7 @@ TEST(StepGraphPlan, InvalidateReleasesAndWarmsUpAgain) {
 }
 
 TEST(StepGraphPlan, AShapeThatKeepsChangingStopsCapturing) {
-  StepGraphPlan p({.enabled = true, .maxCaptures = 2});
+  StepGraphPlan p({.maxCaptures = 2});
   EXPECT_EQ(run(p, {{32}, {32}, {16}, {16}, {32}, {32}}), std::vector<Action>({E, C, E, C, E, E}));
   EXPECT_NE(p.off().find("captured 2 times"), std::string::npos) << p.off();
   EXPECT_EQ(run(p, {{32}, {32}}), std::vector<Action>({E, E}));
