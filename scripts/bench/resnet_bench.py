@@ -43,7 +43,9 @@ process under `ddprun --standalone`):
     vectorised NHWC max pool: DDPRUN_CUDA_OWN_POOL=1),
     resnet18-224-{tf32,bf16}-bnfold (DDPRUN_CUDA_BN_FOLD=1: our batch norm's
     sums with the chunk reduction and the finish or the parameter gradients
-    in one launch) and
+    in one launch), resnet18-224-{tf32,bf16}-cudagraph (DDPRUN_CUDA_GRAPH=1:
+    the step's forward, loss and backward as one CUDA graph; LeNet has it as
+    the ours_graph column) and
     resnet18-224-fp32-deterministic
     (train --deterministic against PyTorch's cudnn.deterministic in its faster
     fp32 setting). --extra-case adds more.
@@ -133,7 +135,10 @@ def cuda_cases(quick, compile=True):
         resnet("tf32"), resnet("fp32"),
         dict(base, name="lenet-fp32", model="lenet", image=0, batch=64, precision="fp32",
              warmup=lw, steps=ls, profile_steps=lp,
-             settings=BOTH + ([GRAPH] if compile and not quick else [])),
+             settings=BOTH + ([GRAPH] if compile and not quick else []),
+             # Ours with the step as a CUDA graph (DDPRUN_CUDA_GRAPH=1; opt-in
+             # until measured) beside PyTorch's graphed column.
+             ours=[{"key": "ours"}, {"key": "ours_graph", "env": {"DDPRUN_CUDA_GRAPH": "1"}}]),
         dict(base, name="resnet18-224-tf32-2ranks", precision="tf32", world=2, settings=BOTH,
              ours=[{"key": "ours", "env": {"DDPRUN_CUDA_TRANSPORT": "nccl"},
                     "timeout": NCCL_TIMEOUT},
@@ -170,6 +175,9 @@ def cuda_cases(quick, compile=True):
         # a direction instead of 4; bitwise the same): opt-in until measured.
         variant("tf32", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
         variant("bf16", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
+        # The step as a CUDA graph (forward, loss, backward replayed).
+        variant("tf32", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
+        variant("bf16", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

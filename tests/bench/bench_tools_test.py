@@ -419,6 +419,7 @@ class ResnetBenchFake(unittest.TestCase):
             "resnet18-224-tf32-fusedstem", "resnet18-224-bf16-fusedstem",
             "resnet18-224-tf32-ownpool", "resnet18-224-bf16-ownpool",
             "resnet18-224-tf32-bnfold", "resnet18-224-bf16-bnfold",
+            "resnet18-224-tf32-cudagraph", "resnet18-224-bf16-cudagraph",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):
@@ -554,6 +555,9 @@ class ResnetBenchFake(unittest.TestCase):
         self.assertIn("pytorch_graph=nchw+graph", lenet["case"]["settings"])
         self.assertIn("pytorch_graph", lenet)
         self.assertNotEqual(lenet["faster_pytorch"], "pytorch_graph")
+        # Ours graphed too (DDPRUN_CUDA_GRAPH=1), a column with its own ratio.
+        self.assertEqual(lenet["ours_graph"]["env"], {"DDPRUN_CUDA_GRAPH": "1"})
+        self.assertIn("ours_graph", lenet["ratio"])
         self.assertIn("commit", self.res["machine"]["tree"])
         self.assertIn("dirty", self.res["machine"]["tree"])
         self.assertIn("gpu_start", self.res["machine"])
