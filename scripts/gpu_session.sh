@@ -21,7 +21,10 @@
 #         versions   GPU, driver, CUDA, cuDNN, NCCL (ours and PyTorch's), PyTorch
 #         quicktests cuda_smoke_test, cuda_optim_tests
 #         kernels    bn_kernel_bench: the NHWC batch norm kernels on ResNet-18's
-#                    layers against a copy of the same bytes (DIR/bn_kernel_bench.json)
+#                    layers against a copy of the same bytes, each direction unfolded
+#                    and folded (DIR/bn_kernel_bench.json)
+#         fusionprobe cudnn_fusion_probe: which of cuDNN's runtime-fusion patterns
+#                    this GPU's cuDNN supports (DIR/cudnn_fusion_probe.json)
 #         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32,
 #                    tf32 through cuDNN's graph-API engines)
 #         allreduce  allreduce_perf, NCCL against CUDA IPC, 2 ranks on the GPU
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --bench-args) benchArgs=$2; shift 2 ;;
-    -h|--help) sed -n 2,42p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,47p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,7 +70,7 @@ pack="$root/.gpu"
 # GPU machine with PyTorch does not have. NVIDIA's own (cuDNN, cuBLAS, NCCL,
 # CUPTI) come from PyTorch's environment there, not from here.
 programs=(ddprun train allreduce_perf coll_check cuda_smoke_test cuda_train_tests
-          cuda_optim_tests bn_kernel_bench)
+          cuda_optim_tests bn_kernel_bench cudnn_fusion_probe)
 bundled='libdnnl|libopenblas|libgfortran|libquadmath|libgomp|libOpenCL|libboost|libjpeg|libpng'
 
 prepare() {
@@ -268,9 +271,10 @@ run() {
   # then the long correctness tests: an interrupted session keeps the most.
   stage quicktests 60 bash -c "gtest_prog cuda_smoke_test && gtest_prog cuda_optim_tests"
   # The batch norm kernels alone against the copy rate (seconds).
-  stage kernels 60 bash -c "'$bin/bn_kernel_bench' --out '$out/bn_kernel_bench.json' && \
+  stage kernels 90 bash -c "'$bin/bn_kernel_bench' --out '$out/bn_kernel_bench.json' && \
     python3 '$root/scripts/bench/bench_harness.py' '$out/bn_kernel_bench.json' \
       --commit '$DDPRUN_BENCH_COMMIT'"
+  stage fusionprobe 60 "$bin/cudnn_fusion_probe" --out "$out/cudnn_fusion_probe.json"
   # tf32-graph: the same through cuDNN's graph-API engines (DDPRUN_CUDNN_GRAPH=1),
   # to set the stem's backward-filter choice beside the legacy search's.
   stage convlog 90 bash -c "for v in tf32 fp32 tf32-graph; do p=\${v%-graph}; \

@@ -908,6 +908,41 @@ class BnKernelBench(unittest.TestCase):
                 self.assertGreater(r["folded_ms"], 0)
 
 
+class CudnnFusionProbe(unittest.TestCase):
+    """src/bench/cudnn_fusion_probe: its flags, and every pattern's graph built
+    for ResNet-18's layers (cuDNN builds graphs without a device; on a GPU the
+    plans are tried too, and which are supported is its output)."""
+
+    def setUp(self):
+        self.exe = os.path.join(BIN, "cudnn_fusion_probe")
+        if not os.path.exists(self.exe):
+            self.skipTest("no cudnn_fusion_probe in %s (built only with CUDA)" % BIN)
+
+    def test_bad_flags_name_the_flag_and_exit_2(self):
+        for args, flag in ((["--batch", "0"], "--batch"), (["--dtypes", "int8"], "--dtypes")):
+            p = subprocess.run([self.exe] + args, capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(flag, p.stderr)
+
+    def test_every_graph_builds(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "probe.json")
+            p = subprocess.run([self.exe, "--batch", "8", "--out", out], capture_output=True,
+                               text=True, timeout=300)
+            self.assertIn(p.returncode, (0, 77), p.stderr)
+            with open(out) as f:
+                doc = json.load(f)
+            # 3 patterns x 2 types x 4 layers.
+            self.assertEqual(len(doc["rows"]), 3 * 2 * 4)
+            for r in doc["rows"]:
+                self.assertTrue(r["graph_built"], r)
+                if p.returncode == 77:
+                    self.assertFalse(r["supported"], r)
+                    self.assertIn("no device", r["plan_why"])
+                elif r["supported"]:
+                    self.assertIn("engine", r["engine"])
+
+
 if __name__ == "__main__":
     from testmain import main
     main()

@@ -13,6 +13,7 @@
 #include <array>
 #include <vector>
 
+#include "cuda/cudnn_fusion.h"
 #include "cuda/cudnn_graph.h"
 
 namespace ddprun::train::cuda {
@@ -122,6 +123,43 @@ TEST(CudnnGraph, InconsistentGeometryIsRefusedWithTheReason) {
             nullptr);
   EXPECT_NE(why.find("the operation graph did not build: CUDNN_STATUS_"), std::string::npos)
       << why;
+}
+
+// The fusion probe's graphs (cudnn_fusion.h) build for ResNet-18's layers
+// in every activation type, here without a device too (cuDNN builds graphs
+// and runs heuristics without one; no plan is tried then). Which of them a
+// device supports is the probe's output on a GPU, not a test's assertion.
+TEST(CudnnFusion, EveryPatternsGraphBuildsForResNetLayers) {
+  int devices = 0;
+  const bool noDevice = cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0;
+  (void)cudaGetLastError();
+  for (const FusionPattern pat : kFusionPatterns)
+    for (const cudnnDataType_t t : {CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_HALF})
+      for (const int64_t c : {64, 512}) {
+        const int64_t side = c == 64 ? 56 : 7;
+        const FusionSupport r =
+            probeFusion(nullptr, {pat, kmath::convGeom(32, c, side, side, c, 3, 1, 1), t});
+        SCOPED_TRACE(std::string(fusionPatternName(pat)) + " type " + std::to_string(t) + " c" +
+                     std::to_string(c));
+        EXPECT_TRUE(r.graphBuilt) << r.graphWhy;
+        EXPECT_FALSE(r.supported) << "no plan is built without a handle";
+        if (noDevice) {
+          EXPECT_NE(r.planWhy.find("no device"), std::string::npos) << r.planWhy;
+        }
+      }
+}
+
+// A convolution whose output size does not follow from its input is refused
+// with cuDNN's status, in both convolution patterns.
+TEST(CudnnFusion, AnInconsistentGeometryIsRefusedWithCudnnsStatus) {
+  kmath::ConvGeom g = kmath::convGeom(8, 16, 20, 20, 16, 3, 1, 1);
+  g.oh = 7;
+  for (const FusionPattern pat :
+       {FusionPattern::kScaleBiasReluConvGenStats, FusionPattern::kDgradDreluDbnWeights}) {
+    const FusionSupport r = probeFusion(nullptr, {pat, g, CUDNN_DATA_FLOAT});
+    EXPECT_FALSE(r.graphBuilt) << fusionPatternName(pat);
+    EXPECT_NE(r.graphWhy.find("CUDNN_STATUS_"), std::string::npos) << r.graphWhy;
+  }
 }
 
 }  // namespace

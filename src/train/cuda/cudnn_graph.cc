@@ -1,5 +1,7 @@
 #include "cudnn_graph.h"
 
+#include "cudnn_backend.h"
+
 #include <algorithm>
 
 namespace ddprun::train::cuda {
@@ -62,53 +64,48 @@ namespace {
 // The operands' unique ids: x (or dx), w (or dw), y (or dy).
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
-// Attribute setting that keeps the first failure: a graph either builds
-// completely or reports the status of the first call that failed.
-class Setter {
- public:
-  template <typename T>
-  void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-           cudnnBackendAttributeType_t type, int64_t count, const T* value) {
-    if (ok()) status_ = cudnnBackendSetAttribute(d, name, type, count, value);
-  }
-  void desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-            cudnnBackendDescriptor_t value) {
-    set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
-  }
-  // cuDNN 9 deprecates the handle attributes of the operation graph and the
-  // plan, but still reads them (and every sample sets them).
-  // A null handle is not set (cuDNN 9.19 finalizes graphs and heuristics
-  // without one; plans need the device).
-  void handle(cudnnBackendDescriptor_t d, bool plan, cudnnHandle_t h) {
-    if (!h) return;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    set(d, plan ? CUDNN_ATTR_EXECUTION_PLAN_HANDLE : CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
-        CUDNN_TYPE_HANDLE, 1, &h);
-#pragma GCC diagnostic pop
-  }
-  void finalize(cudnnBackendDescriptor_t d) {
-    if (ok()) status_ = cudnnBackendFinalize(d);
-  }
-  bool ok() const { return status_ == CUDNN_STATUS_SUCCESS; }
-  cudnnStatus_t status() const { return status_; }
+}  // namespace
 
- private:
-  cudnnStatus_t status_ = CUDNN_STATUS_SUCCESS;
-};
-
-BackendDesc tensor(Setter& s, int64_t uid, const std::array<int64_t, 4>& dims, bool nhwc,
-                   cudnnDataType_t type) {
+BackendDesc backendTensor(Setter& s, int64_t uid, const std::vector<int64_t>& dims,
+                          const std::vector<int64_t>& strides, cudnnDataType_t type,
+                          bool isVirtual, bool byValue) {
   BackendDesc d = BackendDesc::create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const std::array<int64_t, 4> strides = graphStrides(dims, nhwc);
   const int64_t alignment = 16;  // allocator blocks are 256-byte aligned
+  const auto rank = static_cast<int64_t>(dims.size());
   s.set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-  s.set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-  s.set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+  s.set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data());
+  s.set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data());
   s.set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
   s.set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  if (isVirtual) s.set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &isVirtual);
+  if (byValue) s.set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &byValue);
   s.finalize(d);
   return d;
+}
+
+BackendDesc backendConvolution(Setter& s, const kmath::ConvGeom& g) {
+  BackendDesc conv = BackendDesc::create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const int64_t spatial = 2;
+  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float accumulation in every precision
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t dilation[2] = {1, 1}, stride[2] = {g.stride, g.stride}, pad[2] = {g.pad, g.pad};
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  s.set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  s.finalize(conv);
+  return conv;
+}
+
+namespace {
+BackendDesc tensor(Setter& s, int64_t uid, const std::array<int64_t, 4>& dims, bool nhwc,
+                   cudnnDataType_t type) {
+  const std::array<int64_t, 4> strides = graphStrides(dims, nhwc);
+  return backendTensor(s, uid, {dims.begin(), dims.end()}, {strides.begin(), strides.end()},
+                       type);
 }
 }  // namespace
 
@@ -127,19 +124,7 @@ std::unique_ptr<GraphConv> GraphConv::create(cudnnHandle_t h, const GraphConvPro
   graph->w = tensor(s, kUidW, {g.k, g.c, g.kernel, g.kernel}, p.nhwc, p.ioType);
   graph->y = tensor(s, kUidY, {g.n, g.k, g.oh, g.ow}, p.nhwc, p.ioType);
 
-  graph->conv = BackendDesc::create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const int64_t spatial = 2;
-  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float accumulation in every precision
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  const int64_t dilation[2] = {1, 1}, stride[2] = {g.stride, g.stride}, pad[2] = {g.pad, g.pad};
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  s.set(graph->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  s.finalize(graph->conv);
+  graph->conv = backendConvolution(s, g);
 
   // The operation: the same three operands, alpha and beta, under each
   // direction's attribute names.
@@ -194,11 +179,12 @@ std::unique_ptr<GraphConv> GraphConv::create(cudnnHandle_t h, const GraphConvPro
   return std::unique_ptr<GraphConv>(new GraphConv(h, p, std::move(graph)));
 }
 
-std::vector<GraphEngine> GraphConv::heuristics(cudnnBackendHeurMode_t mode) const {
+namespace {
+std::vector<GraphEngine> heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode) {
   std::vector<GraphEngine> out;
   BackendDesc heur = BackendDesc::create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   Setter s;
-  s.desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph_->graph);
+  s.desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
   s.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   s.finalize(heur);
   int64_t n = 0;
@@ -265,18 +251,22 @@ std::vector<GraphEngine> GraphConv::heuristics(cudnnBackendHeurMode_t mode) cons
   }
   return out;
 }
+}  // namespace
 
-std::vector<GraphEngine> GraphConv::engines() const {
-  std::vector<GraphEngine> out = heuristics(CUDNN_HEUR_MODE_A);
-  for (GraphEngine& e : heuristics(CUDNN_HEUR_MODE_FALLBACK))
+std::vector<GraphEngine> graphEngines(cudnnBackendDescriptor_t graph) {
+  std::vector<GraphEngine> out = heuristics(graph, CUDNN_HEUR_MODE_A);
+  for (GraphEngine& e : heuristics(graph, CUDNN_HEUR_MODE_FALLBACK))
     if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(std::move(e));
   return out;
 }
 
-std::shared_ptr<const GraphPlan> GraphConv::plan(const GraphEngine& e) const {
+std::vector<GraphEngine> GraphConv::engines() const { return graphEngines(graph_->graph); }
+
+BackendDesc buildPlan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, const GraphEngine& e,
+                      int64_t* workspace, cudnnStatus_t* status) {
   Setter s;
   BackendDesc engine = BackendDesc::create(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  s.desc(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph_->graph);
+  s.desc(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
   s.set(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &e.index);
   s.finalize(engine);
   std::vector<BackendDesc> knobs;
@@ -295,14 +285,24 @@ std::shared_ptr<const GraphPlan> GraphConv::plan(const GraphEngine& e) const {
           static_cast<int64_t>(knobRaw.size()), knobRaw.data());
   s.finalize(cfg);
   BackendDesc plan = BackendDesc::create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  s.handle(plan, true, h_);
+  s.handle(plan, true, h);
   s.desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
   s.finalize(plan);
   int64_t ws = 0, got = 0;
-  if (!s.ok() || cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                          CUDNN_TYPE_INT64, 1, &got, &ws) !=
-                     CUDNN_STATUS_SUCCESS || ws < 0)
-    return nullptr;
+  cudnnStatus_t st = s.status();
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                  CUDNN_TYPE_INT64, 1, &got, &ws);
+  if (status) *status = st;
+  if (st != CUDNN_STATUS_SUCCESS || ws < 0) return BackendDesc();
+  if (workspace) *workspace = ws;
+  return plan;
+}
+
+std::shared_ptr<const GraphPlan> GraphConv::plan(const GraphEngine& e) const {
+  int64_t ws = 0;
+  BackendDesc plan = buildPlan(h_, graph_->graph, e, &ws, nullptr);
+  if (!plan) return nullptr;
   return std::shared_ptr<const GraphPlan>(
       new GraphPlan(graph_, p_.dir, e, std::move(plan), static_cast<size_t>(ws)));
 }

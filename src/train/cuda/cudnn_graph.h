@@ -134,7 +134,6 @@ class GraphConv {
  private:
   GraphConv(cudnnHandle_t h, GraphConvProblem p, std::shared_ptr<const GraphPlan::Graph> g)
       : h_(h), p_(p), graph_(std::move(g)) {}
-  std::vector<GraphEngine> heuristics(cudnnBackendHeurMode_t mode) const;
   cudnnHandle_t h_;
   GraphConvProblem p_;
   std::shared_ptr<const GraphPlan::Graph> graph_;
