@@ -45,7 +45,9 @@ process under `ddprun --standalone`):
     sums with the chunk reduction and the finish or the parameter gradients
     in one launch), resnet18-224-{tf32,bf16}-cudagraph (DDPRUN_CUDA_GRAPH=1:
     the step's forward, loss and backward as one CUDA graph; LeNet has it as
-    the ours_graph column) and
+    the ours_graph column), resnet18-224-{tf32,bf16}-recompute
+    (DDPRUN_CUDA_RECOMPUTE=1: each block's conv2 input recomputed for
+    backward, not kept) and
     resnet18-224-fp32-deterministic
     (train --deterministic against PyTorch's cudnn.deterministic in its faster
     fp32 setting). --extra-case adds more.
@@ -178,6 +180,9 @@ def cuda_cases(quick, compile=True):
         # The step as a CUDA graph (forward, loss, backward replayed).
         variant("tf32", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
         variant("bf16", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
+        # conv2's input recomputed for backward instead of kept (memory).
+        variant("tf32", "recompute", env={"DDPRUN_CUDA_RECOMPUTE": "1"}),
+        variant("bf16", "recompute", env={"DDPRUN_CUDA_RECOMPUTE": "1"}),
         dict(base, name="resnet18-224-fp32-deterministic", precision="fp32",
              settings="faster:resnet18-224-fp32", pytorch_args=["--deterministic"],
              extra=True, ours=[{"key": "ours", "args": ["--deterministic"]}]),

@@ -159,6 +159,7 @@ CudaBackendOptions withEnvSwitches(CudaBackendOptions o) {
   o.fusedStem = env::integer("DDPRUN_CUDA_FUSED_STEM", o.fusedStem ? 1 : 0, 0, 1) == 1;
   o.bnFold = env::integer("DDPRUN_CUDA_BN_FOLD", o.bnFold ? 1 : 0, 0, 1) == 1;
   o.cudaGraph = env::integer("DDPRUN_CUDA_GRAPH", o.cudaGraph ? 1 : 0, 0, 1) == 1;
+  o.recompute = env::integer("DDPRUN_CUDA_RECOMPUTE", o.recompute ? 1 : 0, 0, 1) == 1;
   if (const auto v = env::get("DDPRUN_CUDA_ALLOCATOR"); v && !v->empty()) {
     if (*v == "caching")
       o.memory = CudaBackendOptions::Memory::kCaching;

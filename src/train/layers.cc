@@ -45,6 +45,11 @@ void Backend::crossEntropyDeferred(const Tensor& logits, const int32_t* labels, 
   deferredLoss_ += mean * static_cast<double>(logits.dim(0));
 }
 
+void BatchNormAct::recompute(const Tensor&, Tensor&) {
+  DDPRUN_THROW(InvalidArgument, name(), ": this batch norm does not recompute its output "
+               "(recomputes() is false)");
+}
+
 void Backend::stageLabels(const int32_t* labels, int64_t n, int64_t classes) {
   DDPRUN_CHECK(n >= 0, "stageLabels: ", n, " labels");
   for (int64_t i = 0; i < n; ++i)

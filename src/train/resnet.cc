@@ -6,7 +6,8 @@ namespace ddprun::train {
 namespace {
 
 // Forward keeps the intermediates some backward reads (each child's input;
-// outputs for their shapes); backward walks the main branch back from
+// outputs for their shapes; conv2's input not, where bn1 recomputes it);
+// backward walks the main branch back from
 // dL/dsum, then the shortcut, and adds the two contributions to dL/dx.
 // Each batch norm runs with the ReLU after it as one BatchNormAct (bn2 with
 // the residual add too), which a device may fuse.
@@ -20,6 +21,10 @@ class BasicBlock final : public Layer {
     bn1_ = be.batchNormAct(p + "bn1", outC, sync, false);
     conv2_ = be.conv2d(p + "conv2", Conv2dSpec{outC, outC, 3, 1, 1, false});
     bn2_ = be.batchNormAct(p + "bn2", outC, sync, true);
+    // conv2's input, relu(bn1(c1)), given back after forward and recomputed
+    // for backward where bn1 can (BatchNormAct::recomputes) and activations
+    // are given back at all.
+    recompute_ = be.releasesActivations() && bn1_->recomputes();
     if (stride != 1 || inC != outC) {
       dsConv_ = be.conv2d(p + "downsample.0", Conv2dSpec{inC, outC, 1, stride, 0, false});
       dsBn_ = be.batchNorm2d(p + "downsample.1", outC, sync);
@@ -39,7 +44,7 @@ class BasicBlock final : public Layer {
     bn1_->forward(c1_, nullptr, b1_, training);  // relu(bn1(c1))
     if (!training) done(c1_);  // no backward follows evaluation
     run(*conv2_, b1_, c2_, training);
-    if (!training) done(b1_);
+    if (!training || recompute_) done(b1_);
     const Tensor* shortcut = &x;
     if (dsConv_) {
       run(*dsConv_, x, dc_, training);
@@ -106,6 +111,7 @@ class BasicBlock final : public Layer {
   // The main branch from dL/dc2 (gC2_) down to dL/dc1 (gC1_): conv2's
   // backward, then bn1's (with its ReLU).
   void backToC1() {
+    if (recompute_) bn1_->recompute(c1_, b1_);
     back(*conv2_, b1_, c2_, gC2_, &gR1_);
     done(gC2_);
     done(c2_);
@@ -171,6 +177,7 @@ class BasicBlock final : public Layer {
   // Backward: dL/d of the tensors above (gSum_: of the sum before the last
   // ReLU; gX_: the shortcut's share of dL/dx).
   Tensor gSum_, gC2_, gR1_, gC1_, gDc_, gX_;
+  bool recompute_ = false;
 };
 
 }  // namespace

@@ -420,6 +420,7 @@ class ResnetBenchFake(unittest.TestCase):
             "resnet18-224-tf32-ownpool", "resnet18-224-bf16-ownpool",
             "resnet18-224-tf32-bnfold", "resnet18-224-bf16-bnfold",
             "resnet18-224-tf32-cudagraph", "resnet18-224-bf16-cudagraph",
+            "resnet18-224-tf32-recompute", "resnet18-224-bf16-recompute",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
         self.assertEqual(self.res["commit"], "0123abc")
         for k in ("gpu", "date", "versions", "process_costs"):

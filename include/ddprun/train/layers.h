@@ -124,6 +124,15 @@ class BatchNormAct : public Layer {
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                         Tensor* dz) = 0;
   bool residual() const { return residual_; }
+  // Whether recompute() works here: y again from x and the last training
+  // forward's batch statistics, bit for bit that forward's y, changing no
+  // statistic, running buffer or counter (a model may then give y back after
+  // its last forward reader and recompute it for backward: issue 44 item 5).
+  // The default: false.
+  virtual bool recomputes() const { return false; }
+  // Precondition: recomputes(), no residual, a training forward of x ran
+  // last. The default throws InvalidArgument.
+  virtual void recompute(const Tensor& x, Tensor& y);
 
   Shape outputShape(const Shape& in) const override { return in; }
   void forward(const Tensor& x, Tensor& y, bool training) override;
@@ -455,6 +464,10 @@ struct CudaBackendOptions {
   // forward, loss and backward; the trainer's StepGraphPlan says when;
   // DDPRUN_CUDA_GRAPH=1; opt-in until a GPU run has measured it).
   bool cudaGraph = false;
+  // ResNet's blocks give conv2's input (relu(bn1(.))) back after forward and
+  // recompute it from bn1's input for backward, on our batch norm kernels
+  // (DDPRUN_CUDA_RECOMPUTE=1; opt-in until a GPU run has measured it).
+  bool recompute = false;
   // Device memory: our caching allocator (free lists per size class), or
   // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
   enum class Memory { kCaching, kAsync };

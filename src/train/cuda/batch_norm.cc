@@ -208,6 +208,15 @@ class FusedBatchNormAct final : public BatchNormAct {
     bn_.backward(x, y, g, &out);
     g_ = Tensor();
   }
+  // Our kernels' apply with the saved statistics (launchBnNhwcForward, the
+  // forward's own last pass: the same bits), where the context asks for it.
+  bool recomputes() const override {
+    return ctx_->recompute() && !residual() && bn_.path().kernels == BnKernels::kOursNhwc;
+  }
+  void recompute(const Tensor& x, Tensor& y) override {
+    if (!recomputes() || !own_) BatchNormAct::recompute(x, y);  // throws
+    bn_.ownRecompute(x, y);
+  }
   std::vector<Param*> params() override { return bn_.params(); }
   std::vector<Buffer*> buffers() override { return bn_.buffers(); }
 

@@ -60,6 +60,9 @@ class BatchNorm2d final : public Layer {
   // statistics (sums in double, all-reduced with SyncBatchNorm), evaluation
   // with the running ones.
   void ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool relu, bool training);
+  // relu(bn(x)) again with the last training forward's saved statistics
+  // (no residual): that forward's y, bit for bit; nothing else changes.
+  void ownRecompute(const Tensor& x, Tensor& y);
   // Its backward from dL/dy: with `relu`, the ReLU's mask from y (forward's
   // output) folded in; dz (not null: the residual's gradient, the masked dy)
   // written in the same pass as the sums; dx (not null) from the (global) sums.

@@ -32,6 +32,16 @@ void BatchNorm2d::ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool r
   if (training) countStep();
 }
 
+void BatchNorm2d::ownRecompute(const Tensor& x, Tensor& y) {
+  DDPRUN_CHECK(trained_, name(), ": recompute after an eval-mode forward (batch norm keeps "
+               "batch statistics only in training)");
+  ctx_->bind();
+  y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
+  launchBnNhwcForward(x.raw(), nullptr, y.raw(), x.dtype(), rowsOf(x), c_, saveMean_.data(),
+                      saveInvStd_.data(), w_.value.data(), b_.value.data(), true,
+                      ctx_->stream());
+}
+
 std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x,
                                                                  bool training) {
   if (!training) {

@@ -22,7 +22,8 @@ Context::Context(const CudaBackendOptions& o)
       cudnnBnFusion_(o.cudnnBnFusion),
       fusedStem_(ourBn_ && o.fusedStem),
       bnFold_(ourBn_ && o.bnFold),
-      cudaGraph_(o.cudaGraph) {
+      cudaGraph_(o.cudaGraph),
+      recompute_(ourBn_ && o.recompute) {
   const int device = o.device;
   DDPRUN_CUDA_OK(cudaSetDevice(device));
   cudaDeviceProp prop{};

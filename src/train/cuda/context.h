@@ -71,6 +71,8 @@ class Context {
   // host bookkeeping a replay would not repeat).
   bool cudaGraph() const { return cudaGraph_; }
   bool capturing() const { return capturing_; }
+  // ResNet's conv2 input recomputed for backward (CudaBackendOptions::recompute).
+  bool recompute() const { return recompute_; }
   void setCapturing(bool on) { capturing_ = on; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
@@ -122,6 +124,7 @@ class Context {
   bool fusedStem_;
   bool bnFold_;
   bool cudaGraph_;
+  bool recompute_;
   bool capturing_ = false;
   std::string deviceName_;
   Stream stream_;

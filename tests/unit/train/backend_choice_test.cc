@@ -123,7 +123,7 @@ class EnvSwitches : public ::testing::Test {
       "DDPRUN_CUDNN_DETERMINISTIC", "DDPRUN_CUDA_ACT16",      "DDPRUN_CUDA_OUR_BN",
       "DDPRUN_CUDNN_GRAPH",         "DDPRUN_CUDA_OWN_POOL",   "DDPRUN_CUDNN_BN_FUSION",
       "DDPRUN_CUDA_ALLOCATOR",      "DDPRUN_CUDA_FUSED_STEM", "DDPRUN_CUDA_BN_FOLD",
-      "DDPRUN_CUDA_GRAPH"};
+      "DDPRUN_CUDA_GRAPH",          "DDPRUN_CUDA_RECOMPUTE"};
   void SetUp() override {
     for (const char* n : kNames) unsetenv(n);
   }
@@ -143,6 +143,7 @@ TEST_F(EnvSwitches, UnsetKeepsTheCallersChoice) {
   EXPECT_FALSE(got.fusedStem);
   EXPECT_FALSE(got.bnFold);
   EXPECT_FALSE(got.cudaGraph);
+  EXPECT_FALSE(got.recompute);
   EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kCaching);
   EXPECT_TRUE(withEnvSwitches({.bnFold = true}).bnFold);
 }
@@ -158,6 +159,7 @@ TEST_F(EnvSwitches, EachSetOneApplies) {
   setenv("DDPRUN_CUDA_FUSED_STEM", "1", 1);
   setenv("DDPRUN_CUDA_BN_FOLD", "1", 1);
   setenv("DDPRUN_CUDA_GRAPH", "1", 1);
+  setenv("DDPRUN_CUDA_RECOMPUTE", "1", 1);
   const CudaBackendOptions got =
       withEnvSwitches({.activations16 = true, .ourBatchNorm = true});
   EXPECT_TRUE(got.deterministic);
@@ -169,6 +171,7 @@ TEST_F(EnvSwitches, EachSetOneApplies) {
   EXPECT_TRUE(got.fusedStem);
   EXPECT_TRUE(got.bnFold);
   EXPECT_TRUE(got.cudaGraph);
+  EXPECT_TRUE(got.recompute);
   EXPECT_EQ(got.memory, CudaBackendOptions::Memory::kAsync);
   setenv("DDPRUN_CUDA_ALLOCATOR", "caching", 1);
   EXPECT_EQ(withEnvSwitches({.memory = CudaBackendOptions::Memory::kAsync}).memory,

@@ -81,9 +81,51 @@ class FakeLayer final : public Layer {
   std::vector<Param> params_;
 };
 
+// A batch norm + ReLU without parameters that may recompute its output
+// (BatchNormAct::recomputes), counting the recomputations; its backward
+// checks that y is there.
+class FakeBnAct final : public BatchNormAct {
+ public:
+  FakeBnAct(std::string name, Allocator& a, bool residual, bool canRecompute, int* recomputed)
+      : BatchNormAct(std::move(name), residual), a_(a), can_(canRecompute),
+        recomputed_(recomputed) {}
+  using BatchNormAct::backward;
+  using BatchNormAct::forward;
+  void forward(const Tensor& x, const Tensor*, Tensor& y, bool) override {
+    y.ensure(x.shape(), a_);
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                Tensor* dz) override {
+    DDPRUN_CHECK(x.data() && y.data() && dy.data(), name(), ": backward read a released tensor");
+    if (dx) dx->ensure(x.shape(), a_);
+    if (dz) dz->ensure(x.shape(), a_);
+  }
+  bool recomputes() const override { return can_ && !residual(); }
+  void recompute(const Tensor& x, Tensor& y) override {
+    ++*recomputed_;
+    y.ensure(x.shape(), a_);
+  }
+
+ private:
+  Allocator& a_;
+  bool can_;
+  int* recomputed_;
+};
+
 class FakeBackend final : public Backend {
  public:
-  explicit FakeBackend(bool release) : release_(release) {}
+  // bnAct: the default composed batch norm + ReLU (kComposed), or FakeBnAct
+  // without or with recomputation.
+  enum BnAct { kComposed, kKeeps, kRecomputes };
+  explicit FakeBackend(bool release, BnAct bnAct = kComposed)
+      : release_(release), bnAct_(bnAct) {}
+  int recomputed = 0;  // FakeBnAct's recomputations
+  std::unique_ptr<BatchNormAct> batchNormAct(std::string n, int64_t c, runtime::ProcessGroup* s,
+                                             bool residual) override {
+    if (bnAct_ == kComposed) return Backend::batchNormAct(std::move(n), c, s, residual);
+    return std::make_unique<FakeBnAct>(std::move(n), alloc_, residual, bnAct_ == kRecomputes,
+                                       &recomputed);
+  }
   Device device() const override { return Device::kCpu; }
   Allocator& allocator() override { return alloc_; }
   CountingAllocator& counter() { return alloc_; }
@@ -143,11 +185,14 @@ class FakeBackend final : public Backend {
     return std::make_unique<FakeLayer>(n, alloc_, std::move(f), std::move(params));
   }
   bool release_;
+  BnAct bnAct_;
   CountingAllocator alloc_;
 };
 
 struct Fixture {
-  explicit Fixture(bool release, const std::string& model = "resnet18") : be(release) {
+  explicit Fixture(bool release, const std::string& model = "resnet18",
+                   FakeBackend::BnAct bnAct = FakeBackend::kComposed)
+      : be(release, bnAct) {
     ModelOptions o;
     o.stem = "cifar";
     o.imageSize = 8;
@@ -230,6 +275,41 @@ TEST(ReleaseContract, RepeatedStepsDoNotGrow) {
     if (step == 0) first = f.be.counter().live();
     EXPECT_EQ(f.be.counter().live(), first) << "step " << step;
   }
+}
+
+// ResNet's blocks with a batch norm that recomputes (issue 44 item 5): each
+// block gives conv2's input back after forward (one activation less held at
+// the end of forward per block) and recomputes it once in backward, before
+// conv2's backward reads it; everything is still given back, and steps do
+// not grow. On a backend that keeps activations nothing is recomputed.
+TEST(ReleaseContract, BlocksRecomputeConv2sInputInsteadOfKeepingIt) {
+  Fixture keep(true, "resnet18", FakeBackend::kKeeps);
+  Fixture re(true, "resnet18", FakeBackend::kRecomputes);
+  ASSERT_EQ(keep.params, re.params);
+  Tensor dlogits, dk;  // each held across steps by its own backend
+  size_t first = 0;
+  for (int step = 0; step < 2; ++step) {
+    const Tensor& logits = re.m->forward(re.x, true);
+    const Tensor& logitsKept = keep.m->forward(keep.x, true);
+    dlogits.ensure(logits.shape(), re.be.allocator());
+    dk.ensure(logitsKept.shape(), keep.be.allocator());
+    const size_t heldKept = keep.be.counter().live(), held = re.be.counter().live();
+    // Exactly each block's relu(bn1(c1)), one tensor of the block's output
+    // shape: ResNet-18's 8 blocks at a 2x8x8 input (cifar stem), 2 blocks a
+    // stage at 64x8x8, 128x4x4, 256x2x2, 512x1x1 floats a sample.
+    const size_t b = sizeof(float) * 2;
+    EXPECT_EQ(heldKept - held, 2 * b * (64 * 64 + 128 * 16 + 256 * 4 + 512 * 1));
+    re.m->backward(dlogits, nullptr);
+    EXPECT_EQ(re.be.recomputed, 8 * (step + 1)) << "once per block per step";
+    if (step == 0) first = re.be.counter().live();
+    EXPECT_EQ(re.be.counter().live(), first) << "step " << step;
+    keep.m->backward(dk, nullptr);
+  }
+  Fixture cpu(false, "resnet18", FakeBackend::kRecomputes);
+  const Tensor& logits = cpu.m->forward(cpu.x, true);
+  Tensor d(logits.shape(), cpu.be.allocator());
+  cpu.m->backward(d, nullptr);
+  EXPECT_EQ(cpu.be.recomputed, 0) << "a backend that keeps activations recomputes nothing";
 }
 
 TEST(ReleaseContract, SmallModelsFollowTheSameRule) {
