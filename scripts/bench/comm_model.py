@@ -35,6 +35,19 @@ allreduce_perf measured on that transport (--allreduce-jsonl nccl=FILE
 file per DDPRUN_CUDA_TRANSPORT), and set against what that run measured (its
 profile's "comm": hidden fraction and bucket times; its step).
 
+Two refinements per configuration (issue 44 item 8):
+- a tiny last bucket: the last bucket to launch (the stem's gradients, ready
+  at the end of backward) split so that only its final TAIL bytes wait for
+  backward's end. ASSUMPTION: a bucket's bytes become ready evenly between
+  the previous bucket's ready time and its own (the profile has ready times
+  per bucket, not per parameter). The best TAIL of TAIL_CANDIDATES is
+  reported where it exposes less than the measured layout.
+- jitter: the profile's per-step device times (step_ms_each) give the
+  spread of one GPU's step; a synchronous all-reduce waits for the slowest
+  of n ranks, modelled as n independent normal samples: the step grows by
+  sigma * E[max of n standard normals] (Blom's approximation). A MODEL of
+  straggling, from the one GPU's own spread; other ranks' noise is not known.
+
 Every bandwidth and latency below is an input, with its source or marked
 ASSUMPTION; change them with --config NAME:KIND:key=value,... (see CONFIGS).
 """
@@ -43,6 +56,7 @@ import bisect
 import json
 import math
 import os
+import statistics
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
@@ -142,6 +156,57 @@ def project(profile, fn):
             "scaling_efficiency": compute / (compute + exposed), "buckets": tl}
 
 
+TAIL_CANDIDATES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+def split_last(buckets, tail_bytes):
+    """The buckets with the last one split into (rest, tail): the tail keeps
+    its ready time, the rest is ready where the even-readiness ASSUMPTION puts
+    its last byte (between the previous bucket's ready time, or 0, and the
+    last's). A tail not smaller than the last bucket: the buckets unchanged."""
+    if not buckets or tail_bytes <= 0 or tail_bytes >= buckets[-1]["bytes"]:
+        return list(buckets)
+    last = buckets[-1]
+    prev = float(buckets[-2]["ready_ms"]) if len(buckets) > 1 else 0.0
+    end = float(last["ready_ms"])
+    rest = last["bytes"] - tail_bytes
+    rest_ready = prev + (end - prev) * rest / last["bytes"]
+    return list(buckets[:-1]) + [dict(last, bytes=rest, ready_ms=rest_ready),
+                                 dict(last, bytes=tail_bytes, ready_ms=end)]
+
+
+def best_tail(profile, fn, candidates=TAIL_CANDIDATES):
+    """The tail of `candidates` that exposes the least communication, when it
+    exposes less than the measured layout: {tail_bytes, exposed_ms,
+    projected_step_ms}; else None."""
+    base = project(profile, fn)["exposed_ms"]
+    best = None
+    for t in candidates:
+        r = project(dict(profile, buckets=split_last(profile["buckets"], t)), fn)
+        if r["exposed_ms"] < base - 1e-9 and (best is None or r["exposed_ms"] < best["exposed_ms"]):
+            best = {"tail_bytes": t, "exposed_ms": r["exposed_ms"],
+                    "projected_step_ms": r["projected_step_ms"]}
+    return best
+
+
+def expected_max_normal(n):
+    """E[max of n independent standard normals], Blom's approximation
+    Phi^-1((n - 0.375) / (n + 0.25)); 0 for one sample."""
+    if n < 2:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def jitter(profile):
+    """The spread of the profile's per-step device times (step_ms_each):
+    {steps, mean_ms, stdev_ms, max_ms}; None with fewer than 2 steps."""
+    each = [float(x) for x in profile.get("step_ms_each") or []]
+    if len(each) < 2:
+        return None
+    return {"steps": len(each), "mean_ms": statistics.fmean(each),
+            "stdev_ms": statistics.stdev(each), "max_ms": max(each)}
+
+
 def effective_busbw(kind, p, nbytes):
     """The bus bandwidth the model's time for nbytes amounts to (alpha aside)."""
     n = ranks_of(kind, p)
@@ -152,12 +217,19 @@ def effective_busbw(kind, p, nbytes):
 def model_table_rows(profile, batch, configs=CONFIGS):
     rows = []
     total_bytes = sum(b["bytes"] for b in profile.get("buckets") or [])
+    jit = jitter(profile)
     for name, kind, p, srcs in configs:
-        r = project(profile, time_fn(kind, p))
+        fn = time_fn(kind, p)
+        r = project(profile, fn)
         n = ranks_of(kind, p)
+        straggle = jit["stdev_ms"] * expected_max_normal(n) if jit else None
         rows.append(dict(r, config=name, kind=kind, params=p, ranks=n, sources=list(srcs),
                          effective_busbw_gbps=effective_busbw(kind, p, total_bytes or 1),
-                         projected_samples_per_second=n * batch * 1e3 / r["projected_step_ms"]))
+                         projected_samples_per_second=n * batch * 1e3 / r["projected_step_ms"],
+                         tiny_last_bucket=best_tail(profile, fn),
+                         straggler_ms=straggle,
+                         projected_step_with_jitter_ms=r["projected_step_ms"] + straggle
+                         if straggle is not None else None))
     return rows
 
 
@@ -297,6 +369,19 @@ def markdown(result):
             if r["hidden_fraction"] is not None else "-",
             f(r["projected_step_ms"]), f(100 * r["scaling_efficiency"], "%.0f%%"),
             f(r["projected_samples_per_second"], "%.0f")))
+    lines += ["", "Refinements (MODEL): a tiny last bucket (its best tail, where it exposes less) "
+              "and the slowest of n ranks from this GPU's own per-step spread%s:" % (
+                  " (%d steps, sigma %s ms)" % (result["jitter"]["steps"],
+                                                f(result["jitter"]["stdev_ms"], "%.3f"))
+                  if result.get("jitter") else " (no per-step times in the profile)"), "",
+              "| configuration (MODEL) | tail MiB | exposed ms with it | step ms with it | "
+              "straggler ms | step ms with jitter |", "|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        t = r.get("tiny_last_bucket")
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            r["config"], f(t["tail_bytes"] / (1 << 20), "%.2f") if t else "no gain",
+            f(t["exposed_ms"]) if t else "-", f(t["projected_step_ms"]) if t else "-",
+            f(r.get("straggler_ms"), "%.3f"), f(r.get("projected_step_with_jitter_ms"))))
     lines += ["", "Inputs:"] + ["- %s: %s" % (k, v) for k, v in SOURCES.items()]
     checks = result.get("two_rank_check") or []
     if checks:
@@ -353,7 +438,8 @@ def run(args):
     result = {"model": True, "note": "MODEL, not a measurement", "case": args.case,
               "gpu": bench.get("gpu"), "date": bench.get("date"), "commit": bench.get("commit"),
               "profile_inputs": {k: prof.get(k) for k in ("step_ms", "reducer_ms", "backward_end_ms",
-                                                          "buckets")},
+                                                          "buckets", "step_ms_each")},
+              "jitter": jitter(prof),
               "sources": SOURCES, "rows": model_table_rows(prof, entry["case"].get("batch", 1), configs)}
     two = entries.get(args.two_rank_case)
     if two is not None:

@@ -103,9 +103,12 @@ nlohmann::json StepProfile::finish() {
   Mean step, data, loss, reducer, optim, fwd, bwd, bwdEnd;
   std::vector<Mean> lf(layers_.size()), lb(layers_.size()), ready(bucketBytes_.size());
   double wall = 0;
+  nlohmann::json each = nlohmann::json::array();  // each step's device time: the jitter
   for (const Step& s : steps_) {
     const size_t start = at(s, Point::kStepStart);
     step.add(t, start, at(s, Point::kStepEnd));
+    if (start < t.size() && at(s, Point::kStepEnd) < t.size())
+      each.push_back(t[at(s, Point::kStepEnd)] - t[start]);
     data.add(t, start, at(s, Point::kDataEnd));
     loss.add(t, at(s, Point::kLossStart), at(s, Point::kLossEnd));
     reducer.add(t, at(s, Point::kReducerStart), at(s, Point::kReducerEnd));
@@ -132,6 +135,7 @@ nlohmann::json StepProfile::finish() {
                        {"ready_ms", ready[b].value()}});
   nlohmann::json j = {{"steps", steps_.size()},
                       {"step_ms", step.value()},
+                      {"step_ms_each", std::move(each)},
                       {"wall_step_ms", wall / static_cast<double>(steps_.size())},
                       {"data_ms", data.value()},
                       {"forward_ms", fwd.value()},

@@ -259,6 +259,52 @@ class SyntheticData(unittest.TestCase):
 
 
 class CommModel(unittest.TestCase):
+    def test_split_last_keeps_bytes_and_readiness_order(self):
+        b = [{"bytes": 100, "ready_ms": 2.0}, {"bytes": 400, "ready_ms": 10.0}]
+        s = comm_model.split_last(b, 100)
+        self.assertEqual([x["bytes"] for x in s], [100, 300, 100])
+        # Even readiness between 2 and 10 ms: 300 of 400 bytes ready at 8 ms.
+        self.assertAlmostEqual(s[1]["ready_ms"], 8.0)
+        self.assertEqual(s[2]["ready_ms"], 10.0)
+        self.assertEqual(comm_model.split_last(b, 400), b)  # not smaller: unchanged
+        self.assertEqual(comm_model.split_last(b, 0), b)
+
+    def test_a_tiny_last_bucket_hides_more_where_the_last_is_large(self):
+        # Backward ends at 10 ms with one large last bucket (1 ms a MB): all of
+        # it is exposed; a tail leaves only the tail's time exposed.
+        prof = {"step_ms": 12.0, "reducer_ms": 0.0, "backward_end_ms": 10.0,
+                "buckets": [{"bytes": 1 << 20, "ready_ms": 2.0},
+                            {"bytes": 8 << 20, "ready_ms": 10.0}]}
+        fn = lambda b: b / (1 << 20)  # noqa: E731
+        self.assertAlmostEqual(comm_model.project(prof, fn)["exposed_ms"], 8.0)
+        best = comm_model.best_tail(prof, fn)
+        self.assertIsNotNone(best)
+        self.assertLess(best["exposed_ms"], 8.0)
+        self.assertIn(best["tail_bytes"], comm_model.TAIL_CANDIDATES)
+        # Nothing exposed already: no gain to report.
+        self.assertIsNone(comm_model.best_tail(prof, lambda b: 0.0))
+
+    def test_jitter_and_the_slowest_of_n(self):
+        self.assertEqual(comm_model.expected_max_normal(1), 0.0)
+        # Blom: about 1.42 for 8 samples, growing slowly with n.
+        self.assertAlmostEqual(comm_model.expected_max_normal(8), 1.4342, places=3)
+        self.assertGreater(comm_model.expected_max_normal(64), comm_model.expected_max_normal(8))
+        j = comm_model.jitter({"step_ms_each": [10.0, 10.2, 9.8, 10.0]})
+        self.assertEqual(j["steps"], 4)
+        self.assertAlmostEqual(j["mean_ms"], 10.0)
+        self.assertAlmostEqual(j["stdev_ms"], 0.16329931618554525)
+        self.assertIsNone(comm_model.jitter({"step_ms_each": [10.0]}))
+        self.assertIsNone(comm_model.jitter({}))
+        prof = {"step_ms": 10.0, "reducer_ms": 0.0, "backward_end_ms": 9.0,
+                "step_ms_each": [10.0, 10.2, 9.8, 10.0],
+                "buckets": [{"bytes": 1 << 20, "ready_ms": 5.0}]}
+        rows = comm_model.model_table_rows(prof, 32)
+        for r in rows:
+            self.assertAlmostEqual(r["straggler_ms"],
+                                   j["stdev_ms"] * comm_model.expected_max_normal(r["ranks"]))
+            self.assertAlmostEqual(r["projected_step_with_jitter_ms"],
+                                   r["projected_step_ms"] + r["straggler_ms"])
+
     def test_ring_time(self):
         # 2(n-1)/n * bytes / busbw + alpha: 8 ranks, 100 MB at 350 GB/s, 10 us.
         t = comm_model.ring_ms(100e6, 8, 350.0, 10.0)

@@ -344,6 +344,14 @@ TEST_F(TrainerTest, BenchWindowAndProfileReportWithoutChangingTraining) {
     layerSum += l["forward_ms"].get<double>() + l["backward_ms"].get<double>();
   EXPECT_LE(layerSum, p["step_ms"].get<double>() * 1.0001 + 1e-6);
   EXPECT_LE(p["backward_end_ms"].get<double>(), p["step_ms"].get<double>() + 1e-6);
+  // Each profiled step's time (the jitter's input); their mean is step_ms.
+  ASSERT_EQ(p["step_ms_each"].size(), 5u);
+  double each = 0;
+  for (const auto& s : p["step_ms_each"]) {
+    EXPECT_GE(s.get<double>(), 0.0);
+    each += s.get<double>();
+  }
+  EXPECT_NEAR(each / 5, p["step_ms"].get<double>(), 1e-9 * (1 + each));
   ASSERT_GE(p["buckets"].size(), 1u);
   for (const auto& bk : p["buckets"]) {
     EXPECT_GT(bk["bytes"].get<size_t>(), 0u);
