@@ -113,6 +113,16 @@ class TrainGpu(unittest.TestCase):
                                               "--quiet"], name, env=env)
         return res, losses(metrics)
 
+    def switch_ab(self, name, flags, var, extra_env=None):
+        """The run with environment switch `var` off (0) and on (1), the rest
+        alike: ((final JSON, losses) off, (final JSON, losses) on)."""
+        runs = []
+        for v in ("0", "1"):
+            env = dict(clean_env(), **(extra_env or {}))
+            env[var] = v
+            runs.append(self.train("%s_%s%s" % (name, var.lower(), v), *flags, env=env))
+        return runs[0], runs[1]
+
     def compare(self, what, a, b, tol=LOSS_TOL):
         self.assertEqual(len(a), len(b), "%s: %d vs %d logged steps" % (what, len(a), len(b)))
         worst = max(abs(x - y) for x, y in zip(a, b))
@@ -193,12 +203,9 @@ class TrainGpu(unittest.TestCase):
             flags = ["--device", "cuda", "--model", "resnet18", *data, "--batch-size", "32",
                      "--max-steps", "10", "--no-shuffle", "--lr", "0.01", "--precision", prec,
                      "--layout", "nhwc", "--deterministic"]
-            runs = {}
-            for fold in ("0", "1"):
-                runs[fold] = self.train("resnet18_%s_stem%s_fold%s" % (prec, stem, fold), *flags,
-                                        env=dict(clean_env(), DDPRUN_CUDA_BN_FOLD=fold,
-                                                 DDPRUN_CUDA_FUSED_STEM=stem))
-            (ref, lr), (got, lg) = runs["0"], runs["1"]
+            (ref, lr), (got, lg) = self.switch_ab(
+                "resnet18_%s_stem%s" % (prec, stem), flags, "DDPRUN_CUDA_BN_FOLD",
+                {"DDPRUN_CUDA_FUSED_STEM": stem})
             self.assertIn("(sums folded)", got["backend"])
             self.assertNotIn("(sums folded)", ref["backend"])
             self.assertEqual(lg, lr, "%s stem %s: losses" % (prec, stem))
@@ -216,11 +223,8 @@ class TrainGpu(unittest.TestCase):
             flags = ["--device", "cuda", "--model", "resnet18", *data, "--batch-size", "64",
                      "--max-steps", "6", "--no-shuffle", "--lr", "0.01", "--precision", prec,
                      "--layout", "nhwc", "--deterministic"]
-            runs = {}
-            for on in ("0", "1"):
-                runs[on] = self.train("resnet18_%s_recompute%s" % (prec, on), *flags,
-                                      env=dict(clean_env(), DDPRUN_CUDA_RECOMPUTE=on))
-            (ref, lr), (got, lg) = runs["0"], runs["1"]
+            (ref, lr), (got, lg) = self.switch_ab("resnet18_%s" % prec, flags,
+                                                  "DDPRUN_CUDA_RECOMPUTE")
             self.assertEqual(lg, lr, "%s: losses" % prec)
             self.assertEqual(got["params_sha256"], ref["params_sha256"], prec)
             print("\nresnet18 %s: peak allocated %.1f MiB recomputed, %.1f MiB kept"
@@ -242,11 +246,8 @@ class TrainGpu(unittest.TestCase):
             flags = ["--device", "cuda", "--model", model, *data, "--batch-size", "32",
                      "--max-steps", "12", "--no-shuffle", "--lr", "0.01", "--precision", prec,
                      "--deterministic"]
-            runs = {}
-            for graph in ("0", "1"):
-                runs[graph] = self.train("%s_%s_graph%s" % (model, prec, graph), *flags,
-                                         env=dict(clean_env(), DDPRUN_CUDA_GRAPH=graph))
-            (ref, lr), (got, lg) = runs["0"], runs["1"]
+            (ref, lr), (got, lg) = self.switch_ab("%s_%s" % (model, prec), flags,
+                                                  "DDPRUN_CUDA_GRAPH")
             self.assertIn("DDPRUN_CUDA_GRAPH=1", ref["cuda_graph"]["state"])
             self.assertEqual(got["cuda_graph"]["state"], "on", got["cuda_graph"])
             self.assertEqual(got["cuda_graph"]["captures"], 1, got["cuda_graph"])

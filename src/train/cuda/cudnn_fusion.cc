@@ -54,38 +54,36 @@ struct Builder {
   }
   void finish(cudnnBackendDescriptor_t d) { s.finalize(d); }
 
-  // y = mode(x, b) (b null: a unary mode), float math.
-  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
-                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
-    BackendDesc pw = BackendDesc::create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  // A pointwise operation of `mode` in float math, its operands set by the
+  // caller, finalized by finish().
+  cudnnBackendDescriptor_t pointwiseOp(cudnnPointwiseMode_t mode) {
+    keep.push_back(BackendDesc::create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR));
+    cudnnBackendDescriptor_t pw = keep.back().get();
     const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
     s.set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     s.set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     s.finalize(pw);
     cudnnBackendDescriptor_t o = op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    return o;
+  }
+  // y = mode(x, b) (b null: a unary mode).
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t o = pointwiseOp(mode);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
     if (b) s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
     finish(o);
-    keep.push_back(std::move(pw));
   }
   // dx = relu'(x) * dy.
   void reluBackward(cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t x,
                     cudnnBackendDescriptor_t dx) {
-    BackendDesc pw = BackendDesc::create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    const cudnnPointwiseMode_t mode = CUDNN_POINTWISE_RELU_BWD;
-    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
-    s.set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    s.set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-    s.finalize(pw);
-    cudnnBackendDescriptor_t o = op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    cudnnBackendDescriptor_t o = pointwiseOp(CUDNN_POINTWISE_RELU_BWD);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dy);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, dx);
     finish(o);
-    keep.push_back(std::move(pw));
   }
   // A convolution operation (forward: a = x, b = w, c = y; backward-data:
   // a = dx, b = w, c = dy), alpha 1, beta 0.
