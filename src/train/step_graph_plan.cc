@@ -34,12 +34,13 @@ StepGraphPlan::Action StepGraphPlan::next(const StepShape& s, bool profiled) {
     return eager();
   }
   if (haveEager_ && lastEager_ == s) {
-    if (counts_.captures >= o_.maxCaptures) {
-      off_ = "captured " + std::to_string(counts_.captures) + " times: the step's shape keeps "
+    if (shapeCaptures_ >= o_.maxCaptures) {
+      off_ = "captured " + std::to_string(shapeCaptures_) + " times: the step's shape keeps "
              "changing; steps run eagerly from here";
       return eager();
     }
     ++counts_.captures;
+    ++shapeCaptures_;
     graphShape_ = s;
     haveEager_ = false;
     return Action::kCapture;
@@ -59,6 +60,7 @@ void StepGraphPlan::captured(bool ok, const std::string& why) {
 void StepGraphPlan::invalidate() {
   release();
   haveEager_ = false;
+  shapeCaptures_ = 0;
 }
 
 void StepGraphPlan::release() {

@@ -15,7 +15,8 @@
 //  - off for the whole run (off() says why): the backend cannot capture
 //    (the CPU; on CUDA the switch, DDPRUN_CUDA_GRAPH, is off, or the async
 //    allocator runs), several ranks, a capture failed, or too many captures
-//    (the step's shape keeps changing);
+//    between two invalidations (the step's shape keeps changing; the
+//    recapture after each epoch's evaluation does not count);
 //  - eager: the first step of a shape (it searches the convolution
 //    algorithms and allocates; a capture may not), a profiled step (its
 //    points record inside the step), or a step whose shape differs from the
@@ -80,6 +81,7 @@ class StepGraphPlan {
   bool graph_ = false;
   bool release_ = false;
   StepShape graphShape_;
+  int shapeCaptures_ = 0;   // captures since the last invalidate(): the limit's
   bool haveEager_ = false;  // the step before ran eagerly with lastEager_
   StepShape lastEager_;
   Counts counts_;

@@ -58,7 +58,7 @@ BatchNorm2d::BatchNorm2d(std::shared_ptr<Context> ctx, std::string name, int64_t
     : Layer(name), ctx_(std::move(ctx)), c_(c), sync_(sync), path_(path),
       w_(makeDeviceParam(*ctx_, name + ".weight", {c})),
       b_(makeDeviceParam(*ctx_, name + ".bias", {c})), sums_(ctx_), sqdev_(ctx_),
-      reserve_(ctx_) {
+      foldCounters_(ctx_), reserve_(ctx_) {
   DDPRUN_CHECK(c > 0, name, ": batch norm needs at least one channel");
   DDPRUN_CHECK((path.kernels == BnKernels::kOursSync) == (sync && !ctx_->ourBatchNorm()) &&
                    (path.kernels != BnKernels::kOursNhwc || ctx_->nhwc()),

@@ -136,7 +136,10 @@ class Conv2d final : public Layer {
     if (x.dim(0) == 0) return zeroFlaggedGrads();
     setShapes(x.shape(), y.shape());
     ConvAlgos& a = algos(x.shape());
-    search_.findBackward(a, x.shape(), dx != nullptr, add);
+    // cuDNN adds into dx itself (beta = 1) unless autocast computes a 16-bit
+    // dx for a float one (then a cast adds it: backward16).
+    const bool cudnnAdds = add && !(ctx_->autocast() && dx && !dx->is16());
+    search_.findBackward(a, x.shape(), dx != nullptr, cudnnAdds);
     if (s_.bias && dy.is16()) {  // 16-bit activations (NHWC): dy's column sums in double
       launchColumnSum(dy.raw(), dy.dtype(), b_.grad.data(), dy.numel() / s_.outC, s_.outC,
                       !b_.overwriteGrad, ctx_->stream());

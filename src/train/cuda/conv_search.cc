@@ -207,8 +207,12 @@ void ConvSearch::retimeAccumulating(cudnnConvolutionBwdDataAlgoPerf_t* perfs, in
   const cudaStream_t st = ctx_->stream();
   for (int i = 0; i < n; ++i) {
     cudnnConvolutionBwdDataAlgoPerf_t& p = perfs[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > pol.workspaceCap) continue;
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, p.mathType));
+    // Only what admitted() lets run, under the math type it will run with.
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > pol.workspaceCap ||
+        p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
+        (pol.fp32() && p.mathType == CUDNN_TENSOR_OP_MATH))
+      continue;
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, pol.fp32() ? CUDNN_FMA_MATH : p.mathType));
     ScopedDeviceBytes ws(*ctx_, p.memory);
     auto run = [&] {
       return cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, s.in1, yDesc_,

@@ -67,13 +67,15 @@ struct Builder {
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
     return o;
   }
-  // y = mode(x, b) (b null: a unary mode).
+  // y = mode(x, alpha2 * b) (b null: a unary mode).
   void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
-                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
+                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y, float alpha2 = 1.0f) {
     cudnnBackendDescriptor_t o = pointwiseOp(mode);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
     if (b) s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
     s.desc(o, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    if (alpha2 != 1.0f)
+      s.set(o, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha2);
     finish(o);
   }
   // dx = relu'(x) * dy.
@@ -187,13 +189,15 @@ void dgradDreluDbnWeights(Builder& b, const FusionProblem& p) {
   cudnnBackendDescriptor_t w = b.act(g.k, g.c, g.kernel, g.kernel, p.ioType);
   cudnnBackendDescriptor_t dgrad = b.inter(g.n, g.c, g.h, g.w);
   b.convolution(false, g, dgrad, w, dy);
-  // The batch norm's output recomputed: (x + (-mean)) * invstd * scale + bias.
+  // The batch norm's output recomputed: (x - mean) * invstd * scale + bias,
+  // the subtraction an add with alpha2 = -1 (the mean tensor is also the
+  // weight gradients' mean, so it holds the mean itself).
   cudnnBackendDescriptor_t x = b.act(g.n, g.c, g.h, g.w, p.ioType);
   cudnnBackendDescriptor_t mean = b.channel(g.c), invstd = b.channel(g.c);
   cudnnBackendDescriptor_t scale = b.channel(g.c), bias = b.channel(g.c);
   cudnnBackendDescriptor_t t1 = b.inter(g.n, g.c, g.h, g.w), t2 = b.inter(g.n, g.c, g.h, g.w);
   cudnnBackendDescriptor_t t3 = b.inter(g.n, g.c, g.h, g.w), bn = b.inter(g.n, g.c, g.h, g.w);
-  b.pointwise(CUDNN_POINTWISE_ADD, x, mean, t1);
+  b.pointwise(CUDNN_POINTWISE_ADD, x, mean, t1, -1.0f);
   b.pointwise(CUDNN_POINTWISE_MUL, t1, invstd, t2);
   b.pointwise(CUDNN_POINTWISE_MUL, t2, scale, t3);
   b.pointwise(CUDNN_POINTWISE_ADD, t3, bias, bn);

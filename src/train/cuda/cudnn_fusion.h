@@ -10,7 +10,7 @@
 //  - bn_finalize: from those sums, the batch's mean and inverse standard
 //    deviation, the running statistics and the equivalent scale and bias;
 //  - dgrad_drelu_dbn_weights: dx = conv_dgrad(dy, w) through the ReLU's mask
-//    recomputed from the batch norm's input (x + (-mean)) * invstd * scale +
+//    recomputed from the batch norm's input (x - mean) * invstd * scale +
 //    bias, with the batch norm's weight gradients and its backward's
 //    equivalent scales.
 // Nothing here runs a plan: a probe says what a later change may build on,

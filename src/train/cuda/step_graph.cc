@@ -59,7 +59,12 @@ std::unique_ptr<Backend::StepGraph> captureStepGraph(const std::shared_ptr<Conte
   }
   ctx->bind();
   const cudaStream_t s = ctx->stream();
-  ctx->allocator().beginCapture();
+  try {
+    ctx->allocator().beginCapture();  // refuses a second live graph
+  } catch (const std::exception& e) {
+    if (why) *why = e.what();
+    return nullptr;
+  }
   // Thread-local mode: this thread's calls that a capture forbids (cudaMalloc,
   // a synchronisation) fail instead of running; other threads (the data
   // workers, the process group's) are not affected.

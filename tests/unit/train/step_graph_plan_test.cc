@@ -103,6 +103,20 @@ TEST(StepGraphPlan, InvalidateReleasesAndWarmsUpAgain) {
   EXPECT_EQ(p.counts().releases, 2);
 }
 
+// Every epoch ends with an evaluation (invalidate): its recapture is not a
+// shape that keeps changing, however many epochs run.
+TEST(StepGraphPlan, EpochsOfRecapturesKeepGraphsOn) {
+  StepGraphPlan p({.maxCaptures = 2});
+  for (int epoch = 0; epoch < 20; ++epoch) {
+    // A full epoch, then its short last batch, then the evaluation.
+    EXPECT_EQ(run(p, {{32}, {32}, {32}, {8}}), std::vector<Action>({E, C, R, E})) << epoch;
+    p.invalidate();
+    p.releaseNow();
+  }
+  EXPECT_TRUE(p.off().empty()) << p.off();
+  EXPECT_EQ(p.counts().captures, 20);
+}
+
 TEST(StepGraphPlan, AShapeThatKeepsChangingStopsCapturing) {
   StepGraphPlan p({.maxCaptures = 2});
   EXPECT_EQ(run(p, {{32}, {32}, {16}, {16}, {32}, {32}}), std::vector<Action>({E, C, E, C, E, E}));
