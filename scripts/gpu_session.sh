@@ -299,8 +299,8 @@ run() {
     --python python3 --timeout 150 --commit "$DDPRUN_BENCH_COMMIT" --extras-only --merge \
     --kernel-trace off $benchArgs
   stage wheel 90 wheel_check
-  stage tests 120 bash -c "gtest_prog cuda_train_tests"
-  stage traintests 200 python3 "$root/tests/cuda/train_gpu_test.py"
+  stage tests 150 bash -c "gtest_prog cuda_train_tests"
+  stage traintests 300 python3 "$root/tests/cuda/train_gpu_test.py"
   stage nccl 150 bash -c "'$bin/coll_check' --nccl-version && \
     python3 '$root/tests/runtime/runtime_test.py' CudaMatrix"
   (cd "$logs" && tar -czf "$out/gpu_session_logs.tar.gz" ./*.log ./*.jsonl 2>/dev/null)
