@@ -149,17 +149,19 @@ DeviceInventory probeDevices(DeviceChoice device) {
 }
 
 CudaBackendOptions withEnvSwitches(CudaBackendOptions o) {
+  // A 0/1 switch: set, it decides; unset or empty, `v` stays.
+  auto flag = [](const char* name, bool& v) { v = env::integer(name, v ? 1 : 0, 0, 1) == 1; };
   if (env::integer("DDPRUN_CUDNN_DETERMINISTIC", 0, 0, 1) == 1) o.deterministic = true;
-  o.activations16 = env::integer("DDPRUN_CUDA_ACT16", o.activations16 ? 1 : 0, 0, 1) == 1;
-  o.ourBatchNorm = env::integer("DDPRUN_CUDA_OUR_BN", o.ourBatchNorm ? 1 : 0, 0, 1) == 1;
+  flag("DDPRUN_CUDA_ACT16", o.activations16);
+  flag("DDPRUN_CUDA_OUR_BN", o.ourBatchNorm);
   o.graphConv = static_cast<CudaBackendOptions::GraphConv>(
       env::integer("DDPRUN_CUDNN_GRAPH", static_cast<int64_t>(o.graphConv), 0, 2));
-  o.ownPool = env::integer("DDPRUN_CUDA_OWN_POOL", o.ownPool ? 1 : 0, 0, 1) == 1;
-  o.cudnnBnFusion = env::integer("DDPRUN_CUDNN_BN_FUSION", o.cudnnBnFusion ? 1 : 0, 0, 1) == 1;
-  o.fusedStem = env::integer("DDPRUN_CUDA_FUSED_STEM", o.fusedStem ? 1 : 0, 0, 1) == 1;
-  o.bnFold = env::integer("DDPRUN_CUDA_BN_FOLD", o.bnFold ? 1 : 0, 0, 1) == 1;
-  o.cudaGraph = env::integer("DDPRUN_CUDA_GRAPH", o.cudaGraph ? 1 : 0, 0, 1) == 1;
-  o.recompute = env::integer("DDPRUN_CUDA_RECOMPUTE", o.recompute ? 1 : 0, 0, 1) == 1;
+  flag("DDPRUN_CUDA_OWN_POOL", o.ownPool);
+  flag("DDPRUN_CUDNN_BN_FUSION", o.cudnnBnFusion);
+  flag("DDPRUN_CUDA_FUSED_STEM", o.fusedStem);
+  flag("DDPRUN_CUDA_BN_FOLD", o.bnFold);
+  flag("DDPRUN_CUDA_GRAPH", o.cudaGraph);
+  flag("DDPRUN_CUDA_RECOMPUTE", o.recompute);
   if (const auto v = env::get("DDPRUN_CUDA_ALLOCATOR"); v && !v->empty()) {
     if (*v == "caching")
       o.memory = CudaBackendOptions::Memory::kCaching;

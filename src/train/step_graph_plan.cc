@@ -76,13 +76,4 @@ bool StepGraphPlan::releaseNow() {
   return r;
 }
 
-const char* stepGraphActionName(StepGraphPlan::Action a) {
-  switch (a) {
-    case StepGraphPlan::Action::kEager: return "eager";
-    case StepGraphPlan::Action::kCapture: return "capture";
-    case StepGraphPlan::Action::kReplay: return "replay";
-  }
-  return "?";
-}
-
 }  // namespace ddprun::train

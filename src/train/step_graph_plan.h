@@ -87,6 +87,4 @@ class StepGraphPlan {
   Counts counts_;
 };
 
-const char* stepGraphActionName(StepGraphPlan::Action a);
-
 }  // namespace ddprun::train

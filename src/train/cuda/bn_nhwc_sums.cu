@@ -316,7 +316,6 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
   foldTile<V>(f, ws, gridDim.y, c, rows, out, &sa[0][0]);
 }
 
-// The partial sums of `op` (V wide) then the chunk reduction into out.
 // The unfolded epilogue (BnFold without counters).
 void launchEpilogue(const BnFold& f, const double* sums, int64_t c, cudaStream_t s) {
   const BnFold::Finish& fi = f.finish;

@@ -71,9 +71,9 @@ class Context {
   // host bookkeeping a replay would not repeat).
   bool cudaGraph() const { return cudaGraph_; }
   bool capturing() const { return capturing_; }
+  void setCapturing(bool on) { capturing_ = on; }
   // ResNet's conv2 input recomputed for backward (CudaBackendOptions::recompute).
   bool recompute() const { return recompute_; }
-  void setCapturing(bool on) { capturing_ = on; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;

@@ -88,6 +88,16 @@ bool needsCheck(Algo a, const Policy& pol) {
   return !pol.deterministic && !(pol.fp32() && sumsDirectly(a));
 }
 
+// Whether the policy lets a result of math type m run (never a conversion
+// to 16 bits; in fp32 no tensor cores), and the math type it then runs with
+// (fp32: FMA, whatever the search labelled it).
+inline bool mathAdmitted(cudnnMathType_t m, const Policy& pol) {
+  return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION && !(pol.fp32() && m == CUDNN_TENSOR_OP_MATH);
+}
+inline cudnnMathType_t runMathType(cudnnMathType_t m, const Policy& pol) {
+  return pol.fp32() ? CUDNN_FMA_MATH : m;
+}
+
 // cuDNN's successful results that the policy lets run (before any accuracy
 // check), fastest first, each with the math type it runs with (fp32: FMA,
 // whatever the search labelled it). `notes` (may be null) collects those
@@ -97,9 +107,7 @@ std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::str
   std::vector<Perf> out;
   for (int i = 0; i < n; ++i) {
     Perf r = perfs[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-        (pol.fp32() && r.mathType == CUDNN_TENSOR_OP_MATH))
-      continue;
+    if (r.status != CUDNN_STATUS_SUCCESS || !mathAdmitted(r.mathType, pol)) continue;
     if (pol.deterministic &&
         (r.determinism != CUDNN_DETERMINISTIC || (pol.fp32() && !sumsDirectly(r.algo))))
       continue;
@@ -109,7 +117,7 @@ std::vector<Perf> admitted(const Perf* perfs, int n, const Policy& pol, std::str
                   " MiB over the " + mib(pol.workspaceCap) + " MiB cap";
       continue;
     }
-    if (pol.fp32()) r.mathType = CUDNN_FMA_MATH;
+    r.mathType = runMathType(r.mathType, pol);
     out.push_back(r);
   }
   if (!pol.deterministic)  // deterministic mode keeps the heuristics' order

@@ -209,10 +209,9 @@ void ConvSearch::retimeAccumulating(cudnnConvolutionBwdDataAlgoPerf_t* perfs, in
     cudnnConvolutionBwdDataAlgoPerf_t& p = perfs[i];
     // Only what admitted() lets run, under the math type it will run with.
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > pol.workspaceCap ||
-        p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-        (pol.fp32() && p.mathType == CUDNN_TENSOR_OP_MATH))
+        !mathAdmitted(p.mathType, pol))
       continue;
-    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, pol.fp32() ? CUDNN_FMA_MATH : p.mathType));
+    DDPRUN_CUDNN_OK(cudnnSetConvolutionMathType(conv_, runMathType(p.mathType, pol)));
     ScopedDeviceBytes ws(*ctx_, p.memory);
     auto run = [&] {
       return cudnnConvolutionBackwardData(ctx_->cudnn(), &kCudnnOne, wDesc_, s.in1, yDesc_,

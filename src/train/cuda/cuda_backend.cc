@@ -163,7 +163,7 @@ class CudaBackend final : public Backend {
 
   double crossEntropy(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                       int64_t* correct, float gradScale) override {
-    crossEntropyDeferredLaunch(logits, labels, dlogits, gradScale);
+    stageAndLaunchLoss(logits, labels, dlogits, gradScale);
     const CeResult r = ce_.result();
     if (correct) *correct = r.correct;
     const int64_t n = logits.dim(0);
@@ -171,7 +171,7 @@ class CudaBackend final : public Backend {
   }
   void crossEntropyDeferred(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
                             float gradScale) override {
-    crossEntropyDeferredLaunch(logits, labels, dlogits, gradScale);
+    stageAndLaunchLoss(logits, labels, dlogits, gradScale);
     ce_.accumulate();
   }
   void stageLabels(const int32_t* labels, int64_t n, int64_t classes) override {
@@ -383,7 +383,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Context> ctx_;
   std::vector<std::pair<std::string, int>> bnPaths_;  // notePath's
   bool composing_ = false;  // batchNormAct composes: its batch norm is noted already
-  static constexpr int kInputSlots = 4;  // input batches and labels in flight
+  static constexpr int kInputSlots = 4;  // input batches in flight
   std::vector<Event> markEvents_;  // the profile's timeline (mark())
   size_t marks_ = 0;               // marks recorded since clearMarks()
   Stream copy_ = Stream::create();  // the input pipeline's copies
@@ -406,9 +406,10 @@ class CudaBackend final : public Backend {
     }
     return optimChunks_.data();
   }
-  // The loss on these labels (uploaded: staged), not yet waited for.
-  void crossEntropyDeferredLaunch(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
-                                  float gradScale) {
+  // The labels staged (checked, uploaded) and the loss launched on them, not
+  // yet waited for.
+  void stageAndLaunchLoss(const Tensor& logits, const int32_t* labels, Tensor* dlogits,
+                          float gradScale) {
     DDPRUN_CHECK(logits.rank() == 2, "cross-entropy expects logits [N, classes], got ",
                  shapeString(logits.shape()));
     ctx_->bind();

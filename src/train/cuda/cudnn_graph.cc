@@ -1,8 +1,8 @@
 #include "cudnn_graph.h"
 
-#include "cudnn_backend.h"
-
 #include <algorithm>
+
+#include "cudnn_backend.h"
 
 namespace ddprun::train::cuda {
 

@@ -85,14 +85,13 @@ std::unique_ptr<Backend::StepGraph> captureStepGraph(const std::shared_ptr<Conte
   cudaGraph_t graph = nullptr;
   if (const cudaError_t e = cudaStreamEndCapture(s, &graph); e != cudaSuccess && failure.empty())
     failure = cudaText("cudaStreamEndCapture", e);
-  cudaGraphExec_t exec = nullptr;
+  cudaGraphExec_t exec = nullptr;  // set only where the whole capture succeeded
   if (failure.empty())
     if (const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0); e != cudaSuccess)
       failure = cudaText("cudaGraphInstantiate", e);
   if (graph) (void)cudaGraphDestroy(graph);  // the instance keeps what it needs
   if (!failure.empty()) {
     (void)cudaGetLastError();  // the attempt's error is not the next call's
-    if (exec) (void)cudaGraphExecDestroy(exec);
     ctx->allocator().endCapture(false);
     if (why) *why = failure;
     return nullptr;
