@@ -43,8 +43,10 @@ process under `ddprun --standalone`):
     vectorised NHWC max pool: DDPRUN_CUDA_OWN_POOL=1),
     resnet18-224-{tf32,bf16}-bnfold (DDPRUN_CUDA_BN_FOLD=1: our batch norm's
     sums with the chunk reduction and the finish or the parameter gradients
-    in one launch), resnet18-224-{tf32,bf16}-cudagraph (DDPRUN_CUDA_GRAPH=1:
-    the step's forward, loss and backward as one CUDA graph; LeNet has it as
+    in one launch), resnet18-224-{tf32,bf16}-bnfold-pdl (the same with
+    DDPRUN_CUDA_PDL=1: its kernels under programmatic dependent launch),
+    resnet18-224-{tf32,bf16}-cudagraph (DDPRUN_CUDA_GRAPH=1: the step's
+    forward, loss, backward and optimizer as one CUDA graph; LeNet has it as
     the ours_graph column), resnet18-224-{tf32,bf16}-recompute
     (DDPRUN_CUDA_RECOMPUTE=1: each block's conv2 input recomputed for
     backward, not kept) and
@@ -177,7 +179,11 @@ def cuda_cases(quick, compile=True):
         # a direction instead of 4; bitwise the same): opt-in until measured.
         variant("tf32", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
         variant("bf16", "bnfold", env={"DDPRUN_CUDA_BN_FOLD": "1"}),
-        # The step as a CUDA graph (forward, loss, backward replayed).
+        # Programmatic dependent launch of our batch norm's kernels, on the
+        # folded launches (the launch gaps both attack): opt-in until measured.
+        variant("tf32", "bnfold-pdl", env={"DDPRUN_CUDA_BN_FOLD": "1", "DDPRUN_CUDA_PDL": "1"}),
+        variant("bf16", "bnfold-pdl", env={"DDPRUN_CUDA_BN_FOLD": "1", "DDPRUN_CUDA_PDL": "1"}),
+        # The step as a CUDA graph (forward, loss, backward and the optimizer replayed).
         variant("tf32", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
         variant("bf16", "cudagraph", env={"DDPRUN_CUDA_GRAPH": "1"}),
         # conv2's input recomputed for backward instead of kept (memory).

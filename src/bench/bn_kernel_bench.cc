@@ -23,9 +23,11 @@
 // (bn_nhwc.h's BnFold: issue 44 item 3), back to back like the layers of a
 // step: forward = the statistics (partials, chunk reduction, finish) and the
 // element-wise pass, 4 launches unfolded and 2 folded; backward = the sums,
-// the parameter gradients and the backward data, 4 and 2. Each against the
-// copy's time for the same bytes ("directions" in the JSON, and the step's
-// forward/backward totals per launch shape).
+// the parameter gradients and the backward data, 4 and 2; and, on a device
+// of compute capability 9.0+, folded under programmatic dependent launch
+// (launch_stream.h: folded_pdl). Each against the copy's time for the same
+// bytes ("directions" in the JSON, and the step's forward/backward totals
+// per launch shape).
 //
 // Prints a table; --out also writes the results as JSON (rewritten after each
 // dtype). Exit status: 0 measured, 2 bad flags (CLI11's message), 3 a CUDA
@@ -98,7 +100,7 @@ void fill(void* p, size_t n, DType t, uint64_t seed, cudaStream_t s) {
 
 // Launches kernel k of layer l on tensor set `set`.
 void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, int set,
-            cudaStream_t s) {
+            tc::LaunchStream s) {
   const bool relu = ddprun::bench::bnKindRelu(l.kind);
   const bool residual = ddprun::bench::bnKindResidual(l.kind);
   void* x = b.at(b.x, set);
@@ -138,7 +140,7 @@ void launch(BnKernel k, const BnLayerGroup& l, const LayerBuffers& b, DType t, i
 // (sums with the parameter gradients, then the data), folded into the sums'
 // launch or not.
 void runDirection(bool forward, bool folded, const BnLayerGroup& l, const LayerBuffers& b,
-                  DType t, int set, cudaStream_t s) {
+                  DType t, int set, tc::LaunchStream s) {
   tc::BnFold f;
   if (folded) f.counters = as<unsigned>(b.counters);
   if (forward) {
@@ -173,11 +175,13 @@ double timeMs(int reps, int sets, cudaStream_t s, F&& f) {
   return static_cast<double>(ms) / reps;
 }
 
-// Both directions of layer l, unfolded and folded: a "directions" row each
-// and the step's totals (forward_unfolded_ms, ..., weighted by the layers).
+// Both directions of layer l, unfolded, folded and (where the device has
+// programmatic dependent launch, `pdl`) folded under PDL: a "directions" row
+// each and the step's totals (forward_unfolded_ms, ..., weighted by the
+// layers).
 void timeDirections(const BnLayerGroup& l, const LayerBuffers& b, DType t,
                     const std::string& dtype, int sets, int reps, int eb, double copyGbps,
-                    cudaStream_t s, nlohmann::json& doc, nlohmann::json& step) {
+                    cudaStream_t s, bool pdl, nlohmann::json& doc, nlohmann::json& step) {
   using ddprun::bench::bnKernelBytes;
   for (const bool forward : {true, false}) {
     const double moved =
@@ -193,13 +197,18 @@ void timeDirections(const BnLayerGroup& l, const LayerBuffers& b, DType t,
                           {"direction", forward ? "forward" : "backward"},
                           {"bytes", moved},
                           {"at_copy_rate_ms", copyMs}};
-    for (const bool folded : {false, true}) {
+    struct Variant {
+      const char* name;
+      bool folded, pdl;
+    };
+    for (const Variant v : {Variant{"unfolded", false, false}, Variant{"folded", true, false},
+                            Variant{"folded_pdl", true, true}}) {
+      if (v.pdl && !pdl) continue;
       const double ms = timeMs(reps, sets, s, [&](int set) {
-        runDirection(forward, folded, l, b, t, set, s);
+        runDirection(forward, v.folded, l, b, t, set, tc::LaunchStream(s, v.pdl));
       });
-      const std::string key = std::string(forward ? "forward" : "backward") +
-                              (folded ? "_folded" : "_unfolded") + "_ms";
-      row[folded ? "folded_ms" : "unfolded_ms"] = ms;
+      const std::string key = std::string(forward ? "forward_" : "backward_") + v.name + "_ms";
+      row[std::string(v.name) + "_ms"] = ms;
       step[key] = step.value(key, 0.0) + ms * l.count;
     }
     const double un = row["unfolded_ms"], fo = row["folded_ms"];
@@ -283,11 +292,11 @@ int main(int argc, char** argv) {
         DDPRUN_CUDA_OK(cudaMemsetAsync(b.counters.get(), 0,
                                        tc::bnNhwcFoldCounters(l.c) * sizeof(unsigned), s));
         // Real statistics and outputs (the ReLU's mask) before timing.
-        launch(BnKernel::kStats, l, b, t, 0, s);
+        launch(BnKernel::kStats, l, b, t, 0, s.get());
         tc::launchBnNhwcFinish(as<double>(b.sums), l.c, 1e-5, 0.1, as<float>(b.mean),
-                               as<float>(b.invstd), nullptr, nullptr, s);
-        for (int k = 0; k < sets; ++k) launch(BnKernel::kForward, l, b, t, k, s);
-        for (int k = 0; k < sets; ++k) launch(BnKernel::kBackwardSums, l, b, t, k, s);
+                               as<float>(b.invstd), nullptr, nullptr, s.get());
+        for (int k = 0; k < sets; ++k) launch(BnKernel::kForward, l, b, t, k, s.get());
+        for (int k = 0; k < sets; ++k) launch(BnKernel::kBackwardSums, l, b, t, k, s.get());
         s.synchronize();
         const double copyMs = timeMs(reps, sets, s, [&](int k) {
           DDPRUN_CUDA_OK(cudaMemcpyAsync(b.at(b.dx, k), b.at(b.x, k), bytes,
@@ -296,7 +305,7 @@ int main(int argc, char** argv) {
         const double copyGbps = 2.0 * static_cast<double>(bytes) / (copyMs * 1e6);
         for (BnKernel k : ddprun::bench::kBnKernels) {
           const double ms =
-              timeMs(reps, sets, s, [&](int set) { launch(k, l, b, t, set, s); });
+              timeMs(reps, sets, s, [&](int set) { launch(k, l, b, t, set, s.get()); });
           const double moved = ddprun::bench::bnKernelBytes(k, l, static_cast<int>(eb));
           const double gbps = moved / (ms * 1e6);
           const char* kname = ddprun::bench::bnKernelName(k);
@@ -327,7 +336,8 @@ int main(int argc, char** argv) {
           // The copy's time for the same bytes: the kernel at the copy's rate.
           stepCopyMs += moved / (copyGbps * 1e6) * l.count;
         }
-        timeDirections(l, b, t, name, sets, reps, static_cast<int>(eb), copyGbps, s, doc, step);
+        timeDirections(l, b, t, name, sets, reps, static_cast<int>(eb), copyGbps, s,
+                       prop.major >= 9, doc, step);
       }
       step["total_ms"] = stepMs;
       step["at_copy_rate_ms"] = stepCopyMs;
@@ -337,11 +347,13 @@ int main(int argc, char** argv) {
           "at the copy's rate\n",
           name.c_str(), stepMs, stepCopyMs);
       std::printf(
-          "%s step by direction: forward %.3f ms unfolded, %.3f ms folded; backward %.3f ms "
-          "unfolded, %.3f ms folded\n",
+          "%s step by direction: forward %.3f ms unfolded, %.3f ms folded, %.3f ms folded "
+          "under PDL; backward %.3f ms unfolded, %.3f ms folded, %.3f ms folded under PDL "
+          "(0: no PDL on this device)\n",
           name.c_str(), step.value("forward_unfolded_ms", 0.0),
-          step.value("forward_folded_ms", 0.0), step.value("backward_unfolded_ms", 0.0),
-          step.value("backward_folded_ms", 0.0));
+          step.value("forward_folded_ms", 0.0), step.value("forward_folded_pdl_ms", 0.0),
+          step.value("backward_unfolded_ms", 0.0), step.value("backward_folded_ms", 0.0),
+          step.value("backward_folded_pdl_ms", 0.0));
       if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
     }
   } catch (const std::exception& e) {  // CudaError and the launchers' InvalidArgument

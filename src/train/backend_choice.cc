@@ -162,6 +162,7 @@ CudaBackendOptions withEnvSwitches(CudaBackendOptions o) {
   flag("DDPRUN_CUDA_BN_FOLD", o.bnFold);
   flag("DDPRUN_CUDA_GRAPH", o.cudaGraph);
   flag("DDPRUN_CUDA_RECOMPUTE", o.recompute);
+  flag("DDPRUN_CUDA_PDL", o.pdl);
   if (const auto v = env::get("DDPRUN_CUDA_ALLOCATOR"); v && !v->empty()) {
     if (*v == "caching")
       o.memory = CudaBackendOptions::Memory::kCaching;

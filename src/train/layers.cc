@@ -184,6 +184,8 @@ void Backend::adamStep(const std::vector<OptimChunk>& chunks, float lr, float be
     adamUpdate(c.w, c.g, c.s1, c.s2, c.n, lr, beta1, beta2, eps, weightDecay, step);
 }
 
+void Backend::stageOptimizerStep(float, bool, int64_t, float, float) {}
+
 size_t Backend::mark() {
   markTimes_.push_back(
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());

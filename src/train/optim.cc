@@ -32,6 +32,7 @@ class Sgd final : public Optimizer {
                 opts_.nesterov);
     ++steps_;
   }
+  void stageStep() override { be_.stageOptimizerStep(opts_.lr, steps_ == 0, 0, 0.0f, 0.0f); }
 };
 
 class Adam final : public Optimizer {
@@ -47,6 +48,9 @@ class Adam final : public Optimizer {
     ++steps_;
     be_.adamStep(chunks(), opts_.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weightDecay,
                  steps_);
+  }
+  void stageStep() override {
+    be_.stageOptimizerStep(opts_.lr, false, steps_ + 1, opts_.beta1, opts_.beta2);
   }
 };
 

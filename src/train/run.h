@@ -154,7 +154,9 @@ class Run {
   // A graphed step (StepGraphPlan's capture or replay) on batch's input and
   // labels, copied into the graph's slots; false when the capture failed
   // (graphs are then off, and the step runs eagerly).
-  bool graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a);
+  // *optimized: the graph ran the optimizer too (the step's update is done).
+  bool graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a,
+                   bool* optimized);
   // Evaluation and the like ran on the model: the graph goes.
   void dropGraph();
   void report(int64_t stepsInEpoch, bool force);
@@ -215,6 +217,7 @@ class Run {
   Tensor graphInput_;
   std::vector<size_t> graphReady_;
   bool graphOffSaid_ = false;
+  bool graphOptim_ = false;  // the live graph holds the optimizer's step
   DeviceDecision deviceDecision_;  // --device: the choice and why
 };
 

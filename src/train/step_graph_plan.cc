@@ -10,6 +10,12 @@ StepGraphPlan::StepGraphPlan(Options o) : o_(std::move(o)) {
     off_ = std::to_string(o_.worldSize) + " ranks: a graph ends before the reducer, and one "
            "of the whole backward would hold its buckets' all-reduces until backward ends; "
            "steps run eagerly";
+  if (o_.lossScaling)
+    optimOut_ = "fp16's loss scaler: whether a step updates depends on the overflow check the "
+                "host reads after backward; the optimizer runs eagerly after the replay";
+  else if (o_.commHook)
+    optimOut_ = "a communication hook: its compression of the buckets runs after the replay, "
+                "before the optimizer; the optimizer runs eagerly";
 }
 
 StepGraphPlan::Action StepGraphPlan::next(const StepShape& s, bool profiled) {

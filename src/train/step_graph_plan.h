@@ -3,13 +3,17 @@
 // tested on the CPU (tests/unit/train/step_graph_plan_test.cc).
 //
 // What a graph holds: the step's forward, its loss (on the labels staged in
-// the backend's fixed slot) and its backward, on the input copied into a
-// fixed slot; everything after backward stays eager: the reducer (its
-// buckets are marked ready after the replay, in the captured order), the
-// loss scaler's check and the optimizer (whose learning rate and step count
-// change every step). So the graph ends before the reducer, and with several
-// ranks the run stays eager: a graph of the whole backward would hold every
-// bucket's all-reduce until backward ends, losing the overlap that hides it.
+// the backend's fixed slot), its backward and, where nothing between them
+// needs the host (optimizerOutside()), the optimizer, reading the step's
+// learning rate from a device slot staged before each replay
+// (Optimizer::stageStep). The reducer's readiness calls are replayed on the
+// host after each replay, in the captured order: with one rank and no hook
+// they issue no device work. The optimizer stays eager under fp16's loss
+// scaler (whether the step runs depends on the overflow check the host reads)
+// and with a communication hook (its compression runs after the replay). The
+// graph ends before the reducer, so with several ranks the run stays eager:
+// a graph of the whole backward would hold every bucket's all-reduce until
+// backward ends, losing the overlap that hides it.
 //
 // The rules, per step (next()):
 //  - off for the whole run (off() says why): the backend cannot capture
@@ -51,6 +55,9 @@ class StepGraphPlan {
     std::string backendRefusal = {};
     int worldSize = 1;
     int maxCaptures = 8;
+    // What keeps the optimizer out of a graph (optimizerOutside()).
+    bool lossScaling = false;  // fp16's dynamic loss scaler
+    bool commHook = false;     // a communication hook on the gradient buckets
   };
   enum class Action { kEager, kCapture, kReplay };
   struct Counts {
@@ -72,12 +79,17 @@ class StepGraphPlan {
   bool holdsGraph() const { return graph_; }
   // Why graphs are off for this run ("" while they may run).
   const std::string& off() const { return off_; }
+  // Why a graph would not hold the optimizer ("" when it does): fp16's loss
+  // scaler or a communication hook. The trainer also leaves it out of a
+  // capture made while the reducer's bucket rebuild is pending (the layout
+  // the optimizer's launch records would change after the step).
+  const std::string& optimizerOutside() const { return optimOut_; }
   const Counts& counts() const { return counts_; }
 
  private:
   void release();
   Options o_;
-  std::string off_;
+  std::string off_, optimOut_;
   bool graph_ = false;
   bool release_ = false;
   StepShape graphShape_;

@@ -55,8 +55,11 @@ void Run::setup() {
                             .profileSteps = cfg_.profileSteps,
                             .samplesPerStep = int64_t{cfg_.batchSize} * pg_.size(),
                             .worldSize = pg_.size()});
-  graphPlan_ = std::make_unique<StepGraphPlan>(StepGraphPlan::Options{
-      .backendRefusal = be_->captureRefusal(), .worldSize = pg_.size()});
+  graphPlan_ = std::make_unique<StepGraphPlan>(
+      StepGraphPlan::Options{.backendRefusal = be_->captureRefusal(),
+                             .worldSize = pg_.size(),
+                             .lossScaling = scaler_.on(),
+                             .commHook = ro.hook != runtime::CommHook::kNone});
 }
 
 std::vector<std::vector<size_t>> Run::bucketLayout() const {
@@ -147,8 +150,10 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
       {.batch = n, .lossScale = scaler_.scale(), .layoutVersion = reducer_->layoutVersion()},
       observe_->profiled());
   if (graphPlan_->releaseNow()) graph_.reset();
+  optim_->setLr(static_cast<float>(schedule_->lrAt(pos_.epoch, pos_.step)));
   observe_->forwardStart();
-  if (graphed == StepGraphPlan::Action::kEager || !graphedStep(batch, n, graphed)) {
+  bool optimized = false;  // the optimizer ran in the step's graph
+  if (graphed == StepGraphPlan::Action::kEager || !graphedStep(batch, n, graphed, &optimized)) {
     // The loss is summed where it is computed and read when reported: no
     // device synchronisation per step.
     be_->stageLabels(batch.labels, n, data_.train.numClasses);
@@ -171,10 +176,11 @@ void Run::step(const int64_t* idx, int64_t n, const int64_t* next, int64_t nextN
     optim_->adoptLayout(bucketLayout());
   }
   observe_->optimizerStart();
-  optim_->setLr(static_cast<float>(schedule_->lrAt(pos_.epoch, pos_.step)));
-  const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
-  scaler_.update(finite);
-  if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
+  if (!optimized) {
+    const bool finite = !scaler_.on() || unscaleGrads(1.0f / scaler_.scale());
+    scaler_.update(finite);
+    if (finite) optim_->step();  // an overflowed fp16 step is skipped (GradScaler)
+  }
   markGradsZero();  // instead of zeroing: the next backward overwrites
   observe_->stepEnd();
   finishStep(n, stepsInEpoch);
@@ -189,25 +195,41 @@ void Run::forwardBackward(const Tensor& x, const std::function<void(size_t)>& re
   model_->backward(dlogits_, ready);
 }
 
-bool Run::graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a) {
+// With the optimizer in the graph (StepGraphPlan::optimizerOutside() empty,
+// and no bucket rebuild pending at the capture), the step's learning rate and
+// step count are staged before each replay, and the step is counted after it
+// (the capture's step() counted its own).
+bool Run::graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::Action a,
+                      bool* optimized) {
   graphInput_.ensure(batch.x.shape(), be_->allocator(), batch.x.dtype());
   be_->copy(batch.x, graphInput_);
   be_->stageLabels(batch.labels, n, data_.train.numClasses);
   if (a == StepGraphPlan::Action::kCapture) {
+    graphOptim_ = graphPlan_->optimizerOutside().empty() && !reducer_->rebuildPending();
+    if (graphOptim_) optim_->stageStep();
     graphReady_.clear();
+    const int64_t optimSteps = optim_->steps();
     std::string why;
     graph_ = be_->capture(
-        [&] { forwardBackward(graphInput_, [&](size_t i) { graphReady_.push_back(i); }); },
+        [&] {
+          forwardBackward(graphInput_, [&](size_t i) { graphReady_.push_back(i); });
+          if (graphOptim_) optim_->step();
+        },
         &why);
     graphPlan_->captured(graph_ != nullptr, why);
     if (!graph_) {
       if (!graphOffSaid_) notice("CUDA graphs of the step: " + graphPlan_->off());
       graphOffSaid_ = true;
       markGradsZero();  // the capture consumed the layers' overwrite flags
+      optim_->setSteps(optimSteps);  // nothing of the recorded step ran
       return false;
     }
+  } else if (graphOptim_) {
+    optim_->stageStep();
   }
   graph_->replay();
+  if (graphOptim_ && a == StepGraphPlan::Action::kReplay) optim_->stepReplayed();
+  *optimized = graphOptim_;
   for (const size_t i : graphReady_) {
     reducer_->markReady(i);
     observe_->paramReady(i);
@@ -446,7 +468,11 @@ nlohmann::json Run::summary(const TestCount& test) {
     const StepGraphPlan::Counts& gc = graphPlan_->counts();
     j["cuda_graph"] = {{"state", graphPlan_->off().empty() ? "on" : graphPlan_->off()},
                        {"captures", gc.captures}, {"replays", gc.replays},
-                       {"eager_steps", gc.eager}, {"releases", gc.releases}};
+                       {"eager_steps", gc.eager}, {"releases", gc.releases},
+                       {"optimizer", !graphPlan_->off().empty() ? "eager (no graph)"
+                                     : graphPlan_->optimizerOutside().empty()
+                                         ? "in the graph"
+                                         : graphPlan_->optimizerOutside()}};
     j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);

@@ -948,11 +948,17 @@ class BnKernelBench(unittest.TestCase):
                 for key in ("forward_unfolded_ms", "forward_folded_ms", "backward_unfolded_ms",
                             "backward_folded_ms"):
                     self.assertGreater(doc["step"][name][key], 0, key)
-            # Each configuration's two directions, unfolded and folded.
+            # Each configuration's two directions, unfolded and folded, and
+            # folded under programmatic dependent launch on an sm_90+ device
+            # (all rows or none).
             self.assertEqual(len(doc["directions"]), 2 * 12 * 2)
+            pdl = ["folded_pdl_ms" in r for r in doc["directions"]]
+            self.assertIn(sum(pdl), (0, len(pdl)), "PDL timed for some rows only")
             for r in doc["directions"]:
                 self.assertGreater(r["unfolded_ms"], 0)
                 self.assertGreater(r["folded_ms"], 0)
+                if "folded_pdl_ms" in r:
+                    self.assertGreater(r["folded_pdl_ms"], 0)
 
 
 class CudnnFusionProbe(unittest.TestCase):

@@ -145,7 +145,10 @@ constexpr double kEps = 1e-5, kMomentum = 0.1;
 
 // counters: the statistics' finish and the parameter gradients folded into
 // the sums' launches (BnFold), else the unfolded launches.
-Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st, unsigned* counters = nullptr) {
+// `pdl`: the launches under programmatic dependent launch (launch_stream.h).
+Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st, unsigned* counters = nullptr,
+                 bool pdl = false) {
+  const tc::LaunchStream ls(st.s, pdl);
   const size_t n = static_cast<size_t>(k.rows * k.c), c = static_cast<size_t>(k.c);
   const size_t bytes = n * elemBytes(k.t);
   DevBuf x(bytes), z(bytes), y(bytes), dy(bytes), dz(bytes), dx(bytes), dx2(bytes);
@@ -164,20 +167,20 @@ Outputs runOnGpu(const Case& k, const Inputs& in, Stream& st, unsigned* counters
   fold.counters = counters;
   fold.finish = {kEps, kMomentum, mean.as<float>(), invstd.as<float>(), rm.as<float>(),
                  rv.as<float>()};
-  tc::launchBnNhwcStats(x.p, k.t, k.rows, k.c, ws.p, fwd.as<double>(), st.s, &fold);
+  tc::launchBnNhwcStats(x.p, k.t, k.rows, k.c, ws.p, fwd.as<double>(), ls, &fold);
   tc::launchBnNhwcForward(x.p, k.residual ? z.p : nullptr, y.p, k.t, k.rows, k.c,
                           mean.as<float>(), invstd.as<float>(), gamma.as<float>(),
-                          beta.as<float>(), k.relu, st.s);
+                          beta.as<float>(), k.relu, ls);
   fold.finish = {};
   fold.grads = {dgamma.as<float>(), dbeta.as<float>(), true, true};
   tc::launchBnNhwcBackwardSums(x.p, y.p, dy.p, dz.p, k.t, k.rows, k.c, mean.as<float>(),
-                               invstd.as<float>(), k.relu, ws.p, bwd.as<double>(), st.s, &fold);
+                               invstd.as<float>(), k.relu, ws.p, bwd.as<double>(), ls, &fold);
   tc::launchBnNhwcBackwardData(x.p, nullptr, nullptr, dz.p, dx.p, k.t, k.rows, k.c,
                                bwd.as<double>(), gamma.as<float>(), mean.as<float>(),
-                               invstd.as<float>(), k.relu, st.s);
+                               invstd.as<float>(), k.relu, ls);
   tc::launchBnNhwcBackwardData(x.p, y.p, dy.p, nullptr, dx2.p, k.t, k.rows, k.c,
                                bwd.as<double>(), gamma.as<float>(), mean.as<float>(),
-                               invstd.as<float>(), k.relu, st.s);
+                               invstd.as<float>(), k.relu, ls);
   st.sync();
   Outputs o;
   o.fwdSums = download<double>(fwd.p, 2 * c + 1);
@@ -332,6 +335,47 @@ TEST(CudaBnNhwc, FoldedLaunchesEqualUnfolded) {
         EXPECT_EQ(got.dx, want.dx);
         EXPECT_EQ(download<unsigned>(counters.p, nc), std::vector<unsigned>(nc, 0u));
         if (run == 0) checkAgainstFloat64(k, in, got);
+      }
+    }
+}
+
+// Under programmatic dependent launch (DDPRUN_CUDA_PDL=1, sm_90+) each
+// kernel may be scheduled while the one before it finishes and waits for it
+// at its start (griddepcontrol.wait): the unfolded and the folded launches
+// give the ordinary launches' results bit for bit, on the same shapes.
+TEST(CudaBnNhwc, ProgrammaticLaunchesEqualOrdinary) {
+  DDPRUN_REQUIRE_GPU("NHWC batch norm");
+  int device = 0, major = 0;
+  DDPRUN_CUDA_OK(cudaGetDevice(&device));
+  DDPRUN_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
+  Stream st;
+  for (const DType t : kStorages)
+    for (const Case& k : {Case{5, 64, t, false, true, 0.0f},
+                          Case{2 * 5 * 7, 40, t, true, true, 0.0f},
+                          Case{16 * 40 * 40, 64, t, true, true, 0.0f},
+                          Case{32 * 28 * 28, 128, t, true, false, 0.0f}}) {
+      SCOPED_TRACE(describe(k));
+      const Inputs in = makeInputs(k);
+      const size_t nc = tc::bnNhwcFoldCounters(k.c);
+      DevBuf counters(nc * sizeof(unsigned));
+      DDPRUN_CUDA_OK(cudaMemsetAsync(counters.p, 0, nc * sizeof(unsigned), st.s));
+      const Outputs want = runOnGpu(k, in, st);
+      for (const bool folded : {false, true}) {
+        SCOPED_TRACE(folded ? "folded" : "unfolded");
+        const Outputs got = runOnGpu(k, in, st, folded ? counters.as<unsigned>() : nullptr, true);
+        EXPECT_EQ(got.fwdSums, want.fwdSums);
+        EXPECT_EQ(got.bwdSums, want.bwdSums);
+        EXPECT_EQ(got.mean, want.mean);
+        EXPECT_EQ(got.invstd, want.invstd);
+        EXPECT_EQ(got.rm, want.rm);
+        EXPECT_EQ(got.rv, want.rv);
+        EXPECT_EQ(got.dgamma, want.dgamma);
+        EXPECT_EQ(got.dbeta, want.dbeta);
+        EXPECT_EQ(got.y, want.y);
+        EXPECT_EQ(got.dz, want.dz);
+        EXPECT_EQ(got.dx, want.dx);
+        EXPECT_EQ(got.dxRecomputed, want.dxRecomputed);
       }
     }
 }

@@ -6,6 +6,8 @@
 // - its 16-bit weight copies bitwise equal to launchTo16 of the updated
 //   weights (bf16 and fp16), refused in fp32;
 // - the Optimizer's flat layout on device memory, with its 16-bit copies;
+// - a step captured in a CUDA graph reading its learning rate and step from
+//   the staged slot (Backend::stageOptimizerStep);
 // - Param::overwriteGrad in the linear layer (fp32, bf16) and batch norm
 //   (cuDNN, SyncBatchNorm over one rank);
 // - the shared num_batches_tracked counter of a model's batch norms.
@@ -168,6 +170,45 @@ TEST(CudaOptim, MultiTensorAdamEqualsPerChunkKernels) {
   }
   std::vector<Backend::OptimChunk> bad = a.list(true, false);
   EXPECT_THROW(be->adamStep(bad, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 4), InvalidArgument);
+}
+
+// The optimizer step inside a CUDA graph (Backend::stageOptimizerStep): the
+// step captured once with arguments that must not matter (a learning rate
+// of 123, SGD's first-step flag off, Adam's step 99) and replayed after each
+// staging of the step's learning rate, first-step flag and step equals the
+// eager steps with those values bitwise, over several launches' worth of
+// chunks; the capture itself ran nothing.
+TEST(CudaOptim, CapturedStepReadsTheStagedScalars) {
+  DDPRUN_REQUIRE_GPU("CUDA optimizer");
+  for (const bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adam" : "sgd");
+    auto be = makeCudaBackend({.device = 0, .precision = Precision::kFp32, .cudaGraph = true});
+    Chunks a = makeChunks(*be, 300), b = makeChunks(*be, 300);
+    const std::vector<float> before = toHost(*be, a.w[0]);
+    auto lrAt = [](int s) { return 0.01f * (1.0f + 0.5f * static_cast<float>(s)); };
+    auto stage = [&](int s) { be->stageOptimizerStep(lrAt(s), s == 0, s + 1, 0.9f, 0.999f); };
+    stage(0);
+    std::string why;
+    auto graph = be->capture(
+        [&] {
+          if (adam)
+            be->adamStep(a.list(true, true), 123.0f, 0.9f, 0.999f, 1e-8f, 1e-2f, 99);
+          else
+            be->sgdStep(a.list(true, false), 123.0f, 0.9f, 1e-4f, false, false);
+        },
+        &why);
+    ASSERT_NE(graph, nullptr) << why;
+    ASSERT_TRUE(sameBits(toHost(*be, a.w[0]), before)) << "the capture ran the step";
+    for (int s = 0; s < 4; ++s) {
+      if (s > 0) stage(s);
+      graph->replay();
+      if (adam)
+        be->adamStep(b.list(true, true), lrAt(s), 0.9f, 0.999f, 1e-8f, 1e-2f, s + 1);
+      else
+        be->sgdStep(b.list(true, false), lrAt(s), 0.9f, 1e-4f, s == 0, false);
+      expectSame(*be, a, b, "step " + std::to_string(s));
+    }
+  }
 }
 
 // The 16-bit copies written by the step are launchTo16 of the updated

@@ -212,6 +212,28 @@ class TrainGpu(unittest.TestCase):
             self.assertEqual(got["params_sha256"], ref["params_sha256"],
                              "%s stem %s: folded and unfolded weights differ" % (prec, stem))
 
+    def test_programmatic_dependent_launch_trains_bitwise(self):
+        # DDPRUN_CUDA_PDL=1 launches our batch norm's kernels with programmatic
+        # dependent launch: each waits for the kernel before it at its start,
+        # so the weights are bitwise those of ordinary launches, folded or
+        # not, and inside a CUDA graph of the step too (programmatic edges).
+        data = ["--data", "synthetic-cifar", "--stem", "imagenet", "--image-size", "64",
+                "--train-samples", "640", "--test-samples", "64"]
+        for prec, fold, graph in (("bf16", "1", "0"), ("tf32", "0", "0"), ("bf16", "1", "1")):
+            flags = ["--device", "cuda", "--model", "resnet18", *data, "--batch-size", "32",
+                     "--max-steps", "10", "--no-shuffle", "--lr", "0.01", "--precision", prec,
+                     "--layout", "nhwc", "--deterministic"]
+            (ref, lr), (got, lg) = self.switch_ab(
+                "resnet18_%s_fold%s_graph%s" % (prec, fold, graph), flags, "DDPRUN_CUDA_PDL",
+                {"DDPRUN_CUDA_BN_FOLD": fold, "DDPRUN_CUDA_GRAPH": graph})
+            self.assertIn("(PDL)", got["backend"])
+            self.assertNotIn("(PDL)", ref["backend"])
+            if graph == "1":
+                self.assertEqual(got["cuda_graph"]["state"], "on", got["cuda_graph"])
+            self.assertEqual(lg, lr, "%s fold %s graph %s: losses" % (prec, fold, graph))
+            self.assertEqual(got["params_sha256"], ref["params_sha256"],
+                             "%s fold %s graph %s: PDL changed the weights" % (prec, fold, graph))
+
     def test_recomputed_conv2_inputs_train_bitwise_with_less_memory(self):
         # DDPRUN_CUDA_RECOMPUTE=1: each ResNet block gives relu(bn1(c1)) back
         # after conv2's forward and recomputes it (our kernels' apply with
@@ -233,27 +255,38 @@ class TrainGpu(unittest.TestCase):
 
     def test_cuda_graph_steps_train_bitwise_as_eager_steps(self):
         # DDPRUN_CUDA_GRAPH=1: from the third step (the first two search the
-        # convolutions and rebuild the buckets) forward, loss and backward
-        # are one captured graph, replayed with the input and labels copied
-        # into its slots; the optimizer stays eager. With the convolutions
-        # deterministic the run is bitwise the eager one. One capture and no
-        # failure also says no allocation happened inside it (the allocator
-        # refuses one, which fails the capture and turns graphs off).
-        cases = [("lenet", SMALL, "fp32"),
+        # convolutions and rebuild the buckets) forward, loss, backward and
+        # the optimizer are one captured graph, replayed with the input and
+        # labels copied into its slots and the step's learning rate and step
+        # count staged into the optimizer's (the warm-up and cosine schedule
+        # change the rate every step; each epoch's evaluation forces a
+        # recapture). Under fp16's loss scaler the optimizer stays eager,
+        # saying why. With the convolutions deterministic the run is bitwise
+        # the eager one. One capture an epoch and no failure also says no
+        # allocation happened inside it (the allocator refuses one, which
+        # fails the capture and turns graphs off); fp16 recaptures when an
+        # overflow changes its loss scale.
+        sched = ["--epochs", "2", "--warmup-epochs", "1", "--lr-schedule", "cosine"]
+        cases = [("lenet", SMALL, "fp32", ["--optimizer", "adam", *sched], "in the graph"),
+                 ("lenet", SMALL, "fp16", [], "loss scaler"),
                  ("resnet18", ["--data", "synthetic-cifar", "--stem", "cifar",
-                               "--train-samples", "640", "--test-samples", "64"], "bf16")]
-        for model, data, prec in cases:
+                               "--train-samples", "640", "--test-samples", "64"], "bf16",
+                  ["--momentum", "0.9", *sched], "in the graph")]
+        for model, data, prec, extra, optimizer in cases:
             flags = ["--device", "cuda", "--model", model, *data, "--batch-size", "32",
                      "--max-steps", "12", "--no-shuffle", "--lr", "0.01", "--precision", prec,
-                     "--deterministic"]
+                     "--deterministic", *extra]
+            epochs = 2 if "--epochs" in extra else 1
             (ref, lr), (got, lg) = self.switch_ab("%s_%s" % (model, prec), flags,
                                                   "DDPRUN_CUDA_GRAPH")
             self.assertIn("DDPRUN_CUDA_GRAPH=1", ref["cuda_graph"]["state"])
-            self.assertEqual(got["cuda_graph"]["state"], "on", got["cuda_graph"])
-            self.assertEqual(got["cuda_graph"]["captures"], 1, got["cuda_graph"])
             c = got["cuda_graph"]
-            self.assertEqual(c["eager_steps"] + c["captures"] + c["replays"], 12, c)
-            self.assertGreaterEqual(c["replays"], 12 - 3, c)
+            self.assertEqual(c["state"], "on", c)
+            self.assertIn(optimizer, c["optimizer"], c)
+            self.assertEqual(c["eager_steps"] + c["captures"] + c["replays"], 12 * epochs, c)
+            if prec != "fp16":  # an overflow changes fp16's loss scale: a recapture
+                self.assertEqual(c["captures"], epochs, c)
+                self.assertGreaterEqual(c["replays"], (12 - 3) * epochs, c)
             self.assertEqual(lg, lr, "%s %s: graphed and eager losses" % (model, prec))
             self.assertEqual(got["params_sha256"], ref["params_sha256"],
                              "%s %s: graphed and eager weights differ" % (model, prec))

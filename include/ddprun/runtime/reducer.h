@@ -163,6 +163,10 @@ class Reducer {
   // re-read after finalize() when layoutVersion() changed.
   float* grad(size_t i) const;
   uint64_t layoutVersion() const { return layoutVersion_; }
+  // Whether the next synchronised finalize() rebuilds the buckets (once,
+  // after the first one, unless ReducerOptions::rebuildBuckets is off): the
+  // layout version changes then.
+  bool rebuildPending() const { return opts_.rebuildBuckets && !rebuilt_; }
 
   // Sets every gradient to zero (the optimizer's zero_grad).
   void zeroGrad();

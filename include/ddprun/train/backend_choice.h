@@ -83,7 +83,7 @@ CudaProbes systemCudaProbes();
 // DDPRUN_CUDA_OUR_BN (0: the A/B against the defaults), DDPRUN_CUDNN_GRAPH
 // (0-2, CudaBackendOptions::GraphConv), DDPRUN_CUDA_OWN_POOL,
 // DDPRUN_CUDNN_BN_FUSION, DDPRUN_CUDA_FUSED_STEM, DDPRUN_CUDA_BN_FOLD,
-// DDPRUN_CUDA_GRAPH, DDPRUN_CUDA_RECOMPUTE (0/1)
+// DDPRUN_CUDA_GRAPH, DDPRUN_CUDA_RECOMPUTE, DDPRUN_CUDA_PDL (0/1)
 // and DDPRUN_CUDA_ALLOCATOR (caching|async).
 // Unset or empty: `o`'s value stays. Throws InvalidArgument naming a
 // malformed one.

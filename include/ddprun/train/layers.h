@@ -300,6 +300,17 @@ class Backend {
                        float weightDecay, bool firstStep, bool nesterov = false);
   virtual void adamStep(const std::vector<OptimChunk>& chunks, float lr, float beta1,
                         float beta2, float eps, float weightDecay, int64_t step);
+  // The optimizer inside a recorded step (capture()). A replay repeats every
+  // argument the step was recorded with except those that change each step:
+  // the learning rate, SGD's firstStep and Adam's step. An sgdStep/adamStep
+  // issued while a capture records reads them, when it runs, from the
+  // backend's optimizer slot, which stageOptimizerStep fills (stream
+  // ordered: the work issued after it reads these values; the host's copy is
+  // free on return) with what an eager call would be given. Outside a
+  // capture sgdStep/adamStep use their arguments, as always; a slot staged
+  // then is unused. The default (a backend that does not capture): nothing.
+  virtual void stageOptimizerStep(float lr, bool firstStep, int64_t step, float beta1,
+                                  float beta2);
 
   // Element-wise work on this backend's memory, ordered with its layers.
   // out = a + b (out may be a or b; same number of elements and element
@@ -468,6 +479,11 @@ struct CudaBackendOptions {
   // recompute it from bn1's input for backward, on our batch norm kernels
   // (DDPRUN_CUDA_RECOMPUTE=1; opt-in until a GPU run has measured it).
   bool recompute = false;
+  // Our batch norm's kernels launched with programmatic dependent launch
+  // (PDL, compute capability 9.0+: each kernel's launch overlaps the tail
+  // of the kernel before it; the same bits), DDPRUN_CUDA_PDL=1; opt-in
+  // until a GPU run has measured it. Ignored on older devices.
+  bool pdl = false;
   // Device memory: our caching allocator (free lists per size class), or
   // CUDA's stream-ordered cudaMallocAsync pool (DDPRUN_CUDA_ALLOCATOR=async).
   enum class Memory { kCaching, kAsync };

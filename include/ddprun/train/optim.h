@@ -63,6 +63,16 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
   // One update from each Param's grad.
   virtual void step() = 0;
+  // The optimizer inside a CUDA graph of the step (Backend::capture). A
+  // step recorded once and replayed: before the capture and before each
+  // replay, stageStep() hands the backend this step's learning rate and step
+  // count (Backend::stageOptimizerStep: what step() would pass); the capture
+  // calls step() (which counts the step); each later replay is followed by
+  // stepReplayed(), which counts it. The recorded launch keeps its chunks:
+  // valid while the layout does not change (adoptLayout), which the trainer's
+  // graph plan ties to the reducer's layout version.
+  virtual void stageStep() = 0;
+  void stepReplayed() { ++steps_; }
   void setLr(float lr) { opts_.lr = lr; }
   float lr() const { return opts_.lr; }
   int64_t steps() const { return steps_; }

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kBx* kBy)
     forwardKernel(const void* x, const void* z, void* y, int64_t rows, int64_t c,
                   const float* meanP, const float* invstdP, const float* gammaP,
                   const float* betaP, bool relu) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
   if (ch0 >= c) return;
   float mean[V], invstd[V], gamma[V], beta[V];
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kBx* kBy)
     backwardDataKernel(const void* x, const void* y, const void* dy, const void* g, void* dx,
                        int64_t rows, int64_t c, const double* sums, const float* gammaP,
                        const float* meanP, const float* invstdP, bool relu) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
   if (ch0 >= c) return;
   const double m = sums[2 * c];
@@ -167,15 +169,15 @@ struct PoolBnAct {
 };
 
 __global__ void invStdKernel(const float* var, int64_t c, double eps, float* invstd) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch < c) invstd[ch] = kmath::bnInvStd(var[ch], eps);
 }
 }  // namespace
 
-void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd, cudaStream_t s) {
+void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd, LaunchStream s) {
   if (c <= 0) return;
-  invStdKernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(var, c, eps, invstd);
-  checkLaunch();
+  launchKernel(invStdKernel, static_cast<unsigned>((c + 255) / 256), 256, s, var, c, eps, invstd);
 }
 
 void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType t,
@@ -188,7 +190,7 @@ void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType
 
 void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t, int64_t rows,
                          int64_t c, const float* mean, const float* invstd, const float* gamma,
-                         const float* beta, bool relu, cudaStream_t s) {
+                         const float* beta, bool relu, LaunchStream s) {
   checkShape("launchBnNhwcForward", rows, c);
   byType(t, [&](auto tag) {
     using T = DDPRUN_T(tag);
@@ -196,9 +198,8 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
     withWidth(vectorWidth(c, sizeof(T), {x, z, y}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       const dim3 grid(channelTiles(c, V), rowBlocks(rows));
-      forwardKernel<T, V><<<grid, dim3(kBx, kBy), 0, s>>>(x, z, y, rows, c, mean, invstd, gamma,
-                                                          beta, relu);
-      checkLaunch();
+      launchKernel(forwardKernel<T, V>, grid, dim3(kBx, kBy), s, x, z, y, rows, c, mean, invstd,
+                   gamma, beta, relu);
     });
   });
 }
@@ -206,7 +207,7 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
 void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, const void* g,
                               void* dx, runtime::DType t, int64_t rows, int64_t c,
                               const double* sums, const float* gamma, const float* mean,
-                              const float* invstd, bool relu, cudaStream_t s) {
+                              const float* invstd, bool relu, LaunchStream s) {
   checkShape("launchBnNhwcBackwardData", rows, c);
   DDPRUN_CHECK(g || !relu || y || rows == 0 || c == 0,
                "launchBnNhwcBackwardData: without g, the ReLU's backward needs its output y");
@@ -218,9 +219,8 @@ void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, cons
     withWidth(vectorWidth(c, sizeof(T), {x, yUsed, dyUsed, g, dx}), [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       const dim3 grid(channelTiles(c, V), rowBlocks(rows));
-      backwardDataKernel<T, V><<<grid, dim3(kBx, kBy), 0, s>>>(
-          x, yUsed, dyUsed, g, dx, rows, c, sums, gamma, mean, invstd, relu);
-      checkLaunch();
+      launchKernel(backwardDataKernel<T, V>, grid, dim3(kBx, kBy), s, x, yUsed, dyUsed, g, dx,
+                   rows, c, sums, gamma, mean, invstd, relu);
     });
   });
 }

@@ -25,6 +25,13 @@
 // fixed order; no atomics. The partition does not depend on the vector width
 // the launcher picks from the pointers' alignment, nor on the device.
 //
+// Programmatic dependent launch: a launcher taking a LaunchStream
+// (launch_stream.h) launches with PDL when its `pdl` is set (a layer sets it
+// from Context::pdl(), DDPRUN_CUDA_PDL=1 on compute capability 9.0+): the
+// kernels wait for the work before them at their start, so the results are
+// the same bits either way. launchBnActPoolForward's max pool and
+// launchBnParamGrads launch without it.
+//
 // Thread-safety: launchers only enqueue on `stream` and return; they may be
 // called from any thread. Two launches sharing a workspace must be ordered
 // (the same stream).
@@ -44,6 +51,7 @@
 #include <cstdint>
 
 #include "ddprun/runtime/types.h"
+#include "launch_stream.h"
 #include "pool_kernels.h"  // PoolShape
 
 namespace ddprun::train::cuda {
@@ -91,7 +99,7 @@ size_t bnNhwcFoldCounters(int64_t c);
 // out[ch] = sum over rows of x, out[c + ch] = sum of x^2 (double), out[2c] =
 // rows. rows == 0: zeros and count 0. c == 0: only out[0] = rows. Reads x once.
 void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
-                       void* workspace, double* out, cudaStream_t stream,
+                       void* workspace, double* out, LaunchStream stream,
                        const BnFold* fold = nullptr);
 
 // From sums laid out as above (possibly all-reduced over ranks; count at
@@ -101,12 +109,12 @@ void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
 // invstd 1/sqrt(eps) and leaves the running statistics unchanged.
 void launchBnNhwcFinish(const double* sums, int64_t c, double eps, double momentum, float* mean,
                         float* invstd, float* runningMean, float* runningVar,
-                        cudaStream_t stream);
+                        LaunchStream stream);
 
 // Evaluation: invstd[ch] = 1/sqrt(var[ch] + eps) (kmath::bnInvStd). invstd
 // may alias var.
 void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd,
-                        cudaStream_t stream);
+                        LaunchStream stream);
 
 // y = relu?((x - mean) * invstd * gamma + beta + z) (kmath::bnActForward);
 // z (the residual, storage t) may be null. y in storage t. y may be x or z
@@ -114,7 +122,7 @@ void launchBnNhwcInvStd(const float* var, int64_t c, double eps, float* invstd,
 // the layer needs x for the backward. Traffic: reads x (and z), writes y.
 void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t, int64_t rows,
                          int64_t c, const float* mean, const float* invstd, const float* gamma,
-                         const float* beta, bool relu, cudaStream_t stream);
+                         const float* beta, bool relu, LaunchStream stream);
 
 // Backward sums. g = relu ? (y > 0 ? dy : 0) : dy (kmath::bnActGrad; y may be
 // null without relu). Writes g into gOut (storage t: the residual's gradient
@@ -127,7 +135,7 @@ void launchBnNhwcForward(const void* x, const void* z, void* y, runtime::DType t
 void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
                               runtime::DType t, int64_t rows, int64_t c, const float* mean,
                               const float* invstd, bool relu, void* workspace, double* out,
-                              cudaStream_t stream, const BnFold* fold = nullptr);
+                              LaunchStream stream, const BnFold* fold = nullptr);
 
 // dx = gamma*invstd * (g - S1/M - xhat * S2/M) (kmath::bnActBackwardData)
 // with S1, S2, M from sums (all-reduced for SyncBatchNorm; M = sums[2c] > 0);
@@ -138,7 +146,7 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
 void launchBnNhwcBackwardData(const void* x, const void* y, const void* dy, const void* g,
                               void* dx, runtime::DType t, int64_t rows, int64_t c,
                               const double* sums, const float* gamma, const float* mean,
-                              const float* invstd, bool relu, cudaStream_t stream);
+                              const float* invstd, bool relu, LaunchStream stream);
 
 // ------------------------- fused stem: batch norm + ReLU + max pool
 // ResNet's stem as one layer (kernel_math.h's "fused stem"): the same
@@ -170,7 +178,7 @@ void launchBnActPoolForward(const void* x, void* y, uint8_t* arg, runtime::DType
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
                                  runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
-                                 void* workspace, double* out, cudaStream_t stream,
+                                 void* workspace, double* out, LaunchStream stream,
                                  const BnFold* fold = nullptr);
 
 }  // namespace ddprun::train::cuda

@@ -204,6 +204,7 @@ __device__ __forceinline__ void blockPartials(Op& op, int64_t rows, int64_t c, i
 template <class T, int V, class Op>
 __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
     partialSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   __shared__ SumsTile sa, sb;
   blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);
 }
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
 // out[j] = sum over chunks of ws[chunk][j] for j < 2c (fixed order); out[2c] = rows.
 __global__ void __launch_bounds__(kRx* kRy)
     chunkSumsKernel(const double* ws, int64_t chunks, int64_t c, int64_t rows, double* out) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   __shared__ double s[kRy][kRx];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t n2 = 2 * c;
@@ -239,6 +241,7 @@ __device__ __forceinline__ void finishChannel(double sum, double sumSq, double c
 }
 __global__ void finishKernel(const double* sums, int64_t c, double eps, double momentum,
                              float* mean, float* invstd, float* runningMean, float* runningVar) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
   finishChannel(sums[ch], sums[c + ch], sums[2 * c], ch, eps, momentum, mean, invstd,
@@ -300,6 +303,7 @@ template <class T, int V, class Op>
 __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
     foldedSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws, BnFold f,
                      double* out) {
+  waitForPriorGrids();  // may run under PDL (launch_stream.h)
   __shared__ SumsTile sa, sb;
   __shared__ bool last;
   blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);
@@ -317,14 +321,15 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
 }
 
 // The unfolded epilogue (BnFold without counters).
-void launchEpilogue(const BnFold& f, const double* sums, int64_t c, cudaStream_t s) {
+void launchEpilogue(const BnFold& f, const double* sums, int64_t c, LaunchStream s) {
   const BnFold::Finish& fi = f.finish;
   if (fi.mean)
     launchBnNhwcFinish(sums, c, fi.eps, fi.momentum, fi.mean, fi.invstd, fi.runningMean,
                        fi.runningVar, s);
   const BnFold::Grads& gr = f.grads;
   if (gr.dgamma)
-    launchBnParamGrads(sums, c, gr.dgamma, gr.dbeta, gr.overwriteGamma, gr.overwriteBeta, s);
+    launchBnParamGrads(sums, c, gr.dgamma, gr.dbeta, gr.overwriteGamma, gr.overwriteBeta,
+                       s.stream);  // an ordinary launch: its kernel does not wait (no PDL)
 }
 
 // The partial sums of `op` (V wide) then the chunk reduction into out, and
@@ -332,7 +337,7 @@ void launchEpilogue(const BnFold& f, const double* sums, int64_t c, cudaStream_t
 // a launch each.
 template <class T, int V, class Op>
 void launchSums(const Op& op, int64_t rows, int64_t c, void* workspace, double* out,
-                cudaStream_t s, const BnFold* fold) {
+                LaunchStream s, const BnFold* fold) {
   const int64_t chunks = (rows > 0 && c > 0) ? chunksFor(rows) : 0;
   if (fold) {
     DDPRUN_CHECK(!fold->finish.runningMean == !fold->finish.runningVar,
@@ -343,21 +348,18 @@ void launchSums(const Op& op, int64_t rows, int64_t c, void* workspace, double* 
   }
   if (fold && fold->counters && chunks > 0) {
     const dim3 grid(channelTiles(c, V), static_cast<unsigned>(chunks));
-    foldedSumsKernel<T, V, Op><<<grid, dim3(kBx, kBy), 0, s>>>(
-        op, rows, c, chunkRows(rows), static_cast<double*>(workspace), *fold, out);
-    checkLaunch();
+    launchKernel(foldedSumsKernel<T, V, Op>, grid, dim3(kBx, kBy), s, op, rows, c,
+                 chunkRows(rows), static_cast<double*>(workspace), *fold, out);
     return;
   }
   if (chunks > 0) {
     const dim3 grid(channelTiles(c, V), static_cast<unsigned>(chunks));
-    partialSumsKernel<T, V, Op><<<grid, dim3(kBx, kBy), 0, s>>>(
-        op, rows, c, chunkRows(rows), static_cast<double*>(workspace));
-    checkLaunch();
+    launchKernel(partialSumsKernel<T, V, Op>, grid, dim3(kBx, kBy), s, op, rows, c,
+                 chunkRows(rows), static_cast<double*>(workspace));
   }
   const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, (2 * c + kRx - 1) / kRx));
-  chunkSumsKernel<<<blocks, dim3(kRx, kRy), 0, s>>>(static_cast<const double*>(workspace),
-                                                     chunks, c, rows, out);
-  checkLaunch();
+  launchKernel(chunkSumsKernel, blocks, dim3(kRx, kRy), s,
+               static_cast<const double*>(workspace), chunks, c, rows, out);
   if (fold) launchEpilogue(*fold, out, c, s);
 }
 }  // namespace
@@ -370,7 +372,7 @@ size_t bnNhwcWorkspaceBytes(int64_t rows, int64_t c) {
 }
 
 void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
-                       void* workspace, double* out, cudaStream_t s, const BnFold* fold) {
+                       void* workspace, double* out, LaunchStream s, const BnFold* fold) {
   checkShape("launchBnNhwcStats", rows, c);
   byType(t, [&](auto tag) {
     using T = DDPRUN_T(tag);
@@ -384,7 +386,7 @@ void launchBnNhwcStats(const void* x, runtime::DType t, int64_t rows, int64_t c,
 void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void* gOut,
                               runtime::DType t, int64_t rows, int64_t c, const float* mean,
                               const float* invstd, bool relu, void* workspace, double* out,
-                              cudaStream_t s, const BnFold* fold) {
+                              LaunchStream s, const BnFold* fold) {
   checkShape("launchBnNhwcBackwardSums", rows, c);
   DDPRUN_CHECK(!relu || y || rows == 0 || c == 0,
                "launchBnNhwcBackwardSums: the ReLU's backward needs its output y");
@@ -401,7 +403,7 @@ void launchBnNhwcBackwardSums(const void* x, const void* y, const void* dy, void
 void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* arg, void* gOut,
                                  runtime::DType t, const PoolShape& g, const float* mean,
                                  const float* invstd, const float* gamma, const float* beta,
-                                 void* workspace, double* out, cudaStream_t s,
+                                 void* workspace, double* out, LaunchStream s,
                                  const BnFold* fold) {
   const int64_t rows = g.n * g.h * g.w;
   checkShape("launchBnActPoolBackwardSums", rows, g.c);
@@ -416,13 +418,12 @@ void launchBnActPoolBackwardSums(const void* x, const void* dy, const uint8_t* a
 }
 
 void launchBnNhwcFinish(const double* sums, int64_t c, double eps, double momentum, float* mean,
-                        float* invstd, float* runningMean, float* runningVar, cudaStream_t s) {
+                        float* invstd, float* runningMean, float* runningVar, LaunchStream s) {
   DDPRUN_CHECK(!runningMean == !runningVar,
                "launchBnNhwcFinish: give both running statistics or neither");
   if (c <= 0) return;
-  finishKernel<<<static_cast<unsigned>((c + 255) / 256), 256, 0, s>>>(
-      sums, c, eps, momentum, mean, invstd, runningMean, runningVar);
-  checkLaunch();
+  launchKernel(finishKernel, static_cast<unsigned>((c + 255) / 256), 256, s, sums, c, eps,
+               momentum, mean, invstd, runningMean, runningVar);
 }
 
 }  // namespace ddprun::train::cuda

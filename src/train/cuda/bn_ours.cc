@@ -28,7 +28,7 @@ void BatchNorm2d::ownForward(const Tensor& x, const Tensor* z, Tensor& y, bool r
   if (!training && x.numel() == 0) return;
   const auto [mean, invstd] = ownStatistics(x, training);
   launchBnNhwcForward(x.raw(), z ? z->raw() : nullptr, y.raw(), x.dtype(), rowsOf(x), c_, mean,
-                      invstd, w_.value.data(), b_.value.data(), relu, ctx_->stream());
+                      invstd, w_.value.data(), b_.value.data(), relu, ctx_->kernelStream());
   if (training) countStep();
 }
 
@@ -39,13 +39,13 @@ void BatchNorm2d::ownRecompute(const Tensor& x, Tensor& y) {
   y.ensure(outputShape(x.shape()), ctx_->allocator(), x.dtype());
   launchBnNhwcForward(x.raw(), nullptr, y.raw(), x.dtype(), rowsOf(x), c_, saveMean_.data(),
                       saveInvStd_.data(), w_.value.data(), b_.value.data(), true,
-                      ctx_->stream());
+                      ctx_->kernelStream());
 }
 
 std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x,
                                                                  bool training) {
   if (!training) {
-    launchBnNhwcInvStd(rv_.value.data(), c_, kEps, evalInvStd_.data(), ctx_->stream());
+    launchBnNhwcInvStd(rv_.value.data(), c_, kEps, evalInvStd_.data(), ctx_->kernelStream());
     return {rm_.value.data(), evalInvStd_.data()};
   }
   const int64_t rows = rowsOf(x);
@@ -60,7 +60,7 @@ std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x
   if (!sync_) f.finish = finish;
   {
     ScopedDeviceBytes ws(*ctx_, bnNhwcWorkspaceBytes(rows, c_));
-    launchBnNhwcStats(x.raw(), x.dtype(), rows, c_, ws.get(), s, ctx_->stream(), &f);
+    launchBnNhwcStats(x.raw(), x.dtype(), rows, c_, ws.get(), s, ctx_->kernelStream(), &f);
   }
   if (sync_) {
     allReduce(s, static_cast<size_t>(2 * c_ + 1));
@@ -68,7 +68,7 @@ std::pair<const float*, const float*> BatchNorm2d::ownStatistics(const Tensor& x
     ctx_->readBack(s + 2 * c_, &count, sizeof(count));
     DDPRUN_CHECK(count > 0, name(), ": empty batch");
     launchBnNhwcFinish(s, c_, kEps, kMomentum, saveMean_.data(), saveInvStd_.data(),
-                       rm_.value.data(), rv_.value.data(), ctx_->stream());
+                       rm_.value.data(), rv_.value.data(), ctx_->kernelStream());
   }
   return {saveMean_.data(), saveInvStd_.data()};
 }
@@ -105,14 +105,14 @@ void BatchNorm2d::ownPoolBackward(const Tensor& x, const Tensor& dy, const uint8
     const BnFold f = gradsFold();
     launchBnActPoolBackwardSums(x.raw(), dy.raw(), arg, dx ? dx->raw() : nullptr, x.dtype(), g,
                                 saveMean_.data(), saveInvStd_.data(), w_.value.data(),
-                                b_.value.data(), ws.get(), s, ctx_->stream(), &f);
+                                b_.value.data(), ws.get(), s, ctx_->kernelStream(), &f);
   }
   if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
   if (!dx || rows == 0) return;
   // g (written into dx's buffer) to dx, in place.
   launchBnNhwcBackwardData(x.raw(), nullptr, nullptr, dx->raw(), dx->raw(), x.dtype(), rows, c_,
                            s, w_.value.data(), saveMean_.data(), saveInvStd_.data(), false,
-                           ctx_->stream());
+                           ctx_->kernelStream());
 }
 
 void BatchNorm2d::ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy, Tensor* dx,
@@ -132,13 +132,13 @@ void BatchNorm2d::ownBackward(const Tensor& x, const Tensor* y, const Tensor& dy
     const BnFold f = gradsFold();
     launchBnNhwcBackwardSums(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, x.dtype(), rows,
                              c_, saveMean_.data(), saveInvStd_.data(), relu, ws.get(), s,
-                             ctx_->stream(), &f);
+                             ctx_->kernelStream(), &f);
   }
   if (sync_) allReduce(s, static_cast<size_t>(2 * c_ + 1));
   if (!dx || rows == 0) return;
   launchBnNhwcBackwardData(x.raw(), yp, dy.raw(), dz ? dz->raw() : nullptr, dx->raw(),
                            x.dtype(), rows, c_, s, w_.value.data(), saveMean_.data(),
-                           saveInvStd_.data(), relu, ctx_->stream());
+                           saveInvStd_.data(), relu, ctx_->kernelStream());
 }
 
 BnFold BatchNorm2d::fold() {

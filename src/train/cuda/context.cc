@@ -29,6 +29,7 @@ Context::Context(const CudaBackendOptions& o)
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));
   deviceName_ = prop.name;
+  pdl_ = ourBn_ && o.pdl && prop.major >= 9;  // PDL needs compute capability 9.0
   stream_ = Stream::create();
   cudnn_ = CudnnHandle::create();
   DDPRUN_CUDNN_OK(cudnnSetStream(cudnn_, stream_));

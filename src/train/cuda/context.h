@@ -22,6 +22,7 @@
 
 #include "caching_allocator.h"
 #include "ddprun/train/layers.h"
+#include "launch_stream.h"
 #include "resources.h"
 
 namespace ddprun::train::cuda {
@@ -74,6 +75,11 @@ class Context {
   void setCapturing(bool on) { capturing_ = on; }
   // ResNet's conv2 input recomputed for backward (CudaBackendOptions::recompute).
   bool recompute() const { return recompute_; }
+  // Our batch norm's kernels under programmatic dependent launch
+  // (CudaBackendOptions::pdl, on a device of compute capability 9.0+), and
+  // the stream they are launched on with it (launch_stream.h).
+  bool pdl() const { return pdl_; }
+  LaunchStream kernelStream() const { return {stream_.get(), pdl_}; }
   runtime::DType actType() const {
     if (!act16_) return runtime::DType::kFloat32;
     return bf16() ? runtime::DType::kBFloat16 : runtime::DType::kFloat16;
@@ -125,6 +131,7 @@ class Context {
   bool bnFold_;
   bool cudaGraph_;
   bool recompute_;
+  bool pdl_ = false;
   bool capturing_ = false;
   std::string deviceName_;
   Stream stream_;

@@ -1,7 +1,6 @@
 // The CUDA backend's cross-entropy (cross_entropy.h).
 #include "cross_entropy.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "ddprun/common/error.h"
@@ -19,16 +18,7 @@ void CrossEntropy::stage(const int32_t* labels, int64_t n, int64_t k) {
   int32_t* dLabels = labels_.ensure(static_cast<size_t>(n));
   staged_ = n;
   classes_ = k;
-  const int slot = next_;
-  next_ = (next_ + 1) % kSlots;
-  if (used_[slot] && !copied_[slot].done()) copied_[slot].synchronize();
-  auto* pin = static_cast<int32_t*>(pinned_[slot].ensure(std::max<int64_t>(n, 1) * 4));
-  std::copy(labels, labels + n, pin);
-  if (n)
-    DDPRUN_CUDA_OK(cudaMemcpyAsync(dLabels, pin, static_cast<size_t>(n) * 4,
-                                   cudaMemcpyHostToDevice, ctx_->stream()));
-  copied_[slot].record(ctx_->stream());
-  used_[slot] = true;
+  upload_.upload(labels, static_cast<size_t>(n) * sizeof(int32_t), dLabels, ctx_->stream());
 }
 
 void CrossEntropy::launch(const Tensor& logits, Tensor* dlogits, float gradScale,

@@ -1,13 +1,9 @@
 // The CUDA backend's cross-entropy (Backend::crossEntropy, crossEntropyDeferred,
 // stageLabels, crossEntropyStaged, takeLossSum): the labels checked on the
-// host and uploaded through pinned staging into one fixed device slot (what
-// a captured step's loss reads: step_graph.h), the loss kernel
-// (loss_kernels.h) on them, and the training loss summed on the device until
-// it is reported.
-//
-// Labels go up through kSlots pinned buffers in turn: a buffer is refilled
-// once the copy that last read it has run (its event), never waiting for the
-// rest of the stream (the device copy is stream ordered).
+// host and uploaded through pinned staging (staged_upload.h) into one fixed
+// device slot (what a captured step's loss reads: step_graph.h), the loss
+// kernel (loss_kernels.h) on them, and the training loss summed on the
+// device until it is reported.
 //
 // Thread-safety: as the backend (its training thread).
 #pragma once
@@ -19,6 +15,7 @@
 #include "ddprun/train/tensor.h"
 #include "loss_kernels.h"
 #include "resources.h"
+#include "staged_upload.h"
 
 namespace ddprun::train::cuda {
 
@@ -39,17 +36,13 @@ class CrossEntropy {
   double takeSum();
 
  private:
-  static constexpr int kSlots = 4;
   std::shared_ptr<Context> ctx_;
   DeviceArray<int32_t> labels_;
   DeviceArray<double> rowLoss_;
   DeviceArray<int> rowHit_;
   DeviceArray<CeResult> result_;
   DeviceArray<double> sum_;
-  PinnedBuffer pinned_[kSlots];
-  Event copied_[kSlots] = {Event::create(), Event::create(), Event::create(), Event::create()};
-  bool used_[kSlots] = {};
-  int next_ = 0;
+  StagedUpload upload_;
   int64_t staged_ = 0, classes_ = 0;  // what the slot holds
 };
 

@@ -25,6 +25,7 @@
 #include "loss_kernels.h"
 #include "optim_kernels.h"
 #include "pool_kernels.h"
+#include "staged_upload.h"
 #include "step_graph.h"
 #include "transpose.h"
 
@@ -64,7 +65,7 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
       : ctx_(std::make_shared<Context>(o)),
-        ce_(ctx_), flag_(ctx_) {}
+        ce_(ctx_), flag_(ctx_), stepScalars_(ctx_) {}
   ~CudaBackend() override {
     try {
       ctx_->bind();
@@ -83,7 +84,8 @@ class CudaBackend final : public Backend {
            precisionName(ctx_->precision()) + (ctx_->nhwc() ? ", nhwc" : ", nchw") +
            (ctx_->activations16() ? ", 16-bit activations" : "") +
            (ctx_->ourBatchNorm() ? ", our batch norm" : "") +
-           (ctx_->bnFold() ? " (sums folded)" : "") + bnPathsNote() +
+           (ctx_->bnFold() ? " (sums folded)" : "") + (ctx_->pdl() ? " (PDL)" : "") +
+           bnPathsNote() +
            graphConvNote(ctx_->graphConv()) + ")";
   }
 
@@ -206,14 +208,22 @@ class CudaBackend final : public Backend {
     ctx_->bind();
     const cuda::OptimChunk* table = toKernelChunks(chunks);
     launchSgdMulti(table, chunks.size(), lr, momentum, wd, first, nesterov, ctx_->bf16(),
-                   ctx_->stream());
+                   ctx_->stream(), capturedStepScalars());
   }
   void adamStep(const std::vector<Backend::OptimChunk>& chunks, float lr, float b1, float b2,
                 float eps, float wd, int64_t step) override {
     ctx_->bind();
     const cuda::OptimChunk* table = toKernelChunks(chunks);
     launchAdamMulti(table, chunks.size(), kmath::adamScalars(lr, b1, b2, step), b1, b2, eps, wd,
-                    ctx_->bf16(), ctx_->stream());
+                    ctx_->bf16(), ctx_->stream(), capturedStepScalars());
+  }
+  void stageOptimizerStep(float lr, bool first, int64_t step, float b1, float b2) override {
+    ctx_->bind();
+    OptimStepScalars v;
+    v.lr = lr;
+    v.first = first ? 1 : 0;
+    if (step > 0) v.adam = kmath::adamScalars(lr, b1, b2, step);
+    stepScalarsUpload_.upload(&v, sizeof(v), stepScalars_.ensure(1), ctx_->stream());
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
@@ -393,6 +403,19 @@ class CudaBackend final : public Backend {
   CrossEntropy ce_;
   DeviceArray<int> flag_;
   std::vector<cuda::OptimChunk> optimChunks_;  // the optimizer steps' chunk table, reused
+  // The optimizer's per-step scalars a captured step reads (stageOptimizerStep).
+  DeviceArray<OptimStepScalars> stepScalars_;
+  StagedUpload stepScalarsUpload_;
+
+  // Where a launch being recorded reads its per-step scalars: the slot
+  // (allocated by stageOptimizerStep before the capture: a capture may not
+  // allocate); null outside a capture.
+  const OptimStepScalars* capturedStepScalars() {
+    if (!ctx_->capturing()) return nullptr;
+    DDPRUN_CHECK(stepScalars_.get(), "an optimizer step recorded in a CUDA graph needs its "
+                 "scalars staged first (Backend::stageOptimizerStep before the capture)");
+    return stepScalars_.get();
+  }
 
   // The kernels' form of the chunks (into optimChunks_). A 16-bit copy is
   // asked for only where the layers compute in 16 bits.

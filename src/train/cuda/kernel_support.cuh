@@ -14,10 +14,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "ddprun/common/error.h"
 #include "ddprun/runtime/cuda_check.h"
 #include "ddprun/runtime/types.h"
+#include "launch_stream.h"
 
 namespace ddprun::train::cuda {
 
@@ -33,6 +35,43 @@ inline int rowsBlocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / 
 
 // Throws CudaError for the last launch's error.
 inline void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
+
+// Programmatic dependent launch (launch_stream.h). A kernel that may be
+// launched with LaunchStream::pdl calls this first, before any memory access:
+// it returns once the grids before it on the stream have completed and their
+// memory is visible. A no-op in a kernel launched without PDL, and compiled
+// out below compute capability 9.0 (which has no PDL: Context never asks
+// for it there).
+__device__ __forceinline__ void waitForPriorGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, 0, on.stream>>>(args...), with PDL allowed when
+// on.pdl (cudaLaunchKernelEx with the programmatic stream serialization
+// attribute). Precondition: `kernel` begins with waitForPriorGrids().
+// Throws CudaError when the launch fails.
+template <typename... Params, typename... Args>
+void launchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, LaunchStream on,
+                  Args&&... args) {
+  if (!on.pdl) {
+    kernel<<<grid, block, 0, on.stream>>>(std::forward<Args>(args)...);
+    checkLaunch();
+    return;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = on.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DDPRUN_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 #define DDPRUN_GRID_LOOP(i, n)                                                    \
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \

@@ -40,9 +40,20 @@ __device__ int entryOf(const MultiTable& t, size_t block) {
   return lo;
 }
 
+// Each op holds its per-step scalars by value and, when `step` is not null,
+// takes them from device memory at the kernel's start (resolved()).
 struct SgdOp {
   float lr, momentum, wd;
   bool first, nesterov;
+  const OptimStepScalars* step = nullptr;
+  __device__ SgdOp resolved() const {
+    SgdOp o = *this;
+    if (step) {
+      o.lr = step->lr;
+      o.first = step->first != 0;
+    }
+    return o;
+  }
   __device__ float operator()(const OptimChunk& c, size_t i) const {
     float w = c.w[i], buf = c.s1 ? c.s1[i] : 0.0f;
     kmath::sgdStep(w, c.g[i], buf, lr, momentum, wd, first, nesterov);
@@ -54,6 +65,12 @@ struct SgdOp {
 struct AdamOp {
   kmath::AdamScalars s;
   float b1, b2, eps, wd;
+  const OptimStepScalars* step = nullptr;
+  __device__ AdamOp resolved() const {
+    AdamOp o = *this;
+    if (step) o.s = step->adam;
+    return o;
+  }
   __device__ float operator()(const OptimChunk& c, size_t i) const {
     float w = c.w[i], m = c.s1[i], v = c.s2[i];
     kmath::adamStep(w, c.g[i], m, v, s, b1, b2, eps, wd);
@@ -67,7 +84,8 @@ struct AdamOp {
 // __grid_constant__: the table stays in the parameter bank (read by index,
 // never copied per thread to local memory).
 template <class Op>
-__global__ void multiStepKernel(const __grid_constant__ MultiTable t, Op op, bool bf16) {
+__global__ void multiStepKernel(const __grid_constant__ MultiTable t, Op given, bool bf16) {
+  const Op op = given.resolved();
   const int j = entryOf(t, blockIdx.x);
   const OptimChunk c = t.e[j].c;
   const size_t base = (blockIdx.x - t.e[j].first) * kElemsPerBlock;
@@ -124,15 +142,17 @@ void launchAdam(float* w, const float* g, float* m, float* v, size_t n, kmath::A
 }
 
 void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
-                    bool first, bool nesterov, bool bf16, cudaStream_t s) {
-  launchMulti(chunks, count, SgdOp{lr, momentum, wd, first, nesterov}, bf16, s);
+                    bool first, bool nesterov, bool bf16, cudaStream_t s,
+                    const OptimStepScalars* step) {
+  launchMulti(chunks, count, SgdOp{lr, momentum, wd, first, nesterov, step}, bf16, s);
 }
 void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars sc, float b1,
-                     float b2, float eps, float wd, bool bf16, cudaStream_t s) {
+                     float b2, float eps, float wd, bool bf16, cudaStream_t s,
+                     const OptimStepScalars* step) {
   for (size_t j = 0; j < count; ++j)
     DDPRUN_CHECK(chunks[j].n == 0 || (chunks[j].s1 && chunks[j].s2),
                  "Adam's chunk ", j, " lacks its exp_avg or exp_avg_sq buffer");
-  launchMulti(chunks, count, AdamOp{sc, b1, b2, eps, wd}, bf16, s);
+  launchMulti(chunks, count, AdamOp{sc, b1, b2, eps, wd, step}, bf16, s);
 }
 
 }  // namespace ddprun::train::cuda

@@ -43,10 +43,27 @@ struct OptimChunk {
   size_t n = 0;
 };
 constexpr size_t kMaxOptimChunks = 64;
+
+// The scalars of a step that change from step to step, in device memory: a
+// launch recorded once in a CUDA graph reads them there at each replay
+// (Backend::stageOptimizerStep fills them). SGD reads lr and first, Adam
+// `adam` (its step size and bias correction, kmath::adamScalars on the host).
+struct OptimStepScalars {
+  float lr = 0.0f;
+  int32_t first = 0;  // SGD's first step: the momentum buffer starts as the gradient
+  kmath::AdamScalars adam;
+};
+
+// `stepScalars`: when not null (device memory), the kernel takes lr and
+// first (SGD) or the AdamScalars (Adam) from there when it runs, instead of
+// the arguments; the other arguments are used as given. The same kernel
+// either way, so the results are bitwise equal for equal values.
 void launchSgdMulti(const OptimChunk* chunks, size_t count, float lr, float momentum, float wd,
-                    bool first, bool nesterov, bool bf16, cudaStream_t stream);
+                    bool first, bool nesterov, bool bf16, cudaStream_t stream,
+                    const OptimStepScalars* stepScalars = nullptr);
 // Precondition: every chunk with n > 0 has s1 and s2.
 void launchAdamMulti(const OptimChunk* chunks, size_t count, kmath::AdamScalars s, float b1,
-                     float b2, float eps, float wd, bool bf16, cudaStream_t stream);
+                     float b2, float eps, float wd, bool bf16, cudaStream_t stream,
+                     const OptimStepScalars* stepScalars = nullptr);
 
 }  // namespace ddprun::train::cuda

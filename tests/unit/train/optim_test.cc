@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 
@@ -27,9 +28,32 @@ namespace ddprun::train {
 namespace {
 
 // The CPU backend, recording the chunks of every sgdStep/adamStep call.
+// With `capturing` set it also plays a CUDA graph's part for the optimizer
+// (Backend::stageOptimizerStep's contract): an sgdStep/adamStep is recorded,
+// not run, and replay() runs it again with the arguments it was recorded
+// with, except the learning rate, SGD's first-step flag and Adam's step,
+// which it reads from what stageOptimizerStep staged last.
 class RecordingBackend final : public Backend {
  public:
   std::vector<std::vector<OptimChunk>> calls;
+  bool capturing = false;
+  struct Staged {
+    float lr = 0;
+    bool first = false;
+    int64_t step = 0;
+    float b1 = 0, b2 = 0;
+  } staged;
+  int stagedCount = 0;
+  std::function<void()> recorded;
+
+  void stageOptimizerStep(float lr, bool first, int64_t step, float b1, float b2) override {
+    staged = {lr, first, step, b1, b2};
+    ++stagedCount;
+  }
+  void replay() {
+    ASSERT_TRUE(recorded) << "nothing recorded";
+    recorded();
+  }
 
   Device device() const override { return cpu_->device(); }
   Allocator& allocator() override { return cpu_->allocator(); }
@@ -66,11 +90,26 @@ class RecordingBackend final : public Backend {
   void sgdStep(const std::vector<OptimChunk>& chunks, float lr, float momentum, float wd,
                bool first, bool nesterov) override {
     calls.push_back(chunks);
+    if (capturing) {
+      recorded = [this, chunks, momentum, wd, nesterov] {
+        Backend::sgdStep(chunks, staged.lr, momentum, wd, staged.first, nesterov);
+      };
+      return;
+    }
     Backend::sgdStep(chunks, lr, momentum, wd, first, nesterov);
   }
   void adamStep(const std::vector<OptimChunk>& chunks, float lr, float b1, float b2, float eps,
                 float wd, int64_t step) override {
     calls.push_back(chunks);
+    if (capturing) {
+      // The staged betas are the ones the device's scalars were computed with.
+      recorded = [this, chunks, b1, b2, eps, wd] {
+        EXPECT_EQ(staged.b1, b1);
+        EXPECT_EQ(staged.b2, b2);
+        Backend::adamStep(chunks, staged.lr, b1, b2, eps, wd, staged.step);
+      };
+      return;
+    }
     Backend::adamStep(chunks, lr, b1, b2, eps, wd, step);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override { cpu_->add(a, b, out); }
@@ -349,6 +388,51 @@ TEST_P(OptimLayoutTest, DestructorHandsTheValuesBack) {
   }
   for (size_t i = 1; i < flat.size(); ++i)  // separate allocations again
     EXPECT_NE(flat[i - 1].value.data() + flat[i - 1].value.numel(), flat[i].value.data());
+}
+
+// The optimizer inside a CUDA graph of the step (Optimizer::stageStep,
+// stepReplayed): a step recorded once (at the first step, where SGD's
+// momentum buffer starts as the gradient, or later) and replayed with a new
+// learning rate each step gives bitwise the eager optimizer's values and
+// state and the same step count (Adam's bias corrections follow the count).
+TEST_P(OptimLayoutTest, RecordedStepReplaysWithStagedScalars) {
+  for (const int captureAt : {0, 2}) {
+    SCOPED_TRACE("captured at step " + std::to_string(captureAt));
+    auto ref = makeParams(5), rec = makeParams(5);
+    auto refOpt = Optimizer::create(opts(), be, pointers(ref));
+    auto recOpt = Optimizer::create(opts(), be, pointers(rec));
+    const auto refStorage = bindBuckets(ref, kBuckets);
+    const auto recStorage = bindBuckets(rec, kBuckets);
+    refOpt->adoptLayout(kBuckets);
+    recOpt->adoptLayout(kBuckets);
+    be.recorded = nullptr;
+    be.stagedCount = 0;
+    for (int s = 0; s < 7; ++s) {
+      const float lr = opts().lr * (1.0f + 0.25f * static_cast<float>(s % 3));
+      writeGrads(ref, s);
+      writeGrads(rec, s);
+      refOpt->setLr(lr);
+      refOpt->step();
+      recOpt->setLr(lr);
+      if (s < captureAt) {
+        recOpt->step();  // eager steps before the capture
+      } else if (s == captureAt) {
+        recOpt->stageStep();
+        be.capturing = true;
+        recOpt->step();  // recorded, not run; counts the step
+        be.capturing = false;
+        EXPECT_EQ(recOpt->steps(), s + 1);
+        be.replay();
+      } else {
+        recOpt->stageStep();
+        be.replay();
+        recOpt->stepReplayed();
+      }
+      EXPECT_EQ(recOpt->steps(), refOpt->steps());
+      expectSameState(ref, *refOpt, rec, *recOpt, "after step " + std::to_string(s));
+    }
+    EXPECT_EQ(be.stagedCount, 7 - captureAt) << "one staging per recorded or replayed step";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(SgdAndAdam, OptimLayoutTest, ::testing::Values("sgd", "adam", "nesterov"),

@@ -124,5 +124,21 @@ TEST(StepGraphPlan, AShapeThatKeepsChangingStopsCapturing) {
   EXPECT_EQ(run(p, {{32}, {32}}), std::vector<Action>({E, E}));
 }
 
+// Whether a graph holds the optimizer: yes unless fp16's loss scaler (the
+// host decides after backward whether the step updates) or a communication
+// hook (compression after the replay) keeps it out, each saying why.
+TEST(StepGraphPlan, OptimizerInsideUnlessTheHostDecidesBetween) {
+  EXPECT_EQ(StepGraphPlan(on()).optimizerOutside(), "");
+  const StepGraphPlan scaled({.lossScaling = true});
+  EXPECT_NE(scaled.optimizerOutside().find("loss scaler"), std::string::npos)
+      << scaled.optimizerOutside();
+  const StepGraphPlan hooked({.commHook = true});
+  EXPECT_NE(hooked.optimizerOutside().find("communication hook"), std::string::npos)
+      << hooked.optimizerOutside();
+  // Neither changes when steps are captured and replayed.
+  StepGraphPlan p({.lossScaling = true});
+  EXPECT_EQ(run(p, {{32}, {32}, {32}}), std::vector<Action>({E, C, R}));
+}
+
 }  // namespace
 }  // namespace ddprun::train
