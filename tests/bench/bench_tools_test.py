@@ -465,6 +465,7 @@ class ResnetBenchFake(unittest.TestCase):
             "resnet18-224-tf32-fusedstem", "resnet18-224-bf16-fusedstem",
             "resnet18-224-tf32-ownpool", "resnet18-224-bf16-ownpool",
             "resnet18-224-tf32-bnfold", "resnet18-224-bf16-bnfold",
+            "resnet18-224-tf32-bnfold-pdl", "resnet18-224-bf16-bnfold-pdl",
             "resnet18-224-tf32-cudagraph", "resnet18-224-bf16-cudagraph",
             "resnet18-224-tf32-recompute", "resnet18-224-bf16-recompute",
             "resnet18-224-fp32-deterministic", "tf32-extra"])
@@ -520,6 +521,8 @@ class ResnetBenchFake(unittest.TestCase):
     def test_extras(self):
         a = self.by["resnet18-224-tf32-asyncalloc"]
         self.assertEqual(a["ours"]["env"], {"DDPRUN_CUDA_ALLOCATOR": "async"})
+        p = self.by["resnet18-224-bf16-bnfold-pdl"]
+        self.assertEqual(p["ours"]["env"], {"DDPRUN_CUDA_BN_FOLD": "1", "DDPRUN_CUDA_PDL": "1"})
         self.assertEqual(a["pytorch_channels_last"]["same_as"], "resnet18-224-tf32")
         d = self.by["resnet18-224-fp32-deterministic"]
         self.assertEqual(d["case"]["settings"], ["pytorch_channels_last=channels_last"])
