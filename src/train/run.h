@@ -218,6 +218,7 @@ class Run {
   std::vector<size_t> graphReady_;
   bool graphOffSaid_ = false;
   bool graphOptim_ = false;  // the live graph holds the optimizer's step
+  int64_t optimizerCaptures_ = 0;  // captures that held it (the final JSON)
   DeviceDecision deviceDecision_;  // --device: the choice and why
 };
 

@@ -217,6 +217,7 @@ bool Run::graphedStep(const BatchFeed::Batch& batch, int64_t n, StepGraphPlan::A
         },
         &why);
     graphPlan_->captured(graph_ != nullptr, why);
+    if (graph_ && graphOptim_) ++optimizerCaptures_;
     if (!graph_) {
       if (!graphOffSaid_) notice("CUDA graphs of the step: " + graphPlan_->off());
       graphOffSaid_ = true;
@@ -472,7 +473,8 @@ nlohmann::json Run::summary(const TestCount& test) {
                        {"optimizer", !graphPlan_->off().empty() ? "eager (no graph)"
                                      : graphPlan_->optimizerOutside().empty()
                                          ? "in the graph"
-                                         : graphPlan_->optimizerOutside()}};
+                                         : graphPlan_->optimizerOutside()},
+                       {"optimizer_captures", optimizerCaptures_}};
     j["peak_device_mb"] = static_cast<double>(be_->peakDeviceBytes()) / (1 << 20);
     j["peak_reserved_mb"] = static_cast<double>(be_->peakReservedBytes()) / (1 << 20);
     if (pg_.size() > 1) j["comm_transport"] = runtime::cudaTransportName(pg_);

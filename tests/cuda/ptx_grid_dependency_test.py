@@ -3,12 +3,14 @@
 DDPRUN_CUDA_PDL=1; src/train/cuda/launch_stream.h): such a kernel can be
 scheduled while the kernel before it on the stream is still running, so it
 must wait for it (griddepcontrol.wait, kernel_support.cuh's
-waitForPriorGrids) before it touches global memory. Checked in the PTX nvcc
+gridDependencyStart) before it touches global memory. Checked in the PTX nvcc
 makes for sm_90 of bn_nhwc.cu and bn_nhwc_sums.cu (no GPU needed):
 
   - every kernel of those files but the max pool (launchBnActPoolForward
     launches it without PDL) executes griddepcontrol.wait before its first
-    global load, store or atomic;
+    load, store or atomic that may reach global memory (the global state
+    space or a generic address), and griddepcontrol.launch_dependents after
+    the wait;
   - the kernels of pool_kernels.cu, never launched with PDL, are not checked.
 
 A kernel added to those files without the wait fails here, before a GPU run
@@ -28,8 +30,21 @@ EXEMPT = ("maxPoolVecKernel",)
 EXPECTED = ("forwardKernel", "backwardDataKernel", "invStdKernel", "partialSumsKernel",
             "chunkSumsKernel", "finishKernel", "foldedSumsKernel")
 ENTRY = re.compile(r"^\.(?:visible\s+)?\.?entry\s+(\S+?)\(", re.M)
-GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red)\.global\b", re.M)
+# A memory access that may reach global memory: ld/st/atom/red in the global
+# state space or through a generic address (no state space named); the
+# kernel's parameters, shared, local and constant memory do not count.
+MEMORY_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|atom|red)(?:\.[a-z0-9]+)*)\s", re.M)
+NOT_GLOBAL = {"param", "shared", "local", "const"}
 WAIT = re.compile(r"^\s*griddepcontrol\.wait\s*;", re.M)
+TRIGGER = re.compile(r"^\s*griddepcontrol\.launch_dependents\s*;", re.M)
+
+
+def first_memory_access(body):
+    """The first ld/st/atom/red that may touch global memory, or None."""
+    for m in MEMORY_OP.finditer(body):
+        if not NOT_GLOBAL & set(m.group(1).split(".")[1:]):
+            return m
+    return None
 
 
 def entries(text):
@@ -64,7 +79,13 @@ class GridDependencyWait(unittest.TestCase):
                 wait = WAIT.search(body)
                 self.assertIsNotNone(wait, "%s: %s never executes griddepcontrol.wait"
                                      % (os.path.basename(path), name))
-                first = GLOBAL_ACCESS.search(body)
+                trigger = TRIGGER.search(body)
+                self.assertIsNotNone(trigger, "%s: %s never lets its dependents launch"
+                                     % (os.path.basename(path), name))
+                self.assertLess(wait.start(), trigger.start(),
+                                "%s: %s lets its dependents launch before it waits"
+                                % (os.path.basename(path), name))
+                first = first_memory_access(body)
                 if first:
                     self.assertLess(wait.start(), first.start(),
                                     "%s: %s touches global memory before its "

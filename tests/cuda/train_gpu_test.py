@@ -258,15 +258,16 @@ class TrainGpu(unittest.TestCase):
         # convolutions and rebuild the buckets) forward, loss, backward and
         # the optimizer are one captured graph, replayed with the input and
         # labels copied into its slots and the step's learning rate and step
-        # count staged into the optimizer's (the warm-up and cosine schedule
-        # change the rate every step; each epoch's evaluation forces a
-        # recapture). Under fp16's loss scaler the optimizer stays eager,
+        # count staged into the optimizer's (the warm-up and cosine schedule,
+        # stepped per step, change the rate every step; each epoch's
+        # evaluation forces a recapture). Under fp16's loss scaler the optimizer stays eager,
         # saying why. With the convolutions deterministic the run is bitwise
         # the eager one. One capture an epoch and no failure also says no
         # allocation happened inside it (the allocator refuses one, which
         # fails the capture and turns graphs off); fp16 recaptures when an
         # overflow changes its loss scale.
-        sched = ["--epochs", "2", "--warmup-epochs", "1", "--lr-schedule", "cosine"]
+        sched = ["--epochs", "2", "--warmup-epochs", "1", "--lr-schedule", "cosine",
+                 "--lr-step-on", "step"]
         cases = [("lenet", SMALL, "fp32", ["--optimizer", "adam", *sched], "in the graph"),
                  ("lenet", SMALL, "fp16", [], "loss scaler"),
                  ("resnet18", ["--data", "synthetic-cifar", "--stem", "cifar",
@@ -283,6 +284,9 @@ class TrainGpu(unittest.TestCase):
             c = got["cuda_graph"]
             self.assertEqual(c["state"], "on", c)
             self.assertIn(optimizer, c["optimizer"], c)
+            # Every capture held the optimizer, or (fp16) none did.
+            self.assertEqual(c["optimizer_captures"],
+                             0 if prec == "fp16" else c["captures"], c)
             self.assertEqual(c["eager_steps"] + c["captures"] + c["replays"], 12 * epochs, c)
             if prec != "fp16":  # an overflow changes fp16's loss scale: a recapture
                 self.assertEqual(c["captures"], epochs, c)

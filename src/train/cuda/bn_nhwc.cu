@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kBx* kBy)
     forwardKernel(const void* x, const void* z, void* y, int64_t rows, int64_t c,
                   const float* meanP, const float* invstdP, const float* gammaP,
                   const float* betaP, bool relu) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
   if (ch0 >= c) return;
   float mean[V], invstd[V], gamma[V], beta[V];
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kBx* kBy)
     backwardDataKernel(const void* x, const void* y, const void* dy, const void* g, void* dx,
                        int64_t rows, int64_t c, const double* sums, const float* gammaP,
                        const float* meanP, const float* invstdP, bool relu) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(kBx) + threadIdx.x) * V;
   if (ch0 >= c) return;
   const double m = sums[2 * c];
@@ -169,7 +169,7 @@ struct PoolBnAct {
 };
 
 __global__ void invStdKernel(const float* var, int64_t c, double eps, float* invstd) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch < c) invstd[ch] = kmath::bnInvStd(var[ch], eps);
 }

@@ -204,7 +204,7 @@ __device__ __forceinline__ void blockPartials(Op& op, int64_t rows, int64_t c, i
 template <class T, int V, class Op>
 __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
     partialSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   __shared__ SumsTile sa, sb;
   blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);
 }
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
 // out[j] = sum over chunks of ws[chunk][j] for j < 2c (fixed order); out[2c] = rows.
 __global__ void __launch_bounds__(kRx* kRy)
     chunkSumsKernel(const double* ws, int64_t chunks, int64_t c, int64_t rows, double* out) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   __shared__ double s[kRy][kRx];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t n2 = 2 * c;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void finishChannel(double sum, double sumSq, double c
 }
 __global__ void finishKernel(const double* sums, int64_t c, double eps, double momentum,
                              float* mean, float* invstd, float* runningMean, float* runningVar) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= c) return;
   finishChannel(sums[ch], sums[c + ch], sums[2 * c], ch, eps, momentum, mean, invstd,
@@ -303,7 +303,7 @@ template <class T, int V, class Op>
 __global__ void __launch_bounds__(kBx* kBy, kSumsMinBlocks)
     foldedSumsKernel(Op op, int64_t rows, int64_t c, int64_t chunkRows, double* ws, BnFold f,
                      double* out) {
-  waitForPriorGrids();  // may run under PDL (launch_stream.h)
+  gridDependencyStart();  // may run under PDL (launch_stream.h)
   __shared__ SumsTile sa, sb;
   __shared__ bool last;
   blockPartials<T, V, Op>(op, rows, c, chunkRows, ws, sa, sb);

@@ -29,7 +29,8 @@ Context::Context(const CudaBackendOptions& o)
   cudaDeviceProp prop{};
   DDPRUN_CUDA_OK(cudaGetDeviceProperties(&prop, device));
   deviceName_ = prop.name;
-  pdl_ = ourBn_ && o.pdl && prop.major >= 9;  // PDL needs compute capability 9.0
+  // PDL needs compute capability 9.0, in the device and in the code run.
+  pdl_ = ourBn_ && o.pdl && prop.major >= 9 && pdlCompiled();
   stream_ = Stream::create();
   cudnn_ = CudnnHandle::create();
   DDPRUN_CUDNN_OK(cudnnSetStream(cudnn_, stream_));

@@ -76,7 +76,8 @@ class Context {
   // ResNet's conv2 input recomputed for backward (CudaBackendOptions::recompute).
   bool recompute() const { return recompute_; }
   // Our batch norm's kernels under programmatic dependent launch
-  // (CudaBackendOptions::pdl, on a device of compute capability 9.0+), and
+  // (CudaBackendOptions::pdl, on a device of compute capability 9.0+ running
+  // code compiled for it: pdlCompiled()), and
   // the stream they are launched on with it (launch_stream.h).
   bool pdl() const { return pdl_; }
   LaunchStream kernelStream() const { return {stream_.get(), pdl_}; }

@@ -39,18 +39,23 @@ inline void checkLaunch() { DDPRUN_CUDA_OK(cudaGetLastError()); }
 // Programmatic dependent launch (launch_stream.h). A kernel that may be
 // launched with LaunchStream::pdl calls this first, before any memory access:
 // it returns once the grids before it on the stream have completed and their
-// memory is visible. A no-op in a kernel launched without PDL, and compiled
-// out below compute capability 9.0 (which has no PDL: Context never asks
-// for it there).
-__device__ __forceinline__ void waitForPriorGrids() {
+// memory is visible (griddepcontrol.wait), then lets the grid after it on the
+// stream be scheduled (griddepcontrol.launch_dependents: once every block of
+// this grid has passed here, the next one's blocks may take free SM slots and
+// wait in their own gridDependencyStart; none of them touches memory before
+// this grid has completed). No-ops in a kernel launched without PDL, and
+// compiled out below compute capability 9.0 (no PDL there: Context asks for
+// it only where the kernels were compiled for sm_90, pdlCompiled()).
+__device__ __forceinline__ void gridDependencyStart() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
 // kernel<<<grid, block, 0, on.stream>>>(args...), with PDL allowed when
 // on.pdl (cudaLaunchKernelEx with the programmatic stream serialization
-// attribute). Precondition: `kernel` begins with waitForPriorGrids().
+// attribute). Precondition: `kernel` begins with gridDependencyStart().
 // Throws CudaError when the launch fails.
 template <typename... Params, typename... Args>
 void launchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, LaunchStream on,

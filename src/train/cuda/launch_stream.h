@@ -6,7 +6,7 @@
 // With `programmatic` set, a kernel may be scheduled while the kernel before
 // it on the stream is still finishing, so its launch latency hides under that
 // kernel's tail. Such a kernel must wait at its very start for the kernels
-// before it (waitForPriorGrids() in kernel_support.cuh) before it touches
+// before it (gridDependencyStart() in kernel_support.cuh) before it touches
 // memory: stream order is then kept exactly, and each launcher that accepts
 // a LaunchStream launches only kernels that do (tests/cuda/
 // ptx_grid_dependency_test.py checks their PTX). Without it (the default,
@@ -24,5 +24,11 @@ struct LaunchStream {
   cudaStream_t stream;
   bool pdl;
 };
+
+// Whether this build's kernels carry programmatic dependent launch on the
+// current device: run from code compiled for compute capability 9.0 or later
+// (cudaFuncGetAttributes' ptxVersion; a build for sm_80 alone, JIT-compiled
+// on an H100, has the waits compiled out). launch_stream.cu.
+bool pdlCompiled();
 
 }  // namespace ddprun::train::cuda
