@@ -21,8 +21,9 @@
 #         versions   GPU, driver, CUDA, cuDNN, NCCL (ours and PyTorch's), PyTorch
 #         quicktests cuda_smoke_test, cuda_optim_tests
 #         kernels    bn_kernel_bench: the NHWC batch norm kernels on ResNet-18's
-#                    layers against a copy of the same bytes, each direction unfolded
-#                    and folded (DIR/bn_kernel_bench.json)
+#                    layers against a copy of the same bytes, each direction unfolded,
+#                    folded and folded under programmatic dependent launch
+#                    (DIR/bn_kernel_bench.json)
 #         fusionprobe cudnn_fusion_probe: which of cuDNN's runtime-fusion patterns
 #                    this GPU's cuDNN supports (DIR/cudnn_fusion_probe.json)
 #         convlog    the convolution algorithms chosen for ResNet-18 (tf32, fp32,
@@ -40,7 +41,10 @@
 #         tests      cuda_train_tests
 #         traintests tests/cuda/train_gpu_test.py: CPU == CUDA, 2 ranks == 1 rank
 #                    at twice the batch (CUDA IPC, and NCCL on one GPU), resume
-#                    after kill -9 bitwise, checkpoints across devices, fp16
+#                    after kill -9 bitwise, checkpoints across devices, fp16, and
+#                    the opt-in paths' A/Bs bitwise (folded sums, PDL, the fused
+#                    stem, recompute, CUDA graphs with the optimizer): give it a
+#                    call of its own
 #         nccl       the NCCL version, the CUDA collective matrix (IPC, NCCL)
 #       DIR defaults to $OUT (the device tool's output folder) or gpu-out/.
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 bad flags, 3
@@ -58,7 +62,7 @@ while [ $# -gt 0 ]; do
     --nccl-lib) ncclLib=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --bench-args) benchArgs=$2; shift 2 ;;
-    -h|--help) sed -n 2,47p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,51p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -300,7 +304,7 @@ run() {
     --kernel-trace off $benchArgs
   stage wheel 90 wheel_check
   stage tests 150 bash -c "gtest_prog cuda_train_tests"
-  stage traintests 300 python3 "$root/tests/cuda/train_gpu_test.py"
+  stage traintests 420 python3 "$root/tests/cuda/train_gpu_test.py"
   stage nccl 150 bash -c "'$bin/coll_check' --nccl-version && \
     python3 '$root/tests/runtime/runtime_test.py' CudaMatrix"
   (cd "$logs" && tar -czf "$out/gpu_session_logs.tar.gz" ./*.log ./*.jsonl 2>/dev/null)
